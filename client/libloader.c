@@ -1,0 +1,1143 @@
+/* SPDX-License-Identifier: MIT */
+/* libloader - the client library of loaderd
+ *
+ * One nng REQ socket per client. Control requests (create, attach...) are
+ * synchronous, each on a context of its own. Batches flow through several Next
+ * requests kept in flight per attachment, each on its own context; their
+ * replies are stored by delivery number, so ldr_next() hands them out in order
+ * and normally finds the next one already there. Finished batches are released
+ * by piggy-backing their leases on the next Next request, or, when the trainer
+ * does not ask for more, by a Release a millisecond later.
+ *
+ * Slabs are mapped once per attach, read-only, from an fd fetched over the fd
+ * channel with the attach reply's one-time token. An attachment stays mapped
+ * while any of its batches is unreleased, even after ldr_detach().
+ *
+ * nng is not fork-safe: every entry point compares getpid() with the pid that
+ * made the handle, and a child gets LDR_EFORKED without nng being touched.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "config.h"
+#include "loader.pb-c.h"
+#include "loader/loader.h"
+
+#define MAX_FIELDS 16
+#define MAX_INFLIGHT 64
+#define CALL_TIMEOUT_MS 60000
+#define FLUSH_DELAY_MS 1
+/* must match daemon/fdchan.h */
+#define FDCHAN_MAGIC 0x4644444cu
+#define FDCHAN_VERSION 1
+
+struct fdchan_request {
+	uint32_t magic;
+	uint32_t version;
+	uint8_t token[16];
+};
+
+struct fdchan_reply {
+	uint32_t magic;
+	int32_t status;
+	uint64_t size;
+};
+
+static __thread char tls_err[512];
+
+static int set_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int set_err(int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(tls_err, sizeof(tls_err), fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+enum req_state { REQ_IDLE, REQ_SENDING, REQ_RECEIVING };
+
+struct req {
+	struct ldr_attachment *att;
+	nng_ctx ctx;
+	nng_aio *aio;
+	enum req_state state;
+	bool is_release;
+	bool open;
+};
+
+struct arrived {
+	bool present;
+	int kind;                 /* LOADERD__REPLY__BODY_* */
+	uint64_t lease, epoch, index;
+	uint32_t slot, rows;
+	int err;
+	char msg[256];
+};
+
+struct afield {
+	char name[LDR_NAME_MAX + 1];
+	enum ldr_dtype dtype;
+	int ndim;                 /* sample dims */
+	int64_t shape[LDR_MAX_DIMS - 1];
+	uint64_t offset;
+	uint64_t sample_bytes;
+};
+
+struct ldr_attachment {
+	struct ldr_attachment *next;
+	struct ldr_client *c;
+	atomic_int refs;          /* the handle + every unreleased batch */
+	uint64_t id;
+	const uint8_t *base;
+	size_t size;
+	uint64_t slot_bytes;
+	uint32_t nslots;
+	int nfields;
+	struct afield fields[MAX_FIELDS];
+	uint32_t batch_size;
+	uint64_t bpe, epochs, samples;
+	int inflight;
+	struct req reqs[MAX_INFLIGHT];
+	struct req relreq;
+	struct arrived ring[MAX_INFLIGHT];
+	uint64_t next_seq;
+	int outstanding;
+	bool ended;
+	int err;
+	char errmsg[256];
+	uint64_t *rel;
+	size_t nrel, relcap;
+	nng_aio *flush_aio;
+	bool flush_armed;
+	bool detached;
+};
+
+struct ldr_batch {
+	struct ldr_attachment *att;
+	uint64_t lease, epoch, index;
+	uint32_t slot, rows;
+};
+
+struct ldr_client {
+	pid_t pid;
+	nng_socket sock;
+	nng_dialer dialer;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool disconnected;
+	uint64_t id;
+	char path[108];
+	struct ldr_attachment *atts;
+	nng_aio *sync_aios[8];
+};
+
+#define CHECK_PID(c)                                                          \
+	do {                                                                  \
+		if ((c)->pid != getpid())                                     \
+			return set_err(LDR_EFORKED, "%s", error_name(LDR_EFORKED)); \
+	} while (0)
+
+/* --- small exported helpers --------------------------------------------- */
+
+const char *ldr_strerror(int err)
+{
+	return error_name(err);
+}
+
+const char *ldr_dtype_name(enum ldr_dtype dtype)
+{
+	return dtype_name((int)dtype);
+}
+
+size_t ldr_dtype_size(enum ldr_dtype dtype)
+{
+	return dtype_size((int)dtype);
+}
+
+const char *ldr_mode_name(enum ldr_mode mode)
+{
+	return mode_name((int)mode);
+}
+
+int ldr_mode_from_name(const char *name)
+{
+	return mode_from_name(name);
+}
+
+int ldr_socket_path(char *buf, size_t size, const char *explicit_path)
+{
+	return sockpath_resolve(buf, size, explicit_path);
+}
+
+const char *ldr_version(void)
+{
+	return LOADERD_VERSION;
+}
+
+const char *ldr_nng_version(void)
+{
+	return nng_version();
+}
+
+void ldr_free(void *ptr)
+{
+	free(ptr);
+}
+
+const char *ldr_client_error(const struct ldr_client *client)
+{
+	(void)client;
+	return tls_err;
+}
+
+uint64_t ldr_client_id(const struct ldr_client *client)
+{
+	return client->id;
+}
+
+static int nng_to_errno(int rv)
+{
+	switch (rv) {
+	case 0: return 0;
+	case NNG_ETIMEDOUT: return -ETIMEDOUT;
+	case NNG_ENOMEM: return -ENOMEM;
+	case NNG_ECONNREFUSED: return -ECONNREFUSED;
+	case NNG_ENOENT: return -ENOENT;
+	case NNG_EADDRINVAL: return -EINVAL;
+	case NNG_EPERM: return -EACCES;
+	case NNG_ECLOSED: case NNG_ECANCELED: case NNG_ECONNRESET: case NNG_ECONNSHUT:
+		return LDR_EDISCONNECTED;
+	case NNG_EMSGSIZE: return -EMSGSIZE;
+	default: return -EIO;
+	}
+}
+
+/* --- synchronous calls -------------------------------------------------- */
+
+static void on_pipe_rem(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+	struct ldr_client *c = arg;
+
+	pthread_mutex_lock(&c->lock);
+	c->disconnected = true;
+	for (size_t i = 0; i < ARRAY_SIZE(c->sync_aios); i++)
+		if (c->sync_aios[i])
+			nng_aio_cancel(c->sync_aios[i]);
+	for (struct ldr_attachment *a = c->atts; a; a = a->next) {
+		for (int i = 0; i < a->inflight; i++)
+			if (a->reqs[i].open && a->reqs[i].state != REQ_IDLE)
+				nng_aio_cancel(a->reqs[i].aio);
+		if (a->relreq.open && a->relreq.state != REQ_IDLE)
+			nng_aio_cancel(a->relreq.aio);
+	}
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static int pack_msg(const Loaderd__Request *req, nng_msg **out)
+{
+	size_t len = loaderd__request__get_packed_size(req);
+	nng_msg *msg;
+
+	if (nng_msg_alloc(&msg, len) != 0)
+		return -ENOMEM;
+	loaderd__request__pack(req, nng_msg_body(msg));
+	*out = msg;
+	return 0;
+}
+
+static int reply_error(const Loaderd__Reply *rep)
+{
+	const Loaderd__Error *e = rep->error;
+	int code = e->code > 0 && e->code < 4096 ? -e->code : -EIO;
+
+	return set_err(code, "%s", e->message && *e->message ? e->message : error_name(code));
+}
+
+/* Send @req and wait for its reply; *out must be freed with free_unpacked. */
+static int call(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
+                Loaderd__Reply__BodyCase expect)
+{
+	nng_ctx ctx;
+	nng_aio *aio = NULL;
+	nng_msg *msg;
+	Loaderd__Reply *rep;
+	size_t slot = 0;
+	int rv, r;
+
+	pthread_mutex_lock(&c->lock);
+	if (c->disconnected) {
+		pthread_mutex_unlock(&c->lock);
+		return set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
+	}
+	pthread_mutex_unlock(&c->lock);
+	if ((rv = nng_ctx_open(&ctx, c->sock)) != 0)
+		return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
+	if ((rv = nng_aio_alloc(&aio, NULL, NULL)) != 0) {
+		nng_ctx_close(ctx);
+		return set_err(-ENOMEM, "out of memory");
+	}
+	nng_aio_set_timeout(aio, CALL_TIMEOUT_MS);
+	r = pack_msg(req, &msg);
+	if (r < 0)
+		goto out;
+	pthread_mutex_lock(&c->lock);
+	for (slot = 0; slot < ARRAY_SIZE(c->sync_aios) && c->sync_aios[slot]; slot++)
+		;
+	if (slot < ARRAY_SIZE(c->sync_aios))
+		c->sync_aios[slot] = aio;
+	pthread_mutex_unlock(&c->lock);
+
+	nng_aio_set_msg(aio, msg);
+	nng_ctx_send(ctx, aio);
+	nng_aio_wait(aio);
+	rv = nng_aio_result(aio);
+	if (rv != 0) {
+		nng_msg_free(nng_aio_get_msg(aio));
+	} else {
+		nng_ctx_recv(ctx, aio);
+		nng_aio_wait(aio);
+		rv = nng_aio_result(aio);
+	}
+	pthread_mutex_lock(&c->lock);
+	if (slot < ARRAY_SIZE(c->sync_aios))
+		c->sync_aios[slot] = NULL;
+	bool disc = c->disconnected;
+	pthread_mutex_unlock(&c->lock);
+	if (rv != 0) {
+		if (disc || rv == NNG_ECLOSED)
+			r = set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
+		else
+			r = set_err(nng_to_errno(rv), "no reply from the daemon: %s", nng_strerror(rv));
+		goto out;
+	}
+	msg = nng_aio_get_msg(aio);
+	rep = loaderd__reply__unpack(NULL, nng_msg_len(msg), nng_msg_body(msg));
+	nng_msg_free(msg);
+	if (!rep) {
+		r = set_err(-EPROTO, "malformed reply from the daemon");
+		goto out;
+	}
+	if (rep->body_case == LOADERD__REPLY__BODY_ERROR) {
+		r = reply_error(rep);
+		loaderd__reply__free_unpacked(rep, NULL);
+		goto out;
+	}
+	if (rep->body_case != expect) {
+		loaderd__reply__free_unpacked(rep, NULL);
+		r = set_err(-EPROTO, "unexpected reply from the daemon");
+		goto out;
+	}
+	*out = rep;
+	r = 0;
+out:
+	nng_aio_free(aio);
+	nng_ctx_close(ctx);
+	return r;
+}
+
+int ldr_connect(struct ldr_client **out, const char *socket_path, const char *client_name)
+{
+	struct ldr_client *c;
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Hello hello = LOADERD__HELLO__INIT;
+	Loaderd__Reply *rep;
+	char url[128], name[64];
+	int rv, r;
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return set_err(-ENOMEM, "out of memory");
+	c->pid = getpid();
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
+	if (ldr_socket_path(c->path, sizeof(c->path), socket_path) < 0) {
+		free(c);
+		return set_err(-ENAMETOOLONG, "socket path too long");
+	}
+	if ((rv = nng_req0_open(&c->sock)) != 0) {
+		free(c);
+		return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
+	}
+	/* never resend: a Next may wait for a batch far longer than any timer */
+	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 1 << 20);
+	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 1000);
+	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 60000);
+	nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, on_pipe_rem, c);
+	snprintf(url, sizeof(url), "ipc://%s", c->path);
+	if ((rv = nng_dial(c->sock, url, &c->dialer, 0)) != 0) {
+		r = set_err(nng_to_errno(rv) == LDR_EDISCONNECTED ? -ECONNREFUSED : nng_to_errno(rv),
+		            "cannot connect to loaderd at %s: %s", c->path, nng_strerror(rv));
+		nng_close(c->sock);
+		free(c);
+		return r;
+	}
+	if (!client_name) {
+		snprintf(name, sizeof(name), "pid %d", (int)c->pid);
+		client_name = name;
+	}
+	hello.protocol = LDR_PROTOCOL_VERSION;
+	hello.client_name = (char *)client_name;
+	req.body_case = LOADERD__REQUEST__BODY_HELLO;
+	req.hello = &hello;
+	r = call(c, &req, &rep, LOADERD__REPLY__BODY_HELLO);
+	if (r < 0) {
+		if (r == -EPROTONOSUPPORT)
+			r = LDR_EVERSION;
+		nng_close(c->sock);
+		free(c);
+		return r;
+	}
+	c->id = rep->hello->client_id;
+	loaderd__reply__free_unpacked(rep, NULL);
+	*out = c;
+	return 0;
+}
+
+int ldr_create_pipeline(struct ldr_client *c, const char *spec_json, int exist_ok, char *name_out,
+                        size_t name_size)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__CreatePipeline cp = LOADERD__CREATE_PIPELINE__INIT;
+	Loaderd__Reply *rep;
+	int r;
+
+	CHECK_PID(c);
+	if (!spec_json)
+		return set_err(-EINVAL, "no spec");
+	cp.spec_json = (char *)spec_json;
+	cp.exist_ok = exist_ok != 0;
+	req.body_case = LOADERD__REQUEST__BODY_CREATE;
+	req.create = &cp;
+	r = call(c, &req, &rep, LOADERD__REPLY__BODY_CREATE);
+	if (r < 0)
+		return r;
+	if (name_out && name_size)
+		snprintf(name_out, name_size, "%s", rep->create->name);
+	r = rep->create->created ? 1 : 0;
+	loaderd__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+int ldr_drop_pipeline(struct ldr_client *c, const char *name, int force)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__DropPipeline dp = LOADERD__DROP_PIPELINE__INIT;
+	Loaderd__Reply *rep;
+	int r;
+
+	CHECK_PID(c);
+	dp.name = (char *)name;
+	dp.force = force != 0;
+	req.body_case = LOADERD__REQUEST__BODY_DROP;
+	req.drop = &dp;
+	r = call(c, &req, &rep, LOADERD__REPLY__BODY_OK);
+	if (r == 0)
+		loaderd__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+static int json_call(struct ldr_client *c, Loaderd__Request *req, char **json_out)
+{
+	Loaderd__Reply *rep;
+	int r;
+
+	r = call(c, req, &rep, LOADERD__REPLY__BODY_JSON);
+	if (r < 0)
+		return r;
+	*json_out = strdup(rep->json->json);
+	loaderd__reply__free_unpacked(rep, NULL);
+	return *json_out ? 0 : set_err(-ENOMEM, "out of memory");
+}
+
+int ldr_status_json(struct ldr_client *c, char **json_out)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Status st = LOADERD__STATUS__INIT;
+
+	CHECK_PID(c);
+	req.body_case = LOADERD__REQUEST__BODY_STATUS;
+	req.status = &st;
+	return json_call(c, &req, json_out);
+}
+
+int ldr_pipelines_json(struct ldr_client *c, char **json_out)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__ListPipelines lp = LOADERD__LIST_PIPELINES__INIT;
+
+	CHECK_PID(c);
+	req.body_case = LOADERD__REQUEST__BODY_LIST;
+	req.list = &lp;
+	return json_call(c, &req, json_out);
+}
+
+/* --- attachments -------------------------------------------------------- */
+
+static int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint64_t *size)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct fdchan_request rq = { .magic = FDCHAN_MAGIC, .version = FDCHAN_VERSION };
+	struct fdchan_reply rp;
+	struct iovec iov = { .iov_base = &rp, .iov_len = sizeof(rp) };
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+	                      .msg_controllen = sizeof(u.buf) };
+	struct timeval tv = { .tv_sec = 10 };
+	struct cmsghdr *cm;
+	int fd, slab = -1;
+	ssize_t n;
+
+	if (token_len != sizeof(rq.token) || strlen(path) >= sizeof(sa.sun_path))
+		return set_err(-EPROTO, "bad attach reply (token or fd channel path)");
+	memcpy(rq.token, token, sizeof(rq.token));
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return set_err(-errno, "socket: %s", strerror(errno));
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(fd);
+		return set_err(-e, "cannot connect to the fd channel %s: %s", path, strerror(e));
+	}
+	if (send(fd, &rq, sizeof(rq), MSG_NOSIGNAL) != (ssize_t)sizeof(rq)) {
+		int e = errno;
+		close(fd);
+		return set_err(-e, "fd channel: send: %s", strerror(e));
+	}
+	memset(&u, 0, sizeof(u));
+	n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+	close(fd);
+	if (n != (ssize_t)sizeof(rp) || rp.magic != FDCHAN_MAGIC)
+		return set_err(-EPROTO, "fd channel: no valid reply");
+	for (cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+		    cm->cmsg_len == CMSG_LEN(sizeof(int)))
+			memcpy(&slab, CMSG_DATA(cm), sizeof(int));
+	if (rp.status < 0) {
+		if (slab >= 0)
+			close(slab);
+		return set_err(rp.status, "fd channel: token refused: %s", strerror(-rp.status));
+	}
+	if (slab < 0)
+		return set_err(-EPROTO, "fd channel: reply carried no fd");
+	*size = rp.size;
+	return slab;
+}
+
+static void att_unref(struct ldr_attachment *a)
+{
+	if (atomic_fetch_sub(&a->refs, 1) != 1)
+		return;
+	if (a->base)
+		munmap((void *)a->base, a->size);
+	free(a->rel);
+	free(a);
+}
+
+static void req_cb(void *arg);
+static void flush_cb(void *arg);
+
+static int req_open(struct ldr_client *c, struct req *r, struct ldr_attachment *a, bool is_release)
+{
+	int rv;
+
+	r->att = a;
+	r->is_release = is_release;
+	if ((rv = nng_ctx_open(&r->ctx, c->sock)) != 0)
+		return nng_to_errno(rv);
+	if ((rv = nng_aio_alloc(&r->aio, req_cb, r)) != 0) {
+		nng_ctx_close(r->ctx);
+		return -ENOMEM;
+	}
+	r->open = true;
+	return 0;
+}
+
+static void req_close(struct req *r)
+{
+	if (!r->open)
+		return;
+	nng_aio_stop(r->aio);
+	if (r->state == REQ_SENDING) {
+		nng_msg *m = nng_aio_get_msg(r->aio);
+		if (m && nng_aio_result(r->aio) != 0)
+			nng_msg_free(m);
+	}
+	nng_aio_free(r->aio);
+	nng_ctx_close(r->ctx);
+	r->open = false;
+}
+
+/* Called with c->lock held. */
+static int req_send(struct ldr_attachment *a, struct req *r)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Next next = LOADERD__NEXT__INIT;
+	Loaderd__Release rel = LOADERD__RELEASE__INIT;
+	nng_msg *msg;
+	int e;
+
+	if (r->is_release) {
+		rel.attach_id = a->id;
+		rel.n_leases = a->nrel;
+		rel.leases = a->rel;
+		req.body_case = LOADERD__REQUEST__BODY_RELEASE;
+		req.release = &rel;
+	} else {
+		next.attach_id = a->id;
+		next.n_releases = a->nrel;
+		next.releases = a->rel;
+		req.body_case = LOADERD__REQUEST__BODY_NEXT;
+		req.next = &next;
+	}
+	if ((e = pack_msg(&req, &msg)) < 0)
+		return e;
+	a->nrel = 0;
+	nng_aio_set_msg(r->aio, msg);
+	r->state = REQ_SENDING;
+	if (!r->is_release)
+		a->outstanding++;
+	nng_ctx_send(r->ctx, r->aio);
+	return 0;
+}
+
+static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
+{
+	uint64_t seq;
+	struct arrived *ar;
+
+	if (rv != 0 || !rep) {
+		if (!a->err) {
+			a->err = a->c->disconnected || rv == NNG_ECLOSED || rv == NNG_ECANCELED
+			                 ? LDR_EDISCONNECTED : nng_to_errno(rv ? rv : NNG_EPROTO);
+			snprintf(a->errmsg, sizeof(a->errmsg), "%s",
+			         a->err == LDR_EDISCONNECTED ? "disconnected from the daemon"
+			                                     : rep ? "" : "malformed reply from the daemon");
+		}
+		return;
+	}
+	switch (rep->body_case) {
+	case LOADERD__REPLY__BODY_BATCH:
+		seq = rep->batch->seq;
+		break;
+	case LOADERD__REPLY__BODY_END:
+		seq = rep->end->seq;
+		break;
+	case LOADERD__REPLY__BODY_ERROR:
+		seq = rep->error->seq;
+		if (rep->error->code == ECANCELED && a->detached)
+			return;
+		if (seq < a->next_seq || seq - a->next_seq >= MAX_INFLIGHT) {
+			/* an error not tied to a delivery: it stops the attachment */
+			if (!a->err) {
+				a->err = rep->error->code > 0 ? -rep->error->code : -EIO;
+				snprintf(a->errmsg, sizeof(a->errmsg), "%s", rep->error->message);
+			}
+			return;
+		}
+		break;
+	default:
+		if (!a->err) {
+			a->err = -EPROTO;
+			snprintf(a->errmsg, sizeof(a->errmsg), "unexpected reply to Next");
+		}
+		return;
+	}
+	if (seq < a->next_seq || seq - a->next_seq >= MAX_INFLIGHT) {
+		if (!a->err) {
+			a->err = -EPROTO;
+			snprintf(a->errmsg, sizeof(a->errmsg), "reply out of sequence");
+		}
+		return;
+	}
+	ar = &a->ring[seq % MAX_INFLIGHT];
+	memset(ar, 0, sizeof(*ar));
+	ar->present = true;
+	ar->kind = rep->body_case;
+	if (rep->body_case == LOADERD__REPLY__BODY_BATCH) {
+		ar->lease = rep->batch->lease;
+		ar->epoch = rep->batch->epoch;
+		ar->index = rep->batch->index;
+		ar->slot = rep->batch->slot;
+		ar->rows = rep->batch->rows;
+	} else if (rep->body_case == LOADERD__REPLY__BODY_ERROR) {
+		ar->err = rep->error->code > 0 ? -rep->error->code : -EIO;
+		snprintf(ar->msg, sizeof(ar->msg), "%s", rep->error->message);
+	}
+}
+
+static void req_cb(void *arg)
+{
+	struct req *r = arg;
+	struct ldr_attachment *a = r->att;
+	struct ldr_client *c = a->c;
+	int rv = nng_aio_result(r->aio);
+
+	pthread_mutex_lock(&c->lock);
+	if (r->state == REQ_SENDING && rv == 0) {
+		r->state = REQ_RECEIVING;
+		nng_ctx_recv(r->ctx, r->aio);
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
+	if (r->state == REQ_SENDING) {
+		nng_msg *m = nng_aio_get_msg(r->aio);
+		if (m)
+			nng_msg_free(m);
+	}
+	Loaderd__Reply *rep = NULL;
+	if (rv == 0) {
+		nng_msg *m = nng_aio_get_msg(r->aio);
+		rep = loaderd__reply__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+		nng_msg_free(m);
+	}
+	r->state = REQ_IDLE;
+	if (r->is_release) {
+		if (rep && rep->body_case == LOADERD__REPLY__BODY_ERROR && !a->detached && !a->err) {
+			/* a refused release is a bug of ours, not the trainer's: keep going */
+		}
+		if (a->nrel && !a->detached && !c->disconnected && rv == 0)
+			req_send(a, r);
+	} else {
+		a->outstanding--;
+		store_reply(a, rep, rv);
+	}
+	if (rep)
+		loaderd__reply__free_unpacked(rep, NULL);
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void flush_cb(void *arg)
+{
+	struct ldr_attachment *a = arg;
+	struct ldr_client *c = a->c;
+
+	pthread_mutex_lock(&c->lock);
+	a->flush_armed = false;
+	if (nng_aio_result(a->flush_aio) == 0 && a->nrel && !a->detached && !c->disconnected &&
+	    a->relreq.state == REQ_IDLE)
+		req_send(a, &a->relreq);
+	pthread_mutex_unlock(&c->lock);
+}
+
+int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *opts,
+               struct ldr_attachment **out)
+{
+	static const struct ldr_attach_opts defaults = { 0 };
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Attach at = LOADERD__ATTACH__INIT;
+	Loaderd__Reply *rep;
+	Loaderd__AttachReply *ar;
+	struct ldr_attachment *a;
+	uint64_t size = 0;
+	int r, fd;
+
+	CHECK_PID(c);
+	if (!opts)
+		opts = &defaults;
+	if (!pipeline || strlen(pipeline) > LDR_NAME_MAX)
+		return set_err(-EINVAL, "invalid pipeline name");
+	if (opts->inflight > MAX_INFLIGHT)
+		return set_err(-EINVAL, "inflight %u above the limit of %d", opts->inflight, MAX_INFLIGHT);
+	at.pipeline = (char *)pipeline;
+	at.mode = (Loaderd__Mode)opts->mode;
+	at.rank = opts->rank;
+	at.world_size = opts->world_size;
+	at.has_start = opts->has_start != 0;
+	at.start_epoch = opts->start_epoch;
+	at.start_batch = opts->start_batch;
+	at.credits = opts->inflight ? opts->inflight : 4;
+	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
+	req.attach = &at;
+	r = call(c, &req, &rep, LOADERD__REPLY__BODY_ATTACH);
+	if (r < 0)
+		return r;
+	ar = rep->attach;
+
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		r = set_err(-ENOMEM, "out of memory");
+		goto fail_rep;
+	}
+	a->c = c;
+	atomic_init(&a->refs, 1);
+	a->id = ar->attach_id;
+	a->slot_bytes = ar->slot_bytes;
+	a->nslots = ar->nslots;
+	a->batch_size = ar->batch_size;
+	a->bpe = ar->batches_per_epoch;
+	a->epochs = ar->epochs;
+	a->samples = ar->samples;
+	a->inflight = (int)at.credits;
+	if (ar->n_fields > MAX_FIELDS || ar->n_fields == 0) {
+		r = set_err(-EPROTO, "attach reply has %zu fields", ar->n_fields);
+		goto fail;
+	}
+	a->nfields = (int)ar->n_fields;
+	for (size_t f = 0; f < ar->n_fields; f++) {
+		const Loaderd__Field *fd_ = ar->fields[f];
+		struct afield *af = &a->fields[f];
+		if (fd_->n_sample_shape > LDR_MAX_DIMS - 1 || fd_->dtype >= LDR_DTYPE_COUNT ||
+		    fd_->offset + (uint64_t)a->batch_size * fd_->sample_bytes > a->slot_bytes) {
+			r = set_err(-EPROTO, "attach reply: field %zu is malformed", f);
+			goto fail;
+		}
+		snprintf(af->name, sizeof(af->name), "%s", fd_->name);
+		af->dtype = (enum ldr_dtype)fd_->dtype;
+		af->ndim = (int)fd_->n_sample_shape;
+		for (size_t d = 0; d < fd_->n_sample_shape; d++)
+			af->shape[d] = fd_->sample_shape[d];
+		af->offset = fd_->offset;
+		af->sample_bytes = fd_->sample_bytes;
+	}
+	fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size);
+	if (fd < 0) {
+		r = fd;
+		goto fail;
+	}
+	if (size != ar->slab_bytes || size < (uint64_t)a->nslots * a->slot_bytes) {
+		close(fd);
+		r = set_err(-EPROTO, "slab size mismatch");
+		goto fail;
+	}
+	a->size = size;
+	a->base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+	close(fd);
+	if (a->base == MAP_FAILED) {
+		a->base = NULL;
+		r = set_err(-errno, "cannot map the slab: %s", strerror(errno));
+		goto fail;
+	}
+	for (int i = 0; i < a->inflight; i++)
+		if ((r = req_open(c, &a->reqs[i], a, false)) < 0)
+			goto fail;
+	if ((r = req_open(c, &a->relreq, a, true)) < 0 || nng_aio_alloc(&a->flush_aio, flush_cb, a) != 0) {
+		r = set_err(r < 0 ? r : -ENOMEM, "cannot open request contexts");
+		goto fail;
+	}
+	loaderd__reply__free_unpacked(rep, NULL);
+
+	pthread_mutex_lock(&c->lock);
+	a->next = c->atts;
+	c->atts = a;
+	for (int i = 0; i < a->inflight; i++)
+		req_send(a, &a->reqs[i]);
+	pthread_mutex_unlock(&c->lock);
+	*out = a;
+	return 0;
+
+fail:
+	for (int i = 0; i < MAX_INFLIGHT; i++)
+		req_close(&a->reqs[i]);
+	req_close(&a->relreq);
+	if (a->flush_aio)
+		nng_aio_free(a->flush_aio);
+	{
+		/* tell the daemon, so it does not keep a slot for us */
+		Loaderd__Request dreq = LOADERD__REQUEST__INIT;
+		Loaderd__Detach det = LOADERD__DETACH__INIT;
+		Loaderd__Reply *drep;
+		char keep[sizeof(tls_err)];
+		det.attach_id = a->id;
+		dreq.body_case = LOADERD__REQUEST__BODY_DETACH;
+		dreq.detach = &det;
+		memcpy(keep, tls_err, sizeof(keep));
+		if (call(c, &dreq, &drep, LOADERD__REPLY__BODY_OK) == 0)
+			loaderd__reply__free_unpacked(drep, NULL);
+		memcpy(tls_err, keep, sizeof(keep));
+	}
+	att_unref(a);
+fail_rep:
+	loaderd__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+int ldr_attachment_nfields(const struct ldr_attachment *a)
+{
+	return a->nfields;
+}
+
+uint64_t ldr_attachment_batches_per_epoch(const struct ldr_attachment *a)
+{
+	return a->bpe;
+}
+
+uint64_t ldr_attachment_samples_per_epoch(const struct ldr_attachment *a)
+{
+	return a->samples;
+}
+
+uint64_t ldr_attachment_epochs(const struct ldr_attachment *a)
+{
+	return a->epochs;
+}
+
+uint32_t ldr_attachment_batch_size(const struct ldr_attachment *a)
+{
+	return a->batch_size;
+}
+
+const void *ldr_attachment_slab(const struct ldr_attachment *a, size_t *size)
+{
+	if (size)
+		*size = a->size;
+	return a->base;
+}
+
+static void deadline_after(struct timespec *ts, int ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
+{
+	struct ldr_client *c = a->c;
+	struct timespec deadline;
+	struct ldr_batch *b;
+	int r = 0;
+
+	CHECK_PID(c);
+	if (a->detached)
+		return set_err(-EBADF, "attachment is detached");
+	b = malloc(sizeof(*b));
+	if (!b)
+		return set_err(-ENOMEM, "out of memory");
+	if (timeout_ms >= 0)
+		deadline_after(&deadline, timeout_ms);
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		struct arrived *ar = &a->ring[a->next_seq % MAX_INFLIGHT];
+		if (ar->present) {
+			ar->present = false;
+			a->next_seq++;
+			if (ar->kind == LOADERD__REPLY__BODY_BATCH) {
+				b->att = a;
+				b->lease = ar->lease;
+				b->epoch = ar->epoch;
+				b->index = ar->index;
+				b->slot = ar->slot;
+				b->rows = ar->rows;
+				if (b->slot >= a->nslots || b->rows > a->batch_size) {
+					a->err = -EPROTO;
+					snprintf(a->errmsg, sizeof(a->errmsg), "batch descriptor out of range");
+					continue;
+				}
+				/* keep the pipe full: one request out for each batch taken */
+				for (int i = 0; i < a->inflight; i++)
+					if (a->reqs[i].state == REQ_IDLE && !a->ended && !c->disconnected) {
+						req_send(a, &a->reqs[i]);
+						break;
+					}
+				atomic_fetch_add(&a->refs, 1);
+				*out = b;
+				b = NULL;
+				r = 0;
+				break;
+			}
+			if (ar->kind == LOADERD__REPLY__BODY_END) {
+				a->ended = true;
+				continue;
+			}
+			/* an error answering this request: report it once, then go on */
+			r = set_err(ar->err, "%s", ar->msg);
+			for (int i = 0; i < a->inflight; i++)
+				if (a->reqs[i].state == REQ_IDLE && !a->ended && !c->disconnected) {
+					req_send(a, &a->reqs[i]);
+					break;
+				}
+			break;
+		}
+		if (a->ended) {
+			r = LDR_EOF;
+			break;
+		}
+		if (a->err) {
+			r = set_err(a->err, "%s", a->errmsg[0] ? a->errmsg : error_name(a->err));
+			break;
+		}
+		if (c->disconnected) {
+			r = set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
+			break;
+		}
+		if (a->outstanding == 0) {
+			/* nothing in flight (all sends failed earlier): send again */
+			for (int i = 0; i < a->inflight; i++)
+				if (a->reqs[i].state == REQ_IDLE)
+					req_send(a, &a->reqs[i]);
+		}
+		if (timeout_ms < 0) {
+			pthread_cond_wait(&c->cond, &c->lock);
+		} else if (pthread_cond_timedwait(&c->cond, &c->lock, &deadline) == ETIMEDOUT) {
+			r = set_err(-ETIMEDOUT, "no batch within %d ms", timeout_ms);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	free(b);
+	return r;
+}
+
+void ldr_release(struct ldr_batch *b)
+{
+	struct ldr_attachment *a;
+	struct ldr_client *c;
+
+	if (!b)
+		return;
+	a = b->att;
+	c = a->c;
+	if (!a->detached && c->pid == getpid()) {
+		pthread_mutex_lock(&c->lock);
+		if (!a->detached) {
+			if (a->nrel == a->relcap) {
+				size_t cap = a->relcap ? a->relcap * 2 : 16;
+				uint64_t *n = realloc(a->rel, cap * sizeof(*n));
+				if (n) {
+					a->rel = n;
+					a->relcap = cap;
+				}
+			}
+			if (a->nrel < a->relcap)
+				a->rel[a->nrel++] = b->lease;
+			if (!a->flush_armed && !c->disconnected) {
+				a->flush_armed = true;
+				nng_sleep_aio(FLUSH_DELAY_MS, a->flush_aio);
+			}
+		}
+		pthread_mutex_unlock(&c->lock);
+	}
+	free(b);
+	att_unref(a);
+}
+
+uint64_t ldr_batch_epoch(const struct ldr_batch *b)
+{
+	return b->epoch;
+}
+
+uint64_t ldr_batch_index(const struct ldr_batch *b)
+{
+	return b->index;
+}
+
+uint32_t ldr_batch_rows(const struct ldr_batch *b)
+{
+	return b->rows;
+}
+
+int ldr_batch_nfields(const struct ldr_batch *b)
+{
+	return b->att->nfields;
+}
+
+int ldr_batch_field(const struct ldr_batch *b, int i, struct ldr_field *out)
+{
+	const struct ldr_attachment *a = b->att;
+	const struct afield *f;
+
+	if (i < 0 || i >= a->nfields)
+		return -EINVAL;
+	f = &a->fields[i];
+	out->name = f->name;
+	out->dtype = f->dtype;
+	out->ndim = f->ndim + 1;
+	out->shape[0] = b->rows;
+	for (int d = 0; d < f->ndim; d++)
+		out->shape[d + 1] = f->shape[d];
+	out->data = a->base + (uint64_t)b->slot * a->slot_bytes + f->offset;
+	out->nbytes = (size_t)(f->sample_bytes * b->rows);
+	return 0;
+}
+
+int ldr_detach(struct ldr_attachment *a)
+{
+	struct ldr_client *c;
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Detach det = LOADERD__DETACH__INIT;
+	Loaderd__Reply *rep;
+	struct ldr_attachment **pp;
+	struct timespec deadline;
+	int r = 0;
+
+	if (!a)
+		return 0;
+	c = a->c;
+	CHECK_PID(c);
+	pthread_mutex_lock(&c->lock);
+	a->detached = true;
+	bool disc = c->disconnected;
+	pthread_mutex_unlock(&c->lock);
+	if (!disc) {
+		det.attach_id = a->id;
+		req.body_case = LOADERD__REQUEST__BODY_DETACH;
+		req.detach = &det;
+		r = call(c, &req, &rep, LOADERD__REPLY__BODY_OK);
+		if (r == 0)
+			loaderd__reply__free_unpacked(rep, NULL);
+	}
+	/* the daemon answers every parked Next of a detached attachment */
+	deadline_after(&deadline, 5000);
+	pthread_mutex_lock(&c->lock);
+	while (a->outstanding > 0 && !c->disconnected && r == 0)
+		if (pthread_cond_timedwait(&c->cond, &c->lock, &deadline) == ETIMEDOUT)
+			break;
+	for (pp = &c->atts; *pp; pp = &(*pp)->next)
+		if (*pp == a) {
+			*pp = a->next;
+			break;
+		}
+	pthread_mutex_unlock(&c->lock);
+	nng_aio_stop(a->flush_aio);
+	nng_aio_free(a->flush_aio);
+	a->flush_aio = NULL;
+	for (int i = 0; i < a->inflight; i++)
+		req_close(&a->reqs[i]);
+	req_close(&a->relreq);
+	att_unref(a);
+	return r == LDR_EDISCONNECTED ? 0 : r;
+}
+
+void ldr_close(struct ldr_client *c)
+{
+	if (!c)
+		return;
+	if (c->pid != getpid())
+		return; /* nng state of the parent: leave it alone */
+	while (c->atts)
+		ldr_detach(c->atts);
+	nng_close(c->sock);
+	pthread_cond_destroy(&c->cond);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}

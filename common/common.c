@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: MIT */
+/* common - dtype and mode names, socket path resolution, error names */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+static const struct {
+	const char *name;
+	size_t size;
+} dtypes[LDR_DTYPE_COUNT] = {
+	[LDR_DTYPE_BOOL] = { "bool", 1 },
+	[LDR_DTYPE_INT8] = { "int8", 1 },
+	[LDR_DTYPE_UINT8] = { "uint8", 1 },
+	[LDR_DTYPE_INT16] = { "int16", 2 },
+	[LDR_DTYPE_UINT16] = { "uint16", 2 },
+	[LDR_DTYPE_INT32] = { "int32", 4 },
+	[LDR_DTYPE_UINT32] = { "uint32", 4 },
+	[LDR_DTYPE_INT64] = { "int64", 8 },
+	[LDR_DTYPE_UINT64] = { "uint64", 8 },
+	[LDR_DTYPE_FLOAT16] = { "float16", 2 },
+	[LDR_DTYPE_BFLOAT16] = { "bfloat16", 2 },
+	[LDR_DTYPE_FLOAT32] = { "float32", 4 },
+	[LDR_DTYPE_FLOAT64] = { "float64", 8 },
+};
+
+const char *dtype_name(int dtype)
+{
+	if (dtype < 0 || dtype >= LDR_DTYPE_COUNT)
+		return NULL;
+	return dtypes[dtype].name;
+}
+
+size_t dtype_size(int dtype)
+{
+	if (dtype < 0 || dtype >= LDR_DTYPE_COUNT)
+		return 0;
+	return dtypes[dtype].size;
+}
+
+int dtype_from_name(const char *name)
+{
+	for (int i = 0; i < LDR_DTYPE_COUNT; i++)
+		if (strcmp(dtypes[i].name, name) == 0)
+			return i;
+	return -EINVAL;
+}
+
+static const char *const modes[] = { "broadcast", "partition", "dynamic" };
+
+const char *mode_name(int mode)
+{
+	if (mode < 0 || mode >= (int)ARRAY_SIZE(modes))
+		return NULL;
+	return modes[mode];
+}
+
+int mode_from_name(const char *name)
+{
+	for (size_t i = 0; i < ARRAY_SIZE(modes); i++)
+		if (strcmp(modes[i], name) == 0)
+			return (int)i;
+	return -EINVAL;
+}
+
+static int put(char *buf, size_t size, const char *a, const char *b)
+{
+	int n = snprintf(buf, size, "%s%s", a, b);
+	if (n < 0 || (size_t)n >= size)
+		return -ENAMETOOLONG;
+	return n;
+}
+
+int sockpath_resolve(char *buf, size_t size, const char *explicit_path)
+{
+	const char *env;
+
+	if (explicit_path && *explicit_path)
+		return put(buf, size, explicit_path, "");
+	env = getenv("LOADERD_SOCKET");
+	if (env && *env)
+		return put(buf, size, env, "");
+	env = getenv("RUNTIME_DIRECTORY");
+	if (env && *env) {
+		/* systemd may list several directories separated by ':' */
+		char dir[4096];
+		size_t n = strcspn(env, ":");
+		if (n >= sizeof(dir))
+			return -ENAMETOOLONG;
+		memcpy(dir, env, n);
+		dir[n] = '\0';
+		return put(buf, size, dir, "/loaderd.sock");
+	}
+	env = getenv("XDG_RUNTIME_DIR");
+	if (env && *env)
+		return put(buf, size, env, "/loaderd.sock");
+	return put(buf, size, "/run/loaderd/loaderd.sock", "");
+}
+
+int sockpath_fdchan(char *buf, size_t size, const char *sock)
+{
+	return put(buf, size, sock, ".fds");
+}
+
+const char *error_name(int err)
+{
+	switch (err) {
+	case 0:
+		return "success";
+	case LDR_EOF:
+		return "end of stream";
+	case LDR_EFORKED:
+		return "handle used in a forked child: create the client in this process";
+	case LDR_EDISCONNECTED:
+		return "disconnected from the daemon";
+	case LDR_EVERSION:
+		return "protocol version mismatch between client and daemon";
+	default:
+		if (err < 0 && err > -4096)
+			return strerror(-err);
+		return "unknown error";
+	}
+}

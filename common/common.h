@@ -1,0 +1,28 @@
+/* SPDX-License-Identifier: MIT */
+/* common - small helpers shared by the daemon and libloader */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loader/loader.h"
+
+/* Names of enum ldr_dtype, as in numpy ("uint16", "float32", "bfloat16"...). */
+const char *dtype_name(int dtype);
+size_t dtype_size(int dtype);
+/* Parse a dtype name; returns the dtype or -EINVAL. */
+int dtype_from_name(const char *name);
+
+const char *mode_name(int mode);
+int mode_from_name(const char *name);
+
+/* Socket path resolution of DESIGN.md; returns the length or -ENAMETOOLONG. */
+int sockpath_resolve(char *buf, size_t size, const char *explicit_path);
+/* Path of the fd channel that belongs to the nng socket at @sock. */
+int sockpath_fdchan(char *buf, size_t size, const char *sock);
+
+/* Error names for negative errno and LDR_E* codes. */
+const char *error_name(int err);
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))

@@ -1,0 +1,301 @@
+/* SPDX-License-Identifier: MIT */
+/* fdchan - hands slab fds to clients over AF_UNIX with SCM_RIGHTS
+ *
+ * nng cannot pass file descriptors, so a client that attached fetches the
+ * slab's fd here, once per attach, with the one-time token of its attach reply.
+ * The peer's uid (SO_PEERCRED) must be the attaching client's. Connections are
+ * non-blocking and polled by the loop; one that says nothing within a few
+ * seconds is closed, so a stuck client cannot hold the loop or a descriptor.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "fdchan.h"
+#include "log.h"
+
+#define CONN_TIMEOUT_MS 5000
+#define MAX_CONNS 256
+
+struct conn {
+	struct conn *next;
+	struct fdchan *ch;
+	uv_poll_t poll;
+	uv_timer_t timer;
+	int fd;
+	int closing;
+	size_t got;
+	struct fdchan_request req;
+};
+
+struct fdchan {
+	uv_loop_t *loop;
+	uv_poll_t poll;
+	int fd;
+	char path[108];
+	fdchan_lookup_fn lookup;
+	void *userdata;
+	struct conn *conns;
+	unsigned nconns;
+	int pending_closes;
+	int closing;
+};
+
+int sock_claim_path(const char *path, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct stat st;
+	int fd, r;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		snprintf(err, errlen, "socket path too long (most %zu bytes): %s", sizeof(sa.sun_path) - 1, path);
+		return -ENAMETOOLONG;
+	}
+	if (lstat(path, &st) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (!S_ISSOCK(st.st_mode)) {
+		snprintf(err, errlen, "%s exists and is not a socket", path);
+		return -EEXIST;
+	}
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+	close(fd);
+	if (r == 0) {
+		snprintf(err, errlen, "another loaderd is already listening on %s", path);
+		return -EADDRINUSE;
+	}
+	if (errno != ECONNREFUSED) {
+		snprintf(err, errlen, "cannot check %s: %s", path, strerror(errno));
+		return -errno;
+	}
+	if (unlink(path) < 0 && errno != ENOENT) {
+		snprintf(err, errlen, "cannot remove stale socket %s: %s", path, strerror(errno));
+		return -errno;
+	}
+	log_notice("replaced stale socket %s", path);
+	return 0;
+}
+
+static void fdchan_maybe_free(struct fdchan *ch)
+{
+	if (ch->closing && ch->pending_closes == 0)
+		free(ch);
+}
+
+static void on_conn_handle_closed(uv_handle_t *h)
+{
+	struct conn *c = h->data;
+	struct fdchan *ch = c->ch;
+
+	if (--c->closing == 0) {
+		close(c->fd);
+		free(c);
+		ch->pending_closes--;
+		fdchan_maybe_free(ch);
+	}
+}
+
+static void conn_close(struct conn *c)
+{
+	struct fdchan *ch = c->ch;
+	struct conn **pp;
+
+	if (c->closing)
+		return;
+	for (pp = &ch->conns; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	ch->nconns--;
+	ch->pending_closes++;
+	c->closing = 2;
+	uv_poll_stop(&c->poll);
+	uv_timer_stop(&c->timer);
+	uv_close((uv_handle_t *)&c->poll, on_conn_handle_closed);
+	uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
+}
+
+static void conn_reply(struct conn *c, int status, int fd, uint64_t size)
+{
+	struct fdchan_reply rep = { .magic = FDCHAN_MAGIC, .status = status, .size = size };
+	struct iovec iov = { .iov_base = &rep, .iov_len = sizeof(rep) };
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (status == 0) {
+		struct cmsghdr *cm;
+		memset(&u, 0, sizeof(u));
+		msg.msg_control = u.buf;
+		msg.msg_controllen = sizeof(u.buf);
+		cm = CMSG_FIRSTHDR(&msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	}
+	/* a fresh socket buffer always takes these few bytes at once */
+	if (sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+		log_debug("fd channel: send failed: %s", strerror(errno));
+}
+
+static void on_conn_readable(uv_poll_t *p, int status, int events)
+{
+	struct conn *c = p->data;
+	struct fdchan *ch = c->ch;
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	ssize_t n;
+	int fd = -1, r;
+	uint64_t size = 0;
+
+	if (status < 0) {
+		conn_close(c);
+		return;
+	}
+	n = recv(c->fd, (char *)&c->req + c->got, sizeof(c->req) - c->got, MSG_DONTWAIT);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	if (n <= 0) {
+		conn_close(c);
+		return;
+	}
+	c->got += (size_t)n;
+	if (c->got < sizeof(c->req))
+		return;
+	if (c->req.magic != FDCHAN_MAGIC || c->req.version != FDCHAN_VERSION) {
+		log_warn("fd channel: malformed request (magic %08x, version %u)", c->req.magic, c->req.version);
+		conn_reply(c, -EPROTO, -1, 0);
+		conn_close(c);
+		return;
+	}
+	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+		conn_reply(c, -errno, -1, 0);
+		conn_close(c);
+		return;
+	}
+	r = ch->lookup(ch->userdata, c->req.token, cred.uid, &fd, &size);
+	if (r < 0)
+		log_warn("fd channel: pid %d: token refused: %s", (int)cred.pid, strerror(-r));
+	conn_reply(c, r, fd, size);
+	conn_close(c);
+}
+
+static void on_conn_timeout(uv_timer_t *t)
+{
+	struct conn *c = t->data;
+
+	log_warn("fd channel: peer sent no request within %d ms", CONN_TIMEOUT_MS);
+	conn_close(c);
+}
+
+static void on_accept(uv_poll_t *p, int status, int events)
+{
+	struct fdchan *ch = p->data;
+
+	if (status < 0)
+		return;
+	for (;;) {
+		int fd = accept4(ch->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		struct conn *c;
+
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				log_warn("fd channel: accept: %s", strerror(errno));
+			return;
+		}
+		if (ch->nconns >= MAX_CONNS || !(c = calloc(1, sizeof(*c)))) {
+			log_warn("fd channel: too many connections, refusing one");
+			close(fd);
+			continue;
+		}
+		c->ch = ch;
+		c->fd = fd;
+		uv_poll_init(ch->loop, &c->poll, fd);
+		uv_timer_init(ch->loop, &c->timer);
+		c->poll.data = c->timer.data = c;
+		c->next = ch->conns;
+		ch->conns = c;
+		ch->nconns++;
+		uv_poll_start(&c->poll, UV_READABLE, on_conn_readable);
+		uv_timer_start(&c->timer, on_conn_timeout, CONN_TIMEOUT_MS, 0);
+	}
+}
+
+int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path,
+               fdchan_lookup_fn lookup, void *userdata, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct fdchan *ch;
+	int r;
+
+	r = sock_claim_path(path, err, errlen);
+	if (r < 0)
+		return r;
+	ch = calloc(1, sizeof(*ch));
+	if (!ch)
+		return -ENOMEM;
+	ch->loop = loop;
+	ch->lookup = lookup;
+	ch->userdata = userdata;
+	snprintf(ch->path, sizeof(ch->path), "%s", path);
+	strcpy(sa.sun_path, ch->path);
+	ch->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (ch->fd < 0)
+		goto fail;
+	if (bind(ch->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		goto fail;
+	if (chmod(ch->path, 0660) < 0 || listen(ch->fd, 128) < 0) {
+		r = -errno;
+		unlink(ch->path);
+		errno = -r;
+		goto fail;
+	}
+	uv_poll_init(loop, &ch->poll, ch->fd);
+	ch->poll.data = ch;
+	uv_poll_start(&ch->poll, UV_READABLE, on_accept);
+	*out = ch;
+	return 0;
+
+fail:
+	r = -errno;
+	snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(errno));
+	if (ch->fd >= 0)
+		close(ch->fd);
+	free(ch);
+	return r;
+}
+
+static void on_listener_closed(uv_handle_t *h)
+{
+	struct fdchan *ch = h->data;
+
+	close(ch->fd);
+	ch->pending_closes--;
+	fdchan_maybe_free(ch);
+}
+
+void fdchan_close(struct fdchan *ch)
+{
+	if (!ch)
+		return;
+	ch->closing = 1;
+	unlink(ch->path);
+	while (ch->conns)
+		conn_close(ch->conns);
+	ch->pending_closes++;
+	uv_poll_stop(&ch->poll);
+	uv_close((uv_handle_t *)&ch->poll, on_listener_closed);
+}

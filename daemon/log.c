@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/* log - leveled messages to stderr
+ *
+ * Under systemd (JOURNAL_STREAM set) each line starts with the <N> syslog
+ * priority prefix that journald understands; on a terminal it starts with the
+ * level's name instead. One write per line, so lines of several threads do not
+ * interleave.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+int log_max_level = LOG_INFO;
+
+static const char *const names[] = {
+	[LOG_ERR] = "error", [LOG_WARNING] = "warning", [LOG_NOTICE] = "notice",
+	[LOG_INFO] = "info", [LOG_DEBUG] = "debug",
+};
+
+int log_level_from_name(const char *name)
+{
+	for (int i = LOG_ERR; i <= LOG_DEBUG; i++)
+		if (strcmp(names[i], name) == 0)
+			return i;
+	return -EINVAL;
+}
+
+void log_msg(int level, const char *fmt, ...)
+{
+	char line[2048];
+	int n;
+	va_list ap;
+
+	if (level > log_max_level)
+		return;
+	if (getenv("JOURNAL_STREAM"))
+		n = snprintf(line, sizeof(line), "<%d>", level);
+	else
+		n = snprintf(line, sizeof(line), "loaderd: %s: ", names[level]);
+	va_start(ap, fmt);
+	n += vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof(line) - 2)
+		n = (int)sizeof(line) - 2;
+	line[n++] = '\n';
+	if (write(STDERR_FILENO, line, (size_t)n) < 0) {
+		/* nowhere left to report it */
+	}
+}

@@ -1,0 +1,255 @@
+/* SPDX-License-Identifier: MIT */
+/* loaderd - the data-loading daemon */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <nng/nng.h>
+#include <protobuf-c/protobuf-c.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common.h"
+#include "config.h"
+#include "log.h"
+#include "pipeline.h"
+#include "server.h"
+#include "settings.h"
+#include "spec.h"
+
+#define DEFAULT_CONFIG "/etc/loaderd/loaderd.json"
+
+struct daemon {
+	uv_loop_t loop;
+	uv_signal_t sigterm, sigint, sighup;
+	struct server *srv;
+	struct settings cfg;
+	const char *cli_config;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: loaderd [OPTION]...\n"
+		"Serve ready batches to training processes over a local socket.\n"
+		"\n"
+		"  -c, --config FILE        read settings and pipelines from FILE (JSON); default\n"
+		"                           $LOADERD_CONFIG, else " DEFAULT_CONFIG " if it exists\n"
+		"  -s, --socket PATH        listen on PATH; default $LOADERD_SOCKET, else\n"
+		"                           $RUNTIME_DIRECTORY/loaderd.sock, else\n"
+		"                           $XDG_RUNTIME_DIR/loaderd.sock, else /run/loaderd/loaderd.sock\n"
+		"  -w, --workers N          worker threads (default: online CPUs)\n"
+		"  -m, --memory-limit SIZE  most memory for batch slots, e.g. 4G (default: half of RAM)\n"
+		"  -l, --log-level LEVEL    error, warning, notice, info (default) or debug\n"
+		"  -h, --help               show this help\n"
+		"  -V, --version            show versions of loaderd and its libraries\n"
+		"\n"
+		"Signals: SIGTERM/SIGINT stop cleanly, SIGHUP re-reads the config file and\n"
+		"creates the pipelines it adds. The fd channel listens on PATH.fds.\n");
+}
+
+static void version(void)
+{
+	printf("loaderd %s\n", LOADERD_VERSION);
+	printf("protocol %d\n", LDR_PROTOCOL_VERSION);
+	printf("libuv %s (built with %d.%d.%d)\n", uv_version_string(), UV_VERSION_MAJOR,
+	       UV_VERSION_MINOR, UV_VERSION_PATCH);
+	printf("nng %s (built with %s)\n", nng_version(), NNG_MAJOR_VERSION == 1 ? "1.x" : "?");
+	printf("protobuf-c %s (built with %s)\n", protobuf_c_version(), PROTOBUF_C_VERSION);
+	printf("jansson %s\n", JANSSON_VERSION);
+}
+
+static int create_pipelines(struct daemon *d, bool reload)
+{
+	size_t i;
+	json_t *spec_json;
+	int failed = 0;
+
+	if (!d->cfg.pipelines)
+		return 0;
+	json_array_foreach(d->cfg.pipelines, i, spec_json) {
+		struct spec *spec;
+		char err[1024];
+		int r = spec_from_json(&spec, spec_json, err, sizeof(err));
+		if (r == 0)
+			r = engine_create(server_engine(d->srv), spec, getuid(), true, err, sizeof(err));
+		if (r < 0) {
+			log_err("%s: pipelines[%zu]: %s", d->cfg.path, i, err);
+			failed++;
+		} else if (r == 0 && !reload) {
+			log_err("%s: pipelines[%zu]: %s", d->cfg.path, i, err);
+			failed++;
+		}
+	}
+	return failed ? -EINVAL : 0;
+}
+
+static void on_stopped(void *userdata)
+{
+	struct daemon *d = userdata;
+	uv_close((uv_handle_t *)&d->sigterm, NULL);
+	uv_close((uv_handle_t *)&d->sigint, NULL);
+	uv_close((uv_handle_t *)&d->sighup, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	struct daemon *d = h->data;
+
+	if (signum == SIGHUP) {
+		struct settings fresh = { 0 };
+		char err[1024];
+		if (!d->cfg.path) {
+			log_notice("SIGHUP: no config file to reload");
+			return;
+		}
+		if (settings_load(&fresh, d->cfg.path, false, err, sizeof(err)) < 0) {
+			log_err("reload: %s (keeping the running settings)", err);
+			settings_clear(&fresh);
+			return;
+		}
+		json_decref(d->cfg.pipelines);
+		d->cfg.pipelines = fresh.pipelines ? json_incref(fresh.pipelines) : NULL;
+		settings_clear(&fresh);
+		create_pipelines(d, true);
+		log_notice("reloaded %s", d->cfg.path);
+		return;
+	}
+	log_notice("%s received", strsignal(signum));
+	server_stop(d->srv, on_stopped, d);
+}
+
+static int parse_args(struct daemon *d, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "socket", required_argument, NULL, 's' },
+		{ "workers", required_argument, NULL, 'w' },
+		{ "memory-limit", required_argument, NULL, 'm' },
+		{ "log-level", required_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ 0 },
+	};
+	int c;
+
+	while ((c = getopt_long(argc, argv, "c:s:w:m:l:hV", opts, NULL)) != -1) {
+		char *end;
+		long n;
+		switch (c) {
+		case 'c':
+			d->cli_config = optarg;
+			break;
+		case 's':
+			free(d->cfg.socket_path);
+			d->cfg.socket_path = strdup(optarg);
+			break;
+		case 'w':
+			errno = 0;
+			n = strtol(optarg, &end, 10);
+			if (errno || *end || n < 1 || n > 1024) {
+				fprintf(stderr, "loaderd: invalid worker count -- '%s' (1..1024)\n", optarg);
+				return 2;
+			}
+			d->cfg.workers = (unsigned)n;
+			break;
+		case 'm':
+			if (settings_parse_size(optarg, &d->cfg.memory_limit) < 0 || !d->cfg.memory_limit) {
+				fprintf(stderr, "loaderd: invalid memory limit -- '%s' (bytes, or like 512M, 4G)\n", optarg);
+				return 2;
+			}
+			break;
+		case 'l':
+			if ((d->cfg.log_level = log_level_from_name(optarg)) < 0) {
+				fprintf(stderr, "loaderd: invalid log level -- '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			version();
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "loaderd: unexpected argument -- '%s'\n", argv[optind]);
+		return 2;
+	}
+	return -1;
+}
+
+int main(int argc, char **argv)
+{
+	struct daemon d = { 0 };
+	struct server_config sc;
+	char path[108], err[1024];
+	const char *cfgfile;
+	long ncpu;
+	int r;
+
+	if ((r = parse_args(&d, argc, argv)) >= 0) {
+		settings_clear(&d.cfg);
+		return r;
+	}
+	cfgfile = d.cli_config ? d.cli_config : getenv("LOADERD_CONFIG");
+	if (!cfgfile && access(DEFAULT_CONFIG, F_OK) == 0)
+		cfgfile = DEFAULT_CONFIG;
+	if (cfgfile && settings_load(&d.cfg, cfgfile, true, err, sizeof(err)) < 0) {
+		fprintf(stderr, "loaderd: %s\n", err);
+		settings_clear(&d.cfg);
+		return 1;
+	}
+	if (d.cfg.log_level)
+		log_max_level = d.cfg.log_level;
+	if (sockpath_resolve(path, sizeof(path), d.cfg.socket_path) < 0) {
+		fprintf(stderr, "loaderd: socket path too long\n");
+		settings_clear(&d.cfg);
+		return 1;
+	}
+	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	sc.socket_path = path;
+	sc.workers = d.cfg.workers ? d.cfg.workers : (unsigned)(ncpu > 0 ? ncpu : 1);
+	sc.memory_limit = d.cfg.memory_limit;
+	if (!sc.memory_limit) {
+		long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+		sc.memory_limit = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize / 2 : 1ull << 30;
+	}
+
+	signal(SIGPIPE, SIG_IGN);
+	uv_loop_init(&d.loop);
+	r = server_new(&d.srv, &d.loop, &sc, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "loaderd: %s\n", err);
+		settings_clear(&d.cfg);
+		return 1;
+	}
+	if (create_pipelines(&d, false) < 0)
+		log_warn("some pipelines of %s were not created", d.cfg.path);
+	uv_signal_init(&d.loop, &d.sigterm);
+	uv_signal_init(&d.loop, &d.sigint);
+	uv_signal_init(&d.loop, &d.sighup);
+	d.sigterm.data = d.sigint.data = d.sighup.data = &d;
+	uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+	uv_signal_start(&d.sigint, on_signal, SIGINT);
+	uv_signal_start(&d.sighup, on_signal, SIGHUP);
+	log_notice("listening on %s (%u workers, memory limit %" PRIu64 " bytes)", path, sc.workers,
+	           sc.memory_limit);
+
+	uv_run(&d.loop, UV_RUN_DEFAULT);
+	r = uv_loop_close(&d.loop);
+	if (r < 0)
+		log_warn("loop closed with handles left: %s", uv_strerror(r));
+	settings_clear(&d.cfg);
+	log_notice("stopped");
+	return 0;
+}

@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: MIT */
+/* pipeline - pipelines, their streams, slots and leases (loop thread only) */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "spec.h"
+
+struct engine;
+struct pipeline;
+struct attachment;
+
+#define FD_TOKEN_BYTES 16
+#define ATTACH_MAX_CREDITS 64
+
+/* A parked Next request. The server owns it; the engine queues it. */
+struct pending {
+	struct pending *next;
+	struct attachment *att;
+};
+
+enum delivery_kind {
+	DELIVER_BATCH,
+	DELIVER_END,
+	DELIVER_ERROR,
+};
+
+struct delivery {
+	enum delivery_kind kind;
+	uint64_t seq;         /* the attachment's delivery number */
+	uint64_t lease;
+	uint64_t epoch;
+	uint64_t index;
+	uint32_t slot;
+	uint32_t rows;
+	int err;              /* DELIVER_ERROR: positive errno */
+	const char *msg;
+};
+
+struct engine_ops {
+	/* Answer @p. Must not call back into the engine. */
+	void (*deliver)(void *userdata, struct pending *p, const struct delivery *d);
+};
+
+struct attach_params {
+	int mode;             /* enum ldr_mode */
+	uint32_t rank;
+	uint32_t world;
+	bool has_start;
+	uint64_t start_epoch;
+	uint64_t start_batch;
+	uint32_t credits;
+	uint64_t client_id;
+	uid_t uid;
+};
+
+/* What a client needs to read the batches of an attachment. */
+struct attach_info {
+	uint64_t id;
+	uint8_t token[FD_TOKEN_BYTES];
+	uint64_t slab_bytes;
+	uint64_t slot_bytes;
+	uint32_t nslots;
+	uint32_t batch_size;
+	uint64_t batches_per_epoch;
+	uint64_t epochs;
+	uint64_t samples;
+	uint64_t start_epoch;
+	uint64_t start_batch;
+	size_t nfields;
+	const struct field_desc *fields;
+	const uint64_t *field_offsets;
+};
+
+int engine_new(struct engine **out, uv_loop_t *loop, unsigned nworkers,
+               uint64_t memory_limit, const struct engine_ops *ops, void *userdata);
+/* Answer every parked request with ESHUTDOWN; refuse new work. */
+void engine_shutdown(struct engine *eng);
+/* Stop the workers and free everything. Call engine_shutdown() first. */
+struct engine *engine_free(struct engine *eng);
+unsigned engine_workers(const struct engine *eng);
+uint64_t engine_memory_limit(const struct engine *eng);
+uint64_t engine_memory_used(const struct engine *eng);
+
+/**
+ * engine_create() - create a pipeline.
+ * @spec: taken over by the engine, also on failure
+ * Return: 1 created, 0 an identical pipeline existed (@exist_ok), or a
+ * negative errno with @err naming the reason.
+ */
+int engine_create(struct engine *eng, struct spec *spec, uid_t owner, bool exist_ok,
+                  char *err, size_t errlen);
+int engine_drop(struct engine *eng, const char *name, uid_t uid, bool force,
+                char *err, size_t errlen);
+bool engine_has(struct engine *eng, const char *name);
+/* {"name", "state", "slots_total", ...} of every pipeline. */
+json_t *engine_pipelines_json(struct engine *eng);
+
+int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
+                  struct attachment **out, char *err, size_t errlen);
+/* Release every lease, answer parked requests with ECANCELED, free. */
+void attachment_detach(struct attachment *att);
+void attachment_get_info(const struct attachment *att, struct attach_info *info);
+uint64_t attachment_id(const struct attachment *att);
+uint64_t attachment_client(const struct attachment *att);
+size_t attachment_leases(const struct attachment *att);
+json_t *attachment_json(const struct attachment *att);
+/* Release @leases, then queue @p (NULL: release only). Unknown lease ids are
+ * -ENOENT; too many parked requests -EAGAIN. @p is answered at once or later. */
+int attachment_next(struct attachment *att, struct pending *p,
+                    const uint64_t *leases, size_t nleases, char *err, size_t errlen);
+
+/**
+ * engine_take_token() - redeem a one-time fd-channel token.
+ * @uid: the peer's uid, which must be the attaching client's
+ * Return: 0 with the slab's read-only fd (still the engine's) and size.
+ */
+int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid,
+                      int *fd, uint64_t *size);

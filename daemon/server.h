@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: MIT */
+/* server - the nng REP endpoint, client sessions and request dispatch */
+#pragma once
+
+#include <stdint.h>
+#include <uv.h>
+
+struct engine;
+struct server;
+
+struct server_config {
+	const char *socket_path;
+	unsigned workers;
+	uint64_t memory_limit;
+};
+
+/**
+ * server_new() - listen on the socket and the fd channel, ready to serve.
+ * @err: why not, e.g. "another loaderd is listening on /run/loaderd/loaderd.sock"
+ *
+ * A stale socket file (nobody accepts on it) is replaced; a live one is an
+ * error (-EADDRINUSE).
+ */
+int server_new(struct server **out, uv_loop_t *loop, const struct server_config *cfg,
+               char *err, size_t errlen);
+struct engine *server_engine(struct server *srv);
+/* Tell clients, stop listening, free everything, remove the sockets; @done
+ * runs on the loop once all of it is finished. */
+void server_stop(struct server *srv, void (*done)(void *), void *userdata);

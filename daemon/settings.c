@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: MIT */
+/* settings - the daemon's settings: compiled-in defaults, a JSON file, options
+ *
+ * The file is JSON, like the specs it carries:
+ *   {"socket": "/run/loaderd/loaderd.sock", "workers": 8,
+ *    "memory_limit": "8G", "log_level": "info", "pipelines": [SPEC, ...]}
+ * Command-line options win over the file. Unknown keys are errors, as in specs.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "settings.h"
+#include "log.h"
+
+int settings_parse_size(const char *text, uint64_t *out)
+{
+	char *end;
+	double v;
+	double mul = 1;
+
+	errno = 0;
+	v = strtod(text, &end);
+	if (end == text || errno || v < 0 || !isfinite(v))
+		return -EINVAL;
+	switch (*end) {
+	case 'k': case 'K': mul = 1024.0; end++; break;
+	case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+	case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+	case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+	default: break;
+	}
+	if (*end == 'i' || *end == 'B')
+		end += *end == 'i' ? 1 : 0;
+	if (*end == 'B')
+		end++;
+	if (*end)
+		return -EINVAL;
+	v *= mul;
+	if (v >= 18446744073709551615.0)
+		return -ERANGE;
+	*out = (uint64_t)v;
+	return 0;
+}
+
+int settings_load(struct settings *cfg, const char *path, bool keep_set, char *err, size_t errlen)
+{
+	json_error_t jerr;
+	json_t *root, *v;
+	const char *key;
+	int r = -EINVAL;
+
+	root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root) {
+		snprintf(err, errlen, "%s: line %d, column %d: %s", path, jerr.line, jerr.column, jerr.text);
+		return -EINVAL;
+	}
+	if (!json_is_object(root)) {
+		snprintf(err, errlen, "%s: must be a JSON object", path);
+		goto out;
+	}
+	json_object_foreach(root, key, v) {
+		if (strcmp(key, "socket") == 0) {
+			if (!json_is_string(v) || !*json_string_value(v)) {
+				snprintf(err, errlen, "%s: socket: must be a non-empty string", path);
+				goto out;
+			}
+			if (!keep_set || !cfg->socket_path) {
+				free(cfg->socket_path);
+				cfg->socket_path = strdup(json_string_value(v));
+			}
+		} else if (strcmp(key, "workers") == 0) {
+			if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1024) {
+				snprintf(err, errlen, "%s: workers: must be an integer in 1..1024", path);
+				goto out;
+			}
+			if (!keep_set || !cfg->workers)
+				cfg->workers = (unsigned)json_integer_value(v);
+		} else if (strcmp(key, "memory_limit") == 0) {
+			uint64_t size = 0;
+			if (json_is_integer(v) && json_integer_value(v) > 0)
+				size = (uint64_t)json_integer_value(v);
+			else if (!json_is_string(v) || settings_parse_size(json_string_value(v), &size) < 0 || !size) {
+				snprintf(err, errlen, "%s: memory_limit: must be bytes or a size like \"8G\"", path);
+				goto out;
+			}
+			if (!keep_set || !cfg->memory_limit)
+				cfg->memory_limit = size;
+		} else if (strcmp(key, "log_level") == 0) {
+			int lvl = json_is_string(v) ? log_level_from_name(json_string_value(v)) : -EINVAL;
+			if (lvl < 0) {
+				snprintf(err, errlen, "%s: log_level: must be one of error, warning, notice, info, debug", path);
+				goto out;
+			}
+			if (!keep_set || !cfg->log_level)
+				cfg->log_level = lvl;
+		} else if (strcmp(key, "pipelines") == 0) {
+			if (!json_is_array(v)) {
+				snprintf(err, errlen, "%s: pipelines: must be an array of pipeline specs", path);
+				goto out;
+			}
+			json_decref(cfg->pipelines);
+			cfg->pipelines = json_incref(v);
+		} else {
+			snprintf(err, errlen, "%s: unknown key \"%s\"", path, key);
+			goto out;
+		}
+	}
+	free(cfg->path);
+	cfg->path = strdup(path);
+	r = 0;
+out:
+	json_decref(root);
+	return r;
+}
+
+void settings_clear(struct settings *cfg)
+{
+	free(cfg->path);
+	free(cfg->socket_path);
+	json_decref(cfg->pipelines);
+	memset(cfg, 0, sizeof(*cfg));
+}

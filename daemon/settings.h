@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: MIT */
+/* settings - the daemon's settings: compiled-in defaults, a JSON file, options */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct settings {
+	char *path;               /* the config file read, or NULL */
+	char *socket_path;
+	unsigned workers;         /* 0 = online CPUs */
+	uint64_t memory_limit;    /* 0 = half of physical memory */
+	int log_level;
+	json_t *pipelines;        /* array of specs, or NULL */
+};
+
+/* Parse "1073741824", "512M", "4G", "1.5G"; -EINVAL if it is none of these. */
+int settings_parse_size(const char *text, uint64_t *out);
+
+/**
+ * settings_load() - read a config file into @cfg (values already set win).
+ * @err: names the file and the key, e.g. "/etc/loaderd/loaderd.json: workers:
+ *       must be an integer in 1..1024"
+ */
+int settings_load(struct settings *cfg, const char *path, bool keep_set, char *err, size_t errlen);
+void settings_clear(struct settings *cfg);

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/* source - where samples come from: token files and .npy arrays */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loader/loader.h"
+#include "spec.h"
+
+#define SOURCE_MAX_FIELDS 16
+
+struct field_desc {
+	char name[LDR_NAME_MAX + 1];
+	int dtype;                    /* enum ldr_dtype */
+	int ndim;                     /* dimensions of one sample (0 = scalar) */
+	int64_t shape[LDR_MAX_DIMS - 1];
+	size_t sample_bytes;          /* bytes of one sample of this field */
+};
+
+struct source;
+
+/**
+ * source_open() - open the dataset files of a spec and check them.
+ * @err: names the file and what is wrong with it
+ *       ("x.npy: Fortran order is not supported")
+ * Return: 0, -EINVAL (bad file), -ENOENT... with @err set.
+ */
+int source_open(struct source **out, const struct spec *spec, char *err, size_t errlen);
+struct source *source_free(struct source *src);
+
+uint64_t source_nsamples(const struct source *src);
+size_t source_nfields(const struct source *src);
+const struct field_desc *source_field(const struct source *src, size_t i);
+
+/**
+ * source_read() - write sample @idx into its place in a batch.
+ * @dsts: one destination per field, each field's sample_bytes long
+ *
+ * Thread-safe: the workers call it concurrently. Reads with pread, never
+ * through a mapping, so a file truncated under a running pipeline gives an
+ * error ("train.bin: truncated: ...") instead of SIGBUS.
+ * Return: 0 or a negative errno with @err set.
+ */
+int source_read(struct source *src, uint64_t idx, void *const *dsts, char *err, size_t errlen);

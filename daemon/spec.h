@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: MIT */
+/* spec - parse and validate a pipeline spec (JSON, docs/spec.md) */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "loader/loader.h"
+
+enum source_kind {
+	SOURCE_TOKENS,
+	SOURCE_NPY,
+};
+
+struct spec {
+	char name[LDR_NAME_MAX + 1];
+	enum source_kind kind;
+	struct {
+		char *path;           /* tokens */
+		int dtype;            /* tokens: uint16, uint32 or int32 */
+		uint32_t seq_len;     /* tokens */
+		int output_dtype;     /* tokens: int64 (default) or the source dtype */
+		char **paths;         /* npy */
+		size_t npaths;        /* npy */
+	} source;
+	uint32_t batch_size;          /* default 32 */
+	bool shuffle;                 /* default false */
+	uint64_t seed;                /* default 0 */
+	bool drop_last;               /* default false */
+	uint64_t epochs;              /* default 1, 0 = endless */
+	uint32_t prefetch;            /* slots, default 8, >= 2 */
+	uint32_t min_clients;         /* broadcast waits for this many, default 1 */
+	json_t *json;                 /* the spec with every default filled in */
+};
+
+/**
+ * spec_parse() - parse and validate a spec.
+ * @out: receives the spec
+ * @text: JSON text
+ * @err: receives a message naming the offending key, e.g.
+ *       "spec: batch_size: must be an integer in 1..1048576"
+ *
+ * Unknown keys, wrong types and values out of range are errors.
+ * Return: 0 or -EINVAL (with @err set) or -ENOMEM.
+ */
+int spec_parse(struct spec **out, const char *text, char *err, size_t errlen);
+/* Same, from an already parsed object (a pipeline of the config file). */
+int spec_from_json(struct spec **out, json_t *obj, char *err, size_t errlen);
+struct spec *spec_free(struct spec *spec);
+/* Two specs describe the same pipeline (for create with exist_ok). */
+bool spec_equal(const struct spec *a, const struct spec *b);
+/*
+ * The field name of an npy path: its file stem (basename without ".npy").
+ * Return: the length, or -EINVAL when it is empty or longer than LDR_NAME_MAX.
+ */
+int spec_npy_stem(const char *path, char buf[LDR_NAME_MAX + 1]);

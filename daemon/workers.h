@@ -1,0 +1,18 @@
+/* SPDX-License-Identifier: MIT */
+/* workers - the daemon's own worker threads */
+#pragma once
+
+struct work {
+	struct work *next;
+	void (*fn)(struct work *work);
+};
+
+struct workers;
+
+/* Start @n threads (n >= 1). */
+int workers_new(struct workers **out, unsigned n);
+/* Queue @work; some worker runs work->fn(work) once. Any thread may call it. */
+void workers_submit(struct workers *w, struct work *work);
+unsigned workers_count(const struct workers *w);
+/* Run what is queued, then stop and join the threads. NULL is fine. */
+struct workers *workers_free(struct workers *w);

@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: MIT */
+/* libloader - the client library of loaderd */
+#ifndef LOADER_LOADER_H
+#define LOADER_LOADER_H
+
+/**
+ * @file loader.h
+ * @brief Public C API of libloader, the client of the loaderd daemon.
+ *
+ * All functions return 0 (or a non-negative count) on success and a negative
+ * errno value, or one of the LDR_E* codes below, on failure; ldr_strerror()
+ * names it. When the daemon refused a request, ldr_client_error() holds the
+ * daemon's own message. Handles are opaque. A client may be used from several
+ * threads, one attachment from one thread at a time.
+ *
+ * A handle used in a process forked after it was created returns
+ * LDR_EFORKED and touches nothing (nng is not fork-safe).
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(LDR_BUILDING_LIBRARY)
+#define LDR_EXPORT __attribute__((visibility("default")))
+#else
+#define LDR_EXPORT
+#endif
+
+/** Wire protocol version spoken by this library. */
+#define LDR_PROTOCOL_VERSION 1
+/** Longest pipeline or field name, in bytes, without the NUL. */
+#define LDR_NAME_MAX 63
+/** Most dimensions of one field (batch dimension included). */
+#define LDR_MAX_DIMS 8
+
+/** End of stream: a finite pipeline has delivered its last batch. */
+#define LDR_EOF (-4095)
+/** The handle was created in another process (used after fork). */
+#define LDR_EFORKED (-4094)
+/** The daemon closed the connection or went away. */
+#define LDR_EDISCONNECTED (-4093)
+/** The daemon speaks another protocol version. */
+#define LDR_EVERSION (-4092)
+
+/** Element types of batch fields (values are part of the wire protocol). */
+enum ldr_dtype {
+	LDR_DTYPE_BOOL = 0,
+	LDR_DTYPE_INT8 = 1,
+	LDR_DTYPE_UINT8 = 2,
+	LDR_DTYPE_INT16 = 3,
+	LDR_DTYPE_UINT16 = 4,
+	LDR_DTYPE_INT32 = 5,
+	LDR_DTYPE_UINT32 = 6,
+	LDR_DTYPE_INT64 = 7,
+	LDR_DTYPE_UINT64 = 8,
+	LDR_DTYPE_FLOAT16 = 9,
+	LDR_DTYPE_BFLOAT16 = 10,
+	LDR_DTYPE_FLOAT32 = 11,
+	LDR_DTYPE_FLOAT64 = 12,
+	LDR_DTYPE_COUNT
+};
+
+/** Sharing mode of an attachment. */
+enum ldr_mode {
+	LDR_MODE_BROADCAST = 0, /**< every client receives every batch */
+	LDR_MODE_PARTITION = 1, /**< each rank receives its disjoint share */
+	LDR_MODE_DYNAMIC = 2,   /**< each batch goes to exactly one client */
+};
+
+struct ldr_client;
+struct ldr_attachment;
+struct ldr_batch;
+
+/** One field of a batch, valid until the batch is released. */
+struct ldr_field {
+	const char *name;         /**< field name, e.g. "input" */
+	enum ldr_dtype dtype;     /**< element type */
+	int ndim;                 /**< dimensions, batch dimension first */
+	int64_t shape[LDR_MAX_DIMS]; /**< shape[0] = rows of this batch */
+	const void *data;         /**< read-only, C order, inside the slab */
+	size_t nbytes;            /**< bytes of this field in this batch */
+};
+
+/** Options of ldr_attach(); zero-initialise, then set what you need. */
+struct ldr_attach_opts {
+	enum ldr_mode mode;       /**< default broadcast */
+	uint32_t rank;            /**< partition: this client's rank */
+	uint32_t world_size;      /**< partition: number of ranks (0 = 1) */
+	int has_start;            /**< partition: start at start_epoch/batch */
+	uint64_t start_epoch;
+	uint64_t start_batch;
+	uint32_t inflight;        /**< Next requests kept in flight (0 = 4) */
+};
+
+/** Name of an error code (negative errno or LDR_E*). Never NULL. */
+LDR_EXPORT const char *ldr_strerror(int err);
+
+/** Name of a dtype ("uint16", "float32"...), or NULL when out of range. */
+LDR_EXPORT const char *ldr_dtype_name(enum ldr_dtype dtype);
+/** Size in bytes of one element of @p dtype, 0 when out of range. */
+LDR_EXPORT size_t ldr_dtype_size(enum ldr_dtype dtype);
+/** Name of a mode ("broadcast"...), or NULL. */
+LDR_EXPORT const char *ldr_mode_name(enum ldr_mode mode);
+/** Parse a mode name; returns the mode or -EINVAL. */
+LDR_EXPORT int ldr_mode_from_name(const char *name);
+
+/**
+ * Resolve the daemon's socket path as DESIGN.md says: @p explicit_path, else
+ * $LOADERD_SOCKET, else $RUNTIME_DIRECTORY/loaderd.sock, else
+ * $XDG_RUNTIME_DIR/loaderd.sock, else /run/loaderd/loaderd.sock.
+ * Returns the length written, or -ENAMETOOLONG.
+ */
+LDR_EXPORT int ldr_socket_path(char *buf, size_t size, const char *explicit_path);
+
+/** Version string of libloader, and of the nng it runs on. */
+LDR_EXPORT const char *ldr_version(void);
+LDR_EXPORT const char *ldr_nng_version(void);
+
+/**
+ * ldr_connect() - connect to a daemon and shake hands.
+ * @param out receives the client
+ * @param socket_path NULL resolves it with ldr_socket_path()
+ * @param client_name shown by `loaderctl clients`, may be NULL
+ */
+LDR_EXPORT int ldr_connect(struct ldr_client **out, const char *socket_path,
+                           const char *client_name);
+/** Detach everything, close the connection, free the client. NULL is fine. */
+LDR_EXPORT void ldr_close(struct ldr_client *client);
+/** The daemon's message for the last failed call of this thread, or "". */
+LDR_EXPORT const char *ldr_client_error(const struct ldr_client *client);
+/** Id the daemon gave this connection (as `loaderctl clients` shows it). */
+LDR_EXPORT uint64_t ldr_client_id(const struct ldr_client *client);
+
+/**
+ * ldr_create_pipeline() - create a pipeline from a JSON spec (docs/spec.md).
+ * @param exist_ok succeed when an identical pipeline of that name exists
+ * @param name_out receives the pipeline's name (may be NULL)
+ * Return: 1 created, 0 existed (exist_ok), or a negative error.
+ */
+LDR_EXPORT int ldr_create_pipeline(struct ldr_client *client, const char *spec_json,
+                                   int exist_ok, char *name_out, size_t name_size);
+/** Drop a pipeline; @p force drops it even while clients are attached. */
+LDR_EXPORT int ldr_drop_pipeline(struct ldr_client *client, const char *name, int force);
+/** The daemon's status as one JSON object; free *json_out with ldr_free(). */
+LDR_EXPORT int ldr_status_json(struct ldr_client *client, char **json_out);
+/** The pipelines as a JSON object {"pipelines": [...]}; free with ldr_free(). */
+LDR_EXPORT int ldr_pipelines_json(struct ldr_client *client, char **json_out);
+/** Free memory returned by this library. */
+LDR_EXPORT void ldr_free(void *ptr);
+
+/**
+ * ldr_attach() - attach to a pipeline and map its slab (read-only).
+ * @param opts NULL means broadcast with the defaults
+ */
+LDR_EXPORT int ldr_attach(struct ldr_client *client, const char *pipeline,
+                          const struct ldr_attach_opts *opts,
+                          struct ldr_attachment **out);
+/** Detach: every batch not yet released is released. NULL is fine. */
+LDR_EXPORT int ldr_detach(struct ldr_attachment *att);
+
+/** Fields per batch of this attachment. */
+LDR_EXPORT int ldr_attachment_nfields(const struct ldr_attachment *att);
+/** Batches per epoch in this attachment's share (partition: per rank). */
+LDR_EXPORT uint64_t ldr_attachment_batches_per_epoch(const struct ldr_attachment *att);
+/** Samples per epoch in this attachment's share. */
+LDR_EXPORT uint64_t ldr_attachment_samples_per_epoch(const struct ldr_attachment *att);
+/** Epochs of the pipeline, 0 = endless. */
+LDR_EXPORT uint64_t ldr_attachment_epochs(const struct ldr_attachment *att);
+/** Rows of a full batch. */
+LDR_EXPORT uint32_t ldr_attachment_batch_size(const struct ldr_attachment *att);
+/** Base address and size of the mapped slab (read-only). */
+LDR_EXPORT const void *ldr_attachment_slab(const struct ldr_attachment *att, size_t *size);
+
+/**
+ * ldr_next() - the next batch of this attachment.
+ * @param timeout_ms -1 waits forever
+ * Return: 0 with *out set, LDR_EOF at the end of a finite pipeline,
+ * -ETIMEDOUT, or another negative error.
+ */
+LDR_EXPORT int ldr_next(struct ldr_attachment *att, int timeout_ms, struct ldr_batch **out);
+/** Release a batch: its slot may be reused. Safe to call from any thread. */
+LDR_EXPORT void ldr_release(struct ldr_batch *batch);
+
+LDR_EXPORT uint64_t ldr_batch_epoch(const struct ldr_batch *batch);
+LDR_EXPORT uint64_t ldr_batch_index(const struct ldr_batch *batch);
+/** Rows in this batch (fewer than the batch size for a short last batch). */
+LDR_EXPORT uint32_t ldr_batch_rows(const struct ldr_batch *batch);
+LDR_EXPORT int ldr_batch_nfields(const struct ldr_batch *batch);
+/** Describe field @p i of the batch; returns 0 or -EINVAL. */
+LDR_EXPORT int ldr_batch_field(const struct ldr_batch *batch, int i, struct ldr_field *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

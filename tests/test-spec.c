@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: MIT */
+/* test-spec - spec parsing, defaults and error messages */
+#undef NDEBUG
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec.h"
+
+static char err[512];
+
+static struct spec *ok(const char *text)
+{
+	struct spec *s = NULL;
+	int r = spec_parse(&s, text, err, sizeof(err));
+
+	if (r != 0)
+		fprintf(stderr, "unexpected error for %s: %s\n", text, err);
+	assert(r == 0 && s);
+	return s;
+}
+
+/* Parse must fail and the message must contain @want. */
+static void bad(const char *text, const char *want)
+{
+	struct spec *s = NULL;
+	int r = spec_parse(&s, text, err, sizeof(err));
+
+	if (r != -EINVAL || !strstr(err, want))
+		fprintf(stderr, "for %s\n  got %d \"%s\"\n  want \"%s\"\n", text, r, err, want);
+	assert(r == -EINVAL);
+	assert(s == NULL);
+	assert(strncmp(err, "spec: ", 6) == 0);
+	assert(strstr(err, want));
+}
+
+#define TOK "\"source\": {\"kind\": \"tokens\", \"path\": \"/d/t.bin\", \"seq_len\": 4}"
+#define NPY "\"source\": {\"kind\": \"npy\", \"paths\": [\"/d/x.npy\", \"y.npy\"]}"
+
+static void test_defaults(void)
+{
+	struct spec *s = ok("{\"name\": \"tok\", " TOK "}");
+
+	assert(strcmp(s->name, "tok") == 0);
+	assert(s->kind == SOURCE_TOKENS);
+	assert(strcmp(s->source.path, "/d/t.bin") == 0);
+	assert(s->source.dtype == LDR_DTYPE_UINT16);
+	assert(s->source.output_dtype == LDR_DTYPE_INT64);
+	assert(s->source.seq_len == 4);
+	assert(s->batch_size == 32);
+	assert(!s->shuffle && s->seed == 0 && !s->drop_last);
+	assert(s->epochs == 1 && s->prefetch == 8 && s->min_clients == 1);
+
+	json_t *want = json_loads("{\"name\": \"tok\", \"source\": {\"kind\": \"tokens\", "
+				  "\"path\": \"/d/t.bin\", \"dtype\": \"uint16\", \"seq_len\": 4, "
+				  "\"output_dtype\": \"int64\"}, \"batch_size\": 32, "
+				  "\"shuffle\": false, \"seed\": 0, \"drop_last\": false, "
+				  "\"epochs\": 1, \"prefetch\": 8, \"min_clients\": 1}",
+				  0, NULL);
+	assert(want && json_equal(want, s->json));
+	json_decref(want);
+	spec_free(s);
+
+	s = ok("{\"name\": \"arr\", " NPY ", \"batch_size\": 64}");
+	assert(s->kind == SOURCE_NPY);
+	assert(s->source.npaths == 2);
+	assert(strcmp(s->source.paths[0], "/d/x.npy") == 0);
+	assert(strcmp(s->source.paths[1], "y.npy") == 0);
+	assert(s->batch_size == 64);
+	assert(json_equal(json_object_get(json_object_get(s->json, "source"), "paths"),
+			  json_object_get(json_object_get(s->json, "source"), "paths")));
+	assert(json_array_size(json_object_get(json_object_get(s->json, "source"), "paths")) == 2);
+	spec_free(s);
+
+	s = ok("{\"name\": \"A-z_0.9\", \"source\": {\"kind\": \"tokens\", \"path\": \"t\", "
+	       "\"dtype\": \"int32\", \"seq_len\": 16777216, \"output_dtype\": \"int32\"}, "
+	       "\"batch_size\": 1048576, \"shuffle\": true, \"seed\": 9223372036854775807, "
+	       "\"drop_last\": true, \"epochs\": 0, \"prefetch\": 1024, \"min_clients\": 3}");
+	assert(s->source.dtype == LDR_DTYPE_INT32 && s->source.output_dtype == LDR_DTYPE_INT32);
+	assert(s->source.seq_len == 16777216 && s->batch_size == 1048576);
+	assert(s->shuffle && s->drop_last && s->epochs == 0 && s->prefetch == 1024);
+	assert(s->seed == 9223372036854775807ull && s->min_clients == 3);
+	/* the canonical json parses back to an equal spec */
+	char *dump = json_dumps(s->json, JSON_COMPACT);
+	struct spec *s2 = ok(dump);
+	assert(spec_equal(s, s2));
+	free(dump);
+	spec_free(s2);
+	spec_free(s);
+}
+
+static void test_errors(void)
+{
+	/* exact messages */
+	bad("{\"name\": \"t\", " TOK ", \"batch_size\": 0}",
+	    "spec: batch_size: must be an integer in 1..1048576");
+	assert(strcmp(err, "spec: batch_size: must be an integer in 1..1048576") == 0);
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": \"p\", \"seq_len\": 1, "
+	    "\"dtype\": \"int64\"}}",
+	    "spec: source.dtype: must be one of uint16, uint32, int32");
+	assert(strcmp(err, "spec: source.dtype: must be one of uint16, uint32, int32") == 0);
+	bad("{\"name\": \"t\", " TOK ", \"shufle\": true}", "spec: unknown key \"shufle\"");
+	assert(strcmp(err, "spec: unknown key \"shufle\"") == 0);
+
+	/* unknown keys at every level */
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": \"p\", \"seq_len\": 1, "
+	    "\"bogus\": 1}}", "unknown key \"source.bogus\"");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"npy\", \"paths\": [\"a.npy\"], "
+	    "\"path\": \"p\"}}", "unknown key \"source.path\"");
+
+	/* required keys */
+	bad("{" TOK "}", "name: is required");
+	bad("{\"name\": \"t\"}", "source: is required");
+	bad("{\"name\": \"t\", \"source\": {}}", "source.kind: is required");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"seq_len\": 1}}",
+	    "source.path: is required");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": \"p\"}}",
+	    "source.seq_len: is required");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"npy\"}}", "source.paths: is required");
+
+	/* types and ranges */
+	bad("{\"name\": 3, " TOK "}", "name: must be");
+	bad("{\"name\": \"\", " TOK "}", "name: must be");
+	bad("{\"name\": \".x\", " TOK "}", "name: must be");
+	bad("{\"name\": \"-x\", " TOK "}", "name: must be");
+	bad("{\"name\": \"a b\", " TOK "}", "name: must be");
+	bad("{\"name\": \"a/b\", " TOK "}", "name: must be");
+	bad("{\"name\": \"a\\u0000b\", " TOK "}", "invalid JSON");
+	bad("{\"name\": \"0123456789012345678901234567890123456789012345678901234567890123\", "
+	    TOK "}", "name: must be");
+	bad("{\"name\": \"t\", \"source\": []}", "source: must be an object");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"images\"}}",
+	    "spec: source.kind: must be one of tokens, npy");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": \"\", \"seq_len\": 1}}",
+	    "source.path: must be a non-empty string");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": 1, \"seq_len\": 1}}",
+	    "source.path: must be a non-empty string");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": \"p\", \"seq_len\": 0}}",
+	    "spec: source.seq_len: must be an integer in 1..16777216");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": \"p\", "
+	    "\"seq_len\": 16777217}}", "source.seq_len: must be");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": \"p\", \"seq_len\": 1.5}}",
+	    "source.seq_len: must be");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": \"p\", \"seq_len\": 1, "
+	    "\"output_dtype\": \"uint32\"}}",
+	    "spec: source.output_dtype: must be int64 or the source dtype (uint16)");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"npy\", \"paths\": []}}",
+	    "spec: source.paths: must be an array of 1..16 strings");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"npy\", \"paths\": \"x.npy\"}}",
+	    "source.paths: must be an array");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"npy\", \"paths\": [\"a\",\"b\",\"c\",\"d\","
+	    "\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}}",
+	    "source.paths: must be an array of 1..16 strings");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"npy\", \"paths\": [\"a.npy\", 2]}}",
+	    "source.paths[1]: must be a non-empty string");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"npy\", \"paths\": [\"/a/x.npy\", "
+	    "\"/b/x.npy\"]}}", "source.paths[1]: field name \"x\"");
+	bad("{\"name\": \"t\", \"source\": {\"kind\": \"npy\", \"paths\": [\"/a/\"]}}",
+	    "source.paths[0]: the file stem");
+	bad("{\"name\": \"t\", " TOK ", \"batch_size\": 1048577}", "batch_size: must be");
+	bad("{\"name\": \"t\", " TOK ", \"batch_size\": \"32\"}", "batch_size: must be");
+	bad("{\"name\": \"t\", " TOK ", \"shuffle\": 1}", "spec: shuffle: must be true or false");
+	bad("{\"name\": \"t\", " TOK ", \"drop_last\": null}", "drop_last: must be true or false");
+	bad("{\"name\": \"t\", " TOK ", \"seed\": -1}", "spec: seed: must be a non-negative integer");
+	bad("{\"name\": \"t\", " TOK ", \"epochs\": -1}", "spec: epochs: must be");
+	bad("{\"name\": \"t\", " TOK ", \"prefetch\": 1}",
+	    "spec: prefetch: must be an integer in 2..1024");
+	bad("{\"name\": \"t\", " TOK ", \"prefetch\": 1025}", "prefetch: must be");
+	bad("{\"name\": \"t\", " TOK ", \"min_clients\": 0}",
+	    "spec: min_clients: must be an integer in 1..1024");
+	bad("{\"name\": \"t\", " TOK ", \"min_clients\": 1025}", "min_clients: must be");
+
+	/* JSON level */
+	bad("{\"name\": \"t\", \"name\": \"u\", " TOK "}", "spec: invalid JSON at line 1");
+	assert(strstr(err, "duplicate"));
+	bad("{\"name\": \"t\",\n  " TOK ",\n  \"batch_size\": }", "invalid JSON at line 3, column");
+	bad("[1, 2]", "spec: must be a JSON object");
+	bad("42", "spec: must be a JSON object");
+	bad("", "invalid JSON");
+
+	char *big = malloc(300 * 1024);
+	memset(big, ' ', 300 * 1024 - 1);
+	big[300 * 1024 - 1] = '\0';
+	bad(big, "spec: longer than 262144 bytes");
+	free(big);
+}
+
+static void test_equal(void)
+{
+	struct spec *a = ok("{\"name\": \"t\", " TOK "}");
+	struct spec *b = ok("{\"batch_size\": 32, " TOK ", \"name\": \"t\", \"epochs\": 1}");
+	struct spec *c = ok("{\"name\": \"t\", " TOK ", \"seed\": 1}");
+	struct spec *d = ok("{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", "
+			    "\"path\": \"/d/t.bin\", \"seq_len\": 4, \"output_dtype\": \"uint16\"}}");
+
+	assert(spec_equal(a, b));
+	assert(!spec_equal(a, c));
+	assert(!spec_equal(a, d));
+	spec_free(a);
+	spec_free(b);
+	spec_free(c);
+	spec_free(d);
+
+	/* spec_from_json works on a config object */
+	json_t *obj = json_pack("{s:s, s:{s:s, s:[s]}}", "name", "cfg", "source", "kind", "npy",
+				"paths", "/x/img.npy");
+	struct spec *s = NULL;
+	assert(spec_from_json(&s, obj, err, sizeof(err)) == 0);
+	assert(s->kind == SOURCE_NPY && s->source.npaths == 1);
+	spec_free(s);
+	json_decref(obj);
+
+	char stem[LDR_NAME_MAX + 1];
+	assert(spec_npy_stem("/a/b/labels.npy", stem) == 6 && strcmp(stem, "labels") == 0);
+	assert(spec_npy_stem("plain", stem) == 5 && strcmp(stem, "plain") == 0);
+	assert(spec_npy_stem("/a/", stem) == -EINVAL);
+	assert(spec_free(NULL) == NULL);
+}
+
+int main(void)
+{
+	test_defaults();
+	test_errors();
+	test_equal();
+	printf("test-spec: ok\n");
+	return 0;
+}
