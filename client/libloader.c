@@ -367,8 +367,12 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	if (!c)
 		return set_err(-ENOMEM, "out of memory");
 	c->pid = getpid();
+	pthread_condattr_t ca;
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->cond, &ca);
+	pthread_condattr_destroy(&ca);
 	if (ldr_socket_path(c->path, sizeof(c->path), socket_path) < 0) {
 		free(c);
 		return set_err(-ENAMETOOLONG, "socket path too long");

@@ -46,8 +46,6 @@ struct event {
 	struct event *next;
 	enum ev_type type;
 	uint32_t pipe;
-	int pid;
-	uint64_t uid;
 };
 
 enum ctx_state { CTX_IDLE, CTX_RECV, CTX_PARKED, CTX_SEND };
@@ -128,18 +126,11 @@ static void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg)
 {
 	struct server *srv = arg;
 	struct event *ev = calloc(1, sizeof(*ev));
-	uint64_t pid = 0, uid = (uint64_t)-1;
 
 	if (!ev)
 		return;
 	ev->type = type == NNG_PIPE_EV_ADD_POST ? EV_PIPE_ADD : EV_PIPE_REM;
 	ev->pipe = (uint32_t)nng_pipe_id(p);
-	if (type == NNG_PIPE_EV_ADD_POST) {
-		nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid);
-		nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid);
-	}
-	ev->pid = (int)pid;
-	ev->uid = uid;
 	push_event(srv, ev);
 }
 
@@ -295,6 +286,44 @@ static struct client *client_find(struct server *srv, uint32_t pipe)
 		if (cl->pipe == pipe)
 			return cl;
 	return NULL;
+}
+
+/*
+ * nng may hand us a pipe's first message before its ADD_POST event, and its
+ * ADD_POST after its REM_POST: the callbacks run on different threads. So a
+ * session starts with whichever comes first, provided nng still knows the pipe
+ * (a query of a removed pipe fails), and REM_POST ends it.
+ */
+static struct client *client_get(struct server *srv, nng_pipe p)
+{
+	uint32_t id = (uint32_t)nng_pipe_id(p);
+	struct client *cl = client_find(srv, id);
+	uint64_t pid = 0, uid = (uint64_t)-1;
+
+	if (cl)
+		return cl;
+	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) != 0)
+		return NULL;
+	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid);
+	if (srv->stopping || srv->nclients >= MAX_CLIENTS) {
+		log_warn("refusing a connection from pid %d: %s", (int)pid,
+		         srv->stopping ? "shutting down" : "too many clients");
+		nng_pipe_close(p);
+		return NULL;
+	}
+	cl = calloc(1, sizeof(*cl));
+	if (!cl)
+		return NULL;
+	cl->pipe = id;
+	cl->id = ++srv->client_ctr;
+	cl->pid = (int)pid;
+	cl->uid = (uid_t)uid;
+	cl->since_ms = uv_now(srv->loop);
+	cl->next = srv->clients;
+	srv->clients = cl;
+	srv->nclients++;
+	log_debug("client %" PRIu64 " (pid %d, uid %u) connected", cl->id, cl->pid, (unsigned)cl->uid);
+	return cl;
 }
 
 static void client_remove_att(struct client *cl, unsigned i)
@@ -576,8 +605,7 @@ static json_t *status_json(struct server *srv)
 
 static void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
 {
-	uint32_t pipe = (uint32_t)nng_pipe_id(nng_msg_get_pipe(msg));
-	struct client *cl = client_find(srv, pipe);
+	struct client *cl = client_get(srv, nng_msg_get_pipe(msg));
 	Loaderd__Request *req;
 
 	if (!cl) {
@@ -686,25 +714,9 @@ static void on_async(uv_async_t *h)
 			on_ctx_done(srv, (struct sctx *)ev);
 			break;
 		case EV_PIPE_ADD: {
-			struct client *cl;
-			if (srv->stopping || srv->nclients >= MAX_CLIENTS) {
-				nng_pipe p = NNG_PIPE_INITIALIZER;
-				log_warn("refusing a connection from pid %d: %s", ev->pid,
-				         srv->stopping ? "shutting down" : "too many clients");
-				/* close the pipe through its id */
-				memcpy(&p, &ev->pipe, sizeof(ev->pipe));
-				nng_pipe_close(p);
-			} else if ((cl = calloc(1, sizeof(*cl)))) {
-				cl->pipe = ev->pipe;
-				cl->id = ++srv->client_ctr;
-				cl->pid = ev->pid;
-				cl->uid = (uid_t)ev->uid;
-				cl->since_ms = uv_now(srv->loop);
-				cl->next = srv->clients;
-				srv->clients = cl;
-				srv->nclients++;
-				log_debug("client %" PRIu64 " (pid %d, uid %u) connected", cl->id, cl->pid, (unsigned)cl->uid);
-			}
+			nng_pipe p = NNG_PIPE_INITIALIZER;
+			memcpy(&p, &ev->pipe, sizeof(ev->pipe));
+			client_get(srv, p);
 			free(ev);
 			break;
 		}
