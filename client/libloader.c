@@ -42,7 +42,7 @@
 #define MAX_FIELDS 16
 #define MAX_INFLIGHT 64
 #define CALL_TIMEOUT_MS 60000
-#define FLUSH_DELAY_MS 1
+#define FLUSH_DELAY_MS 2
 /* must match daemon/fdchan.h */
 #define FDCHAN_MAGIC 0x4644444cu
 #define FDCHAN_VERSION 1
@@ -60,6 +60,10 @@ struct fdchan_reply {
 };
 
 static __thread char tls_err[512];
+
+static void req_cb(void *arg);
+static void deadline_after(struct timespec *ts, int ms);
+static void *flusher_main(void *arg);
 
 static int set_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int set_err(int err, const char *fmt, ...)
@@ -125,8 +129,6 @@ struct ldr_attachment {
 	char errmsg[256];
 	uint64_t *rel;
 	size_t nrel, relcap;
-	nng_aio *flush_aio;
-	bool flush_armed;
 	bool detached;
 };
 
@@ -147,6 +149,11 @@ struct ldr_client {
 	char path[108];
 	struct ldr_attachment *atts;
 	nng_aio *sync_aios[8];
+	pthread_t flusher;
+	pthread_cond_t flush_cond;
+	bool flusher_running;
+	bool flush_wanted;
+	bool flusher_stop;
 };
 
 #define CHECK_PID(c)                                                          \
@@ -372,6 +379,7 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&c->cond, &ca);
+	pthread_cond_init(&c->flush_cond, &ca);
 	pthread_condattr_destroy(&ca);
 	if (ldr_socket_path(c->path, sizeof(c->path), socket_path) < 0) {
 		free(c);
@@ -413,6 +421,8 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	}
 	c->id = rep->hello->client_id;
 	loaderd__reply__free_unpacked(rep, NULL);
+	if (pthread_create(&c->flusher, NULL, flusher_main, c) == 0)
+		c->flusher_running = true;
 	*out = c;
 	return 0;
 }
@@ -562,8 +572,7 @@ static void att_unref(struct ldr_attachment *a)
 	free(a);
 }
 
-static void req_cb(void *arg);
-static void flush_cb(void *arg);
+static void *flusher_main(void *arg);
 
 static int req_open(struct ldr_client *c, struct req *r, struct ldr_attachment *a, bool is_release)
 {
@@ -736,17 +745,33 @@ static void req_cb(void *arg)
 	pthread_mutex_unlock(&c->lock);
 }
 
-static void flush_cb(void *arg)
+/*
+ * Leases normally ride on the next Next request. A trainer that stops asking
+ * (end of an epoch, a batch kept past the loop) must still give its slots back
+ * soon: this thread sends what is left FLUSH_DELAY_MS after the first pending
+ * release. It wakes at most once per delay, however fast batches go.
+ */
+static void *flusher_main(void *arg)
 {
-	struct ldr_attachment *a = arg;
-	struct ldr_client *c = a->c;
+	struct ldr_client *c = arg;
+	struct timespec deadline;
 
 	pthread_mutex_lock(&c->lock);
-	a->flush_armed = false;
-	if (nng_aio_result(a->flush_aio) == 0 && a->nrel && !a->detached && !c->disconnected &&
-	    a->relreq.state == REQ_IDLE)
-		req_send(a, &a->relreq);
+	while (!c->flusher_stop) {
+		if (!c->flush_wanted) {
+			pthread_cond_wait(&c->flush_cond, &c->lock);
+			continue;
+		}
+		deadline_after(&deadline, FLUSH_DELAY_MS);
+		while (!c->flusher_stop && pthread_cond_timedwait(&c->flush_cond, &c->lock, &deadline) != ETIMEDOUT)
+			;
+		c->flush_wanted = false;
+		for (struct ldr_attachment *a = c->atts; a; a = a->next)
+			if (a->nrel && !a->detached && !c->disconnected && a->relreq.state == REQ_IDLE)
+				req_send(a, &a->relreq);
+	}
 	pthread_mutex_unlock(&c->lock);
+	return NULL;
 }
 
 int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *opts,
@@ -840,7 +865,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	for (int i = 0; i < a->inflight; i++)
 		if ((r = req_open(c, &a->reqs[i], a, false)) < 0)
 			goto fail;
-	if ((r = req_open(c, &a->relreq, a, true)) < 0 || nng_aio_alloc(&a->flush_aio, flush_cb, a) != 0) {
+	if ((r = req_open(c, &a->relreq, a, true)) < 0) {
 		r = set_err(r < 0 ? r : -ENOMEM, "cannot open request contexts");
 		goto fail;
 	}
@@ -859,8 +884,6 @@ fail:
 	for (int i = 0; i < MAX_INFLIGHT; i++)
 		req_close(&a->reqs[i]);
 	req_close(&a->relreq);
-	if (a->flush_aio)
-		nng_aio_free(a->flush_aio);
 	{
 		/* tell the daemon, so it does not keep a slot for us */
 		Loaderd__Request dreq = LOADERD__REQUEST__INIT;
@@ -1034,9 +1057,9 @@ void ldr_release(struct ldr_batch *b)
 			}
 			if (a->nrel < a->relcap)
 				a->rel[a->nrel++] = b->lease;
-			if (!a->flush_armed && !c->disconnected) {
-				a->flush_armed = true;
-				nng_sleep_aio(FLUSH_DELAY_MS, a->flush_aio);
+			if (!c->flush_wanted && c->flusher_running) {
+				c->flush_wanted = true;
+				pthread_cond_signal(&c->flush_cond);
 			}
 		}
 		pthread_mutex_unlock(&c->lock);
@@ -1122,9 +1145,6 @@ int ldr_detach(struct ldr_attachment *a)
 			break;
 		}
 	pthread_mutex_unlock(&c->lock);
-	nng_aio_stop(a->flush_aio);
-	nng_aio_free(a->flush_aio);
-	a->flush_aio = NULL;
 	for (int i = 0; i < a->inflight; i++)
 		req_close(&a->reqs[i]);
 	req_close(&a->relreq);
@@ -1140,7 +1160,15 @@ void ldr_close(struct ldr_client *c)
 		return; /* nng state of the parent: leave it alone */
 	while (c->atts)
 		ldr_detach(c->atts);
+	if (c->flusher_running) {
+		pthread_mutex_lock(&c->lock);
+		c->flusher_stop = true;
+		pthread_cond_signal(&c->flush_cond);
+		pthread_mutex_unlock(&c->lock);
+		pthread_join(c->flusher, NULL);
+	}
 	nng_close(c->sock);
+	pthread_cond_destroy(&c->flush_cond);
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->lock);
 	free(c);

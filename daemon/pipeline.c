@@ -36,6 +36,7 @@
 #define FIELD_ALIGN 256
 #define SLOT_ALIGN 4096
 #define TOKEN_TTL_MS 30000
+#define TASK_MIN_BYTES (2u << 20)
 
 struct slot {
 	uint32_t idx;
@@ -115,6 +116,7 @@ struct pipeline {
 	uid_t owner;
 	uint32_t nslots;
 	uint64_t slot_bytes;
+	uint64_t row_bytes;
 	size_t nfields;
 	uint64_t field_off[SOURCE_MAX_FIELDS];
 	struct field_desc fields[SOURCE_MAX_FIELDS];
@@ -277,7 +279,13 @@ static int stream_start_batch(struct stream *s)
 	uint64_t seq = s->next_produce;
 
 	rows = sampler_batch_rows(&s->sampler, seq % s->bpe);
-	ntasks = rows < nworkers ? rows : nworkers;
+	/* Several batches are in flight anyway; split one only when it is big
+	 * enough to pay for the extra wake-ups (they cost more than small copies). */
+	ntasks = (uint32_t)(((uint64_t)rows * pl->row_bytes + TASK_MIN_BYTES - 1) / TASK_MIN_BYTES);
+	if (ntasks > nworkers)
+		ntasks = nworkers;
+	if (ntasks > rows)
+		ntasks = rows;
 	if (ntasks == 0)
 		ntasks = 1;
 	job = calloc(1, sizeof(*job) + ntasks * sizeof(job->tasks[0]));
@@ -695,6 +703,7 @@ int engine_create(struct engine *eng, struct spec *spec, uid_t owner, bool exist
 		uint64_t bytes;
 		pl->fields[f] = *fd;
 		pl->field_off[f] = off;
+		pl->row_bytes += fd->sample_bytes;
 		if (__builtin_mul_overflow((uint64_t)spec->batch_size, (uint64_t)fd->sample_bytes, &bytes) ||
 		    bytes > (1ull << 40)) {
 			snprintf(err, errlen, "batch of field '%s' is too large", fd->name);
