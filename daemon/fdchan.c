@@ -47,7 +47,7 @@ struct fdchan {
 	int closing;
 };
 
-int sock_claim_path(const char *path, char *err, size_t errlen)
+int sock_claim_path(const char *path, int (*probe)(const char *path), char *err, size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct stat st;
@@ -63,19 +63,23 @@ int sock_claim_path(const char *path, char *err, size_t errlen)
 		snprintf(err, errlen, "%s exists and is not a socket", path);
 		return -EEXIST;
 	}
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-	close(fd);
+	if (probe) {
+		r = probe(path);
+	} else {
+		strcpy(sa.sun_path, path);
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return -errno;
+		r = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ? 0 : -errno;
+		close(fd);
+	}
 	if (r == 0) {
 		snprintf(err, errlen, "another loaderd is already listening on %s", path);
 		return -EADDRINUSE;
 	}
-	if (errno != ECONNREFUSED) {
-		snprintf(err, errlen, "cannot check %s: %s", path, strerror(errno));
-		return -errno;
+	if (r != -ECONNREFUSED) {
+		snprintf(err, errlen, "cannot check %s: %s", path, strerror(-r));
+		return r;
 	}
 	if (unlink(path) < 0 && errno != ENOENT) {
 		snprintf(err, errlen, "cannot remove stale socket %s: %s", path, strerror(errno));
@@ -241,7 +245,7 @@ int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path,
 	struct fdchan *ch;
 	int r;
 
-	r = sock_claim_path(path, err, errlen);
+	r = sock_claim_path(path, NULL, err, errlen);
 	if (r < 0)
 		return r;
 	ch = calloc(1, sizeof(*ch));

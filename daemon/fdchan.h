@@ -41,5 +41,7 @@ int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path,
 void fdchan_close(struct fdchan *ch);
 
 /* Replace @path if it is a stale socket; -EADDRINUSE if someone listens,
- * -EEXIST if it is not a socket. Shared with the nng endpoint. */
-int sock_claim_path(const char *path, char *err, size_t errlen);
+ * -EEXIST if it is not a socket. Shared with the nng endpoint. @probe, if
+ * set, tells whether someone listens (0) or not (-ECONNREFUSED); the default
+ * is a plain connect(). */
+int sock_claim_path(const char *path, int (*probe)(const char *path), char *err, size_t errlen);

@@ -17,6 +17,7 @@
 #include <jansson.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -739,6 +740,28 @@ static int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, u
 
 /* --- life cycle --------------------------------------------------------- */
 
+/*
+ * Is a daemon listening on @path? Asked with a complete nng handshake, never
+ * a bare connect(): nng 1.5.2's ipc listener stops accepting after a peer that
+ * hangs up in the middle of the handshake (nng issue #1518, fixed in 1.6), so
+ * a bare probe would break the very daemon it finds.
+ */
+static int nng_probe(const char *path)
+{
+	nng_socket s;
+	char url[160];
+	int rv;
+
+	if (nng_req0_open(&s) != 0)
+		return -ENOMEM;
+	snprintf(url, sizeof(url), "ipc://%s", path);
+	rv = nng_dial(s, url, NULL, 0);
+	nng_close(s);
+	if (rv == 0)
+		return 0;
+	return rv == NNG_ECONNREFUSED || rv == NNG_ENOENT ? -ECONNREFUSED : -EIO;
+}
+
 int server_new(struct server **out, uv_loop_t *loop, const struct server_config *cfg,
                char *err, size_t errlen)
 {
@@ -761,7 +784,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	}
 	sockpath_fdchan(srv->fdpath, sizeof(srv->fdpath), srv->path);
 
-	r = sock_claim_path(srv->path, err, errlen);
+	r = sock_claim_path(srv->path, nng_probe, err, errlen);
 	if (r < 0)
 		goto fail;
 	r = uv_async_init(loop, &srv->async, on_async);

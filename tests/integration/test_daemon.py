@@ -67,11 +67,12 @@ def test_sigterm_with_consumers_attached(daemon, workdir):
     stopped.signal(signal.SIGSTOP)
     d.stop(signal.SIGTERM, reap_first=False)
     stopped.signal(signal.SIGCONT)
-    for c in (running, stopped):
+    for what, c in (("running", running), ("stopped", stopped)):
         try:
             rc = c.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"consumer pid {c.pid} still running 15 s after the daemon exited")
+            raise AssertionError(f"the {what} consumer (pid {c.pid}) still runs 15 s after the daemon "
+                                 f"exited; daemon log:\n{d.log()}")
         err = c.proc.stderr.read()
         assert rc != 0, f"a consumer whose daemon went away mid-stream exited 0 (stderr: {err})"
         assert err.strip(), "a consumer whose daemon went away printed no error"

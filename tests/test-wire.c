@@ -1,0 +1,322 @@
+/* SPDX-License-Identifier: MIT */
+/* test-wire - hostile bytes on the daemon's sockets get errors, never a crash
+ *
+ * Starts the real loaderd (argv[1]) on a private socket and talks to it with a
+ * raw nng REQ socket, a raw unix socket and the fd channel: malformed protobuf,
+ * a truncated message, an oversized message, requests before Hello, a wrong
+ * protocol version, unknown attachments, garbage framing and bogus tokens.
+ * After each, the daemon must still answer a well-behaved libloader client.
+ */
+#undef NDEBUG
+#include <assert.h>
+#include <errno.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "loader.pb-c.h"
+#include "loader/loader.h"
+
+static char dir[64], sock_path[128], fd_path[140];
+static pid_t daemon_pid;
+
+static void start_daemon(const char *exe)
+{
+	snprintf(dir, sizeof(dir), "/tmp/ldr-wire-XXXXXX");
+	assert(mkdtemp(dir));
+	snprintf(sock_path, sizeof(sock_path), "%s/loaderd.sock", dir);
+	snprintf(fd_path, sizeof(fd_path), "%s.fds", sock_path);
+	daemon_pid = fork();
+	assert(daemon_pid >= 0);
+	if (daemon_pid == 0) {
+		execl(exe, exe, "--socket", sock_path, "--workers", "2", "--log-level", "warning", (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 200; i++) {
+		if (access(fd_path, F_OK) == 0 && access(sock_path, F_OK) == 0)
+			return;
+		usleep(20000);
+	}
+	assert(!"daemon did not start");
+}
+
+static void stop_daemon(void)
+{
+	int status;
+
+	kill(daemon_pid, SIGTERM);
+	assert(waitpid(daemon_pid, &status, 0) == daemon_pid);
+	assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	assert(access(sock_path, F_OK) != 0);
+	rmdir(dir);
+}
+
+/* The daemon still serves a well-behaved client. */
+static void check_alive(void)
+{
+	fprintf(stderr, "test-wire: check_alive\n");
+	struct ldr_client *c;
+	char *json = NULL;
+
+	assert(kill(daemon_pid, 0) == 0);
+	assert(ldr_connect(&c, sock_path, "test-wire") == 0);
+	assert(ldr_status_json(c, &json) == 0);
+	assert(strstr(json, "\"pipelines\""));
+	ldr_free(json);
+	ldr_close(c);
+}
+
+static nng_socket raw_open(void)
+{
+	nng_socket s;
+	char url[160];
+
+	assert(nng_req0_open(&s) == 0);
+	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 3000);
+	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 3000);
+	snprintf(url, sizeof(url), "ipc://%s", sock_path);
+	assert(nng_dial(s, url, NULL, 0) == 0);
+	return s;
+}
+
+/* Send raw bytes; return the unpacked reply or NULL (closed / timed out). */
+static Loaderd__Reply *raw_call(nng_socket s, const void *buf, size_t len)
+{
+	void *rbuf;
+	size_t rlen;
+	Loaderd__Reply *rep;
+
+	if (nng_send(s, (void *)buf, len, 0) != 0)
+		return NULL;
+	if (nng_recv(s, &rbuf, &rlen, NNG_FLAG_ALLOC) != 0)
+		return NULL;
+	rep = loaderd__reply__unpack(NULL, rlen, rbuf);
+	nng_free(rbuf, rlen);
+	assert(rep);
+	return rep;
+}
+
+static Loaderd__Reply *call_req(nng_socket s, const Loaderd__Request *req)
+{
+	size_t len = loaderd__request__get_packed_size(req);
+	uint8_t *buf = malloc(len ? len : 1);
+	Loaderd__Reply *rep;
+
+	loaderd__request__pack(req, buf);
+	rep = raw_call(s, buf, len);
+	free(buf);
+	return rep;
+}
+
+static void expect_error(Loaderd__Reply *rep, int code, const char *text)
+{
+	assert(rep);
+	if (rep->body_case != LOADERD__REPLY__BODY_ERROR || rep->error->code != code ||
+	    !strstr(rep->error->message, text)) {
+		fprintf(stderr, "expected error %d '%s', got case %d code %d '%s'\n", code, text,
+		        rep->body_case, rep->body_case == LOADERD__REPLY__BODY_ERROR ? rep->error->code : 0,
+		        rep->body_case == LOADERD__REPLY__BODY_ERROR ? rep->error->message : "");
+		abort();
+	}
+	loaderd__reply__free_unpacked(rep, NULL);
+}
+
+static void hello(nng_socket s, uint32_t protocol, int expect_code)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Hello h = LOADERD__HELLO__INIT;
+	Loaderd__Reply *rep;
+
+	h.protocol = protocol;
+	h.client_name = "raw";
+	req.body_case = LOADERD__REQUEST__BODY_HELLO;
+	req.hello = &h;
+	rep = call_req(s, &req);
+	if (expect_code) {
+		expect_error(rep, expect_code, "protocol version");
+		return;
+	}
+	assert(rep && rep->body_case == LOADERD__REPLY__BODY_HELLO);
+	assert(rep->hello->protocol == LDR_PROTOCOL_VERSION);
+	loaderd__reply__free_unpacked(rep, NULL);
+}
+
+static void test_malformed(void)
+{
+	nng_socket s = raw_open();
+	static const uint8_t garbage[] = { 0xff, 0xff, 0xff, 0xff, 0x0f, 0x12, 0x34 };
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Status st = LOADERD__STATUS__INIT;
+
+	/* before Hello */
+	req.body_case = LOADERD__REQUEST__BODY_STATUS;
+	req.status = &st;
+	expect_error(call_req(s, &req), EPROTO, "first request must be Hello");
+	/* not protobuf at all */
+	expect_error(raw_call(s, garbage, sizeof(garbage)), EPROTO, "malformed request");
+	/* an empty message is a Request with no body */
+	expect_error(raw_call(s, "", 0), EPROTO, "first request must be Hello");
+	hello(s, LDR_PROTOCOL_VERSION + 7, EPROTONOSUPPORT);
+	hello(s, LDR_PROTOCOL_VERSION, 0);
+	expect_error(raw_call(s, "", 0), EPROTO, "empty or unknown request");
+	expect_error(raw_call(s, garbage, sizeof(garbage)), EPROTO, "malformed request");
+
+	/* a valid Create cut in the middle of its spec string */
+	{
+		Loaderd__CreatePipeline cp = LOADERD__CREATE_PIPELINE__INIT;
+		size_t len;
+		uint8_t *buf;
+		cp.spec_json = "{\"name\": \"x\", \"source\": {\"kind\": \"npy\", \"paths\": [\"/nonexistent.npy\"]}}";
+		req.body_case = LOADERD__REQUEST__BODY_CREATE;
+		req.create = &cp;
+		len = loaderd__request__get_packed_size(&req);
+		buf = malloc(len);
+		loaderd__request__pack(&req, buf);
+		expect_error(raw_call(s, buf, len / 2), EPROTO, "malformed request");
+		/* the whole one: the file is missing, and the error says which */
+		expect_error(raw_call(s, buf, len), ENOENT, "/nonexistent.npy");
+		free(buf);
+	}
+	/* requests about attachments that do not exist */
+	{
+		Loaderd__Next nx = LOADERD__NEXT__INIT;
+		Loaderd__Detach dt = LOADERD__DETACH__INIT;
+		Loaderd__Attach at = LOADERD__ATTACH__INIT;
+		nx.attach_id = 424242;
+		req.body_case = LOADERD__REQUEST__BODY_NEXT;
+		req.next = &nx;
+		expect_error(call_req(s, &req), ENOENT, "no attachment 424242");
+		dt.attach_id = 7;
+		req.body_case = LOADERD__REQUEST__BODY_DETACH;
+		req.detach = &dt;
+		expect_error(call_req(s, &req), ENOENT, "no attachment 7");
+		at.pipeline = "nope";
+		req.body_case = LOADERD__REQUEST__BODY_ATTACH;
+		req.attach = &at;
+		expect_error(call_req(s, &req), ENOENT, "no pipeline named 'nope'");
+		at.mode = (Loaderd__Mode)9;
+		/* an unknown enum value decodes as is: still refused by name lookup first */
+		expect_error(call_req(s, &req), ENOENT, "no pipeline named 'nope'");
+	}
+	/* a spec that is not JSON */
+	{
+		Loaderd__CreatePipeline cp = LOADERD__CREATE_PIPELINE__INIT;
+		cp.spec_json = "{not json";
+		req.body_case = LOADERD__REQUEST__BODY_CREATE;
+		req.create = &cp;
+		expect_error(call_req(s, &req), EINVAL, "invalid JSON");
+	}
+	nng_close(s);
+	check_alive();
+}
+
+static void test_oversized(void)
+{
+	nng_socket s = raw_open();
+	size_t len = 2u << 20;
+	uint8_t *buf = calloc(1, len);
+	Loaderd__Reply *rep;
+
+	hello(s, LDR_PROTOCOL_VERSION, 0);
+	/* larger than the daemon's 1 MiB limit: it drops the connection */
+	rep = raw_call(s, buf, len);
+	assert(rep == NULL);
+	free(buf);
+	nng_close(s);
+	check_alive();
+}
+
+static int unix_connect(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	assert(fd >= 0);
+	strcpy(sa.sun_path, path);
+	assert(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	return fd;
+}
+
+static void test_garbage_framing(void)
+{
+	/* a correct SP handshake (we speak REQ, 0x30), then a frame of an
+	 * unknown type and a length far beyond the limit: the pipe is dropped */
+	static const uint8_t sp_head[8] = { 0, 'S', 'P', 0, 0x00, 0x30, 0, 0 };
+	uint8_t peer_head[8], junk[4096];
+	int fd = unix_connect(sock_path);
+
+	assert(write(fd, sp_head, sizeof(sp_head)) == (ssize_t)sizeof(sp_head));
+	assert(read(fd, peer_head, sizeof(peer_head)) == (ssize_t)sizeof(peer_head));
+	assert(peer_head[1] == 'S' && peer_head[2] == 'P' && peer_head[5] == 0x31); /* REP */
+	memset(junk, 0xa5, sizeof(junk));
+	(void)!write(fd, junk, sizeof(junk));
+	/* the daemon closes its end */
+	while (read(fd, junk, sizeof(junk)) > 0)
+		;
+	close(fd);
+	check_alive();
+}
+
+static void test_fdchan(void)
+{
+	struct {
+		uint32_t magic, version;
+		uint8_t token[16];
+	} rq;
+	struct {
+		uint32_t magic;
+		int32_t status;
+		uint64_t size;
+	} rp;
+	int fd;
+
+	/* wrong magic */
+	fd = unix_connect(fd_path);
+	memset(&rq, 0x11, sizeof(rq));
+	assert(write(fd, &rq, sizeof(rq)) == (ssize_t)sizeof(rq));
+	assert(read(fd, &rp, sizeof(rp)) == (ssize_t)sizeof(rp));
+	assert(rp.status == -EPROTO);
+	close(fd);
+	/* a token nobody was given */
+	fd = unix_connect(fd_path);
+	rq.magic = 0x4644444cu;
+	rq.version = 1;
+	assert(write(fd, &rq, sizeof(rq)) == (ssize_t)sizeof(rq));
+	assert(read(fd, &rp, sizeof(rp)) == (ssize_t)sizeof(rp));
+	assert(rp.status == -ENOENT);
+	close(fd);
+	/* half a request, then gone */
+	fd = unix_connect(fd_path);
+	assert(write(fd, &rq, 5) == 5);
+	close(fd);
+	check_alive();
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: test-wire PATH-TO-LOADERD\n");
+		return 2;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	start_daemon(argv[1]);
+	check_alive();
+	fprintf(stderr, "test-wire: test_malformed\n");
+	test_malformed();
+	fprintf(stderr, "test-wire: test_oversized\n");
+	test_oversized();
+	fprintf(stderr, "test-wire: test_garbage_framing\n");
+	test_garbage_framing();
+	fprintf(stderr, "test-wire: test_fdchan\n");
+	test_fdchan();
+	stop_daemon();
+	printf("test-wire: ok\n");
+	return 0;
+}
