@@ -42,6 +42,8 @@
 #define MAX_FIELDS 16
 #define MAX_INFLIGHT 64
 #define CALL_TIMEOUT_MS 60000
+#define HELLO_TIMEOUT_MS 3000
+#define HELLO_ATTEMPTS 4
 #define FLUSH_DELAY_MS 2
 /* must match daemon/fdchan.h */
 #define FDCHAN_MAGIC 0x4644444cu
@@ -280,8 +282,8 @@ static int reply_error(const Loaderd__Reply *rep)
 }
 
 /* Send @req and wait for its reply; *out must be freed with free_unpacked. */
-static int call(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
-                Loaderd__Reply__BodyCase expect)
+static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
+                        Loaderd__Reply__BodyCase expect, int timeout_ms)
 {
 	nng_ctx ctx;
 	nng_aio *aio = NULL;
@@ -302,7 +304,7 @@ static int call(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Repl
 		nng_ctx_close(ctx);
 		return set_err(-ENOMEM, "out of memory");
 	}
-	nng_aio_set_timeout(aio, CALL_TIMEOUT_MS);
+	nng_aio_set_timeout(aio, timeout_ms);
 	r = pack_msg(req, &msg);
 	if (r < 0)
 		goto out;
@@ -361,6 +363,27 @@ out:
 	return r;
 }
 
+static int client_open_socket(struct ldr_client *c)
+{
+	int rv;
+
+	if ((rv = nng_req0_open(&c->sock)) != 0)
+		return rv;
+	/* never resend: a Next may wait for a batch far longer than any timer */
+	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 1 << 20);
+	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 1000);
+	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 60000);
+	nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, on_pipe_rem, c);
+	return 0;
+}
+
+static int call(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
+                Loaderd__Reply__BodyCase expect)
+{
+	return call_timeout(c, req, out, expect, CALL_TIMEOUT_MS);
+}
+
 int ldr_connect(struct ldr_client **out, const char *socket_path, const char *client_name)
 {
 	struct ldr_client *c;
@@ -385,24 +408,11 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 		free(c);
 		return set_err(-ENAMETOOLONG, "socket path too long");
 	}
-	if ((rv = nng_req0_open(&c->sock)) != 0) {
+	if ((rv = client_open_socket(c)) != 0) {
 		free(c);
 		return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
 	}
-	/* never resend: a Next may wait for a batch far longer than any timer */
-	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 1 << 20);
-	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 1000);
-	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 60000);
-	nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, on_pipe_rem, c);
 	snprintf(url, sizeof(url), "ipc://%s", c->path);
-	if ((rv = nng_dial(c->sock, url, &c->dialer, 0)) != 0) {
-		r = set_err(nng_to_errno(rv) == LDR_EDISCONNECTED ? -ECONNREFUSED : nng_to_errno(rv),
-		            "cannot connect to loaderd at %s: %s", c->path, nng_strerror(rv));
-		nng_close(c->sock);
-		free(c);
-		return r;
-	}
 	if (!client_name) {
 		snprintf(name, sizeof(name), "pid %d", (int)c->pid);
 		client_name = name;
@@ -411,7 +421,27 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	hello.client_name = (char *)client_name;
 	req.body_case = LOADERD__REQUEST__BODY_HELLO;
 	req.hello = &hello;
-	r = call(c, &req, &rep, LOADERD__REPLY__BODY_HELLO);
+	/* A Hello that goes unanswered for a few seconds is retried on a fresh
+	 * connection: the daemon replaces a listener that nng 1.5.2 wedged
+	 * (see daemon/server.c), and a connection queued on the old one is lost. */
+	for (int attempt = 0;; attempt++) {
+		if ((rv = nng_dial(c->sock, url, &c->dialer, 0)) != 0) {
+			r = set_err(nng_to_errno(rv) == LDR_EDISCONNECTED ? -ECONNREFUSED : nng_to_errno(rv),
+			            "cannot connect to loaderd at %s: %s", c->path, nng_strerror(rv));
+			nng_close(c->sock);
+			free(c);
+			return r;
+		}
+		r = call_timeout(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, HELLO_TIMEOUT_MS);
+		if (r != -ETIMEDOUT || attempt == HELLO_ATTEMPTS - 1)
+			break;
+		nng_close(c->sock);
+		c->disconnected = false;
+		if ((rv = client_open_socket(c)) != 0) {
+			free(c);
+			return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
+		}
+	}
 	if (r < 0) {
 		if (r == -EPROTONOSUPPORT)
 			r = LDR_EVERSION;

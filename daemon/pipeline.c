@@ -41,6 +41,7 @@
 struct slot {
 	uint32_t idx;
 	uint32_t refs;
+	uint32_t leases;
 	struct stream *owner;
 };
 
@@ -438,6 +439,7 @@ static int answer_batch(struct attachment *a, struct pending *p, struct batch *b
 	a->leases = l;
 	a->nleases++;
 	b->slot->refs++;
+	b->slot->leases++;
 	a->delivered++;
 	d = (struct delivery){
 		.kind = DELIVER_BATCH,
@@ -790,6 +792,7 @@ static void att_disconnect(struct attachment *a, int err, const char *msg)
 	while (a->leases) {
 		struct lease *l = a->leases;
 		a->leases = l->next;
+		l->slot->leases--;
 		slot_unref(pl, l->slot);
 		free(l);
 	}
@@ -863,13 +866,16 @@ static json_t *pipeline_json(struct pipeline *pl)
 	struct sampler smp = { .nsamples = source_nsamples(pl->src), .batch_size = pl->spec->batch_size,
 		.shuffle = pl->spec->shuffle, .drop_last = pl->spec->drop_last, .seed = pl->spec->seed,
 		.rank = 0, .world = 1 };
-	uint32_t in_use = 0;
+	uint32_t in_use = 0, leased = 0;
 	uint64_t now = uv_now(pl->eng->loop);
 	json_t *fields = json_array();
 
-	for (uint32_t i = 0; i < pl->nslots; i++)
+	for (uint32_t i = 0; i < pl->nslots; i++) {
 		if (pl->slots[i].refs)
 			in_use++;
+		if (pl->slots[i].leases)
+			leased++;
+	}
 	for (size_t f = 0; f < pl->nfields; f++) {
 		json_t *shape = json_array();
 		for (int d = 0; d < pl->fields[f].ndim; d++)
@@ -877,12 +883,13 @@ static json_t *pipeline_json(struct pipeline *pl)
 		json_array_append_new(fields, json_pack("{s:s, s:s, s:o}", "name", pl->fields[f].name,
 			"dtype", dtype_name(pl->fields[f].dtype), "sample_shape", shape));
 	}
-	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:O}",
+	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:O}",
 		"name", pl->spec->name,
 		"state", pipeline_state(pl),
 		"error", pl->failed ? json_string(pl->error) : json_null(),
 		"slots_total", (json_int_t)pl->nslots,
 		"slots_in_use", (json_int_t)in_use,
+		"slots_leased", (json_int_t)leased,
 		"slot_bytes", (json_int_t)pl->slot_bytes,
 		"samples", (json_int_t)smp.nsamples,
 		"batch_size", (json_int_t)pl->spec->batch_size,
@@ -1146,6 +1153,7 @@ int attachment_next(struct attachment *a, struct pending *p, const uint64_t *lea
 		struct lease *l = *pp;
 		*pp = l->next;
 		a->nleases--;
+		l->slot->leases--;
 		slot_unref(pl, l->slot);
 		free(l);
 	}

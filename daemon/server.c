@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -40,8 +41,12 @@
 #define MAX_RELEASES 4096
 #define MAX_MSG_BYTES (1 << 20)
 #define STOP_FLUSH_MS 100
+#define PROBE_EVERY_MS 2000
+#define PROBE_WAIT_MS 2000
+#define MAX_HEALS 64
+#define PROBE_NAME "loaderd-watchdog"
 
-enum ev_type { EV_CTX, EV_PIPE_ADD, EV_PIPE_REM };
+enum ev_type { EV_CTX, EV_PIPE_ADD, EV_PIPE_REM, EV_HEAL };
 
 struct event {
 	struct event *next;
@@ -97,10 +102,20 @@ struct server {
 	uint64_t client_ctr;
 	uint64_t started_ms;
 	bool stopping;
+	/* the listener watchdog, see probe_main() */
+	pthread_t prober;
+	bool prober_running;
+	pthread_mutex_t probe_lock;
+	pthread_cond_t probe_cond;
+	bool probe_stop;
+	nng_listener old_listeners[MAX_HEALS];
+	unsigned heals;
 	void (*stop_done)(void *);
 	void *stop_userdata;
 	unsigned pending_closes;
 };
+
+static void heal_listener(struct server *srv);
 
 /* --- events from nng threads -------------------------------------------- */
 
@@ -349,8 +364,9 @@ static void client_free(struct server *srv, struct client *cl)
 		client_remove_att(cl, cl->natts - 1);
 		attachment_detach(a);
 	}
-	log_info("client %" PRIu64 " (pid %d) disconnected%s", cl->id, cl->pid,
-	         leases ? ", its leases were released" : "");
+	log_msg(strcmp(cl->name, PROBE_NAME) == 0 ? LOG_DEBUG : LOG_INFO,
+	        "client %" PRIu64 " (pid %d) disconnected%s", cl->id, cl->pid,
+	        leases ? ", its leases were released" : "");
 	free(cl);
 }
 
@@ -721,6 +737,10 @@ static void on_async(uv_async_t *h)
 			free(ev);
 			break;
 		}
+		case EV_HEAL:
+			heal_listener(srv);
+			free(ev);
+			break;
 		case EV_PIPE_REM: {
 			struct client *cl = client_find(srv, ev->pipe);
 			if (cl)
@@ -762,12 +782,130 @@ static int nng_probe(const char *path)
 	return rv == NNG_ECONNREFUSED || rv == NNG_ENOENT ? -ECONNREFUSED : -EIO;
 }
 
+/*
+ * Listen on @path: bind a fresh listener under a temporary name, then rename
+ * it over the public path, so that clients never see the path missing.
+ */
+static int listener_start(struct server *srv, nng_listener *out, char *err, size_t errlen)
+{
+	char tmp[128], url[160];
+	nng_listener l;
+	int rv;
+
+	snprintf(tmp, sizeof(tmp), "%s.new", srv->path);
+	unlink(tmp);
+	snprintf(url, sizeof(url), "ipc://%s", tmp);
+	if ((rv = nng_listener_create(&l, srv->sock, url)) != 0 ||
+	    (rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0660)) != 0 ||
+	    (rv = nng_listener_start(l, 0)) != 0) {
+		snprintf(err, errlen, "cannot listen on %s: %s", srv->path, nng_strerror(rv));
+		return -EADDRNOTAVAIL;
+	}
+	chmod(tmp, 0660);
+	if (rename(tmp, srv->path) < 0) {
+		snprintf(err, errlen, "cannot move %s to %s: %s", tmp, srv->path, strerror(errno));
+		nng_listener_close(l);
+		return -errno;
+	}
+	*out = l;
+	return 0;
+}
+
+/* A Hello to our own socket, answered within PROBE_WAIT_MS. */
+static bool probe_once(struct server *srv)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Hello h = LOADERD__HELLO__INIT;
+	uint8_t buf[64];
+	size_t len;
+	void *rbuf;
+	nng_socket s;
+	char url[160];
+	bool ok = false;
+
+	if (nng_req0_open(&s) != 0)
+		return true; /* cannot tell: assume fine */
+	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, PROBE_WAIT_MS);
+	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, PROBE_WAIT_MS);
+	snprintf(url, sizeof(url), "ipc://%s", srv->path);
+	h.protocol = LDR_PROTOCOL_VERSION;
+	h.client_name = PROBE_NAME;
+	req.body_case = LOADERD__REQUEST__BODY_HELLO;
+	req.hello = &h;
+	len = loaderd__request__pack(&req, buf);
+	if (nng_dial(s, url, NULL, NNG_FLAG_NONBLOCK) == 0 && nng_send(s, buf, len, 0) == 0 &&
+	    nng_recv(s, &rbuf, &len, NNG_FLAG_ALLOC) == 0) {
+		nng_free(rbuf, len);
+		ok = true;
+	}
+	nng_close(s);
+	return ok;
+}
+
+/*
+ * The listener watchdog. nng 1.5.2 (Debian 12's) stops accepting on an ipc
+ * listener after a peer hangs up in the middle of the SP handshake (nng issue
+ * #1518, fixed in 1.6): a trainer killed while it connects would leave the
+ * daemon deaf to every new client. So a thread checks every PROBE_EVERY_MS that
+ * a handshake with our own socket completes; when one does not, the loop
+ * starts a fresh listener and renames it over the path. Connected clients keep
+ * their connections. Probes cost one connection each, no request.
+ */
+static void *probe_main(void *arg)
+{
+	struct server *srv = arg;
+	struct timespec deadline;
+
+	pthread_mutex_lock(&srv->probe_lock);
+	while (!srv->probe_stop) {
+		clock_gettime(CLOCK_MONOTONIC, &deadline);
+		deadline.tv_sec += PROBE_EVERY_MS / 1000;
+		while (!srv->probe_stop &&
+		       pthread_cond_timedwait(&srv->probe_cond, &srv->probe_lock, &deadline) != ETIMEDOUT)
+			;
+		if (srv->probe_stop)
+			break;
+		pthread_mutex_unlock(&srv->probe_lock);
+		bool ok = probe_once(srv);
+		pthread_mutex_lock(&srv->probe_lock);
+		if (!ok && !srv->probe_stop) {
+			struct event *ev = calloc(1, sizeof(*ev));
+			if (ev) {
+				ev->type = EV_HEAL;
+				push_event(srv, ev);
+			}
+		}
+	}
+	pthread_mutex_unlock(&srv->probe_lock);
+	return NULL;
+}
+
+static void heal_listener(struct server *srv)
+{
+	char err[256];
+	nng_listener l;
+
+	if (srv->stopping)
+		return;
+	if (srv->heals >= MAX_HEALS) {
+		log_err("listener on %s does not accept and was replaced %u times already", srv->path, srv->heals);
+		return;
+	}
+	if (listener_start(srv, &l, err, sizeof(err)) < 0) {
+		log_err("listener on %s does not accept; replacing it failed: %s", srv->path, err);
+		return;
+	}
+	/* the old one stays open: closing it would unlink the path it shares */
+	srv->old_listeners[srv->heals++] = srv->listener;
+	srv->listener = l;
+	log_warn("listener on %s stopped accepting (a peer hung up during the handshake); replaced it", srv->path);
+}
+
 int server_new(struct server **out, uv_loop_t *loop, const struct server_config *cfg,
                char *err, size_t errlen)
 {
 	static const struct engine_ops ops = { .deliver = on_deliver };
 	struct server *srv;
-	char url[160];
 	int r;
 
 	srv = calloc(1, sizeof(*srv));
@@ -809,16 +947,20 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, MAX_MSG_BYTES);
 	nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_POST, on_pipe_event, srv);
 	nng_pipe_notify(srv->sock, NNG_PIPE_EV_REM_POST, on_pipe_event, srv);
-	snprintf(url, sizeof(url), "ipc://%s", srv->path);
-	if ((r = nng_listener_create(&srv->listener, srv->sock, url)) != 0 ||
-	    (r = nng_listener_set_int(srv->listener, NNG_OPT_IPC_PERMISSIONS, 0660)) != 0 ||
-	    (r = nng_listener_start(srv->listener, 0)) != 0) {
-		snprintf(err, errlen, "cannot listen on %s: %s", srv->path, nng_strerror(r));
-		r = -EADDRNOTAVAIL;
+	if ((r = listener_start(srv, &srv->listener, err, errlen)) < 0)
 		goto fail_sock;
-	}
-	chmod(srv->path, 0660);
 	post_receivers(srv);
+	{
+		pthread_condattr_t ca;
+		pthread_mutex_init(&srv->probe_lock, NULL);
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&srv->probe_cond, &ca);
+		pthread_condattr_destroy(&ca);
+		if (!getenv("LOADERD_NO_LISTENER_WATCHDOG") &&
+		    pthread_create(&srv->prober, NULL, probe_main, srv) == 0)
+			srv->prober_running = true;
+	}
 	*out = srv;
 	return 0;
 
@@ -909,7 +1051,17 @@ void server_stop(struct server *srv, void (*done)(void *), void *userdata)
 	srv->stop_done = done;
 	srv->stop_userdata = userdata;
 	log_notice("stopping: %u clients connected", srv->nclients);
+	if (srv->prober_running) {
+		pthread_mutex_lock(&srv->probe_lock);
+		srv->probe_stop = true;
+		pthread_cond_signal(&srv->probe_cond);
+		pthread_mutex_unlock(&srv->probe_lock);
+		pthread_join(srv->prober, NULL);
+		srv->prober_running = false;
+	}
 	nng_listener_close(srv->listener);
+	for (unsigned i = 0; i < srv->heals; i++)
+		nng_listener_close(srv->old_listeners[i]);
 	fdchan_close(srv->fdchan);
 	srv->fdchan = NULL;
 	engine_shutdown(srv->engine);

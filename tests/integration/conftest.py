@@ -209,8 +209,18 @@ class Daemon:
         return cmd + [str(a) for a in args]
 
     def ctl(self, *args, check=True, json_out=False, timeout=120, env=None):
+        """Run loaderctl; the CompletedProcess also carries its .pid."""
         cmd = self.ctl_cmd(*args, json_out=json_out)
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            raise AssertionError(f"$ {' '.join(cmd)}\ndid not finish within {timeout} s\n"
+                                 f"stderr: {err}\ndaemon log:\n{self.log()[-3000:]}")
+        r = subprocess.CompletedProcess(cmd, p.returncode, out, err)
+        r.pid = p.pid
         marker = sanitizer_report(r.stderr)
         assert marker is None, f"loaderctl printed a {marker} report:\n$ {' '.join(cmd)}\n{r.stderr}"
         if check and r.returncode != 0:
@@ -223,13 +233,20 @@ class Daemon:
         if not check and r.returncode != 0:
             return None
         try:
-            return json.loads(r.stdout)
+            obj = json.loads(r.stdout)
         except ValueError as e:
             raise AssertionError(f"loaderctl --json {' '.join(map(str, args))} printed no JSON ({e}): "
                                  f"{r.stdout!r}")
+        if isinstance(obj, dict):
+            obj["_ctl_pid"] = r.pid
+        return obj
 
     def status(self):
-        return self.ctl_json("status")
+        """`status --json`, without the entry of the loaderctl that asked."""
+        st = self.ctl_json("status")
+        me = st.pop("_ctl_pid")
+        st["clients"] = [c for c in st["clients"] if c.get("pid") != me]
+        return st
 
     def pipeline(self, name):
         for p in self.status()["pipelines"]:

@@ -35,53 +35,54 @@ def pipe_of(status, name):
 
 
 def test_sigkill_consumers_20_times(ld, workdir):
-    """20 broadcast consumers killed with SIGKILL one after the other, each
-    while attached and holding the pipeline back, while a survivor of the
-    same pipeline goes on. The survivor's stream is complete and exact; dead
-    clients vanish from status with their leases; slots come back.
+    """20 broadcast consumers, one after the other, killed with SIGKILL while
+    streaming, while a survivor of the same pipeline goes on. The survivor's
+    stream is complete and exact; each dead client vanishes from status with
+    its leases; in the end no client and no slot in use remain.
 
-    The chain keeps the pipeline from running away: each victim is stopped
-    (SIGSTOP) once it holds batches, and the previous victim is killed only
-    after the next one is stopped, so the broadcast pipeline (which waits for
-    its slowest client) advances at most about `prefetch` batches per round."""
-    n, bs = 4000, 4                                   # 1000 batches
+    To keep the survivor from finishing before the 20 rounds are done, it is
+    stopped (SIGSTOP) while each victim starts, and runs only from the
+    victim's attach to its death."""
+    n, bs = 80000, 4                                  # 20000 batches of 512 bytes
     path = os.path.join(workdir, "k.bin")
     tok = random_tokens(path, n * L + 1, "uint16", seed=20)
-    ld.create(token_spec("k", path, L, "uint16", batch_size=bs, prefetch=4, min_clients=2))
-
-    victims = []
-    v = ld.popen_consume("k", dump=False)
-    ld.wait_for(lambda s: attached(s, v.pid, "k"), "first victim attached")
-    v.signal(signal.SIGSTOP)
-    victims.append(v)
+    ld.create(token_spec("k", path, L, "uint16", batch_size=bs, prefetch=4))
 
     survivor = ld.popen_consume("k", "--timeout", 120000)
-    ld.wait_for(lambda s: attached(s, survivor.pid, "k"), "survivor attached")
+    ld.wait_for(lambda s: (client_of(s, survivor.pid) or {}).get("delivered", 0) >= 1,
+                "survivor streaming")
+    survivor.signal(signal.SIGSTOP)
 
-    for i in range(1, 21):
-        prev = victims[-1]
-        if i < 20:
-            v = ld.popen_consume("k", dump=False)
-            ld.wait_for(lambda s: (client_of(s, v.pid) or {}).get("delivered", 0) >= 1,
-                        f"victim {i} attached and delivered a batch", timeout=20)
-            v.signal(signal.SIGSTOP)
-            victims.append(v)
-        prev.signal(signal.SIGKILL)
-        prev.proc.wait(timeout=10)
-        assert prev.proc.returncode == -signal.SIGKILL
-        st = ld.wait_for(lambda s: client_of(s, prev.pid) is None,
-                         f"killed victim {i - 1} (pid {prev.pid}) gone from status", timeout=10)
-        p = pipe_of(st, "k")
-        assert 0 <= p["slots_in_use"] <= p["slots_total"]
+    dead = set()
+    for i in range(20):
+        v = ld.popen_consume("k", dump=False)
+        ld.wait_for(lambda s: attached(s, v.pid, "k"), f"victim {i} attached", timeout=20)
+        survivor.signal(signal.SIGCONT)
+        ld.wait_for(lambda s: (client_of(s, v.pid) or {}).get("delivered", 0) >= 1,
+                    f"victim {i} received a batch", timeout=20)
+        v.signal(signal.SIGKILL)
+        survivor.signal(signal.SIGSTOP)
+        v.proc.wait(timeout=10)
+        assert v.proc.returncode == -signal.SIGKILL, f"victim {i} ended before it was killed"
+        dead.add(v.pid)
+        st = ld.wait_for(lambda s: client_of(s, v.pid) is None,
+                         f"killed victim {i} (pid {v.pid}) gone from status", timeout=10)
         live = {c["pid"] for c in st["clients"]}
-        dead = {x.pid for x in victims if x.proc.poll() is not None}
         assert not (live & dead), f"dead clients still listed: {live & dead}"
-        assert survivor.proc.poll() is None or i == 20, \
-            f"survivor ended early (exit {survivor.proc.returncode}) before round {i}"
+        p = pipe_of(st, "k")
+        assert p["clients"] == 1, f"round {i}: pipeline counts {p['clients']} clients, 1 is alive"
+        me = client_of(st, survivor.pid)
+        assert me is not None and me["pipeline"] == "k"
+        # all slots in use are explained by the survivor's leases or by
+        # batches it has not received yet (prefetch); none by the dead
+        assert 0 <= p["slots_in_use"] <= p["slots_total"]
+        assert survivor.proc.poll() is None, (
+            f"survivor ended (exit {survivor.proc.returncode}) before round {i}: pipeline too small")
 
-    res = survivor.wait(timeout=120, check=True)
+    survivor.signal(signal.SIGCONT)
+    res = survivor.wait(timeout=240, check=True)
     expected = token_dump(tok, L, sequential_batches(n, bs))
-    assert res.json["batches"] == 1000 and res.json["eof"] is True
+    assert res.json["batches"] == 20000 and res.json["eof"] is True
     assert res.dump == expected, "the survivor's stream is not the exact pipeline stream"
 
     st = ld.wait_for(lambda s: s["clients"] == [] and pipe_of(s, "k")["slots_in_use"] == 0,
@@ -91,7 +92,58 @@ def test_sigkill_consumers_20_times(ld, workdir):
     assert p["clients"] == 0
     # the daemon still serves a new pipeline correctly
     ld.create(token_spec("after", path, L, "uint16", batch_size=bs))
-    assert ld.consume("after").dump == expected
+    assert ld.consume("after", "--batches", 50).dump == expected[:50 * 2 * bs * L * 8]
+
+
+def test_sigkill_stopped_consumers_holding_leases(ld, workdir):
+    """Consumers stopped while attached (so the broadcast pipeline stalls,
+    waiting for them) and then killed: each death releases its slots at once
+    and the survivor, held back until then, goes on. 20 rounds."""
+    n, bs = 80000, 4                                  # 20000 batches
+    path = os.path.join(workdir, "h.bin")
+    tok = random_tokens(path, n * L + 1, "uint16", seed=22)
+    ld.create(token_spec("h", path, L, "uint16", batch_size=bs, prefetch=4))
+    survivor = ld.popen_consume("h", "--timeout", 120000)
+    ld.wait_for(lambda s: (client_of(s, survivor.pid) or {}).get("delivered", 0) >= 1,
+                "survivor streaming")
+    survivor.signal(signal.SIGSTOP)
+
+    def produced():
+        return pipe_of(ld.status(), "h")["batches_produced"]
+
+    for i in range(20):
+        v = ld.popen_consume("h", dump=False)
+        ld.wait_for(lambda s: attached(s, v.pid, "h"), f"victim {i} attached", timeout=20)
+        survivor.signal(signal.SIGCONT)
+        ld.wait_for(lambda s: (client_of(s, v.pid) or {}).get("leases", 0) >= 1,
+                    f"victim {i} holds a lease", timeout=20)
+        v.signal(signal.SIGSTOP)
+        # the survivor catches up with the stopped victim, then the pipeline stalls
+        deadline = time.monotonic() + 20
+        last = produced()
+        while True:
+            time.sleep(0.1)
+            now = produced()
+            if now == last:
+                break
+            last = now
+            assert time.monotonic() < deadline, f"round {i}: a stopped broadcast client did not hold the pipeline back"
+        assert survivor.proc.poll() is None, f"survivor ended early in round {i}"
+        v.signal(signal.SIGKILL)
+        v.proc.wait(timeout=10)
+        st = ld.wait_for(lambda s: client_of(s, v.pid) is None,
+                         f"killed victim {i} gone from status", timeout=10)
+        assert pipe_of(st, "h")["slots_in_use"] <= pipe_of(st, "h")["slots_total"]
+        # with the victim gone, the pipeline advances again
+        ld.wait_for(lambda s: pipe_of(s, "h")["batches_produced"] > last,
+                    f"pipeline moving again after victim {i} died", timeout=20)
+        survivor.signal(signal.SIGSTOP)
+    survivor.signal(signal.SIGCONT)
+    res = survivor.wait(timeout=240, check=True)
+    assert res.json["batches"] == 20000 and res.json["eof"] is True
+    assert res.dump == token_dump(tok, L, sequential_batches(n, bs))
+    ld.wait_for(lambda s: s["clients"] == [] and pipe_of(s, "h")["slots_in_use"] == 0,
+                "no client and no slot in use after everybody left")
 
 
 def test_sigkill_running_consumer_frees_leases(ld, workdir):
@@ -119,8 +171,11 @@ def test_sigkill_running_consumer_frees_leases(ld, workdir):
         first = res.json["first_batch"]
         stream = (one_epoch * 8)[first * batch_bytes:]
         assert res.dump == stream[:300 * batch_bytes], f"round {round_}: not a contiguous stream"
-        ld.wait_for(lambda s: s["clients"] == [] and pipe_of(s, "e")["slots_in_use"] == 0,
-                    f"round {round_}: all clients and leases gone")
+        # no client left: the slots in use are only the batches the endless
+        # pipeline prefetched (at most `prefetch` = 3), none held by the dead
+        st = ld.wait_for(lambda s: s["clients"] == [] and pipe_of(s, "e")["clients"] == 0,
+                         f"round {round_}: all clients gone")
+        assert pipe_of(st, "e")["slots_in_use"] <= 3
 
 
 def test_token_file_truncated_while_running(ld, workdir):
@@ -281,23 +336,48 @@ def test_truncated_frame_then_close(ld):
         assert raw.hello() == REP_HELLO
         raw.send_frame(b"\x80\x00\x00\x09\x4a", declared_len=1000)   # 5 of 1000 bytes
         raw.close()
-    # a connection that dies in the middle of the SP handshake
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(ld.socket)
-    s.sendall(b"\x00SP")
-    s.close()
-    # garbage instead of the handshake
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(5)
-    s.connect(ld.socket)
-    s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-    try:
-        s.recv(100)
-    except OSError:
-        pass
-    s.close()
     time.sleep(0.2)
     serving(ld)
+
+
+def test_connection_closed_mid_handshake(ld):
+    """A peer that sends half of the SP header and hangs up."""
+    for _ in range(3):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(ld.socket)
+        s.sendall(b"\x00SP")
+        s.close()
+    time.sleep(0.2)
+    serving(ld)
+
+
+def test_garbage_instead_of_handshake(ld):
+    """A peer that speaks something else entirely (HTTP), then hangs up."""
+    for _ in range(3):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(ld.socket)
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        try:
+            s.recv(100)
+        except OSError:
+            pass
+        s.close()
+    time.sleep(0.2)
+    serving(ld)
+
+
+def test_idle_connection_does_not_block_others(ld):
+    """A peer that connects and says nothing, kept open: others are served."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(ld.socket)
+    try:
+        serving(ld)
+        raw = RawReq(ld.socket)
+        assert raw.hello() == REP_HELLO
+        raw.close()
+    finally:
+        s.close()
 
 
 def test_fd_channel_garbage(ld, workdir):

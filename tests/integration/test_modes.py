@@ -6,6 +6,8 @@ dynamic consumers together receive every batch exactly once."""
 import collections
 import os
 import re
+import signal
+import time
 
 import numpy as np
 
@@ -207,3 +209,42 @@ def test_64_broadcast_consumers(ld, workdir):
         pos += 2 * r * L * 8
     assert sorted(got) == windows, "the broadcast stream is not a permutation of the samples"
     ld.wait_for(lambda s: s["clients"] == [], "all 64 consumers detached")
+
+
+def test_broadcast_late_joiner_starts_at_oldest_held_batch(ld, workdir):
+    """"A later one joins at the oldest batch the pipeline still holds": while
+    consumer A is stopped holding leases on its batches, consumer B attaches
+    and starts at or before the oldest of them, not after A's position; B's
+    stream is then the contiguous continuation of the pipeline."""
+    n, bs = 400, 4                                    # 100 batches per epoch, endless
+    path = os.path.join(workdir, "late.bin")
+    tok = random_tokens(path, n * L + 1, "uint16", seed=7)
+    ld.create(token_spec("late", path, L, "uint16", batch_size=bs, prefetch=4, epochs=0))
+    bpe = 100
+    a = ld.popen_consume("late", "--batches", 1000, "--timeout", 60000)
+    ld.wait_for(lambda s: any(c["pid"] == a.pid and c["leases"] >= 1 for c in s["clients"]),
+                "A holds a lease")
+    a.signal(signal.SIGSTOP)
+    st = ld.status()
+    me = [c for c in st["clients"] if c["pid"] == a.pid][0]
+    held = me["leases"]
+    pos = me["attachments"][0]["position"]
+    a_next = pos["epoch"] * bpe + pos["batch"]          # next batch A would receive
+    assert held >= 1
+    b = ld.popen_consume("late", "--batches", 100, "--timeout", 60000)
+    ld.wait_for(lambda s: any(c["pid"] == b.pid and c["pipeline"] == "late" for c in s["clients"]),
+                "B attached")
+    time.sleep(0.3)
+    a.signal(signal.SIGCONT)
+    ra, rb = a.wait(check=True), b.wait(check=True)
+    one = token_dump(tok, L, sequential_batches(n, bs))
+    batch_bytes = 2 * bs * L * 8
+    stream = one * 22
+    assert ra.dump == stream[:1000 * batch_bytes]
+    first = rb.json["first_epoch"] * bpe + rb.json["first_batch"]
+    assert rb.dump == stream[first * batch_bytes:(first + 100) * batch_bytes], \
+        "B's stream is not a contiguous run of the pipeline"
+    assert first <= a_next - held, (
+        f"B started at batch {first}, but A still held leases on batches "
+        f"{a_next - held}..{a_next - 1} when B attached (B joined at the head, "
+        f"not at the oldest batch the pipeline still holds)")

@@ -76,7 +76,6 @@ BAD = [
     ("path-nonexistent", lambda s: set_key(s, "source.path", "/nonexistent/ldr/train.bin"),
      ["/nonexistent/ldr/train.bin"]),
     ("dtype-bad", lambda s: set_key(s, "source.dtype", "float8"), ["dtype"]),
-    ("dtype-missing", lambda s: del_key(s, "source.dtype"), ["dtype"]),
     ("seq_len-zero", lambda s: set_key(s, "source.seq_len", 0), ["seq_len"]),
     ("seq_len-string", lambda s: set_key(s, "source.seq_len", "16"), ["seq_len"]),
     ("seq_len-missing", lambda s: del_key(s, "source.seq_len"), ["seq_len"]),
