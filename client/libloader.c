@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <protobuf-c/protobuf-c.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -206,6 +207,11 @@ const char *ldr_nng_version(void)
 	return nng_version();
 }
 
+const char *ldr_protobuf_c_version(void)
+{
+	return protobuf_c_version();
+}
+
 void ldr_free(void *ptr)
 {
 	free(ptr);
@@ -281,6 +287,18 @@ static int reply_error(const Loaderd__Reply *rep)
 	return set_err(code, "%s", e->message && *e->message ? e->message : error_name(code));
 }
 
+/*
+ * on_pipe_rem() cancels the operations registered when the connection goes;
+ * one started just after that would wait for a reconnection that never comes.
+ */
+static void cancel_if_disconnected(struct ldr_client *c, nng_aio *aio)
+{
+	pthread_mutex_lock(&c->lock);
+	if (c->disconnected)
+		nng_aio_cancel(aio);
+	pthread_mutex_unlock(&c->lock);
+}
+
 /* Send @req and wait for its reply; *out must be freed with free_unpacked. */
 static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
                         Loaderd__Reply__BodyCase expect, int timeout_ms)
@@ -317,12 +335,14 @@ static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loade
 
 	nng_aio_set_msg(aio, msg);
 	nng_ctx_send(ctx, aio);
+	cancel_if_disconnected(c, aio);
 	nng_aio_wait(aio);
 	rv = nng_aio_result(aio);
 	if (rv != 0) {
 		nng_msg_free(nng_aio_get_msg(aio));
 	} else {
 		nng_ctx_recv(ctx, aio);
+		cancel_if_disconnected(c, aio);
 		nng_aio_wait(aio);
 		rv = nng_aio_result(aio);
 	}

@@ -12,9 +12,10 @@
  * produce batches in order into a ring; batches are filled by the workers in any
  * order and delivered strictly in order. A slot counts one reference for the
  * ring and one per lease; it is reused only when none is left. A broadcast batch
- * leaves the ring when every attached client has received it, so the slowest
- * client holds the stream back (backpressure), and a client that leaves stops
- * holding anyone back.
+ * leaves the ring when every attached client has received and released it, so
+ * the slowest client holds the stream back (backpressure), a client that
+ * attaches later starts at the oldest batch still held, and a client that
+ * leaves stops holding anyone back.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -533,7 +534,9 @@ static void stream_dispatch(struct stream *s)
 	}
 	if (s->natts == 0)
 		return;
-	while (s->ring_len && s->head_seq < min_cursor && s->ring[s->ring_head].ready)
+	/* a batch stays while anyone holds it, so a late joiner starts there */
+	while (s->ring_len && s->head_seq < min_cursor && s->ring[s->ring_head].ready &&
+	       s->ring[s->ring_head].slot->leases == 0)
 		ring_pop_head(s);
 }
 

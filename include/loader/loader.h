@@ -116,9 +116,10 @@ LDR_EXPORT int ldr_mode_from_name(const char *name);
  */
 LDR_EXPORT int ldr_socket_path(char *buf, size_t size, const char *explicit_path);
 
-/** Version string of libloader, and of the nng it runs on. */
+/** Version strings of libloader and of the nng and protobuf-c it runs on. */
 LDR_EXPORT const char *ldr_version(void);
 LDR_EXPORT const char *ldr_nng_version(void);
+LDR_EXPORT const char *ldr_protobuf_c_version(void);
 
 /**
  * ldr_connect() - connect to a daemon and shake hands.
