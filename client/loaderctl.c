@@ -444,6 +444,8 @@ static void print_daemon_line(const json_t *st)
 			snprintf(up, sizeof(up), "%lluh%02llum%02llus", t / 3600, t / 60 % 60, t % 60);
 		else if (t >= 60)
 			snprintf(up, sizeof(up), "%llum%02llus", t / 60, t % 60);
+		else if (json_is_integer(v))
+			snprintf(up, sizeof(up), "%llus", t);
 		else
 			snprintf(up, sizeof(up), "%.1fs", s);
 	} else {
@@ -1017,6 +1019,7 @@ static void print_version(void)
 	printf(PROG " %s\n", LOADERD_VERSION);
 	printf("libloader %s\n", ldr_version());
 	printf("nng %s\n", ldr_nng_version());
+	printf("protobuf-c %s\n", ldr_protobuf_c_version());
 	printf("jansson %s\n", jansson_version_str());
 	printf("zlib %s\n", zlibVersion());
 }

@@ -22,7 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,7 +46,6 @@
 #define STOP_FLUSH_MS 100
 #define PROBE_EVERY_MS 2000
 #define PROBE_WAIT_MS 2000
-#define MAX_HEALS 64
 #define PROBE_NAME "loaderd-watchdog"
 
 enum ev_type { EV_CTX, EV_PIPE_ADD, EV_PIPE_REM, EV_HEAL };
@@ -108,8 +110,10 @@ struct server {
 	pthread_mutex_t probe_lock;
 	pthread_cond_t probe_cond;
 	bool probe_stop;
-	nng_listener old_listeners[MAX_HEALS];
 	unsigned heals;
+	int wedged_fd[16];
+	unsigned nwedged;
+	uv_timer_t drain_timer;
 	void (*stop_done)(void *);
 	void *stop_userdata;
 	unsigned pending_closes;
@@ -792,7 +796,7 @@ static int listener_start(struct server *srv, nng_listener *out, char *err, size
 	nng_listener l;
 	int rv;
 
-	snprintf(tmp, sizeof(tmp), "%s.new", srv->path);
+	snprintf(tmp, sizeof(tmp), "%s.%u", srv->path, srv->heals);
 	unlink(tmp);
 	snprintf(url, sizeof(url), "ipc://%s", tmp);
 	if ((rv = nng_listener_create(&l, srv->sock, url)) != 0 ||
@@ -880,24 +884,75 @@ static void *probe_main(void *arg)
 	return NULL;
 }
 
+/* The fd of our current nng listener: the unix socket bound to its name. */
+static int find_listen_fd(struct server *srv)
+{
+	char want[128];
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int found = -1;
+
+	snprintf(want, sizeof(want), "%s.%u", srv->path, srv->heals);
+	if (!d)
+		return -1;
+	while ((e = readdir(d))) {
+		struct sockaddr_un sa;
+		socklen_t len = sizeof(sa);
+		int fd = atoi(e->d_name), acc = 0;
+		socklen_t alen = sizeof(acc);
+		if (fd <= 2 || fd == dirfd(d))
+			continue;
+		memset(&sa, 0, sizeof(sa));
+		if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0 || sa.sun_family != AF_UNIX)
+			continue;
+		if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &alen) < 0 || !acc)
+			continue;
+		if (strcmp(sa.sun_path, want) == 0) {
+			found = fd;
+			break;
+		}
+	}
+	closedir(d);
+	return found;
+}
+
+static void drain_wedged(struct server *srv)
+{
+	for (unsigned i = 0; i < srv->nwedged; i++) {
+		int c;
+		if (srv->wedged_fd[i] < 0)
+			continue;
+		while ((c = accept4(srv->wedged_fd[i], NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0)
+			close(c);
+	}
+}
+
+static void on_drain_timer(uv_timer_t *t)
+{
+	drain_wedged(t->data);
+}
+
 static void heal_listener(struct server *srv)
 {
 	char err[256];
 	nng_listener l;
+	int old_fd;
 
 	if (srv->stopping)
 		return;
-	if (srv->heals >= MAX_HEALS) {
-		log_err("listener on %s does not accept and was replaced %u times already", srv->path, srv->heals);
-		return;
-	}
+	old_fd = find_listen_fd(srv);
+	srv->heals++;
 	if (listener_start(srv, &l, err, sizeof(err)) < 0) {
 		log_err("listener on %s does not accept; replacing it failed: %s", srv->path, err);
 		return;
 	}
-	/* the old one stays open: closing it would unlink the path it shares */
-	srv->old_listeners[srv->heals++] = srv->listener;
+	/* The wedged one keeps its connected clients, so it stays open; but nng
+	 * polls its unaccepted backlog in a busy loop, so empty that backlog now
+	 * and shortly after (new peers reach the new socket only). */
+	srv->wedged_fd[srv->nwedged < ARRAY_SIZE(srv->wedged_fd) ? srv->nwedged++ : 0] = old_fd;
 	srv->listener = l;
+	drain_wedged(srv);
+	uv_timer_start(&srv->drain_timer, on_drain_timer, 1000, 0);
 	log_warn("listener on %s stopped accepting (a peer hung up during the handshake); replaced it", srv->path);
 }
 
@@ -929,6 +984,8 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	if (r < 0)
 		goto fail;
 	srv->async.data = srv;
+	uv_timer_init(loop, &srv->drain_timer);
+	srv->drain_timer.data = srv;
 	r = engine_new(&srv->engine, loop, cfg->workers, cfg->memory_limit, &ops, srv);
 	if (r < 0) {
 		snprintf(err, errlen, "cannot start %u workers: %s", cfg->workers, strerror(-r));
@@ -1038,7 +1095,8 @@ static void on_stop_timer(uv_timer_t *t)
 	}
 	srv->engine = engine_free(srv->engine);
 	unlink(srv->path);
-	srv->pending_closes = 2;
+	srv->pending_closes = 3;
+	uv_close((uv_handle_t *)&srv->drain_timer, on_handle_closed);
 	uv_close((uv_handle_t *)&srv->async, on_handle_closed);
 	uv_close((uv_handle_t *)&srv->stop_timer, on_handle_closed);
 }
@@ -1060,8 +1118,6 @@ void server_stop(struct server *srv, void (*done)(void *), void *userdata)
 		srv->prober_running = false;
 	}
 	nng_listener_close(srv->listener);
-	for (unsigned i = 0; i < srv->heals; i++)
-		nng_listener_close(srv->old_listeners[i]);
 	fdchan_close(srv->fdchan);
 	srv->fdchan = NULL;
 	engine_shutdown(srv->engine);
