@@ -974,7 +974,7 @@ static void print_help(FILE *f)
 	        "                      $XDG_RUNTIME_DIR/loaderd.sock, else /run/loaderd/loaderd.sock\n"
 	        "  -j, --json          print one JSON object per command\n"
 	        "  -h, --help          show this help\n"
-	        "  -V, --version       show loaderctl's version and the linked libraries'\n"
+	        "  -V, --version       show the versions of loaderctl and the libraries it runs on\n"
 	        "\n"
 	        "Commands:\n");
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)

@@ -183,7 +183,12 @@ static void pipeline_maybe_free(struct pipeline *pl);
 
 static uint32_t pipeline_quota(const struct pipeline *pl)
 {
-	uint32_t n = pl->nstreams ? pl->nstreams : 1;
+	uint32_t n = 0;
+
+	for (const struct stream *s = pl->streams; s; s = s->next)
+		if (!s->dead && s->natts)
+			n++;
+	n = n ? n : 1;
 	uint32_t q = pl->nslots / n;
 	return q ? q : 1;
 }
@@ -353,6 +358,19 @@ static void pipeline_pump(struct pipeline *pl)
 
 	if (pl->failed || pl->dropped || eng->shutdown)
 		return;
+	/* A stream nobody is attached to gives up its prefetched batches when a
+	 * stream with clients needs the slots. */
+	if (pl->nfree == 0) {
+		bool starved = false;
+		for (struct stream *s = pl->streams; s; s = s->next)
+			if (!s->dead && s->natts && s->next_produce < s->end_seq &&
+			    s->slots_held < pipeline_quota(pl))
+				starved = true;
+		for (struct stream *s = pl->streams; starved && s; s = s->next)
+			while (!s->dead && s->natts == 0 && s->ring_len && s->ring[s->ring_head].ready &&
+			       s->ring[s->ring_head].slot->leases == 0)
+				ring_pop_head(s);
+	}
 	while (progress) {
 		progress = false;
 		for (struct stream *s = pl->streams; s; s = s->next) {
@@ -807,6 +825,12 @@ static void att_disconnect(struct attachment *a, int err, const char *msg)
 		}
 	s->natts--;
 	pl->natts--;
+	if (s->mode == LDR_MODE_BROADCAST && s->natts == 0) {
+		/* what the last client received is consumed: keep only the rest */
+		while (s->ring_len && s->head_seq < a->cursor && s->ring[s->ring_head].ready &&
+		       s->ring[s->ring_head].slot->leases == 0)
+			ring_pop_head(s);
+	}
 	if (s->mode == LDR_MODE_PARTITION) {
 		s->dead = true;
 		pl->nstreams--;

@@ -385,11 +385,14 @@ static struct attachment *client_att(struct client *cl, uint64_t id, unsigned *i
 	return NULL;
 }
 
-static json_t *clients_json(struct server *srv)
+/* Every client but @self, the connection that asks. */
+static json_t *clients_json(struct server *srv, const struct client *self)
 {
 	json_t *arr = json_array();
 
 	for (struct client *cl = srv->clients; cl; cl = cl->next) {
+		if (cl == self)
+			continue;
 		json_t *atts = json_array();
 		json_t *last = NULL;
 		json_int_t leases = 0, delivered = 0;
@@ -609,7 +612,7 @@ static void handle_detach(struct server *srv, struct sctx *c, struct client *cl,
 	reply_ok(srv, c);
 }
 
-static json_t *status_json(struct server *srv)
+static json_t *status_json(struct server *srv, const struct client *self)
 {
 	return json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:o, s:o}",
 		"version", LOADERD_VERSION,
@@ -621,7 +624,7 @@ static json_t *status_json(struct server *srv)
 		"memory_limit", (json_int_t)engine_memory_limit(srv->engine),
 		"memory_used", (json_int_t)engine_memory_used(srv->engine),
 		"pipelines", engine_pipelines_json(srv->engine),
-		"clients", clients_json(srv));
+		"clients", clients_json(srv, self));
 }
 
 static void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
@@ -665,7 +668,7 @@ static void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
 		reply_json(srv, c, json_pack("{s:o}", "pipelines", engine_pipelines_json(srv->engine)));
 		break;
 	case LOADERD__REQUEST__BODY_STATUS:
-		reply_json(srv, c, status_json(srv));
+		reply_json(srv, c, status_json(srv, cl));
 		break;
 	case LOADERD__REQUEST__BODY_ATTACH:
 		handle_attach(srv, c, cl, req->attach);

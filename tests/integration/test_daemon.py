@@ -144,8 +144,10 @@ def test_status_json(daemon, workdir):
     assert st["memory_used"] >= p["slots_total"] * p["slot_bytes"], "memory_used does not count the slots"
     assert p["spec"]["name"] == "s" and p["spec"]["prefetch"] == 4
     d.consume("s")
-    p = d.pipeline("s")
-    assert p["state"] == "done" and p["batches_produced"] == 25
+    st = d.wait_for(lambda s: s["pipelines"][0]["state"] == "done" and s["pipelines"][0]["clients"] == 0,
+                    "pipeline done after its only consumer read it to the end")
+    p = st["pipelines"][0]
+    assert p["batches_produced"] == 25
     assert p["slots_in_use"] == 0
 
 

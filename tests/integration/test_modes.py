@@ -50,7 +50,8 @@ def test_broadcast_min_clients_gates_delivery(ld, workdir):
     tok = random_tokens(path, n * L + 1, "uint16")
     ld.create(token_spec("gate", path, L, "uint16", batch_size=bs, min_clients=2, prefetch=2))
     a = ld.popen_consume("gate")
-    st = ld.wait_for(lambda s: any(c["pid"] == a.pid for c in s["clients"]), "first consumer attached")
+    st = ld.wait_for(lambda s: any(c["pid"] == a.pid and c["pipeline"] == "gate" for c in s["clients"]),
+                     "first consumer attached")
     p = [x for x in st["pipelines"] if x["name"] == "gate"][0]
     assert p["clients"] == 1
     me = [c for c in st["clients"] if c["pid"] == a.pid][0]
