@@ -213,7 +213,7 @@ static void test_malformed(void)
 		req.create = &cp;
 		expect_error(call_req(s, &req), EINVAL, "invalid JSON");
 	}
-	nng_close(s);
+	/* left open: see test_oversized() */
 	check_alive();
 }
 
@@ -229,7 +229,8 @@ static void test_oversized(void)
 	rep = raw_call(s, buf, len);
 	assert(rep == NULL);
 	free(buf);
-	nng_close(s);
+	/* Not nng_close(s): nng 1.5.2 can hang closing a socket whose pipe the
+	 * peer dropped mid-send (seen under ASan). The process exits soon. */
 	check_alive();
 }
 
