@@ -19,6 +19,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,7 @@ struct sctx {
 	nng_ctx ctx;
 	nng_aio *aio;
 	enum ctx_state state;
+	bool answered;            /* loop only: the request was answered or parked */
 };
 
 struct client {
@@ -97,7 +99,8 @@ struct server {
 	struct event *ev_head, *ev_tail;
 	struct sctx *all;
 	struct sctx *idle;
-	unsigned nrecv;
+	atomic_uint nrecv;          /* contexts waiting for a request */
+	atomic_bool closing;        /* nng callbacks must not start new work */
 	unsigned nctx;
 	struct client *clients;
 	unsigned nclients;
@@ -139,7 +142,22 @@ static void push_event(struct server *srv, struct event *ev)
 static void on_ctx_aio(void *arg)
 {
 	struct sctx *c = arg;
-	push_event(c->srv, &c->ev);
+	struct server *srv = c->srv;
+
+	/* A reply went out: this context receives the next request right here,
+	 * on nng's thread, so a reply costs the loop no wake-up of its own. */
+	if (c->state == CTX_SEND && !atomic_load(&srv->closing)) {
+		if (nng_aio_result(c->aio) != 0) {
+			nng_msg *m = nng_aio_get_msg(c->aio);
+			if (m)
+				nng_msg_free(m);
+		}
+		c->state = CTX_RECV;
+		atomic_fetch_add(&srv->nrecv, 1);
+		nng_ctx_recv(c->ctx, c->aio);
+		return;
+	}
+	push_event(srv, &c->ev);
 }
 
 static void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg)
@@ -186,14 +204,14 @@ static struct sctx *sctx_get(struct server *srv)
 
 static void post_receivers(struct server *srv)
 {
-	while (!srv->stopping && srv->nrecv < RECV_TARGET) {
+	while (!srv->stopping && atomic_load(&srv->nrecv) < RECV_TARGET) {
 		struct sctx *c = sctx_get(srv);
 		if (!c) {
 			log_err("cannot open another nng context (%u open)", srv->nctx);
 			return;
 		}
 		c->state = CTX_RECV;
-		srv->nrecv++;
+		atomic_fetch_add(&srv->nrecv, 1);
 		nng_ctx_recv(c->ctx, c->aio);
 	}
 }
@@ -210,6 +228,7 @@ static void send_reply(struct server *srv, struct sctx *c, const Loaderd__Reply 
 	size_t len = loaderd__reply__get_packed_size(rep);
 	nng_msg *msg;
 
+	c->answered = true;
 	if (nng_msg_alloc(&msg, len) != 0) {
 		log_err("out of memory for a reply of %zu bytes", len);
 		sctx_idle(srv, c);
@@ -567,11 +586,10 @@ static void handle_next(struct server *srv, struct sctx *c, struct client *cl, c
 		return;
 	}
 	c->state = CTX_PARKED;
+	c->answered = true;
 	r = attachment_next(a, &c->pending, m->releases, m->n_releases, err, sizeof(err));
-	if (r < 0) {
-		c->state = CTX_RECV;
+	if (r < 0)
 		reply_error(srv, c, -r, err);
-	}
 }
 
 static void handle_release(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Release *m)
@@ -635,12 +653,10 @@ static void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
 	if (!cl) {
 		/* its connection is gone already: nobody to answer */
 		nng_msg_free(msg);
-		c->state = CTX_RECV;
 		return;
 	}
 	req = loaderd__request__unpack(NULL, nng_msg_len(msg), nng_msg_body(msg));
 	nng_msg_free(msg);
-	c->state = CTX_RECV; /* answered below, or parked */
 	if (!req) {
 		log_warn("client %" PRIu64 " (pid %d): malformed request", cl->id, cl->pid);
 		reply_error(srv, c, EPROTO, "malformed request: not a loaderd.Request message");
@@ -695,14 +711,16 @@ static void on_ctx_done(struct server *srv, struct sctx *c)
 	int rv = nng_aio_result(c->aio);
 
 	if (c->state == CTX_RECV) {
-		srv->nrecv--;
+		atomic_fetch_sub(&srv->nrecv, 1);
 		if (rv != 0) {
 			if (rv != NNG_ECLOSED && rv != NNG_ECANCELED)
 				log_warn("nng receive: %s", nng_strerror(rv));
 			sctx_idle(srv, c);
 		} else {
+			c->answered = false;
 			handle_request(srv, c, nng_aio_get_msg(c->aio));
-			if (c->state == CTX_RECV) /* nothing sent: a request from a gone pipe */
+			/* after an answer, c belongs to nng's callback; read nothing */
+			if (!c->answered) /* a request from a gone pipe */
 				sctx_idle(srv, c);
 		}
 	} else if (c->state == CTX_SEND) {
@@ -1068,6 +1086,7 @@ static void on_stop_timer(uv_timer_t *t)
 	/* replies had their chance to leave; now cut everything */
 	while (srv->clients)
 		client_free(srv, srv->clients);
+	atomic_store(&srv->closing, true);
 	nng_close(srv->sock);
 	srv->sock_open = false;
 	for (struct sctx *c = srv->all; c; c = c->all_next)

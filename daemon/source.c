@@ -113,7 +113,7 @@ static int open_file(const char *path, int *fd_out, uint64_t *size_out, char *er
 
 static int tokens_open(struct source *src, const struct spec *spec, char *err, size_t errlen)
 {
-	uint64_t size, ntokens;
+	uint64_t size = 0, ntokens;
 	int r;
 
 	src->dtype = spec->source.dtype;
@@ -441,7 +441,7 @@ static int npy_open_one(struct npy_file *file, struct field_desc *f, uint64_t *n
 	const char *path = file->path;
 	unsigned char pre[12];
 	struct npy_header h = { 0 };
-	uint64_t size, hlen, prelen, need, nelem = 1;
+	uint64_t size = 0, hlen, prelen, need, nelem = 1;
 	char *text;
 	int dtype, r;
 
