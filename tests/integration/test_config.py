@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: MIT
+"""The daemon's config file: pipelines at start, SIGHUP reload, bad files."""
+
+import json
+import os
+import signal
+import subprocess
+
+from ldrtest import LOADERD, random_tokens, token_spec
+
+
+def write_config(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
+def names(st):
+    return sorted(p["name"] for p in st["pipelines"])
+
+
+def test_config_pipelines_and_sighup_reload(daemon, workdir):
+    tok = os.path.join(workdir, "t.bin")
+    random_tokens(tok, 64 * 100 + 1, "uint16", seed=3)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"workers": 2, "log_level": "info",
+                       "pipelines": [token_spec("a", tok, 64, "uint16", batch_size=10)]})
+    d = daemon("--config", cfg)
+    assert names(d.status()) == ["a"]
+    assert d.status()["workers"] == 2
+    res = d.consume("a")
+    assert res.json["batches"] == 10 and res.json["samples"] == 100
+
+    # reload: a new pipeline appears, the running one is kept as it is
+    write_config(cfg, {"workers": 2, "pipelines": [
+        token_spec("a", tok, 64, "uint16", batch_size=10),
+        token_spec("b", tok, 32, "uint16", batch_size=4, shuffle=True)]})
+    os.kill(d.pid, signal.SIGHUP)
+    st = d.wait_for(lambda s: names(s) == ["a", "b"], "pipeline b after SIGHUP")
+    assert [p for p in st["pipelines"] if p["name"] == "a"][0]["batches_produced"] == 10
+
+    # a broken file on reload: the daemon keeps running with what it has
+    with open(cfg, "w") as f:
+        f.write('{"pipelines": [')
+    os.kill(d.pid, signal.SIGHUP)
+    d.wait_for(lambda s: names(s) == ["a", "b"], "still serving after a bad reload")
+    assert d.consume("b", "--batches", 3).json["batches"] == 3
+
+
+def run_daemon_expect_failure(args):
+    p = subprocess.run([LOADERD] + args, capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0
+    return p.stderr
+
+
+def test_bad_config_files(workdir):
+    cfg = os.path.join(workdir, "c.json")
+    sock = os.path.join(workdir, "s.sock")
+    for body, needle in (('{"workers": 0}', "workers: must be an integer in 1..1024"),
+                         ('{"wokers": 2}', 'unknown key "wokers"'),
+                         ('{"memory_limit": "lots"}', "memory_limit"),
+                         ('{"log_level": "loud"}', "log_level"),
+                         ('{"pipelines": {}}', "pipelines: must be an array"),
+                         ('[1, 2]', "must be a JSON object"),
+                         ('{"socket": ', "line 1")):
+        with open(cfg, "w") as f:
+            f.write(body)
+        err = run_daemon_expect_failure(["--config", cfg, "--socket", sock])
+        assert cfg in err and needle in err, (body, err)
+        assert not os.path.exists(sock)
+    err = run_daemon_expect_failure(["--config", os.path.join(workdir, "missing.json"), "--socket", sock])
+    assert "missing.json" in err
+
+
+def test_bad_spec_in_config_is_reported_and_others_still_served(daemon, workdir):
+    tok = os.path.join(workdir, "t.bin")
+    random_tokens(tok, 32 * 50 + 1, "uint16", seed=4)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"pipelines": [{"name": "bad", "source": {"kind": "tokens", "path": tok}},
+                                      token_spec("good", tok, 32, "uint16", batch_size=5)]})
+    d = daemon("--config", cfg)
+    assert names(d.status()) == ["good"]
+    log = d.log()
+    assert "pipelines[0]" in log and "seq_len" in log, log
