@@ -37,6 +37,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "fdchan-wire.h"
 #include "loader.pb-c.h"
 #include "loader/loader.h"
 
@@ -46,22 +47,6 @@
 #define HELLO_TIMEOUT_MS 3000
 #define HELLO_ATTEMPTS 4
 #define FLUSH_DELAY_MS 2
-/* must match daemon/fdchan.h */
-#define FDCHAN_MAGIC 0x4644444cu
-#define FDCHAN_VERSION 1
-
-struct fdchan_request {
-	uint32_t magic;
-	uint32_t version;
-	uint8_t token[16];
-};
-
-struct fdchan_reply {
-	uint32_t magic;
-	int32_t status;
-	uint64_t size;
-};
-
 static __thread char tls_err[512];
 
 static void req_cb(void *arg);

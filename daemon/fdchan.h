@@ -6,27 +6,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
-/*
- * The exchange, one per attach, on a fresh connection to <socket>.fds:
- *   client -> daemon: struct fdchan_request (magic, version, token)
- *   daemon -> client: struct fdchan_reply (magic, status, size) with the
- *                     slab's read-only fd in SCM_RIGHTS when status == 0
- * then the daemon closes the connection.
- */
-#define FDCHAN_MAGIC 0x4644444cu /* "LDDF" */
-#define FDCHAN_VERSION 1
-
-struct fdchan_request {
-	uint32_t magic;
-	uint32_t version;
-	uint8_t token[16];
-};
-
-struct fdchan_reply {
-	uint32_t magic;
-	int32_t status;   /* 0 or a negative errno */
-	uint64_t size;
-};
+#include "fdchan-wire.h"
 
 /* Resolves a token for a peer of @uid: 0 with the fd (kept by the callee). */
 typedef int (*fdchan_lookup_fn)(void *userdata, const uint8_t *token, uid_t uid,

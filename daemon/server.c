@@ -570,21 +570,36 @@ static void handle_attach(struct server *srv, struct sctx *c, struct client *cl,
 	send_reply(srv, c, &rep);
 }
 
+/* The attachment @id of @cl, or NULL after answering the request with ENOENT. */
+static struct attachment *att_or_reply(struct server *srv, struct sctx *c, struct client *cl,
+                                       uint64_t id, unsigned *index)
+{
+	struct attachment *a = client_att(cl, id, index);
+	char err[96];
+
+	if (!a) {
+		snprintf(err, sizeof(err), "no attachment %" PRIu64 " on this connection", id);
+		reply_error(srv, c, ENOENT, err);
+	}
+	return a;
+}
+
+static bool releases_fit(struct server *srv, struct sctx *c, size_t n)
+{
+	if (n <= MAX_RELEASES)
+		return true;
+	reply_error(srv, c, E2BIG, "too many releases in one request");
+	return false;
+}
+
 static void handle_next(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Next *m)
 {
-	struct attachment *a = client_att(cl, m->attach_id, NULL);
+	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, NULL);
 	char err[256];
 	int r;
 
-	if (!a) {
-		snprintf(err, sizeof(err), "no attachment %" PRIu64 " on this connection", m->attach_id);
-		reply_error(srv, c, ENOENT, err);
+	if (!a || !releases_fit(srv, c, m->n_releases))
 		return;
-	}
-	if (m->n_releases > MAX_RELEASES) {
-		reply_error(srv, c, E2BIG, "too many releases in one request");
-		return;
-	}
 	c->state = CTX_PARKED;
 	c->answered = true;
 	r = attachment_next(a, &c->pending, m->releases, m->n_releases, err, sizeof(err));
@@ -594,19 +609,12 @@ static void handle_next(struct server *srv, struct sctx *c, struct client *cl, c
 
 static void handle_release(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Release *m)
 {
-	struct attachment *a = client_att(cl, m->attach_id, NULL);
+	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, NULL);
 	char err[256];
 	int r;
 
-	if (!a) {
-		snprintf(err, sizeof(err), "no attachment %" PRIu64 " on this connection", m->attach_id);
-		reply_error(srv, c, ENOENT, err);
+	if (!a || !releases_fit(srv, c, m->n_leases))
 		return;
-	}
-	if (m->n_leases > MAX_RELEASES) {
-		reply_error(srv, c, E2BIG, "too many releases in one request");
-		return;
-	}
 	r = attachment_next(a, NULL, m->leases, m->n_leases, err, sizeof(err));
 	if (r < 0)
 		reply_error(srv, c, -r, err);
@@ -617,14 +625,10 @@ static void handle_release(struct server *srv, struct sctx *c, struct client *cl
 static void handle_detach(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Detach *m)
 {
 	unsigned i;
-	struct attachment *a = client_att(cl, m->attach_id, &i);
-	char err[128];
+	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, &i);
 
-	if (!a) {
-		snprintf(err, sizeof(err), "no attachment %" PRIu64 " on this connection", m->attach_id);
-		reply_error(srv, c, ENOENT, err);
+	if (!a)
 		return;
-	}
 	client_remove_att(cl, i);
 	attachment_detach(a);
 	reply_ok(srv, c);
