@@ -2,12 +2,15 @@
 /* libloader - the client library of loaderd
  *
  * One nng REQ socket per client. Control requests (create, attach...) are
- * synchronous, each on a context of its own. Batches flow through several Next
- * requests kept in flight per attachment, each on its own context; their
- * replies are stored by delivery number, so ldr_next() hands them out in order
- * and normally finds the next one already there. Finished batches are released
- * by piggy-backing their leases on the next Next request, or, when the trainer
- * does not ask for more, by a Release a millisecond later.
+ * synchronous, each on a context of its own. Batches flow through Next
+ * requests kept in flight per attachment (see top_up(): a window of deliveries,
+ * each request asking for several batches), each on its own context; the
+ * deliveries are stored by delivery number, so ldr_next() hands them out in
+ * order and normally finds the next one already there. Finished batches are
+ * released by piggy-backing their leases on the next Next request, or, when
+ * the trainer does not ask for more, by a Release two milliseconds later. The
+ * client's flusher thread sends both, so next() does not write to the socket
+ * while batches are waiting here.
  *
  * Slabs are mapped once per attach, read-only, from an fd fetched over the fd
  * channel with the attach reply's one-time token. An attachment stays mapped
@@ -52,6 +55,7 @@ static __thread char tls_err[512];
 static void req_cb(void *arg);
 static void deadline_after(struct timespec *ts, int ms);
 static void *flusher_main(void *arg);
+static void want_top_up(struct ldr_attachment *a);
 
 static int set_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int set_err(int err, const char *fmt, ...)
@@ -73,6 +77,7 @@ struct req {
 	enum req_state state;
 	bool is_release;
 	bool open;
+	uint32_t asked;           /* Next: how many batches it asked for */
 };
 
 struct arrived {
@@ -111,7 +116,9 @@ struct ldr_attachment {
 	struct req relreq;
 	struct arrived ring[MAX_INFLIGHT];
 	uint64_t next_seq;
-	int outstanding;
+	int outstanding;          /* Next requests in flight */
+	int requested;            /* batches they asked for, together */
+	int arrived;              /* deliveries received, not yet taken */
 	bool ended;
 	int err;
 	char errmsg[256];
@@ -141,6 +148,8 @@ struct ldr_client {
 	pthread_cond_t flush_cond;
 	bool flusher_running;
 	bool flush_wanted;
+	bool topup_wanted;        /* some attachment's window has room */
+	bool flusher_idle;        /* the flusher sleeps with nothing to do */
 	bool flusher_stop;
 };
 
@@ -640,8 +649,8 @@ static void req_close(struct req *r)
 	r->open = false;
 }
 
-/* Called with c->lock held. */
-static int req_send(struct ldr_attachment *a, struct req *r)
+/* Called with c->lock held. @ask: batches a Next may bring back. */
+static int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask)
 {
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
 	Loaderd__Next next = LOADERD__NEXT__INIT;
@@ -659,6 +668,7 @@ static int req_send(struct ldr_attachment *a, struct req *r)
 		next.attach_id = a->id;
 		next.n_releases = a->nrel;
 		next.releases = a->rel;
+		next.max_batches = ask;
 		req.body_case = LOADERD__REQUEST__BODY_NEXT;
 		req.next = &next;
 	}
@@ -667,17 +677,88 @@ static int req_send(struct ldr_attachment *a, struct req *r)
 	a->nrel = 0;
 	nng_aio_set_msg(r->aio, msg);
 	r->state = REQ_SENDING;
-	if (!r->is_release)
+	if (!r->is_release) {
+		r->asked = ask;
 		a->outstanding++;
+		a->requested += (int)ask;
+	}
 	nng_ctx_send(r->ctx, r->aio);
 	return 0;
 }
 
-static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
+/*
+ * Keep the window full. The window (ldr_attach_opts.inflight) bounds the
+ * deliveries asked for plus those received and not yet taken. A Next asks for
+ * up to half the window, so when the daemon is ahead each answer brings several
+ * batches and costs one round trip for all of them; two requests stay out, so
+ * one is always parked at the daemon while the other's answer travels.
+ * Called with c->lock held.
+ */
+/* Would top_up() send anything? Called with c->lock held. */
+static bool needs_top_up(const struct ldr_attachment *a)
 {
-	uint64_t seq;
+	int half = a->inflight / 2 > 0 ? a->inflight / 2 : 1;
+	int budget = a->inflight - a->arrived - a->requested;
+
+	return budget > 0 && (a->outstanding == 0 || budget >= half);
+}
+
+static void top_up(struct ldr_attachment *a)
+{
+	int half = a->inflight / 2 > 0 ? a->inflight / 2 : 1;
+
+	while (!a->ended && !a->err && !a->detached && !a->c->disconnected) {
+		int budget = a->inflight - a->arrived - a->requested;
+		int ask = budget;
+		struct req *r = NULL;
+
+		if (budget <= 0 || (a->outstanding > 0 && budget < half))
+			return;
+		if (a->outstanding == 0 && budget > half)
+			ask = half;
+		for (int i = 0; i < a->inflight; i++)
+			if (a->reqs[i].state == REQ_IDLE) {
+				r = &a->reqs[i];
+				break;
+			}
+		if (!r || req_send(a, r, (uint32_t)ask) < 0)
+			return;
+	}
+}
+
+/* Put one delivery in its place by seq; false if it is out of the window. */
+static bool store_one(struct ldr_attachment *a, uint64_t seq, int kind, const Loaderd__Batch *b,
+                      const Loaderd__Error *e)
+{
 	struct arrived *ar;
 
+	if (seq < a->next_seq || seq - a->next_seq >= MAX_INFLIGHT || a->ring[seq % MAX_INFLIGHT].present) {
+		if (!a->err) {
+			a->err = -EPROTO;
+			snprintf(a->errmsg, sizeof(a->errmsg), "reply out of sequence");
+		}
+		return false;
+	}
+	ar = &a->ring[seq % MAX_INFLIGHT];
+	memset(ar, 0, sizeof(*ar));
+	ar->present = true;
+	ar->kind = kind;
+	if (b) {
+		ar->lease = b->lease;
+		ar->epoch = b->epoch;
+		ar->index = b->index;
+		ar->slot = b->slot;
+		ar->rows = b->rows;
+	} else if (e) {
+		ar->err = e->code > 0 ? -e->code : -EIO;
+		snprintf(ar->msg, sizeof(ar->msg), "%s", e->message);
+	}
+	a->arrived++;
+	return true;
+}
+
+static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
+{
 	if (rv != 0 || !rep) {
 		if (!a->err) {
 			a->err = a->c->disconnected || rv == NNG_ECLOSED || rv == NNG_ECANCELED
@@ -689,14 +770,21 @@ static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int
 		return;
 	}
 	switch (rep->body_case) {
-	case LOADERD__REPLY__BODY_BATCH:
-		seq = rep->batch->seq;
-		break;
+	case LOADERD__REPLY__BODY_BATCHES:
+		if (rep->batches->n_batches == 0 && !a->err) {
+			a->err = -EPROTO;
+			snprintf(a->errmsg, sizeof(a->errmsg), "empty batch list from the daemon");
+		}
+		for (size_t i = 0; i < rep->batches->n_batches; i++)
+			if (!store_one(a, rep->batches->batches[i]->seq, LOADERD__REPLY__BODY_BATCHES,
+			               rep->batches->batches[i], NULL))
+				return;
+		return;
 	case LOADERD__REPLY__BODY_END:
-		seq = rep->end->seq;
-		break;
-	case LOADERD__REPLY__BODY_ERROR:
-		seq = rep->error->seq;
+		store_one(a, rep->end->seq, LOADERD__REPLY__BODY_END, NULL, NULL);
+		return;
+	case LOADERD__REPLY__BODY_ERROR: {
+		uint64_t seq = rep->error->seq;
 		if (rep->error->code == ECANCELED && a->detached)
 			return;
 		if (seq < a->next_seq || seq - a->next_seq >= MAX_INFLIGHT) {
@@ -707,34 +795,15 @@ static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int
 			}
 			return;
 		}
-		break;
+		store_one(a, seq, LOADERD__REPLY__BODY_ERROR, NULL, rep->error);
+		return;
+	}
 	default:
 		if (!a->err) {
 			a->err = -EPROTO;
 			snprintf(a->errmsg, sizeof(a->errmsg), "unexpected reply to Next");
 		}
 		return;
-	}
-	if (seq < a->next_seq || seq - a->next_seq >= MAX_INFLIGHT) {
-		if (!a->err) {
-			a->err = -EPROTO;
-			snprintf(a->errmsg, sizeof(a->errmsg), "reply out of sequence");
-		}
-		return;
-	}
-	ar = &a->ring[seq % MAX_INFLIGHT];
-	memset(ar, 0, sizeof(*ar));
-	ar->present = true;
-	ar->kind = rep->body_case;
-	if (rep->body_case == LOADERD__REPLY__BODY_BATCH) {
-		ar->lease = rep->batch->lease;
-		ar->epoch = rep->batch->epoch;
-		ar->index = rep->batch->index;
-		ar->slot = rep->batch->slot;
-		ar->rows = rep->batch->rows;
-	} else if (rep->body_case == LOADERD__REPLY__BODY_ERROR) {
-		ar->err = rep->error->code > 0 ? -rep->error->code : -EIO;
-		snprintf(ar->msg, sizeof(ar->msg), "%s", rep->error->message);
 	}
 }
 
@@ -769,10 +838,12 @@ static void req_cb(void *arg)
 			/* a refused release is a bug of ours, not the trainer's: keep going */
 		}
 		if (a->nrel && !a->detached && !c->disconnected && rv == 0)
-			req_send(a, r);
+			req_send(a, r, 0);
 	} else {
 		a->outstanding--;
+		a->requested -= (int)r->asked;
 		store_reply(a, rep, rv);
+		top_up(a);
 	}
 	if (rep)
 		loaderd__reply__free_unpacked(rep, NULL);
@@ -781,32 +852,65 @@ static void req_cb(void *arg)
 }
 
 /*
- * Leases normally ride on the next Next request. A trainer that stops asking
- * (end of an epoch, a batch kept past the loop) must still give its slots back
- * soon: this thread sends what is left FLUSH_DELAY_MS after the first pending
- * release. It wakes at most once per delay, however fast batches go.
+ * The client's own thread. It sends the Next requests that ldr_next() makes
+ * room for, so that a trainer's next() only takes a batch that is already here
+ * and never waits on a socket write. And it returns leases: they normally ride
+ * on the next Next, but a trainer that stops asking (end of an epoch, a batch
+ * kept past the loop) must still give its slots back soon, so what is left is
+ * sent FLUSH_DELAY_MS after the first pending release. It wakes at most once
+ * per delay for releases, however fast batches go.
  */
 static void *flusher_main(void *arg)
 {
 	struct ldr_client *c = arg;
 	struct timespec deadline;
+	bool timing = false;
 
 	pthread_mutex_lock(&c->lock);
 	while (!c->flusher_stop) {
-		if (!c->flush_wanted) {
-			pthread_cond_wait(&c->flush_cond, &c->lock);
+		if (c->topup_wanted) {
+			c->topup_wanted = false;
+			for (struct ldr_attachment *a = c->atts; a; a = a->next)
+				top_up(a);
 			continue;
 		}
-		deadline_after(&deadline, FLUSH_DELAY_MS);
-		while (!c->flusher_stop && pthread_cond_timedwait(&c->flush_cond, &c->lock, &deadline) != ETIMEDOUT)
-			;
+		if (!c->flush_wanted) {
+			c->flusher_idle = true;
+			pthread_cond_wait(&c->flush_cond, &c->lock);
+			c->flusher_idle = false;
+			continue;
+		}
+		if (!timing) {
+			deadline_after(&deadline, FLUSH_DELAY_MS);
+			timing = true;
+		}
+		if (pthread_cond_timedwait(&c->flush_cond, &c->lock, &deadline) != ETIMEDOUT)
+			continue; /* a top-up, or stop */
+		timing = false;
 		c->flush_wanted = false;
 		for (struct ldr_attachment *a = c->atts; a; a = a->next)
 			if (a->nrel && !a->detached && !c->disconnected && a->relreq.state == REQ_IDLE)
-				req_send(a, &a->relreq);
+				req_send(a, &a->relreq, 0);
 	}
 	pthread_mutex_unlock(&c->lock);
 	return NULL;
+}
+
+/* Have the flusher top the windows up. Called with c->lock held. */
+static void want_top_up(struct ldr_attachment *a)
+{
+	struct ldr_client *c = a->c;
+
+	/* Nothing left here: the trainer will wait for the answer, so ask now.
+	 * Otherwise the flusher asks, off the trainer's path. */
+	if (!c->flusher_running || a->arrived == 0) {
+		top_up(a);
+		return;
+	}
+	if (!c->topup_wanted) {
+		c->topup_wanted = true;
+		pthread_cond_signal(&c->flush_cond);
+	}
 }
 
 int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *opts,
@@ -909,8 +1013,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	pthread_mutex_lock(&c->lock);
 	a->next = c->atts;
 	c->atts = a;
-	for (int i = 0; i < a->inflight; i++)
-		req_send(a, &a->reqs[i]);
+	top_up(a);
 	pthread_mutex_unlock(&c->lock);
 	*out = a;
 	return 0;
@@ -1003,7 +1106,8 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 		if (ar->present) {
 			ar->present = false;
 			a->next_seq++;
-			if (ar->kind == LOADERD__REPLY__BODY_BATCH) {
+			a->arrived--;
+			if (ar->kind == LOADERD__REPLY__BODY_BATCHES) {
 				b->att = a;
 				b->lease = ar->lease;
 				b->epoch = ar->epoch;
@@ -1015,12 +1119,8 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 					snprintf(a->errmsg, sizeof(a->errmsg), "batch descriptor out of range");
 					continue;
 				}
-				/* keep the pipe full: one request out for each batch taken */
-				for (int i = 0; i < a->inflight; i++)
-					if (a->reqs[i].state == REQ_IDLE && !a->ended && !c->disconnected) {
-						req_send(a, &a->reqs[i]);
-						break;
-					}
+				if (needs_top_up(a))
+					want_top_up(a);
 				atomic_fetch_add(&a->refs, 1);
 				*out = b;
 				b = NULL;
@@ -1033,11 +1133,8 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 			}
 			/* an error answering this request: report it once, then go on */
 			r = set_err(ar->err, "%s", ar->msg);
-			for (int i = 0; i < a->inflight; i++)
-				if (a->reqs[i].state == REQ_IDLE && !a->ended && !c->disconnected) {
-					req_send(a, &a->reqs[i]);
-					break;
-				}
+			if (needs_top_up(a))
+				want_top_up(a);
 			break;
 		}
 		if (a->ended) {
@@ -1052,12 +1149,7 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 			r = set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
 			break;
 		}
-		if (a->outstanding == 0) {
-			/* nothing in flight (all sends failed earlier): send again */
-			for (int i = 0; i < a->inflight; i++)
-				if (a->reqs[i].state == REQ_IDLE)
-					req_send(a, &a->reqs[i]);
-		}
+		top_up(a); /* in case a send failed earlier */
 		if (timeout_ms < 0) {
 			pthread_cond_wait(&c->cond, &c->lock);
 		} else if (pthread_cond_timedwait(&c->cond, &c->lock, &deadline) == ETIMEDOUT) {
@@ -1094,7 +1186,8 @@ void ldr_release(struct ldr_batch *b)
 				a->rel[a->nrel++] = b->lease;
 			if (!c->flush_wanted && c->flusher_running) {
 				c->flush_wanted = true;
-				pthread_cond_signal(&c->flush_cond);
+				if (c->flusher_idle)
+					pthread_cond_signal(&c->flush_cond);
 			}
 		}
 		pthread_mutex_unlock(&c->lock);

@@ -442,16 +442,14 @@ static void answer_error(struct attachment *a, struct pending *p, int err, const
 	deliver(a->eng, p, &d);
 }
 
-static int answer_batch(struct attachment *a, struct pending *p, struct batch *b)
+/* Lease @b to @a and describe the delivery in @out. */
+static int lease_batch(struct attachment *a, struct batch *b, struct delivered_batch *out)
 {
 	struct pipeline *pl = a->pl;
 	struct lease *l = malloc(sizeof(*l));
-	struct delivery d;
 
-	if (!l) {
-		answer_error(a, p, ENOMEM, "out of memory");
+	if (!l)
 		return -ENOMEM;
-	}
 	l->id = ++pl->lease_ctr;
 	l->slot = b->slot;
 	l->next = a->leases;
@@ -460,8 +458,7 @@ static int answer_batch(struct attachment *a, struct pending *p, struct batch *b
 	b->slot->refs++;
 	b->slot->leases++;
 	a->delivered++;
-	d = (struct delivery){
-		.kind = DELIVER_BATCH,
+	*out = (struct delivered_batch){
 		.seq = a->deliver_no++,
 		.lease = l->id,
 		.epoch = b->epoch,
@@ -469,8 +466,19 @@ static int answer_batch(struct attachment *a, struct pending *p, struct batch *b
 		.slot = b->slot->idx,
 		.rows = b->rows,
 	};
-	deliver(a->eng, p, &d);
 	return 0;
+}
+
+static void answer_batches(struct attachment *a, struct pending *p,
+                           const struct delivered_batch *out, uint32_t n)
+{
+	struct delivery d = { .kind = DELIVER_BATCH, .batches = out, .nbatches = n };
+
+	if (n == 0) {
+		answer_error(a, p, ENOMEM, "out of memory");
+		return;
+	}
+	deliver(a->eng, p, &d);
 }
 
 static void att_fail_pending(struct attachment *a, int err, const char *msg)
@@ -511,7 +519,9 @@ static void stream_dispatch(struct stream *s)
 	}
 	if (s->mode == LDR_MODE_DYNAMIC) {
 		while (s->dyn_head) {
+			struct delivered_batch out[DELIVER_MAX_BATCHES];
 			struct batch *b;
+			uint32_t n = 0;
 			if (s->cursor >= s->end_seq) {
 				p = dyn_pop(s);
 				answer_end(p->att, p);
@@ -521,9 +531,13 @@ static void stream_dispatch(struct stream *s)
 			if (!b || !b->ready)
 				break;
 			p = dyn_pop(s);
-			answer_batch(p->att, p, b);
-			s->cursor++;
-			ring_pop_head(s);
+			while (n < p->max && s->cursor < s->end_seq && (b = ring_at(s, s->cursor)) && b->ready &&
+			       lease_batch(p->att, b, &out[n]) == 0) {
+				n++;
+				s->cursor++;
+				ring_pop_head(s);
+			}
+			answer_batches(p->att, p, out, n);
 		}
 		return;
 	}
@@ -536,7 +550,9 @@ static void stream_dispatch(struct stream *s)
 	uint64_t min_cursor = UINT64_MAX;
 	for (struct attachment *a = s->atts; a; a = a->next) {
 		while (a->pend_head) {
+			struct delivered_batch out[DELIVER_MAX_BATCHES];
 			struct batch *b;
+			uint32_t n = 0;
 			if (a->cursor >= s->end_seq) {
 				answer_end(a, att_pop_pending(a));
 				continue;
@@ -544,8 +560,13 @@ static void stream_dispatch(struct stream *s)
 			b = ring_at(s, a->cursor);
 			if (!b || !b->ready)
 				break;
-			answer_batch(a, att_pop_pending(a), b);
-			a->cursor++;
+			p = att_pop_pending(a);
+			while (n < p->max && a->cursor < s->end_seq && (b = ring_at(s, a->cursor)) && b->ready &&
+			       lease_batch(a, b, &out[n]) == 0) {
+				n++;
+				a->cursor++;
+			}
+			answer_batches(a, p, out, n);
 		}
 		if (a->cursor < min_cursor)
 			min_cursor = a->cursor;
@@ -1193,6 +1214,10 @@ int attachment_next(struct attachment *a, struct pending *p, const uint64_t *lea
 		} else {
 			p->att = a;
 			p->next = NULL;
+			if (p->max < 1)
+				p->max = 1;
+			if (p->max > DELIVER_MAX_BATCHES)
+				p->max = DELIVER_MAX_BATCHES;
 			a->npending++;
 			if (a->mode == LDR_MODE_DYNAMIC) {
 				struct stream *s = a->stream;

@@ -21,6 +21,7 @@ struct attachment;
 struct pending {
 	struct pending *next;
 	struct attachment *att;
+	uint32_t max;         /* batches this request may carry, >= 1 */
 };
 
 enum delivery_kind {
@@ -29,17 +30,26 @@ enum delivery_kind {
 	DELIVER_ERROR,
 };
 
-struct delivery {
-	enum delivery_kind kind;
+struct delivered_batch {
 	uint64_t seq;         /* the attachment's delivery number */
 	uint64_t lease;
 	uint64_t epoch;
 	uint64_t index;
 	uint32_t slot;
 	uint32_t rows;
+};
+
+struct delivery {
+	enum delivery_kind kind;
+	uint64_t seq;         /* END and ERROR: the attachment's delivery number */
+	const struct delivered_batch *batches; /* DELIVER_BATCH: nbatches of them */
+	uint32_t nbatches;
 	int err;              /* DELIVER_ERROR: positive errno */
 	const char *msg;
 };
+
+/* Most batches one answer carries. */
+#define DELIVER_MAX_BATCHES 64
 
 struct engine_ops {
 	/* Answer @p. Must not call back into the engine. */

@@ -286,20 +286,27 @@ static void on_deliver(void *userdata, struct pending *p, const struct delivery 
 	struct server *srv = userdata;
 	struct sctx *c = (struct sctx *)((char *)p - offsetof(struct sctx, pending));
 	Loaderd__Reply rep = LOADERD__REPLY__INIT;
-	Loaderd__Batch b = LOADERD__BATCH__INIT;
+	Loaderd__Batches bl = LOADERD__BATCHES__INIT;
+	Loaderd__Batch bs[DELIVER_MAX_BATCHES], *bp[DELIVER_MAX_BATCHES];
 	Loaderd__End e = LOADERD__END__INIT;
 	Loaderd__Error er = LOADERD__ERROR__INIT;
 
 	switch (d->kind) {
 	case DELIVER_BATCH:
-		b.seq = d->seq;
-		b.lease = d->lease;
-		b.epoch = d->epoch;
-		b.index = d->index;
-		b.slot = d->slot;
-		b.rows = d->rows;
-		rep.body_case = LOADERD__REPLY__BODY_BATCH;
-		rep.batch = &b;
+		for (uint32_t i = 0; i < d->nbatches; i++) {
+			bs[i] = (Loaderd__Batch)LOADERD__BATCH__INIT;
+			bs[i].seq = d->batches[i].seq;
+			bs[i].lease = d->batches[i].lease;
+			bs[i].epoch = d->batches[i].epoch;
+			bs[i].index = d->batches[i].index;
+			bs[i].slot = d->batches[i].slot;
+			bs[i].rows = d->batches[i].rows;
+			bp[i] = &bs[i];
+		}
+		bl.n_batches = d->nbatches;
+		bl.batches = bp;
+		rep.body_case = LOADERD__REPLY__BODY_BATCHES;
+		rep.batches = &bl;
 		break;
 	case DELIVER_END:
 		e.seq = d->seq;
@@ -602,6 +609,7 @@ static void handle_next(struct server *srv, struct sctx *c, struct client *cl, c
 		return;
 	c->state = CTX_PARKED;
 	c->answered = true;
+	c->pending.max = m->max_batches;
 	r = attachment_next(a, &c->pending, m->releases, m->n_releases, err, sizeof(err));
 	if (r < 0)
 		reply_error(srv, c, -r, err);

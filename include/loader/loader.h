@@ -93,7 +93,7 @@ struct ldr_attach_opts {
 	int has_start;            /**< partition: start at start_epoch/batch */
 	uint64_t start_epoch;
 	uint64_t start_batch;
-	uint32_t inflight;        /**< Next requests kept in flight (0 = 4) */
+	uint32_t inflight;        /**< window: batches asked for or waiting here (0 = 4, most 64) */
 };
 
 /** Name of an error code (negative errno or LDR_E*). Never NULL. */
