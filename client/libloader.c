@@ -51,6 +51,8 @@
 #define HELLO_ATTEMPTS 4
 #define FLUSH_DELAY_MS 2
 static __thread char tls_err[512];
+/* The process that first used nng through this library. */
+static _Atomic pid_t nng_pid;
 
 static void req_cb(void *arg);
 static void deadline_after(struct timespec *ts, int ms);
@@ -407,10 +409,18 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	char url[128], name[64];
 	int rv, r;
 
+	/* nng keeps process-wide state and panics when a forked child uses it
+	 * (even through a new socket): refuse before touching it. */
+	pid_t self = getpid(), first = 0;
+	if (!atomic_compare_exchange_strong(&nng_pid, &first, self) && first != self)
+		return set_err(LDR_EFORKED, "libloader was used in process %d before this process forked "
+		               "from it, and nng cannot start again in a forked child: connect before "
+		               "forking only in the process that uses the connection, or start workers "
+		               "with spawn", (int)first);
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return set_err(-ENOMEM, "out of memory");
-	c->pid = getpid();
+	c->pid = self;
 	pthread_condattr_t ca;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_condattr_init(&ca);

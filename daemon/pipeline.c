@@ -573,9 +573,18 @@ static void stream_dispatch(struct stream *s)
 	}
 	if (s->natts == 0)
 		return;
-	/* a batch stays while anyone holds it, so a late joiner starts there */
-	while (s->ring_len && s->head_seq < min_cursor && s->ring[s->ring_head].ready &&
-	       s->ring[s->ring_head].slot->leases == 0)
+	/* Batches every client has received leave the ring. One that somebody
+	 * still holds stays, so a late joiner starts there, unless a later one
+	 * is free to go: a batch kept for long must not block the ring. */
+	uint32_t drop = 0;
+	for (uint32_t i = 0; i < s->ring_len; i++) {
+		const struct batch *b = &s->ring[(s->ring_head + i) % pl->nslots];
+		if (b->seq >= min_cursor || !b->ready)
+			break;
+		if (b->slot->leases == 0)
+			drop = i + 1;
+	}
+	while (drop--)
 		ring_pop_head(s);
 }
 

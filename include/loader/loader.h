@@ -14,7 +14,11 @@
  * threads, one attachment from one thread at a time.
  *
  * A handle used in a process forked after it was created returns
- * LDR_EFORKED and touches nothing (nng is not fork-safe).
+ * LDR_EFORKED and touches nothing (nng is not fork-safe). nng cannot start
+ * again in a forked child at all, so ldr_connect() in a child of a process
+ * that used libloader returns LDR_EFORKED too: connect in the process that
+ * uses the connection, and start worker processes with spawn (or fork before
+ * the first ldr_connect()).
  */
 
 #include <stddef.h>
