@@ -17,6 +17,7 @@
 #include "common.h"
 #include "config.h"
 #include "log.h"
+#include "notify.h"
 #include "pipeline.h"
 #include "server.h"
 #include "settings.h"
@@ -27,6 +28,7 @@
 struct daemon {
 	uv_loop_t loop;
 	uv_signal_t sigterm, sigint, sighup;
+	uv_timer_t watchdog;
 	struct server *srv;
 	struct settings cfg;
 	const char *cli_config;
@@ -95,6 +97,13 @@ static void on_stopped(void *userdata)
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
 	uv_close((uv_handle_t *)&d->sigint, NULL);
 	uv_close((uv_handle_t *)&d->sighup, NULL);
+	uv_close((uv_handle_t *)&d->watchdog, NULL);
+}
+
+/* Half the interval systemd gave us, from the loop: a wedged loop stops it. */
+static void on_watchdog(uv_timer_t *t)
+{
+	notify_send("WATCHDOG=1");
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -108,9 +117,11 @@ static void on_signal(uv_signal_t *h, int signum)
 			log_notice("SIGHUP: no config file to reload");
 			return;
 		}
+		notify_reloading();
 		if (settings_load(&fresh, d->cfg.path, false, err, sizeof(err)) < 0) {
 			log_err("reload: %s (keeping the running settings)", err);
 			settings_clear(&fresh);
+			notify_send("READY=1\nSTATUS=reload failed, serving with the previous settings");
 			return;
 		}
 		json_decref(d->cfg.pipelines);
@@ -118,9 +129,11 @@ static void on_signal(uv_signal_t *h, int signum)
 		settings_clear(&fresh);
 		create_pipelines(d, true);
 		log_notice("reloaded %s", d->cfg.path);
+		notify_send("READY=1\nSTATUS=serving");
 		return;
 	}
 	log_notice("%s received", strsignal(signum));
+	notify_send("STOPPING=1\nSTATUS=stopping");
 	server_stop(d->srv, on_stopped, d);
 }
 
@@ -242,8 +255,18 @@ int main(int argc, char **argv)
 	uv_signal_start(&d.sigterm, on_signal, SIGTERM);
 	uv_signal_start(&d.sigint, on_signal, SIGINT);
 	uv_signal_start(&d.sighup, on_signal, SIGHUP);
+	uv_timer_init(&d.loop, &d.watchdog);
+	if (notify_init() && notify_watchdog_usec()) {
+		uint64_t ms = notify_watchdog_usec() / 2000;
+		uv_timer_start(&d.watchdog, on_watchdog, ms ? ms : 1, ms ? ms : 1);
+	}
 	log_notice("listening on %s (%u workers, memory limit %" PRIu64 " bytes)", path, sc.workers,
 	           sc.memory_limit);
+	{
+		char st[256];
+		snprintf(st, sizeof(st), "READY=1\nSTATUS=serving on %s\nMAINPID=%d", path, (int)getpid());
+		notify_send(st);
+	}
 
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 	r = uv_loop_close(&d.loop);

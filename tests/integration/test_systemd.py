@@ -1,0 +1,76 @@
+# SPDX-License-Identifier: MIT
+"""systemd integration: sd_notify messages and the watchdog, the unit file."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from ldrtest import LOADERD
+
+
+def recv_until(sock, wanted, timeout=10.0):
+    """Datagrams until one contains `wanted`; returns all of them."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            msg = sock.recv(4096).decode()
+        except socket.timeout:
+            break
+        got.append(msg)
+        if wanted in msg:
+            return got
+    raise AssertionError(f"no {wanted!r} among {got!r}")
+
+
+def test_notify_ready_reload_watchdog_stopping(daemon, workdir):
+    path = os.path.join(workdir, "notify.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    cfg = os.path.join(workdir, "c.json")
+    with open(cfg, "w") as f:
+        json.dump({"workers": 1}, f)
+    env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="200000")
+    d = daemon("--config", cfg, env=env)
+    msgs = recv_until(s, "READY=1")
+    ready = [m for m in msgs if "READY=1" in m][0]
+    assert f"MAINPID={d.pid}" in ready and "STATUS=serving on" in ready
+    # watchdog pings at half the interval: several within a second
+    pings = [m for m in recv_until(s, "WATCHDOG=1") + recv_until(s, "WATCHDOG=1") if m == "WATCHDOG=1"]
+    assert len(pings) >= 2
+    os.kill(d.pid, signal.SIGHUP)
+    msgs = recv_until(s, "READY=1")
+    reload_msg = [m for m in msgs if "RELOADING=1" in m]
+    assert reload_msg and "MONOTONIC_USEC=" in reload_msg[0]
+    d.stop(signal.SIGTERM)
+    assert any("STOPPING=1" in m for m in recv_until(s, "STOPPING=1"))
+    s.close()
+
+
+def test_no_notify_socket_is_fine(daemon):
+    d = daemon(env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"})
+    assert d.status()["pid"] == d.pid
+
+
+def test_unit_file(workdir):
+    build = os.path.dirname(os.path.dirname(LOADERD))
+    unit = os.path.join(build, "systemd", "loaderd.service")
+    if not os.path.exists(unit):
+        import pytest
+        pytest.skip("systemd's pkg-config file was not found at configure time: no unit built")
+    text = open(unit).read()
+    for line in ("Type=notify", "WatchdogSec=", "RuntimeDirectory=loaderd", "LimitMEMLOCK=",
+                 "LimitNOFILE=", "ExecReload=/bin/kill -HUP $MAINPID", "NoNewPrivileges=yes"):
+        assert line in text, line
+    assert "@BINDIR@" not in text
+    exe = [l for l in text.splitlines() if l.startswith("ExecStart=")][0].split("=", 1)[1]
+    assert exe.endswith("/loaderd")
+    r = subprocess.run(["systemd-analyze", "verify", unit], capture_output=True, text=True)
+    # the binary is not installed here; anything else is a unit error
+    problems = [l for l in (r.stdout + r.stderr).splitlines()
+                if l.strip() and "is not executable" not in l and "No such file" not in l]
+    assert not problems, problems
