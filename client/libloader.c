@@ -950,6 +950,10 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	at.start_epoch = opts->start_epoch;
 	at.start_batch = opts->start_batch;
 	at.credits = opts->inflight ? opts->inflight : 4;
+	at.device_kind = (uint32_t)opts->device_kind;
+	/* device_kind sits in what was the padding of the older, smaller struct,
+	 * so it reads 0 for callers built before it; device_index does not */
+	at.device_index = opts->device_kind != LDR_DEVICE_HOST ? opts->device_index : 0;
 	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
 	req.attach = &at;
 	r = call(c, &req, &rep, LOADERD__REPLY__BODY_ATTACH);

@@ -58,6 +58,7 @@ enum opt_id {
 	OPT_DUMP,
 	OPT_INFLIGHT,
 	OPT_TIMEOUT,
+	OPT_DEVICE,
 };
 
 /* Every option of every command lands here; the commands check what applies. */
@@ -83,6 +84,8 @@ struct ctl {
 	uint32_t inflight;
 	int timeout_ms;
 	bool verbose;
+	enum ldr_device_kind device_kind;
+	int device_index;
 };
 
 struct verb {
@@ -791,6 +794,8 @@ static int cmd_consume(struct ctl *ctl, int argc, char **argv)
 	opts.start_epoch = ctl->start_epoch;
 	opts.start_batch = ctl->start_batch;
 	opts.inflight = ctl->inflight;
+	opts.device_kind = ctl->device_kind;
+	opts.device_index = ctl->device_index;
 
 	if (ctl->dump) {
 		if (!strcmp(ctl->dump, "-")) {
@@ -942,6 +947,7 @@ static const struct option consume_options[] = {
 	{ "inflight", required_argument, NULL, OPT_INFLIGHT },
 	{ "timeout", required_argument, NULL, OPT_TIMEOUT },
 	{ "verbose", no_argument, NULL, OPT_VERBOSE },
+	{ "device", required_argument, NULL, OPT_DEVICE },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -956,7 +962,7 @@ static const struct verb verbs[] = {
 	  "read batches, report throughput and a CRC-32 of their bytes",
 	  "NAME [--mode M] [--rank R --world-size W] [--start-epoch E --start-batch B]\n"
 	  "          [--batches N | --epochs E] [--dump FILE] [--inflight K] [--timeout MS]\n"
-	  "          [--verbose]",
+	  "          [--device cpu|cuda:N] [--verbose]",
 	  consume_options },
 	{ "help", 0, 0, cmd_help, "show this help", "", no_options },
 };
@@ -1002,6 +1008,8 @@ static void print_help(FILE *f)
 	        "                      bytes ('-' = stdout; the report then goes to stderr)\n"
 	        "  --inflight K        requests kept in flight (default: the library's, 4)\n"
 	        "  --timeout MS        fail when no batch arrives within MS ms (default: wait)\n"
+	        "  --device D          where batches are delivered: cpu (default, host memory)\n"
+	        "                      or cuda:N (GPU N; a daemon that cannot serve it says why)\n"
 	        "  -v, --verbose       one line per batch: epoch, batch index, rows, bytes\n"
 	        "\n"
 	        "The checksum is zlib's CRC-32 of exactly the bytes --dump writes.\n"
@@ -1100,6 +1108,23 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 	case OPT_TIMEOUT:
 		ctl->timeout_ms = (int)arg_u64("timeout", arg, 0, INT_MAX);
 		break;
+	case OPT_DEVICE: {
+		uint64_t v;
+
+		if (!strcmp(arg, "cpu") || !strcmp(arg, "host")) {
+			ctl->device_kind = LDR_DEVICE_HOST;
+			ctl->device_index = 0;
+		} else if (!strcmp(arg, "cuda")) {
+			ctl->device_kind = LDR_DEVICE_CUDA;
+			ctl->device_index = 0;
+		} else if (!strncmp(arg, "cuda:", 5) && parse_u64(arg + 5, INT_MAX, &v) == 0) {
+			ctl->device_kind = LDR_DEVICE_CUDA;
+			ctl->device_index = (int)v;
+		} else {
+			usage_error("invalid device -- '%s' (cpu, cuda or cuda:N)", arg);
+		}
+		break;
+	}
 	default:
 		/* getopt already said what was wrong */
 		fputs("Try '" PROG " --help' for more information.\n", stderr);

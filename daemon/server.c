@@ -32,6 +32,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "cuda.h"
 #include "fdchan.h"
 #include "loader.pb-c.h"
 #include "log.h"
@@ -533,6 +534,11 @@ static void handle_attach(struct server *srv, struct sctx *c, struct client *cl,
 	if (cl->natts >= MAX_ATTACH_PER_CLIENT) {
 		snprintf(err, sizeof(err), "too many attachments on one connection (most %d)", MAX_ATTACH_PER_CLIENT);
 		reply_error(srv, c, EMFILE, err);
+		return;
+	}
+	r = cuda_attach_device(m->device_kind, m->device_index, err, sizeof(err));
+	if (r < 0) {
+		reply_error(srv, c, -r, err);
 		return;
 	}
 	r = engine_attach(srv->engine, m->pipeline, &p, &a, err, sizeof(err));

@@ -75,6 +75,12 @@ enum ldr_mode {
 	LDR_MODE_DYNAMIC = 2,   /**< each batch goes to exactly one client */
 };
 
+/** Where an attachment's batches are delivered (values are part of the wire protocol). */
+enum ldr_device_kind {
+	LDR_DEVICE_HOST = 0,      /**< host memory: the read-only mapped slab */
+	LDR_DEVICE_CUDA = 1,      /**< CUDA device memory (device_index = N of cuda:N) */
+};
+
 struct ldr_client;
 struct ldr_attachment;
 struct ldr_batch;
@@ -98,6 +104,8 @@ struct ldr_attach_opts {
 	uint64_t start_epoch;
 	uint64_t start_batch;
 	uint32_t inflight;        /**< window: batches asked for or waiting here (0 = 4, most 64) */
+	enum ldr_device_kind device_kind; /**< LDR_DEVICE_HOST = 0 (default), LDR_DEVICE_CUDA = 1 */
+	int device_index;         /**< CUDA: the N of cuda:N */
 };
 
 /** Name of an error code (negative errno or LDR_E*). Never NULL. */

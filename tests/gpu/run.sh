@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# tests/gpu/run.sh - one-shot checks of loaderd on a machine with an NVIDIA GPU
+#
+# Usage: tests/gpu/run.sh            (from anywhere; as root or not)
+#
+# For a machine with a GPU, its driver, nvcc and python3 with numpy and pytest,
+# but no package registry: the libraries loaderd builds against come as .deb
+# files in tests/gpu/debs/ (made on a development machine by
+# tests/gpu/fetch-debs.sh), unpacked here with dpkg -x into a private prefix,
+# never into /. Then it builds loaderd from the tree with -Dcuda=enabled,
+# starts it, and checks:
+#   1. the unit tests, with the real driver: test-cuda gpu must PASS, not skip
+#   2. `consume --device cuda:0` names the device it found (device delivery is
+#      not written yet: the daemon says so) and cuda:N out of range is refused
+#   3. host delivery on the same daemon, byte for byte (tests/integration/test_cuda.py
+#      and the delivered GB/s of `consume --json`)
+#   4. the reference figure: pinned cudaMemcpy host-to-device GB/s (h2d-bw.cu)
+# and ends with one line: "gpu run: PASS ..." or "gpu run: FAIL ...".
+# Everything it prints also goes to $OUT/gpu-run.log when $OUT is set.
+# Environment: PYTHON (default python3), CUDA_HOME, LOADERD_GPU_PREGEN_PROTO=1
+# (use the pregenerated protobuf sources even where protoc-c runs).
+# Budget: well under 5 minutes (the build is most of it).
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+debs=$root/tests/gpu/debs
+sys=${LOADERD_GPU_PREFIX:-/tmp/loaderd-gpu-sys}
+build=${LOADERD_GPU_BUILD:-/tmp/loaderd-gpu-build}
+work=$(mktemp -d /tmp/ldrgpu.XXXXXX)
+log=${OUT:+$OUT/gpu-run.log}
+PY=${PYTHON:-python3}
+t0=$(date +%s)
+passed=()
+failed=()
+daemon_pid=
+
+if [[ -n "$log" ]]; then
+	exec > >(tee "$log") 2>&1
+fi
+
+note() { printf '\n==> [%3ds] %s\n' $(($(date +%s) - t0)) "$*"; }
+ok() { passed+=("$1"); echo "PASS: $1"; }
+bad() { failed+=("$1"); echo "FAIL: $1${2:+ -- $2}"; }
+
+finish() {
+	if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then
+		kill "$daemon_pid"
+		wait "$daemon_pid" 2>/dev/null
+	fi
+	local secs=$(($(date +%s) - t0))
+	echo
+	if ((${#failed[@]} == 0 && ${#passed[@]} > 0)); then
+		echo "gpu run: PASS (${#passed[@]} checks, ${secs} s)"
+		exit 0
+	fi
+	echo "gpu run: FAIL (${#failed[@]} of $((${#passed[@]} + ${#failed[@]})) checks: ${failed[*]:-nothing ran}; ${secs} s)"
+	exit 1
+}
+trap finish EXIT
+
+# --------------------------------------------------------------- machine
+note "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
+command -v nvcc >/dev/null && nvcc --version | tail -1
+"$PY" -c 'import sys, numpy; print("python", sys.version.split()[0], "numpy", numpy.__version__)' 2>&1 || true
+
+# ------------------------------------------------- dependencies from .deb
+note "unpack tests/gpu/debs into $sys"
+if compgen -G "$debs/*.deb" >/dev/null; then
+	rm -rf "$sys"
+	mkdir -p "$sys"
+	for f in "$debs"/*.deb; do
+		dpkg -x "$f" "$sys" || bad "unpack $(basename "$f")"
+	done
+	# Debian's .pc files say prefix=/usr: point them at the private prefix.
+	find "$sys" -name '*.pc' -exec sed -i -E "s#^([a-z_]+)=/usr#\\1=$sys/usr#" {} +
+	arch=$(ls "$sys/usr/lib" | grep -m1 -- '-linux-gnu$' || true)
+	libdir=$sys/usr/lib/${arch:-x86_64-linux-gnu}
+	export PKG_CONFIG_PATH=$libdir/pkgconfig:$sys/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+	export CMAKE_PREFIX_PATH=$sys/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+	export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	mkdir -p "$sys/bin"
+	export PATH=$sys/bin:$sys/usr/bin:$PATH
+	if ! command -v pkg-config >/dev/null && [[ -x $sys/usr/bin/pkgconf ]]; then
+		ln -sf "$sys/usr/bin/pkgconf" "$sys/bin/pkg-config"
+	fi
+	# protoc-c needs the C++ runtime of its .deb's distribution; where it does
+	# not run, a stand-in copies what fetch-debs.sh generated.
+	if [[ -n "${LOADERD_GPU_PREGEN_PROTO:-}" ]] || ! protoc-c --version >/dev/null 2>&1; then
+		echo "protoc-c from the .deb does not run here: using the pregenerated loader.pb-c.[ch]"
+		cat >"$sys/bin/protoc-c" <<-SHIM
+			#!/bin/sh
+			for a in "\$@"; do case "\$a" in --c_out=*) out=\${a#--c_out=} ;; esac; done
+			cp "$debs/proto/loader.pb-c.c" "$debs/proto/loader.pb-c.h" "\$out/"
+		SHIM
+		chmod +x "$sys/bin/protoc-c"
+	fi
+else
+	echo "no .deb files in $debs (tests/gpu/fetch-debs.sh makes them): using the system's libraries"
+fi
+
+# ------------------------------------------------------------------ build
+cuda_inc=
+for d in "${CUDA_HOME:-/nonexistent}/include" /usr/local/cuda/include \
+	"$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")/../include"; do
+	if [[ -f "$d/cuda.h" ]]; then
+		cuda_inc=$(cd "$d" && pwd)
+		break
+	fi
+done
+note "build $build (cuda.h in ${cuda_inc:-?})"
+if [[ -z "$cuda_inc" ]]; then
+	bad "cuda.h" "no cuda.h found (CUDA_HOME, /usr/local/cuda, beside nvcc)"
+	exit 1
+fi
+rm -rf "$build"
+if meson setup "$build" -Dcuda=enabled -Dcuda-headers="$cuda_inc" -Dwerror=false >"$work/setup.log" 2>&1 &&
+	ninja -C "$build" >"$work/build.log" 2>&1; then
+	ok "build"
+	sed -n '/Features/,/^$/p' "$work/setup.log"
+else
+	tail -40 "$work/setup.log" "$work/build.log" 2>/dev/null
+	bad "build"
+	exit 1
+fi
+
+# -------------------------------------------------------------- unit tests
+note "meson test (unit + gpu)"
+if timeout 120 meson test -C "$build" --suite unit --suite gpu --print-errorlogs >"$work/mtest.log" 2>&1; then
+	ok "meson unit"
+else
+	bad "meson unit"
+fi
+grep -E '^ *[0-9]+/[0-9]+ ' "$work/mtest.log"
+if grep -qE 'cuda-gpu +OK' "$work/mtest.log"; then
+	ok "test-cuda gpu"
+	grep -E '^(driver|out of range)' "$build/meson-logs/testlog.txt" | head -3
+else
+	bad "test-cuda gpu" "did not pass with the real driver (skipped or failed)"
+	grep -A5 'cuda-gpu' "$build/meson-logs/testlog.txt" | head -20
+fi
+
+# ------------------------------------------------------------ the daemon
+note "loaderd on a private socket"
+sock=$work/ld.sock
+ctl() { timeout 120 "$build/client/loaderctl" --socket "$sock" "$@"; }
+"$build/daemon/loaderd" --socket "$sock" --workers 4 >"$work/loaderd.log" 2>&1 &
+daemon_pid=$!
+for _ in $(seq 100); do
+	ctl status >/dev/null 2>&1 && break
+	sleep 0.1
+done
+if ctl status >/dev/null 2>&1; then
+	ok "daemon starts"
+else
+	bad "daemon starts"
+	cat "$work/loaderd.log"
+	exit 1
+fi
+
+# 256 MiB of uint16 tokens, seq_len 1024, batch 64: 128 KiB per field per batch
+"$PY" - "$work/tok.bin" <<'EOF'
+import sys, numpy as np
+np.random.default_rng(1).integers(0, 50000, size=(128 << 20) + 1, dtype=np.uint16).tofile(sys.argv[1])
+EOF
+cat >"$work/spec.json" <<EOF
+{"name": "gpu", "source": {"kind": "tokens", "path": "$work/tok.bin", "dtype": "uint16", "seq_len": 1024},
+ "batch_size": 64, "epochs": 1, "prefetch": 16}
+EOF
+ctl create --spec "$work/spec.json" || bad "create pipeline"
+
+note "consume --device cuda:0"
+out=$(ctl consume gpu --device cuda:0 --batches 4 2>&1)
+rc=$?
+echo "$out"
+if ((rc == 0)); then
+	ok "cuda:0 attach (device delivery answered)"
+elif grep -q "device delivery is not implemented yet" <<<"$out" && grep -q "found cuda:0 of" <<<"$out"; then
+	ok "cuda:0 names the device it found"
+else
+	bad "cuda:0 attach" "neither delivery nor the not-implemented message"
+fi
+out=$(ctl consume gpu --device cuda:99 --batches 1 2>&1)
+echo "$out"
+if grep -q "cuda:99 requested, [0-9]* devices* present" <<<"$out"; then
+	ok "cuda:99 out of range"
+else
+	bad "cuda:99 out of range"
+fi
+
+note "host delivery on the same daemon"
+if out=$(ctl --json consume gpu 2>&1); then
+	echo "$out"
+	ok "host consume"
+else
+	echo "$out"
+	bad "host consume"
+fi
+grep -i cuda "$work/loaderd.log"
+
+note "pytest tests/integration/test_cuda.py"
+if LOADERD_BUILD=$build timeout 180 "$PY" -m pytest -q -p no:cacheprovider -rs \
+	tests/integration/test_cuda.py >"$work/pytest.log" 2>&1; then
+	ok "pytest test_cuda"
+else
+	bad "pytest test_cuda"
+fi
+tail -15 "$work/pytest.log"
+
+# ------------------------------------------------ reference bandwidth
+note "pinned cudaMemcpy H2D (tests/gpu/h2d-bw.cu)"
+if command -v nvcc >/dev/null; then
+	if nvcc -O2 -o "$work/h2d-bw" tests/gpu/h2d-bw.cu >"$work/nvcc.log" 2>&1 &&
+		timeout 60 "$work/h2d-bw"; then
+		ok "h2d-bw"
+	else
+		cat "$work/nvcc.log"
+		bad "h2d-bw"
+	fi
+else
+	echo "no nvcc: no reference figure"
+fi
