@@ -46,6 +46,7 @@
 #define MAX_RELEASES 4096
 #define MAX_MSG_BYTES (1 << 20)
 #define STOP_FLUSH_MS 100
+#define CLOSE_WAIT_MS 2000
 #define PROBE_EVERY_MS 2000
 #define PROBE_WAIT_MS 2000
 #define PROBE_NAME "loaderd-watchdog"
@@ -1096,6 +1097,70 @@ static void on_handle_closed(uv_handle_t *h)
 	}
 }
 
+struct closer {
+	nng_socket sock;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+};
+
+static void *closer_main(void *arg)
+{
+	struct closer *cl = arg;
+
+	nng_close(cl->sock);
+	pthread_mutex_lock(&cl->lock);
+	cl->done = true;
+	pthread_cond_signal(&cl->cond);
+	pthread_mutex_unlock(&cl->lock);
+	return NULL;
+}
+
+/* nng_close(), given @ms to finish; false when it did not (it goes on). */
+static bool close_socket_within(nng_socket sock, int ms)
+{
+	static struct closer cl; /* outlives us when nng hangs */
+	pthread_condattr_t ca;
+	struct timespec deadline;
+	pthread_t t;
+	bool done;
+
+	cl.sock = sock;
+	cl.done = false;
+	pthread_mutex_init(&cl.lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&cl.cond, &ca);
+	pthread_condattr_destroy(&ca);
+	if (pthread_create(&t, NULL, closer_main, &cl) != 0) {
+		nng_close(sock);
+		return true;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &deadline);
+	deadline.tv_sec += ms / 1000;
+	deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (deadline.tv_nsec >= 1000000000L) {
+		deadline.tv_sec++;
+		deadline.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&cl.lock);
+	while (!cl.done && pthread_cond_timedwait(&cl.cond, &cl.lock, &deadline) != ETIMEDOUT)
+		;
+	done = cl.done;
+	pthread_mutex_unlock(&cl.lock);
+	if (done)
+		pthread_join(t, NULL);
+	else
+		pthread_detach(t);
+	return done;
+}
+
+static void exit_stopped(void)
+{
+	log_notice("stopped");
+	_exit(0);
+}
+
 static void on_stop_timer(uv_timer_t *t)
 {
 	struct server *srv = t->data;
@@ -1105,7 +1170,15 @@ static void on_stop_timer(uv_timer_t *t)
 	while (srv->clients)
 		client_free(srv, srv->clients);
 	atomic_store(&srv->closing, true);
-	nng_close(srv->sock);
+	if (!close_socket_within(srv->sock, CLOSE_WAIT_MS)) {
+		/* nng 1.5.2 can wait forever on a peer that is stopped with its
+		 * socket buffer full (SIGSTOP). We are leaving: the kernel frees
+		 * what nng holds. */
+		log_warn("nng did not close within %d ms (a client stopped with unread replies?); "
+		         "exiting without it", CLOSE_WAIT_MS);
+		unlink(srv->path);
+		exit_stopped();
+	}
 	srv->sock_open = false;
 	for (struct sctx *c = srv->all; c; c = c->all_next)
 		nng_aio_stop(c->aio);
