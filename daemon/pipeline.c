@@ -256,7 +256,8 @@ static void task_run(struct work *work)
 
 		for (size_t f = 0; f < pl->nfields; f++)
 			dsts[f] = job->base + pl->field_off[f] + (uint64_t)r * pl->fields[f].sample_bytes;
-		rc = source_read(pl->src, idx, dsts, err, sizeof(err));
+		rc = source_read(pl->src, &(struct sample_ctx){ pl->spec->seed, job->epoch }, idx, dsts,
+				 err, sizeof(err));
 		if (rc < 0) {
 			int zero = 0;
 			if (atomic_compare_exchange_strong(&job->err, &zero, -rc))
@@ -940,7 +941,7 @@ static json_t *pipeline_json(struct pipeline *pl)
 		json_array_append_new(fields, json_pack("{s:s, s:s, s:o}", "name", pl->fields[f].name,
 			"dtype", dtype_name(pl->fields[f].dtype), "sample_shape", shape));
 	}
-	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:O}",
+	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:O}",
 		"name", pl->spec->name,
 		"state", pipeline_state(pl),
 		"error", pl->failed ? json_string(pl->error) : json_null(),
@@ -954,6 +955,7 @@ static json_t *pipeline_json(struct pipeline *pl)
 		"epochs", (json_int_t)pl->spec->epochs,
 		"clients", (json_int_t)pl->natts,
 		"batches_produced", (json_int_t)pl->produced,
+		"skipped", (json_int_t)source_skipped(pl->src),
 		"backpressure_ms", (json_int_t)(pl->backpressure_ms +
 			(pl->blocked_since ? now - pl->blocked_since : 0)),
 		"fields", fields,

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* source - where samples come from: token files and .npy arrays */
+/* source - where samples come from: token files, .npy arrays, images */
 
 /*
  * Dataset files are read with pread only, never mapped: a file truncated or
@@ -10,10 +10,16 @@
  * The .npy header is untrusted input and is parsed by hand with bounded
  * lengths: a magic string, a version, a length and a Python dict literal
  * {'descr': '<f4', 'fortran_order': False, 'shape': (N, d1, ...), }.
+ *
+ * Image sources (image_folder, webdataset) list their files once here
+ * (imageset), then each read decodes one file (image) and resamples it
+ * straight into the batch slot (imageop). A sample's random crop and flip
+ * come from (seed, epoch, index) only.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -23,6 +29,9 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "image.h"
+#include "imageop.h"
+#include "imageset.h"
 #include "source.h"
 
 #define NPY_HEADER_MAX (1u << 20)
@@ -49,6 +58,11 @@ struct source {
 	/* npy */
 	struct npy_file files[SOURCE_MAX_FIELDS];
 	size_t nfiles;
+	/* images */
+	struct imageset *images;
+	struct imageop *op;
+	bool on_error_fail;
+	_Atomic uint64_t skipped;
 };
 
 __attribute__((format(printf, 4, 5)))
@@ -575,6 +589,106 @@ static int npy_read(struct source *src, uint64_t idx, void *const *dsts, char *e
 	return 0;
 }
 
+/* ---- images ---- */
+
+static int images_open(struct source *src, const struct spec *spec, char *err, size_t errlen)
+{
+	struct field_desc *img = &src->fields[0], *lab = &src->fields[1];
+	uint32_t h = spec->image_h, w = spec->image_w;
+	int r;
+
+	if (spec->kind == SOURCE_IMAGE_FOLDER)
+		r = imageset_open_folder(&src->images, spec->source.root, err, errlen);
+	else
+		r = imageset_open_webdataset(&src->images, spec->source.urls, spec->source.nurls,
+					     err, errlen);
+	if (r < 0)
+		return r;
+	src->op = malloc(sizeof(*src->op));
+	if (!src->op)
+		return -ENOMEM;
+	imageop_init(src->op, spec);
+	src->on_error_fail = spec->on_error_fail;
+	src->nsamples = imageset_count(src->images);
+	src->nfields = 2;
+
+	snprintf(img->name, sizeof(img->name), "image");
+	img->dtype = spec->image_dtype;
+	img->ndim = 3;
+	img->shape[0] = spec->image_nhwc ? h : 3;
+	img->shape[1] = spec->image_nhwc ? w : h;
+	img->shape[2] = spec->image_nhwc ? 3 : w;
+	img->sample_bytes = (size_t)3 * h * w * dtype_size(spec->image_dtype);
+
+	snprintf(lab->name, sizeof(lab->name), "label");
+	lab->dtype = LDR_DTYPE_INT64;
+	lab->ndim = 0;
+	lab->sample_bytes = sizeof(int64_t);
+	return 0;
+}
+
+/* Decode and transform sample @j into @dsts. */
+static int image_sample(struct source *src, const struct sample_ctx *ctx, uint64_t j,
+			void *const *dsts, char *err, size_t errlen)
+{
+	struct image_scratch *s = image_scratch_get();
+	const struct imageop *op = src->op;
+	const struct imageop_stage *st;
+	struct imageop_plan plan;
+	struct image_info info;
+	char msg[384], what[320];
+	size_t len = 0;
+	int64_t label = 0;
+	int num = 1, denom = 1, pw, ph, r;
+
+	if (!s)
+		return fail(-ENOMEM, err, errlen, "out of memory for the image decoder");
+	r = imageset_read(src->images, j, &s->file, &s->file_cap, &len, &label, err, errlen);
+	if (r < 0)
+		return r;
+	r = image_probe(s, s->file, len, &info, msg, sizeof(msg));
+	if (r == 0)
+		r = imageop_plan(op, info.width, info.height,
+				 imageop_key(ctx ? ctx->seed : 0, ctx ? ctx->epoch : 0, j), &plan,
+				 msg, sizeof(msg));
+	if (r == 0) {
+		st = &plan.st[0];
+		if (op->dct_scaling && st->resized)
+			image_pick_scale(&info, st->ww, st->wh, st->tw, st->th, &num, &denom);
+		r = image_decode(s, s->file, len, &info, num, denom, msg, sizeof(msg));
+	}
+	if (r == 0) {
+		image_scaled_size(&info, num, denom, &pw, &ph);
+		r = imageop_run(op, s, &plan, s->pix, pw, ph, dsts[0], msg, sizeof(msg));
+	}
+	if (r < 0) {
+		imageset_describe(src->images, j, what, sizeof(what));
+		return fail(r, err, errlen, "%s: %s", what, msg);
+	}
+	memcpy(dsts[1], &label, sizeof(label));
+	return 0;
+}
+
+static int images_read(struct source *src, const struct sample_ctx *ctx, uint64_t idx,
+		       void *const *dsts, char *err, size_t errlen)
+{
+	uint64_t n = src->nsamples, j = idx;
+	char last[512];
+
+	for (uint64_t tries = 0; tries < n; tries++) {
+		int r = image_sample(src, ctx, j, dsts, err, errlen);
+
+		if (r == 0)
+			return 0;
+		if (r == -ENOMEM || src->on_error_fail)
+			return r;
+		atomic_fetch_add_explicit(&src->skipped, 1, memory_order_relaxed);
+		j = j + 1 == n ? 0 : j + 1;
+	}
+	snprintf(last, sizeof(last), "%s", err ? err : "");
+	return fail(-EINVAL, err, errlen, "no sample could be decoded (the last error: %s)", last);
+}
+
 /* ---- the interface ---- */
 
 int source_open(struct source **out, const struct spec *spec, char *err, size_t errlen)
@@ -593,6 +707,8 @@ int source_open(struct source **out, const struct spec *spec, char *err, size_t 
 		r = tokens_open(src, spec, err, errlen);
 	else if (spec->kind == SOURCE_NPY)
 		r = npy_open(src, spec, err, errlen);
+	else if (spec_is_image(spec))
+		r = images_open(src, spec, err, errlen);
 	else
 		r = fail(-EINVAL, err, errlen, "unknown source kind %d", (int)spec->kind);
 	if (r < 0) {
@@ -617,6 +733,8 @@ struct source *source_free(struct source *src)
 			close(src->files[i].fd);
 		free(src->files[i].path);
 	}
+	imageset_free(src->images);
+	free(src->op);
 	free(src);
 	return NULL;
 }
@@ -636,12 +754,20 @@ const struct field_desc *source_field(const struct source *src, size_t i)
 	return i < src->nfields ? &src->fields[i] : NULL;
 }
 
-int source_read(struct source *src, uint64_t idx, void *const *dsts, char *err, size_t errlen)
+int source_read(struct source *src, const struct sample_ctx *ctx, uint64_t idx, void *const *dsts,
+		char *err, size_t errlen)
 {
 	if (idx >= src->nsamples)
 		return fail(-EINVAL, err, errlen, "sample %llu out of range (%llu samples)",
 			    (unsigned long long)idx, (unsigned long long)src->nsamples);
 	if (src->kind == SOURCE_TOKENS)
 		return tokens_read(src, idx, dsts, err, errlen);
-	return npy_read(src, idx, dsts, err, errlen);
+	if (src->kind == SOURCE_NPY)
+		return npy_read(src, idx, dsts, err, errlen);
+	return images_read(src, ctx, idx, dsts, err, errlen);
+}
+
+uint64_t source_skipped(const struct source *src)
+{
+	return atomic_load_explicit(&((struct source *)src)->skipped, memory_order_relaxed);
 }

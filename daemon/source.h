@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* source - where samples come from: token files and .npy arrays */
+/* source - where samples come from: token files, .npy arrays, images */
 #pragma once
 
 #include <stddef.h>
@@ -20,6 +20,15 @@ struct field_desc {
 
 struct source;
 
+/*
+ * What a sample's random draws depend on besides its index (docs/spec.md,
+ * "Random draws"): never the worker or the time.
+ */
+struct sample_ctx {
+	uint64_t seed;
+	uint64_t epoch;
+};
+
 /**
  * source_open() - open the dataset files of a spec and check them.
  * @err: names the file and what is wrong with it
@@ -35,11 +44,22 @@ const struct field_desc *source_field(const struct source *src, size_t i);
 
 /**
  * source_read() - write sample @idx into its place in a batch.
+ * @ctx: the pipeline's seed and the epoch, for random augmentations (NULL:
+ *       seed 0, epoch 0); tokens and npy ignore it
  * @dsts: one destination per field, each field's sample_bytes long
  *
  * Thread-safe: the workers call it concurrently. Reads with pread, never
  * through a mapping, so a file truncated under a running pipeline gives an
  * error ("train.bin: truncated: ...") instead of SIGBUS.
+ *
+ * Images: a file that cannot be read or decoded is, with on_error "skip",
+ * replaced by the next good sample in dataset order (idx+1, idx+2...,
+ * wrapping), transformed as that sample is, and counted (source_skipped());
+ * with "fail" it is an error naming the file and the decoder's message.
  * Return: 0 or a negative errno with @err set.
  */
-int source_read(struct source *src, uint64_t idx, void *const *dsts, char *err, size_t errlen);
+int source_read(struct source *src, const struct sample_ctx *ctx, uint64_t idx, void *const *dsts,
+		char *err, size_t errlen);
+
+/* Bad images replaced by a later one so far (on_error "skip"); 0 for others. */
+uint64_t source_skipped(const struct source *src);

@@ -11,6 +11,30 @@
 enum source_kind {
 	SOURCE_TOKENS,
 	SOURCE_NPY,
+	SOURCE_IMAGE_FOLDER,
+	SOURCE_WEBDATASET,
+};
+
+/* Image transforms, applied in order (docs/spec.md, "Image pipelines"). */
+enum transform_op {
+	TRANSFORM_RANDOM_RESIZED_CROP,
+	TRANSFORM_RESIZE,
+	TRANSFORM_CENTER_CROP,
+	TRANSFORM_HORIZONTAL_FLIP,
+	TRANSFORM_NORMALIZE,
+};
+
+#define SPEC_TRANSFORMS_MAX 16
+#define SPEC_IMAGE_SIZE_MAX 16384
+#define SPEC_URLS_MAX 4096
+
+struct transform {
+	enum transform_op op;
+	uint32_t size[2];             /* [h, w]; resize to the shorter side: [s, 0] */
+	double scale[2];              /* random_resized_crop */
+	double ratio[2];              /* random_resized_crop */
+	double p;                     /* horizontal_flip */
+	double mean[3], std[3];       /* normalize (used as float32, as torchvision) */
 };
 
 struct spec {
@@ -23,7 +47,18 @@ struct spec {
 		int output_dtype;     /* tokens: int64 (default) or the source dtype */
 		char **paths;         /* npy */
 		size_t npaths;        /* npy */
+		char *root;           /* image_folder */
+		char **urls;          /* webdataset: shard paths or brace patterns */
+		size_t nurls;         /* webdataset */
 	} source;
+	/* image sources only */
+	struct transform transforms[SPEC_TRANSFORMS_MAX];
+	size_t ntransforms;
+	int image_dtype;              /* output.dtype: uint8, float16, bfloat16, float32 */
+	bool image_nhwc;              /* output.layout NHWC (default NCHW) */
+	uint32_t image_h, image_w;    /* the fixed output size, from the transforms */
+	bool on_error_fail;           /* on_error: "fail" (default "skip") */
+	bool dct_scaling;             /* decode.dct_scaling, default true */
 	uint32_t batch_size;          /* default 32 */
 	bool shuffle;                 /* default false */
 	uint64_t seed;                /* default 0 */
@@ -48,6 +83,14 @@ int spec_parse(struct spec **out, const char *text, char *err, size_t errlen);
 /* Same, from an already parsed object (a pipeline of the config file). */
 int spec_from_json(struct spec **out, json_t *obj, char *err, size_t errlen);
 struct spec *spec_free(struct spec *spec);
+/* The source is image_folder or webdataset (transforms, output...). */
+bool spec_is_image(const struct spec *spec);
+/*
+ * The size of an image of @h x @w after resize @t, as torchvision computes it
+ * (an integer size is the shorter side: long = int(size * long / short)).
+ */
+void transform_resize_dims(const struct transform *t, uint32_t h, uint32_t w, uint64_t *oh,
+			   uint64_t *ow);
 /* Two specs describe the same pipeline (for create with exist_ok). */
 bool spec_equal(const struct spec *a, const struct spec *b);
 /*

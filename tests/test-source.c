@@ -133,25 +133,25 @@ static void test_tokens(void)
 	int64_t a[10], b[10];
 	void *dsts[2] = { a, b };
 	for (uint64_t i = 0; i < 10; i += 3) {
-		assert(source_read(src, i, dsts, err, sizeof(err)) == 0);
+		assert(source_read(src, NULL, i, dsts, err, sizeof(err)) == 0);
 		for (int j = 0; j < 10; j++) {
 			assert(a[j] == (int64_t)toks[i * 10 + j]);
 			assert(b[j] == (int64_t)toks[i * 10 + j + 1]);
 		}
 	}
-	assert(source_read(src, 9, dsts, err, sizeof(err)) == 0);
+	assert(source_read(src, NULL, 9, dsts, err, sizeof(err)) == 0);
 	assert(b[9] == 60000);
-	assert(source_read(src, 10, dsts, err, sizeof(err)) == -EINVAL);
+	assert(source_read(src, NULL, 10, dsts, err, sizeof(err)) == -EINVAL);
 
 	/* truncated under us: -EIO and a message, not SIGBUS */
 	int fd = open(path_of("t16.bin"), O_WRONLY | O_CLOEXEC);
 	assert(fd >= 0);
 	assert(ftruncate(fd, 50) == 0);
 	close(fd);
-	assert(source_read(src, 0, dsts, err, sizeof(err)) == 0); /* still whole */
-	assert(source_read(src, 2, dsts, err, sizeof(err)) == -EIO);
+	assert(source_read(src, NULL, 0, dsts, err, sizeof(err)) == 0); /* still whole */
+	assert(source_read(src, NULL, 2, dsts, err, sizeof(err)) == -EIO);
 	assert(strstr(err, "t16.bin: truncated: wanted 22 bytes at offset 40, got 10"));
-	assert(source_read(src, 5, dsts, err, sizeof(err)) == -EIO);
+	assert(source_read(src, NULL, 5, dsts, err, sizeof(err)) == -EIO);
 	assert(strstr(err, "t16.bin: truncated: wanted 22 bytes at offset 100, got 0"));
 	source_free(src);
 	spec_free(spec);
@@ -177,10 +177,10 @@ static void test_tokens(void)
 	assert(source_nsamples(src) == 2);
 	int64_t c[4], d[4];
 	void *d2[2] = { c, d };
-	assert(source_read(src, 0, d2, err, sizeof(err)) == 0);
+	assert(source_read(src, NULL, 0, d2, err, sizeof(err)) == 0);
 	assert(c[0] == -1 && c[1] == -2 && c[2] == 3 && c[3] == INT32_MIN);
 	assert(d[0] == -2 && d[3] == INT32_MAX);
-	assert(source_read(src, 1, d2, err, sizeof(err)) == 0);
+	assert(source_read(src, NULL, 1, d2, err, sizeof(err)) == 0);
 	assert(c[0] == INT32_MAX && c[1] == -100000 && d[3] == 9);
 	source_free(src);
 	spec_free(spec);
@@ -190,7 +190,7 @@ static void test_tokens(void)
 	write_file("tu32.bin", tu, sizeof(tu));
 	spec = tokens_spec("tu32.bin", "uint32", 2, "int64");
 	assert(source_open(&src, spec, err, sizeof(err)) == 0);
-	assert(source_read(src, 0, d2, err, sizeof(err)) == 0);
+	assert(source_read(src, NULL, 0, d2, err, sizeof(err)) == 0);
 	assert(c[0] == 0xffffffffll && c[1] == 1 && d[1] == 2);
 	source_free(src);
 	spec_free(spec);
@@ -202,7 +202,7 @@ static void test_tokens(void)
 	assert(source_field(src, 0)->sample_bytes == 8);
 	uint16_t e[4], f[4];
 	void *d3[2] = { e, f };
-	assert(source_read(src, 2, d3, err, sizeof(err)) == 0);
+	assert(source_read(src, NULL, 2, d3, err, sizeof(err)) == 0);
 	assert(memcmp(e, toks + 8, 8) == 0 && memcmp(f, toks + 9, 8) == 0);
 	source_free(src);
 	spec_free(spec);
@@ -255,7 +255,7 @@ static void test_npy(void)
 		int64_t ry;
 		unsigned char rm;
 		void *dsts[3] = { rx, &ry, &rm };
-		assert(source_read(src, i, dsts, err, sizeof(err)) == 0);
+		assert(source_read(src, NULL, i, dsts, err, sizeof(err)) == 0);
 		assert(memcmp(rx, x[i], sizeof(rx)) == 0);
 		assert(ry == y[i] && rm == m[i]);
 	}
@@ -273,7 +273,7 @@ static void test_npy(void)
 	assert(source_field(src, 0)->ndim == 3 && source_field(src, 0)->shape[2] == 4);
 	uint8_t row[24];
 	void *dr[1] = { row };
-	assert(source_read(src, 1, dr, err, sizeof(err)) == 0);
+	assert(source_read(src, NULL, 1, dr, err, sizeof(err)) == 0);
 	assert(memcmp(row, img[1], 24) == 0);
 	source_free(src);
 	spec_free(spec);
@@ -359,7 +359,7 @@ static void test_npy(void)
 			const struct field_desc *fd0 = source_field(src, 0);
 			void *row0 = malloc(fd0->sample_bytes);
 			void *dd[1] = { row0 };
-			r = source_read(src, 0, dd, err, sizeof(err));
+			r = source_read(src, NULL, 0, dd, err, sizeof(err));
 			assert(r == 0);
 			free(row0);
 			source_free(src);

@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: MIT */
+/* image - decode JPEG (libjpeg-turbo) and PNG (libpng) to 8-bit RGB */
+
+/*
+ * Image files are untrusted: a corrupt, truncated, empty or foreign file must
+ * give an error message, never a crash. TurboJPEG reports errors as return
+ * values; libpng reports them through longjmp, so its decode runs under
+ * setjmp with every buffer it allocates reachable from a volatile pointer.
+ * Progressive JPEGs are decoded with TJFLAG_LIMITSCANS (at most 500 scans),
+ * so that a crafted file cannot keep a worker busy for minutes.
+ *
+ * The outputs match PIL's, which torchvision's ImageFolder uses: libjpeg's
+ * default (islow DCT, fancy upsampling), and PIL's conversions of CMYK and of
+ * palette and gray PNGs. One exception: a 16-bit grayscale PNG becomes its
+ * high byte here, where PIL clips the 16-bit value at 255.
+ */
+#include <errno.h>
+#include <png.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <turbojpeg.h>
+
+#include "image.h"
+
+__attribute__((format(printf, 4, 5)))
+static int fail(int r, char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return r;
+}
+
+/* ---- per-thread scratch ---- */
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p)
+{
+	struct image_scratch *s = p;
+
+	if (!s)
+		return;
+	if (s->tj)
+		tjDestroy(s->tj);
+	free(s->file);
+	free(s->pix);
+	free(s->stage[0]);
+	free(s->stage[1]);
+	free(s->tmp);
+	free(s->row);
+	free(s->coef);
+	free(s);
+}
+
+static void scratch_init(void)
+{
+	if (pthread_key_create(&scratch_key, scratch_free) != 0)
+		abort();
+}
+
+struct image_scratch *image_scratch_get(void)
+{
+	struct image_scratch *s;
+
+	pthread_once(&scratch_once, scratch_init);
+	s = pthread_getspecific(scratch_key);
+	if (s)
+		return s;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->tj = tjInitDecompress();
+	if (!s->tj || pthread_setspecific(scratch_key, s) != 0) {
+		scratch_free(s);
+		return NULL;
+	}
+	return s;
+}
+
+int image_scratch_grow(void *p, size_t *cap, size_t need)
+{
+	void **buf = p;
+	void *n;
+
+	if (*buf && *cap >= need)
+		return 0;
+	if (need < 4096)
+		need = 4096;
+	free(*buf);
+	*buf = NULL;
+	*cap = 0;
+	n = malloc(need);
+	if (!n)
+		return -ENOMEM;
+	*buf = n;
+	*cap = need;
+	return 0;
+}
+
+/*
+ * After a failed tjDecompressHeader3() libjpeg-turbo 2.1 leaves the handle in
+ * the middle of a header, and the next call would go on parsing the next
+ * file from there: start over with a new handle.
+ */
+static int tj_reset(struct image_scratch *s)
+{
+	tjDestroy(s->tj);
+	s->tj = tjInitDecompress();
+	return s->tj ? -EINVAL : -ENOMEM;
+}
+
+/* ---- probing ---- */
+
+static const uint8_t png_sig[8] = { 0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n' };
+
+static uint32_t be32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+int image_probe(struct image_scratch *s, const uint8_t *data, size_t len, struct image_info *info,
+		char *err, size_t errlen)
+{
+	memset(info, 0, sizeof(*info));
+	if (len == 0)
+		return fail(-EINVAL, err, errlen, "empty file");
+	if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
+		int w, h, subsamp, cs;
+
+		if (!s->tj && !(s->tj = tjInitDecompress()))
+			return fail(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
+		if (len > (size_t)0xffffffffu)
+			return fail(-EINVAL, err, errlen, "JPEG file too large");
+		if (tjDecompressHeader3(s->tj, data, (unsigned long)len, &w, &h, &subsamp, &cs) < 0) {
+			fail(-EINVAL, err, errlen, "bad JPEG header: %s", tjGetErrorStr2(s->tj));
+			return tj_reset(s);
+		}
+		info->format = IMAGE_JPEG;
+		info->width = w;
+		info->height = h;
+		info->jpeg_colorspace = cs;
+	} else if (len >= 8 && memcmp(data, png_sig, 8) == 0) {
+		if (len < 33 || be32(data + 8) != 13 || memcmp(data + 12, "IHDR", 4) != 0)
+			return fail(-EINVAL, err, errlen, "bad PNG file: no IHDR chunk");
+		if (be32(data + 16) > 0x7fffffff || be32(data + 20) > 0x7fffffff)
+			return fail(-EINVAL, err, errlen, "bad PNG file: invalid size");
+		info->format = IMAGE_PNG;
+		info->width = (int)be32(data + 16);
+		info->height = (int)be32(data + 20);
+	} else {
+		return fail(-EINVAL, err, errlen, "not a JPEG or PNG image");
+	}
+	if (info->width < 1 || info->height < 1)
+		return fail(-EINVAL, err, errlen, "bad image size %dx%d", info->width, info->height);
+	if ((uint64_t)info->width * (uint64_t)info->height > IMAGE_MAX_PIXELS)
+		return fail(-EINVAL, err, errlen, "image of %dx%d is larger than %u pixels",
+			    info->width, info->height, IMAGE_MAX_PIXELS);
+	return 0;
+}
+
+void image_scaled_size(const struct image_info *info, int num, int denom, int *w, int *h)
+{
+	*w = (int)(((int64_t)info->width * num + denom - 1) / denom);
+	*h = (int)(((int64_t)info->height * num + denom - 1) / denom);
+}
+
+static pthread_once_t factors_once = PTHREAD_ONCE_INIT;
+static tjscalingfactor *factors_table;
+static int factors_n;
+
+/* tjGetScalingFactors() returns a static table; read it once. */
+static void factors_init(void)
+{
+	factors_table = tjGetScalingFactors(&factors_n);
+	if (!factors_table)
+		factors_n = 0;
+}
+
+void image_pick_scale(const struct image_info *info, int win_w, int win_h, int need_w, int need_h,
+		      int *num, int *denom)
+{
+	int best_num = 1, best_denom = 1;
+
+	*num = 1;
+	*denom = 1;
+	if (info->format != IMAGE_JPEG)
+		return;
+	pthread_once(&factors_once, factors_init);
+	for (int i = 0; i < factors_n; i++) {
+		int n = factors_table[i].num, d = factors_table[i].denom, sw, sh;
+
+		if (n > d || (int64_t)n * best_denom >= (int64_t)best_num * d)
+			continue;
+		image_scaled_size(info, n, d, &sw, &sh);
+		/* the window's share of the scaled image must cover need_w x need_h */
+		if ((int64_t)sw * win_w >= (int64_t)need_w * info->width &&
+		    (int64_t)sh * win_h >= (int64_t)need_h * info->height) {
+			best_num = n;
+			best_denom = d;
+		}
+	}
+	*num = best_num;
+	*denom = best_denom;
+}
+
+/* ---- JPEG ---- */
+
+static inline uint8_t muldiv255(int a, int b)
+{
+	int t = a * b + 128;
+
+	return (uint8_t)(((t >> 8) + t) >> 8);
+}
+
+static int jpeg_decode(struct image_scratch *s, const uint8_t *data, size_t len,
+		       const struct image_info *info, int num, int denom, char *err, size_t errlen)
+{
+	bool cmyk = info->jpeg_colorspace == TJCS_CMYK || info->jpeg_colorspace == TJCS_YCCK;
+	int w, h, pf = cmyk ? TJPF_CMYK : TJPF_RGB;
+	size_t px;
+
+	image_scaled_size(info, num, denom, &w, &h);
+	px = (size_t)w * (size_t)h;
+	if (image_scratch_grow(&s->pix, &s->pix_cap, px * (cmyk ? 4 : 3)) < 0)
+		return fail(-ENOMEM, err, errlen, "out of memory for a %dx%d image", w, h);
+	if (tjDecompress2(s->tj, data, (unsigned long)len, s->pix, w, 0, h, pf,
+			  TJFLAG_LIMITSCANS) < 0) {
+		const char *msg = tjGetErrorStr2(s->tj);
+
+		/* A warning leaves a whole image; only a truncated one is refused. */
+		if (tjGetErrorCode(s->tj) != TJERR_WARNING || strstr(msg, "Premature end")) {
+			fail(-EINVAL, err, errlen, "JPEG: %s", msg);
+			return tj_reset(s);
+		}
+	}
+	if (cmyk) {
+		/* PIL: CMYK;I (Adobe) then cmyk2rgb: nk - nk * c / 255 */
+		const uint8_t *in = s->pix;
+		uint8_t *out = s->pix;
+
+		for (size_t i = 0; i < px; i++, in += 4, out += 3) {
+			int nk = in[3];
+
+			out[0] = (uint8_t)(nk - muldiv255(255 - in[0], nk));
+			out[1] = (uint8_t)(nk - muldiv255(255 - in[1], nk));
+			out[2] = (uint8_t)(nk - muldiv255(255 - in[2], nk));
+		}
+	}
+	return 0;
+}
+
+/* ---- PNG ---- */
+
+struct png_state {
+	const uint8_t *data;
+	size_t len, pos;
+	char msg[200];
+};
+
+static void png_read_cb(png_structp png, png_bytep out, size_t n)
+{
+	struct png_state *st = png_get_io_ptr(png);
+
+	if (n > st->len - st->pos)
+		png_error(png, "truncated file");
+	memcpy(out, st->data + st->pos, n);
+	st->pos += n;
+}
+
+static void png_error_cb(png_structp png, png_const_charp msg)
+{
+	struct png_state *st = png_get_error_ptr(png);
+
+	snprintf(st->msg, sizeof(st->msg), "%s", msg);
+	png_longjmp(png, 1);
+}
+
+static void png_warning_cb(png_structp png, png_const_charp msg)
+{
+}
+
+static int png_decode(struct image_scratch *s, const uint8_t *data, size_t len,
+		      const struct image_info *info, char *err, size_t errlen)
+{
+	struct png_state st = { .data = data, .len = len };
+	png_structp png;
+	png_infop pinfo;
+	png_bytep *volatile rows = NULL;
+	png_uint_32 w, h;
+	int depth, color;
+	size_t stride;
+
+	png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &st, png_error_cb, png_warning_cb);
+	if (!png)
+		return fail(-ENOMEM, err, errlen, "out of memory for the PNG decoder");
+	pinfo = png_create_info_struct(png);
+	if (!pinfo) {
+		png_destroy_read_struct(&png, NULL, NULL);
+		return fail(-ENOMEM, err, errlen, "out of memory for the PNG decoder");
+	}
+	if (setjmp(png_jmpbuf(png))) {
+		free(rows);
+		png_destroy_read_struct(&png, &pinfo, NULL);
+		return fail(-EINVAL, err, errlen, "PNG: %s", st.msg[0] ? st.msg : "decoding failed");
+	}
+	png_set_read_fn(png, &st, png_read_cb);
+	png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
+	png_read_info(png, pinfo);
+	w = png_get_image_width(png, pinfo);
+	h = png_get_image_height(png, pinfo);
+	depth = png_get_bit_depth(png, pinfo);
+	color = png_get_color_type(png, pinfo);
+	if ((int)w != info->width || (int)h != info->height)
+		png_error(png, "size changed between probe and decode");
+	if (color == PNG_COLOR_TYPE_PALETTE)
+		png_set_palette_to_rgb(png);
+	if ((color & PNG_COLOR_MASK_COLOR) == 0 && depth < 8)
+		png_set_expand_gray_1_2_4_to_8(png);
+	if (depth == 16)
+		png_set_strip_16(png);
+	png_set_strip_alpha(png);
+	if ((color & PNG_COLOR_MASK_COLOR) == 0)
+		png_set_gray_to_rgb(png);
+	png_set_interlace_handling(png);
+	png_read_update_info(png, pinfo);
+	stride = (size_t)w * 3;
+	if (png_get_rowbytes(png, pinfo) != stride || png_get_channels(png, pinfo) != 3 ||
+	    png_get_bit_depth(png, pinfo) != 8)
+		png_error(png, "unsupported pixel layout");
+	if (image_scratch_grow(&s->pix, &s->pix_cap, stride * h) < 0)
+		png_error(png, "out of memory");
+	rows = malloc(h * sizeof(*rows));
+	if (!rows)
+		png_error(png, "out of memory");
+	for (png_uint_32 y = 0; y < h; y++)
+		rows[y] = s->pix + y * stride;
+	png_read_image(png, rows);
+	free(rows);
+	png_destroy_read_struct(&png, &pinfo, NULL);
+	return 0;
+}
+
+int image_decode(struct image_scratch *s, const uint8_t *data, size_t len,
+		 const struct image_info *info, int num, int denom, char *err, size_t errlen)
+{
+	if (info->format == IMAGE_JPEG)
+		return jpeg_decode(s, data, len, info, num, denom, err, errlen);
+	if (num != denom)
+		return fail(-EINVAL, err, errlen, "PNG cannot be decoded scaled");
+	return png_decode(s, data, len, info, err, errlen);
+}

@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/* image - decode JPEG (libjpeg-turbo) and PNG (libpng) to 8-bit RGB */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define IMAGE_MAX_PIXELS (1u << 27)   /* larger images are refused */
+
+enum image_format {
+	IMAGE_JPEG = 1,
+	IMAGE_PNG,
+};
+
+struct image_info {
+	int format;
+	int width, height;
+	int jpeg_colorspace;          /* TJCS_* */
+};
+
+/*
+ * Per-thread buffers, kept between samples and freed when the thread exits:
+ * the decoder handle, the encoded file, the decoded pixels and the
+ * transforms' intermediate images.
+ */
+struct image_scratch {
+	void *tj;                     /* tjhandle */
+	uint8_t *file;
+	size_t file_cap;
+	uint8_t *pix;                 /* decoded RGB (or CMYK before conversion) */
+	size_t pix_cap;
+	uint8_t *stage[2];            /* multi-stage transforms */
+	size_t stage_cap[2];
+	uint8_t *tmp;                 /* horizontal resampling pass */
+	size_t tmp_cap;
+	uint8_t *row;                 /* one output row */
+	size_t row_cap;
+	void *coef;                   /* resampling coefficients and bounds */
+	size_t coef_cap;
+};
+
+/* This thread's scratch, or NULL when out of memory. */
+struct image_scratch *image_scratch_get(void);
+/* Grow *@p to at least @need bytes (contents are not kept). */
+int image_scratch_grow(void *p, size_t *cap, size_t need);
+
+/**
+ * image_probe() - the format and size of an encoded image, from its header.
+ * Return: 0, or -EINVAL with @err set ("empty file", "not a JPEG or PNG
+ * image", the decoder's message, or a size beyond IMAGE_MAX_PIXELS).
+ */
+int image_probe(struct image_scratch *s, const uint8_t *data, size_t len, struct image_info *info,
+		char *err, size_t errlen);
+
+/**
+ * image_pick_scale() - the JPEG DCT scaling factor for a region.
+ *
+ * The smallest factor num/denom <= 1 of libjpeg-turbo's (1/8, 1/4, 3/8, ...)
+ * at which a @win_w x @win_h window of the image still has at least
+ * @need_w x @need_h pixels, as PIL's draft() and DALI choose it; 1/1 for PNG.
+ */
+void image_pick_scale(const struct image_info *info, int win_w, int win_h, int need_w, int need_h,
+		      int *num, int *denom);
+/* The image's size when decoded at @num/@denom (libjpeg rounds up). */
+void image_scaled_size(const struct image_info *info, int num, int denom, int *w, int *h);
+
+/**
+ * image_decode() - decode to packed 8-bit RGB in @s->pix.
+ *
+ * JPEG: baseline and progressive, grayscale and CMYK/YCCK converted to RGB
+ * (CMYK as PIL converts it, Adobe-inverted), at @num/@denom. PNG: 1..16-bit
+ * gray, RGB and palette, alpha dropped, 16-bit reduced to the high byte.
+ * Truncated files are errors; libjpeg's other warnings (extraneous bytes...)
+ * are not, as with PIL.
+ * Return: 0, or -EINVAL with the decoder's message in @err, or -ENOMEM.
+ */
+int image_decode(struct image_scratch *s, const uint8_t *data, size_t len,
+		 const struct image_info *info, int num, int denom, char *err, size_t errlen);

@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: MIT */
+/* imageop - torchvision-equivalent image transforms, written into the batch slot */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "image.h"
+#include "spec.h"
+
+#define IMAGEOP_STAGES_MAX (SPEC_TRANSFORMS_MAX + 1)
+
+/* The transforms of a pipeline, compiled once from its spec. */
+struct imageop {
+	struct transform t[SPEC_TRANSFORMS_MAX];
+	size_t n;
+	int dtype;                    /* uint8, float16, bfloat16, float32 */
+	bool nhwc;
+	uint32_t out_h, out_w;
+	bool dct_scaling;
+	float lut[3][256];            /* float32: channel value -> output */
+	uint16_t lut16[3][256];       /* float16 / bfloat16 */
+};
+
+/*
+ * One resampling pass: a window of the stage's input image is resized to a
+ * target size, of which a region (possibly reaching past the target: zero
+ * padding) is kept, optionally mirrored. Crops, resizes and flips compose into
+ * one such pass until a resize follows a resize.
+ */
+struct imageop_stage {
+	int in_w, in_h;               /* this stage's input image */
+	int wx, wy, ww, wh;           /* the window of it that is resampled */
+	bool resized;
+	int tw, th;                   /* the window resampled to this size */
+	int ox, oy, ow, oh;           /* the region of the target kept */
+	bool flip;
+};
+
+struct imageop_plan {
+	struct imageop_stage st[IMAGEOP_STAGES_MAX];
+	int n;
+};
+
+/* Compile the transforms, output dtype and layout of an image spec. */
+void imageop_init(struct imageop *op, const struct spec *spec);
+
+/* The key of sample @idx's random draws in @epoch (docs/spec.md). */
+uint64_t imageop_key(uint64_t seed, uint64_t epoch, uint64_t idx);
+
+/**
+ * imageop_plan() - fix the geometry of one sample: draw its random crop and
+ * flip from @key, for an image of @w x @h.
+ * Return: 0, or -EINVAL when an intermediate image would exceed
+ * IMAGE_MAX_PIXELS or the result is not the pipeline's size.
+ */
+int imageop_plan(const struct imageop *op, int w, int h, uint64_t key, struct imageop_plan *plan,
+		 char *err, size_t errlen);
+
+/**
+ * imageop_run() - resample the decoded image @pix (@pw x @ph, packed RGB; may
+ * be a DCT-scaled decode of the plan's input) and write the sample into @dst
+ * in the output dtype and layout.
+ * Return: 0 or -ENOMEM.
+ */
+int imageop_run(const struct imageop *op, struct image_scratch *s, const struct imageop_plan *plan,
+		const uint8_t *pix, int pw, int ph, void *dst, char *err, size_t errlen);
+
+/* The @n-th uniform draw in [0, 1) of @key. */
+double imageop_uniform(uint64_t key, uint64_t n);
+
+/* random_resized_crop's parameters as torchvision draws them (for tests). */
+void imageop_rrc_params(const struct transform *t, int w, int h, uint64_t key, uint64_t *draw,
+			int *top, int *left, int *ch, int *cw);
+
+uint16_t imageop_f32_to_f16(float f);
+uint16_t imageop_f32_to_bf16(float f);

@@ -1,0 +1,703 @@
+/* SPDX-License-Identifier: MIT */
+/* test-image - decoding, transforms, tar indexing and image sources */
+#undef NDEBUG
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <png.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include "image.h"
+#include "imageop.h"
+#include "imageset.h"
+#include "source.h"
+#include "spec.h"
+#include "tar.h"
+
+static char dir[] = "/tmp/ldr-img-XXXXXX";
+static char err[512];
+
+static const char *path_of(const char *name)
+{
+	static char buf[8][512];
+	static int i;
+
+	i = (i + 1) % 8;
+	snprintf(buf[i], sizeof(buf[i]), "%s/%s", dir, name);
+	return buf[i];
+}
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+	assert(fd >= 0);
+	assert(len == 0 || write(fd, data, len) == (ssize_t)len);
+	close(fd);
+}
+
+/* A smooth RGB (or CMYK) test pattern with some edges. */
+static unsigned char *pattern(int w, int h, int ch, unsigned seed)
+{
+	unsigned char *p = malloc((size_t)w * h * ch);
+
+	for (int y = 0; y < h; y++)
+		for (int x = 0; x < w; x++)
+			for (int c = 0; c < ch; c++) {
+				int v = (x * (3 + c) + y * (5 - c) + (int)seed * 17) & 0xff;
+
+				if (((x / 7) ^ (y / 5)) & 1)
+					v = 255 - v;
+				p[((size_t)y * w + x) * ch + c] = (unsigned char)v;
+			}
+	return p;
+}
+
+static unsigned char *jpeg_encode(int w, int h, int pf, int subsamp, int flags, unsigned long *len)
+{
+	tjhandle tj = tjInitCompress();
+	unsigned char *src = pattern(w, h, tjPixelSize[pf], (unsigned)w), *out = NULL;
+
+	assert(tj);
+	assert(tjCompress2(tj, src, w, 0, h, pf, &out, len, subsamp, 90, flags) == 0);
+	tjDestroy(tj);
+	free(src);
+	return out;
+}
+
+/* Our decode equals TurboJPEG's own decode of the same file, bit for bit. */
+static void check_jpeg_exact(const unsigned char *jpg, unsigned long len, int num, int denom)
+{
+	struct image_scratch *s = image_scratch_get();
+	struct image_info info;
+	tjhandle tj = tjInitDecompress();
+	int w, h, ss, cs, sw, sh;
+	unsigned char *ref;
+
+	assert(s && tj);
+	assert(image_probe(s, jpg, len, &info, err, sizeof(err)) == 0);
+	assert(tjDecompressHeader3(tj, jpg, len, &w, &h, &ss, &cs) == 0);
+	assert(info.format == IMAGE_JPEG && info.width == w && info.height == h);
+	assert(image_decode(s, jpg, len, &info, num, denom, err, sizeof(err)) == 0);
+	image_scaled_size(&info, num, denom, &sw, &sh);
+	assert(sw == TJSCALED(w, ((tjscalingfactor){ num, denom })));
+	if (cs == TJCS_CMYK || cs == TJCS_YCCK) {
+		ref = malloc((size_t)sw * sh * 4);
+		assert(tjDecompress2(tj, jpg, len, ref, sw, 0, sh, TJPF_CMYK, 0) == 0);
+		for (size_t i = 0; i < (size_t)sw * sh; i++) {
+			int k = ref[4 * i + 3];
+
+			for (int c = 0; c < 3; c++) {
+				int t = (255 - ref[4 * i + c]) * k + 128;
+				int want = k - (((t >> 8) + t) >> 8);
+
+				assert(s->pix[3 * i + c] == want);
+			}
+		}
+	} else {
+		ref = malloc((size_t)sw * sh * 3);
+		assert(tjDecompress2(tj, jpg, len, ref, sw, 0, sh, TJPF_RGB, 0) == 0);
+		assert(memcmp(ref, s->pix, (size_t)sw * sh * 3) == 0);
+	}
+	free(ref);
+	tjDestroy(tj);
+}
+
+static void test_jpeg(void)
+{
+	static const int subsamps[] = { TJSAMP_444, TJSAMP_420, TJSAMP_422 };
+	unsigned long len;
+	unsigned char *jpg;
+
+	for (size_t i = 0; i < 3; i++) {
+		for (int prog = 0; prog < 2; prog++) {
+			jpg = jpeg_encode(67, 45, TJPF_RGB, subsamps[i], prog ? TJFLAG_PROGRESSIVE : 0,
+					  &len);
+			check_jpeg_exact(jpg, len, 1, 1);
+			check_jpeg_exact(jpg, len, 1, 2);
+			check_jpeg_exact(jpg, len, 3, 8);
+			check_jpeg_exact(jpg, len, 1, 8);
+			tjFree(jpg);
+		}
+	}
+	jpg = jpeg_encode(40, 33, TJPF_GRAY, TJSAMP_GRAY, 0, &len);
+	check_jpeg_exact(jpg, len, 1, 1);
+	tjFree(jpg);
+	jpg = jpeg_encode(40, 33, TJPF_CMYK, TJSAMP_444, 0, &len);
+	check_jpeg_exact(jpg, len, 1, 1);
+	tjFree(jpg);
+}
+
+/* The DCT scale keeps the window at least as large as the target. */
+static void test_pick_scale(void)
+{
+	struct image_info info = { .format = IMAGE_JPEG, .width = 1000, .height = 800 };
+	int num, denom;
+
+	image_pick_scale(&info, 1000, 800, 224, 224, &num, &denom);
+	assert(num * 8 == denom * 2); /* 1/4: 250x200 >= 224? no: 200 < 224 */
+	(void)0;
+}
+
+static void test_pick_scale_real(void)
+{
+	struct image_info info = { .format = IMAGE_JPEG, .width = 1000, .height = 800 };
+	int num, denom, sw, sh;
+
+	image_pick_scale(&info, 1000, 800, 224, 224, &num, &denom);
+	image_scaled_size(&info, num, denom, &sw, &sh);
+	assert(sw >= 224 && sh >= 224);
+	assert(num * 2 <= denom); /* at most half size here */
+	image_pick_scale(&info, 1000, 800, 1000, 800, &num, &denom);
+	assert(num == 1 && denom == 1);
+	image_pick_scale(&info, 100, 100, 224, 224, &num, &denom); /* upscaling */
+	assert(num == 1 && denom == 1);
+	info.format = IMAGE_PNG;
+	image_pick_scale(&info, 1000, 800, 10, 10, &num, &denom);
+	assert(num == 1 && denom == 1);
+}
+
+/* libpng writing to memory */
+struct membuf {
+	unsigned char *p;
+	size_t len, cap;
+};
+
+static void png_write_cb(png_structp png, png_bytep data, size_t n)
+{
+	struct membuf *m = png_get_io_ptr(png);
+
+	if (m->len + n > m->cap) {
+		m->cap = (m->len + n) * 2;
+		m->p = realloc(m->p, m->cap);
+	}
+	memcpy(m->p + m->len, data, n);
+	m->len += n;
+}
+
+static void png_flush_cb(png_structp png)
+{
+}
+
+static struct membuf png_encode(int w, int h, int color, int depth)
+{
+	struct membuf m = { 0 };
+	png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+	png_infop info = png_create_info_struct(png);
+	int ch = color == PNG_COLOR_TYPE_RGB ? 3 : color == PNG_COLOR_TYPE_RGB_ALPHA ? 4 :
+		 color == PNG_COLOR_TYPE_GRAY_ALPHA ? 2 : 1;
+	size_t rowbytes = (size_t)w * ch * (depth == 16 ? 2 : 1);
+	unsigned char *pix = pattern((int)rowbytes, h, 1, 3);
+
+	assert(!setjmp(png_jmpbuf(png)));
+	png_set_write_fn(png, &m, png_write_cb, png_flush_cb);
+	png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, depth, color, PNG_INTERLACE_NONE,
+		     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+	png_write_info(png, info);
+	for (int y = 0; y < h; y++)
+		png_write_row(png, pix + (size_t)y * rowbytes);
+	png_write_end(png, NULL);
+	png_destroy_write_struct(&png, &info);
+	free(pix);
+	return m;
+}
+
+static void test_png(void)
+{
+	struct image_scratch *s = image_scratch_get();
+	struct image_info info;
+	struct membuf m;
+
+	/* RGB 8-bit: the pixels come back as written */
+	m = png_encode(31, 17, PNG_COLOR_TYPE_RGB, 8);
+	assert(image_probe(s, m.p, m.len, &info, err, sizeof(err)) == 0);
+	assert(info.format == IMAGE_PNG && info.width == 31 && info.height == 17);
+	assert(image_decode(s, m.p, m.len, &info, 1, 1, err, sizeof(err)) == 0);
+	{
+		unsigned char *want = pattern(31 * 3, 17, 1, 3);
+
+		assert(memcmp(want, s->pix, 31 * 17 * 3) == 0);
+		free(want);
+	}
+	/* RGBA 16-bit: alpha dropped, the high byte kept */
+	free(m.p);
+	m = png_encode(9, 5, PNG_COLOR_TYPE_RGB_ALPHA, 16);
+	assert(image_probe(s, m.p, m.len, &info, err, sizeof(err)) == 0);
+	assert(image_decode(s, m.p, m.len, &info, 1, 1, err, sizeof(err)) == 0);
+	{
+		unsigned char *raw = pattern(9 * 8, 5, 1, 3);
+
+		for (int i = 0; i < 9 * 5; i++)
+			for (int c = 0; c < 3; c++)
+				assert(s->pix[3 * i + c] == raw[8 * i + 2 * c]);
+		free(raw);
+	}
+	/* gray + alpha 8-bit: gray replicated */
+	free(m.p);
+	m = png_encode(6, 4, PNG_COLOR_TYPE_GRAY_ALPHA, 8);
+	assert(image_probe(s, m.p, m.len, &info, err, sizeof(err)) == 0);
+	assert(image_decode(s, m.p, m.len, &info, 1, 1, err, sizeof(err)) == 0);
+	{
+		unsigned char *raw = pattern(6 * 2, 4, 1, 3);
+
+		for (int i = 0; i < 24; i++)
+			for (int c = 0; c < 3; c++)
+				assert(s->pix[3 * i + c] == raw[2 * i]);
+		free(raw);
+	}
+	free(m.p);
+}
+
+/* Every truncation and some corruptions: an error or an image, never a crash. */
+static void fuzz_one(const unsigned char *data, size_t len)
+{
+	struct image_scratch *s = image_scratch_get();
+	struct image_info info;
+
+	if (image_probe(s, data, len, &info, err, sizeof(err)) == 0)
+		(void)image_decode(s, data, len, &info, 1, 1, err, sizeof(err));
+}
+
+static void test_corrupt(void)
+{
+	struct image_scratch *s = image_scratch_get();
+	struct image_info info;
+	unsigned long jlen;
+	unsigned char *jpg = jpeg_encode(48, 40, TJPF_RGB, TJSAMP_420, TJFLAG_PROGRESSIVE, &jlen);
+	struct membuf png = png_encode(40, 30, PNG_COLOR_TYPE_RGB, 8);
+	unsigned char *copy = malloc(jlen > png.len ? jlen : png.len);
+	unsigned seed = 1;
+
+	assert(image_probe(s, jpg, 0, &info, err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "empty file"));
+	assert(image_probe(s, (const uint8_t *)"hello world", 11, &info, err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "not a JPEG or PNG"));
+
+	/* a truncated JPEG or PNG is an error */
+	assert(image_probe(s, jpg, jlen - 40, &info, err, sizeof(err)) == 0);
+	assert(image_decode(s, jpg, jlen - 40, &info, 1, 1, err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "JPEG"));
+	assert(image_probe(s, png.p, png.len - 30, &info, err, sizeof(err)) == 0);
+	assert(image_decode(s, png.p, png.len - 30, &info, 1, 1, err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "PNG"));
+
+	for (size_t n = 0; n <= jlen; n += 7)
+		fuzz_one(jpg, n);
+	for (size_t n = 0; n <= png.len; n += 5)
+		fuzz_one(png.p, n);
+	for (int round = 0; round < 200; round++) {
+		memcpy(copy, jpg, jlen);
+		for (int k = 0; k < 4; k++) {
+			seed = seed * 1103515245u + 12345u;
+			copy[(seed >> 8) % jlen] ^= (unsigned char)(seed >> 20);
+		}
+		fuzz_one(copy, jlen);
+		memcpy(copy, png.p, png.len);
+		for (int k = 0; k < 4; k++) {
+			seed = seed * 1103515245u + 12345u;
+			copy[8 + (seed >> 8) % (png.len - 8)] ^= (unsigned char)(seed >> 20);
+		}
+		fuzz_one(copy, png.len);
+	}
+	free(copy);
+	free(png.p);
+	tjFree(jpg);
+}
+
+/* ---- transforms ---- */
+
+static struct spec *spec_of(const char *transforms, const char *extra)
+{
+	char text[2048];
+	struct spec *spec;
+
+	snprintf(text, sizeof(text),
+		 "{\"name\": \"i\", \"source\": {\"kind\": \"image_folder\", \"path\": \"%s\"}, "
+		 "\"transforms\": %s%s}", dir, transforms, extra);
+	if (spec_parse(&spec, text, err, sizeof(err)) < 0) {
+		fprintf(stderr, "%s\n", err);
+		abort();
+	}
+	return spec;
+}
+
+static void test_plan(void)
+{
+	struct spec *spec;
+	struct imageop op;
+	struct imageop_plan a, b;
+
+	/* center_crop: Python's round half to even, padding when larger */
+	spec = spec_of("[{\"op\": \"center_crop\", \"size\": [7, 5]}]", "");
+	imageop_init(&op, spec);
+	assert(imageop_plan(&op, 10, 10, 0, &a, err, sizeof(err)) == 0);
+	assert(a.n == 1 && !a.st[0].resized);
+	assert(a.st[0].wy == 2 && a.st[0].wx == 2); /* round(1.5) = 2, round(2.5) = 2 */
+	assert(imageop_plan(&op, 12, 8, 0, &a, err, sizeof(err)) == 0);
+	assert(a.st[0].wy == 0 && a.st[0].wx == 4); /* round(0.5) = 0, round(3.5) = 4 */
+	assert(imageop_plan(&op, 3, 4, 0, &a, err, sizeof(err)) == 0);
+	assert(a.st[0].resized && a.st[0].oy == -1 && a.st[0].ox == -1); /* padded */
+	spec_free(spec);
+
+	/* resize + center_crop: one pass over the whole image */
+	spec = spec_of("[{\"op\": \"resize\", \"size\": 8}, {\"op\": \"center_crop\", \"size\": 8}]",
+		       "");
+	imageop_init(&op, spec);
+	assert(imageop_plan(&op, 20, 10, 0, &a, err, sizeof(err)) == 0);
+	assert(a.n == 1 && a.st[0].resized && a.st[0].tw == 16 && a.st[0].th == 8);
+	assert(a.st[0].ox == 4 && a.st[0].ow == 8 && a.st[0].oh == 8);
+	spec_free(spec);
+
+	/* resize after resize: two stages */
+	spec = spec_of("[{\"op\": \"resize\", \"size\": [30, 40]}, {\"op\": \"resize\", \"size\": [6, 7]}]",
+		       "");
+	imageop_init(&op, spec);
+	assert(imageop_plan(&op, 100, 50, 0, &a, err, sizeof(err)) == 0);
+	assert(a.n == 2 && a.st[1].in_w == 40 && a.st[1].in_h == 30 && a.st[1].tw == 7);
+	spec_free(spec);
+
+	/* random crops depend on (seed, epoch, index) only */
+	spec = spec_of("[{\"op\": \"random_resized_crop\", \"size\": 16}, "
+		       "{\"op\": \"horizontal_flip\"}]", "");
+	imageop_init(&op, spec);
+	int differ = 0, flips = 0;
+	for (uint64_t i = 0; i < 200; i++) {
+		assert(imageop_plan(&op, 64, 48, imageop_key(7, 1, i), &a, err, sizeof(err)) == 0);
+		assert(imageop_plan(&op, 64, 48, imageop_key(7, 1, i), &b, err, sizeof(err)) == 0);
+		assert(memcmp(&a.st[0], &b.st[0], sizeof(a.st[0])) == 0);
+		assert(a.st[0].wx >= 0 && a.st[0].wx + a.st[0].ww <= 64);
+		assert(a.st[0].wy >= 0 && a.st[0].wy + a.st[0].wh <= 48);
+		assert(a.st[0].tw == 16 && a.st[0].th == 16);
+		flips += a.st[0].flip;
+		assert(imageop_plan(&op, 64, 48, imageop_key(7, 2, i), &b, err, sizeof(err)) == 0);
+		differ += memcmp(&a.st[0], &b.st[0], sizeof(a.st[0])) != 0;
+	}
+	assert(differ > 190);
+	assert(flips > 70 && flips < 130);
+	spec_free(spec);
+
+	/* f16 / bf16 conversions: round to nearest even */
+	assert(imageop_f32_to_f16(1.0f) == 0x3c00);
+	assert(imageop_f32_to_f16(-2.0f) == 0xc000);
+	assert(imageop_f32_to_f16(65504.0f) == 0x7bff);
+	assert(imageop_f32_to_f16(1e6f) == 0x7c00);
+	assert(imageop_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00);     /* tie: to even */
+	assert(imageop_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f) == 0x3c01);
+	assert(imageop_f32_to_f16(0x1p-24f) == 0x0001);            /* subnormal */
+	assert(imageop_f32_to_bf16(1.0f) == 0x3f80);
+	assert(imageop_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);     /* tie: to even */
+	assert(imageop_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-16f) == 0x3f81);
+}
+
+/* ---- tar ---- */
+
+struct collected {
+	char names[16][TAR_NAME_MAX];
+	uint64_t off[16], size[16];
+	int n;
+};
+
+static int collect(void *ud, const struct tar_entry *e, char *e_err, size_t e_errlen)
+{
+	struct collected *c = ud;
+
+	assert(c->n < 16);
+	snprintf(c->names[c->n], TAR_NAME_MAX, "%s", e->name);
+	c->off[c->n] = e->offset;
+	c->size[c->n] = e->size;
+	c->n++;
+	return 0;
+}
+
+static void tar_header(unsigned char *h, const char *name, const char *prefix, uint64_t size,
+		       char type, bool base256)
+{
+	unsigned sum = 0;
+
+	memset(h, 0, 512);
+	memcpy(h, name, strnlen(name, 100));
+	memcpy(h + 100, "0000644", 8);
+	if (base256) {
+		h[124] = 0x80;
+		for (int i = 0; i < 8; i++)
+			h[135 - i] = (unsigned char)(size >> (8 * i));
+	} else {
+		snprintf((char *)h + 124, 12, "%011llo", (unsigned long long)size);
+	}
+	memcpy(h + 136, "00000000000", 12);
+	h[156] = (unsigned char)type;
+	memcpy(h + 257, "ustar", 6);
+	memcpy(h + 263, "00", 2);
+	if (prefix)
+		memcpy(h + 345, prefix, strlen(prefix));
+	memset(h + 148, ' ', 8);
+	for (int i = 0; i < 512; i++)
+		sum += h[i];
+	snprintf((char *)h + 148, 8, "%06o", sum);
+}
+
+static int scan_buf(const unsigned char *buf, size_t len, struct collected *c)
+{
+	const char *p = path_of("t.tar");
+	int fd, r;
+
+	write_file(p, buf, len);
+	fd = open(p, O_RDONLY | O_CLOEXEC);
+	assert(fd >= 0);
+	memset(c, 0, sizeof(*c));
+	r = tar_scan(fd, p, len, collect, c, err, sizeof(err));
+	close(fd);
+	return r;
+}
+
+static void test_tar(void)
+{
+	unsigned char *buf = calloc(1, 16384);
+	struct collected c;
+	size_t at = 0;
+	char pax[512];
+	int n;
+
+	/* ustar with a prefix; a GNU long name; a pax path; a base-256 size; a dir */
+	tar_header(buf + at, "a.jpg", "some/dir", 3, '0', false);
+	memcpy(buf + at + 512, "abc", 3);
+	at += 1024;
+	tar_header(buf + at, "././@LongLink", NULL, 151, 'L', false);
+	memset(buf + at + 512, 'n', 150);
+	at += 1024;
+	tar_header(buf + at, "truncated-name", NULL, 5, '0', false);
+	memcpy(buf + at + 512, "hello", 5);
+	at += 1024;
+	n = snprintf(pax, sizeof(pax), "30 path=pax/long/name.cls\n");
+	assert(n == 26);
+	n = snprintf(pax, sizeof(pax), "26 path=pax/long/name.cls\n");
+	tar_header(buf + at, "PaxHeaders/x", NULL, (uint64_t)n, 'x', false);
+	memcpy(buf + at + 512, pax, (size_t)n);
+	at += 1024;
+	tar_header(buf + at, "ignored", NULL, 2, '0', true);
+	memcpy(buf + at + 512, "42", 2);
+	at += 1024;
+	tar_header(buf + at, "dir/", NULL, 0, '5', false);
+	at += 512;
+	at += 1024; /* end of archive */
+	assert(scan_buf(buf, at, &c) == 0);
+	assert(c.n == 3);
+	assert(strcmp(c.names[0], "some/dir/a.jpg") == 0 && c.off[0] == 512 && c.size[0] == 3);
+	assert(strlen(c.names[1]) == 150 && c.names[1][149] == 'n' && c.size[1] == 5);
+	assert(strcmp(c.names[2], "pax/long/name.cls") == 0 && c.size[2] == 2);
+
+	/* a bad checksum; a member running past the end */
+	buf[148] ^= 1;
+	assert(scan_buf(buf, at, &c) == -EINVAL && strstr(err, "checksum"));
+	buf[148] ^= 1;
+	assert(scan_buf(buf, 512 + 2, &c) == -EINVAL && strstr(err, "truncated"));
+	/* not a tar at all */
+	memset(buf, 'x', 1024);
+	assert(scan_buf(buf, 1024, &c) == -EINVAL && strstr(err, "not a tar"));
+	free(buf);
+
+	/* brace patterns */
+	char **v;
+	assert(brace_expand("s-{00..11}.tar", &v, err, sizeof(err)) == 12);
+	assert(strcmp(v[0], "s-00.tar") == 0 && strcmp(v[11], "s-11.tar") == 0);
+	brace_free(v);
+	assert(brace_expand("{a,bb}/{8..10}", &v, err, sizeof(err)) == 6);
+	assert(strcmp(v[0], "a/8") == 0 && strcmp(v[2], "a/10") == 0 && strcmp(v[5], "bb/10") == 0);
+	brace_free(v);
+	assert(brace_expand("plain.tar", &v, err, sizeof(err)) == 1 && strcmp(v[0], "plain.tar") == 0);
+	brace_free(v);
+	assert(brace_expand("x{1..}", NULL, err, sizeof(err)) == -EINVAL);
+	assert(brace_expand("x{3..1}", NULL, err, sizeof(err)) == -EINVAL);
+	assert(brace_expand("x{1..3", NULL, err, sizeof(err)) == -EINVAL);
+	assert(brace_expand("x{a{b}}", NULL, err, sizeof(err)) == -EINVAL);
+	assert(brace_expand("x{0..9999999}", NULL, err, sizeof(err)) == -EINVAL);
+}
+
+/* ---- image sources, end to end ---- */
+
+static void write_jpeg(const char *path, int w, int h, unsigned seed)
+{
+	tjhandle tj = tjInitCompress();
+	unsigned char *src = pattern(w, h, 3, seed), *out = NULL;
+	unsigned long len = 0;
+
+	assert(tjCompress2(tj, src, w, 0, h, TJPF_RGB, &out, &len, TJSAMP_420, 90, 0) == 0);
+	write_file(path, out, len);
+	tjFree(out);
+	tjDestroy(tj);
+	free(src);
+}
+
+static void test_source(void)
+{
+	struct spec *spec;
+	struct source *src;
+	const struct field_desc *f;
+	unsigned char img[5][3 * 12 * 12], ref[3 * 12 * 12];
+	int64_t label;
+	void *dsts[2];
+	struct sample_ctx ctx = { 3, 0 };
+
+	assert(mkdir(path_of("root"), 0755) == 0);
+	assert(mkdir(path_of("root/b"), 0755) == 0);
+	assert(mkdir(path_of("root/a"), 0755) == 0);
+	assert(mkdir(path_of("root/a/sub"), 0755) == 0);
+	write_jpeg(path_of("root/a/1.jpg"), 30, 20, 1);
+	write_jpeg(path_of("root/a/sub/0.JPEG"), 25, 20, 2);
+	write_file(path_of("root/a/notes.txt"), "x", 1);
+	write_jpeg(path_of("root/b/0.jpg"), 20, 30, 3);
+	write_file(path_of("root/b/1.jpg"), "", 0);              /* zero bytes */
+	write_jpeg(path_of("root/b/2.jpg"), 40, 40, 4);
+
+	spec = spec_of("[{\"op\": \"random_resized_crop\", \"size\": 12}, {\"op\": \"horizontal_flip\"}]",
+		       ", \"output\": {\"dtype\": \"uint8\", \"layout\": \"NHWC\"}");
+	/* spec_of() used dir as the root: point it at root/ */
+	free(spec->source.root);
+	spec->source.root = strdup(path_of("root"));
+	assert(source_open(&src, spec, err, sizeof(err)) == 0);
+	assert(source_nsamples(src) == 5 && source_nfields(src) == 2);
+	f = source_field(src, 0);
+	assert(strcmp(f->name, "image") == 0 && f->ndim == 3 && f->shape[0] == 12 &&
+	       f->shape[2] == 3 && f->sample_bytes == sizeof(ref));
+	f = source_field(src, 1);
+	assert(strcmp(f->name, "label") == 0 && f->ndim == 0 && f->sample_bytes == 8);
+
+	/* order: a/1.jpg, a/sub/0.JPEG, b/0.jpg, b/1.jpg (bad), b/2.jpg */
+	for (uint64_t i = 0; i < 5; i++) {
+		dsts[0] = img[i];
+		dsts[1] = &label;
+		if (source_read(src, &ctx, i, dsts, err, sizeof(err)) != 0) {
+			fprintf(stderr, "sample %llu: %s\n", (unsigned long long)i, err);
+			abort();
+		}
+		assert(label == (i < 2 ? 0 : 1));
+		/* the same again: reproducible */
+		dsts[0] = ref;
+		assert(source_read(src, &ctx, i, dsts, err, sizeof(err)) == 0);
+		assert(memcmp(ref, img[i], sizeof(ref)) == 0);
+	}
+	/* the zero-byte file was replaced by the next sample, transformed as that one */
+	assert(memcmp(img[3], img[4], sizeof(ref)) == 0);
+	assert(source_skipped(src) == 2);
+	source_free(src);
+
+	/* on_error fail: the error names the file and the reason */
+	spec->on_error_fail = true;
+	assert(source_open(&src, spec, err, sizeof(err)) == 0);
+	dsts[0] = img[0];
+	dsts[1] = &label;
+	assert(source_read(src, &ctx, 3, dsts, err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "root/b/1.jpg") && strstr(err, "empty file"));
+	assert(source_skipped(src) == 0);
+	source_free(src);
+
+	/* a missing root, an empty one */
+	free(spec->source.root);
+	spec->source.root = strdup(path_of("nope"));
+	assert(source_open(&src, spec, err, sizeof(err)) == -ENOENT && strstr(err, "nope"));
+	assert(mkdir(path_of("empty"), 0755) == 0);
+	free(spec->source.root);
+	spec->source.root = strdup(path_of("empty"));
+	assert(source_open(&src, spec, err, sizeof(err)) == -EINVAL && strstr(err, "no class folders"));
+	spec_free(spec);
+}
+
+static void test_spec(void)
+{
+	static const struct {
+		const char *transforms, *extra, *want;
+	} bad[] = {
+		{ "[]", "", "transforms: the output image size depends on each image" },
+		{ "[{\"op\": \"resize\", \"size\": 256}]", "", "output image size depends" },
+		{ "[{\"op\": \"resize\", \"size\": 256}, {\"op\": \"horizontal_flip\"}]", "", "output image size" },
+		{ "[{\"op\": \"blur\"}]", "", "transforms[0].op: must be one of" },
+		{ "[{\"op\": \"center_crop\"}]", "", "transforms[0].size: is required" },
+		{ "[{\"op\": \"center_crop\", \"size\": 0}]", "", "transforms[0].size: must be" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8, \"x\": 1}]", "", "unknown key \"transforms[0].x\"" },
+		{ "[{\"op\": \"random_resized_crop\", \"size\": 8, \"scale\": [0.5, 0.1]}]", "", "transforms[0].scale: must be" },
+		{ "[{\"op\": \"random_resized_crop\", \"size\": 8, \"ratio\": [0, 1]}]", "", "transforms[0].ratio: must be" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}, {\"op\": \"horizontal_flip\", \"p\": 2}]", "", "transforms[1].p: must be" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}, {\"op\": \"normalize\", \"mean\": [0.5], \"std\": [0]}]", "", "transforms[1].std: must be" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}, {\"op\": \"normalize\", \"mean\": [1, 2], \"std\": [1]}]", "", "transforms[1].mean: must be" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}, {\"op\": \"normalize\", \"mean\": [1], \"std\": [1]}]", ", \"output\": {\"dtype\": \"uint8\"}", "transforms[1]: normalize needs output.dtype" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"output\": {\"dtype\": \"int8\"}", "output.dtype: must be one of" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"output\": {\"layout\": \"CHW\"}", "output.layout: must be" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"output\": {\"bogus\": 1}", "unknown key \"output.bogus\"" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"on_error\": \"ignore\"", "on_error: must be skip or fail" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"decode\": {\"dct_scaling\": 1}", "decode.dct_scaling: must be true or false" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"decode\": {\"x\": 1}", "unknown key \"decode.x\"" },
+	};
+	struct spec *spec, *again;
+	char text[2048];
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		snprintf(text, sizeof(text),
+			 "{\"name\": \"i\", \"source\": {\"kind\": \"image_folder\", \"path\": \"/x\"}, "
+			 "\"transforms\": %s%s}", bad[i].transforms, bad[i].extra);
+		assert(spec_parse(&spec, text, err, sizeof(err)) == -EINVAL);
+		if (!strstr(err, bad[i].want)) {
+			fprintf(stderr, "case %zu: got \"%s\", want \"%s\"\n", i, err, bad[i].want);
+			abort();
+		}
+	}
+	assert(spec_parse(&spec, "{\"name\": \"t\", \"source\": {\"kind\": \"tokens\", \"path\": \"p\", "
+			  "\"seq_len\": 4}, \"transforms\": []}", err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "transforms: only for image sources"));
+	assert(spec_parse(&spec, "{\"name\": \"t\", \"source\": {\"kind\": \"webdataset\", "
+			  "\"urls\": \"a-{1..}.tar\"}, \"transforms\": [{\"op\": \"center_crop\", \"size\": 4}]}",
+			  err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "source.urls[0]: bad range"));
+
+	/* defaults and the canonical form */
+	assert(spec_parse(&spec, "{\"name\": \"w\", \"source\": {\"kind\": \"webdataset\", "
+			  "\"urls\": \"s-{0..3}.tar\"}, \"transforms\": [{\"op\": \"random_resized_crop\", "
+			  "\"size\": [32, 24]}, {\"op\": \"horizontal_flip\"}, {\"op\": \"normalize\", "
+			  "\"mean\": [0.5], \"std\": [0.25, 0.5, 1]}]}", err, sizeof(err)) == 0);
+	assert(spec->image_h == 32 && spec->image_w == 24 && spec->image_dtype == LDR_DTYPE_FLOAT32);
+	assert(!spec->image_nhwc && !spec->on_error_fail && spec->dct_scaling);
+	assert(spec->transforms[0].scale[0] == 0.08 && spec->transforms[1].p == 0.5);
+	assert(spec->transforms[2].mean[2] == 0.5 && spec->transforms[2].std[0] == 0.25);
+	char *dump = json_dumps(spec->json, JSON_COMPACT | JSON_SORT_KEYS);
+	assert(strstr(dump, "\"on_error\":\"skip\"") && strstr(dump, "\"layout\":\"NCHW\""));
+	assert(spec_parse(&again, dump, err, sizeof(err)) == 0 && spec_equal(spec, again));
+	free(dump);
+	spec_free(again);
+	spec_free(spec);
+
+	/* resize to the shorter side after a fixed size is fixed too */
+	assert(spec_parse(&spec, "{\"name\": \"r\", \"source\": {\"kind\": \"image_folder\", \"path\": \"/x\"}, "
+			  "\"transforms\": [{\"op\": \"center_crop\", \"size\": [20, 40]}, "
+			  "{\"op\": \"resize\", \"size\": 10}]}", err, sizeof(err)) == 0);
+	assert(spec->image_h == 10 && spec->image_w == 20);
+	spec_free(spec);
+}
+
+static void rm_rf(const char *path)
+{
+	char cmd[600];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", path);
+	assert(system(cmd) == 0);
+}
+
+int main(void)
+{
+	assert(mkdtemp(dir));
+	test_jpeg();
+	test_pick_scale_real();
+	(void)test_pick_scale;
+	test_png();
+	test_corrupt();
+	test_plan();
+	test_tar();
+	test_spec();
+	test_source();
+	rm_rf(dir);
+	printf("test-image: ok\n");
+	return 0;
+}
