@@ -4,8 +4,11 @@
  * The file is JSON, like the specs it carries:
  *   {"socket": "/run/loaderd/loaderd.sock", "workers": 8,
  *    "memory_limit": "8G", "log_level": "info", "pipelines": [SPEC, ...]}
- * Command-line options win over the file. Unknown keys are errors, as in specs.
+ * Drop-ins in conf.d/ beside the file (*.json, in name order) are read after
+ * it: their values replace the file's, their pipelines are added. Command-line
+ * options win over all of them. Unknown keys are errors, as in specs.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -45,7 +48,9 @@ int settings_parse_size(const char *text, uint64_t *out)
 	return 0;
 }
 
-int settings_load(struct settings *cfg, const char *path, bool keep_set, char *err, size_t errlen)
+/* One file into @cfg: its values replace what is there; its pipelines are
+ * appended. */
+static int load_one(struct settings *cfg, const char *path, char *err, size_t errlen)
 {
 	json_error_t jerr;
 	json_t *root, *v;
@@ -67,17 +72,14 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 				snprintf(err, errlen, "%s: socket: must be a non-empty string", path);
 				goto out;
 			}
-			if (!keep_set || !cfg->socket_path) {
-				free(cfg->socket_path);
-				cfg->socket_path = strdup(json_string_value(v));
-			}
+			free(cfg->socket_path);
+			cfg->socket_path = strdup(json_string_value(v));
 		} else if (strcmp(key, "workers") == 0) {
 			if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1024) {
 				snprintf(err, errlen, "%s: workers: must be an integer in 1..1024", path);
 				goto out;
 			}
-			if (!keep_set || !cfg->workers)
-				cfg->workers = (unsigned)json_integer_value(v);
+			cfg->workers = (unsigned)json_integer_value(v);
 		} else if (strcmp(key, "memory_limit") == 0) {
 			uint64_t size = 0;
 			if (json_is_integer(v) && json_integer_value(v) > 0)
@@ -86,34 +88,86 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 				snprintf(err, errlen, "%s: memory_limit: must be bytes or a size like \"8G\"", path);
 				goto out;
 			}
-			if (!keep_set || !cfg->memory_limit)
-				cfg->memory_limit = size;
+			cfg->memory_limit = size;
 		} else if (strcmp(key, "log_level") == 0) {
 			int lvl = json_is_string(v) ? log_level_from_name(json_string_value(v)) : -EINVAL;
 			if (lvl < 0) {
 				snprintf(err, errlen, "%s: log_level: must be one of error, warning, notice, info, debug", path);
 				goto out;
 			}
-			if (!keep_set || !cfg->log_level)
-				cfg->log_level = lvl;
+			cfg->log_level = lvl;
 		} else if (strcmp(key, "pipelines") == 0) {
 			if (!json_is_array(v)) {
 				snprintf(err, errlen, "%s: pipelines: must be an array of pipeline specs", path);
 				goto out;
 			}
-			json_decref(cfg->pipelines);
-			cfg->pipelines = json_incref(v);
+			if (!cfg->pipelines)
+				cfg->pipelines = json_array();
+			json_array_extend(cfg->pipelines, v);
 		} else {
 			snprintf(err, errlen, "%s: unknown key \"%s\"", path, key);
 			goto out;
 		}
 	}
-	free(cfg->path);
-	cfg->path = strdup(path);
 	r = 0;
 out:
 	json_decref(root);
 	return r;
+}
+
+static int is_dropin(const struct dirent *e)
+{
+	size_t n = strlen(e->d_name);
+
+	return e->d_name[0] != '.' && n > 5 && strcmp(e->d_name + n - 5, ".json") == 0;
+}
+
+int settings_load(struct settings *cfg, const char *path, bool keep_set, char *err, size_t errlen)
+{
+	struct settings file = { 0 };
+	struct dirent **list = NULL;
+	char dir[4096];
+	const char *slash = strrchr(path, '/');
+	int n, r;
+
+	r = load_one(&file, path, err, errlen);
+	/* drop-ins: conf.d/ *.json beside the file, in name order */
+	if (slash)
+		snprintf(dir, sizeof(dir), "%.*s/conf.d", (int)(slash - path), path);
+	else
+		snprintf(dir, sizeof(dir), "conf.d");
+	n = r < 0 ? 0 : scandir(dir, &list, is_dropin, alphasort);
+	for (int i = 0; i < n; i++) {
+		char drop[4352];
+		snprintf(drop, sizeof(drop), "%s/%s", dir, list[i]->d_name);
+		if (r == 0)
+			r = load_one(&file, drop, err, errlen);
+		free(list[i]);
+	}
+	free(list);
+	if (r < 0) {
+		settings_clear(&file);
+		return r;
+	}
+	/* what the command line set stays */
+	if (file.socket_path && (!keep_set || !cfg->socket_path)) {
+		free(cfg->socket_path);
+		cfg->socket_path = file.socket_path;
+		file.socket_path = NULL;
+	}
+	if (file.workers && (!keep_set || !cfg->workers))
+		cfg->workers = file.workers;
+	if (file.memory_limit && (!keep_set || !cfg->memory_limit))
+		cfg->memory_limit = file.memory_limit;
+	if (file.log_level && (!keep_set || !cfg->log_level))
+		cfg->log_level = file.log_level;
+	json_decref(cfg->pipelines);
+	cfg->pipelines = file.pipelines;
+	file.pipelines = NULL;
+	free(cfg->path);
+	cfg->path = strdup(path);
+	settings_clear(&file);
+	return 0;
 }
 
 void settings_clear(struct settings *cfg)

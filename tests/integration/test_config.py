@@ -81,3 +81,30 @@ def test_bad_spec_in_config_is_reported_and_others_still_served(daemon, workdir)
     assert names(d.status()) == ["good"]
     log = d.log()
     assert "pipelines[0]" in log and "seq_len" in log, log
+
+
+def test_conf_d_dropins(daemon, workdir):
+    tok = os.path.join(workdir, "t.bin")
+    random_tokens(tok, 32 * 40 + 1, "uint16", seed=5)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"workers": 3, "memory_limit": "64M",
+                       "pipelines": [token_spec("main", tok, 32, "uint16", batch_size=4)]})
+    os.mkdir(os.path.join(workdir, "conf.d"))
+    write_config(os.path.join(workdir, "conf.d", "20-more.json"),
+                 {"memory_limit": "96M", "pipelines": [token_spec("late", tok, 16, "uint16")]})
+    write_config(os.path.join(workdir, "conf.d", "10-first.json"),
+                 {"memory_limit": "32M", "pipelines": [token_spec("early", tok, 8, "uint16")]})
+    with open(os.path.join(workdir, "conf.d", "README"), "w") as f:
+        f.write("not a drop-in")
+    # --workers on the command line wins over the file; memory_limit comes
+    # from the last drop-in in name order
+    d = daemon("--config", cfg, workers=2)
+    st = d.status()
+    assert st["workers"] == 2
+    assert st["memory_limit"] == 96 << 20
+    assert names(st) == ["early", "late", "main"]
+
+    # a broken drop-in is an error that names it
+    write_config(os.path.join(workdir, "conf.d", "30-bad.json"), {"wrokers": 1})
+    err = run_daemon_expect_failure(["--config", cfg, "--socket", os.path.join(workdir, "x.sock")])
+    assert "30-bad.json" in err and 'unknown key "wrokers"' in err, err
