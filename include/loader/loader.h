@@ -130,7 +130,9 @@ LDR_EXPORT int ldr_socket_path(char *buf, size_t size, const char *explicit_path
 
 /** Version strings of libloader and of the nng and protobuf-c it runs on. */
 LDR_EXPORT const char *ldr_version(void);
+/** Version of the nng library loaded at run time. */
 LDR_EXPORT const char *ldr_nng_version(void);
+/** Version of the protobuf-c library loaded at run time. */
 LDR_EXPORT const char *ldr_protobuf_c_version(void);
 
 /**
@@ -198,10 +200,13 @@ LDR_EXPORT int ldr_next(struct ldr_attachment *att, int timeout_ms, struct ldr_b
 /** Release a batch: its slot may be reused. Safe to call from any thread. */
 LDR_EXPORT void ldr_release(struct ldr_batch *batch);
 
+/** Epoch of the batch (0-based). */
 LDR_EXPORT uint64_t ldr_batch_epoch(const struct ldr_batch *batch);
+/** Index of the batch within its epoch (0-based; partition: within the rank's share). */
 LDR_EXPORT uint64_t ldr_batch_index(const struct ldr_batch *batch);
 /** Rows in this batch (fewer than the batch size for a short last batch). */
 LDR_EXPORT uint32_t ldr_batch_rows(const struct ldr_batch *batch);
+/** Fields of the batch, as ldr_attachment_nfields(). */
 LDR_EXPORT int ldr_batch_nfields(const struct ldr_batch *batch);
 /** Describe field @p i of the batch; returns 0 or -EINVAL. */
 LDR_EXPORT int ldr_batch_field(const struct ldr_batch *batch, int i, struct ldr_field *out);
