@@ -25,6 +25,9 @@
  * positions are not exactly mirror-symmetric.
  */
 #include <errno.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,6 +38,7 @@
 #include "imageop.h"
 
 #define PRECISION_BITS (32 - 8 - 2)
+#define RESAMPLE_SLACK 16          /* bytes past a row that the kernels may touch */
 
 __attribute__((format(printf, 4, 5)))
 static int fail(int r, char *err, size_t errlen, const char *fmt, ...)
@@ -311,6 +315,35 @@ resize:
 
 /* ---- resampling (PIL's, 8 bits per channel) ---- */
 
+/*
+ * The arithmetic is PIL's, exactly: per output value, 2^21 plus the sum of
+ * pixel x coefficient (22-bit fixed point) in int32, shifted right by 22 and
+ * clipped to 0..255. What differs is the arrangement, for speed:
+ *
+ * - every output position of a pass has the same number K of taps: PIL's
+ *   coefficients, shifted to a window of K source positions that stays
+ *   inside the image (xmin moved left where needed) and padded with zero
+ *   coefficients, which add nothing to the sum;
+ * - the horizontal pass works on a whole pixel at once (R, G, B and one
+ *   ignored byte as four int32 lanes, SSE4.1 when the CPU has it, else
+ *   portable C), so reads and writes 4 bytes per pixel: its output rows have
+ *   RESAMPLE_SLACK bytes of slack, and the input image's last row is read
+ *   through a copy, so that no read passes the end of the caller's buffer;
+ * - the vertical pass works along the row (contiguous bytes), with K
+ *   fixed at compile time for the usual sizes, built for x86-64-v3 (AVX2)
+ *   too and chosen at load time; the sample's flip, dtype and layout
+ *   conversion follow on the row while it is in L1.
+ */
+
+#define HALF (1 << (PRECISION_BITS - 1))
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define KERNEL __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define KERNEL
+#endif
+
+
 static inline double bilinear(double x)
 {
 	if (x < 0.0)
@@ -318,38 +351,46 @@ static inline double bilinear(double x)
 	return x < 1.0 ? 1.0 - x : 0.0;
 }
 
-static int ksize_of(int in_size_window, double in0, double in1, int out_size)
+static int ksize_of(double in0, double in1, int out_size)
 {
 	double scale = (in1 - in0) / out_size;
 	double support = scale < 1.0 ? 1.0 : scale;
 
-	(void)in_size_window;
 	return (int)ceil(support) * 2 + 1;
 }
 
 /*
  * PIL's precompute_coeffs() and normalize_coeffs_8bpc() for the target
- * positions [first, first + count); positions outside [0, out_size) get
- * bounds {0, -1}: padding.
+ * positions [first, first + count). Each position gets *K taps from xs[c]
+ * (xs[c] + *K <= in_size): PIL's nonzero coefficients, moved into that
+ * window, the rest zero. *K is the widest run of nonzero coefficients (at
+ * most @ksize). Positions outside [0, out_size) are padding: pad[c] set,
+ * coefficients zero. @kk holds count x ksize values. Returns the number of
+ * padding positions.
  */
-static void coeffs(int in_size, double in0, double in1, int out_size, int first, int count,
-		   int ksize, int *bounds, int32_t *kk)
+static int coeffs(int in_size, double in0, double in1, int out_size, int first, int count,
+		  int ksize, int *K, int32_t *xs, int32_t *kk, uint8_t *pad, int32_t *ns)
 {
 	double scale = (in1 - in0) / out_size;
 	double filterscale = scale < 1.0 ? 1.0 : scale;
 	double support = filterscale; /* bilinear: support 1 */
 	double ss = 1.0 / filterscale;
+	int npad = 0, kmax = 1;
 
+	/* PIL's coefficients, ksize apart; xs[c] = first nonzero, ns = count */
 	for (int c = 0; c < count; c++) {
-		int xx = first + c, xmin, xmax;
+		int xx = first + c, xmin, xmax, lo, hi;
 		int32_t *k = kk + (size_t)c * ksize;
 		double center, ww = 0.0;
 
 		if (xx < 0 || xx >= out_size) {
-			bounds[2 * c] = 0;
-			bounds[2 * c + 1] = -1;
+			xs[c] = 0;
+			ns[c] = 0;
+			pad[c] = 1;
+			npad++;
 			continue;
 		}
+		pad[c] = 0;
 		center = in0 + (xx + 0.5) * scale;
 		xmin = (int)(center - support + 0.5);
 		if (xmin < 0)
@@ -369,18 +410,187 @@ static void coeffs(int in_size, double in0, double in1, int out_size, int first,
 			k[x] = v < 0 ? (int32_t)(-0.5 + v * (1 << PRECISION_BITS))
 				     : (int32_t)(0.5 + v * (1 << PRECISION_BITS));
 		}
-		bounds[2 * c] = xmin;
-		bounds[2 * c + 1] = xmax;
+		lo = 0;
+		hi = xmax;
+		while (hi > 0 && k[hi - 1] == 0)
+			hi--;
+		while (lo < hi && k[lo] == 0)
+			lo++;
+		if (lo == hi)
+			lo = hi = 0;
+		if (lo > 0)
+			memmove(k, k + lo, (size_t)(hi - lo) * sizeof(*k));
+		xs[c] = xmin + lo;
+		ns[c] = hi - lo;
+		if (hi - lo > kmax)
+			kmax = hi - lo;
+	}
+	/* to kmax taps each, in place (kmax <= ksize: rows only move down) */
+	for (int c = 0; c < count; c++) {
+		int32_t *from = kk + (size_t)c * ksize, *to = kk + (size_t)c * kmax;
+		int n = ns[c], shift = 0;
+
+		if (xs[c] + kmax > in_size)
+			shift = xs[c] + kmax - in_size;
+		memmove(to + shift, from, (size_t)n * sizeof(*to));
+		for (int x = 0; x < shift; x++)
+			to[x] = 0;
+		for (int x = shift + n; x < kmax; x++)
+			to[x] = 0;
+		xs[c] -= shift;
+	}
+	*K = kmax;
+	return npad;
+}
+
+/* Identity along an axis: one tap of weight 1 at the source position. */
+static int coeffs_copy(int out_size, int first, int count, int32_t *xs, int32_t *kk, uint8_t *pad)
+{
+	int npad = 0;
+
+	for (int c = 0; c < count; c++) {
+		int t = first + c;
+
+		pad[c] = t < 0 || t >= out_size;
+		npad += pad[c];
+		xs[c] = pad[c] ? 0 : t;
+		kk[c] = pad[c] ? 0 : 1 << PRECISION_BITS;
+	}
+	return npad;
+}
+
+/* One row of the horizontal pass, portable: K taps from xs[c] per output pixel. */
+static void hrow_c(const uint8_t *in, uint8_t *out, int ow, const int32_t *xs, const int32_t *kk,
+		   int K)
+{
+	for (int c = 0; c < ow; c++) {
+		const uint8_t *p = in + 3 * (size_t)xs[c];
+		const int32_t *k = kk + (size_t)c * K;
+		int32_t s0 = HALF, s1 = HALF, s2 = HALF;
+
+		for (int j = 0; j < K; j++) {
+			s0 += p[3 * j] * k[j];
+			s1 += p[3 * j + 1] * k[j];
+			s2 += p[3 * j + 2] * k[j];
+		}
+		s0 >>= PRECISION_BITS;
+		s1 >>= PRECISION_BITS;
+		s2 >>= PRECISION_BITS;
+		out[3 * c] = (uint8_t)(s0 > 255 ? 255 : s0);
+		out[3 * c + 1] = (uint8_t)(s1 > 255 ? 255 : s1);
+		out[3 * c + 2] = (uint8_t)(s2 > 255 ? 255 : s2);
 	}
 }
 
-static inline uint8_t clip8(int32_t in)
+static bool portable_only;
+
+void imageop_portable_only(bool on)
 {
-	if (in >= (1 << PRECISION_BITS << 8))
-		return 255;
-	if (in <= 0)
-		return 0;
-	return (uint8_t)(in >> PRECISION_BITS);
+	portable_only = on;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/*
+ * SSE4.1: a pixel's R, G, B (and the next byte, ignored) as four int32
+ * lanes; the coefficients are stored four times over (kk4). The sum is
+ * >= 2^21 > 0, so the saturating packs clip exactly as PIL's clip8().
+ */
+__attribute__((target("sse4.1"))) static inline void
+hrow_sse41_k(const uint8_t *in, uint8_t *out, int ow, const int32_t *xs, const int32_t *kk4,
+	     const int K)
+{
+	const __m128i half = _mm_set1_epi32(HALF);
+
+	for (int c = 0; c < ow; c++) {
+		const uint8_t *p = in + 3 * (size_t)xs[c];
+		const __m128i *k = (const __m128i *)(kk4 + (size_t)c * K * 4);
+		__m128i acc = half;
+		int32_t v;
+
+		for (int j = 0; j < K; j++) {
+			memcpy(&v, p + 3 * j, 4);
+			acc = _mm_add_epi32(acc, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(v)),
+								 _mm_load_si128(k + j)));
+		}
+		acc = _mm_srai_epi32(acc, PRECISION_BITS);
+		acc = _mm_packus_epi16(_mm_packus_epi32(acc, acc), acc);
+		v = _mm_cvtsi128_si32(acc);
+		memcpy(out + 3 * c, &v, 4);
+	}
+}
+
+__attribute__((target("sse4.1"))) static void
+hrow_sse41(const uint8_t *in, uint8_t *out, int ow, const int32_t *xs, const int32_t *kk4, int K)
+{
+	switch (K) {
+	case 1: hrow_sse41_k(in, out, ow, xs, kk4, 1); break;
+	case 2: hrow_sse41_k(in, out, ow, xs, kk4, 2); break;
+	case 3: hrow_sse41_k(in, out, ow, xs, kk4, 3); break;
+	case 4: hrow_sse41_k(in, out, ow, xs, kk4, 4); break;
+	default: hrow_sse41_k(in, out, ow, xs, kk4, K); break;
+	}
+}
+
+static bool have_sse41(void)
+{
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("sse4.1") ? 1 : 0;
+	return have && !portable_only;
+}
+#else
+static bool have_sse41(void)
+{
+	return false;
+}
+
+static void hrow_sse41(const uint8_t *in, uint8_t *out, int ow, const int32_t *xs,
+		       const int32_t *kk4, int K)
+{
+	(void)in, (void)out, (void)ow, (void)xs, (void)kk4, (void)K;
+}
+#endif
+
+static inline __attribute__((always_inline)) void vrow_k(const uint8_t *in, size_t stride,
+							 const int32_t *k, uint8_t *row,
+							 size_t len, const int K)
+{
+	for (size_t e = 0; e < len; e++) {
+		int32_t s = HALF;
+
+		for (int j = 0; j < K; j++)
+			s += in[(size_t)j * stride + e] * k[j];
+		s >>= PRECISION_BITS;
+		row[e] = (uint8_t)(s > 255 ? 255 : s);
+	}
+}
+
+/* One row of the vertical pass: K input rows from @in, @stride apart. */
+KERNEL static void vrow(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row,
+			size_t len, int K, int32_t *acc)
+{
+	switch (K) {
+	case 1: vrow_k(in, stride, k, row, len, 1); return;
+	case 2: vrow_k(in, stride, k, row, len, 2); return;
+	case 3: vrow_k(in, stride, k, row, len, 3); return;
+	case 4: vrow_k(in, stride, k, row, len, 4); return;
+	case 5: vrow_k(in, stride, k, row, len, 5); return;
+	}
+	for (size_t e = 0; e < len; e++)
+		acc[e] = HALF;
+	for (int j = 0; j < K; j++) {
+		const uint8_t *r = in + (size_t)j * stride;
+		int32_t w = k[j];
+
+		for (size_t e = 0; e < len; e++)
+			acc[e] += r[e] * w;
+	}
+	for (size_t e = 0; e < len; e++) {
+		int32_t s = acc[e] >> PRECISION_BITS;
+
+		row[e] = (uint8_t)(s > 255 ? 255 : s);
+	}
 }
 
 /* Where a stage writes its rows: the next stage's input, or the sample. */
@@ -392,9 +602,53 @@ struct sink {
 	int ow, oh;
 };
 
+#define SINK_ROW(T, CONV)                                                              \
+	do {                                                                           \
+		T *d = k->dst;                                                         \
+		if (op->nhwc) {                                                        \
+			d += (size_t)y * w * 3;                                        \
+			if (!flip) {                                                   \
+				for (int x = 0; x < w; x++) {                          \
+					d[3 * x] = CONV(0, row[3 * x]);                \
+					d[3 * x + 1] = CONV(1, row[3 * x + 1]);        \
+					d[3 * x + 2] = CONV(2, row[3 * x + 2]);        \
+				}                                                      \
+			} else {                                                       \
+				for (int x = 0; x < w; x++) {                          \
+					const uint8_t *p = row + 3 * (w - 1 - x);      \
+					d[3 * x] = CONV(0, p[0]);                      \
+					d[3 * x + 1] = CONV(1, p[1]);                  \
+					d[3 * x + 2] = CONV(2, p[2]);                  \
+				}                                                      \
+			}                                                              \
+		} else {                                                               \
+			T *d0 = d + (size_t)y * w, *d1 = d0 + plane, *d2 = d1 + plane; \
+			if (!flip) {                                                   \
+				for (int x = 0; x < w; x++) {                          \
+					d0[x] = CONV(0, row[3 * x]);                   \
+					d1[x] = CONV(1, row[3 * x + 1]);               \
+					d2[x] = CONV(2, row[3 * x + 2]);               \
+				}                                                      \
+			} else {                                                       \
+				for (int x = 0; x < w; x++) {                          \
+					const uint8_t *p = row + 3 * (w - 1 - x);      \
+					d0[x] = CONV(0, p[0]);                         \
+					d1[x] = CONV(1, p[1]);                         \
+					d2[x] = CONV(2, p[2]);                         \
+				}                                                      \
+			}                                                              \
+		}                                                                      \
+	} while (0)
+
+#define CONV_U8(c, v) (v)
+#define CONV_F32(c, v) (lut[c][v])
+#define CONV_F16(c, v) (lut16[c][v])
+
 static void sink_row(const struct sink *k, int y, const uint8_t *row, bool flip)
 {
 	const struct imageop *op = k->op;
+	const float (*lut)[256] = op->lut;
+	const uint16_t (*lut16)[256] = op->lut16;
 	int w = k->ow;
 	size_t plane = (size_t)k->ow * k->oh;
 
@@ -410,201 +664,135 @@ static void sink_row(const struct sink *k, int y, const uint8_t *row, bool flip)
 		return;
 	}
 	switch (op->dtype) {
-	case LDR_DTYPE_UINT8: {
-		uint8_t *d = k->dst;
-
-		if (op->nhwc) {
-			d += (size_t)y * w * 3;
-			if (!flip) {
-				memcpy(d, row, (size_t)w * 3);
-			} else {
-				for (int x = 0; x < w; x++)
-					memcpy(d + 3 * x, row + 3 * (w - 1 - x), 3);
-			}
-		} else {
-			d += (size_t)y * w;
-			for (int x = 0; x < w; x++) {
-				const uint8_t *p = row + 3 * (flip ? w - 1 - x : x);
-
-				d[x] = p[0];
-				d[plane + x] = p[1];
-				d[2 * plane + x] = p[2];
-			}
-		}
+	case LDR_DTYPE_UINT8:
+		if (op->nhwc && !flip)
+			memcpy((uint8_t *)k->dst + (size_t)y * w * 3, row, (size_t)w * 3);
+		else
+			SINK_ROW(uint8_t, CONV_U8);
 		break;
-	}
-	case LDR_DTYPE_FLOAT32: {
-		float *d = k->dst;
-
-		if (op->nhwc) {
-			d += (size_t)y * w * 3;
-			for (int x = 0; x < w; x++) {
-				const uint8_t *p = row + 3 * (flip ? w - 1 - x : x);
-
-				d[3 * x] = op->lut[0][p[0]];
-				d[3 * x + 1] = op->lut[1][p[1]];
-				d[3 * x + 2] = op->lut[2][p[2]];
-			}
-		} else {
-			d += (size_t)y * w;
-			for (int x = 0; x < w; x++) {
-				const uint8_t *p = row + 3 * (flip ? w - 1 - x : x);
-
-				d[x] = op->lut[0][p[0]];
-				d[plane + x] = op->lut[1][p[1]];
-				d[2 * plane + x] = op->lut[2][p[2]];
-			}
-		}
+	case LDR_DTYPE_FLOAT32:
+		SINK_ROW(float, CONV_F32);
 		break;
-	}
-	default: { /* float16, bfloat16 */
-		uint16_t *d = k->dst;
-
-		if (op->nhwc) {
-			d += (size_t)y * w * 3;
-			for (int x = 0; x < w; x++) {
-				const uint8_t *p = row + 3 * (flip ? w - 1 - x : x);
-
-				d[3 * x] = op->lut16[0][p[0]];
-				d[3 * x + 1] = op->lut16[1][p[1]];
-				d[3 * x + 2] = op->lut16[2][p[2]];
-			}
-		} else {
-			d += (size_t)y * w;
-			for (int x = 0; x < w; x++) {
-				const uint8_t *p = row + 3 * (flip ? w - 1 - x : x);
-
-				d[x] = op->lut16[0][p[0]];
-				d[plane + x] = op->lut16[1][p[1]];
-				d[2 * plane + x] = op->lut16[2][p[2]];
-			}
-		}
+	default: /* float16, bfloat16 */
+		SINK_ROW(uint16_t, CONV_F16);
 		break;
-	}
 	}
 }
 
 /*
  * Run one stage: the window [lo_x, lo_x + in_w) x [lo_y, lo_y + in_h) of
- * @src, whose box in0..in1 (relative to the window) maps onto the target.
+ * @src (@src_h rows of @stride bytes), whose box in0..in1 (relative to the
+ * window) maps onto the target.
  */
 static int stage_run(struct image_scratch *s, const struct imageop_stage *st, const uint8_t *src,
-		     size_t stride, int lo_x, int lo_y, int in_w, int in_h, double in0x, double in1x,
-		     double in0y, double in1y, const struct sink *sink)
+		     size_t stride, int src_h, int lo_x, int lo_y, int in_w, int in_h, double in0x,
+		     double in1x, double in0y, double in1y, const struct sink *sink)
 {
 	int ow = st->ow, oh = st->oh;
 	bool need_h = st->tw != in_w || in0x != 0.0 || in1x != (double)in_w;
 	bool need_v = st->th != in_h || in0y != 0.0 || in1y != (double)in_h;
-	int ksx = need_h ? ksize_of(in_w, in0x, in1x, st->tw) : 1;
-	int ksy = need_v ? ksize_of(in_h, in0y, in1y, st->th) : 1;
-	size_t rowlen = (size_t)ow * 3;
-	size_t need = (size_t)ow * (2 * sizeof(int) + ksx * sizeof(int32_t)) +
-		      (size_t)oh * (2 * sizeof(int) + ksy * sizeof(int32_t)) + rowlen * sizeof(int32_t) + 64;
-	int *bx, *by;
-	int32_t *kx, *ky, *acc;
-	uint8_t *row, *tmp;
-	int yfirst = in_h, ylast = 0;
+	int ksx = need_h ? ksize_of(in0x, in1x, st->tw) : 1;
+	int ksy = need_v ? ksize_of(in0y, in1y, st->th) : 1;
+	int Kx = 1, Ky = 1, yfirst = in_h, ylast = 0, c0 = 0, c1 = 0;
+	size_t rowlen = (size_t)ow * 3, stride_t = rowlen + RESAMPLE_SLACK;
+	size_t need = (size_t)ow * (2 * sizeof(int32_t) + ksx * sizeof(int32_t) + 1) +
+		      (size_t)oh * (2 * sizeof(int32_t) + ksy * sizeof(int32_t) + 1) +
+		      rowlen * sizeof(int32_t) + 64;
+	bool simd = need_h && have_sse41();
+	int32_t *xs, *ys, *nsx, *nsy, *kx, *ky, *acc, *kx4 = NULL;
+	uint8_t *padx, *pady, *row, *tmp, *last = NULL;
 
+	if (simd)
+		need += (size_t)ow * ksx * 4 * sizeof(int32_t) + 16;
 	if (image_scratch_grow(&s->coef, &s->coef_cap, need) < 0 ||
-	    image_scratch_grow(&s->row, &s->row_cap, rowlen) < 0)
+	    image_scratch_grow(&s->row, &s->row_cap, 2 * stride_t + (size_t)in_w * 3 + 64) < 0)
 		return -ENOMEM;
-	bx = s->coef;
-	by = bx + 2 * (size_t)ow;
-	kx = (int32_t *)(by + 2 * (size_t)oh);
+	acc = s->coef;
+	xs = acc + rowlen;
+	nsx = xs + ow;
+	ys = nsx + ow;
+	nsy = ys + oh;
+	kx = nsy + oh;
 	ky = kx + (size_t)ow * ksx;
-	acc = ky + (size_t)oh * ksy;
+	padx = (uint8_t *)(ky + (size_t)oh * ksy);
+	pady = padx + ow;
 	row = s->row;
 
-	/* columns: the coefficients, or the source column (bounds {x, 1}) */
 	if (need_h) {
-		coeffs(in_w, in0x, in1x, st->tw, st->ox, ow, ksx, bx, kx);
-	} else {
-		for (int c = 0; c < ow; c++) {
-			int tx = st->ox + c;
+		coeffs(in_w, in0x, in1x, st->tw, st->ox, ow, ksx, &Kx, xs, kx, padx, nsx);
+		if (simd) {
+			/* each coefficient four times, 16-byte aligned */
+			uintptr_t a = (uintptr_t)(pady + oh);
 
-			bx[2 * c] = tx;
-			bx[2 * c + 1] = tx >= 0 && tx < st->tw ? 1 : -1;
-			kx[c] = 1 << PRECISION_BITS;
+			kx4 = (int32_t *)((a + 15) & ~(uintptr_t)15);
+			for (size_t i = 0; i < (size_t)ow * Kx; i++)
+				for (int l = 0; l < 4; l++)
+					kx4[4 * i + l] = kx[i];
 		}
-	}
-	if (need_v) {
-		coeffs(in_h, in0y, in1y, st->th, st->oy, oh, ksy, by, ky);
 	} else {
-		for (int r = 0; r < oh; r++) {
-			int ty = st->oy + r;
-
-			by[2 * r] = ty;
-			by[2 * r + 1] = ty >= 0 && ty < st->th ? 1 : -1;
-			ky[r] = 1 << PRECISION_BITS;
-		}
+		coeffs_copy(st->tw, st->ox, ow, xs, kx, padx);
 	}
+	if (need_v)
+		coeffs(in_h, in0y, in1y, st->th, st->oy, oh, ksy, &Ky, ys, ky, pady, nsy);
+	else
+		coeffs_copy(st->th, st->oy, oh, ys, ky, pady);
 	for (int r = 0; r < oh; r++) {
-		if (by[2 * r + 1] <= 0)
+		if (pady[r])
 			continue;
-		if (by[2 * r] < yfirst)
-			yfirst = by[2 * r];
-		if (by[2 * r] + by[2 * r + 1] > ylast)
-			ylast = by[2 * r] + by[2 * r + 1];
+		if (ys[r] < yfirst)
+			yfirst = ys[r];
+		if (ys[r] + Ky > ylast)
+			ylast = ys[r] + Ky;
 	}
 	if (yfirst > ylast)
 		yfirst = ylast = 0;
+	if (!need_h) {
+		/* the kept columns: [c0, c1) of the output are source columns */
+		c0 = st->ox < 0 ? -st->ox : 0;
+		c1 = st->tw - st->ox < ow ? st->tw - st->ox : ow;
+		if (c1 < c0)
+			c1 = c0;
+	}
 
 	/* horizontal pass over the rows the vertical pass reads */
-	if (image_scratch_grow(&s->tmp, &s->tmp_cap, (size_t)(ylast - yfirst) * rowlen + 1) < 0)
+	if (image_scratch_grow(&s->tmp, &s->tmp_cap, (size_t)(ylast - yfirst) * stride_t + 64) < 0)
 		return -ENOMEM;
 	tmp = s->tmp;
 	for (int y = yfirst; y < ylast; y++) {
 		const uint8_t *in = src + (size_t)(lo_y + y) * stride + (size_t)lo_x * 3;
-		uint8_t *out = tmp + (size_t)(y - yfirst) * rowlen;
+		uint8_t *out = tmp + (size_t)(y - yfirst) * stride_t;
 
-		for (int c = 0; c < ow; c++) {
-			int xmin = bx[2 * c], n = bx[2 * c + 1];
-
-			if (n < 0) {
-				out[3 * c] = out[3 * c + 1] = out[3 * c + 2] = 0;
-			} else if (!need_h) {
-				memcpy(out + 3 * c, in + 3 * xmin, 3);
-			} else {
-				const int32_t *k = kx + (size_t)c * ksx;
-				const uint8_t *p = in + 3 * xmin;
-				int32_t s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
-
-				for (int x = 0; x < n; x++) {
-					s0 += p[3 * x] * k[x];
-					s1 += p[3 * x + 1] * k[x];
-					s2 += p[3 * x + 2] * k[x];
-				}
-				out[3 * c] = clip8(s0);
-				out[3 * c + 1] = clip8(s1);
-				out[3 * c + 2] = clip8(s2);
-			}
+		if (!need_h) {
+			memset(out, 0, (size_t)c0 * 3);
+			memcpy(out + (size_t)c0 * 3, in + (size_t)(st->ox + c0) * 3,
+			       (size_t)(c1 - c0) * 3);
+			memset(out + (size_t)c1 * 3, 0, (size_t)(ow - c1) * 3);
+			continue;
 		}
+		if (!simd) {
+			hrow_c(in, out, ow, xs, kx, Kx);
+			continue;
+		}
+		if (lo_y + y == src_h - 1) {
+			/* 4-byte reads: the image's last row goes through a copy with slack */
+			last = row + 2 * stride_t;
+			memcpy(last, in, (size_t)in_w * 3);
+			in = last;
+		}
+		hrow_sse41(in, out, ow, xs, kx4, Kx);
 	}
 
-	/* vertical pass, one output row at a time */
+	/* vertical pass, one output row at a time, then the output conversion */
 	for (int r = 0; r < oh; r++) {
-		int ymin = by[2 * r], n = by[2 * r + 1];
+		const uint8_t *in = tmp + (size_t)(ys[r] - yfirst) * stride_t, *out = row;
 
-		if (n < 0) {
+		if (pady[r])
 			memset(row, 0, rowlen);
-		} else if (!need_v) {
-			memcpy(row, tmp + (size_t)(ymin - yfirst) * rowlen, rowlen);
-		} else {
-			const int32_t *k = ky + (size_t)r * ksy;
-
-			for (size_t e = 0; e < rowlen; e++)
-				acc[e] = 1 << (PRECISION_BITS - 1);
-			for (int y = 0; y < n; y++) {
-				const uint8_t *in = tmp + (size_t)(ymin + y - yfirst) * rowlen;
-				int32_t w = k[y];
-
-				for (size_t e = 0; e < rowlen; e++)
-					acc[e] += in[e] * w;
-			}
-			for (size_t e = 0; e < rowlen; e++)
-				row[e] = clip8(acc[e]);
-		}
-		sink_row(sink, r, row, st->flip);
+		else if (!need_v)
+			out = in;
+		else
+			vrow(in, stride_t, ky + (size_t)r * Ky, row, rowlen, Ky, acc);
+		sink_row(sink, r, out, st->flip);
 	}
 	return 0;
 }
@@ -652,8 +840,8 @@ int imageop_run(const struct imageop *op, struct image_scratch *s, const struct 
 					    st->ow, st->oh);
 			sink.buf = *b;
 		}
-		r = stage_run(s, st, src, (size_t)sw * 3, lo_x, lo_y, in_w, in_h, in0x, in1x, in0y,
-			      in1y, &sink);
+		r = stage_run(s, st, src, (size_t)sw * 3, sh, lo_x, lo_y, in_w, in_h, in0x, in1x,
+			      in0y, in1y, &sink);
 		if (r < 0)
 			return fail(r, err, errlen, "out of memory resampling to %dx%d", st->ow,
 				    st->oh);

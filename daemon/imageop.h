@@ -73,5 +73,8 @@ double imageop_uniform(uint64_t key, uint64_t n);
 void imageop_rrc_params(const struct transform *t, int w, int h, uint64_t key, uint64_t *draw,
 			int *top, int *left, int *ch, int *cw);
 
+/* Tests: use the portable kernels only (not the SIMD ones), process-wide. */
+void imageop_portable_only(bool on);
+
 uint16_t imageop_f32_to_f16(float f);
 uint16_t imageop_f32_to_bf16(float f);

@@ -4,6 +4,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -394,6 +395,395 @@ static void test_plan(void)
 	assert(imageop_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-16f) == 0x3f81);
 }
 
+/* ---- resampling: the fast kernels against PIL's plain algorithm ---- */
+
+/*
+ * The resampler as first written (commit 2a04ebc), a line-by-line port of
+ * PIL's ImagingResample for 8-bit images, kept here as the reference: the
+ * daemon's kernels rearrange the work (fixed tap counts, SIMD) and must give
+ * the same bytes.
+ */
+#define PRECISION_BITS (32 - 8 - 2)
+
+static int ref_fail(int r, char *e, size_t elen, const char *fmt, ...)
+{
+	(void)e, (void)elen, (void)fmt;
+	return r;
+}
+
+static inline double ref_bilinear(double x)
+{
+	if (x < 0.0)
+		x = -x;
+	return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+static int ref_ksize_of(int in_size_window, double in0, double in1, int out_size)
+{
+	double scale = (in1 - in0) / out_size;
+	double support = scale < 1.0 ? 1.0 : scale;
+
+	(void)in_size_window;
+	return (int)ceil(support) * 2 + 1;
+}
+
+/*
+ * PIL's precompute_ref_coeffs() and normalize_coeffs_8bpc() for the target
+ * positions [first, first + count); positions outside [0, out_size) get
+ * bounds {0, -1}: padding.
+ */
+static void ref_coeffs(int in_size, double in0, double in1, int out_size, int first, int count,
+		   int ksize, int *bounds, int32_t *kk)
+{
+	double scale = (in1 - in0) / out_size;
+	double filterscale = scale < 1.0 ? 1.0 : scale;
+	double support = filterscale; /* bilinear: support 1 */
+	double ss = 1.0 / filterscale;
+
+	for (int c = 0; c < count; c++) {
+		int xx = first + c, xmin, xmax;
+		int32_t *k = kk + (size_t)c * ksize;
+		double center, ww = 0.0;
+
+		if (xx < 0 || xx >= out_size) {
+			bounds[2 * c] = 0;
+			bounds[2 * c + 1] = -1;
+			continue;
+		}
+		center = in0 + (xx + 0.5) * scale;
+		xmin = (int)(center - support + 0.5);
+		if (xmin < 0)
+			xmin = 0;
+		xmax = (int)(center + support + 0.5);
+		if (xmax > in_size)
+			xmax = in_size;
+		xmax -= xmin;
+		if (xmax > ksize)
+			xmax = ksize;
+		for (int x = 0; x < xmax; x++)
+			ww += ref_bilinear((x + xmin - center + 0.5) * ss);
+		for (int x = 0; x < xmax; x++) {
+			double w = ref_bilinear((x + xmin - center + 0.5) * ss);
+			double v = ww != 0.0 ? w / ww : w;
+
+			k[x] = v < 0 ? (int32_t)(-0.5 + v * (1 << PRECISION_BITS))
+				     : (int32_t)(0.5 + v * (1 << PRECISION_BITS));
+		}
+		bounds[2 * c] = xmin;
+		bounds[2 * c + 1] = xmax;
+	}
+}
+
+static inline uint8_t ref_clip8(int32_t in)
+{
+	if (in >= (1 << PRECISION_BITS << 8))
+		return 255;
+	if (in <= 0)
+		return 0;
+	return (uint8_t)(in >> PRECISION_BITS);
+}
+
+/* Where a stage writes its rows: the next stage's input, or the sample. */
+struct ref_sink {
+	const struct imageop *op;
+	bool final;
+	uint8_t *buf;                 /* !final: packed RGB, ow x oh */
+	void *dst;                    /* final: the sample in the slot */
+	int ow, oh;
+};
+
+static void ref_sink_row(const struct ref_sink *k, int y, const uint8_t *row, bool flip)
+{
+	const struct imageop *op = k->op;
+	int w = k->ow;
+	size_t plane = (size_t)k->ow * k->oh;
+
+	if (!k->final) {
+		uint8_t *out = k->buf + (size_t)y * w * 3;
+
+		if (!flip) {
+			memcpy(out, row, (size_t)w * 3);
+		} else {
+			for (int x = 0; x < w; x++)
+				memcpy(out + 3 * x, row + 3 * (w - 1 - x), 3);
+		}
+		return;
+	}
+	{
+		uint8_t *d = (uint8_t *)k->dst + (size_t)y * w * 3;
+
+		(void)op;
+		(void)plane;
+		for (int x = 0; x < w; x++)
+			memcpy(d + 3 * x, row + 3 * (flip ? w - 1 - x : x), 3);
+	}
+}
+
+/*
+ * Run one stage: the window [lo_x, lo_x + in_w) x [lo_y, lo_y + in_h) of
+ * @src, whose box in0..in1 (relative to the window) maps onto the target.
+ */
+static int ref_stage_run(struct image_scratch *s, const struct imageop_stage *st, const uint8_t *src,
+		     size_t stride, int lo_x, int lo_y, int in_w, int in_h, double in0x, double in1x,
+		     double in0y, double in1y, const struct ref_sink *sink)
+{
+	int ow = st->ow, oh = st->oh;
+	bool need_h = st->tw != in_w || in0x != 0.0 || in1x != (double)in_w;
+	bool need_v = st->th != in_h || in0y != 0.0 || in1y != (double)in_h;
+	int ksx = need_h ? ref_ksize_of(in_w, in0x, in1x, st->tw) : 1;
+	int ksy = need_v ? ref_ksize_of(in_h, in0y, in1y, st->th) : 1;
+	size_t rowlen = (size_t)ow * 3;
+	size_t need = (size_t)ow * (2 * sizeof(int) + ksx * sizeof(int32_t)) +
+		      (size_t)oh * (2 * sizeof(int) + ksy * sizeof(int32_t)) + rowlen * sizeof(int32_t) + 64;
+	int *bx, *by;
+	int32_t *kx, *ky, *acc;
+	uint8_t *row, *tmp;
+	int yfirst = in_h, ylast = 0;
+
+	if (image_scratch_grow(&s->coef, &s->coef_cap, need) < 0 ||
+	    image_scratch_grow(&s->row, &s->row_cap, rowlen) < 0)
+		return -ENOMEM;
+	bx = s->coef;
+	by = bx + 2 * (size_t)ow;
+	kx = (int32_t *)(by + 2 * (size_t)oh);
+	ky = kx + (size_t)ow * ksx;
+	acc = ky + (size_t)oh * ksy;
+	row = s->row;
+
+	/* columns: the coefficients, or the source column (bounds {x, 1}) */
+	if (need_h) {
+		ref_coeffs(in_w, in0x, in1x, st->tw, st->ox, ow, ksx, bx, kx);
+	} else {
+		for (int c = 0; c < ow; c++) {
+			int tx = st->ox + c;
+
+			bx[2 * c] = tx;
+			bx[2 * c + 1] = tx >= 0 && tx < st->tw ? 1 : -1;
+			kx[c] = 1 << PRECISION_BITS;
+		}
+	}
+	if (need_v) {
+		ref_coeffs(in_h, in0y, in1y, st->th, st->oy, oh, ksy, by, ky);
+	} else {
+		for (int r = 0; r < oh; r++) {
+			int ty = st->oy + r;
+
+			by[2 * r] = ty;
+			by[2 * r + 1] = ty >= 0 && ty < st->th ? 1 : -1;
+			ky[r] = 1 << PRECISION_BITS;
+		}
+	}
+	for (int r = 0; r < oh; r++) {
+		if (by[2 * r + 1] <= 0)
+			continue;
+		if (by[2 * r] < yfirst)
+			yfirst = by[2 * r];
+		if (by[2 * r] + by[2 * r + 1] > ylast)
+			ylast = by[2 * r] + by[2 * r + 1];
+	}
+	if (yfirst > ylast)
+		yfirst = ylast = 0;
+
+	/* horizontal pass over the rows the vertical pass reads */
+	if (image_scratch_grow(&s->tmp, &s->tmp_cap, (size_t)(ylast - yfirst) * rowlen + 1) < 0)
+		return -ENOMEM;
+	tmp = s->tmp;
+	for (int y = yfirst; y < ylast; y++) {
+		const uint8_t *in = src + (size_t)(lo_y + y) * stride + (size_t)lo_x * 3;
+		uint8_t *out = tmp + (size_t)(y - yfirst) * rowlen;
+
+		for (int c = 0; c < ow; c++) {
+			int xmin = bx[2 * c], n = bx[2 * c + 1];
+
+			if (n < 0) {
+				out[3 * c] = out[3 * c + 1] = out[3 * c + 2] = 0;
+			} else if (!need_h) {
+				memcpy(out + 3 * c, in + 3 * xmin, 3);
+			} else {
+				const int32_t *k = kx + (size_t)c * ksx;
+				const uint8_t *p = in + 3 * xmin;
+				int32_t s0 = 1 << (PRECISION_BITS - 1), s1 = s0, s2 = s0;
+
+				for (int x = 0; x < n; x++) {
+					s0 += p[3 * x] * k[x];
+					s1 += p[3 * x + 1] * k[x];
+					s2 += p[3 * x + 2] * k[x];
+				}
+				out[3 * c] = ref_clip8(s0);
+				out[3 * c + 1] = ref_clip8(s1);
+				out[3 * c + 2] = ref_clip8(s2);
+			}
+		}
+	}
+
+	/* vertical pass, one output row at a time */
+	for (int r = 0; r < oh; r++) {
+		int ymin = by[2 * r], n = by[2 * r + 1];
+
+		if (n < 0) {
+			memset(row, 0, rowlen);
+		} else if (!need_v) {
+			memcpy(row, tmp + (size_t)(ymin - yfirst) * rowlen, rowlen);
+		} else {
+			const int32_t *k = ky + (size_t)r * ksy;
+
+			for (size_t e = 0; e < rowlen; e++)
+				acc[e] = 1 << (PRECISION_BITS - 1);
+			for (int y = 0; y < n; y++) {
+				const uint8_t *in = tmp + (size_t)(ymin + y - yfirst) * rowlen;
+				int32_t w = k[y];
+
+				for (size_t e = 0; e < rowlen; e++)
+					acc[e] += in[e] * w;
+			}
+			for (size_t e = 0; e < rowlen; e++)
+				row[e] = ref_clip8(acc[e]);
+		}
+		ref_sink_row(sink, r, row, st->flip);
+	}
+	return 0;
+}
+
+static int ref_imageop_run(const struct imageop *op, struct image_scratch *s, const struct imageop_plan *plan,
+		const uint8_t *pix, int pw, int ph, void *dst, char *e, size_t elen)
+{
+	const uint8_t *src = pix;
+	int sw = pw, sh = ph;
+
+	for (int i = 0; i < plan->n; i++) {
+		const struct imageop_stage *st = &plan->st[i];
+		struct ref_sink sink = { .op = op, .final = i == plan->n - 1, .dst = dst,
+				     .ow = st->ow, .oh = st->oh };
+		int lo_x = st->wx, lo_y = st->wy, in_w = st->ww, in_h = st->wh;
+		double in0x = 0, in1x = st->ww, in0y = 0, in1y = st->wh;
+		int r;
+
+		if (i == 0 && (sw != st->in_w || sh != st->in_h)) {
+			/* a DCT-scaled decode: the window in scaled coordinates */
+			double fx = (double)sw / st->in_w, fy = (double)sh / st->in_h;
+			double bx0 = st->wx * fx, bx1 = (st->wx + st->ww) * fx;
+			double by0 = st->wy * fy, by1 = (st->wy + st->wh) * fy;
+			int hx = (int)ceil(bx1), hy = (int)ceil(by1);
+
+			lo_x = (int)floor(bx0);
+			lo_y = (int)floor(by0);
+			in_w = (hx < sw ? hx : sw) - lo_x;
+			in_h = (hy < sh ? hy : sh) - lo_y;
+			in0x = bx0 - lo_x;
+			in1x = bx1 - lo_x;
+			in0y = by0 - lo_y;
+			in1y = by1 - lo_y;
+			if (in1x > in_w)
+				in1x = in_w;
+			if (in1y > in_h)
+				in1y = in_h;
+		}
+		if (!sink.final) {
+			uint8_t **b = &s->stage[i % 2];
+
+			if (image_scratch_grow(b, &s->stage_cap[i % 2],
+					       (size_t)st->ow * st->oh * 3) < 0)
+				return ref_fail(-ENOMEM, e, elen, "out of memory for a %dx%d image",
+					    st->ow, st->oh);
+			sink.buf = *b;
+		}
+		r = ref_stage_run(s, st, src, (size_t)sw * 3, lo_x, lo_y, in_w, in_h, in0x, in1x, in0y,
+			      in1y, &sink);
+		if (r < 0)
+			return ref_fail(r, e, elen, "out of memory resampling to %dx%d", st->ow,
+				    st->oh);
+		src = sink.buf;
+		sw = st->ow;
+		sh = st->oh;
+	}
+	return 0;
+}
+
+static void test_resample_reference(void)
+{
+	static const char *const cases[] = {
+		"[{\"op\": \"random_resized_crop\", \"size\": 40}, {\"op\": \"horizontal_flip\"}]",
+		"[{\"op\": \"random_resized_crop\", \"size\": [12, 20]}, {\"op\": \"horizontal_flip\"}]",
+		"[{\"op\": \"random_resized_crop\", \"size\": 7, \"scale\": [0.5, 1.0]}]",
+		"[{\"op\": \"resize\", \"size\": 20}, {\"op\": \"center_crop\", \"size\": 16}]",
+		"[{\"op\": \"resize\", \"size\": [13, 29]}]",
+		"[{\"op\": \"resize\", \"size\": 90}, {\"op\": \"center_crop\", \"size\": [80, 70]}]",
+		"[{\"op\": \"center_crop\", \"size\": [70, 45]}]",
+		"[{\"op\": \"center_crop\", \"size\": 30}, {\"op\": \"resize\", \"size\": 11}]",
+		"[{\"op\": \"resize\", \"size\": [33, 41]}, {\"op\": \"resize\", \"size\": 17}, "
+		"{\"op\": \"center_crop\", \"size\": 15}]",
+		"[{\"op\": \"horizontal_flip\", \"p\": 1.0}, {\"op\": \"resize\", \"size\": [17, 9]}]",
+		"[{\"op\": \"center_crop\", \"size\": 10}, {\"op\": \"horizontal_flip\", \"p\": 1.0}, "
+		"{\"op\": \"resize\", \"size\": [30, 7]}]",
+		"[{\"op\": \"resize\", \"size\": [3, 200]}, {\"op\": \"center_crop\", \"size\": [5, 150]}]",
+		"[{\"op\": \"resize\", \"size\": [1, 1]}]",
+	};
+	struct image_scratch *s = image_scratch_get(), *rs = calloc(1, sizeof(*rs));
+	unsigned rng = 12345;
+	long checked = 0;
+
+	assert(s && rs);
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		struct spec *spec = spec_of(cases[ci], ", \"output\": {\"dtype\": \"uint8\", \"layout\": \"NHWC\"}");
+		struct imageop op;
+		size_t outlen;
+		uint8_t *a, *b;
+
+		imageop_init(&op, spec);
+		outlen = (size_t)op.out_w * op.out_h * 3;
+		a = malloc(outlen);
+		b = malloc(outlen);
+		for (int it = 0; it < 60; it++) {
+			int w = 1 + (int)((rng = rng * 1103515245u + 12345u) >> 16) % 150;
+			int h = 1 + (int)((rng = rng * 1103515245u + 12345u) >> 16) % 150;
+			int pw = w, ph = h, ra, rb;
+			struct imageop_plan plan;
+			uint8_t *pix;
+
+			if (imageop_plan(&op, w, h, imageop_key(3, ci, (uint64_t)it), &plan, err,
+					 sizeof(err)) < 0)
+				continue;
+			if (it % 3 == 2 && w >= 8 && h >= 8) {
+				/* a DCT-scaled decode: the window in scaled coordinates */
+				pw = (w * 3 + 7) / 8;
+				ph = (h * 5 + 7) / 8;
+			}
+			/* exactly the image's bytes: the kernels must not read past them */
+			pix = malloc((size_t)pw * ph * 3);
+			for (size_t i = 0; i < (size_t)pw * ph * 3; i++) {
+				rng = rng * 1103515245u + 12345u;
+				pix[i] = (uint8_t)(it % 2 ? (rng >> 16) : (i * 7 / 3) ^ ((rng >> 28) & 1 ? 0xff : 0));
+			}
+			memset(a, 0xaa, outlen);
+			memset(b, 0x55, outlen);
+			ra = imageop_run(&op, s, &plan, pix, pw, ph, a, err, sizeof(err));
+			rb = ref_imageop_run(&op, rs, &plan, pix, pw, ph, b, err, sizeof(err));
+			assert(ra == 0 && rb == 0);
+			if (memcmp(a, b, outlen) != 0) {
+				size_t i = 0;
+
+				while (a[i] == b[i])
+					i++;
+				fprintf(stderr, "case %zu, %dx%d (decoded %dx%d): byte %zu is %u, want %u\n",
+					ci, w, h, pw, ph, i, a[i], b[i]);
+				abort();
+			}
+			checked++;
+			free(pix);
+		}
+		free(a);
+		free(b);
+		spec_free(spec);
+	}
+	assert(checked > 500);
+	free(rs->stage[0]);
+	free(rs->stage[1]);
+	free(rs->tmp);
+	free(rs->row);
+	free(rs->coef);
+	free(rs);
+}
+
 /* ---- tar ---- */
 
 struct collected {
@@ -694,6 +1084,10 @@ int main(void)
 	test_png();
 	test_corrupt();
 	test_plan();
+	test_resample_reference();
+	imageop_portable_only(true);
+	test_resample_reference();
+	imageop_portable_only(false);
 	test_tar();
 	test_spec();
 	test_source();
