@@ -24,8 +24,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <turbojpeg.h>
+#include <jpeglib.h>
+#include <jerror.h>
 
 #include "image.h"
+
+#if JPEG_LIB_VERSION >= 70
+#define MIN_DCT_H_SIZE(d) ((d)->min_DCT_h_scaled_size)
+#define MIN_DCT_V_SIZE(d) ((d)->min_DCT_v_scaled_size)
+#else
+#define MIN_DCT_H_SIZE(d) ((d)->min_DCT_scaled_size)
+#define MIN_DCT_V_SIZE(d) ((d)->min_DCT_scaled_size)
+#endif
 
 __attribute__((format(printf, 4, 5)))
 static int fail(int r, char *err, size_t errlen, const char *fmt, ...)
@@ -42,6 +52,8 @@ static int fail(int r, char *err, size_t errlen, const char *fmt, ...)
 
 /* ---- per-thread scratch ---- */
 
+static void jdec_free(void *p);
+
 static pthread_key_t scratch_key;
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 
@@ -53,6 +65,7 @@ static void scratch_free(void *p)
 		return;
 	if (s->tj)
 		tjDestroy(s->tj);
+	jdec_free(s->dj);
 	free(s->file);
 	free(s->pix);
 	free(s->stage[0]);
@@ -258,6 +271,270 @@ static int jpeg_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 		}
 	}
 	return 0;
+}
+
+/* ---- JPEG regions (libjpeg API) ---- */
+
+/*
+ * libjpeg reports errors through error_exit(), which must not return: it
+ * longjmps back into image_decode_region(). Everything that call allocates
+ * belongs to the decompressor kept in the scratch, so nothing leaks; after an
+ * error jpeg_abort_decompress() makes it reusable (as TurboJPEG does).
+ * Warnings are tolerated except a premature end of file, as in
+ * jpeg_decode(); the scan limit is TurboJPEG's TJFLAG_LIMITSCANS.
+ */
+#define JDEC_MAX_SCANS 500
+
+struct jdec {
+	struct jpeg_decompress_struct d;
+	struct jpeg_error_mgr e;
+	struct jpeg_progress_mgr prog;
+	jmp_buf jb;
+	bool eof;                     /* JWRN_JPEG_EOF seen */
+	char msg[JMSG_LENGTH_MAX];
+	char eof_msg[JMSG_LENGTH_MAX];
+};
+
+static int roi_on = 1;
+
+void image_set_roi(int on)
+{
+	roi_on = on;
+}
+
+static void jdec_error_exit(j_common_ptr c)
+{
+	struct jdec *j = (struct jdec *)c->client_data;
+
+	c->err->format_message(c, j->msg);
+	longjmp(j->jb, 1);
+}
+
+static void jdec_emit_message(j_common_ptr c, int level)
+{
+	struct jdec *j = (struct jdec *)c->client_data;
+
+	if (level < 0 && c->err->msg_code == JWRN_JPEG_EOF && !j->eof) {
+		j->eof = true;
+		c->err->format_message(c, j->eof_msg);
+	}
+}
+
+static void jdec_output_message(j_common_ptr c)
+{
+}
+
+static void jdec_progress(j_common_ptr c)
+{
+	struct jdec *j = (struct jdec *)c->client_data;
+
+	if (j->d.input_scan_number > JDEC_MAX_SCANS) {
+		snprintf(j->msg, sizeof(j->msg), "Progressive JPEG image has more than %d scans",
+			 JDEC_MAX_SCANS);
+		longjmp(j->jb, 1);
+	}
+}
+
+static void jdec_free(void *p)
+{
+	struct jdec *j = p;
+
+	if (!j)
+		return;
+	jpeg_destroy_decompress(&j->d);
+	free(j);
+}
+
+static struct jdec *jdec_get(struct image_scratch *s)
+{
+	struct jdec *j = s->dj;
+
+	if (j)
+		return j;
+	j = calloc(1, sizeof(*j));
+	if (!j)
+		return NULL;
+	j->d.err = jpeg_std_error(&j->e);
+	j->e.error_exit = jdec_error_exit;
+	j->e.emit_message = jdec_emit_message;
+	j->e.output_message = jdec_output_message;
+	j->d.client_data = j;
+	if (setjmp(j->jb)) {
+		free(j); /* jpeg_create_decompress() failed: out of memory */
+		return NULL;
+	}
+	jpeg_create_decompress(&j->d);
+	j->prog.progress_monitor = jdec_progress;
+	s->dj = j;
+	return j;
+}
+
+/* Whether an EOI marker (FF D9) lies in the @n bytes at @p. */
+static bool has_eoi(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i + 1 < n; i++) {
+		const uint8_t *q = memchr(p + i, 0xff, n - 1 - i);
+
+		if (!q)
+			return false;
+		i = (size_t)(q - p);
+		if (q[1] == 0xd9)
+			return true;
+	}
+	return false;
+}
+
+/* The decode itself: libjpeg errors longjmp out of it to jpeg_decode_region(). */
+static int jpeg_region_body(struct image_scratch *s, struct jdec *j, const uint8_t *data,
+			    size_t len, const struct image_info *info, int num, int denom, int x0,
+			    int y0, int x1, int y1, struct image_region *got, char *err,
+			    size_t errlen)
+{
+	bool cmyk = info->jpeg_colorspace == TJCS_CMYK || info->jpeg_colorspace == TJCS_YCCK;
+	j_decompress_ptr d = &j->d;
+	JDIMENSION xo, cw, W, H, ys, align, valign;
+	size_t stride, px;
+
+	jpeg_mem_src(d, data, (unsigned long)len);
+	d->progress = &j->prog;
+	jpeg_read_header(d, TRUE);
+	if ((int)d->image_width != info->width || (int)d->image_height != info->height) {
+		snprintf(j->msg, sizeof(j->msg), "size changed between probe and decode");
+		longjmp(j->jb, 1);
+	}
+	d->out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
+	d->scale_num = (unsigned)num;
+	d->scale_denom = (unsigned)denom;
+	d->dct_method = JDCT_ISLOW;
+	d->do_fancy_upsampling = TRUE;
+	jpeg_start_decompress(d);
+	W = d->output_width;
+	H = d->output_height;
+	if (x0 < 0)
+		x0 = 0;
+	if (y0 < 0)
+		y0 = 0;
+	if (x1 > (int)W)
+		x1 = (int)W;
+	if (y1 > (int)H)
+		y1 = (int)H;
+	if (x1 <= x0 || y1 <= y0) {
+		snprintf(j->msg, sizeof(j->msg), "empty decoding window");
+		longjmp(j->jb, 1);
+	}
+	/* as jpeg_crop_scanline() aligns: the iMCU's width in output pixels */
+	if (d->comps_in_scan == 1 && d->num_components == 1)
+		align = (JDIMENSION)MIN_DCT_H_SIZE(d);
+	else
+		align = (JDIMENSION)MIN_DCT_H_SIZE(d) * (JDIMENSION)d->max_h_samp_factor;
+	valign = (JDIMENSION)MIN_DCT_V_SIZE(d) * (JDIMENSION)d->max_v_samp_factor;
+	xo = (JDIMENSION)x0 > align ? (JDIMENSION)x0 - align : 0;
+	cw = ((JDIMENSION)x1 + align < W ? (JDIMENSION)x1 + align : W) - xo;
+	if (xo > 0 || cw < W)
+		jpeg_crop_scanline(d, &xo, &cw);
+	else
+		xo = 0, cw = W;
+	ys = (JDIMENSION)y0 > valign ? (JDIMENSION)y0 - valign : 0;
+	if (ys > 0)
+		jpeg_skip_scanlines(d, ys);
+	ys = d->output_scanline;
+	stride = (size_t)cw * (cmyk ? 4 : 3);
+	px = (size_t)cw * (size_t)((JDIMENSION)y1 - ys);
+	if (image_scratch_grow(&s->pix, &s->pix_cap, px * (cmyk ? 4 : 3) + 16) < 0) {
+		snprintf(j->msg, sizeof(j->msg), "out of memory for a %ux%u image", cw,
+			 (unsigned)y1 - ys);
+		jpeg_abort_decompress(d);
+		return fail(-ENOMEM, err, errlen, "%s", j->msg);
+	}
+	while (d->output_scanline < (JDIMENSION)y1) {
+		JSAMPROW rows[16];
+		JDIMENSION n = (JDIMENSION)y1 - d->output_scanline;
+
+		if (n > 16)
+			n = 16;
+		for (JDIMENSION i = 0; i < n; i++)
+			rows[i] = s->pix + (size_t)(d->output_scanline - ys + i) * stride;
+		jpeg_read_scanlines(d, rows, n);
+	}
+	if ((JDIMENSION)y1 < H) {
+		/*
+		 * Stopped early. A full decode reads on to the EOI marker and
+		 * refuses a file without one: so do the same here. Markers
+		 * cannot occur in entropy-coded data (0xff is stuffed), so an
+		 * FF D9 from the two bytes before the decoder's position on is
+		 * the EOI (just consumed, with a progressive file, or ahead).
+		 */
+		const uint8_t *p = d->src->next_input_byte;
+		size_t left = d->src->bytes_in_buffer;
+
+		if (!j->eof && p >= data && p <= data + len) {
+			size_t back = (size_t)(p - data) < 2 ? (size_t)(p - data) : 2;
+
+			if (!has_eoi(p - back, left + back)) {
+				j->eof = true;
+				snprintf(j->eof_msg, sizeof(j->eof_msg), "Premature end of JPEG file");
+			}
+		}
+		jpeg_abort_decompress(d);
+	} else {
+		jpeg_finish_decompress(d);
+	}
+	if (j->eof)
+		return fail(-EINVAL, err, errlen, "JPEG: %s", j->eof_msg);
+	if (cmyk) {
+		const uint8_t *in = s->pix;
+		uint8_t *out = s->pix;
+
+		for (size_t i = 0; i < px; i++, in += 4, out += 3) {
+			int nk = in[3];
+
+			out[0] = (uint8_t)(nk - muldiv255(255 - in[0], nk));
+			out[1] = (uint8_t)(nk - muldiv255(255 - in[1], nk));
+			out[2] = (uint8_t)(nk - muldiv255(255 - in[2], nk));
+		}
+	}
+	got->x = (int)xo;
+	got->y = (int)ys;
+	got->w = (int)cw;
+	got->h = y1 - (int)ys;
+	return 0;
+}
+
+static int jpeg_decode_region(struct image_scratch *s, const uint8_t *data, size_t len,
+			      const struct image_info *info, int num, int denom, int x0, int y0,
+			      int x1, int y1, struct image_region *got, char *err, size_t errlen)
+{
+	struct jdec *j = jdec_get(s);
+
+	if (!j)
+		return fail(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
+	j->eof = false;
+	j->msg[0] = '\0';
+	if (setjmp(j->jb)) {
+		jpeg_abort_decompress(&j->d);
+		return fail(-EINVAL, err, errlen, "JPEG: %s", j->msg);
+	}
+	return jpeg_region_body(s, j, data, len, info, num, denom, x0, y0, x1, y1, got, err,
+				errlen);
+}
+
+int image_decode_region(struct image_scratch *s, const uint8_t *data, size_t len,
+			const struct image_info *info, int num, int denom, int x0, int y0, int x1,
+			int y1, struct image_region *got, char *err, size_t errlen)
+{
+	int w, h;
+
+	if (info->format == IMAGE_JPEG && roi_on) {
+		if (len > (size_t)0xffffffffu)
+			return fail(-EINVAL, err, errlen, "JPEG file too large");
+		return jpeg_decode_region(s, data, len, info, num, denom, x0, y0, x1, y1, got, err,
+					  errlen);
+	}
+	image_scaled_size(info, num, denom, &w, &h);
+	got->x = got->y = 0;
+	got->w = w;
+	got->h = h;
+	return image_decode(s, data, len, info, num, denom, err, errlen);
 }
 
 /* ---- PNG ---- */

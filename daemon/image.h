@@ -25,6 +25,7 @@ struct image_info {
  */
 struct image_scratch {
 	void *tj;                     /* tjhandle */
+	void *dj;                     /* libjpeg decompressor (region decoding) */
 	uint8_t *file;
 	size_t file_cap;
 	uint8_t *pix;                 /* decoded RGB (or CMYK before conversion) */
@@ -76,3 +77,33 @@ void image_scaled_size(const struct image_info *info, int num, int denom, int *w
  */
 int image_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 		 const struct image_info *info, int num, int denom, char *err, size_t errlen);
+
+/* A rectangle of an image (decoded at some scale). */
+struct image_region {
+	int x, y, w, h;
+};
+
+/**
+ * image_decode_region() - decode at least the window [@x0, @x1) x [@y0, @y1)
+ * of the image scaled by @num/@denom, to packed 8-bit RGB in @s->pix.
+ *
+ * @got: the rectangle of the scaled image that @s->pix holds (@got->w
+ * pixels a row, @got->h rows); it contains the window. The window's pixels
+ * equal those of image_decode() at the same scale, bit for bit; the pixels
+ * of @got outside the window may not (the margin decoded for that).
+ *
+ * JPEG: libjpeg's jpeg_crop_scanline() for the columns (whole iMCU columns,
+ * one more each side, as fancy upsampling changes a cropped decode's edge
+ * pixels), jpeg_skip_scanlines() to an iMCU row above the window, and
+ * decoding stops after the window's last row. A file that ends before its
+ * EOI marker is refused as by image_decode() even when the window lies
+ * before the truncation (so whether a file is good does not depend on the
+ * crop drawn). PNG: the whole image.
+ * Return: as image_decode().
+ */
+int image_decode_region(struct image_scratch *s, const uint8_t *data, size_t len,
+			const struct image_info *info, int num, int denom, int x0, int y0, int x1,
+			int y1, struct image_region *got, char *err, size_t errlen);
+
+/* Region decoding on (default) or off (whole image, for comparisons), process-wide. */
+void image_set_roi(int on);

@@ -797,11 +797,57 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 	return 0;
 }
 
-int imageop_run(const struct imageop *op, struct image_scratch *s, const struct imageop_plan *plan,
-		const uint8_t *pix, int pw, int ph, void *dst, char *err, size_t errlen)
+/* Stage 0's window in the decoded image (@sw x @sh), and its box within it. */
+static void window0(const struct imageop_stage *st, int sw, int sh, int *lo_x, int *lo_y,
+		    int *in_w, int *in_h, double *in0x, double *in1x, double *in0y, double *in1y)
+{
+	*lo_x = st->wx;
+	*lo_y = st->wy;
+	*in_w = st->ww;
+	*in_h = st->wh;
+	*in0x = 0;
+	*in1x = st->ww;
+	*in0y = 0;
+	*in1y = st->wh;
+	if (sw != st->in_w || sh != st->in_h) {
+		/* a DCT-scaled decode: the window in scaled coordinates */
+		double fx = (double)sw / st->in_w, fy = (double)sh / st->in_h;
+		double bx0 = st->wx * fx, bx1 = (st->wx + st->ww) * fx;
+		double by0 = st->wy * fy, by1 = (st->wy + st->wh) * fy;
+		int hx = (int)ceil(bx1), hy = (int)ceil(by1);
+
+		*lo_x = (int)floor(bx0);
+		*lo_y = (int)floor(by0);
+		*in_w = (hx < sw ? hx : sw) - *lo_x;
+		*in_h = (hy < sh ? hy : sh) - *lo_y;
+		*in0x = bx0 - *lo_x;
+		*in1x = bx1 - *lo_x;
+		*in0y = by0 - *lo_y;
+		*in1y = by1 - *lo_y;
+		if (*in1x > *in_w)
+			*in1x = *in_w;
+		if (*in1y > *in_h)
+			*in1y = *in_h;
+	}
+}
+
+void imageop_window(const struct imageop_plan *plan, int pw, int ph, int *x0, int *y0, int *x1,
+		    int *y1)
+{
+	int in_w, in_h;
+	double a, b, c, d;
+
+	window0(&plan->st[0], pw, ph, x0, y0, &in_w, &in_h, &a, &b, &c, &d);
+	*x1 = *x0 + in_w;
+	*y1 = *y0 + in_h;
+}
+
+int imageop_run_region(const struct imageop *op, struct image_scratch *s,
+		       const struct imageop_plan *plan, const uint8_t *pix, int pw, int ph,
+		       const struct image_region *got, void *dst, char *err, size_t errlen)
 {
 	const uint8_t *src = pix;
-	int sw = pw, sh = ph;
+	int sw = got->w, sh = got->h;
 
 	for (int i = 0; i < plan->n; i++) {
 		const struct imageop_stage *st = &plan->st[i];
@@ -811,25 +857,15 @@ int imageop_run(const struct imageop *op, struct image_scratch *s, const struct 
 		double in0x = 0, in1x = st->ww, in0y = 0, in1y = st->wh;
 		int r;
 
-		if (i == 0 && (sw != st->in_w || sh != st->in_h)) {
-			/* a DCT-scaled decode: the window in scaled coordinates */
-			double fx = (double)sw / st->in_w, fy = (double)sh / st->in_h;
-			double bx0 = st->wx * fx, bx1 = (st->wx + st->ww) * fx;
-			double by0 = st->wy * fy, by1 = (st->wy + st->wh) * fy;
-			int hx = (int)ceil(bx1), hy = (int)ceil(by1);
-
-			lo_x = (int)floor(bx0);
-			lo_y = (int)floor(by0);
-			in_w = (hx < sw ? hx : sw) - lo_x;
-			in_h = (hy < sh ? hy : sh) - lo_y;
-			in0x = bx0 - lo_x;
-			in1x = bx1 - lo_x;
-			in0y = by0 - lo_y;
-			in1y = by1 - lo_y;
-			if (in1x > in_w)
-				in1x = in_w;
-			if (in1y > in_h)
-				in1y = in_h;
+		if (i == 0) {
+			window0(st, pw, ph, &lo_x, &lo_y, &in_w, &in_h, &in0x, &in1x, &in0y,
+				&in1y);
+			/* relative to the decoded region */
+			lo_x -= got->x;
+			lo_y -= got->y;
+			if (lo_x < 0 || lo_y < 0 || lo_x + in_w > got->w || lo_y + in_h > got->h)
+				return fail(-EINVAL, err, errlen,
+					    "decoded region misses the crop window");
 		}
 		if (!sink.final) {
 			uint8_t **b = &s->stage[i % 2];
@@ -850,4 +886,30 @@ int imageop_run(const struct imageop *op, struct image_scratch *s, const struct 
 		sh = st->oh;
 	}
 	return 0;
+}
+
+int imageop_run(const struct imageop *op, struct image_scratch *s, const struct imageop_plan *plan,
+		const uint8_t *pix, int pw, int ph, void *dst, char *err, size_t errlen)
+{
+	struct image_region all = { 0, 0, pw, ph };
+
+	return imageop_run_region(op, s, plan, pix, pw, ph, &all, dst, err, errlen);
+}
+
+int imageop_decode_run(const struct imageop *op, struct image_scratch *s,
+		       const struct imageop_plan *plan, const uint8_t *data, size_t len,
+		       const struct image_info *info, void *dst, char *err, size_t errlen)
+{
+	const struct imageop_stage *st = &plan->st[0];
+	int num = 1, denom = 1, pw, ph, x0, y0, x1, y1, r;
+	struct image_region got;
+
+	if (op->dct_scaling && st->resized)
+		image_pick_scale(info, st->ww, st->wh, st->tw, st->th, &num, &denom);
+	image_scaled_size(info, num, denom, &pw, &ph);
+	imageop_window(plan, pw, ph, &x0, &y0, &x1, &y1);
+	r = image_decode_region(s, data, len, info, num, denom, x0, y0, x1, y1, &got, err, errlen);
+	if (r < 0)
+		return r;
+	return imageop_run_region(op, s, plan, s->pix, pw, ph, &got, dst, err, errlen);
 }

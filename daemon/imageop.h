@@ -66,6 +66,33 @@ int imageop_plan(const struct imageop *op, int w, int h, uint64_t key, struct im
 int imageop_run(const struct imageop *op, struct image_scratch *s, const struct imageop_plan *plan,
 		const uint8_t *pix, int pw, int ph, void *dst, char *err, size_t errlen);
 
+/**
+ * imageop_window() - the rectangle [@x0, @x1) x [@y0, @y1) of the decoded
+ * image (@pw x @ph: the plan's input, possibly DCT-scaled) that
+ * imageop_run() reads.
+ */
+void imageop_window(const struct imageop_plan *plan, int pw, int ph, int *x0, int *y0, int *x1,
+		    int *y1);
+
+/**
+ * imageop_run_region() - imageop_run() from a decoded region: @pix holds the
+ * rectangle @got (which contains imageop_window()) of the @pw x @ph image.
+ */
+int imageop_run_region(const struct imageop *op, struct image_scratch *s,
+		       const struct imageop_plan *plan, const uint8_t *pix, int pw, int ph,
+		       const struct image_region *got, void *dst, char *err, size_t errlen);
+
+/**
+ * imageop_decode_run() - decode the encoded image @data (probed into @info,
+ * planned into @plan) and write the sample into @dst: picks the DCT scale
+ * (when op->dct_scaling and the first pass reduces), decodes only the window
+ * the plan reads (image_decode_region()), then resamples it.
+ * Return: 0, or -EINVAL with the decoder's message in @err, or -ENOMEM.
+ */
+int imageop_decode_run(const struct imageop *op, struct image_scratch *s,
+		       const struct imageop_plan *plan, const uint8_t *data, size_t len,
+		       const struct image_info *info, void *dst, char *err, size_t errlen);
+
 /* The @n-th uniform draw in [0, 1) of @key. */
 double imageop_uniform(uint64_t key, uint64_t n);
 

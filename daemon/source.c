@@ -633,13 +633,12 @@ static int image_sample(struct source *src, const struct sample_ctx *ctx, uint64
 {
 	struct image_scratch *s = image_scratch_get();
 	const struct imageop *op = src->op;
-	const struct imageop_stage *st;
 	struct imageop_plan plan;
 	struct image_info info;
 	char msg[384], what[320];
 	size_t len = 0;
 	int64_t label = 0;
-	int num = 1, denom = 1, pw, ph, r;
+	int r;
 
 	if (!s)
 		return fail(-ENOMEM, err, errlen, "out of memory for the image decoder");
@@ -651,16 +650,8 @@ static int image_sample(struct source *src, const struct sample_ctx *ctx, uint64
 		r = imageop_plan(op, info.width, info.height,
 				 imageop_key(ctx ? ctx->seed : 0, ctx ? ctx->epoch : 0, j), &plan,
 				 msg, sizeof(msg));
-	if (r == 0) {
-		st = &plan.st[0];
-		if (op->dct_scaling && st->resized)
-			image_pick_scale(&info, st->ww, st->wh, st->tw, st->th, &num, &denom);
-		r = image_decode(s, s->file, len, &info, num, denom, msg, sizeof(msg));
-	}
-	if (r == 0) {
-		image_scaled_size(&info, num, denom, &pw, &ph);
-		r = imageop_run(op, s, &plan, s->pix, pw, ph, dsts[0], msg, sizeof(msg));
-	}
+	if (r == 0)
+		r = imageop_decode_run(op, s, &plan, s->file, len, &info, dsts[0], msg, sizeof(msg));
 	if (r < 0) {
 		imageset_describe(src->images, j, what, sizeof(what));
 		return fail(r, err, errlen, "%s: %s", what, msg);

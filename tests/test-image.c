@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <turbojpeg.h>
 #include <unistd.h>
+#include <jpeglib.h>
 
 #include "image.h"
 #include "imageop.h"
@@ -308,6 +309,341 @@ static void test_corrupt(void)
 	free(copy);
 	free(png.p);
 	tjFree(jpg);
+}
+
+/* ---- region decoding ---- */
+
+static struct spec *spec_of(const char *transforms, const char *extra);
+
+static unsigned rnd(unsigned *st)
+{
+	*st = *st * 1103515245u + 12345u;
+	return *st >> 8;
+}
+
+/* A JPEG with restart markers (libjpeg API: TurboJPEG 2.x has no option). */
+static unsigned char *jpeg_encode_rst(int w, int h, int hs, int vs, int rst_mcus, int rst_rows,
+				      unsigned long *len)
+{
+	struct jpeg_compress_struct c;
+	struct jpeg_error_mgr e;
+	unsigned char *src = pattern(w, h, 3, 7), *out = NULL;
+
+	c.err = jpeg_std_error(&e);
+	jpeg_create_compress(&c);
+	jpeg_mem_dest(&c, &out, len);
+	c.image_width = (JDIMENSION)w;
+	c.image_height = (JDIMENSION)h;
+	c.input_components = 3;
+	c.in_color_space = JCS_RGB;
+	jpeg_set_defaults(&c);
+	jpeg_set_quality(&c, 90, TRUE);
+	c.comp_info[0].h_samp_factor = hs;
+	c.comp_info[0].v_samp_factor = vs;
+	c.restart_interval = (unsigned)rst_mcus;
+	c.restart_in_rows = rst_rows;
+	jpeg_start_compress(&c, TRUE);
+	while (c.next_scanline < c.image_height) {
+		JSAMPROW row = src + (size_t)c.next_scanline * w * 3;
+
+		jpeg_write_scanlines(&c, &row, 1);
+	}
+	jpeg_finish_compress(&c);
+	jpeg_destroy_compress(&c);
+	free(src);
+	return out;
+}
+
+/* TurboJPEG's full decode at num/denom, as packed RGB (CMYK converted as PIL). */
+static unsigned char *tj_full(const unsigned char *jpg, unsigned long len, int num, int denom,
+			      int *sw, int *sh)
+{
+	tjhandle tj = tjInitDecompress();
+	int w, h, ss, cs;
+	unsigned char *ref;
+
+	assert(tjDecompressHeader3(tj, jpg, len, &w, &h, &ss, &cs) == 0);
+	*sw = TJSCALED(w, ((tjscalingfactor){ num, denom }));
+	*sh = TJSCALED(h, ((tjscalingfactor){ num, denom }));
+	ref = malloc((size_t)*sw * *sh * 4);
+	if (cs == TJCS_CMYK || cs == TJCS_YCCK) {
+		assert(tjDecompress2(tj, jpg, len, ref, *sw, 0, *sh, TJPF_CMYK, 0) == 0);
+		for (size_t i = 0; i < (size_t)*sw * *sh; i++) {
+			int k = ref[4 * i + 3];
+
+			for (int c = 0; c < 3; c++) {
+				int t = (255 - ref[4 * i + c]) * k + 128;
+
+				ref[3 * i + c] = (unsigned char)(k - (((t >> 8) + t) >> 8));
+			}
+		}
+	} else {
+		assert(tjDecompress2(tj, jpg, len, ref, *sw, 0, *sh, TJPF_RGB, 0) == 0);
+	}
+	tjDestroy(tj);
+	return ref;
+}
+
+/*
+ * image_decode_region() over @nwin random windows (and a few at the edges):
+ * the window's pixels equal TurboJPEG's full decode at the same scale.
+ */
+static long check_region_exact(const char *what, const unsigned char *jpg, unsigned long len,
+			       int num, int denom, int nwin, unsigned *st)
+{
+	struct image_scratch *s = image_scratch_get();
+	struct image_info info;
+	struct image_region got;
+	int sw, sh;
+	unsigned char *ref = tj_full(jpg, len, num, denom, &sw, &sh);
+	long bad = 0;
+
+	assert(image_probe(s, jpg, len, &info, err, sizeof(err)) == 0);
+	for (int k = 0; k < nwin; k++) {
+		int x0, y0, x1, y1;
+
+		if (k == 0) {
+			x0 = y0 = 0, x1 = sw, y1 = sh;
+		} else if (k == 1) {
+			x0 = sw - 1, y0 = sh - 1, x1 = sw, y1 = sh;
+		} else if (k == 2) {
+			x0 = 0, y0 = 0, x1 = 1, y1 = 1;
+		} else {
+			x0 = (int)(rnd(st) % (unsigned)sw);
+			y0 = (int)(rnd(st) % (unsigned)sh);
+			x1 = x0 + 1 + (int)(rnd(st) % (unsigned)(sw - x0));
+			y1 = y0 + 1 + (int)(rnd(st) % (unsigned)(sh - y0));
+		}
+		if (image_decode_region(s, jpg, len, &info, num, denom, x0, y0, x1, y1, &got, err,
+					sizeof(err)) != 0) {
+			fprintf(stderr, "%s: %s\n", what, err);
+			abort();
+		}
+		assert(got.x <= x0 && got.y <= y0 && got.x + got.w >= x1 && got.y + got.h >= y1);
+		for (int y = y0; y < y1; y++) {
+			const unsigned char *a = ref + ((size_t)y * sw + x0) * 3;
+			const unsigned char *b =
+				s->pix + ((size_t)(y - got.y) * got.w + (x0 - got.x)) * 3;
+
+			if (memcmp(a, b, (size_t)(x1 - x0) * 3) != 0) {
+				if (!bad)
+					fprintf(stderr,
+						"%s %d/%d: window %d,%d-%d,%d differs at row %d "
+						"(got %d,%d %dx%d)\n", what, num, denom, x0, y0,
+						x1, y1, y, got.x, got.y, got.w, got.h);
+				bad++;
+				break;
+			}
+		}
+	}
+	free(ref);
+	return bad;
+}
+
+static void test_region(void)
+{
+	static const struct { const char *name; int pf, ss, flags; } kinds[] = {
+		{ "444", TJPF_RGB, TJSAMP_444, 0 },
+		{ "420", TJPF_RGB, TJSAMP_420, 0 },
+		{ "422", TJPF_RGB, TJSAMP_422, 0 },
+		{ "440", TJPF_RGB, TJSAMP_440, 0 },
+		{ "411", TJPF_RGB, TJSAMP_411, 0 },
+		{ "gray", TJPF_GRAY, TJSAMP_GRAY, 0 },
+		{ "420 progressive", TJPF_RGB, TJSAMP_420, TJFLAG_PROGRESSIVE },
+		{ "444 progressive", TJPF_RGB, TJSAMP_444, TJFLAG_PROGRESSIVE },
+		{ "cmyk", TJPF_CMYK, TJSAMP_444, 0 },
+		{ "cmyk 420", TJPF_CMYK, TJSAMP_420, 0 },
+	};
+	static const int sizes[][2] = { { 203, 157 }, { 64, 48 }, { 9, 300 }, { 250, 7 } };
+	static const int scales[][2] = { { 1, 1 }, { 1, 2 }, { 3, 8 }, { 1, 8 }, { 7, 8 } };
+	unsigned st = 99;
+	long bad = 0, n = 0;
+
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+			unsigned long len;
+			unsigned char *jpg = jpeg_encode(sizes[z][0], sizes[z][1], kinds[i].pf,
+							 kinds[i].ss, kinds[i].flags, &len);
+
+			for (size_t c = 0; c < sizeof(scales) / sizeof(scales[0]); c++) {
+				bad += check_region_exact(kinds[i].name, jpg, len, scales[c][0],
+							  scales[c][1], c == 0 ? 120 : 40, &st);
+				n += c == 0 ? 120 : 40;
+			}
+			tjFree(jpg);
+		}
+	}
+	/* restart markers: every 3 MCUs, every MCU row; 4:2:0 and 4:2:2 */
+	for (int k = 0; k < 4; k++) {
+		unsigned long len = 0;
+		unsigned char *jpg = jpeg_encode_rst(211, 163, 2, k < 2 ? 2 : 1, k % 2 ? 0 : 3,
+						     k % 2, &len);
+
+		for (size_t c = 0; c < sizeof(scales) / sizeof(scales[0]); c++) {
+			bad += check_region_exact("restart", jpg, len, scales[c][0], scales[c][1],
+						  c == 0 ? 120 : 40, &st);
+			n += c == 0 ? 120 : 40;
+		}
+		free(jpg);
+	}
+	printf("test-image: %ld region decodes, %ld differ\n", n, bad);
+	assert(bad == 0);
+}
+
+/* A truncated file is refused wherever the window lies; corrupt ones never crash. */
+static void test_region_corrupt(void)
+{
+	struct image_scratch *s = image_scratch_get();
+	struct image_info info;
+	struct image_region got;
+	unsigned long len, rlen = 0;
+	unsigned char *jpg = jpeg_encode(203, 157, TJPF_RGB, TJSAMP_420, 0, &len);
+	unsigned char *pjpg, *rjpg = jpeg_encode_rst(211, 163, 2, 2, 3, 0, &rlen);
+	unsigned long plen;
+	unsigned char *copy = malloc(len + 64);
+	unsigned st = 5;
+
+	pjpg = jpeg_encode(120, 90, TJPF_RGB, TJSAMP_420, TJFLAG_PROGRESSIVE, &plen);
+	assert(image_probe(s, jpg, len, &info, err, sizeof(err)) == 0);
+	/* the window in the first rows, the end of the file missing */
+	assert(image_decode_region(s, jpg, len - 40, &info, 1, 1, 0, 0, 10, 10, &got, err,
+				   sizeof(err)) == -EINVAL);
+	assert(strstr(err, "JPEG: Premature end of JPEG file"));
+	assert(image_decode_region(s, jpg, len - 2, &info, 1, 1, 50, 20, 60, 30, &got, err,
+				   sizeof(err)) == -EINVAL);
+	assert(strstr(err, "Premature end"));
+	/* ... the window at the end: libjpeg's own warning */
+	assert(image_decode_region(s, jpg, len - 40, &info, 1, 1, 190, 150, 203, 157, &got, err,
+				   sizeof(err)) == -EINVAL);
+	assert(strstr(err, "JPEG: Premature end of JPEG file"));
+	/* the decoder is reusable after an error; trailing bytes after EOI are fine */
+	memcpy(copy, jpg, len);
+	memset(copy + len, 0xff, 64);
+	assert(image_decode_region(s, copy, len + 64, &info, 1, 1, 0, 0, 10, 10, &got, err,
+				   sizeof(err)) == 0);
+	assert(image_decode_region(s, jpg, len, &info, 1, 2, 3, 4, 20, 20, &got, err,
+				   sizeof(err)) == 0);
+	/* progressive: the whole file is read before the first row */
+	assert(image_probe(s, pjpg, plen, &info, err, sizeof(err)) == 0);
+	assert(image_decode_region(s, pjpg, plen - 30, &info, 1, 1, 0, 0, 10, 10, &got, err,
+				   sizeof(err)) == -EINVAL);
+	assert(strstr(err, "Premature end"));
+	assert(image_decode_region(s, pjpg, plen, &info, 1, 1, 0, 0, 10, 10, &got, err,
+				   sizeof(err)) == 0);
+
+	/* every truncation and random corruptions, random windows: never a crash */
+	for (int f = 0; f < 3; f++) {
+		const unsigned char *d = f == 0 ? jpg : f == 1 ? pjpg : rjpg;
+		unsigned long n = f == 0 ? len : f == 1 ? plen : rlen;
+		unsigned char *c = malloc(n);
+
+		for (unsigned long cut = 0; cut <= n; cut += 5) {
+			if (image_probe(s, d, cut, &info, err, sizeof(err)) == 0) {
+				int x0 = (int)(rnd(&st) % (unsigned)info.width);
+				int y0 = (int)(rnd(&st) % (unsigned)info.height);
+
+				(void)image_decode_region(s, d, cut, &info, 1, 1 + (int)(rnd(&st) % 2),
+							  x0 / 2, y0 / 2, x0 / 2 + 3, y0 / 2 + 3,
+							  &got, err, sizeof(err));
+			}
+		}
+		for (int round = 0; round < 300; round++) {
+			memcpy(c, d, n);
+			for (int k = 0; k < 4; k++) {
+				unsigned r = rnd(&st);
+
+				c[r % n] ^= (unsigned char)(r >> 12 | 1);
+			}
+			if (image_probe(s, c, n, &info, err, sizeof(err)) == 0) {
+				int x0 = (int)(rnd(&st) % (unsigned)info.width);
+				int y0 = (int)(rnd(&st) % (unsigned)info.height);
+
+				(void)image_decode_region(s, c, n, &info, 1, 1, x0, y0,
+							  x0 + 1 + (int)(rnd(&st) % 40),
+							  y0 + 1 + (int)(rnd(&st) % 40), &got, err,
+							  sizeof(err));
+			}
+		}
+		free(c);
+	}
+	free(copy);
+	free(rjpg);
+	tjFree(pjpg);
+	tjFree(jpg);
+}
+
+/* imageop_decode_run() with region decoding equals a whole decode + imageop_run(). */
+static void test_region_pipeline(void)
+{
+	static const char *const cases[] = {
+		"[{\"op\": \"random_resized_crop\", \"size\": 40}, {\"op\": \"horizontal_flip\"}]",
+		"[{\"op\": \"random_resized_crop\", \"size\": 224}, {\"op\": \"horizontal_flip\"}]",
+		"[{\"op\": \"random_resized_crop\", \"size\": [12, 20], \"scale\": [0.3, 1.0]}]",
+		"[{\"op\": \"resize\", \"size\": 20}, {\"op\": \"center_crop\", \"size\": 16}]",
+		"[{\"op\": \"center_crop\", \"size\": [70, 45]}]",
+		"[{\"op\": \"center_crop\", \"size\": 300}]",
+		"[{\"op\": \"center_crop\", \"size\": 50}, {\"op\": \"resize\", \"size\": 11}]",
+		"[{\"op\": \"resize\", \"size\": [33, 41]}, {\"op\": \"resize\", \"size\": 17}]",
+	};
+	static const struct { int pf, ss, flags; } kinds[] = {
+		{ TJPF_RGB, TJSAMP_420, 0 }, { TJPF_RGB, TJSAMP_422, TJFLAG_PROGRESSIVE },
+		{ TJPF_GRAY, TJSAMP_GRAY, 0 }, { TJPF_CMYK, TJSAMP_444, 0 },
+	};
+	struct image_scratch *s = image_scratch_get();
+	long checked = 0;
+
+	for (size_t ki = 0; ki < sizeof(kinds) / sizeof(kinds[0]) + 1; ki++) {
+		unsigned long len;
+		unsigned char *jpg = ki < 4 ? jpeg_encode(263, 187, kinds[ki].pf, kinds[ki].ss,
+							   kinds[ki].flags, &len)
+					    : jpeg_encode_rst(263, 187, 2, 2, 5, 0, &len);
+		struct image_info info;
+
+		assert(image_probe(s, jpg, len, &info, err, sizeof(err)) == 0);
+		for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+			for (int dct = 0; dct < 2; dct++) {
+				struct spec *spec = spec_of(cases[ci], dct ? ""
+					: ", \"decode\": {\"dct_scaling\": false}");
+				struct imageop op;
+				size_t outlen;
+				float *a, *b;
+
+				imageop_init(&op, spec);
+				assert(op.dct_scaling == (dct == 1));
+				outlen = (size_t)3 * op.out_h * op.out_w * sizeof(float);
+				a = malloc(outlen);
+				b = malloc(outlen);
+				for (uint64_t key = 0; key < 25; key++) {
+					struct imageop_plan plan;
+
+					assert(imageop_plan(&op, info.width, info.height, key * 7919,
+							    &plan, err, sizeof(err)) == 0);
+					image_set_roi(1);
+					assert(imageop_decode_run(&op, s, &plan, jpg, len, &info, a,
+								  err, sizeof(err)) == 0);
+					image_set_roi(0);
+					assert(imageop_decode_run(&op, s, &plan, jpg, len, &info, b,
+								  err, sizeof(err)) == 0);
+					image_set_roi(1);
+					if (memcmp(a, b, outlen) != 0) {
+						fprintf(stderr, "case %zu kind %zu dct %d key %llu: "
+							"region decode differs\n", ci, ki, dct,
+							(unsigned long long)key);
+						abort();
+					}
+					checked++;
+				}
+				free(a);
+				free(b);
+				spec_free(spec);
+			}
+		}
+		if (ki < 4)
+			tjFree(jpg);
+		else
+			free(jpg);
+	}
+	printf("test-image: %ld samples equal with and without region decoding\n", checked);
 }
 
 /* ---- transforms ---- */
@@ -1079,11 +1415,14 @@ int main(void)
 {
 	assert(mkdtemp(dir));
 	test_jpeg();
+	test_region();
 	test_pick_scale_real();
 	(void)test_pick_scale;
 	test_png();
 	test_corrupt();
 	test_plan();
+	test_region_corrupt();
+	test_region_pipeline();
 	test_resample_reference();
 	imageop_portable_only(true);
 	test_resample_reference();

@@ -174,7 +174,11 @@ LDR_EXPORT void ldr_free(void *ptr);
 LDR_EXPORT int ldr_attach(struct ldr_client *client, const char *pipeline,
                           const struct ldr_attach_opts *opts,
                           struct ldr_attachment **out);
-/** Detach: every batch not yet released is released. NULL is fine. */
+/**
+ * Detach: the daemon drops every lease of this attachment. Batches not yet
+ * released stay mapped (libloader unmaps the slab only as a whole, when the
+ * last of them is released) but their slots may be refilled. NULL is fine.
+ */
 LDR_EXPORT int ldr_detach(struct ldr_attachment *att);
 
 /** Fields per batch of this attachment. */

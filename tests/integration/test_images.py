@@ -283,6 +283,95 @@ def test_dct_scaling(ld, workdir):
         assert diff.mean() <= 4.0, f"DCT-scaled decode too far: mean {diff.mean():.2f}/255"
 
 
+def _region_folder(root, rng):
+    """JPEGs of every layout region decoding handles, large enough that a
+    random crop skips rows and columns (sorted as ImageFolder sorts them)."""
+    d = os.path.join(root, "k")
+    os.makedirs(d)
+    kinds = [
+        ("a444", dict(quality=90, subsampling=0), "RGB"),
+        ("b420", dict(quality=85, subsampling=2), "RGB"),
+        ("c422", dict(quality=90, subsampling=1), "RGB"),
+        ("dprog", dict(quality=90, progressive=True), "RGB"),
+        ("egray", dict(quality=90), "L"),
+        ("fcmyk", dict(quality=90), "CMYK"),
+    ]
+    paths = []
+    for k, (name, kw, mode) in enumerate(kinds):
+        h, w = [(203, 317), (260, 190), (240, 240)][k % 3]
+        p = os.path.join(d, name + ".jpg")
+        save_image(p, Image.fromarray(smooth_image(rng, h, w)).convert(mode), "JPEG", **kw)
+        paths.append(p)
+    return paths
+
+
+@pytest.mark.parametrize("size", [40, 224])
+def test_region_decode_crops_exact(ld, workdir, size):
+    """Only the crop window is decoded: with dct_scaling off the result
+    still equals torchvision's crop of the whole image exactly (uint8),
+    across many random crops of 4:4:4, 4:2:0, 4:2:2, progressive, gray and
+    CMYK files; with dct_scaling on it stays within test_dct_scaling's
+    tolerance."""
+    import torchvision.transforms.functional as F
+    root = os.path.join(workdir, "region")
+    paths = _region_folder(root, np.random.default_rng(11))
+    n, epochs = len(paths), 6
+    ops = [{"op": "random_resized_crop", "size": size}, {"op": "horizontal_flip", "p": 0.5}]
+    res = {}
+    for dct in (False, True):
+        spec = image_spec(f"region{int(dct)}", folder_source(root), ops, dtype="uint8",
+                          layout="NHWC", decode={"dct_scaling": dct}, seed=77, epochs=epochs,
+                          batch_size=n)
+        res[dct], _ = consume_images(ld, spec, n * epochs, (size, size, 3), "uint8")
+    diffs = []
+    for epoch in range(epochs):
+        for i, path in enumerate(paths):
+            with Image.open(path) as im:
+                pil = im.convert("RGB")
+            p = image_params(pil.height, pil.width, size, (0.08, 1.0), (3 / 4, 4 / 3), 77, epoch,
+                             i, 1, flip_p=0.5)[0]
+            _, top, left, ch, cw, flip = p.tolist()
+            out = F.resized_crop(pil, top, left, ch, cw, [size, size])
+            if flip:
+                out = F.hflip(out)
+            want = np.asarray(out)
+            got = res[False][epoch * n + i]
+            assert np.array_equal(got, want), \
+                f"{os.path.basename(path)} epoch {epoch}: crop {top},{left} {ch}x{cw} differs"
+            diff = np.abs(res[True][epoch * n + i].astype(np.float64) - want)
+            diffs.append(diff.mean())
+            # small noisy crops decoded at 1/2..1/8 (the region decode itself is
+            # bit-equal to a whole decode at that scale: tests/test-image.c)
+            assert diff.mean() <= 8.0, f"{path}: DCT-scaled region too far: {diff.mean():.2f}/255"
+    assert np.mean(diffs) <= 4.0, f"DCT-scaled regions too far: mean {np.mean(diffs):.2f}/255"
+
+
+@pytest.mark.parametrize("cut", [2, 300])
+def test_truncated_jpeg_fails_whatever_the_crop(ld, workdir, cut):
+    """A JPEG cut short is a bad image even when the crop lies before the
+    cut (decoding stops after the window's last row, but the file is still
+    checked for its end marker): the policy does not depend on the draw."""
+    rng = np.random.default_rng(12)
+    root = os.path.join(workdir, "trunc")
+    d = os.path.join(root, "k")
+    os.makedirs(d)
+    with io.BytesIO() as b:
+        Image.fromarray(smooth_image(rng, 256, 256)).save(b, "JPEG", quality=90)
+        jpg = b.getvalue()
+    with open(os.path.join(d, "a.jpg"), "wb") as f:
+        f.write(jpg[:-cut])
+    with open(os.path.join(d, "b.jpg"), "wb") as f:
+        f.write(jpg)
+    # small crops (1-2 % of the area): most lie well before the cut
+    spec = image_spec("trunc", folder_source(root), [{"op": "random_resized_crop", "size": 16,
+                                                      "scale": [0.01, 0.02]}],
+                      on_error="fail", batch_size=1, epochs=3)
+    ld.create(spec)
+    res = ld.consume("trunc", "--timeout", 20000, check=False, timeout=60)
+    assert res.rc != 0, res.describe()
+    assert "a.jpg" in res.stderr and "Premature end of JPEG file" in res.stderr, res.describe()
+
+
 # -------------------------------------------------------------- webdataset
 
 def test_webdataset_equals_image_folder(ld, workdir):

@@ -1,0 +1,29 @@
+# SPDX-License-Identifier: MIT
+"""loaderd: batches from the loaderd daemon, in place of torch's DataLoader.
+
+    import loaderd
+    loader = loaderd.DataLoader({"name": "tok", "source": {...}, "batch_size": 32})
+    for batch in loader:          # one epoch
+        x, y = batch["input"], batch["target"]   # zero-copy, read-only tensors
+
+The package wraps the C library libloader with ctypes (see _lib.py for how it
+is found). Documentation: docs/python.md.
+"""
+
+from ._lib import library_path
+from .errors import Disconnected, Error, ForkedError, InvalidSpec, NotFound, Timeout
+from .loader import Batch, Client, DataLoader
+
+__version__ = "0.1.0"
+
+
+def version():
+    """Versions of this package, libloader and nng."""
+    from ._lib import lib
+    L = lib()
+    return {"loaderd": __version__, "libloader": L.ldr_version().decode(),
+            "nng": L.ldr_nng_version().decode()}
+
+
+__all__ = ["Batch", "Client", "DataLoader", "Disconnected", "Error", "ForkedError",
+           "InvalidSpec", "NotFound", "Timeout", "library_path", "version"]

@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: MIT
+"""ctypes bindings of libloader (include/loader/loader.h).
+
+This is the only place that knows the C API. The package speaks the protocol
+through libloader alone: there is no second implementation in Python.
+
+Where the library comes from, first match wins:
+
+1. ``$LOADERD_LIBRARY``: a path to ``libloader.so`` (or any name dlopen takes);
+2. the build tree of the source checkout this package sits in:
+   ``<repo>/build/client/libloader.so`` (``client/python/loaderd`` → ``<repo>``);
+3. the system: ``ctypes.util.find_library("loader")``, then ``libloader.so.0``.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import threading
+
+LDR_EOF = -4095
+LDR_EFORKED = -4094
+LDR_EDISCONNECTED = -4093
+LDR_EVERSION = -4092
+LDR_NAME_MAX = 63
+LDR_MAX_DIMS = 8
+
+MODES = {"broadcast": 0, "partition": 1, "dynamic": 2}
+
+# enum ldr_dtype -> (name, numpy typestr)
+DTYPES = {
+    0: ("bool", "|b1"),
+    1: ("int8", "|i1"),
+    2: ("uint8", "|u1"),
+    3: ("int16", "<i2"),
+    4: ("uint16", "<u2"),
+    5: ("int32", "<i4"),
+    6: ("uint32", "<u4"),
+    7: ("int64", "<i8"),
+    8: ("uint64", "<u8"),
+    9: ("float16", "<f2"),
+    10: ("bfloat16", "<u2"),  # numpy has no bfloat16: raw bits as uint16
+    11: ("float32", "<f4"),
+    12: ("float64", "<f8"),
+}
+DTYPE_BFLOAT16 = 10
+
+
+class ldr_field(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.c_int64 * LDR_MAX_DIMS),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_size_t),
+    ]
+
+
+class ldr_attach_opts(ctypes.Structure):
+    _fields_ = [
+        ("mode", ctypes.c_int),
+        ("rank", ctypes.c_uint32),
+        ("world_size", ctypes.c_uint32),
+        ("has_start", ctypes.c_int),
+        ("start_epoch", ctypes.c_uint64),
+        ("start_batch", ctypes.c_uint64),
+        ("inflight", ctypes.c_uint32),
+        ("device_kind", ctypes.c_int),     # enum ldr_device_kind: 0 host, 1 CUDA
+        ("device_index", ctypes.c_int),
+    ]
+
+
+_P = ctypes.c_void_p
+_PP = ctypes.POINTER(ctypes.c_void_p)
+
+_SIGNATURES = {
+    "ldr_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+    "ldr_version": (ctypes.c_char_p, []),
+    "ldr_nng_version": (ctypes.c_char_p, []),
+    "ldr_socket_path": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p]),
+    "ldr_connect": (ctypes.c_int, [_PP, ctypes.c_char_p, ctypes.c_char_p]),
+    "ldr_close": (None, [_P]),
+    "ldr_client_error": (ctypes.c_char_p, [_P]),
+    "ldr_client_id": (ctypes.c_uint64, [_P]),
+    "ldr_create_pipeline": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int,
+                                           ctypes.c_char_p, ctypes.c_size_t]),
+    "ldr_drop_pipeline": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int]),
+    "ldr_status_json": (ctypes.c_int, [_P, _PP]),
+    "ldr_pipelines_json": (ctypes.c_int, [_P, _PP]),
+    "ldr_free": (None, [_P]),
+    "ldr_attach": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ldr_attach_opts), _PP]),
+    "ldr_detach": (ctypes.c_int, [_P]),
+    "ldr_attachment_nfields": (ctypes.c_int, [_P]),
+    "ldr_attachment_batches_per_epoch": (ctypes.c_uint64, [_P]),
+    "ldr_attachment_samples_per_epoch": (ctypes.c_uint64, [_P]),
+    "ldr_attachment_epochs": (ctypes.c_uint64, [_P]),
+    "ldr_attachment_batch_size": (ctypes.c_uint32, [_P]),
+    "ldr_attachment_slab": (ctypes.c_void_p, [_P, ctypes.POINTER(ctypes.c_size_t)]),
+    "ldr_next": (ctypes.c_int, [_P, ctypes.c_int, _PP]),
+    "ldr_release": (None, [_P]),
+    "ldr_batch_epoch": (ctypes.c_uint64, [_P]),
+    "ldr_batch_index": (ctypes.c_uint64, [_P]),
+    "ldr_batch_rows": (ctypes.c_uint32, [_P]),
+    "ldr_batch_nfields": (ctypes.c_int, [_P]),
+    "ldr_batch_field": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(ldr_field)]),
+}
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    env = os.environ.get("LOADERD_LIBRARY")
+    if env:
+        return [env], True
+    out = []
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    tree = os.path.join(repo, "build", "client", "libloader.so")
+    if os.path.exists(tree):
+        out.append(tree)
+    found = ctypes.util.find_library("loader")
+    if found:
+        out.append(found)
+    out.append("libloader.so.0")
+    return out, False
+
+
+def lib():
+    """The loaded libloader (a ctypes.CDLL, which releases the GIL in calls)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        names, from_env = _candidates()
+        errors = []
+        for name in names:
+            try:
+                handle = ctypes.CDLL(name)
+            except OSError as e:
+                errors.append(f"{name}: {e}")
+                continue
+            for fn, (restype, argtypes) in _SIGNATURES.items():
+                f = getattr(handle, fn)
+                f.restype = restype
+                f.argtypes = argtypes
+            _lib_path = name
+            _lib = handle
+            return handle
+        hint = ("$LOADERD_LIBRARY is set but cannot be loaded" if from_env else
+                "build it with scripts/build, or point $LOADERD_LIBRARY at libloader.so")
+        raise ImportError("loaderd: cannot load libloader (" + hint + "): " + "; ".join(errors))
+
+
+def library_path():
+    lib()
+    return _lib_path
+
+
+def strerror(code):
+    return lib().ldr_strerror(code).decode("utf-8", "replace")

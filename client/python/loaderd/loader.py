@@ -1,0 +1,798 @@
+# SPDX-License-Identifier: MIT
+"""loaderd.DataLoader and loaderd.Client: the Python face of libloader.
+
+Object graph and lifetimes (no cycles, so CPython frees in this order):
+
+    DataLoader ──► _Attachment ──► _Client          (ldr_attachment*, ldr_client*)
+    tensor ► ndarray ► _Mem ► _Lease ──► _Attachment (ldr_batch*)
+    Batch (dict) ─────────────► _Lease
+
+A batch's lease is released (ldr_release) when the last array/tensor/Batch of
+it is gone, or at once by Batch.release(). DataLoader.close() (and re-attaching
+for set_epoch/load_state_dict) detaches at once: libloader keeps the slab
+mapped while batches of it are alive, and the pages of those batches are first
+replaced by private read-only copies at the same addresses (_freeze_ranges),
+so they stay valid although their slots are no longer reserved. Objects inherited across
+fork never call into nng: every finalizer checks the pid first (libloader
+checks it too).
+"""
+
+import ctypes
+import errno
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+
+import numpy as np
+
+from . import _lib
+from .errors import Error, ForkedError, InvalidSpec, from_code
+
+try:  # torch is optional: without it batches are numpy arrays
+    import torch as _torch
+except Exception:  # pragma: no cover - depends on the machine
+    _torch = None
+
+_POLL_MS = 200  # ldr_next waits in slices, so that Ctrl-C gets through
+
+
+def _err(code, operation):
+    msg = _lib.lib().ldr_client_error(None)
+    msg = msg.decode("utf-8", "replace") if msg else ""
+    return from_code(code, msg, operation)
+
+
+def _forked(pid, what):
+    return ForkedError(_lib.LDR_EFORKED,
+                       f"this {what} was created in process {pid} and used in process "
+                       f"{os.getpid()} after fork", "")
+
+
+# ------------------------------------------------------------------ handles
+
+class _Client:
+    """Owns one ldr_client* (one connection to the daemon)."""
+
+    def __init__(self, socket=None, name=None):
+        self.pid = os.getpid()
+        self.ptr = None
+        self.closed = False
+        L = _lib.lib()
+        self.socket_arg = os.fspath(socket) if socket is not None else None
+        out = ctypes.c_void_p()
+        sock = self.socket_arg.encode() if self.socket_arg else None
+        cname = (name or f"python pid {self.pid}").encode()[:63]
+        r = L.ldr_connect(ctypes.byref(out), sock, cname)
+        if r < 0:
+            raise _err(r, "connect")
+        self.ptr = out.value
+        self._close_fn = L.ldr_close
+
+    def check(self):
+        if self.pid != os.getpid():
+            raise _forked(self.pid, "loaderd client")
+        if self.closed:
+            raise Error(-errno.EBADF, "the client is closed", "")
+
+    def close(self):
+        if self.closed or self.ptr is None:
+            return
+        self.closed = True
+        if self.pid == os.getpid():
+            self._close_fn(self.ptr)  # detaches whatever is still attached
+        self.ptr = None
+
+    __del__ = close
+
+    def __reduce__(self):
+        raise TypeError("a loaderd client cannot be pickled: create it in the process that uses it")
+
+
+class _Attachment:
+    """Owns one ldr_attachment*; keeps its _Client alive."""
+
+    def __init__(self, client, pipeline, mode, rank, world, start, inflight):
+        self.ptr = None
+        self.detached = False
+        self.client = client
+        L = _lib.lib()
+        client.check()
+        self.live = 0  # batches of this attachment alive in Python
+        self.leases = weakref.WeakSet()
+        opts = _lib.ldr_attach_opts()
+        opts.mode = _lib.MODES[mode]
+        opts.rank = rank
+        opts.world_size = world
+        if start is not None:
+            opts.has_start = 1
+            opts.start_epoch, opts.start_batch = start
+        opts.inflight = inflight or 0
+        out = ctypes.c_void_p()
+        r = L.ldr_attach(client.ptr, pipeline.encode(), ctypes.byref(opts), ctypes.byref(out))
+        if r < 0:
+            raise _err(r, f"attach {pipeline!r}")
+        self.ptr = out.value
+        self.nfields = L.ldr_attachment_nfields(self.ptr)
+        self.batches_per_epoch = L.ldr_attachment_batches_per_epoch(self.ptr)
+        self.samples_per_epoch = L.ldr_attachment_samples_per_epoch(self.ptr)
+        self.epochs = L.ldr_attachment_epochs(self.ptr)
+        self.batch_size = L.ldr_attachment_batch_size(self.ptr)
+        size = ctypes.c_size_t()
+        base = L.ldr_attachment_slab(self.ptr, ctypes.byref(size))
+        self.slab = (base or 0, size.value)
+        self._detach_fn = L.ldr_detach
+
+    def freeze(self):
+        """Before detaching: give the batches still alive private, read-only
+        copies of their pages at the same addresses (their leases end with the
+        attachment, and the daemon may then reuse the slots)."""
+        if self.detached or self.ptr is None or self.client.pid != os.getpid():
+            return
+        ranges = sorted((l.lo, l.hi) for l in list(self.leases) if l.ptr and l.hi > l.lo)
+        if ranges:
+            _freeze_ranges(ranges, self.slab)
+
+    def detach(self):
+        if self.detached or self.ptr is None:
+            return
+        self.detached = True
+        c = self.client
+        # after ldr_close the attachment is gone already; in a forked child
+        # nothing may touch nng
+        if not c.closed and c.pid == os.getpid():
+            self._detach_fn(self.ptr)
+        self.ptr = None
+
+    __del__ = detach
+
+
+class _Lease:
+    """One ldr_batch*: released when the last array of the batch is gone."""
+
+    __slots__ = ("ptr", "att", "lo", "hi", "__weakref__")
+    _release_fn = None
+
+    def __init__(self, ptr, att):
+        self.ptr = ptr
+        self.att = att
+        self.lo = self.hi = 0  # the bytes of the batch's fields
+        att.live += 1
+        att.leases.add(self)
+
+    def release(self):
+        p = self.ptr
+        if p:
+            self.ptr = None
+            # safe in a forked child and after ldr_detach/ldr_close: libloader
+            # then only frees its own memory
+            _Lease._release_fn(p)
+            att = self.att
+            if att is not None:
+                att.live -= 1
+        self.att = None
+
+    __del__ = release
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_libc = None
+
+
+def _freeze_ranges(ranges, slab):
+    """Replace the pages of @ranges (inside the mapped @slab) by private,
+    read-only copies, atomically (mremap of a filled anonymous mapping)."""
+    global _libc
+    if _libc is None:
+        c = ctypes.CDLL(None, use_errno=True)
+        c.mmap.restype = ctypes.c_void_p
+        c.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                           ctypes.c_int, ctypes.c_long]
+        c.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        c.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        c.mremap.restype = ctypes.c_void_p
+        c.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                             ctypes.c_void_p]
+        _libc = c
+    c = _libc
+    base, size = slab
+    merged = []
+    for lo, hi in ranges:
+        lo = max(base, lo - (lo - base) % _PAGE)
+        hi = min(base + size + (-size) % _PAGE, hi + (-(hi - base)) % _PAGE)
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    failed = 0
+    for lo, hi in merged:
+        n = hi - lo
+        new = c.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+        if new in (None, ctypes.c_void_p(-1).value):
+            failed += 1
+            continue
+        ctypes.memmove(new, lo, n)
+        c.mprotect(new, n, 1)  # PROT_READ
+        if c.mremap(new, n, n, 3, lo) != lo:  # MREMAP_MAYMOVE|MREMAP_FIXED
+            c.munmap(new, n)
+            failed += 1
+    if failed:
+        warnings.warn("loaderd: could not keep a private copy of batches still alive at "
+                      "close(): their memory may be reused by the daemon", RuntimeWarning)
+
+
+class _Mem:
+    """The base object of one field's array: numpy reads the pointer through
+    __array_interface__ (read-only), and since _Mem exports no writable
+    buffer, numpy refuses to make the array writable."""
+
+    __slots__ = ("__array_interface__", "lease")
+
+
+# ------------------------------------------------------------------ batches
+
+class Batch(dict):
+    """One batch: a dict field name -> tensor (or numpy array).
+
+    ``epoch``, ``index`` (the batch number within the epoch, in this
+    attachment's share's numbering as the daemon reports it) and ``rows``.
+    The arrays are views of the daemon's shared memory, read-only, valid while
+    any of them (or this dict) is alive. ``release()`` hands the memory back at
+    once: the arrays must not be used after it (the daemon may reuse the slot;
+    after the loader is closed too, touching them may crash the process)."""
+
+    __slots__ = ("epoch", "index", "rows", "_lease")
+
+    def release(self):
+        """Give the batch's slot back to the daemon now."""
+        lease = self._lease
+        if lease is not None:
+            self._lease = None
+            lease.release()
+
+    @property
+    def released(self):
+        return self._lease is None or self._lease.ptr is None
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}: {getattr(v, 'dtype', '?')}{list(v.shape)}" for k, v in self.items())
+        return f"<loaderd.Batch epoch {self.epoch} index {self.index} rows {self.rows} {{{fields}}}>"
+
+    def __reduce__(self):
+        # pickling copies the data out of shared memory into plain arrays
+        return (dict, (dict(self),))
+
+
+_TORCH_DIRECT = None          # numpy dtypes torch.from_numpy takes (probed once)
+_torch_warned = False
+_widen_warned = set()
+_WIDEN = {"uint16": np.int32, "uint32": np.int64, "uint64": np.int64}
+
+
+def _probe_torch():
+    global _TORCH_DIRECT
+    ok = set()
+    for name in ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+                 "uint64", "float16", "float32", "float64"):
+        try:
+            _torch.from_numpy(np.zeros(1, dtype=name))
+            ok.add(name)
+        except (TypeError, RuntimeError):
+            pass
+    _TORCH_DIRECT = ok
+
+
+def _to_torch(arr, dtname):
+    """Zero-copy torch tensor over the read-only array @arr."""
+    global _torch_warned
+    if _TORCH_DIRECT is None:
+        _probe_torch()
+    if not _torch_warned:
+        # torch warns once per process (TORCH_WARN_ONCE) that it has no
+        # read-only tensors; a first conversion of a dummy array absorbs that
+        # warning, docs/python.md ("Read-only") says it instead.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ro = np.zeros(1, dtype=np.float32)
+            ro.flags.writeable = False
+            _torch.from_numpy(ro)
+        _torch_warned = True
+    if dtname == "bfloat16":
+        return _torch.from_numpy(arr.view(np.int16)).view(_torch.bfloat16)
+    if dtname in _TORCH_DIRECT:
+        return _torch.from_numpy(arr)
+    # uint16/uint32/uint64 without a torch dtype (torch < 2.3): widen, a copy
+    if dtname not in _widen_warned:
+        _widen_warned.add(dtname)
+        warnings.warn(f"loaderd: this torch has no {dtname}; {dtname} fields are copied into "
+                      f"{np.dtype(_WIDEN[dtname]).name} tensors (use as_numpy=True, or an "
+                      f"int64 output_dtype in the spec, for zero-copy)", RuntimeWarning, stacklevel=3)
+    return _torch.from_numpy(arr.astype(_WIDEN[dtname]))
+
+
+# --------------------------------------------------------- torch arguments
+
+_COMPAT_ACCEPT = {
+    "num_workers": "loaderd's daemon decodes and collates in its own worker threads "
+                   "(loaderd --workers N); num_workers is ignored",
+    "pin_memory": "batches arrive in the daemon's shared-memory slots without a copy; "
+                  "pinned host delivery comes with device support (device='cuda:N'); "
+                  "pin_memory is ignored",
+    "pin_memory_device": "see pin_memory; pin_memory_device is ignored",
+    "prefetch_factor": "the daemon prefetches the spec's 'prefetch' slots and libloader keeps "
+                       "'inflight' requests out; prefetch_factor is ignored",
+    "persistent_workers": "the daemon's workers always persist; persistent_workers is ignored",
+    "multiprocessing_context": "loaderd starts no worker processes; multiprocessing_context is ignored",
+}
+_COMPAT_REJECT = {
+    "collate_fn": "loaderd collates in the daemon, in place; transform the batch dict in "
+                  "your loop instead of passing collate_fn",
+    "worker_init_fn": "loaderd runs no Python workers; worker_init_fn has nothing to run in",
+    "sampler": "the order is the spec's (shuffle, seed) and the attachment's mode/rank; "
+               "pass shuffle=, seed=, mode='partition', rank=, world_size= instead of a sampler",
+    "batch_sampler": "batches are built by the daemon from batch_size/drop_last; "
+                     "batch_sampler is not supported",
+    "generator": "the shuffle is the spec's seeded permutation: pass seed= instead of a generator",
+}
+_compat_warned = set()
+
+
+def _torch_compat(kwargs):
+    for key, value in kwargs.items():
+        if key in _COMPAT_REJECT:
+            if value is None:
+                continue
+            raise TypeError(f"loaderd.DataLoader: {key} is not supported: {_COMPAT_REJECT[key]}")
+        if key not in _COMPAT_ACCEPT:
+            raise TypeError(f"loaderd.DataLoader got an unexpected keyword argument {key!r}")
+        if key not in _compat_warned:
+            _compat_warned.add(key)
+            warnings.warn(f"loaderd.DataLoader: {_COMPAT_ACCEPT[key]}", UserWarning, stacklevel=3)
+
+
+# ------------------------------------------------------------------- client
+
+class Client:
+    """An admin connection to the daemon: create, drop, list, status.
+
+    ``socket``: the daemon's socket path; None resolves it as libloader does
+    ($LOADERD_SOCKET, $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR, /run/loaderd)."""
+
+    def __init__(self, socket=None, name=None):
+        self._c = _Client(socket, name)
+
+    def _ptr(self):
+        self._c.check()
+        return self._c.ptr
+
+    def create_pipeline(self, spec, exist_ok=False):
+        """Create a pipeline from a spec (dict or JSON text). Returns
+        (name, created): created is False when exist_ok found it there."""
+        text = spec if isinstance(spec, str) else json.dumps(spec)
+        name = ctypes.create_string_buffer(_lib.LDR_NAME_MAX + 1)
+        r = _lib.lib().ldr_create_pipeline(self._ptr(), text.encode(), 1 if exist_ok else 0,
+                                           name, ctypes.sizeof(name))
+        if r < 0:
+            raise _err(r, "create")
+        return name.value.decode(), r == 1
+
+    def drop_pipeline(self, name, force=False):
+        r = _lib.lib().ldr_drop_pipeline(self._ptr(), name.encode(), 1 if force else 0)
+        if r < 0:
+            raise _err(r, f"drop {name!r}")
+
+    def _json(self, fn, what):
+        out = ctypes.c_void_p()
+        r = fn(self._ptr(), ctypes.byref(out))
+        if r < 0:
+            raise _err(r, what)
+        try:
+            return json.loads(ctypes.string_at(out.value).decode())
+        finally:
+            _lib.lib().ldr_free(out.value)
+
+    def status(self):
+        """The daemon's status (what `loaderctl --json status` prints)."""
+        return self._json(_lib.lib().ldr_status_json, "status")
+
+    def pipelines(self):
+        """The list of pipelines (dicts, each with its canonical 'spec')."""
+        return self._json(_lib.lib().ldr_pipelines_json, "pipelines")["pipelines"]
+
+    def pipeline(self, name):
+        for p in self.pipelines():
+            if p["name"] == name:
+                return p
+        raise from_code(-errno.ENOENT, f"no pipeline named {name!r}", "pipeline")
+
+    @property
+    def id(self):
+        return _lib.lib().ldr_client_id(self._ptr())
+
+    def close(self):
+        self._c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError("a loaderd.Client cannot be pickled: create it in the process that uses it")
+
+
+# --------------------------------------------------------------- DataLoader
+
+def _env_int(name):
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"loaderd: ${name}={v!r} is not an integer") from None
+
+
+class DataLoader:
+    """An iterable of batches served by loaderd, in place of
+    torch.utils.data.DataLoader. See docs/python.md."""
+
+    def __init__(self, pipeline_or_spec, batch_size=None, shuffle=None, seed=None,
+                 drop_last=None, mode=None, rank=None, world_size=None, socket=None,
+                 timeout=None, device="cpu", as_numpy=False, progress=False, epochs=None,
+                 inflight=None, name=None, **torch_compat):
+        _torch_compat(torch_compat)
+        if device not in (None, "cpu") and str(device) != "cpu":
+            raise ValueError(f"loaderd.DataLoader: device {device!r} is not supported yet: "
+                             "only 'cpu' (GPU delivery comes with the CUDA issue)")
+        if not as_numpy and _torch is None:
+            as_numpy = True  # no torch here: numpy arrays
+        self.as_numpy = bool(as_numpy)
+        self.device = "cpu"
+        self.progress = progress
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be >= 0 seconds (0 or None: wait forever)")
+        self.timeout = timeout if timeout else None
+        if inflight is not None and not 1 <= inflight <= 64:
+            raise ValueError("inflight must be in 1..64")
+        self._inflight = inflight
+
+        # mode, rank, world: torchrun's RANK/WORLD_SIZE choose partition
+        env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        if mode is None:
+            explicit = rank is not None or world_size is not None
+            mode = "partition" if (explicit or env_world is not None) else "broadcast"
+        if mode not in _lib.MODES:
+            raise ValueError(f"mode must be one of broadcast, partition, dynamic, not {mode!r}")
+        if mode == "partition":
+            rank = rank if rank is not None else (env_rank if env_rank is not None else 0)
+            world_size = world_size if world_size is not None else \
+                (env_world if env_world is not None else 1)
+            if world_size < 1 or not 0 <= rank < world_size:
+                raise ValueError(f"need 0 <= rank < world_size, got rank {rank} world_size {world_size}")
+        elif rank is not None or world_size is not None:
+            raise ValueError(f"rank/world_size are for mode='partition', not {mode!r}")
+        else:
+            rank, world_size = 0, 1
+        self.mode, self.rank, self.world_size = mode, int(rank), int(world_size)
+
+        self._pid = os.getpid()
+        self._closed = True
+        self._att = None
+        self._client = _Client(socket, name)
+        self._closed = False
+        overrides = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
+                                       ("seed", seed), ("drop_last", drop_last),
+                                       ("epochs", epochs)) if v is not None}
+        if isinstance(pipeline_or_spec, dict):
+            spec = dict(pipeline_or_spec)
+            spec.update(overrides)
+            spec.setdefault("epochs", 0)  # endless: each `for` is one epoch
+            self.spec = spec
+            cl = Client.__new__(Client)
+            cl._c = self._client
+            self.pipeline, self.created = cl.create_pipeline(spec, exist_ok=True)
+        elif isinstance(pipeline_or_spec, str):
+            self.pipeline, self.created, self.spec = pipeline_or_spec, False, None
+            if overrides:
+                cl = Client.__new__(Client)
+                cl._c = self._client
+                have = cl.pipeline(pipeline_or_spec)["spec"]
+                bad = [f"{k}={v!r} (the pipeline has {have.get(k)!r})"
+                       for k, v in overrides.items() if have.get(k) != v]
+                if bad:
+                    raise InvalidSpec(-errno.EINVAL, f"pipeline {pipeline_or_spec!r} exists with "
+                                      f"other settings: " + ", ".join(bad), "attach")
+        else:
+            raise TypeError("loaderd.DataLoader takes a pipeline name (str) or a spec (dict), "
+                            f"not {type(pipeline_or_spec).__name__}")
+
+        self._fields = None     # [(name, typestr, dtype name)] from the first batch
+        self._fstruct = _lib.ldr_field()
+        self._pending = None    # a batch of the next epoch, read ahead
+        self._ended = False
+        self._pos = None        # (epoch, batch) of the next batch to yield
+        cl = Client.__new__(Client)
+        cl._c = self._client
+        self.slots_total = int(cl.pipeline(self.pipeline).get("slots_total", 0))
+        self._stall_warned = False
+        self._attach(None)
+        if _Lease._release_fn is None:
+            _Lease._release_fn = _lib.lib().ldr_release
+
+    # --------------------------------------------------------- attachment
+
+    def _attach(self, start):
+        # detach the old attachment now: batches of it still alive stay mapped
+        # (libloader), but no longer hold their slots
+        old, self._att = self._att, None
+        self._pending = None
+        if old is not None:
+            old.freeze()
+            old.detach()
+        mode = self.mode
+        if start is not None and mode == "broadcast":
+            mode = "partition"  # resume: a private stream, identical content (rank 0 of 1)
+        self._att = _Attachment(self._client, self.pipeline, mode, self.rank, self.world_size,
+                                start, self._inflight)
+        self._attached_mode = mode
+        self._ended = False
+        self._pos = tuple(start) if start is not None else None
+
+    def _check(self):
+        if self._pid != os.getpid():
+            raise _forked(self._pid, "loaderd.DataLoader")
+        if self._closed:
+            raise Error(-errno.EBADF, "the loader is closed", "")
+
+    # ------------------------------------------------------------ properties
+
+    def __len__(self):
+        """Batches per epoch of this loader's share (per rank in partition;
+        in dynamic mode an upper bound)."""
+        return int(self._att.batches_per_epoch) if self._att else 0
+
+    @property
+    def batch_size(self):
+        return int(self._att.batch_size)
+
+    @property
+    def samples_per_epoch(self):
+        return int(self._att.samples_per_epoch)
+
+    @property
+    def epochs(self):
+        """Epochs the pipeline serves (0: endless)."""
+        return int(self._att.epochs)
+
+    @property
+    def slab(self):
+        """(base address, size) of the read-only shared memory batches live in."""
+        return self._att.slab
+
+    @property
+    def epoch(self):
+        """The epoch of the next batch (None before the first in broadcast/dynamic)."""
+        return self._pos[0] if self._pos else (0 if self.mode == "partition" else None)
+
+    @property
+    def exhausted(self):
+        """True once a finite pipeline delivered its last batch."""
+        return self._ended and self._pending is None
+
+    # ------------------------------------------------------------- batches
+
+    def _next_raw(self):
+        """The next batch of the stream, or None at its end."""
+        L = _lib.lib()
+        att = self._att
+        out = ctypes.c_void_p()
+        t0 = time.monotonic()
+        deadline = None if self.timeout is None else t0 + self.timeout
+        if self.slots_total and att.live >= self.slots_total:
+            raise Error(-errno.ENOBUFS,
+                        f"this process holds {att.live} batches of pipeline {self.pipeline!r}, "
+                        f"all of its {self.slots_total} slots: no new batch can be made until "
+                        "some are dropped or released. Keep copies (np.array(a), t.clone()) of "
+                        "batches you store, or raise the spec's 'prefetch'", "next")
+        while True:
+            if deadline is None:
+                wait = _POLL_MS
+            else:
+                wait = int(max(0.0, min(_POLL_MS / 1000, deadline - time.monotonic())) * 1000)
+            r = L.ldr_next(att.ptr, wait, ctypes.byref(out))
+            if r == 0:
+                break
+            if r == _lib.LDR_EOF:
+                self._ended = True
+                return None
+            if r == -errno.ETIMEDOUT and (deadline is None or time.monotonic() < deadline):
+                if (not self._stall_warned and att.live >= 2 and time.monotonic() - t0 > 5):
+                    self._stall_warned = True
+                    warnings.warn(
+                        f"loaderd: no batch for 5 s while this process holds {att.live} batches "
+                        f"of pipeline {self.pipeline!r} ({self.slots_total} slots): batches you "
+                        "keep hold their slots; keep copies instead, or release them",
+                        RuntimeWarning, stacklevel=4)
+                continue
+            if r == -errno.ETIMEDOUT:
+                raise from_code(r, f"no batch within {self.timeout} s from pipeline "
+                                f"{self.pipeline!r}", "next")
+            raise _err(r, "next")
+        p = out.value
+        lease = _Lease(p, att)
+        b = Batch()
+        b._lease = lease
+        b.epoch = L.ldr_batch_epoch(p)
+        b.index = L.ldr_batch_index(p)
+        b.rows = L.ldr_batch_rows(p)
+        f = self._fstruct
+        fref = ctypes.byref(f)
+        fields = self._fields
+        if fields is None:
+            fields = []
+            for i in range(att.nfields):
+                L.ldr_batch_field(p, i, fref)
+                name, typestr = _lib.DTYPES[f.dtype]
+                fields.append((f.name.decode(), typestr, name))
+            self._fields = fields
+        as_numpy = self.as_numpy
+        lo = hi = 0
+        for i, (name, typestr, dtname) in enumerate(fields):
+            L.ldr_batch_field(p, i, fref)
+            if f.data:
+                if not lo or f.data < lo:
+                    lo = f.data
+                hi = max(hi, f.data + f.nbytes)
+            m = _Mem()
+            m.lease = lease
+            m.__array_interface__ = {"version": 3, "typestr": typestr,
+                                     "shape": tuple(f.shape[:f.ndim]),
+                                     "data": (f.data or 0, True)}
+            arr = np.asarray(m)
+            b[name] = arr if as_numpy else _to_torch(arr, dtname)
+        lease.lo, lease.hi = lo, hi
+        return b
+
+    def _advance(self, b):
+        nxt = b.index + 1
+        if nxt >= self._att.batches_per_epoch:
+            self._pos = (b.epoch + 1, 0)
+        else:
+            self._pos = (b.epoch, nxt)
+
+    def _epoch_iter(self):
+        self._check()
+        epoch = None
+        while True:
+            if self._pending is not None:
+                b, self._pending = self._pending, None
+            else:
+                if self._ended:
+                    return
+                b = self._next_raw()
+                if b is None:
+                    return
+            if epoch is None:
+                epoch = b.epoch
+            elif b.epoch != epoch:
+                self._pending = b  # first batch of the next epoch: keep it for the next loop
+                return
+            self._advance(b)
+            last = b.index + 1 >= self._att.batches_per_epoch
+            yield b
+            b = None
+            if last:
+                return
+
+    def __iter__(self):
+        """One epoch: from the next batch of the stream to the end of its epoch."""
+        self._check()
+        it = self._epoch_iter()
+        if self.progress:
+            from ._progress import progress
+            total = len(self)
+            if self._pos is not None:
+                total = max(0, total - self._pos[1])
+            e = self.epoch
+            it = progress(it, total, self.pipeline + (f" epoch {e}" if e is not None else ""))
+        return it
+
+    def next_batch(self):
+        """The next batch of the stream regardless of epochs, or None at its end."""
+        self._check()
+        if self._pending is not None:
+            b, self._pending = self._pending, None
+        else:
+            b = None if self._ended else self._next_raw()
+        if b is not None:
+            self._advance(b)
+        return b
+
+    # --------------------------------------------------- epochs and resume
+
+    def set_epoch(self, epoch):
+        """Start epoch @epoch at its first batch (partition mode: re-attaches
+        when the stream is elsewhere). In broadcast and dynamic modes the
+        shared stream decides the epoch: a different one only warns."""
+        self._check()
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ValueError("epoch must be >= 0")
+        pos = self._pos if self._pos is not None else (0, 0)
+        if self._attached_mode == "partition" or self.mode == "partition":
+            if pos != (epoch, 0):
+                self._attach((epoch, 0))
+            return
+        if self._pos is not None and self._pos[0] != epoch:
+            warnings.warn(f"loaderd: set_epoch({epoch}) has no effect in {self.mode} mode: the "
+                          f"shared stream is at epoch {self._pos[0]}", UserWarning, stacklevel=2)
+
+    def state_dict(self):
+        """Where the stream stands: the next batch this loader will yield."""
+        self._check()
+        if self.mode == "dynamic":
+            raise Error(-errno.EINVAL, "dynamic mode has no fixed assignment of batches: "
+                        "it cannot be resumed exactly (use partition or broadcast)", "state_dict")
+        epoch, batch = self._pos if self._pos is not None else (0, 0)
+        return {"pipeline": self.pipeline, "epoch": int(epoch), "batch": int(batch),
+                "rank": self.rank, "world_size": self.world_size}
+
+    def load_state_dict(self, state):
+        """Resume exactly where @state (from state_dict()) stood: re-attaches
+        as rank/world partition starting at (epoch, batch)."""
+        self._check()
+        if self.mode == "dynamic":
+            raise Error(-errno.EINVAL, "dynamic mode cannot resume (see state_dict)", "load_state_dict")
+        for k in ("pipeline", "epoch", "batch", "rank", "world_size"):
+            if k not in state:
+                raise ValueError(f"load_state_dict: the state has no {k!r}")
+        if state["pipeline"] != self.pipeline:
+            raise ValueError(f"load_state_dict: the state is of pipeline {state['pipeline']!r}, "
+                             f"this loader reads {self.pipeline!r}")
+        if (state["rank"], state["world_size"]) != (self.rank, self.world_size):
+            raise ValueError(f"load_state_dict: the state is of rank {state['rank']}/"
+                             f"{state['world_size']}, this loader is {self.rank}/{self.world_size}")
+        self._attach((int(state["epoch"]), int(state["batch"])))
+
+    # ------------------------------------------------------------- closing
+
+    def close(self):
+        """Detach and disconnect now. Batches still alive stay valid: their
+        pages are first replaced by private read-only copies at the same
+        addresses (a copy of just those batches, made here, once)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending = None
+        att, self._att = self._att, None
+        client, self._client = self._client, None
+        if att is not None:
+            att.freeze()
+            att.detach()
+        if client is not None:
+            client.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError("a loaderd.DataLoader cannot be pickled or sent to another process: "
+                        "create it in the process that uses it")
+
+    def __repr__(self):
+        return (f"<loaderd.DataLoader {self.pipeline!r} mode {self.mode} rank {self.rank}/"
+                f"{self.world_size} batches/epoch {len(self)}>")
