@@ -126,6 +126,14 @@ struct server {
 
 static void heal_listener(struct server *srv);
 
+/* nng 1.5.2 never frees the connections queued on a wedged listener. */
+static bool nng_leaks_memory;
+
+bool server_nng_leaked(void)
+{
+	return nng_leaks_memory;
+}
+
 /* --- events from nng threads -------------------------------------------- */
 
 static void push_event(struct server *srv, struct event *ev)
@@ -982,6 +990,7 @@ static void heal_listener(struct server *srv)
 		return;
 	old_fd = find_listen_fd(srv);
 	srv->heals++;
+	nng_leaks_memory = true;
 	if (listener_start(srv, &l, err, sizeof(err)) < 0) {
 		log_err("listener on %s does not accept; replacing it failed: %s", srv->path, err);
 		return;

@@ -2,6 +2,7 @@
 /* server - the nng REP endpoint, client sessions and request dispatch */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -27,3 +28,6 @@ struct engine *server_engine(struct server *srv);
 /* Tell clients, stop listening, free everything, remove the sockets; @done
  * runs on the loop once all of it is finished. */
 void server_stop(struct server *srv, void (*done)(void *), void *userdata);
+/* True once nng was left holding memory we cannot free (a wedged listener was
+ * replaced): the process then ends with _exit() and no leak report. */
+bool server_nng_leaked(void);
