@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* common - dtype and mode names, socket path resolution, error names */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,4 +123,16 @@ const char *error_name(int err)
 			return strerror(-err);
 		return "unknown error";
 	}
+}
+
+int errfmt(int r, char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return r;
 }

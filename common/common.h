@@ -21,6 +21,10 @@ int sockpath_resolve(char *buf, size_t size, const char *explicit_path);
 /* Path of the fd channel that belongs to the nng socket at @sock. */
 int sockpath_fdchan(char *buf, size_t size, const char *sock);
 
+/* Format an error message into @err (if any) and return @r: the one way
+ * modules report what was wrong with untrusted input. */
+int errfmt(int r, char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
 /* Error names for negative errno and LDR_E* codes. */
 const char *error_name(int err);
 

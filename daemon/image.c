@@ -27,6 +27,7 @@
 #include <jpeglib.h>
 #include <jerror.h>
 
+#include "common.h"
 #include "image.h"
 
 #if JPEG_LIB_VERSION >= 70
@@ -36,19 +37,6 @@
 #define MIN_DCT_H_SIZE(d) ((d)->min_DCT_scaled_size)
 #define MIN_DCT_V_SIZE(d) ((d)->min_DCT_scaled_size)
 #endif
-
-__attribute__((format(printf, 4, 5)))
-static int fail(int r, char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return r;
-}
 
 /* ---- per-thread scratch ---- */
 
@@ -147,16 +135,16 @@ int image_probe(struct image_scratch *s, const uint8_t *data, size_t len, struct
 {
 	memset(info, 0, sizeof(*info));
 	if (len == 0)
-		return fail(-EINVAL, err, errlen, "empty file");
+		return errfmt(-EINVAL, err, errlen, "empty file");
 	if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
 		int w, h, subsamp, cs;
 
 		if (!s->tj && !(s->tj = tjInitDecompress()))
-			return fail(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
+			return errfmt(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
 		if (len > (size_t)0xffffffffu)
-			return fail(-EINVAL, err, errlen, "JPEG file too large");
+			return errfmt(-EINVAL, err, errlen, "JPEG file too large");
 		if (tjDecompressHeader3(s->tj, data, (unsigned long)len, &w, &h, &subsamp, &cs) < 0) {
-			fail(-EINVAL, err, errlen, "bad JPEG header: %s", tjGetErrorStr2(s->tj));
+			errfmt(-EINVAL, err, errlen, "bad JPEG header: %s", tjGetErrorStr2(s->tj));
 			return tj_reset(s);
 		}
 		info->format = IMAGE_JPEG;
@@ -165,19 +153,19 @@ int image_probe(struct image_scratch *s, const uint8_t *data, size_t len, struct
 		info->jpeg_colorspace = cs;
 	} else if (len >= 8 && memcmp(data, png_sig, 8) == 0) {
 		if (len < 33 || be32(data + 8) != 13 || memcmp(data + 12, "IHDR", 4) != 0)
-			return fail(-EINVAL, err, errlen, "bad PNG file: no IHDR chunk");
+			return errfmt(-EINVAL, err, errlen, "bad PNG file: no IHDR chunk");
 		if (be32(data + 16) > 0x7fffffff || be32(data + 20) > 0x7fffffff)
-			return fail(-EINVAL, err, errlen, "bad PNG file: invalid size");
+			return errfmt(-EINVAL, err, errlen, "bad PNG file: invalid size");
 		info->format = IMAGE_PNG;
 		info->width = (int)be32(data + 16);
 		info->height = (int)be32(data + 20);
 	} else {
-		return fail(-EINVAL, err, errlen, "not a JPEG or PNG image");
+		return errfmt(-EINVAL, err, errlen, "not a JPEG or PNG image");
 	}
 	if (info->width < 1 || info->height < 1)
-		return fail(-EINVAL, err, errlen, "bad image size %dx%d", info->width, info->height);
+		return errfmt(-EINVAL, err, errlen, "bad image size %dx%d", info->width, info->height);
 	if ((uint64_t)info->width * (uint64_t)info->height > IMAGE_MAX_PIXELS)
-		return fail(-EINVAL, err, errlen, "image of %dx%d is larger than %u pixels",
+		return errfmt(-EINVAL, err, errlen, "image of %dx%d is larger than %u pixels",
 			    info->width, info->height, IMAGE_MAX_PIXELS);
 	return 0;
 }
@@ -246,14 +234,14 @@ static int jpeg_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 	image_scaled_size(info, num, denom, &w, &h);
 	px = (size_t)w * (size_t)h;
 	if (image_scratch_grow(&s->pix, &s->pix_cap, px * (cmyk ? 4 : 3)) < 0)
-		return fail(-ENOMEM, err, errlen, "out of memory for a %dx%d image", w, h);
+		return errfmt(-ENOMEM, err, errlen, "out of memory for a %dx%d image", w, h);
 	if (tjDecompress2(s->tj, data, (unsigned long)len, s->pix, w, 0, h, pf,
 			  TJFLAG_LIMITSCANS) < 0) {
 		const char *msg = tjGetErrorStr2(s->tj);
 
 		/* A warning leaves a whole image; only a truncated one is refused. */
 		if (tjGetErrorCode(s->tj) != TJERR_WARNING || strstr(msg, "Premature end")) {
-			fail(-EINVAL, err, errlen, "JPEG: %s", msg);
+			errfmt(-EINVAL, err, errlen, "JPEG: %s", msg);
 			return tj_reset(s);
 		}
 	}
@@ -444,7 +432,7 @@ static int jpeg_region_body(struct image_scratch *s, struct jdec *j, const uint8
 		snprintf(j->msg, sizeof(j->msg), "out of memory for a %ux%u image", cw,
 			 (unsigned)y1 - ys);
 		jpeg_abort_decompress(d);
-		return fail(-ENOMEM, err, errlen, "%s", j->msg);
+		return errfmt(-ENOMEM, err, errlen, "%s", j->msg);
 	}
 	while (d->output_scanline < (JDIMENSION)y1) {
 		JSAMPROW rows[16];
@@ -480,7 +468,7 @@ static int jpeg_region_body(struct image_scratch *s, struct jdec *j, const uint8
 		jpeg_finish_decompress(d);
 	}
 	if (j->eof)
-		return fail(-EINVAL, err, errlen, "JPEG: %s", j->eof_msg);
+		return errfmt(-EINVAL, err, errlen, "JPEG: %s", j->eof_msg);
 	if (cmyk) {
 		const uint8_t *in = s->pix;
 		uint8_t *out = s->pix;
@@ -507,12 +495,12 @@ static int jpeg_decode_region(struct image_scratch *s, const uint8_t *data, size
 	struct jdec *j = jdec_get(s);
 
 	if (!j)
-		return fail(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
+		return errfmt(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
 	j->eof = false;
 	j->msg[0] = '\0';
 	if (setjmp(j->jb)) {
 		jpeg_abort_decompress(&j->d);
-		return fail(-EINVAL, err, errlen, "JPEG: %s", j->msg);
+		return errfmt(-EINVAL, err, errlen, "JPEG: %s", j->msg);
 	}
 	return jpeg_region_body(s, j, data, len, info, num, denom, x0, y0, x1, y1, got, err,
 				errlen);
@@ -526,7 +514,7 @@ int image_decode_region(struct image_scratch *s, const uint8_t *data, size_t len
 
 	if (info->format == IMAGE_JPEG && roi_on) {
 		if (len > (size_t)0xffffffffu)
-			return fail(-EINVAL, err, errlen, "JPEG file too large");
+			return errfmt(-EINVAL, err, errlen, "JPEG file too large");
 		return jpeg_decode_region(s, data, len, info, num, denom, x0, y0, x1, y1, got, err,
 					  errlen);
 	}
@@ -580,16 +568,16 @@ static int png_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 
 	png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &st, png_error_cb, png_warning_cb);
 	if (!png)
-		return fail(-ENOMEM, err, errlen, "out of memory for the PNG decoder");
+		return errfmt(-ENOMEM, err, errlen, "out of memory for the PNG decoder");
 	pinfo = png_create_info_struct(png);
 	if (!pinfo) {
 		png_destroy_read_struct(&png, NULL, NULL);
-		return fail(-ENOMEM, err, errlen, "out of memory for the PNG decoder");
+		return errfmt(-ENOMEM, err, errlen, "out of memory for the PNG decoder");
 	}
 	if (setjmp(png_jmpbuf(png))) {
 		free(rows);
 		png_destroy_read_struct(&png, &pinfo, NULL);
-		return fail(-EINVAL, err, errlen, "PNG: %s", st.msg[0] ? st.msg : "decoding failed");
+		return errfmt(-EINVAL, err, errlen, "PNG: %s", st.msg[0] ? st.msg : "decoding failed");
 	}
 	png_set_read_fn(png, &st, png_read_cb);
 	png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
@@ -634,6 +622,6 @@ int image_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 	if (info->format == IMAGE_JPEG)
 		return jpeg_decode(s, data, len, info, num, denom, err, errlen);
 	if (num != denom)
-		return fail(-EINVAL, err, errlen, "PNG cannot be decoded scaled");
+		return errfmt(-EINVAL, err, errlen, "PNG cannot be decoded scaled");
 	return png_decode(s, data, len, info, err, errlen);
 }

@@ -40,19 +40,6 @@
 #define PRECISION_BITS (32 - 8 - 2)
 #define RESAMPLE_SLACK 16          /* bytes past a row that the kernels may touch */
 
-__attribute__((format(printf, 4, 5)))
-static int fail(int r, char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return r;
-}
-
 /* ---- random draws ---- */
 
 static inline uint64_t mix64(uint64_t z)
@@ -277,7 +264,7 @@ int imageop_plan(const struct imageop *op, int w, int h, uint64_t key, struct im
 		case TRANSFORM_RESIZE:
 			transform_resize_dims(t, (uint32_t)st->oh, (uint32_t)st->ow, &nh, &nw);
 			if (nh < 1 || nw < 1 || nh * nw > IMAGE_MAX_PIXELS)
-				return fail(-EINVAL, err, errlen,
+				return errfmt(-EINVAL, err, errlen,
 					    "transforms[%zu]: resizing %dx%d gives %llux%llu", i,
 					    st->ow, st->oh, (unsigned long long)nw,
 					    (unsigned long long)nh);
@@ -289,7 +276,7 @@ resize:
 				int pw = st->ow, ph = st->oh;
 
 				if ((uint64_t)pw * (uint64_t)ph > IMAGE_MAX_PIXELS)
-					return fail(-EINVAL, err, errlen,
+					return errfmt(-EINVAL, err, errlen,
 						    "transforms[%zu]: intermediate image too large", i);
 				st = &plan->st[plan->n++];
 				stage_reset(st, pw, ph);
@@ -308,7 +295,7 @@ resize:
 		}
 	}
 	if (st->oh != (int)op->out_h || st->ow != (int)op->out_w)
-		return fail(-EINVAL, err, errlen, "transforms give %dx%d, not the pipeline's %ux%u",
+		return errfmt(-EINVAL, err, errlen, "transforms give %dx%d, not the pipeline's %ux%u",
 			    st->ow, st->oh, op->out_w, op->out_h);
 	return 0;
 }
@@ -864,7 +851,7 @@ int imageop_run_region(const struct imageop *op, struct image_scratch *s,
 			lo_x -= got->x;
 			lo_y -= got->y;
 			if (lo_x < 0 || lo_y < 0 || lo_x + in_w > got->w || lo_y + in_h > got->h)
-				return fail(-EINVAL, err, errlen,
+				return errfmt(-EINVAL, err, errlen,
 					    "decoded region misses the crop window");
 		}
 		if (!sink.final) {
@@ -872,14 +859,14 @@ int imageop_run_region(const struct imageop *op, struct image_scratch *s,
 
 			if (image_scratch_grow(b, &s->stage_cap[i % 2],
 					       (size_t)st->ow * st->oh * 3) < 0)
-				return fail(-ENOMEM, err, errlen, "out of memory for a %dx%d image",
+				return errfmt(-ENOMEM, err, errlen, "out of memory for a %dx%d image",
 					    st->ow, st->oh);
 			sink.buf = *b;
 		}
 		r = stage_run(s, st, src, (size_t)sw * 3, sh, lo_x, lo_y, in_w, in_h, in0x, in1x,
 			      in0y, in1y, &sink);
 		if (r < 0)
-			return fail(r, err, errlen, "out of memory resampling to %dx%d", st->ow,
+			return errfmt(r, err, errlen, "out of memory resampling to %dx%d", st->ow,
 				    st->oh);
 		src = sink.buf;
 		sw = st->ow;

@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "imageset.h"
 #include "tar.h"
 
@@ -55,19 +56,6 @@ struct imageset {
 	size_t nshards;
 };
 
-__attribute__((format(printf, 4, 5)))
-static int fail(int r, char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return r;
-}
-
 static int arena_add(struct imageset *set, const char *s, size_t n, uint64_t *off)
 {
 	if (set->names_len + n + 1 > set->names_cap) {
@@ -96,7 +84,7 @@ static struct image_entry *entry_add(struct imageset *set, char *err, size_t err
 		struct image_entry *v;
 
 		if (set->n >= SAMPLES_MAX) {
-			fail(-E2BIG, err, errlen, "more than %llu samples",
+			errfmt(-E2BIG, err, errlen, "more than %llu samples",
 			     (unsigned long long)SAMPLES_MAX);
 			return NULL;
 		}
@@ -193,10 +181,10 @@ static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_
 	int r = 0;
 
 	if (depth > WALK_DEPTH_MAX)
-		return fail(-ELOOP, err, errlen, "%s/%s: folders nested deeper than %d (a link loop?)",
+		return errfmt(-ELOOP, err, errlen, "%s/%s: folders nested deeper than %d (a link loop?)",
 			    w->root, rel, WALK_DEPTH_MAX);
 	if ((size_t)snprintf(path, sizeof(path), "%s/%s", w->root, rel) >= sizeof(path))
-		return fail(-ENAMETOOLONG, err, errlen, "%s/%s: path too long", w->root, rel);
+		return errfmt(-ENAMETOOLONG, err, errlen, "%s/%s: path too long", w->root, rel);
 	if (w->n == w->cap) {
 		size_t cap = w->cap ? w->cap * 2 : 64;
 		struct walk_dir *v = realloc(w->dirs, cap * sizeof(*v));
@@ -214,19 +202,19 @@ static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_
 		return -ENOMEM;
 	dir = opendir(path);
 	if (!dir)
-		return fail(-errno, err, errlen, "%s: %s", path, strerror(errno));
+		return errfmt(-errno, err, errlen, "%s: %s", path, strerror(errno));
 	while ((errno = 0, de = readdir(dir))) {
 		const char *dot;
 
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
 		if ((size_t)snprintf(sub, sizeof(sub), "%s/%s", rel, de->d_name) >= sizeof(sub)) {
-			r = fail(-ENAMETOOLONG, err, errlen, "%s/%s: path too long", path,
+			r = errfmt(-ENAMETOOLONG, err, errlen, "%s/%s: path too long", path,
 				 de->d_name);
 			break;
 		}
 		if ((size_t)snprintf(path, sizeof(path), "%s/%s", w->root, sub) >= sizeof(path)) {
-			r = fail(-ENAMETOOLONG, err, errlen, "%s/%s: path too long", w->root, sub);
+			r = errfmt(-ENAMETOOLONG, err, errlen, "%s/%s: path too long", w->root, sub);
 			break;
 		}
 		if (is_dir(path, de)) {
@@ -243,7 +231,7 @@ static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_
 		}
 	}
 	if (r == 0 && errno)
-		r = fail(-errno, err, errlen, "%s/%s: %s", w->root, rel, strerror(errno));
+		r = errfmt(-errno, err, errlen, "%s/%s: %s", w->root, rel, strerror(errno));
 	closedir(dir);
 	return r;
 }
@@ -267,7 +255,7 @@ int imageset_open_folder(struct imageset **out, const char *root, char *err, siz
 	}
 	dir = opendir(root);
 	if (!dir) {
-		r = fail(-errno, err, errlen, "%s: %s", root, strerror(errno));
+		r = errfmt(-errno, err, errlen, "%s: %s", root, strerror(errno));
 		goto out;
 	}
 	while ((errno = 0, de = readdir(dir))) {
@@ -281,11 +269,11 @@ int imageset_open_folder(struct imageset **out, const char *root, char *err, siz
 			goto out;
 	}
 	if (errno) {
-		r = fail(-errno, err, errlen, "%s: %s", root, strerror(errno));
+		r = errfmt(-errno, err, errlen, "%s: %s", root, strerror(errno));
 		goto out;
 	}
 	if (classes.n == 0) {
-		r = fail(-EINVAL, err, errlen, "%s: no class folders (an image_folder root holds one folder per class)",
+		r = errfmt(-EINVAL, err, errlen, "%s: no class folders (an image_folder root holds one folder per class)",
 			 root);
 		goto out;
 	}
@@ -308,7 +296,7 @@ int imageset_open_folder(struct imageset **out, const char *root, char *err, siz
 				int n = snprintf(rel, sizeof(rel), "%s/%s", d->rel, d->files.v[f]);
 
 				if (n < 0 || (size_t)n >= sizeof(rel)) {
-					r = fail(-ENAMETOOLONG, err, errlen, "%s/%s/%s: path too long",
+					r = errfmt(-ENAMETOOLONG, err, errlen, "%s/%s/%s: path too long",
 						 root, d->rel, d->files.v[f]);
 					goto out;
 				}
@@ -325,7 +313,7 @@ int imageset_open_folder(struct imageset **out, const char *root, char *err, siz
 		}
 	}
 	if (set->n == 0)
-		r = fail(-EINVAL, err, errlen,
+		r = errfmt(-EINVAL, err, errlen,
 			 "%s: no .jpg, .jpeg or .png files in its %zu class folders", root,
 			 classes.n);
 out:
@@ -443,10 +431,10 @@ static int index_entry(void *userdata, const struct tar_entry *e, char *err, siz
 			got = pread(ix->fd, text, n, (off_t)e->offset);
 		while (got < 0 && errno == EINTR);
 		if (got < 0)
-			return fail(-errno, err, errlen, "%s: read failed at offset %llu: %s",
+			return errfmt(-errno, err, errlen, "%s: read failed at offset %llu: %s",
 				    ix->path, (unsigned long long)e->offset, strerror(errno));
 		if ((size_t)got != n)
-			return fail(-EINVAL, err, errlen, "%s: truncated at offset %llu", ix->path,
+			return errfmt(-EINVAL, err, errlen, "%s: truncated at offset %llu", ix->path,
 				    (unsigned long long)e->offset);
 		if (e->size > CLS_MAX)
 			ix->label_state = LABEL_BAD;
@@ -481,7 +469,7 @@ int imageset_open_webdataset(struct imageset **out, char *const *urls, size_t nu
 			for (long k = 0; k < n; k++)
 				free(v[k]);
 			free(v);
-			r = grown ? fail(-E2BIG, err, errlen, "more than %d shards", BRACE_MAX)
+			r = grown ? errfmt(-E2BIG, err, errlen, "more than %d shards", BRACE_MAX)
 				  : -ENOMEM;
 			goto out;
 		}
@@ -505,11 +493,11 @@ int imageset_open_webdataset(struct imageset **out, char *const *urls, size_t nu
 		struct stat st;
 
 		if (fd < 0) {
-			r = fail(-errno, err, errlen, "%s: %s", path, strerror(errno));
+			r = errfmt(-errno, err, errlen, "%s: %s", path, strerror(errno));
 			goto out;
 		}
 		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-			r = fail(-EINVAL, err, errlen, "%s: not a regular file", path);
+			r = errfmt(-EINVAL, err, errlen, "%s: not a regular file", path);
 			close(fd);
 			goto out;
 		}
@@ -528,7 +516,7 @@ int imageset_open_webdataset(struct imageset **out, char *const *urls, size_t nu
 			goto out;
 	}
 	if (set->n == 0)
-		r = fail(-EINVAL, err, errlen,
+		r = errfmt(-EINVAL, err, errlen,
 			 "%s%s: no samples (members named KEY.jpg, KEY.jpeg or KEY.png)",
 			 set->nshards ? set->shards[0] : "webdataset",
 			 set->nshards > 1 ? " ..." : "");
@@ -607,9 +595,9 @@ static int read_at(int fd, uint8_t *dst, size_t len, uint64_t off, const char *w
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)
-			return fail(-errno, err, errlen, "%s: read failed: %s", what, strerror(errno));
+			return errfmt(-errno, err, errlen, "%s: read failed: %s", what, strerror(errno));
 		if (n == 0)
-			return fail(-EIO, err, errlen, "%s: truncated: wanted %zu bytes, got %zu",
+			return errfmt(-EIO, err, errlen, "%s: truncated: wanted %zu bytes, got %zu",
 				    what, len, got);
 		got += (size_t)n;
 	}
@@ -629,14 +617,14 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 
 		fd = open(what, O_RDONLY | O_CLOEXEC);
 		if (fd < 0)
-			return fail(-errno, err, errlen, "%s: %s", what, strerror(errno));
+			return errfmt(-errno, err, errlen, "%s: %s", what, strerror(errno));
 		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
 			close(fd);
-			return fail(-EINVAL, err, errlen, "%s: not a regular file", what);
+			return errfmt(-EINVAL, err, errlen, "%s: not a regular file", what);
 		}
 		if ((uint64_t)st.st_size > IMAGE_FILE_MAX) {
 			close(fd);
-			return fail(-EFBIG, err, errlen, "%s: larger than %u MiB", what,
+			return errfmt(-EFBIG, err, errlen, "%s: larger than %u MiB", what,
 				    IMAGE_FILE_MAX >> 20);
 		}
 		r = grow(buf, cap, (size_t)st.st_size);
@@ -644,27 +632,27 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 			r = read_at(fd, *buf, (size_t)st.st_size, 0, what, err, errlen);
 		close(fd);
 		if (r < 0)
-			return r == -ENOMEM ? fail(r, err, errlen, "%s: out of memory", what) : r;
+			return r == -ENOMEM ? errfmt(r, err, errlen, "%s: out of memory", what) : r;
 		*len = (size_t)st.st_size;
 		*label = e->label;
 		return 0;
 	}
 
 	if (e->label_state == LABEL_MISSING)
-		return fail(-EINVAL, err, errlen, "%s: no .cls member (the label)", what);
+		return errfmt(-EINVAL, err, errlen, "%s: no .cls member (the label)", what);
 	if (e->label_state == LABEL_BAD)
-		return fail(-EINVAL, err, errlen, "%s: .cls member is not a decimal integer", what);
+		return errfmt(-EINVAL, err, errlen, "%s: .cls member is not a decimal integer", what);
 	if (e->size > IMAGE_FILE_MAX)
-		return fail(-EFBIG, err, errlen, "%s: image larger than %u MiB", what,
+		return errfmt(-EFBIG, err, errlen, "%s: image larger than %u MiB", what,
 			    IMAGE_FILE_MAX >> 20);
 	r = grow(buf, cap, (size_t)e->size);
 	if (r < 0)
-		return fail(r, err, errlen, "%s: out of memory", what);
+		return errfmt(r, err, errlen, "%s: out of memory", what);
 	fd = set->fds[e->shard];
 	if (fd < 0) {
 		fd = open(set->shards[e->shard], O_RDONLY | O_CLOEXEC);
 		if (fd < 0)
-			return fail(-errno, err, errlen, "%s: %s", set->shards[e->shard],
+			return errfmt(-errno, err, errlen, "%s: %s", set->shards[e->shard],
 				    strerror(errno));
 	}
 	r = read_at(fd, *buf, (size_t)e->size, e->offset, what, err, errlen);
@@ -739,14 +727,14 @@ long brace_expand(const char *pattern, char ***out, char *err, size_t errlen)
 		if (!open)
 			break;
 		if (*open == '}')
-			return fail(-EINVAL, err, errlen, "unbalanced '}' in \"%s\"", pattern);
+			return errfmt(-EINVAL, err, errlen, "unbalanced '}' in \"%s\"", pattern);
 		close = strpbrk(open + 1, "{}");
 		if (!close || *close == '{')
-			return fail(-EINVAL, err, errlen,
+			return errfmt(-EINVAL, err, errlen,
 				    close ? "nested braces are not supported in \"%s\""
 					  : "unbalanced '{' in \"%s\"", pattern);
 		if (ng == BRACE_GROUPS_MAX)
-			return fail(-EINVAL, err, errlen, "more than %d brace groups in \"%s\"",
+			return errfmt(-EINVAL, err, errlen, "more than %d brace groups in \"%s\"",
 				    BRACE_GROUPS_MAX, pattern);
 		struct brace_group *b = &g[ng++];
 		memset(b, 0, sizeof(*b));
@@ -758,7 +746,7 @@ long brace_expand(const char *pattern, char ***out, char *err, size_t errlen)
 			size_t an = (size_t)(dots - a), zn = (size_t)(close - z);
 
 			if (!parse_ull(a, an, &b->lo) || !parse_ull(z, zn, &b->hi) || b->lo > b->hi)
-				return fail(-EINVAL, err, errlen,
+				return errfmt(-EINVAL, err, errlen,
 					    "bad range {%.*s} in \"%s\": want {FIRST..LAST} with 0 <= FIRST <= LAST",
 					    (int)(close - open - 1), open + 1, pattern);
 			b->range = true;
@@ -772,12 +760,12 @@ long brace_expand(const char *pattern, char ***out, char *err, size_t errlen)
 			for (const char *c = b->alts; c < close; c++)
 				b->count += *c == ',';
 		} else {
-			return fail(-EINVAL, err, errlen,
+			return errfmt(-EINVAL, err, errlen,
 				    "bad brace group {%.*s} in \"%s\": want {FIRST..LAST} or {a,b,...}",
 				    (int)(close - open - 1), open + 1, pattern);
 		}
 		if (b->count > BRACE_MAX || total * b->count > BRACE_MAX)
-			return fail(-EINVAL, err, errlen, "\"%s\" expands to more than %d names",
+			return errfmt(-EINVAL, err, errlen, "\"%s\" expands to more than %d names",
 				    pattern, BRACE_MAX);
 		total *= b->count;
 		p = close + 1;

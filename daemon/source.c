@@ -65,19 +65,6 @@ struct source {
 	_Atomic uint64_t skipped;
 };
 
-__attribute__((format(printf, 4, 5)))
-static int fail(int r, char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return r;
-}
-
 /* Read exactly @len bytes at @off; short reads are a truncated file. */
 static int read_full(int fd, const char *path, void *buf, size_t len, uint64_t off, char *err,
 		     size_t errlen)
@@ -90,11 +77,11 @@ static int read_full(int fd, const char *path, void *buf, size_t len, uint64_t o
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			return fail(-errno, err, errlen, "%s: read failed at offset %llu: %s", path,
+			return errfmt(-errno, err, errlen, "%s: read failed at offset %llu: %s", path,
 				    (unsigned long long)(off + got), strerror(errno));
 		}
 		if (n == 0)
-			return fail(-EIO, err, errlen,
+			return errfmt(-EIO, err, errlen,
 				    "%s: truncated: wanted %zu bytes at offset %llu, got %zu", path,
 				    len, (unsigned long long)off, got);
 		got += (size_t)n;
@@ -108,15 +95,15 @@ static int open_file(const char *path, int *fd_out, uint64_t *size_out, char *er
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 
 	if (fd < 0)
-		return fail(-errno, err, errlen, "%s: %s", path, strerror(errno));
+		return errfmt(-errno, err, errlen, "%s: %s", path, strerror(errno));
 	if (fstat(fd, &st) < 0) {
 		int r = -errno;
 		close(fd);
-		return fail(r, err, errlen, "%s: %s", path, strerror(-r));
+		return errfmt(r, err, errlen, "%s: %s", path, strerror(-r));
 	}
 	if (!S_ISREG(st.st_mode)) {
 		close(fd);
-		return fail(-EINVAL, err, errlen, "%s: not a regular file", path);
+		return errfmt(-EINVAL, err, errlen, "%s: not a regular file", path);
 	}
 	*fd_out = fd;
 	*size_out = (uint64_t)st.st_size;
@@ -135,7 +122,7 @@ static int tokens_open(struct source *src, const struct spec *spec, char *err, s
 	src->elem = dtype_size(src->dtype);
 	src->seq_len = spec->source.seq_len;
 	if (!src->elem || !dtype_size(src->out_dtype) || src->seq_len == 0)
-		return fail(-EINVAL, err, errlen, "%s: invalid token source", spec->source.path);
+		return errfmt(-EINVAL, err, errlen, "%s: invalid token source", spec->source.path);
 	src->path = strdup(spec->source.path);
 	if (!src->path)
 		return -ENOMEM;
@@ -143,12 +130,12 @@ static int tokens_open(struct source *src, const struct spec *spec, char *err, s
 	if (r < 0)
 		return r;
 	if (size % src->elem)
-		return fail(-EINVAL, err, errlen,
+		return errfmt(-EINVAL, err, errlen,
 			    "%s: size %llu is not a multiple of %zu bytes (%s tokens)", src->path,
 			    (unsigned long long)size, src->elem, dtype_name(src->dtype));
 	ntokens = size / src->elem;
 	if (ntokens < (uint64_t)src->seq_len + 1)
-		return fail(-EINVAL, err, errlen, "%s: too small for seq_len %u: %llu tokens",
+		return errfmt(-EINVAL, err, errlen, "%s: too small for seq_len %u: %llu tokens",
 			    src->path, src->seq_len, (unsigned long long)ntokens);
 	src->nsamples = (ntokens - 1) / src->seq_len;
 
@@ -224,7 +211,7 @@ static int tokens_read(struct source *src, uint64_t idx, void *const *dsts, char
 	int r;
 
 	if (!buf)
-		return fail(-ENOMEM, err, errlen, "%s: out of memory for %zu bytes", src->path,
+		return errfmt(-ENOMEM, err, errlen, "%s: out of memory for %zu bytes", src->path,
 			    len);
 	r = read_full(src->fd, src->path, buf, len, off, err, errlen);
 	if (r < 0)
@@ -245,7 +232,7 @@ static int tokens_read(struct source *src, uint64_t idx, void *const *dsts, char
 		widen_int32_t(dsts[0], dsts[1], buf, n);
 		break;
 	default:
-		return fail(-EINVAL, err, errlen, "%s: unsupported token dtype", src->path);
+		return errfmt(-EINVAL, err, errlen, "%s: unsupported token dtype", src->path);
 	}
 	return 0;
 }
@@ -363,19 +350,19 @@ static int npy_parse_dict(const char *path, const char *text, size_t len,
 	char key[32];
 
 	if (!eat(&c, '{'))
-		return fail(-EINVAL, err, errlen, "%s: bad header: not a dict", path);
+		return errfmt(-EINVAL, err, errlen, "%s: bad header: not a dict", path);
 	for (;;) {
 		if (eat(&c, '}'))
 			break;
 		if (!parse_str(&c, key, sizeof(key)) || !eat(&c, ':'))
-			return fail(-EINVAL, err, errlen, "%s: bad header: expected a key", path);
+			return errfmt(-EINVAL, err, errlen, "%s: bad header: expected a key", path);
 		if (strcmp(key, "descr") == 0 && !have_descr) {
 			skip_ws(&c);
 			if (c.p < c.end && *c.p == '[')
-				return fail(-EINVAL, err, errlen,
+				return errfmt(-EINVAL, err, errlen,
 					    "%s: structured dtypes are not supported", path);
 			if (!parse_str(&c, h->descr, sizeof(h->descr)))
-				return fail(-EINVAL, err, errlen, "%s: bad header: bad descr",
+				return errfmt(-EINVAL, err, errlen, "%s: bad header: bad descr",
 					    path);
 			have_descr = true;
 		} else if (strcmp(key, "fortran_order") == 0 && !have_fortran) {
@@ -384,35 +371,35 @@ static int npy_parse_dict(const char *path, const char *text, size_t len,
 			else if (parse_word(&c, "False"))
 				h->fortran = false;
 			else
-				return fail(-EINVAL, err, errlen,
+				return errfmt(-EINVAL, err, errlen,
 					    "%s: bad header: bad fortran_order", path);
 			have_fortran = true;
 		} else if (strcmp(key, "shape") == 0 && !have_shape) {
 			h->ndim = parse_shape(&c, h->shape, LDR_MAX_DIMS);
 			if (h->ndim == -2)
-				return fail(-EINVAL, err, errlen,
+				return errfmt(-EINVAL, err, errlen,
 					    "%s: more than %d dimensions are not supported", path,
 					    LDR_MAX_DIMS);
 			if (h->ndim < 0)
-				return fail(-EINVAL, err, errlen, "%s: bad header: bad shape",
+				return errfmt(-EINVAL, err, errlen, "%s: bad header: bad shape",
 					    path);
 			have_shape = true;
 		} else {
-			return fail(-EINVAL, err, errlen, "%s: bad header: unexpected key '%s'",
+			return errfmt(-EINVAL, err, errlen, "%s: bad header: unexpected key '%s'",
 				    path, key);
 		}
 		if (eat(&c, '}'))
 			break;
 		if (!eat(&c, ','))
-			return fail(-EINVAL, err, errlen, "%s: bad header: expected ',' or '}'",
+			return errfmt(-EINVAL, err, errlen, "%s: bad header: expected ',' or '}'",
 				    path);
 	}
 	skip_ws(&c);
 	if (c.p != c.end)
-		return fail(-EINVAL, err, errlen, "%s: bad header: trailing bytes after the dict",
+		return errfmt(-EINVAL, err, errlen, "%s: bad header: trailing bytes after the dict",
 			    path);
 	if (!have_descr || !have_fortran || !have_shape)
-		return fail(-EINVAL, err, errlen, "%s: bad header: missing %s", path,
+		return errfmt(-EINVAL, err, errlen, "%s: bad header: missing %s", path,
 			    !have_descr ? "descr" : !have_fortran ? "fortran_order" : "shape");
 	return 0;
 }
@@ -433,20 +420,20 @@ static int npy_dtype(const char *path, const char *descr, char *err, size_t errl
 	char order = descr[0];
 
 	if (order != '<' && order != '>' && order != '|' && order != '=')
-		return fail(-EINVAL, err, errlen, "%s: dtype '%s' is not supported", path, descr);
+		return errfmt(-EINVAL, err, errlen, "%s: dtype '%s' is not supported", path, descr);
 	for (size_t i = 0; i < ARRAY_SIZE(types); i++) {
 		if (strcmp(descr + 1, types[i].code) != 0)
 			continue;
 		if (dtype_size(types[i].dtype) == 1)
 			return types[i].dtype;
 		if (order == '>' || (order == '<' && !host_le) || (order == '=' && !host_le))
-			return fail(-EINVAL, err, errlen,
+			return errfmt(-EINVAL, err, errlen,
 				    "%s: big-endian dtype '%s' is not supported", path, descr);
 		if (order == '|')
 			break;
 		return types[i].dtype;
 	}
-	return fail(-EINVAL, err, errlen, "%s: dtype '%s' is not supported", path, descr);
+	return errfmt(-EINVAL, err, errlen, "%s: dtype '%s' is not supported", path, descr);
 }
 
 static int npy_open_one(struct npy_file *file, struct field_desc *f, uint64_t *nrows,
@@ -463,18 +450,18 @@ static int npy_open_one(struct npy_file *file, struct field_desc *f, uint64_t *n
 	if (r < 0)
 		return r;
 	if (size < 10)
-		return fail(-EINVAL, err, errlen, "%s: not a .npy file (too short)", path);
+		return errfmt(-EINVAL, err, errlen, "%s: not a .npy file (too short)", path);
 	r = read_full(file->fd, path, pre, 10, 0, err, errlen);
 	if (r < 0)
 		return r;
 	if (memcmp(pre, "\x93NUMPY", 6) != 0)
-		return fail(-EINVAL, err, errlen, "%s: not a .npy file (bad magic)", path);
+		return errfmt(-EINVAL, err, errlen, "%s: not a .npy file (bad magic)", path);
 	if (pre[6] == 1 && pre[7] == 0) {
 		hlen = pre[8] | (uint64_t)pre[9] << 8;
 		prelen = 10;
 	} else if ((pre[6] == 2 || pre[6] == 3) && pre[7] == 0) {
 		if (size < 12)
-			return fail(-EINVAL, err, errlen, "%s: truncated header", path);
+			return errfmt(-EINVAL, err, errlen, "%s: truncated header", path);
 		r = read_full(file->fd, path, pre + 10, 2, 10, err, errlen);
 		if (r < 0)
 			return r;
@@ -482,14 +469,14 @@ static int npy_open_one(struct npy_file *file, struct field_desc *f, uint64_t *n
 		       (uint64_t)pre[11] << 24;
 		prelen = 12;
 	} else {
-		return fail(-EINVAL, err, errlen, "%s: unsupported .npy version %u.%u", path,
+		return errfmt(-EINVAL, err, errlen, "%s: unsupported .npy version %u.%u", path,
 			    pre[6], pre[7]);
 	}
 	if (hlen > NPY_HEADER_MAX)
-		return fail(-EINVAL, err, errlen, "%s: header too long (%llu bytes)", path,
+		return errfmt(-EINVAL, err, errlen, "%s: header too long (%llu bytes)", path,
 			    (unsigned long long)hlen);
 	if (size < prelen + hlen)
-		return fail(-EINVAL, err, errlen, "%s: truncated header", path);
+		return errfmt(-EINVAL, err, errlen, "%s: truncated header", path);
 	text = malloc(hlen + 1);
 	if (!text)
 		return -ENOMEM;
@@ -503,35 +490,35 @@ static int npy_open_one(struct npy_file *file, struct field_desc *f, uint64_t *n
 		return r;
 
 	if (h.fortran)
-		return fail(-EINVAL, err, errlen, "%s: Fortran order is not supported", path);
+		return errfmt(-EINVAL, err, errlen, "%s: Fortran order is not supported", path);
 	dtype = npy_dtype(path, h.descr, err, errlen);
 	if (dtype < 0)
 		return dtype;
 	if (h.ndim == 0)
-		return fail(-EINVAL, err, errlen,
+		return errfmt(-EINVAL, err, errlen,
 			    "%s: 0-d arrays are not supported (shape ()): need one row per sample",
 			    path);
 	if (h.shape[0] == 0)
-		return fail(-EINVAL, err, errlen, "%s: no samples (shape[0] is 0)", path);
+		return errfmt(-EINVAL, err, errlen, "%s: no samples (shape[0] is 0)", path);
 	f->dtype = dtype;
 	f->ndim = h.ndim - 1;
 	for (int i = 1; i < h.ndim; i++) {
 		if (h.shape[i] == 0)
-			return fail(-EINVAL, err, errlen, "%s: dimension %d is 0", path, i);
+			return errfmt(-EINVAL, err, errlen, "%s: dimension %d is 0", path, i);
 		if (__builtin_mul_overflow(nelem, (uint64_t)h.shape[i], &nelem))
-			return fail(-EINVAL, err, errlen, "%s: shape too large", path);
+			return errfmt(-EINVAL, err, errlen, "%s: shape too large", path);
 		f->shape[i - 1] = h.shape[i];
 	}
 	if (__builtin_mul_overflow(nelem, (uint64_t)dtype_size(dtype), &nelem) ||
 	    nelem > SIZE_MAX / 2 ||
 	    __builtin_mul_overflow((uint64_t)h.shape[0], nelem, &need) ||
 	    __builtin_add_overflow(need, prelen + hlen, &need))
-		return fail(-EINVAL, err, errlen, "%s: shape too large", path);
+		return errfmt(-EINVAL, err, errlen, "%s: shape too large", path);
 	f->sample_bytes = (size_t)nelem;
 	file->row_bytes = (size_t)nelem;
 	file->data_offset = prelen + hlen;
 	if (size < need)
-		return fail(-EINVAL, err, errlen,
+		return errfmt(-EINVAL, err, errlen,
 			    "%s: truncated: shape needs %llu bytes, the file has %llu", path,
 			    (unsigned long long)need, (unsigned long long)size);
 	*nrows = (uint64_t)h.shape[0];
@@ -541,7 +528,7 @@ static int npy_open_one(struct npy_file *file, struct field_desc *f, uint64_t *n
 static int npy_open(struct source *src, const struct spec *spec, char *err, size_t errlen)
 {
 	if (spec->source.npaths < 1 || spec->source.npaths > SOURCE_MAX_FIELDS)
-		return fail(-EINVAL, err, errlen, "npy source: 1..%d paths", SOURCE_MAX_FIELDS);
+		return errfmt(-EINVAL, err, errlen, "npy source: 1..%d paths", SOURCE_MAX_FIELDS);
 	for (size_t i = 0; i < spec->source.npaths; i++) {
 		struct npy_file *file = &src->files[i];
 		struct field_desc *f = &src->fields[i];
@@ -554,11 +541,11 @@ static int npy_open(struct source *src, const struct spec *spec, char *err, size
 			return -ENOMEM;
 		src->nfiles = i + 1;
 		if (spec_npy_stem(file->path, f->name) < 0)
-			return fail(-EINVAL, err, errlen, "%s: bad file stem for a field name",
+			return errfmt(-EINVAL, err, errlen, "%s: bad file stem for a field name",
 				    file->path);
 		for (size_t j = 0; j < i; j++)
 			if (strcmp(src->fields[j].name, f->name) == 0)
-				return fail(-EINVAL, err, errlen,
+				return errfmt(-EINVAL, err, errlen,
 					    "%s: field name \"%s\" is already used by %s",
 					    file->path, f->name, src->files[j].path);
 		r = npy_open_one(file, f, &nrows, err, errlen);
@@ -567,7 +554,7 @@ static int npy_open(struct source *src, const struct spec *spec, char *err, size
 		if (i == 0)
 			src->nsamples = nrows;
 		else if (nrows != src->nsamples)
-			return fail(-EINVAL, err, errlen,
+			return errfmt(-EINVAL, err, errlen,
 				    "%s: has %llu rows but %s has %llu: all arrays need the same first dimension",
 				    file->path, (unsigned long long)nrows, src->files[0].path,
 				    (unsigned long long)src->nsamples);
@@ -641,7 +628,7 @@ static int image_sample(struct source *src, const struct sample_ctx *ctx, uint64
 	int r;
 
 	if (!s)
-		return fail(-ENOMEM, err, errlen, "out of memory for the image decoder");
+		return errfmt(-ENOMEM, err, errlen, "out of memory for the image decoder");
 	r = imageset_read(src->images, j, &s->file, &s->file_cap, &len, &label, err, errlen);
 	if (r < 0)
 		return r;
@@ -654,7 +641,7 @@ static int image_sample(struct source *src, const struct sample_ctx *ctx, uint64
 		r = imageop_decode_run(op, s, &plan, s->file, len, &info, dsts[0], msg, sizeof(msg));
 	if (r < 0) {
 		imageset_describe(src->images, j, what, sizeof(what));
-		return fail(r, err, errlen, "%s: %s", what, msg);
+		return errfmt(r, err, errlen, "%s: %s", what, msg);
 	}
 	memcpy(dsts[1], &label, sizeof(label));
 	return 0;
@@ -677,7 +664,7 @@ static int images_read(struct source *src, const struct sample_ctx *ctx, uint64_
 		j = j + 1 == n ? 0 : j + 1;
 	}
 	snprintf(last, sizeof(last), "%s", err ? err : "");
-	return fail(-EINVAL, err, errlen, "no sample could be decoded (the last error: %s)", last);
+	return errfmt(-EINVAL, err, errlen, "no sample could be decoded (the last error: %s)", last);
 }
 
 /* ---- the interface ---- */
@@ -701,7 +688,7 @@ int source_open(struct source **out, const struct spec *spec, char *err, size_t 
 	else if (spec_is_image(spec))
 		r = images_open(src, spec, err, errlen);
 	else
-		r = fail(-EINVAL, err, errlen, "unknown source kind %d", (int)spec->kind);
+		r = errfmt(-EINVAL, err, errlen, "unknown source kind %d", (int)spec->kind);
 	if (r < 0) {
 		if (r == -ENOMEM && err && errlen && !err[0])
 			snprintf(err, errlen, "source: out of memory");
@@ -749,7 +736,7 @@ int source_read(struct source *src, const struct sample_ctx *ctx, uint64_t idx, 
 		char *err, size_t errlen)
 {
 	if (idx >= src->nsamples)
-		return fail(-EINVAL, err, errlen, "sample %llu out of range (%llu samples)",
+		return errfmt(-EINVAL, err, errlen, "sample %llu out of range (%llu samples)",
 			    (unsigned long long)idx, (unsigned long long)src->nsamples);
 	if (src->kind == SOURCE_TOKENS)
 		return tokens_read(src, idx, dsts, err, errlen);

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "tar.h"
 
 #define BLOCK 512
@@ -41,19 +42,6 @@ struct reader {
 	uint64_t buf_off;
 	size_t buf_len;
 };
-
-__attribute__((format(printf, 4, 5)))
-static int fail(int r, char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return r;
-}
 
 /* Copy @len bytes at @off (within the file) to @dst, through the buffer. */
 static int rd_read(struct reader *rd, uint64_t off, void *dst, size_t len, char *err, size_t errlen)
@@ -80,7 +68,7 @@ static int rd_read(struct reader *rd, uint64_t off, void *dst, size_t len, char 
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n < 0)
-				return fail(-errno, err, errlen, "%s: read failed at offset %llu: %s",
+				return errfmt(-errno, err, errlen, "%s: read failed at offset %llu: %s",
 					    rd->path, (unsigned long long)(rd->buf_off + rd->buf_len),
 					    strerror(errno));
 			if (n == 0)
@@ -88,7 +76,7 @@ static int rd_read(struct reader *rd, uint64_t off, void *dst, size_t len, char 
 			rd->buf_len += (size_t)n;
 		}
 		if (off >= rd->buf_off + rd->buf_len)
-			return fail(-EINVAL, err, errlen, "%s: truncated at offset %llu", rd->path,
+			return errfmt(-EINVAL, err, errlen, "%s: truncated at offset %llu", rd->path,
 				    (unsigned long long)off);
 	}
 	return 0;
@@ -169,20 +157,20 @@ static int pax_parse(struct reader *rd, uint64_t at, const char *text, size_t le
 		    text[pos + rec - 1] != '\n') {
 			if (rec == 0 && text[pos] == '\0') /* NUL padding at the end */
 				break;
-			return fail(-EINVAL, err, errlen, "%s: bad pax header record at offset %llu",
+			return errfmt(-EINVAL, err, errlen, "%s: bad pax header record at offset %llu",
 				    rd->path, (unsigned long long)at);
 		}
 		key = text + i + 1;
 		eq = memchr(key, '=', (size_t)(text + pos + rec - 1 - key));
 		if (!eq)
-			return fail(-EINVAL, err, errlen, "%s: bad pax header record at offset %llu",
+			return errfmt(-EINVAL, err, errlen, "%s: bad pax header record at offset %llu",
 				    rd->path, (unsigned long long)at);
 		klen = (size_t)(eq - key);
 		val = eq + 1;
 		size_t vlen = (size_t)(text + pos + rec - 1 - val);
 		if (klen == 4 && memcmp(key, "path", 4) == 0) {
 			if (vlen == 0 || vlen >= TAR_NAME_MAX || memchr(val, '\0', vlen))
-				return fail(-EINVAL, err, errlen,
+				return errfmt(-EINVAL, err, errlen,
 					    "%s: bad pax path at offset %llu", rd->path,
 					    (unsigned long long)at);
 			memcpy(path, val, vlen);
@@ -192,11 +180,11 @@ static int pax_parse(struct reader *rd, uint64_t at, const char *text, size_t le
 			uint64_t v = 0;
 
 			if (vlen == 0 || vlen > 19)
-				return fail(-EINVAL, err, errlen, "%s: bad pax size at offset %llu",
+				return errfmt(-EINVAL, err, errlen, "%s: bad pax size at offset %llu",
 					    rd->path, (unsigned long long)at);
 			for (size_t k = 0; k < vlen; k++) {
 				if (val[k] < '0' || val[k] > '9')
-					return fail(-EINVAL, err, errlen,
+					return errfmt(-EINVAL, err, errlen,
 						    "%s: bad pax size at offset %llu", rd->path,
 						    (unsigned long long)at);
 				v = v * 10 + (uint64_t)(val[k] - '0');
@@ -242,13 +230,13 @@ int tar_scan(int fd, const char *path, uint64_t size, tar_entry_fn fn, void *use
 		if (zero)
 			break;
 		if (!checksum_ok(h)) {
-			r = fail(-EINVAL, err, errlen, "%s: bad header checksum at offset %llu%s",
+			r = errfmt(-EINVAL, err, errlen, "%s: bad header checksum at offset %llu%s",
 				 path, (unsigned long long)off,
 				 off == 0 ? " (not a tar file?)" : "");
 			goto out;
 		}
 		if (!parse_number(h + 124, 12, &msize)) {
-			r = fail(-EINVAL, err, errlen, "%s: bad member size at offset %llu", path,
+			r = errfmt(-EINVAL, err, errlen, "%s: bad member size at offset %llu", path,
 				 (unsigned long long)off);
 			goto out;
 		}
@@ -257,7 +245,7 @@ int tar_scan(int fd, const char *path, uint64_t size, tar_entry_fn fn, void *use
 			msize = pax_size;
 		data = off + BLOCK;
 		if (msize > size - data) {
-			r = fail(-EINVAL, err, errlen,
+			r = errfmt(-EINVAL, err, errlen,
 				 "%s: truncated: the member at offset %llu needs %llu bytes, the file has %llu",
 				 path, (unsigned long long)off, (unsigned long long)msize,
 				 (unsigned long long)(size - data));
@@ -269,7 +257,7 @@ int tar_scan(int fd, const char *path, uint64_t size, tar_entry_fn fn, void *use
 			char *text;
 
 			if (msize > (type == 'L' ? TAR_NAME_MAX - 1 : PAX_MAX)) {
-				r = fail(-EINVAL, err, errlen,
+				r = errfmt(-EINVAL, err, errlen,
 					 "%s: %s header at offset %llu is too long (%llu bytes)", path,
 					 type == 'L' ? "long name" : "pax", (unsigned long long)off,
 					 (unsigned long long)msize);
