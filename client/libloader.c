@@ -1163,6 +1163,13 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 			r = set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
 			break;
 		}
+		if (atomic_load(&a->refs) - 1 >= (int)a->nslots) {
+			/* every slot is in the caller's hands: nothing can come */
+			r = set_err(-ENOBUFS, "this process holds all %u batch slots of the pipeline: release "
+			            "batches before asking for more, or give the pipeline a larger prefetch",
+			            a->nslots);
+			break;
+		}
 		top_up(a); /* in case a send failed earlier */
 		if (timeout_ms < 0) {
 			pthread_cond_wait(&c->cond, &c->lock);

@@ -174,6 +174,30 @@ static void test_timeout_and_errors(struct ldr_client *c)
 	assert(ldr_drop_pipeline(c, "held", 0) == 0);
 }
 
+static void test_hoarding(struct ldr_client *c)
+{
+	struct ldr_attachment *a;
+	struct ldr_batch *held[3], *b;
+
+	create(c, "hoard", 4, 0); /* prefetch 4 */
+	assert(ldr_attach(c, "hoard", NULL, &a) == 0);
+	for (int i = 0; i < 3; i++)
+		assert(ldr_next(a, 10000, &held[i]) == 0);
+	assert(ldr_next(a, 10000, &b) == 0);
+	/* all four slots are ours now: the next can never come */
+	assert(ldr_next(a, 10000, &b) == -ENOBUFS);
+	assert(strstr(ldr_client_error(c), "holds all 4 batch slots"));
+	ldr_release(b);
+	for (int i = 0; i < 3; i++)
+		ldr_release(held[i]);
+	for (int i = 0; i < 10; i++) {
+		assert(ldr_next(a, 10000, &b) == 0);
+		ldr_release(b);
+	}
+	assert(ldr_detach(a) == 0);
+	assert(ldr_drop_pipeline(c, "hoard", 0) == 0);
+}
+
 static void test_fork(struct ldr_client *c)
 {
 	struct ldr_attachment *a;
@@ -260,6 +284,7 @@ int main(int argc, char **argv)
 	assert(ldr_client_id(c) > 0);
 	test_stream_and_lifetime(c);
 	test_timeout_and_errors(c);
+	test_hoarding(c);
 	test_fork(c);
 	test_daemon_gone(c);
 	ldr_close(c);

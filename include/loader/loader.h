@@ -198,7 +198,9 @@ LDR_EXPORT const void *ldr_attachment_slab(const struct ldr_attachment *att, siz
  * ldr_next() - the next batch of this attachment.
  * @param timeout_ms -1 waits forever
  * Return: 0 with *out set, LDR_EOF at the end of a finite pipeline,
- * -ETIMEDOUT, or another negative error.
+ * -ETIMEDOUT, -ENOBUFS when the caller holds (has not released) as many
+ * batches as the pipeline has slots, so that none can come, or another
+ * negative error.
  */
 LDR_EXPORT int ldr_next(struct ldr_attachment *att, int timeout_ms, struct ldr_batch **out);
 /** Release a batch: its slot may be reused. Safe to call from any thread. */
