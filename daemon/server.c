@@ -1200,11 +1200,14 @@ static void on_stop_timer(uv_timer_t *t)
 		if (ev->type != EV_CTX)
 			free(ev);
 		else {
+			/* a completion nobody handled: a request that came in, or a
+			 * reply that could not leave, still owns its message */
 			struct sctx *c = (struct sctx *)ev;
-			if (c->state == CTX_SEND) {
-				nng_msg *m = nng_aio_get_msg(c->aio);
-				if (m && nng_aio_result(c->aio) != 0)
-					nng_msg_free(m);
+			nng_msg *m = nng_aio_get_msg(c->aio);
+			int rv = nng_aio_result(c->aio);
+			if (m && ((c->state == CTX_RECV && rv == 0) || (c->state == CTX_SEND && rv != 0))) {
+				nng_msg_free(m);
+				nng_aio_set_msg(c->aio, NULL);
 			}
 		}
 		ev = n;
