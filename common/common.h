@@ -28,5 +28,20 @@ int errfmt(int r, char *err, size_t errlen, const char *fmt, ...) __attribute__(
 /* Error names for negative errno and LDR_E* codes. */
 const char *error_name(int err);
 
+/* splitmix64's finaliser and step: the one mixer behind every seeded draw
+ * (the epoch permutation, augmentation parameters). Changing it changes
+ * every batch of every seeded pipeline. */
+static inline uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static inline uint64_t splitmix64(uint64_t x)
+{
+	return mix64(x + 0x9e3779b97f4a7c15ull);
+}
+
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))

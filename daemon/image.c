@@ -224,6 +224,22 @@ static inline uint8_t muldiv255(int a, int b)
 	return (uint8_t)(((t >> 8) + t) >> 8);
 }
 
+/* In place, 4 bytes a pixel to 3, as PIL does it: CMYK;I (Adobe) then
+ * cmyk2rgb, nk - nk * c / 255. */
+static void cmyk_to_rgb(uint8_t *pix, size_t px)
+{
+	const uint8_t *in = pix;
+	uint8_t *out = pix;
+
+	for (size_t i = 0; i < px; i++, in += 4, out += 3) {
+		int nk = in[3];
+
+		out[0] = (uint8_t)(nk - muldiv255(255 - in[0], nk));
+		out[1] = (uint8_t)(nk - muldiv255(255 - in[1], nk));
+		out[2] = (uint8_t)(nk - muldiv255(255 - in[2], nk));
+	}
+}
+
 static int jpeg_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 		       const struct image_info *info, int num, int denom, char *err, size_t errlen)
 {
@@ -245,19 +261,8 @@ static int jpeg_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 			return tj_reset(s);
 		}
 	}
-	if (cmyk) {
-		/* PIL: CMYK;I (Adobe) then cmyk2rgb: nk - nk * c / 255 */
-		const uint8_t *in = s->pix;
-		uint8_t *out = s->pix;
-
-		for (size_t i = 0; i < px; i++, in += 4, out += 3) {
-			int nk = in[3];
-
-			out[0] = (uint8_t)(nk - muldiv255(255 - in[0], nk));
-			out[1] = (uint8_t)(nk - muldiv255(255 - in[1], nk));
-			out[2] = (uint8_t)(nk - muldiv255(255 - in[2], nk));
-		}
-	}
+	if (cmyk)
+		cmyk_to_rgb(s->pix, px);
 	return 0;
 }
 
@@ -469,18 +474,8 @@ static int jpeg_region_body(struct image_scratch *s, struct jdec *j, const uint8
 	}
 	if (j->eof)
 		return errfmt(-EINVAL, err, errlen, "JPEG: %s", j->eof_msg);
-	if (cmyk) {
-		const uint8_t *in = s->pix;
-		uint8_t *out = s->pix;
-
-		for (size_t i = 0; i < px; i++, in += 4, out += 3) {
-			int nk = in[3];
-
-			out[0] = (uint8_t)(nk - muldiv255(255 - in[0], nk));
-			out[1] = (uint8_t)(nk - muldiv255(255 - in[1], nk));
-			out[2] = (uint8_t)(nk - muldiv255(255 - in[2], nk));
-		}
-	}
+	if (cmyk)
+		cmyk_to_rgb(s->pix, px);
 	got->x = (int)xo;
 	got->y = (int)ys;
 	got->w = (int)cw;

@@ -12,21 +12,11 @@
  * is less than 4n, a walk takes under 4 steps on average. docs/spec.md gives
  * the exact definition so that others can reimplement it bit for bit.
  */
+#include "common.h"
 #include "sampler.h"
 
 #define FEISTEL_ROUNDS 8
 
-static inline uint64_t mix64(uint64_t z)
-{
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static inline uint64_t splitmix64(uint64_t x)
-{
-	return mix64(x + 0x9e3779b97f4a7c15ull);
-}
 
 uint64_t sampler_permute(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t pos)
 {

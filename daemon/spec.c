@@ -134,6 +134,21 @@ int spec_npy_stem(const char *path, char buf[LDR_NAME_MAX + 1])
 	return (int)n;
 }
 
+/* source.path: a required non-empty string, copied into *out. */
+static int required_path(json_t *src, char **out, char *err, size_t errlen)
+{
+	json_t *v = json_object_get(src, "path");
+	const char *s;
+
+	if (!v)
+		return fail(err, errlen, "source.path: is required");
+	s = plain_string(v);
+	if (!s)
+		return fail(err, errlen, "source.path: must be a non-empty string");
+	*out = strdup(s);
+	return *out ? 0 : -ENOMEM;
+}
+
 static int parse_tokens(struct spec *spec, json_t *src, char *err, size_t errlen)
 {
 	static const char *const keys[] = { "kind", "path", "dtype", "seq_len", "output_dtype", NULL };
@@ -146,15 +161,9 @@ static int parse_tokens(struct spec *spec, json_t *src, char *err, size_t errlen
 	if (key)
 		return fail(err, errlen, "unknown key \"source.%s\"", key);
 
-	v = json_object_get(src, "path");
-	if (!v)
-		return fail(err, errlen, "source.path: is required");
-	s = plain_string(v);
-	if (!s)
-		return fail(err, errlen, "source.path: must be a non-empty string");
-	spec->source.path = strdup(s);
-	if (!spec->source.path)
-		return -ENOMEM;
+	r = required_path(src, &spec->source.path, err, errlen);
+	if (r < 0)
+		return r;
 
 	spec->source.dtype = LDR_DTYPE_UINT16;
 	v = json_object_get(src, "dtype");
@@ -242,19 +251,10 @@ static int parse_image_folder(struct spec *spec, json_t *src, char *err, size_t 
 {
 	static const char *const keys[] = { "kind", "path", NULL };
 	const char *key = unknown_key(src, keys);
-	json_t *v;
-	const char *s;
 
 	if (key)
 		return fail(err, errlen, "unknown key \"source.%s\"", key);
-	v = json_object_get(src, "path");
-	if (!v)
-		return fail(err, errlen, "source.path: is required");
-	s = plain_string(v);
-	if (!s)
-		return fail(err, errlen, "source.path: must be a non-empty string");
-	spec->source.root = strdup(s);
-	return spec->source.root ? 0 : -ENOMEM;
+	return required_path(src, &spec->source.root, err, errlen);
 }
 
 static int parse_webdataset(struct spec *spec, json_t *src, char *err, size_t errlen)

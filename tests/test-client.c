@@ -19,33 +19,12 @@
 #include <unistd.h>
 
 #include "loader/loader.h"
+#include "test-daemon.h"
 
 #define SEQ 16
 #define NTOK (SEQ * 100 + 1)
 
-static char dir[64], sock_path[128], tok_path[128];
-static pid_t daemon_pid;
-
-static void start_daemon(const char *exe)
-{
-	snprintf(dir, sizeof(dir), "/tmp/ldr-client-XXXXXX");
-	assert(mkdtemp(dir));
-	snprintf(sock_path, sizeof(sock_path), "%s/loaderd.sock", dir);
-	daemon_pid = fork();
-	assert(daemon_pid >= 0);
-	if (daemon_pid == 0) {
-		execl(exe, exe, "--socket", sock_path, "--workers", "2", "--log-level", "warning", (char *)NULL);
-		_exit(127);
-	}
-	for (int i = 0; i < 200; i++) {
-		char fds[140];
-		snprintf(fds, sizeof(fds), "%s.fds", sock_path);
-		if (access(fds, F_OK) == 0 && access(sock_path, F_OK) == 0)
-			return;
-		usleep(20000);
-	}
-	assert(!"daemon did not start");
-}
+static char tok_path[128];
 
 static void write_tokens(void)
 {
@@ -278,7 +257,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	start_daemon(argv[1]);
+	start_daemon(argv[1], "client");
 	write_tokens();
 	assert(ldr_connect(&c, sock_path, "test-client") == 0);
 	assert(ldr_client_id(c) > 0);
@@ -290,9 +269,7 @@ int main(int argc, char **argv)
 	ldr_close(c);
 	unlink(tok_path);
 	unlink(sock_path);
-	char fds[140];
-	snprintf(fds, sizeof(fds), "%s.fds", sock_path);
-	unlink(fds);
+	unlink(fd_path);
 	rmdir(dir);
 	printf("test-client: ok\n");
 	return 0;

@@ -23,40 +23,7 @@
 
 #include "loader.pb-c.h"
 #include "loader/loader.h"
-
-static char dir[64], sock_path[128], fd_path[140];
-static pid_t daemon_pid;
-
-static void start_daemon(const char *exe)
-{
-	snprintf(dir, sizeof(dir), "/tmp/ldr-wire-XXXXXX");
-	assert(mkdtemp(dir));
-	snprintf(sock_path, sizeof(sock_path), "%s/loaderd.sock", dir);
-	snprintf(fd_path, sizeof(fd_path), "%s.fds", sock_path);
-	daemon_pid = fork();
-	assert(daemon_pid >= 0);
-	if (daemon_pid == 0) {
-		execl(exe, exe, "--socket", sock_path, "--workers", "2", "--log-level", "warning", (char *)NULL);
-		_exit(127);
-	}
-	for (int i = 0; i < 200; i++) {
-		if (access(fd_path, F_OK) == 0 && access(sock_path, F_OK) == 0)
-			return;
-		usleep(20000);
-	}
-	assert(!"daemon did not start");
-}
-
-static void stop_daemon(void)
-{
-	int status;
-
-	kill(daemon_pid, SIGTERM);
-	assert(waitpid(daemon_pid, &status, 0) == daemon_pid);
-	assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-	assert(access(sock_path, F_OK) != 0);
-	rmdir(dir);
-}
+#include "test-daemon.h"
 
 /* The daemon still serves a well-behaved client. */
 static void check_alive(void)
@@ -327,7 +294,7 @@ int main(int argc, char **argv)
 		snprintf(sock_path, sizeof(sock_path), "%s", argv[2]);
 		return oversized_child();
 	}
-	start_daemon(argv[1]);
+	start_daemon(argv[1], "wire");
 	check_alive();
 	fprintf(stderr, "test-wire: test_malformed\n");
 	test_malformed();

@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/* test-daemon - start and stop the real loaderd for a C integration test */
+#pragma once
+
+#include <assert.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* One daemon per test process, on a private socket under /tmp. */
+static char dir[64], sock_path[128], fd_path[140];
+static pid_t daemon_pid;
+
+static void start_daemon(const char *exe, const char *tag)
+{
+	snprintf(dir, sizeof(dir), "/tmp/ldr-%s-XXXXXX", tag);
+	assert(mkdtemp(dir));
+	snprintf(sock_path, sizeof(sock_path), "%s/loaderd.sock", dir);
+	snprintf(fd_path, sizeof(fd_path), "%s.fds", sock_path);
+	daemon_pid = fork();
+	assert(daemon_pid >= 0);
+	if (daemon_pid == 0) {
+		execl(exe, exe, "--socket", sock_path, "--workers", "2", "--log-level", "warning", (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 200; i++) {
+		if (access(fd_path, F_OK) == 0 && access(sock_path, F_OK) == 0)
+			return;
+		usleep(20000);
+	}
+	assert(!"daemon did not start");
+}
+
+static __attribute__((unused)) void stop_daemon(void)
+{
+	int status;
+
+	kill(daemon_pid, SIGTERM);
+	assert(waitpid(daemon_pid, &status, 0) == daemon_pid);
+	assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	assert(access(sock_path, F_OK) != 0);
+	rmdir(dir);
+}
