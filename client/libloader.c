@@ -41,6 +41,7 @@
 #include "common.h"
 #include "config.h"
 #include "fdchan-wire.h"
+#include "nngclose.h"
 #include "loader.pb-c.h"
 #include "loader/loader.h"
 
@@ -48,6 +49,7 @@
 #define MAX_INFLIGHT 64
 #define CALL_TIMEOUT_MS 60000
 #define HELLO_TIMEOUT_MS 3000
+#define CLOSE_WAIT_MS 2000
 #define HELLO_ATTEMPTS 4
 #define FLUSH_DELAY_MS 2
 static __thread char tls_err[512];
@@ -1316,7 +1318,8 @@ void ldr_close(struct ldr_client *c)
 		pthread_mutex_unlock(&c->lock);
 		pthread_join(c->flusher, NULL);
 	}
-	nng_close(c->sock);
+	if (!nng_close_within(c->sock, CLOSE_WAIT_MS))
+		return; /* nng is stuck on a dead peer: leave it, and c, to the exit */
 	pthread_cond_destroy(&c->flush_cond);
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->lock);

@@ -34,6 +34,7 @@
 #include "config.h"
 #include "cuda.h"
 #include "fdchan.h"
+#include "nngclose.h"
 #include "loader.pb-c.h"
 #include "log.h"
 #include "pipeline.h"
@@ -125,6 +126,8 @@ struct server {
 };
 
 static void heal_listener(struct server *srv);
+struct sctx;
+static void sctx_drop_msg(struct sctx *c);
 
 /* nng 1.5.2 never frees the connections queued on a wedged listener. */
 static bool nng_leaks_memory;
@@ -157,11 +160,7 @@ static void on_ctx_aio(void *arg)
 	/* A reply went out: this context receives the next request right here,
 	 * on nng's thread, so a reply costs the loop no wake-up of its own. */
 	if (c->state == CTX_SEND && !atomic_load(&srv->closing)) {
-		if (nng_aio_result(c->aio) != 0) {
-			nng_msg *m = nng_aio_get_msg(c->aio);
-			if (m)
-				nng_msg_free(m);
-		}
+		sctx_drop_msg(c);
 		c->state = CTX_RECV;
 		atomic_fetch_add(&srv->nrecv, 1);
 		nng_ctx_recv(c->ctx, c->aio);
@@ -183,6 +182,21 @@ static void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg)
 }
 
 /* --- contexts ----------------------------------------------------------- */
+
+/*
+ * A message in a context's aio belongs to that aio until taken: every taker
+ * clears it (nng clears it itself when a send is accepted), so whatever is
+ * left there is ours to free, whatever the state.
+ */
+static void sctx_drop_msg(struct sctx *c)
+{
+	nng_msg *m = nng_aio_get_msg(c->aio);
+
+	if (m) {
+		nng_aio_set_msg(c->aio, NULL);
+		nng_msg_free(m);
+	}
+}
 
 static struct sctx *sctx_get(struct server *srv)
 {
@@ -744,18 +758,16 @@ static void on_ctx_done(struct server *srv, struct sctx *c)
 				log_warn("nng receive: %s", nng_strerror(rv));
 			sctx_idle(srv, c);
 		} else {
+			nng_msg *m = nng_aio_get_msg(c->aio);
+			nng_aio_set_msg(c->aio, NULL);
 			c->answered = false;
-			handle_request(srv, c, nng_aio_get_msg(c->aio));
+			handle_request(srv, c, m);
 			/* after an answer, c belongs to nng's callback; read nothing */
 			if (!c->answered) /* a request from a gone pipe */
 				sctx_idle(srv, c);
 		}
 	} else if (c->state == CTX_SEND) {
-		if (rv != 0) {
-			nng_msg *m = nng_aio_get_msg(c->aio);
-			if (m)
-				nng_msg_free(m);
-		}
+		sctx_drop_msg(c);
 		sctx_idle(srv, c);
 	}
 	post_receivers(srv);
@@ -1106,64 +1118,6 @@ static void on_handle_closed(uv_handle_t *h)
 	}
 }
 
-struct closer {
-	nng_socket sock;
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	bool done;
-};
-
-static void *closer_main(void *arg)
-{
-	struct closer *cl = arg;
-
-	nng_close(cl->sock);
-	pthread_mutex_lock(&cl->lock);
-	cl->done = true;
-	pthread_cond_signal(&cl->cond);
-	pthread_mutex_unlock(&cl->lock);
-	return NULL;
-}
-
-/* nng_close(), given @ms to finish; false when it did not (it goes on). */
-static bool close_socket_within(nng_socket sock, int ms)
-{
-	static struct closer cl; /* outlives us when nng hangs */
-	pthread_condattr_t ca;
-	struct timespec deadline;
-	pthread_t t;
-	bool done;
-
-	cl.sock = sock;
-	cl.done = false;
-	pthread_mutex_init(&cl.lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&cl.cond, &ca);
-	pthread_condattr_destroy(&ca);
-	if (pthread_create(&t, NULL, closer_main, &cl) != 0) {
-		nng_close(sock);
-		return true;
-	}
-	clock_gettime(CLOCK_MONOTONIC, &deadline);
-	deadline.tv_sec += ms / 1000;
-	deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (deadline.tv_nsec >= 1000000000L) {
-		deadline.tv_sec++;
-		deadline.tv_nsec -= 1000000000L;
-	}
-	pthread_mutex_lock(&cl.lock);
-	while (!cl.done && pthread_cond_timedwait(&cl.cond, &cl.lock, &deadline) != ETIMEDOUT)
-		;
-	done = cl.done;
-	pthread_mutex_unlock(&cl.lock);
-	if (done)
-		pthread_join(t, NULL);
-	else
-		pthread_detach(t);
-	return done;
-}
-
 static void exit_stopped(void)
 {
 	log_notice("stopped");
@@ -1179,7 +1133,7 @@ static void on_stop_timer(uv_timer_t *t)
 	while (srv->clients)
 		client_free(srv, srv->clients);
 	atomic_store(&srv->closing, true);
-	if (!close_socket_within(srv->sock, CLOSE_WAIT_MS)) {
+	if (!nng_close_within(srv->sock, CLOSE_WAIT_MS)) {
 		/* nng 1.5.2 can wait forever on a peer that is stopped with its
 		 * socket buffer full (SIGSTOP). We are leaving: the kernel frees
 		 * what nng holds. */
@@ -1199,22 +1153,13 @@ static void on_stop_timer(uv_timer_t *t)
 		struct event *n = ev->next;
 		if (ev->type != EV_CTX)
 			free(ev);
-		else {
-			/* a completion nobody handled: a request that came in, or a
-			 * reply that could not leave, still owns its message */
-			struct sctx *c = (struct sctx *)ev;
-			nng_msg *m = nng_aio_get_msg(c->aio);
-			int rv = nng_aio_result(c->aio);
-			if (m && ((c->state == CTX_RECV && rv == 0) || (c->state == CTX_SEND && rv != 0))) {
-				nng_msg_free(m);
-				nng_aio_set_msg(c->aio, NULL);
-			}
-		}
 		ev = n;
 	}
 	while (srv->all) {
 		struct sctx *c = srv->all;
 		srv->all = c->all_next;
+		/* a request nobody handled, or a reply that could not leave */
+		sctx_drop_msg(c);
 		nng_aio_free(c->aio);
 		free(c);
 	}
