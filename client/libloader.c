@@ -14,12 +14,17 @@
  *
  * Slabs are mapped once per attach, read-only, from an fd fetched over the fd
  * channel with the attach reply's one-time token. An attachment stays mapped
- * while any of its batches is unreleased, even after ldr_detach().
+ * while any of its batches is unreleased, even after ldr_detach(). A CUDA
+ * attachment also maps the daemon's device slab once (devmap.c); its batches'
+ * fields are device pointers into it, and a batch released with
+ * ldr_release_after() goes back once the event recorded on the trainer's
+ * stream completed (the attachment's waiter thread sees to that).
  *
  * nng is not fork-safe: every entry point compares getpid() with the pid that
  * made the handle, and a child gets LDR_EFORKED without nng being touched.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -40,6 +45,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "devmap.h"
 #include "fdchan-wire.h"
 #include "nngclose.h"
 #include "loader.pb-c.h"
@@ -102,6 +108,13 @@ struct afield {
 	uint64_t sample_bytes;
 };
 
+/* A batch released with ldr_release_after(), waiting for its event. */
+struct evwait {
+	struct evwait *next;
+	uint64_t lease;
+	void *event;
+};
+
 struct ldr_attachment {
 	struct ldr_attachment *next;
 	struct ldr_client *c;
@@ -129,6 +142,15 @@ struct ldr_attachment {
 	uint64_t *rel;
 	size_t nrel, relcap;
 	bool detached;
+	/* CUDA delivery */
+	enum ldr_device_kind device_kind;
+	int device_index;
+	struct devmap *dev;
+	uint64_t dstride;
+	struct evwait *ev_head, *ev_tail; /* under c->lock */
+	pthread_cond_t ev_cond;
+	pthread_t waiter;
+	bool waiter_running, waiter_stop;
 };
 
 struct ldr_batch {
@@ -563,23 +585,26 @@ int ldr_pipelines_json(struct ldr_client *c, char **json_out)
 
 /* --- attachments -------------------------------------------------------- */
 
-static int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint64_t *size)
+static int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint64_t *size,
+                         int *dev_fd, uint64_t *dev_size)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct fdchan_request rq = { .magic = FDCHAN_MAGIC, .version = FDCHAN_VERSION };
 	struct fdchan_reply rp;
 	struct iovec iov = { .iov_base = &rp, .iov_len = sizeof(rp) };
 	union {
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(2 * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
 	                      .msg_controllen = sizeof(u.buf) };
 	struct timeval tv = { .tv_sec = 10 };
 	struct cmsghdr *cm;
-	int fd, slab = -1;
+	int fd, slab = -1, fds[2] = { -1, -1 };
 	ssize_t n;
 
+	*dev_fd = -1;
+	*dev_size = 0;
 	if (token_len != sizeof(rq.token) || strlen(path) >= sizeof(sa.sun_path))
 		return set_err(-EPROTO, "bad attach reply (token or fd channel path)");
 	memcpy(rq.token, token, sizeof(rq.token));
@@ -605,23 +630,42 @@ static int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_le
 		return set_err(-EPROTO, "fd channel: no valid reply");
 	for (cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-		    cm->cmsg_len == CMSG_LEN(sizeof(int)))
-			memcpy(&slab, CMSG_DATA(cm), sizeof(int));
-	if (rp.status < 0) {
+		    (cm->cmsg_len == CMSG_LEN(sizeof(int)) || cm->cmsg_len == CMSG_LEN(2 * sizeof(int))))
+			memcpy(fds, CMSG_DATA(cm), cm->cmsg_len - CMSG_LEN(0));
+	slab = fds[0];
+	if (rp.status < 0 || (fds[1] >= 0) != (rp.nfds == 2)) {
 		if (slab >= 0)
 			close(slab);
+		if (fds[1] >= 0)
+			close(fds[1]);
+		if (rp.status >= 0)
+			return set_err(-EPROTO, "fd channel: %u fds announced, another number received", rp.nfds);
 		return set_err(rp.status, "fd channel: token refused: %s", strerror(-rp.status));
 	}
 	if (slab < 0)
 		return set_err(-EPROTO, "fd channel: reply carried no fd");
 	*size = rp.size;
+	*dev_fd = fds[1];
+	*dev_size = rp.device_size;
 	return slab;
 }
 
 static void att_unref(struct ldr_attachment *a)
 {
+	struct ldr_client *c = a->c;
+
 	if (atomic_fetch_sub(&a->refs, 1) != 1)
 		return;
+	if (a->waiter_running) {
+		/* it waits for the events still queued, then ends */
+		pthread_mutex_lock(&c->lock);
+		a->waiter_stop = true;
+		pthread_cond_signal(&a->ev_cond);
+		pthread_mutex_unlock(&c->lock);
+		pthread_join(a->waiter, NULL);
+	}
+	devmap_close(a->dev);
+	pthread_cond_destroy(&a->ev_cond);
 	if (a->base)
 		munmap((void *)a->base, a->size);
 	free(a->rel);
@@ -934,8 +978,9 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	Loaderd__Reply *rep;
 	Loaderd__AttachReply *ar;
 	struct ldr_attachment *a;
-	uint64_t size = 0;
-	int r, fd;
+	uint64_t size = 0, dev_size = 0;
+	int r, fd, dev_fd = -1;
+	char err[512];
 
 	CHECK_PID(c);
 	if (!opts)
@@ -970,6 +1015,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	}
 	a->c = c;
 	atomic_init(&a->refs, 1);
+	pthread_cond_init(&a->ev_cond, NULL);
 	a->id = ar->attach_id;
 	a->slot_bytes = ar->slot_bytes;
 	a->nslots = ar->nslots;
@@ -999,15 +1045,40 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 		af->offset = fd_->offset;
 		af->sample_bytes = fd_->sample_bytes;
 	}
-	fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size);
+	fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size);
 	if (fd < 0) {
 		r = fd;
 		goto fail;
 	}
 	if (size != ar->slab_bytes || size < (uint64_t)a->nslots * a->slot_bytes) {
 		close(fd);
+		if (dev_fd >= 0)
+			close(dev_fd);
 		r = set_err(-EPROTO, "slab size mismatch");
 		goto fail;
+	}
+	if (ar->device_kind == LDR_DEVICE_CUDA) {
+		a->device_kind = LDR_DEVICE_CUDA;
+		a->device_index = ar->device_index;
+		a->dstride = ar->device_slot_stride;
+		if (a->dstride < a->slot_bytes || ar->device_slot_stride * a->nslots > ar->device_slab_bytes ||
+		    (dev_fd >= 0 && dev_size != ar->device_slab_bytes)) {
+			r = set_err(-EPROTO, "attach reply: device slab of %" PRIu64 " bytes cannot hold %u slots "
+			            "%" PRIu64 " bytes apart", ar->device_slab_bytes, a->nslots, a->dstride);
+			if (dev_fd >= 0)
+				close(dev_fd);
+		} else {
+			r = devmap_open(&a->dev, ar->device_index, ar->device_memory, dev_fd, ar->device_slab_bytes,
+			                ar->device_ipc_handle.data, ar->device_ipc_handle.len, err, sizeof(err));
+			if (r < 0)
+				set_err(r, "%s", err);
+		}
+		if (r < 0) {
+			close(fd);
+			goto fail;
+		}
+	} else if (dev_fd >= 0) {
+		close(dev_fd);
 	}
 	a->size = size;
 	a->base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
@@ -1185,6 +1256,30 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 	return r;
 }
 
+/* Hand @lease back with the next request. Called with c->lock held. */
+static void queue_release(struct ldr_attachment *a, uint64_t lease)
+{
+	struct ldr_client *c = a->c;
+
+	if (a->detached)
+		return;
+	if (a->nrel == a->relcap) {
+		size_t cap = a->relcap ? a->relcap * 2 : 16;
+		uint64_t *n = realloc(a->rel, cap * sizeof(*n));
+		if (n) {
+			a->rel = n;
+			a->relcap = cap;
+		}
+	}
+	if (a->nrel < a->relcap)
+		a->rel[a->nrel++] = lease;
+	if (!c->flush_wanted && c->flusher_running) {
+		c->flush_wanted = true;
+		if (c->flusher_idle)
+			pthread_cond_signal(&c->flush_cond);
+	}
+}
+
 void ldr_release(struct ldr_batch *b)
 {
 	struct ldr_attachment *a;
@@ -1196,24 +1291,82 @@ void ldr_release(struct ldr_batch *b)
 	c = a->c;
 	if (!a->detached && c->pid == getpid()) {
 		pthread_mutex_lock(&c->lock);
-		if (!a->detached) {
-			if (a->nrel == a->relcap) {
-				size_t cap = a->relcap ? a->relcap * 2 : 16;
-				uint64_t *n = realloc(a->rel, cap * sizeof(*n));
-				if (n) {
-					a->rel = n;
-					a->relcap = cap;
-				}
-			}
-			if (a->nrel < a->relcap)
-				a->rel[a->nrel++] = b->lease;
-			if (!c->flush_wanted && c->flusher_running) {
-				c->flush_wanted = true;
-				if (c->flusher_idle)
-					pthread_cond_signal(&c->flush_cond);
-			}
-		}
+		queue_release(a, b->lease);
 		pthread_mutex_unlock(&c->lock);
+	}
+	free(b);
+	att_unref(a);
+}
+
+/* The waiter of a CUDA attachment: leases go back once their events completed. */
+static void *waiter_main(void *arg)
+{
+	struct ldr_attachment *a = arg;
+	struct ldr_client *c = a->c;
+
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		struct evwait *w;
+
+		while (!a->ev_head && !a->waiter_stop)
+			pthread_cond_wait(&a->ev_cond, &c->lock);
+		if (!(w = a->ev_head))
+			break;
+		a->ev_head = w->next;
+		if (!a->ev_head)
+			a->ev_tail = NULL;
+		pthread_mutex_unlock(&c->lock);
+		devmap_wait(a->dev, w->event);
+		pthread_mutex_lock(&c->lock);
+		queue_release(a, w->lease);
+		free(w);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+void ldr_release_after(struct ldr_batch *b, void *cuda_stream)
+{
+	struct ldr_attachment *a;
+	struct ldr_client *c;
+	struct evwait *w;
+	char err[256];
+
+	if (!b)
+		return;
+	a = b->att;
+	c = a->c;
+	if (!a->dev || a->detached || c->pid != getpid() || !(w = calloc(1, sizeof(*w)))) {
+		ldr_release(b);
+		return;
+	}
+	w->lease = b->lease;
+	w->event = devmap_record(a->dev, cuda_stream, err, sizeof(err));
+	if (!w->event) {
+		/* a context that cannot record an event has stopped running work */
+		free(w);
+		ldr_release(b);
+		return;
+	}
+	pthread_mutex_lock(&c->lock);
+	if (!a->waiter_running && pthread_create(&a->waiter, NULL, waiter_main, a) == 0)
+		a->waiter_running = true;
+	if (a->waiter_running) {
+		if (a->ev_tail)
+			a->ev_tail->next = w;
+		else
+			a->ev_head = w;
+		a->ev_tail = w;
+		pthread_cond_signal(&a->ev_cond);
+		w = NULL;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (w) {
+		/* no thread to wait with: wait here */
+		devmap_wait(a->dev, w->event);
+		free(w);
+		ldr_release(b);
+		return;
 	}
 	free(b);
 	att_unref(a);
@@ -1253,9 +1406,29 @@ int ldr_batch_field(const struct ldr_batch *b, int i, struct ldr_field *out)
 	out->shape[0] = b->rows;
 	for (int d = 0; d < f->ndim; d++)
 		out->shape[d + 1] = f->shape[d];
-	out->data = a->base + (uint64_t)b->slot * a->slot_bytes + f->offset;
+	if (a->dev)
+		out->data = (const void *)(uintptr_t)(devmap_base(a->dev) + (uint64_t)b->slot * a->dstride + f->offset);
+	else
+		out->data = a->base + (uint64_t)b->slot * a->slot_bytes + f->offset;
 	out->nbytes = (size_t)(f->sample_bytes * b->rows);
 	return 0;
+}
+
+int ldr_batch_field_host(const struct ldr_batch *b, int i, struct ldr_field *out)
+{
+	const struct ldr_attachment *a = b->att;
+	int r = ldr_batch_field(b, i, out);
+
+	if (r == 0)
+		out->data = a->base + (uint64_t)b->slot * a->slot_bytes + a->fields[i].offset;
+	return r;
+}
+
+enum ldr_device_kind ldr_attachment_device(const struct ldr_attachment *a, int *index)
+{
+	if (index)
+		*index = a->device_kind == LDR_DEVICE_CUDA ? a->device_index : -1;
+	return a->device_kind;
 }
 
 int ldr_detach(struct ldr_attachment *a)

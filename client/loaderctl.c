@@ -723,7 +723,8 @@ static int consume_loop(struct ctl *ctl, struct ldr_client *client, struct ldr_a
 		for (int i = 0; i < nf; i++) {
 			struct ldr_field f;
 
-			r = ldr_batch_field(b, i, &f);
+			/* a CUDA batch's fields are device pointers: read the host copy */
+			r = ldr_batch_field_host(b, i, &f);
 			if (r < 0) {
 				warnx("consume: field %d of batch %" PRIu64 ": %s", i,
 				      ldr_batch_index(b), ldr_strerror(r));
@@ -1009,7 +1010,8 @@ static void print_help(FILE *f)
 	        "  --inflight K        requests kept in flight (default: the library's, 4)\n"
 	        "  --timeout MS        fail when no batch arrives within MS ms (default: wait)\n"
 	        "  --device D          where batches are delivered: cpu (default, host memory)\n"
-	        "                      or cuda:N (GPU N; a daemon that cannot serve it says why)\n"
+	        "                      or cuda:N (GPU N; a daemon that cannot serve it says why;\n"
+	        "                      the checksum and --dump read each batch's host copy)\n"
 	        "  -v, --verbose       one line per batch: epoch, batch index, rows, bytes\n"
 	        "\n"
 	        "The checksum is zlib's CRC-32 of exactly the bytes --dump writes.\n"

@@ -7,13 +7,15 @@
 /*
  * The exchange, one per attach, on a fresh connection to <socket>.fds:
  *   client -> daemon: struct fdchan_request (magic, version, token)
- *   daemon -> client: struct fdchan_reply (magic, status, size) with the
- *                     slab's read-only fd in SCM_RIGHTS when status == 0
+ *   daemon -> client: struct fdchan_reply (magic, status, size, nfds,
+ *                     device_size) with, when status == 0, the slab's
+ *                     read-only fd in SCM_RIGHTS, followed (nfds == 2) by
+ *                     the VMM device slab's fd of a CUDA attachment
  * then the daemon closes the connection. Both ends are on one machine, so
  * the structs travel in host byte order.
  */
 #define FDCHAN_MAGIC 0x4644444cu /* "LDDF" */
-#define FDCHAN_VERSION 1
+#define FDCHAN_VERSION 2
 #define FDCHAN_TOKEN_BYTES 16
 
 struct fdchan_request {
@@ -26,4 +28,7 @@ struct fdchan_reply {
 	uint32_t magic;
 	int32_t status;   /* 0 or a negative errno */
 	uint64_t size;
+	uint32_t nfds;    /* fds in SCM_RIGHTS: 1, or 2 with a device slab */
+	uint32_t reserved;
+	uint64_t device_size; /* bytes of the device slab (nfds == 2) */
 };

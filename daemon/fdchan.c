@@ -129,26 +129,30 @@ static void conn_close(struct conn *c)
 	uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
 }
 
-static void conn_reply(struct conn *c, int status, int fd, uint64_t size)
+static void conn_reply(struct conn *c, int status, int fd, uint64_t size, int dev_fd, uint64_t dev_size)
 {
 	struct fdchan_reply rep = { .magic = FDCHAN_MAGIC, .status = status, .size = size };
 	struct iovec iov = { .iov_base = &rep, .iov_len = sizeof(rep) };
 	union {
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(2 * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 
 	if (status == 0) {
+		int fds[2] = { fd, dev_fd };
 		struct cmsghdr *cm;
+
+		rep.nfds = dev_fd >= 0 ? 2 : 1;
+		rep.device_size = dev_fd >= 0 ? dev_size : 0;
 		memset(&u, 0, sizeof(u));
 		msg.msg_control = u.buf;
-		msg.msg_controllen = sizeof(u.buf);
+		msg.msg_controllen = CMSG_SPACE(rep.nfds * sizeof(int));
 		cm = CMSG_FIRSTHDR(&msg);
 		cm->cmsg_level = SOL_SOCKET;
 		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+		cm->cmsg_len = CMSG_LEN(rep.nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, rep.nfds * sizeof(int));
 	}
 	/* a fresh socket buffer always takes these few bytes at once */
 	if (sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
@@ -162,8 +166,8 @@ static void on_conn_readable(uv_poll_t *p, int status, int events)
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
 	ssize_t n;
-	int fd = -1, r;
-	uint64_t size = 0;
+	int fd = -1, dev_fd = -1, r;
+	uint64_t size = 0, dev_size = 0;
 
 	if (status < 0) {
 		conn_close(c);
@@ -181,19 +185,19 @@ static void on_conn_readable(uv_poll_t *p, int status, int events)
 		return;
 	if (c->req.magic != FDCHAN_MAGIC || c->req.version != FDCHAN_VERSION) {
 		log_warn("fd channel: malformed request (magic %08x, version %u)", c->req.magic, c->req.version);
-		conn_reply(c, -EPROTO, -1, 0);
+		conn_reply(c, -EPROTO, -1, 0, -1, 0);
 		conn_close(c);
 		return;
 	}
 	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-		conn_reply(c, -errno, -1, 0);
+		conn_reply(c, -errno, -1, 0, -1, 0);
 		conn_close(c);
 		return;
 	}
-	r = ch->lookup(ch->userdata, c->req.token, cred.uid, &fd, &size);
+	r = ch->lookup(ch->userdata, c->req.token, cred.uid, &fd, &size, &dev_fd, &dev_size);
 	if (r < 0)
 		log_warn("fd channel: pid %d: token refused: %s", (int)cred.pid, strerror(-r));
-	conn_reply(c, r, fd, size);
+	conn_reply(c, r, fd, size, dev_fd, dev_size);
 	conn_close(c);
 }
 

@@ -8,9 +8,10 @@
 
 #include "fdchan-wire.h"
 
-/* Resolves a token for a peer of @uid: 0 with the fd (kept by the callee). */
+/* Resolves a token for a peer of @uid: 0 with the fd (kept by the callee) and,
+ * for a CUDA attachment with a VMM device slab, its fd (else -1). */
 typedef int (*fdchan_lookup_fn)(void *userdata, const uint8_t *token, uid_t uid,
-                                int *fd, uint64_t *size);
+                                int *fd, uint64_t *size, int *dev_fd, uint64_t *dev_size);
 
 struct fdchan;
 

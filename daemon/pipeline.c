@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "cudadev.h"
 #include "log.h"
 #include "pipeline.h"
 #include "sampler.h"
@@ -52,6 +53,29 @@ struct batch {
 	uint64_t index;
 	uint32_t rows;
 	bool ready;
+	struct slot *slot;
+};
+
+/* Copy states of one slot on one device. */
+enum { DEV_NONE = 0, DEV_COPYING, DEV_DONE };
+
+/* A pipeline's slots on one CUDA device: device slot i mirrors host slot i
+ * (cudadev.h), so it is free exactly when the host slot is. */
+struct devcopy {
+	struct devcopy *next;
+	struct pipeline *pl;
+	int device;
+	struct cuda_dslab *ds;
+	uint32_t natts;           /* attachments delivered on this device */
+	uint32_t inflight;        /* copies queued, each holding a slot reference */
+	uint64_t copies;
+	uint8_t *state;           /* per slot: DEV_NONE, DEV_COPYING, DEV_DONE */
+	bool failed;
+	char error[320];
+};
+
+struct copy_cookie {
+	struct devcopy *dc;
 	struct slot *slot;
 };
 
@@ -88,6 +112,7 @@ struct attachment {
 	struct engine *eng;
 	struct pipeline *pl;      /* NULL once the pipeline was dropped */
 	struct stream *stream;
+	struct devcopy *dev;      /* CUDA delivery, NULL for host memory */
 	uint64_t id;
 	uint64_t client_id;
 	uid_t uid;
@@ -127,6 +152,9 @@ struct pipeline {
 	uint32_t nfree;
 	struct stream *streams;
 	struct stream *shared[3]; /* broadcast and dynamic streams, by mode */
+	struct devcopy *devs;     /* device slabs of CUDA clients */
+	bool host_pinned;         /* the slab was registered with pin_device's engine */
+	int pin_device;
 	uint32_t nstreams;
 	uint32_t jobs;
 	uint64_t lease_ctr;
@@ -172,12 +200,14 @@ struct engine {
 	struct pipeline *pipelines;
 	struct attachment *atts;
 	uint64_t att_ctr;
+	struct cuda_devices *cuda; /* copy engines, from the first CUDA attach */
 	bool shutdown;
 };
 
 static void stream_dispatch(struct stream *s);
 static void pipeline_pump(struct pipeline *pl);
 static void pipeline_maybe_free(struct pipeline *pl);
+static void pipeline_update(struct pipeline *pl);
 
 /* --- slots and the ring ------------------------------------------------- */
 
@@ -301,6 +331,8 @@ static int stream_start_batch(struct stream *s)
 		return -ENOMEM;
 
 	slot = &pl->slots[pl->free_slots[--pl->nfree]];
+	for (struct devcopy *dc = pl->devs; dc; dc = dc->next)
+		dc->state[slot->idx] = DEV_NONE;
 	slot->refs = 1;
 	slot->owner = s;
 	s->slots_held++;
@@ -394,6 +426,134 @@ static void pipeline_pump(struct pipeline *pl)
 		pl->backpressure_ms += now - pl->blocked_since;
 		pl->blocked_since = 0;
 	}
+}
+
+/* --- device copies ------------------------------------------------------ */
+
+static void devcopy_maybe_free(struct devcopy *dc)
+{
+	struct pipeline *pl = dc->pl;
+	struct devcopy **pp;
+
+	/* A legacy IPC allocation must outlive every importer's cuIpcOpenMemHandle
+	 * (freeing it first is undefined), and a client may keep batches past its
+	 * detach: it stays until the pipeline goes. A VMM allocation lives on in
+	 * the clients' mappings; ours can go now. */
+	if (dc->natts || dc->inflight || dc->ds->kind == CUDA_MEM_IPC)
+		return;
+	for (pp = &pl->devs; *pp; pp = &(*pp)->next)
+		if (*pp == dc) {
+			*pp = dc->next;
+			break;
+		}
+	cuda_dslab_free(pl->eng->cuda, dc->ds);
+	free(dc->state);
+	free(dc);
+}
+
+static void devcopy_fail(struct devcopy *dc, const char *msg)
+{
+	if (dc->failed)
+		return;
+	dc->failed = true;
+	snprintf(dc->error, sizeof(dc->error), "cuda:%d: %s", dc->device, msg);
+	log_err("pipeline %s: %s", dc->pl->spec->name, dc->error);
+}
+
+static void copy_done(void *cookie, int err, const char *msg)
+{
+	struct copy_cookie *c = cookie;
+	struct devcopy *dc = c->dc;
+	struct slot *slot = c->slot;
+	struct pipeline *pl = dc->pl;
+
+	free(c);
+	dc->inflight--;
+	pl->jobs--;
+	if (err) {
+		dc->state[slot->idx] = DEV_NONE;
+		devcopy_fail(dc, msg);
+	} else {
+		dc->state[slot->idx] = DEV_DONE;
+		dc->copies++;
+	}
+	slot_unref(pl, slot);
+	devcopy_maybe_free(dc);
+	if (pl->dropped) {
+		pipeline_maybe_free(pl);
+		return;
+	}
+	pipeline_update(pl);
+}
+
+/* Queue the copy of ready batch @b to @dc's device, unless it is there or on its way. */
+static void devcopy_kick(struct devcopy *dc, struct batch *b)
+{
+	struct pipeline *pl = dc->pl;
+	struct slot *slot = b->slot;
+	struct cuda_span spans[SOURCE_MAX_FIELDS];
+	struct copy_cookie *c;
+	char msg[160];
+	int r;
+
+	if (dc->failed || dc->state[slot->idx] != DEV_NONE)
+		return;
+	for (size_t f = 0; f < pl->nfields; f++)
+		spans[f] = (struct cuda_span){ pl->field_off[f], (uint64_t)b->rows * pl->fields[f].sample_bytes };
+	c = malloc(sizeof(*c));
+	if (!c) {
+		devcopy_fail(dc, "out of memory queueing a copy");
+		return;
+	}
+	c->dc = dc;
+	c->slot = slot;
+	r = cuda_copy(pl->eng->cuda, dc->ds, slot->idx, pl->slab->base + (uint64_t)slot->idx * pl->slot_bytes,
+	              spans, pl->nfields, copy_done, c);
+	if (r < 0) {
+		free(c);
+		snprintf(msg, sizeof(msg), "cannot queue a copy: %s", strerror(-r));
+		devcopy_fail(dc, msg);
+		return;
+	}
+	dc->state[slot->idx] = DEV_COPYING;
+	slot->refs++;
+	dc->inflight++;
+	pl->jobs++;
+}
+
+/* Copy ready batch @b ahead of time to the devices of @s's attachments. A
+ * dynamic stream whose clients sit on several devices copies on demand only:
+ * each batch goes to one client, and its device is known when it is asked. */
+static void stream_prefetch_devices(struct stream *s, struct batch *b)
+{
+	struct devcopy *first = NULL;
+
+	if (!s->pl->devs)
+		return;
+	if (s->mode == LDR_MODE_DYNAMIC)
+		for (struct attachment *a = s->atts; a; a = a->next) {
+			if (!a->dev)
+				continue;
+			if (first && a->dev != first)
+				return;
+			first = a->dev;
+		}
+	for (struct attachment *a = s->atts; a; a = a->next)
+		if (a->dev)
+			devcopy_kick(a->dev, b);
+}
+
+/* Can @b be delivered to @a now? For a CUDA client, once it is on the device. */
+static bool batch_ready(struct attachment *a, struct batch *b)
+{
+	struct devcopy *dc = a->dev;
+
+	if (!b->ready)
+		return false;
+	if (!dc || dc->state[b->slot->idx] == DEV_DONE)
+		return true;
+	devcopy_kick(dc, b);
+	return false;
 }
 
 /* --- delivery ----------------------------------------------------------- */
@@ -528,12 +688,17 @@ static void stream_dispatch(struct stream *s)
 				answer_end(p->att, p);
 				continue;
 			}
+			if (s->dyn_head->att->dev && s->dyn_head->att->dev->failed) {
+				p = dyn_pop(s);
+				answer_error(p->att, p, EIO, p->att->dev->error);
+				continue;
+			}
 			b = ring_at(s, s->cursor);
-			if (!b || !b->ready)
+			if (!b || !batch_ready(s->dyn_head->att, b))
 				break;
 			p = dyn_pop(s);
-			while (n < p->max && s->cursor < s->end_seq && (b = ring_at(s, s->cursor)) && b->ready &&
-			       lease_batch(p->att, b, &out[n]) == 0) {
+			while (n < p->max && s->cursor < s->end_seq && (b = ring_at(s, s->cursor)) &&
+			       batch_ready(p->att, b) && lease_batch(p->att, b, &out[n]) == 0) {
 				n++;
 				s->cursor++;
 				ring_pop_head(s);
@@ -550,6 +715,8 @@ static void stream_dispatch(struct stream *s)
 	}
 	uint64_t min_cursor = UINT64_MAX;
 	for (struct attachment *a = s->atts; a; a = a->next) {
+		if (a->dev && a->dev->failed)
+			att_fail_pending(a, EIO, a->dev->error);
 		while (a->pend_head) {
 			struct delivered_batch out[DELIVER_MAX_BATCHES];
 			struct batch *b;
@@ -559,11 +726,11 @@ static void stream_dispatch(struct stream *s)
 				continue;
 			}
 			b = ring_at(s, a->cursor);
-			if (!b || !b->ready)
+			if (!b || !batch_ready(a, b))
 				break;
 			p = att_pop_pending(a);
-			while (n < p->max && a->cursor < s->end_seq && (b = ring_at(s, a->cursor)) && b->ready &&
-			       lease_batch(a, b, &out[n]) == 0) {
+			while (n < p->max && a->cursor < s->end_seq && (b = ring_at(s, a->cursor)) &&
+			       batch_ready(a, b) && lease_batch(a, b, &out[n]) == 0) {
 				n++;
 				a->cursor++;
 			}
@@ -626,6 +793,8 @@ static void job_done(struct job *job)
 	if (b) {
 		b->ready = true;
 		pl->produced++;
+		if (!err && !s->dead && !pl->dropped)
+			stream_prefetch_devices(s, b);
 	}
 	if (err && !pl->dropped)
 		pipeline_fail(pl, err, job->errmsg);
@@ -681,6 +850,11 @@ bool engine_has(struct engine *eng, const char *name)
 	return engine_find(eng, name) != NULL;
 }
 
+static void slab_free_cb(void *slab)
+{
+	slab_free(slab);
+}
+
 static void pipeline_free(struct pipeline *pl)
 {
 	while (pl->streams) {
@@ -689,8 +863,19 @@ static void pipeline_free(struct pipeline *pl)
 		free(s->ring);
 		free(s);
 	}
+	while (pl->devs) {
+		struct devcopy *dc = pl->devs;
+		pl->devs = dc->next;
+		cuda_dslab_free(pl->eng->cuda, dc->ds);
+		free(dc->state);
+		free(dc);
+	}
 	source_free(pl->src);
-	slab_free(pl->slab);
+	/* a pinned slab is unmapped only after its engine unregistered it */
+	if (pl->host_pinned)
+		cuda_host_unregister(pl->eng->cuda, pl->pin_device, pl->slab->base, slab_free_cb, pl->slab);
+	else
+		slab_free(pl->slab);
 	spec_free(pl->spec);
 	free(pl->slots);
 	free(pl->free_slots);
@@ -849,6 +1034,11 @@ static void att_disconnect(struct attachment *a, int err, const char *msg)
 		free(l);
 	}
 	a->nleases = 0;
+	if (a->dev) {
+		a->dev->natts--;
+		devcopy_maybe_free(a->dev);
+		a->dev = NULL;
+	}
 	for (pp = &s->atts; *pp; pp = &(*pp)->next)
 		if (*pp == a) {
 			*pp = a->next;
@@ -941,7 +1131,21 @@ static json_t *pipeline_json(struct pipeline *pl)
 		json_array_append_new(fields, json_pack("{s:s, s:s, s:o}", "name", pl->fields[f].name,
 			"dtype", dtype_name(pl->fields[f].dtype), "sample_shape", shape));
 	}
-	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:O}",
+	json_t *devices = json_array();
+	for (const struct devcopy *dc = pl->devs; dc; dc = dc->next) {
+		char dev[24];
+		snprintf(dev, sizeof(dev), "cuda:%d", dc->device);
+		json_array_append_new(devices, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:o}",
+			"device", dev,
+			"name", dc->ds->device_name,
+			"memory", dc->ds->kind == CUDA_MEM_VMM ? "vmm" : "ipc",
+			"slab_bytes", (json_int_t)dc->ds->bytes,
+			"clients", (json_int_t)dc->natts,
+			"copies", (json_int_t)dc->copies,
+			"copying", (json_int_t)dc->inflight,
+			"error", dc->failed ? json_string(dc->error) : json_null()));
+	}
+	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:O}",
 		"name", pl->spec->name,
 		"state", pipeline_state(pl),
 		"error", pl->failed ? json_string(pl->error) : json_null(),
@@ -959,7 +1163,13 @@ static json_t *pipeline_json(struct pipeline *pl)
 		"backpressure_ms", (json_int_t)(pl->backpressure_ms +
 			(pl->blocked_since ? now - pl->blocked_since : 0)),
 		"fields", fields,
+		"devices", devices,
 		"spec", pl->spec->json);
+}
+
+json_t *engine_cuda_json(struct engine *eng)
+{
+	return cuda_devices_json(eng->cuda);
 }
 
 json_t *engine_pipelines_json(struct engine *eng)
@@ -997,6 +1207,62 @@ static struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, u
 	pl->streams = s;
 	pl->nstreams++;
 	return s;
+}
+
+/* The device slab of @pl on @info's device, allocated on its first client. */
+static int devcopy_get(struct pipeline *pl, const struct cuda_device_info *info, struct devcopy **out,
+                       char *err, size_t errlen)
+{
+	struct engine *eng = pl->eng;
+	struct devcopy *dc;
+	int r;
+
+	for (dc = pl->devs; dc; dc = dc->next)
+		if (dc->device == info->index && !dc->failed) {
+			dc->natts++;
+			*out = dc;
+			return 0;
+		}
+	if (!eng->cuda) {
+		r = cuda_devices_new(&eng->cuda, eng->loop);
+		if (r < 0) {
+			snprintf(err, errlen, "cuda:%d: cannot start the copy engines: %s", info->index, strerror(-r));
+			return r;
+		}
+	}
+	dc = calloc(1, sizeof(*dc));
+	if (!dc || !(dc->state = calloc(pl->nslots, 1))) {
+		free(dc);
+		return -ENOMEM;
+	}
+	r = cuda_dslab_new(eng->cuda, info, pl->slot_bytes, pl->nslots, &dc->ds, err, errlen);
+	if (r < 0) {
+		free(dc->state);
+		free(dc);
+		return r;
+	}
+	if (!pl->host_pinned) {
+		cuda_host_register(eng->cuda, info->index, pl->slab->base, pl->slab->size);
+		pl->host_pinned = true;
+		pl->pin_device = info->index;
+	}
+	dc->pl = pl;
+	dc->device = info->index;
+	dc->natts = 1;
+	dc->next = pl->devs;
+	pl->devs = dc;
+	*out = dc;
+	return 0;
+}
+
+/* Undo an attachment that never joined a stream. */
+static void att_free_unattached(struct attachment *a)
+{
+	if (a->dev) {
+		a->dev->natts--;
+		devcopy_maybe_free(a->dev);
+	}
+	free(a);
 }
 
 int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
@@ -1038,10 +1304,17 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return -ENOMEM;
+	if (p->cuda) {
+		int r = devcopy_get(pl, p->cuda, &a->dev, err, errlen);
+		if (r < 0) {
+			free(a);
+			return r;
+		}
+	}
 	if (p->mode == LDR_MODE_PARTITION) {
 		s = stream_new(pl, p->mode, p->rank, world);
 		if (!s) {
-			free(a);
+			att_free_unattached(a);
 			return -ENOMEM;
 		}
 		if (s->bpe == 0) {
@@ -1050,7 +1323,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 			s->dead = true;
 			pl->nstreams--;
 			stream_maybe_free(s);
-			free(a);
+			att_free_unattached(a);
 			return -EINVAL;
 		}
 		uint64_t start = 0;
@@ -1066,7 +1339,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 				s->dead = true;
 				pl->nstreams--;
 				stream_maybe_free(s);
-				free(a);
+				att_free_unattached(a);
 				return -EINVAL;
 			}
 		}
@@ -1077,7 +1350,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		if (!s) {
 			s = stream_new(pl, p->mode, 0, 1);
 			if (!s) {
-				free(a);
+				att_free_unattached(a);
 				return -ENOMEM;
 			}
 			pl->shared[p->mode] = s;
@@ -1148,6 +1421,8 @@ void attachment_get_info(const struct attachment *a, struct attach_info *info)
 	info->nfields = pl->nfields;
 	info->fields = pl->fields;
 	info->field_offsets = pl->field_off;
+	if (a->dev)
+		info->dslab = a->dev->ds;
 }
 
 uint64_t attachment_id(const struct attachment *a)
@@ -1250,7 +1525,8 @@ int attachment_next(struct attachment *a, struct pending *p, const uint64_t *lea
 	return r;
 }
 
-int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, int *fd, uint64_t *size)
+int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, int *fd, uint64_t *size,
+                      int *dev_fd, uint64_t *dev_size)
 {
 	uint64_t now = uv_now(eng->loop);
 
@@ -1264,6 +1540,12 @@ int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, int *
 			return -EPERM;
 		*fd = a->pl->slab->ro_fd;
 		*size = a->pl->slab->size;
+		*dev_fd = -1;
+		*dev_size = 0;
+		if (a->dev && a->dev->ds->kind == CUDA_MEM_VMM) {
+			*dev_fd = a->dev->ds->fd;
+			*dev_size = a->dev->ds->bytes;
+		}
 		return 0;
 	}
 	return -ENOENT;
@@ -1317,8 +1599,9 @@ struct engine *engine_free(struct engine *eng)
 	if (!eng)
 		return NULL;
 	eng->shutdown = true;
-	/* the workers finish what is queued; completions are freed here */
+	/* the workers and copy engines finish what is queued; completions are freed here */
 	eng->workers = workers_free(eng->workers);
+	cuda_devices_stop(eng->cuda);
 	while (eng->done_head) {
 		struct job *j = eng->done_head;
 		eng->done_head = j->done_next;
@@ -1339,6 +1622,7 @@ struct engine *engine_free(struct engine *eng)
 		eng->pipelines = pl->next;
 		pipeline_free(pl);
 	}
+	eng->cuda = cuda_devices_free(eng->cuda);
 	pthread_mutex_destroy(&eng->done_lock);
 	uv_close((uv_handle_t *)&eng->async, on_async_closed);
 	return NULL;

@@ -13,6 +13,8 @@
 struct engine;
 struct pipeline;
 struct attachment;
+struct cuda_device_info;
+struct cuda_dslab;
 
 #define FD_TOKEN_BYTES 16
 #define ATTACH_MAX_CREDITS 64
@@ -66,6 +68,7 @@ struct attach_params {
 	uint32_t credits;
 	uint64_t client_id;
 	uid_t uid;
+	const struct cuda_device_info *cuda; /* CUDA delivery on that device, NULL host */
 };
 
 /* What a client needs to read the batches of an attachment. */
@@ -84,6 +87,7 @@ struct attach_info {
 	size_t nfields;
 	const struct field_desc *fields;
 	const uint64_t *field_offsets;
+	const struct cuda_dslab *dslab; /* CUDA delivery: the device slab, else NULL */
 };
 
 int engine_new(struct engine **out, uv_loop_t *loop, unsigned nworkers,
@@ -127,7 +131,11 @@ int attachment_next(struct attachment *att, struct pending *p,
 /**
  * engine_take_token() - redeem a one-time fd-channel token.
  * @uid: the peer's uid, which must be the attaching client's
- * Return: 0 with the slab's read-only fd (still the engine's) and size.
+ * Return: 0 with the slab's read-only fd (still the engine's) and size, and
+ * for a CUDA attachment whose device slab is VMM its exported fd and size
+ * (else -1 and 0).
  */
 int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid,
-                      int *fd, uint64_t *size);
+                      int *fd, uint64_t *size, int *dev_fd, uint64_t *dev_size);
+/* The copy engines' state for status (an empty object before any CUDA attach). */
+json_t *engine_cuda_json(struct engine *eng);

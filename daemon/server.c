@@ -32,7 +32,7 @@
 
 #include "common.h"
 #include "config.h"
-#include "cuda.h"
+#include "cudadev.h"
 #include "fdchan.h"
 #include "nngclose.h"
 #include "loader.pb-c.h"
@@ -549,6 +549,7 @@ static void handle_attach(struct server *srv, struct sctx *c, struct client *cl,
 		.has_start = m->has_start, .start_epoch = m->start_epoch, .start_batch = m->start_batch,
 		.credits = m->credits, .client_id = cl->id, .uid = cl->uid,
 	};
+	struct cuda_device_info dinfo;
 	struct attachment *a;
 	struct attach_info info;
 	char err[512];
@@ -559,11 +560,12 @@ static void handle_attach(struct server *srv, struct sctx *c, struct client *cl,
 		reply_error(srv, c, EMFILE, err);
 		return;
 	}
-	r = cuda_attach_device(m->device_kind, m->device_index, err, sizeof(err));
+	r = cuda_attach_device(m->device_kind, m->device_index, &dinfo, err, sizeof(err));
 	if (r < 0) {
 		reply_error(srv, c, -r, err);
 		return;
 	}
+	p.cuda = r == 1 ? &dinfo : NULL;
 	r = engine_attach(srv->engine, m->pipeline, &p, &a, err, sizeof(err));
 	if (r < 0) {
 		reply_error(srv, c, -r, err);
@@ -599,10 +601,26 @@ static void handle_attach(struct server *srv, struct sctx *c, struct client *cl,
 	ar.start_epoch = info.start_epoch;
 	ar.start_batch = info.start_batch;
 	ar.fd_path = srv->fdpath;
+	if (info.dslab) {
+		ar.device_kind = LDR_DEVICE_CUDA;
+		ar.device_index = info.dslab->device;
+		ar.device_memory = (uint32_t)info.dslab->kind;
+		ar.device_slab_bytes = info.dslab->bytes;
+		ar.device_slot_stride = info.dslab->slot_stride;
+		if (info.dslab->kind == CUDA_MEM_IPC) {
+			ar.device_ipc_handle.data = (uint8_t *)info.dslab->ipc_handle;
+			ar.device_ipc_handle.len = sizeof(info.dslab->ipc_handle);
+		}
+		ar.device_name = (char *)info.dslab->device_name;
+	}
 	rep.body_case = LOADERD__REPLY__BODY_ATTACH;
 	rep.attach = &ar;
-	log_info("client %" PRIu64 " (pid %d) attached to %s as %s", cl->id, cl->pid, m->pipeline,
-	         mode_name((int)m->mode));
+	if (info.dslab)
+		log_info("client %" PRIu64 " (pid %d) attached to %s as %s on cuda:%d", cl->id, cl->pid,
+		         m->pipeline, mode_name((int)m->mode), info.dslab->device);
+	else
+		log_info("client %" PRIu64 " (pid %d) attached to %s as %s", cl->id, cl->pid, m->pipeline,
+		         mode_name((int)m->mode));
 	send_reply(srv, c, &rep);
 }
 
@@ -673,7 +691,13 @@ static void handle_detach(struct server *srv, struct sctx *c, struct client *cl,
 
 static json_t *status_json(struct server *srv, const struct client *self)
 {
-	return json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:o, s:o}",
+	json_t *cuda = cuda_status_json();
+
+	/* "cuda": absent until a client asked for a device; then the driver (or
+	 * why there is none) and each device's copy engine */
+	if (cuda)
+		json_object_set_new(cuda, "devices", engine_cuda_json(srv->engine));
+	return json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:o, s:o, s:o*}",
 		"version", LOADERD_VERSION,
 		"protocol", LDR_PROTOCOL_VERSION,
 		"pid", (int)getpid(),
@@ -683,7 +707,8 @@ static json_t *status_json(struct server *srv, const struct client *self)
 		"memory_limit", (json_int_t)engine_memory_limit(srv->engine),
 		"memory_used", (json_int_t)engine_memory_used(srv->engine),
 		"pipelines", engine_pipelines_json(srv->engine),
-		"clients", clients_json(srv, self));
+		"clients", clients_json(srv, self),
+		"cuda", cuda);
 }
 
 static void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
@@ -816,10 +841,11 @@ static void on_async(uv_async_t *h)
 	}
 }
 
-static int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, uint64_t *size)
+static int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, uint64_t *size,
+                     int *dev_fd, uint64_t *dev_size)
 {
 	struct server *srv = userdata;
-	return engine_take_token(srv->engine, token, uid, fd, size);
+	return engine_take_token(srv->engine, token, uid, fd, size, dev_fd, dev_size);
 }
 
 /* --- life cycle --------------------------------------------------------- */

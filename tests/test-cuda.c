@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-cuda - driver loading errors, device slab sizing, device slot bookkeeping
+/* test-cuda - driver loading errors, device slab sizing
  *
  * Usage: test-cuda            pure tests and the no-driver error paths
  *        test-cuda stub PATH  the toolkit's stub libcuda.so at PATH (exit 77: none)
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cuda.h"
+#include "cudadev.h"
 #include "loader/loader.h"
 
 #define KiB (1024ull)
@@ -79,169 +79,6 @@ static void test_layout(void)
 	assert(cuda_slab_layout(UINT64_MAX / 2, 3, 2 * MiB, 0, &l) == -EOVERFLOW);
 }
 
-static void expect_slot(struct cuda_slots *s, uint32_t slot, enum cuda_slot_state st, uint32_t pins,
-                        uint32_t holds, uint32_t waits)
-{
-	struct cuda_slot_info i;
-
-	assert(cuda_slots_get(s, slot, &i) == 0);
-	assert(i.state == st);
-	assert(i.pins == pins && i.holds == holds && i.waits == waits);
-}
-
-static void test_slots_basic(void)
-{
-	struct cuda_slots *s;
-	int a, b;
-
-	assert(cuda_slots_new(&s, 0, 8) == -EINVAL);
-	assert(cuda_slots_new(&s, 2, 0) == -EINVAL);
-	assert(cuda_slots_new(&s, 2, 8) == 0);
-	assert(cuda_slots_available(s) == 2);
-
-	a = cuda_slots_acquire(s, 100);
-	assert(a >= 0);
-	assert(cuda_slots_acquire(s, 100) == -EEXIST);
-	assert(cuda_slots_find(s, 100) == a);
-	expect_slot(s, (uint32_t)a, CUDA_SLOT_FILLING, 1, 0, 0);
-	/* nobody holds a slot whose copy is in flight */
-	assert(cuda_slots_hold(s, (uint32_t)a, 1, 1) == -EINVAL);
-	assert(cuda_slots_publish(s, (uint32_t)a) == 0);
-	assert(cuda_slots_publish(s, (uint32_t)a) == -EINVAL);
-
-	/* two clients on this device share one copy */
-	assert(cuda_slots_hold(s, (uint32_t)a, 1, 10) == 0);
-	assert(cuda_slots_hold(s, (uint32_t)a, 2, 20) == 0);
-	assert(cuda_slots_hold(s, (uint32_t)a, 2, 20) == -EEXIST);
-	expect_slot(s, (uint32_t)a, CUDA_SLOT_READY, 1, 2, 0);
-	assert(cuda_slots_unpin(s, (uint32_t)a) == 0);       /* still held */
-	assert(cuda_slots_unpin(s, (uint32_t)a) == -EINVAL);
-
-	b = cuda_slots_acquire(s, 200);
-	assert(b >= 0 && b != a);
-	assert(cuda_slots_acquire(s, 300) == -EBUSY);      /* a held, b filling */
-	assert(cuda_slots_available(s) == 0);
-
-	assert(cuda_slots_release(s, 1, 10, 0) == 0);
-	assert(cuda_slots_release(s, 1, 10, 0) == -ENOENT);  /* twice */
-	assert(cuda_slots_release(s, 3, 20, 0) == -ENOENT);  /* someone else's lease id */
-	assert(cuda_slots_release(s, 2, 20, 0) == 1);        /* last holder: idle */
-	expect_slot(s, (uint32_t)a, CUDA_SLOT_READY, 0, 0, 0);
-	assert(cuda_slots_available(s) == 1);
-	/* still cached: a late client finds it */
-	assert(cuda_slots_find(s, 100) == a);
-
-	/* a failed copy gives the slot back */
-	assert(cuda_slots_abort(s, (uint32_t)b) == 0);
-	assert(cuda_slots_abort(s, (uint32_t)b) == -EINVAL);
-	assert(cuda_slots_find(s, 200) == -ENOENT);
-	expect_slot(s, (uint32_t)b, CUDA_SLOT_FREE, 0, 0, 0);
-
-	/* a FREE slot goes before an idle cached one */
-	assert(cuda_slots_acquire(s, 300) == b);
-	assert(cuda_slots_find(s, 100) == a);
-	/* now the idle one is evicted */
-	assert(cuda_slots_acquire(s, 400) == a);
-	assert(cuda_slots_find(s, 100) == -ENOENT);
-	assert(cuda_slots_get(s, 2, &(struct cuda_slot_info){ 0 }) == -EINVAL);
-	assert(cuda_slots_pin(s, 5) == -EINVAL);
-	cuda_slots_free(s);
-	assert(cuda_slots_free(NULL) == NULL);
-}
-
-static void test_slots_events(void)
-{
-	struct cuda_slots *s;
-	struct cuda_slot_wait w;
-	uint32_t cur = 0;
-	int a;
-
-	assert(cuda_slots_new(&s, 1, 4) == 0);
-	a = cuda_slots_acquire(s, 7);
-	assert(a == 0);
-	assert(cuda_slots_publish(s, 0) == 0);
-	assert(cuda_slots_hold(s, 0, 1, 11) == 0);
-	assert(cuda_slots_hold(s, 0, 2, 21) == 0);
-	assert(cuda_slots_unpin(s, 0) == 0);
-
-	/* released with events: not reusable until both completed */
-	assert(cuda_slots_release(s, 1, 11, 0xe1) == 0);
-	assert(cuda_slots_release(s, 2, 21, 0xe2) == 0);
-	expect_slot(s, 0, CUDA_SLOT_READY, 0, 0, 2);
-	assert(cuda_slots_acquire(s, 8) == -EBUSY);
-	assert(cuda_slots_release(s, 1, 11, 0) == -ENOENT);  /* already released */
-
-	assert(cuda_slots_next_wait(s, &cur, &w) == 1);
-	assert(w.slot == 0 && w.client == 1 && w.lease == 11 && w.event == 0xe1);
-	assert(cuda_slots_next_wait(s, &cur, &w) == 1);
-	assert(w.client == 2 && w.lease == 21 && w.event == 0xe2);
-	assert(cuda_slots_next_wait(s, &cur, &w) == 0);
-	assert(cuda_slots_next_wait(s, &cur, &w) == 0);
-
-	assert(cuda_slots_event_done(s, 1, 11) == 0);
-	assert(cuda_slots_event_done(s, 1, 11) == -ENOENT);
-	assert(cuda_slots_event_done(s, 2, 21) == 1);
-	cur = 0;
-	assert(cuda_slots_next_wait(s, &cur, &w) == 0);
-	assert(cuda_slots_acquire(s, 8) == 0);
-	cuda_slots_free(s);
-}
-
-static void test_slots_client_dies(void)
-{
-	struct cuda_slots *s;
-	struct cuda_slot_wait w;
-	uint32_t cur = 0;
-
-	assert(cuda_slots_new(&s, 3, 5) == 0);
-	for (uint64_t k = 0; k < 3; k++) {
-		assert(cuda_slots_acquire(s, k) == (int)k);
-		assert(cuda_slots_publish(s, (uint32_t)k) == 0);
-		assert(cuda_slots_hold(s, (uint32_t)k, 9, 100 + k) == 0);
-		assert(cuda_slots_unpin(s, (uint32_t)k) == 0);
-	}
-	assert(cuda_slots_hold(s, 0, 4, 1) == 0);
-	assert(cuda_slots_hold(s, 1, 4, 2) == 0);
-	assert(cuda_slots_hold(s, 2, 4, 3) == -ENOSPC);    /* lease records are bounded */
-	assert(cuda_slots_release(s, 9, 101, 0xabc) == 0);  /* client 9 waits on slot 1 */
-	assert(cuda_slots_available(s) == 0);
-
-	/* client 9 dies: its holds and its pending event vanish at once */
-	assert(cuda_slots_drop_client(s, 9) == 3);
-	assert(cuda_slots_drop_client(s, 9) == 0);
-	assert(cuda_slots_next_wait(s, &cur, &w) == 0);
-	expect_slot(s, 0, CUDA_SLOT_READY, 0, 1, 0);
-	expect_slot(s, 1, CUDA_SLOT_READY, 0, 1, 0);
-	expect_slot(s, 2, CUDA_SLOT_READY, 0, 0, 0);
-	assert(cuda_slots_available(s) == 1);
-	assert(cuda_slots_acquire(s, 50) == 2);
-	/* freed records are reusable */
-	assert(cuda_slots_release(s, 4, 1, 0) == 1);
-	assert(cuda_slots_hold(s, 0, 5, 1) == 0);
-	cuda_slots_free(s);
-}
-
-/* Least recently idle goes first, so the newest batches stay cached. */
-static void test_slots_lru(void)
-{
-	struct cuda_slots *s;
-
-	assert(cuda_slots_new(&s, 3, 8) == 0);
-	for (uint64_t k = 0; k < 3; k++) {
-		assert(cuda_slots_acquire(s, k) == (int)k);
-		assert(cuda_slots_publish(s, (uint32_t)k) == 0);
-		assert(cuda_slots_hold(s, (uint32_t)k, 1, k) == 0);
-		assert(cuda_slots_unpin(s, (uint32_t)k) == 0);
-	}
-	assert(cuda_slots_release(s, 1, 2, 0) == 1);
-	assert(cuda_slots_release(s, 1, 0, 0) == 1);
-	assert(cuda_slots_release(s, 1, 1, 0) == 1);
-	assert(cuda_slots_acquire(s, 10) == 2);
-	assert(cuda_slots_acquire(s, 11) == 0);
-	assert(cuda_slots_acquire(s, 12) == 1);
-	cuda_slots_free(s);
-}
-
 static void test_names(void)
 {
 	assert(!strcmp(cuda_result_name(34), "CUDA_ERROR_STUB_LIBRARY"));
@@ -253,6 +90,7 @@ static void test_no_driver(void)
 {
 	struct cuda_driver *d = (struct cuda_driver *)1;
 	const char *want = "CUDA driver not found: /nonexistent/loaderd-test/libcuda.so.1: ";
+	struct cuda_device_info info;
 	char err[512];
 	int r;
 
@@ -271,8 +109,8 @@ static void test_no_driver(void)
 	assert(r == -ENODEV && d == NULL);
 	assert(strstr(err, "is not a CUDA driver: it lacks cuInit"));
 
-	assert(cuda_attach_device(LDR_DEVICE_HOST, 0, err, sizeof(err)) == 0);
-	assert(cuda_attach_device(7, 0, err, sizeof(err)) == -EINVAL);
+	assert(cuda_attach_device(LDR_DEVICE_HOST, 0, &info, err, sizeof(err)) == 0);
+	assert(cuda_attach_device(7, 0, &info, err, sizeof(err)) == -EINVAL);
 	assert(strstr(err, "unknown device kind 7"));
 }
 
@@ -283,7 +121,7 @@ static void test_attach_env(const char *path, const char *expect)
 	char err[512], err2[512];
 
 	assert(setenv(CUDA_ENV_LIBRARY, path, 1) == 0);
-	assert(cuda_attach_device(LDR_DEVICE_CUDA, 0, err, sizeof(err)) == -ENODEV);
+	assert(cuda_attach_device(LDR_DEVICE_CUDA, 0, &info, err, sizeof(err)) == -ENODEV);
 	printf("attach cuda:0: %s\n", err);
 	assert(strstr(err, expect));
 	/* opened once: the answer is remembered, whatever the environment says now */
@@ -366,10 +204,6 @@ int main(int argc, char **argv)
 	}
 	test_round_up();
 	test_layout();
-	test_slots_basic();
-	test_slots_events();
-	test_slots_client_dies();
-	test_slots_lru();
 	test_names();
 	test_no_driver();
 	test_attach_env("/nonexistent/loaderd-test/libcuda.so.1", "CUDA driver not found: ");

@@ -258,6 +258,8 @@ static void test_fdchan(void)
 		uint32_t magic;
 		int32_t status;
 		uint64_t size;
+		uint32_t nfds, reserved;
+		uint64_t device_size;
 	} rp;
 	int fd;
 
@@ -268,13 +270,21 @@ static void test_fdchan(void)
 	assert(read(fd, &rp, sizeof(rp)) == (ssize_t)sizeof(rp));
 	assert(rp.status == -EPROTO);
 	close(fd);
-	/* a token nobody was given */
+	/* version 1 (one fd, no device fields) is refused: both ends ship together */
 	fd = unix_connect(fd_path);
 	rq.magic = 0x4644444cu;
 	rq.version = 1;
 	assert(write(fd, &rq, sizeof(rq)) == (ssize_t)sizeof(rq));
 	assert(read(fd, &rp, sizeof(rp)) == (ssize_t)sizeof(rp));
+	assert(rp.status == -EPROTO);
+	close(fd);
+	/* a token nobody was given */
+	fd = unix_connect(fd_path);
+	rq.version = 2;
+	assert(write(fd, &rq, sizeof(rq)) == (ssize_t)sizeof(rq));
+	assert(read(fd, &rp, sizeof(rp)) == (ssize_t)sizeof(rp));
 	assert(rp.status == -ENOENT);
+	assert(rp.nfds == 0 && rp.device_size == 0);
 	close(fd);
 	/* half a request, then gone */
 	fd = unix_connect(fd_path);

@@ -205,6 +205,17 @@ LDR_EXPORT const void *ldr_attachment_slab(const struct ldr_attachment *att, siz
 LDR_EXPORT int ldr_next(struct ldr_attachment *att, int timeout_ms, struct ldr_batch **out);
 /** Release a batch: its slot may be reused. Safe to call from any thread. */
 LDR_EXPORT void ldr_release(struct ldr_batch *batch);
+/**
+ * ldr_release_after() - release a CUDA batch once the work queued on a stream is done.
+ * @param cuda_stream the CUstream / cudaStream_t that used the batch (NULL: the
+ *        legacy default stream), in the device's primary context
+ *
+ * Records an event on @p cuda_stream now and returns at once; the lease goes
+ * back to the daemon when the event completed, so the slot is not refilled
+ * while kernels queued before this call still read it. For a host attachment
+ * it is ldr_release(). Safe to call from any thread.
+ */
+LDR_EXPORT void ldr_release_after(struct ldr_batch *batch, void *cuda_stream);
 
 /** Epoch of the batch (0-based). */
 LDR_EXPORT uint64_t ldr_batch_epoch(const struct ldr_batch *batch);
@@ -214,8 +225,19 @@ LDR_EXPORT uint64_t ldr_batch_index(const struct ldr_batch *batch);
 LDR_EXPORT uint32_t ldr_batch_rows(const struct ldr_batch *batch);
 /** Fields of the batch, as ldr_attachment_nfields(). */
 LDR_EXPORT int ldr_batch_nfields(const struct ldr_batch *batch);
-/** Describe field @p i of the batch; returns 0 or -EINVAL. */
+/**
+ * ldr_batch_field() - describe field @p i of the batch; returns 0 or -EINVAL.
+ *
+ * For a CUDA attachment (ldr_attachment_device()), out->data is a device
+ * pointer (a CUdeviceptr) in the device's primary context, valid until the
+ * batch is released: the copy to the device completed before the batch was
+ * delivered, so it can be used on any stream at once.
+ */
 LDR_EXPORT int ldr_batch_field(const struct ldr_batch *batch, int i, struct ldr_field *out);
+/** As ldr_batch_field(), with out->data in the read-only host slab, whatever the device. */
+LDR_EXPORT int ldr_batch_field_host(const struct ldr_batch *batch, int i, struct ldr_field *out);
+/** Where the attachment's batches are: LDR_DEVICE_HOST, or LDR_DEVICE_CUDA with *@p index = N of cuda:N. */
+LDR_EXPORT enum ldr_device_kind ldr_attachment_device(const struct ldr_attachment *att, int *index);
 
 #ifdef __cplusplus
 }
