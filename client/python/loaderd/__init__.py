@@ -12,6 +12,7 @@ is found). Documentation: docs/python.md.
 
 from ._lib import library_path
 from .errors import Disconnected, Error, ForkedError, InvalidSpec, NotFound, Timeout
+from ._cuda import CudaArray
 from .loader import Batch, Client, DataLoader
 
 __version__ = "0.1.0"
@@ -25,5 +26,5 @@ def version():
             "nng": L.ldr_nng_version().decode()}
 
 
-__all__ = ["Batch", "Client", "DataLoader", "Disconnected", "Error", "ForkedError",
+__all__ = ["Batch", "Client", "CudaArray", "DataLoader", "Disconnected", "Error", "ForkedError",
            "InvalidSpec", "NotFound", "Timeout", "library_path", "version"]

@@ -29,7 +29,7 @@ import weakref
 
 import numpy as np
 
-from . import _lib
+from . import _cuda, _lib
 from .errors import Error, ForkedError, InvalidSpec, from_code
 
 try:  # torch is optional: without it batches are numpy arrays
@@ -95,8 +95,9 @@ class _Client:
 class _Attachment:
     """Owns one ldr_attachment*; keeps its _Client alive."""
 
-    def __init__(self, client, pipeline, mode, rank, world, start, inflight):
+    def __init__(self, client, pipeline, mode, rank, world, start, inflight, device=None):
         self.ptr = None
+        self.device = device  # None: host memory; N: cuda:N
         self.detached = False
         self.client = client
         L = _lib.lib()
@@ -111,6 +112,9 @@ class _Attachment:
             opts.has_start = 1
             opts.start_epoch, opts.start_batch = start
         opts.inflight = inflight or 0
+        if device is not None:
+            opts.device_kind = 1  # LDR_DEVICE_CUDA
+            opts.device_index = device
         out = ctypes.c_void_p()
         r = L.ldr_attach(client.ptr, pipeline.encode(), ctypes.byref(opts), ctypes.byref(out))
         if r < 0:
@@ -132,7 +136,14 @@ class _Attachment:
         attachment, and the daemon may then reuse the slots)."""
         if self.detached or self.ptr is None or self.client.pid != os.getpid():
             return
-        ranges = sorted((l.lo, l.hi) for l in list(self.leases) if l.ptr and l.hi > l.lo)
+        alive = [l for l in list(self.leases) if l.ptr and l.hi > l.lo]
+        if self.device is not None:
+            if alive:
+                warnings.warn(f"loaderd: {len(alive)} batches in GPU memory are still alive at "
+                              "close(): the daemon may reuse their device memory; copy (clone) "
+                              "batches you keep", RuntimeWarning, stacklevel=4)
+            return
+        ranges = sorted((l.lo, l.hi) for l in alive)
         if ranges:
             _freeze_ranges(ranges, self.slab)
 
@@ -153,29 +164,38 @@ class _Attachment:
 class _Lease:
     """One ldr_batch*: released when the last array of the batch is gone."""
 
-    __slots__ = ("ptr", "att", "lo", "hi", "__weakref__")
+    __slots__ = ("ptr", "att", "lo", "hi", "device", "__weakref__")
     _release_fn = None
+    _release_after_fn = None
 
     def __init__(self, ptr, att):
         self.ptr = ptr
         self.att = att
+        self.device = att.device
         self.lo = self.hi = 0  # the bytes of the batch's fields
         att.live += 1
         att.leases.add(self)
 
-    def release(self):
+    def release(self, stream=None):
         p = self.ptr
         if p:
             self.ptr = None
             # safe in a forked child and after ldr_detach/ldr_close: libloader
             # then only frees its own memory
-            _Lease._release_fn(p)
+            if self.device is None:
+                _Lease._release_fn(p)
+            else:
+                # after the kernels queued so far on torch's current stream
+                if stream is None:
+                    stream = _cuda.current_stream(self.device)
+                _Lease._release_after_fn(p, stream or None)
             att = self.att
             if att is not None:
                 att.live -= 1
         self.att = None
 
-    __del__ = release
+    def __del__(self):
+        self.release()
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -246,12 +266,16 @@ class Batch(dict):
 
     __slots__ = ("epoch", "index", "rows", "_lease")
 
-    def release(self):
-        """Give the batch's slot back to the daemon now."""
+    def release(self, stream=None):
+        """Give the batch's slot back to the daemon now. A batch in GPU memory
+        goes back once the work queued so far on @stream (a torch.cuda.Stream
+        or a CUstream as int; default: torch's current stream) is done."""
         lease = self._lease
         if lease is not None:
             self._lease = None
-            lease.release()
+            if stream is not None and not isinstance(stream, int):
+                stream = int(stream.cuda_stream)
+            lease.release(stream)
 
     @property
     def released(self):
@@ -318,8 +342,8 @@ def _to_torch(arr, dtname):
 _COMPAT_ACCEPT = {
     "num_workers": "loaderd's daemon decodes and collates in its own worker threads "
                    "(loaderd --workers N); num_workers is ignored",
-    "pin_memory": "batches arrive in the daemon's shared-memory slots without a copy; "
-                  "pinned host delivery comes with device support (device='cuda:N'); "
+    "pin_memory": "batches arrive in the daemon's shared-memory slots without a copy, and "
+                  "with device='cuda:N' in GPU memory, copied from the daemon's pinned memory; "
                   "pin_memory is ignored",
     "pin_memory_device": "see pin_memory; pin_memory_device is ignored",
     "prefetch_factor": "the daemon prefetches the spec's 'prefetch' slots and libloader keeps "
@@ -446,13 +470,16 @@ class DataLoader:
                  timeout=None, device="cpu", as_numpy=False, progress=False, epochs=None,
                  inflight=None, name=None, **torch_compat):
         _torch_compat(torch_compat)
-        if device not in (None, "cpu") and str(device) != "cpu":
-            raise ValueError(f"loaderd.DataLoader: device {device!r} is not supported yet: "
-                             "only 'cpu' (GPU delivery comes with the CUDA issue)")
+        self._cuda = _cuda.parse_device(device)
         if not as_numpy and _torch is None:
-            as_numpy = True  # no torch here: numpy arrays
+            as_numpy = True  # no torch here: numpy arrays (CudaArray on a GPU)
+        if self._cuda is not None and not as_numpy and not _torch.cuda.is_available():
+            raise ValueError(f"loaderd.DataLoader: device={device!r} gives torch CUDA tensors, but "
+                             "this torch has no CUDA (torch.cuda.is_available() is False); "
+                             "as_numpy=True gives loaderd.CudaArray objects instead "
+                             "(__cuda_array_interface__, DLPack)")
         self.as_numpy = bool(as_numpy)
-        self.device = "cpu"
+        self.device = "cpu" if self._cuda is None else f"cuda:{self._cuda}"
         self.progress = progress
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 seconds (0 or None: wait forever)")
@@ -522,6 +549,7 @@ class DataLoader:
         self._stall_warned = False
         self._attach(None)
         if _Lease._release_fn is None:
+            _Lease._release_after_fn = _lib.lib().ldr_release_after
             _Lease._release_fn = _lib.lib().ldr_release
 
     # --------------------------------------------------------- attachment
@@ -538,7 +566,7 @@ class DataLoader:
         if start is not None and mode == "broadcast":
             mode = "partition"  # resume: a private stream, identical content (rank 0 of 1)
         self._att = _Attachment(self._client, self.pipeline, mode, self.rank, self.world_size,
-                                start, self._inflight)
+                                start, self._inflight, self._cuda)
         self._attached_mode = mode
         self._ended = False
         self._pos = tuple(start) if start is not None else None
@@ -642,6 +670,17 @@ class DataLoader:
             self._fields = fields
         as_numpy = self.as_numpy
         lo = hi = 0
+        if att.device is not None:
+            for i, (name, typestr, dtname) in enumerate(fields):
+                L.ldr_batch_field(p, i, fref)
+                arr = _cuda.CudaArray(f.data or 0, f.shape[:f.ndim], typestr, att.device, lease,
+                                      f.nbytes, dtname)
+                if f.data:
+                    lo = f.data if not lo else min(lo, f.data)
+                    hi = max(hi, f.data + f.nbytes)
+                b[name] = arr if as_numpy else _cuda.to_torch(arr, _torch)
+            lease.lo, lease.hi = lo, hi
+            return b
         for i, (name, typestr, dtname) in enumerate(fields):
             L.ldr_batch_field(p, i, fref)
             if f.data:
