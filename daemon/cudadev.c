@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -159,6 +160,7 @@ struct cjob {
 	cuda_copy_done_fn done;
 	void *cookie;
 	CUevent ev;
+	uint64_t submitted_ns;     /* when its copies were queued on the stream */
 	int err;
 	char msg[256];
 	/* JOB_REGISTER, JOB_UNREGISTER */
@@ -180,6 +182,8 @@ struct cuda_engine {
 	struct cjob *head, *tail;  /* queue, under d->lock */
 	uint32_t queued;
 	uint64_t copies, bytes;    /* done, under d->lock */
+	uint64_t busy_ns;          /* time the stream had copies in flight, under d->lock */
+	uint64_t last_done_ns;     /* engine thread only */
 	uint32_t registered;       /* host ranges pinned now */
 	CUevent *events;           /* free events, engine thread only */
 	size_t nevents, cap_events;
@@ -252,11 +256,20 @@ static void dslab_release(struct cuda_dslab *s)
 	free(s);
 }
 
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void submit_copy(struct cuda_engine *e, struct cjob *j)
 {
 	CUdeviceptr base = (CUdeviceptr)(j->ds->dptr + (uint64_t)j->slot * j->ds->slot_stride);
 	CUresult r;
 
+	j->submitted_ns = now_ns();
 	for (size_t i = 0; i < j->nspans && !j->err; i++) {
 		if (!j->spans[i].bytes)
 			continue;
@@ -282,7 +295,7 @@ static void finish_copies(struct cuda_engine *e, struct cjob *list)
 
 	while (list) {
 		struct cjob *j = list;
-		uint64_t bytes = 0;
+		uint64_t bytes = 0, done, busy;
 		CUresult r;
 
 		list = j->next;
@@ -292,6 +305,11 @@ static void finish_copies(struct cuda_engine *e, struct cjob *list)
 			if (r != CUDA_SUCCESS)
 				j->err = cuda_driver_error(g_drv, "cuEventSynchronize", r, j->msg, sizeof(j->msg));
 		}
+		/* the stream was busy from the later of its submission and the
+		 * previous completion (copies queued together run back to back) */
+		done = now_ns();
+		busy = done - (j->submitted_ns > e->last_done_ns ? j->submitted_ns : e->last_done_ns);
+		e->last_done_ns = done;
 		event_put(e, j->ev);
 		j->ev = NULL;
 		for (size_t i = 0; i < j->nspans; i++)
@@ -300,6 +318,7 @@ static void finish_copies(struct cuda_engine *e, struct cjob *list)
 		if (!j->err) {
 			e->copies++;
 			e->bytes += bytes;
+			e->busy_ns += busy;
 		}
 		if (d->done_tail)
 			d->done_tail->next = j;
@@ -528,10 +547,11 @@ struct json_t *cuda_devices_json(const struct cuda_devices *d)
 		if (!e)
 			continue;
 		snprintf(key, sizeof(key), "cuda:%d", i);
-		json_object_set_new(o, key, json_pack("{s:s, s:I, s:I, s:i, s:i}",
+		json_object_set_new(o, key, json_pack("{s:s, s:I, s:I, s:f, s:i, s:i}",
 			"name", e->name,
 			"copies", (json_int_t)e->copies,
 			"bytes", (json_int_t)e->bytes,
+			"busy_s", (double)e->busy_ns / 1e9,
 			"queued", (int)e->queued,
 			"host_registered", (int)e->registered));
 	}

@@ -157,7 +157,11 @@ int cuda_devices_new(struct cuda_devices **out, uv_loop_t *loop);
 void cuda_devices_stop(struct cuda_devices *d);
 /** Stop (if not yet) and free; call after every slab was freed. */
 struct cuda_devices *cuda_devices_free(struct cuda_devices *d);
-/** {"cuda:0": {"name", "copies", "bytes", "queued", "host_registered"}, ...}. */
+/**
+ * cuda_devices_json() - {"cuda:0": {"name", "copies", "bytes", "busy_s",
+ * "queued", "host_registered"}, ...}; bytes / busy_s is the rate of the copies
+ * themselves (busy_s: time the engine's stream had a copy in flight).
+ */
 struct json_t *cuda_devices_json(const struct cuda_devices *d);
 
 /**

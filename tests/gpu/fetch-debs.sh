@@ -23,6 +23,8 @@ pkgs=(
 	libprotobuf-c1 libprotobuf-c-dev protobuf-c-compiler libprotoc32 libprotobuf32
 	libjansson4 libjansson-dev
 	zlib1g-dev
+	libturbojpeg0 libturbojpeg0-dev libjpeg62-turbo libjpeg62-turbo-dev
+	libpng16-16 libpng-dev
 	pkgconf pkgconf-bin libpkgconf3
 )
 

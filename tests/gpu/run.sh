@@ -11,11 +11,15 @@
 # never into /. Then it builds loaderd from the tree with -Dcuda=enabled,
 # starts it, and checks:
 #   1. the unit tests, with the real driver: test-cuda gpu must PASS, not skip
-#   2. `consume --device cuda:0` names the device it found (device delivery is
-#      not written yet: the daemon says so) and cuda:N out of range is refused
-#   3. host delivery on the same daemon, byte for byte (tests/integration/test_cuda.py
-#      and the delivered GB/s of `consume --json`)
-#   4. the reference figure: pinned cudaMemcpy host-to-device GB/s (h2d-bw.cu)
+#   2. `consume --device cuda:0` is delivered and cuda:N out of range is refused
+#   3. two torch clients on cuda:0 and a host client in broadcast: every batch's
+#      bytes equal (sha256 per batch, tests/gpu/torch_clients.py)
+#   4. a cuda:0 client killed with SIGKILL while holding batches: the surviving
+#      client gets every batch, slots_leased is back to 0
+#   5. delivered GB/s to a torch client and the copy engine's own GB/s
+#      (status: bytes / busy_s) against pinned cudaMemcpy H2D (h2d-bw.cu):
+#      target >= 90 %; next() p50 on cuda:0 minus on the host: target <= 50 us
+#   6. host delivery on the same daemon, byte for byte (tests/integration/test_cuda.py)
 # and ends with one line: "gpu run: PASS ..." or "gpu run: FAIL ...".
 # Everything it prints also goes to $OUT/gpu-run.log when $OUT is set.
 # Environment: PYTHON (default python3), CUDA_HOME, LOADERD_GPU_PREGEN_PROTO=1
@@ -176,11 +180,9 @@ out=$(ctl consume gpu --device cuda:0 --batches 4 2>&1)
 rc=$?
 echo "$out"
 if ((rc == 0)); then
-	ok "cuda:0 attach (device delivery answered)"
-elif grep -q "device delivery is not implemented yet" <<<"$out" && grep -q "found cuda:0 of" <<<"$out"; then
-	ok "cuda:0 names the device it found"
+	ok "cuda:0 attach and delivery (loaderctl)"
 else
-	bad "cuda:0 attach" "neither delivery nor the not-implemented message"
+	bad "cuda:0 attach" "loaderctl consume --device cuda:0 failed"
 fi
 out=$(ctl consume gpu --device cuda:99 --batches 1 2>&1)
 echo "$out"
@@ -188,6 +190,87 @@ if grep -q "cuda:99 requested, [0-9]* devices* present" <<<"$out"; then
 	ok "cuda:99 out of range"
 else
 	bad "cuda:99 out of range"
+fi
+
+# Trainers: torch processes with the package from the tree (tests/gpu/torch_clients.py).
+export PYTHONPATH=$root/client/python${PYTHONPATH:+:$PYTHONPATH}
+export LOADERD_LIBRARY=$build/client/libloader.so
+tc() { timeout 300 "$PY" "$root/tests/gpu/torch_clients.py" "$@"; }
+mkspec() { # name, seq_len, batch, epochs, prefetch, min_clients, output dtype
+	cat >"$work/$1.json" <<-EOF
+		{"name": "$1", "source": {"kind": "tokens", "path": "$work/tok.bin", "dtype": "uint16",
+		 "seq_len": $2, "output_dtype": "$7"}, "batch_size": $3, "epochs": $4, "prefetch": $5,
+		 "min_clients": $6}
+	EOF
+	ctl create --spec "$work/$1.json" >/dev/null || bad "create pipeline $1"
+}
+leased() { # slots_leased of pipeline $1
+	ctl --json status | "$PY" -c 'import json, sys; d = json.load(sys.stdin)
+print([p["slots_leased"] for p in d["pipelines"] if p["name"] == sys.argv[1]][0])' "$1"
+}
+
+note "broadcast: two torch clients on cuda:0 and one on the host, byte for byte"
+mkspec bc 1024 64 1 16 3 int64
+tc hashes "$sock" bc cuda:0 "$work/bc-gpu1.txt" &
+p1=$!
+tc hashes "$sock" bc cuda:0 "$work/bc-gpu2.txt" &
+p2=$!
+tc hashes "$sock" bc cpu "$work/bc-cpu.txt"
+wait $p1 && wait $p2
+nb=$(wc -l <"$work/bc-cpu.txt")
+if ((nb > 0)) && cmp -s "$work/bc-cpu.txt" "$work/bc-gpu1.txt" && cmp -s "$work/bc-cpu.txt" "$work/bc-gpu2.txt"; then
+	ok "broadcast cuda:0 x2 == host ($nb batches)"
+else
+	bad "broadcast cuda:0 == host" "batch hashes differ ($nb host batches)"
+	diff "$work/bc-cpu.txt" "$work/bc-gpu1.txt" | head -5
+fi
+
+note "SIGKILL of a cuda:0 client holding batches: its slots come back"
+mkspec kill 1024 64 1 8 2 int64
+# started directly (not through tc), so that $! is the trainer itself
+"$PY" "$root/tests/gpu/torch_clients.py" hold "$sock" kill 4 >"$work/hold.log" 2>&1 &
+ph=$!
+tc hashes "$sock" kill cuda:0 "$work/kill-gpu.txt" &
+pk=$!
+for _ in $(seq 300); do grep -q holding "$work/hold.log" && break; sleep 0.1; done
+cat "$work/hold.log"
+sleep 1
+kill -9 $ph
+wait $ph 2>/dev/null
+if wait $pk && (($(wc -l <"$work/kill-gpu.txt") == nb)); then
+	ok "the surviving cuda:0 client got all $nb batches"
+else
+	bad "SIGKILL" "the surviving client did not finish ($(wc -l <"$work/kill-gpu.txt") of $nb batches)"
+fi
+l=$(leased kill)
+if [[ "$l" == 0 ]]; then
+	ok "killed client's device slots returned (slots_leased 0)"
+else
+	bad "SIGKILL" "slots_leased $l after the kill"
+fi
+
+note "bandwidth: delivered to cuda:0 and the copy engine's own rate"
+mkspec bw 8192 256 0 16 1 uint16
+bw=$(tc bw "$sock" bw 10)
+echo "$bw"
+engine=$(ctl --json status | "$PY" -c 'import json, sys; d = json.load(sys.stdin)["cuda"]["devices"]["cuda:0"]
+print("%.2f" % (d["bytes"] / d["busy_s"] / 1e9))')
+echo "copy engine: $engine GB/s while busy"
+echo "$bw" >"$work/bw.json"
+
+note "latency of next(): cuda:0 against host, 2 ms steps"
+mkspec lat 256 8 0 32 1 int64
+lat_cpu=$(tc latency "$sock" lat cpu 2000)
+lat_gpu=$(tc latency "$sock" lat cuda:0 2000)
+echo "$lat_cpu"
+echo "$lat_gpu"
+added=$("$PY" -c 'import json, sys; a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print("%.1f" % (b["p50_us"] - a["p50_us"]))' "$lat_cpu" "$lat_gpu")
+echo "added p50 per batch on cuda:0: $added us"
+if "$PY" -c "import sys; sys.exit(0 if float('$added') <= 50 else 1)"; then
+	ok "added latency ${added} us <= 50 us"
+else
+	bad "added latency" "${added} us > 50 us"
 fi
 
 note "host delivery on the same daemon"
@@ -213,8 +296,17 @@ tail -15 "$work/pytest.log"
 note "pinned cudaMemcpy H2D (tests/gpu/h2d-bw.cu)"
 if command -v nvcc >/dev/null; then
 	if nvcc -O2 -o "$work/h2d-bw" tests/gpu/h2d-bw.cu >"$work/nvcc.log" 2>&1 &&
-		timeout 60 "$work/h2d-bw"; then
+		timeout 60 "$work/h2d-bw" | tee "$work/h2d.txt"; then
 		ok "h2d-bw"
+		pinned=$(sed -n 's/^h2d-bw: pinned *\([0-9.]*\) GB\/s$/\1/p' "$work/h2d.txt" | head -1)
+		delivered=$("$PY" -c 'import json, sys; print("%.2f" % json.load(open(sys.argv[1]))["gbps"])' "$work/bw.json" 2>/dev/null)
+		echo "pinned cudaMemcpy ${pinned:-?} GB/s; copy engine ${engine:-?} GB/s; delivered to a torch client ${delivered:-?} GB/s"
+		if [[ -n "$pinned" && -n "$engine" ]] &&
+			"$PY" -c "import sys; sys.exit(0 if $engine >= 0.9 * $pinned else 1)"; then
+			ok "copy engine >= 90 % of pinned cudaMemcpy ($engine / $pinned GB/s)"
+		else
+			bad "copy engine bandwidth" "${engine:-?} GB/s against ${pinned:-?} GB/s pinned (target 90 %)"
+		fi
 	else
 		cat "$work/nvcc.log"
 		bad "h2d-bw"
