@@ -1330,41 +1330,45 @@ void ldr_release_after(struct ldr_batch *b, void *cuda_stream)
 	struct ldr_attachment *a;
 	struct ldr_client *c;
 	struct evwait *w;
+	bool queued = false;
 	char err[256];
+	void *ev;
 
 	if (!b)
 		return;
 	a = b->att;
 	c = a->c;
-	if (!a->dev || a->detached || c->pid != getpid() || !(w = calloc(1, sizeof(*w)))) {
+	if (!a->dev || c->pid != getpid()) {
 		ldr_release(b);
 		return;
 	}
-	w->lease = b->lease;
-	w->event = devmap_record(a->dev, cuda_stream, err, sizeof(err));
-	if (!w->event) {
+	ev = devmap_record(a->dev, cuda_stream, err, sizeof(err));
+	if (!ev) {
 		/* a context that cannot record an event has stopped running work */
-		free(w);
 		ldr_release(b);
 		return;
 	}
+	w = calloc(1, sizeof(*w));
 	pthread_mutex_lock(&c->lock);
-	if (!a->waiter_running && pthread_create(&a->waiter, NULL, waiter_main, a) == 0)
+	if (w && !a->detached && !a->waiter_running && pthread_create(&a->waiter, NULL, waiter_main, a) == 0)
 		a->waiter_running = true;
-	if (a->waiter_running) {
+	if (w && !a->detached && a->waiter_running) {
+		w->lease = b->lease;
+		w->event = ev;
 		if (a->ev_tail)
 			a->ev_tail->next = w;
 		else
 			a->ev_head = w;
 		a->ev_tail = w;
 		pthread_cond_signal(&a->ev_cond);
-		w = NULL;
+		queued = true;
 	}
 	pthread_mutex_unlock(&c->lock);
-	if (w) {
-		/* no thread to wait with: wait here */
-		devmap_wait(a->dev, w->event);
+	if (!queued) {
+		/* detached (this may be the last reference: the slab is unmapped
+		 * right after), or no thread to wait with: wait here */
 		free(w);
+		devmap_wait(a->dev, ev);
 		ldr_release(b);
 		return;
 	}
