@@ -374,6 +374,27 @@ static int print_pipelines(const json_t *pipelines)
 	table_print(&t);
 	table_free(&t);
 
+	/* Device slabs of CUDA clients, one line each. */
+	json_array_foreach(pipelines, i, p) {
+		const json_t *devs = json_object_get(p, "devices"), *d;
+		size_t k;
+
+		json_array_foreach(devs, k, d) {
+			char name[CELL_MAX], dev[64], mem[32], clients[32], copies[32], bytes[32] = "-";
+			const json_t *e = json_object_get(d, "error");
+
+			fmt_key(name, sizeof(name), p, "name");
+			fmt_key(dev, sizeof(dev), d, "device");
+			fmt_key(mem, sizeof(mem), d, "memory");
+			fmt_key(clients, sizeof(clients), d, "clients");
+			fmt_key(copies, sizeof(copies), d, "copies");
+			if (json_is_number(json_object_get(d, "slab_bytes")))
+				fmt_bytes(bytes, sizeof(bytes), json_number_value(json_object_get(d, "slab_bytes")));
+			printf("%s: %s  %s slab %s  clients %s  copies %s%s%s\n", name, dev, mem, bytes, clients,
+			       copies, json_is_string(e) ? "  error: " : "", json_is_string(e) ? json_string_value(e) : "");
+		}
+	}
+
 	/* A failed pipeline's reason does not fit a column. */
 	json_array_foreach(pipelines, i, p) {
 		const json_t *e = json_object_get(p, "error");
@@ -471,6 +492,35 @@ static void print_daemon_line(const json_t *st)
 	       workers, mem, socket);
 }
 
+/* "cuda: ..." once a client asked for a GPU: the driver or why there is none, each copy engine. */
+static void print_cuda_lines(const json_t *st)
+{
+	const json_t *cuda = json_object_get(st, "cuda"), *e, *devs, *d;
+	const char *key;
+
+	if (!json_is_object(cuda))
+		return;
+	e = json_object_get(cuda, "error");
+	if (json_is_string(e)) {
+		printf("cuda: unavailable: %s\n", json_string_value(e));
+		return;
+	}
+	printf("cuda: driver %s\n", json_string_value(json_object_get(cuda, "driver")) ?: "?");
+	devs = json_object_get(cuda, "devices");
+	json_object_foreach((json_t *)devs, key, d) {
+		char name[CELL_MAX], copies[32], bytes[32] = "-", rate[32] = "-";
+		const json_t *b = json_object_get(d, "bytes"), *busy = json_object_get(d, "busy_s");
+
+		fmt_key(name, sizeof(name), d, "name");
+		fmt_key(copies, sizeof(copies), d, "copies");
+		if (json_is_number(b))
+			fmt_bytes(bytes, sizeof(bytes), json_number_value(b));
+		if (json_is_number(b) && json_is_number(busy) && json_number_value(busy) > 0)
+			snprintf(rate, sizeof(rate), "%.2f GB/s", json_number_value(b) / json_number_value(busy) / 1e9);
+		printf("  %s  %s  copies %s (%s, %s while copying)\n", key, name, copies, bytes, rate);
+	}
+}
+
 /* ---------------------------------------------------------------- commands */
 
 static int get_status(struct ctl *ctl, const char *verb, json_t **out)
@@ -505,6 +555,7 @@ static int cmd_status(struct ctl *ctl, int argc, char **argv)
 		return print_json(st);
 
 	print_daemon_line(st);
+	print_cuda_lines(st);
 	printf("\n");
 	r = print_pipelines(json_object_get(st, "pipelines"));
 	if (!r) {

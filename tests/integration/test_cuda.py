@@ -153,6 +153,9 @@ def test_fake_driver_consume(daemon, tokens, monkeypatch):
     assert d.pipeline("p")["devices"] == []
     st = d.status()["cuda"]
     assert st["driver"] == fake and st["devices"]["cuda:0"]["copies"] == n // 8
+    text = d.ctl("status").stdout
+    assert f"cuda: driver {fake}\n" in text, text
+    assert f"  cuda:0  loaderd fake CUDA device 0 (host memory)  copies {n // 8} (" in text, text
     res = d.consume("p", "--device", "cuda:1", check=False)
     assert res.rc == 1 and "cuda:1 requested, 1 device present" in res.stderr, res.describe()
 
@@ -167,8 +170,9 @@ def test_fake_driver_no_device(daemon, tokens, monkeypatch):
     tok, n = make_pipeline(d, tokens)
     res = cuda_attach(d)
     assert "no CUDA device: cuInit: CUDA_ERROR_NO_DEVICE" in res.stderr, res.describe()
-    assert d.status()["cuda"] == {"error": res.stderr.split("consume: ", 1)[1].strip(),
-                                  "devices": {}}
+    why = res.stderr.split("consume: ", 1)[1].strip()
+    assert d.status()["cuda"] == {"error": why, "devices": {}}
+    assert f"cuda: unavailable: {why}\n" in d.ctl("status").stdout
     host_still_works(d, tok, n)
 
 
