@@ -12,6 +12,8 @@
  * ldr_release_after(); devmap_record() puts an event on that stream and
  * libloader's waiter thread returns the lease only once devmap_wait() saw it
  * complete, so the daemon never refills a slot that queued kernels still read.
+ * The events are blocking-sync: the waiter sleeps rather than spinning a core
+ * of the trainer's.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -249,7 +251,7 @@ void *devmap_record(struct devmap *m, void *stream, char *err, size_t errsize)
 	if (m->nfree)
 		ev = m->free_events[--m->nfree];
 	pthread_mutex_unlock(&m->lock);
-	if (!ev && (r = m->drv->EventCreate(&ev, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) {
+	if (!ev && (r = m->drv->EventCreate(&ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC)) != CUDA_SUCCESS) {
 		cuda_driver_error(m->drv, "cuEventCreate", r, err, errsize);
 		ctx_leave(m, saved);
 		return NULL;

@@ -205,7 +205,10 @@ static void wake_loop(struct cuda_devices *d)
 	uv_async_send(d->async);
 }
 
-/* Call from a thread with the engine's context current. */
+/* Call from a thread with the engine's context current. Blocking-sync
+ * events: the engine thread sleeps in cuEventSynchronize instead of spinning
+ * a core that the decoding workers need (a wake-up costs tens of
+ * microseconds, which prefetch hides). */
 static CUevent event_get(struct cuda_engine *e, char *err, size_t errsize, int *ret)
 {
 	CUevent ev = NULL;
@@ -213,7 +216,7 @@ static CUevent event_get(struct cuda_engine *e, char *err, size_t errsize, int *
 
 	if (e->nevents)
 		return e->events[--e->nevents];
-	r = g_drv->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+	r = g_drv->EventCreate(&ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
 	if (r != CUDA_SUCCESS) {
 		*ret = cuda_driver_error(g_drv, "cuEventCreate", r, err, errsize);
 		return NULL;
