@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,27 +24,36 @@
 #include "loader/loader.h"
 #include "log.h"
 
-/* The process-wide driver: opened once, on the first CUDA attach. */
+/* The process-wide driver: opened once, on the first CUDA attach. g_lock is
+ * held while it opens (cuInit can take seconds); the loop thread never waits
+ * for it: g_tried, then g_ret, g_err and g_drv, are published once, and
+ * cuda_attach_ready() and cuda_status_json() read only what was published. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool g_tried;
+static atomic_bool g_tried;
 static int g_ret;
 static char g_err[512];
 static struct cuda_driver *g_drv;
+#define CUDA_MAX_DEVICES 64
+/* devices whose primary context the daemon retains for its life (cuda_attach_prepare) */
+static atomic_bool g_warm[CUDA_MAX_DEVICES];
 
 int cuda_attach_check(int index, struct cuda_device_info *info, char *err, size_t errsize)
 {
 	int r;
 
-	pthread_mutex_lock(&g_lock);
-	if (!g_tried) {
-		const char *path = getenv(CUDA_ENV_LIBRARY);
+	if (!atomic_load(&g_tried)) {
+		pthread_mutex_lock(&g_lock);
+		if (!atomic_load(&g_tried)) {
+			const char *path = getenv(CUDA_ENV_LIBRARY);
 
-		g_tried = true;
-		g_ret = cuda_driver_open(&g_drv, path && *path ? path : NULL, g_err, sizeof(g_err));
-		if (g_ret < 0)
-			log_notice("CUDA unavailable, host delivery only: %s", g_err);
-		else
-			log_info("CUDA driver loaded from %s", cuda_driver_path(g_drv));
+			g_ret = cuda_driver_open(&g_drv, path && *path ? path : NULL, g_err, sizeof(g_err));
+			if (g_ret < 0)
+				log_notice("CUDA unavailable, host delivery only: %s", g_err);
+			else
+				log_info("CUDA driver loaded from %s", cuda_driver_path(g_drv));
+			atomic_store(&g_tried, true);
+		}
+		pthread_mutex_unlock(&g_lock);
 	}
 	if (g_ret < 0) {
 		memset(info, 0, sizeof(*info));
@@ -52,21 +62,16 @@ int cuda_attach_check(int index, struct cuda_device_info *info, char *err, size_
 	} else {
 		r = cuda_driver_device(g_drv, index, info, err, errsize);
 	}
-	pthread_mutex_unlock(&g_lock);
 	return r;
 }
 
 struct json_t *cuda_status_json(void)
 {
-	json_t *o = NULL;
-
-	pthread_mutex_lock(&g_lock);
-	if (g_tried && g_ret < 0)
-		o = json_pack("{s:s}", "error", g_err);
-	else if (g_tried)
-		o = json_pack("{s:s}", "driver", cuda_driver_path(g_drv));
-	pthread_mutex_unlock(&g_lock);
-	return o;
+	if (!atomic_load(&g_tried))
+		return NULL;
+	if (g_ret < 0)
+		return json_pack("{s:s}", "error", g_err);
+	return json_pack("{s:s}", "driver", cuda_driver_path(g_drv));
 }
 
 int cuda_attach_device(uint32_t kind, int32_t index, struct cuda_device_info *info,
@@ -89,6 +94,34 @@ int cuda_attach_device(uint32_t kind, int32_t index, struct cuda_device_info *in
 		return r;
 #endif
 	return 1;
+}
+
+bool cuda_attach_ready(uint32_t kind, int32_t index)
+{
+	if (kind != LDR_DEVICE_CUDA)
+		return true;
+	if (!atomic_load(&g_tried))
+		return false;
+	return g_ret < 0 || index < 0 || index >= CUDA_MAX_DEVICES || atomic_load(&g_warm[index]);
+}
+
+int cuda_attach_prepare(uint32_t kind, int32_t index, struct cuda_device_info *info,
+                        char *err, size_t errsize)
+{
+	int r = cuda_attach_device(kind, index, info, err, errsize);
+
+#ifdef HAVE_CUDA
+	if (r == 1 && index < CUDA_MAX_DEVICES && !atomic_load(&g_warm[index])) {
+		CUdevice dev;
+		CUcontext ctx;
+
+		/* two attaches racing here retain twice: harmless, it is never released */
+		if (g_drv->DeviceGet(&dev, index) == CUDA_SUCCESS &&
+		    g_drv->DevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS)
+			atomic_store(&g_warm[index], true);
+	}
+#endif
+	return r;
 }
 
 /* --- device slab sizing -------------------------------------------------- */
@@ -141,7 +174,6 @@ int cuda_slab_layout(uint64_t slot_bytes, uint32_t nslots, uint64_t gran_min, ui
 
 /* --- copy engines -------------------------------------------------------- */
 
-#define CUDA_MAX_DEVICES 64
 #define CUDA_MAX_SPANS 16
 
 #ifdef HAVE_CUDA

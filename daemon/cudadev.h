@@ -73,6 +73,23 @@ int cuda_attach_check(int index, struct cuda_device_info *info, char *err, size_
 int cuda_attach_device(uint32_t kind, int32_t index, struct cuda_device_info *info,
                        char *err, size_t errsize);
 
+/**
+ * cuda_attach_ready() - would cuda_attach_device() be quick now?
+ *
+ * False until the driver was opened (cuInit: up to seconds on a GPU without
+ * persistence mode) and cuda:@index's primary context exists (hundreds of
+ * milliseconds): the server then runs cuda_attach_prepare() on a thread of
+ * libuv's pool, so the loop keeps serving everyone else meanwhile.
+ */
+bool cuda_attach_ready(uint32_t kind, int32_t index);
+/**
+ * cuda_attach_prepare() - cuda_attach_device(), and the device's primary
+ * context retained for the daemon's life (the copy engine's then costs
+ * nothing). Thread-safe; returns as cuda_attach_device().
+ */
+int cuda_attach_prepare(uint32_t kind, int32_t index, struct cuda_device_info *info,
+                        char *err, size_t errsize);
+
 /** The driver's state for status: {"driver": PATH} or {"error": MSG}, or NULL if never asked. */
 struct json_t *cuda_status_json(void);
 

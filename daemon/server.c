@@ -44,6 +44,7 @@
 #define RECV_TARGET 16
 #define MAX_CLIENTS 512
 #define MAX_ATTACH_PER_CLIENT 16
+#define STOP_CUDA_WAITS 50        /* x 100 ms */
 #define MAX_RELEASES 4096
 #define MAX_MSG_BYTES (1 << 20)
 #define STOP_FLUSH_MS 100
@@ -91,6 +92,9 @@ struct server {
 	uv_loop_t *loop;
 	uv_async_t async;
 	uv_timer_t stop_timer;
+	unsigned attach_jobs;     /* CUDA attaches waiting for the driver (attach_work) */
+	unsigned stop_waits;
+	bool stop_flushed;
 	nng_socket sock;
 	nng_listener listener;
 	bool sock_open;
@@ -538,7 +542,12 @@ static void handle_drop(struct server *srv, struct sctx *c, struct client *cl, c
 	reply_ok(srv, c);
 }
 
-static void handle_attach(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Attach *m)
+/*
+ * The rest of an Attach, once the device part is known: @r and @dinfo are
+ * cuda_attach_device()'s answer (0 host, 1 CUDA, < 0 the error in @cuda_err).
+ */
+static void attach_finish(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Attach *m,
+                          int r, const struct cuda_device_info *dinfo, const char *cuda_err)
 {
 	Loaderd__Reply rep = LOADERD__REPLY__INIT;
 	Loaderd__AttachReply ar = LOADERD__ATTACH_REPLY__INIT;
@@ -549,23 +558,20 @@ static void handle_attach(struct server *srv, struct sctx *c, struct client *cl,
 		.has_start = m->has_start, .start_epoch = m->start_epoch, .start_batch = m->start_batch,
 		.credits = m->credits, .client_id = cl->id, .uid = cl->uid,
 	};
-	struct cuda_device_info dinfo;
 	struct attachment *a;
 	struct attach_info info;
 	char err[512];
-	int r;
 
+	if (r < 0) {
+		reply_error(srv, c, -r, cuda_err);
+		return;
+	}
 	if (cl->natts >= MAX_ATTACH_PER_CLIENT) {
 		snprintf(err, sizeof(err), "too many attachments on one connection (most %d)", MAX_ATTACH_PER_CLIENT);
 		reply_error(srv, c, EMFILE, err);
 		return;
 	}
-	r = cuda_attach_device(m->device_kind, m->device_index, &dinfo, err, sizeof(err));
-	if (r < 0) {
-		reply_error(srv, c, -r, err);
-		return;
-	}
-	p.cuda = r == 1 ? &dinfo : NULL;
+	p.cuda = r == 1 ? dinfo : NULL;
 	r = engine_attach(srv->engine, m->pipeline, &p, &a, err, sizeof(err));
 	if (r < 0) {
 		reply_error(srv, c, -r, err);
@@ -622,6 +628,76 @@ static void handle_attach(struct server *srv, struct sctx *c, struct client *cl,
 		log_info("client %" PRIu64 " (pid %d) attached to %s as %s", cl->id, cl->pid, m->pipeline,
 		         mode_name((int)m->mode));
 	send_reply(srv, c, &rep);
+}
+
+/*
+ * A CUDA attach before the driver and the device are up: cuInit (seconds on a
+ * GPU without persistence mode) and the device's primary context run on a
+ * thread of libuv's pool while the loop serves everyone else; the request's
+ * context stays parked until then.
+ */
+struct attach_job {
+	uv_work_t work;
+	struct server *srv;
+	struct sctx *c;
+	uint64_t client_id;
+	Loaderd__Attach m;        /* its pipeline name is ours */
+	struct cuda_device_info dinfo;
+	int r;
+	char err[512];
+};
+
+static void attach_work(uv_work_t *w)
+{
+	struct attach_job *j = w->data;
+
+	j->r = cuda_attach_prepare(j->m.device_kind, j->m.device_index, &j->dinfo, j->err, sizeof(j->err));
+}
+
+static void attach_after(uv_work_t *w, int status)
+{
+	struct attach_job *j = w->data;
+	struct server *srv = j->srv;
+	struct client *cl;
+
+	srv->attach_jobs--;
+	for (cl = srv->clients; cl && cl->id != j->client_id; cl = cl->next)
+		;
+	if (srv->stopping)
+		reply_error(srv, j->c, ESHUTDOWN, "daemon is shutting down");
+	else if (!cl) /* gone meanwhile: the reply goes nowhere, the context is free again */
+		reply_error(srv, j->c, ECONNRESET, "client gone");
+	else
+		attach_finish(srv, j->c, cl, &j->m, j->r, &j->dinfo, j->err);
+	free(j->m.pipeline);
+	free(j);
+}
+
+static void handle_attach(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Attach *m)
+{
+	struct cuda_device_info dinfo;
+	struct attach_job *j;
+	char err[512];
+	int r;
+
+	if (!cuda_attach_ready(m->device_kind, m->device_index) && (j = calloc(1, sizeof(*j)))) {
+		j->work.data = j;
+		j->srv = srv;
+		j->c = c;
+		j->client_id = cl->id;
+		j->m = *m;
+		j->m.pipeline = strdup(m->pipeline ? m->pipeline : "");
+		if (j->m.pipeline && uv_queue_work(srv->loop, &j->work, attach_work, attach_after) == 0) {
+			c->state = CTX_PARKED;
+			c->answered = true;
+			srv->attach_jobs++;
+			return;
+		}
+		free(j->m.pipeline);
+		free(j);
+	}
+	r = cuda_attach_device(m->device_kind, m->device_index, &dinfo, err, sizeof(err));
+	attach_finish(srv, c, cl, m, r, &dinfo, err);
 }
 
 /* The attachment @id of @cl, or NULL after answering the request with ENOENT. */
@@ -1154,6 +1230,24 @@ static void on_stop_timer(uv_timer_t *t)
 {
 	struct server *srv = t->data;
 	struct event *ev;
+
+	/* a CUDA attach still in cuInit holds a context: wait for it, a while */
+	if (srv->attach_jobs) {
+		if (srv->stop_waits++ < STOP_CUDA_WAITS) {
+			uv_timer_start(&srv->stop_timer, on_stop_timer, 100, 0);
+			return;
+		}
+		log_warn("the CUDA driver did not answer within %d ms; exiting without it",
+		         STOP_CUDA_WAITS * 100);
+		unlink(srv->path);
+		exit_stopped();
+	}
+	if (srv->stop_waits && !srv->stop_flushed) {
+		/* the attach that waited was answered just now: let that leave too */
+		srv->stop_flushed = true;
+		uv_timer_start(&srv->stop_timer, on_stop_timer, STOP_FLUSH_MS, 0);
+		return;
+	}
 
 	/* replies had their chance to leave; now cut everything */
 	while (srv->clients)

@@ -30,6 +30,8 @@
  *   FAKECUDA_POSIX_FD  0: devices have no POSIX-fd handle support, cuMemCreate
  *                      asking for it fails with CUDA_ERROR_NOT_SUPPORTED (default 1)
  *   FAKECUDA_VMM       0: no virtual memory management at all (default 1)
+ *   FAKECUDA_INIT_MS   cuInit takes this long, 0..60000 (default 0), as a real
+ *                      one can on a GPU without persistence mode
  *   FAKECUDA_LOG       a file to append one line per call to: the plain name
  *                      ("cuMemAlloc", never "cuMemAlloc_v2")
  *
@@ -464,7 +466,7 @@ static int env_int(const char *name, int def, int lo, int hi)
 
 CUresult cuInit(unsigned int Flags)
 {
-	int n, posix_fd, vmm;
+	int n, posix_fd, vmm, init_ms;
 
 	ENTER("cuInit");
 	if (Flags)
@@ -474,8 +476,11 @@ CUresult cuInit(unsigned int Flags)
 	n = env_int("FAKECUDA_DEVICES", 1, 0, FAKE_MAX_DEVICES);
 	posix_fd = env_int("FAKECUDA_POSIX_FD", 1, 0, 1);
 	vmm = env_int("FAKECUDA_VMM", 1, 0, 1);
-	if (n < 0 || posix_fd < 0 || vmm < 0)
+	init_ms = env_int("FAKECUDA_INIT_MS", 0, 0, 60000);
+	if (n < 0 || posix_fd < 0 || vmm < 0 || init_ms < 0)
 		return leave(CUDA_ERROR_INVALID_VALUE);
+	if (init_ms)
+		usleep((useconds_t)init_ms * 1000);
 	if (n == 0)
 		return leave(CUDA_ERROR_NO_DEVICE);
 	g.ndevices = n;

@@ -11,7 +11,9 @@ skips itself, saying why.
 
 import ctypes
 import glob
+import json
 import os
+import subprocess
 
 import pytest
 
@@ -158,6 +160,50 @@ def test_fake_driver_consume(daemon, tokens, monkeypatch):
     assert f"  cuda:0  loaderd fake CUDA device 0 (host memory)  copies {n // 8} (" in text, text
     res = d.consume("p", "--device", "cuda:1", check=False)
     assert res.rc == 1 and "cuda:1 requested, 1 device present" in res.stderr, res.describe()
+
+
+def test_slow_cuinit_does_not_stall_other_clients(daemon, workdir, tokens, monkeypatch):
+    """cuInit runs off the loop: while a CUDA attach waits for a driver that
+    takes 4 s to initialise, host clients are served."""
+    fake = fake_driver()
+    if not fake:
+        pytest.skip("no emulated CUDA driver (loaderd built without CUDA)")
+    monkeypatch.setenv("LOADERD_CUDA_LIBRARY", fake)
+    d = daemon(env=env_with(LOADERD_CUDA_LIBRARY=fake, FAKECUDA_INIT_MS="4000"))
+    tok, n = make_pipeline(d, tokens)
+    cmd, _ = d.consume_cmd("p", "--device", "cuda:0", dump=False)
+    slow = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the CUDA client is in (its attach waits for cuInit) before the host one starts
+    d.wait_for(lambda st: any(c["name"] == "loaderctl" and c["pid"] == slow.pid for c in st["clients"]),
+               "the CUDA client connected")
+    d.create(token_spec("q", tokens[0], L, "uint16", batch_size=8, epochs=1))
+    res = d.consume("q")
+    assert res.dump == token_dump(tok, L, sequential_batches(n, 8))
+    assert slow.poll() is None, "the CUDA attach returned before cuInit could have ended"
+    out, err = slow.communicate(timeout=60)
+    assert slow.returncode == 0, err
+    assert json.loads(out)["batches"] == n // 8, out
+
+
+def test_stop_during_slow_cuinit(daemon, workdir, tokens, monkeypatch):
+    fake = fake_driver()
+    if not fake:
+        pytest.skip("no emulated CUDA driver (loaderd built without CUDA)")
+    monkeypatch.setenv("LOADERD_CUDA_LIBRARY", fake)
+    d = daemon(env=env_with(LOADERD_CUDA_LIBRARY=fake, FAKECUDA_INIT_MS="1500"))
+    make_pipeline(d, tokens)
+    cmd, _ = d.consume_cmd("p", "--device", "cuda:0", dump=False)
+    slow = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    d.wait_for(lambda st: any(c["pid"] == slow.pid for c in st["clients"]), "the CUDA client connected")
+    # SIGTERM while the attach waits in cuInit: the daemon waits for it (a
+    # while), then stops cleanly (exit 0, socket gone, no sanitizer report);
+    # the client, cut off like every client at a stop, says so
+    log = d.stop(reap_first=False)
+    assert "CUDA driver loaded" in log, log
+    out, err = slow.communicate(timeout=60)
+    assert slow.returncode == 1, (out, err)
+    assert any(m in err for m in ("daemon is shutting down", "no reply from the daemon",
+                                  "disconnected from the daemon")), err
 
 
 def test_fake_driver_no_device(daemon, tokens, monkeypatch):
