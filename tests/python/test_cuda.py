@@ -188,3 +188,59 @@ def test_legacy_ipc(workdir, monkeypatch):
     finally:
         gc.collect()
         d.stop()
+
+
+class _TorchDouble:
+    """Stands in for a torch with CUDA, which this machine lacks: records what
+    torch.as_tensor is handed (a real one reads the same dict)."""
+
+    bfloat16, int32, int64 = "torch.bfloat16", "torch.int32", "torch.int64"
+
+    def __init__(self, refuse=()):
+        self.calls, self.refuse = [], refuse
+
+    def as_tensor(self, obj, device):
+        cai = obj.__cuda_array_interface__
+        self.calls.append((dict(cai), device))
+        if cai["typestr"] in self.refuse:
+            raise TypeError(f"unsupported typestr {cai['typestr']}")
+        return _TensorDouble(cai["typestr"])
+
+
+class _TensorDouble:
+    def __init__(self, typestr):
+        self.ops = [typestr]
+
+    def view(self, dtype):
+        self.ops.append(("view", dtype))
+        return self
+
+    def to(self, dtype):
+        self.ops.append(("to", dtype))
+        return self
+
+    def bitwise_and_(self, mask):
+        self.ops.append(("and", mask))
+        return self
+
+
+def test_torch_gets_a_writable_interface_over_the_same_memory():
+    lease = object()
+    a = _cuda.CudaArray(0x7000, (4, 8), "<i8", 1, lease, 256, "int64")
+    t = _TorchDouble()
+    out = _cuda.to_torch(a, t)
+    (cai, device), = t.calls
+    # torch refuses the read-only flag: same pointer, flag off, same layout
+    assert device == "cuda:1" and cai["data"] == (0x7000, False)
+    assert cai["shape"] == (4, 8) and cai["typestr"] == "<i8" and cai["stream"] is None
+    assert a.__cuda_array_interface__["data"] == (0x7000, True)  # the CudaArray stays read-only
+    assert out.ops == ["<i8"]
+    # bfloat16: int16 memory viewed as bfloat16, no copy
+    t = _TorchDouble()
+    out = _cuda.to_torch(_cuda.CudaArray(0x8000, (2,), "<u2", 0, lease, 4, "bfloat16"), t)
+    assert t.calls[0][0]["typestr"] == "<i2" and out.ops == ["<i2", ("view", "torch.bfloat16")]
+    # uint16 on a torch without it: read as int16, widened on the device
+    t = _TorchDouble(refuse=("<u2",))
+    out = _cuda.to_torch(_cuda.CudaArray(0x9000, (2,), "<u2", 0, lease, 4, "uint16"), t)
+    assert [c[0]["typestr"] for c in t.calls] == ["<u2", "<i2"]
+    assert out.ops == ["<i2", ("to", "torch.int32"), ("and", 0xFFFF)]

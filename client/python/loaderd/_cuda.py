@@ -155,12 +155,15 @@ class CudaArray:
 
 
 class _Retyped:
-    """@arr's memory under another typestr (keeps @arr alive)."""
+    """@arr's memory for torch: under @typestr, and without the read-only flag,
+    which torch refuses ("the read only flag is not supported"); torch tensors
+    cannot be read-only anyway (docs/python.md). Keeps @arr alive."""
 
     __slots__ = ("__cuda_array_interface__", "base")
 
     def __init__(self, arr, typestr):
-        self.__cuda_array_interface__ = dict(arr.__cuda_array_interface__, typestr=typestr)
+        cai = arr.__cuda_array_interface__
+        self.__cuda_array_interface__ = dict(cai, typestr=typestr, data=(cai["data"][0], False))
         self.base = arr
 
 
@@ -176,7 +179,7 @@ def to_torch(arr, torch):
     if name == "bfloat16":
         return torch.as_tensor(_Retyped(arr, "<i2"), device=dev).view(torch.bfloat16)
     try:
-        return torch.as_tensor(arr, device=dev)
+        return torch.as_tensor(_Retyped(arr, arr.__cuda_array_interface__["typestr"]), device=dev)
     except (TypeError, RuntimeError):
         if name not in _WIDEN:
             raise
