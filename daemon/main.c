@@ -53,7 +53,12 @@ static void usage(FILE *f)
 		"  -V, --version            show versions of loaderd and its libraries\n"
 		"\n"
 		"Signals: SIGTERM/SIGINT stop cleanly, SIGHUP re-reads the config file and\n"
-		"creates the pipelines it adds. The fd channel listens on PATH.fds.\n");
+		"creates the pipelines it adds. The fd channel listens on PATH.fds.\n"
+		"\n"
+		"GPU delivery: the CUDA driver is loaded on the first client that asks for a\n"
+		"device (cuda:N), from $LOADERD_CUDA_LIBRARY, else libcuda.so.1; without one,\n"
+		"such clients are told why and host delivery goes on. $LOADERD_CUDA_IPC=1 uses\n"
+		"legacy CUDA IPC instead of VMM file descriptors for device slabs.\n");
 }
 
 static void version(void)
