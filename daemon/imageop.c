@@ -29,6 +29,7 @@
 #include <immintrin.h>
 #endif
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,6 +147,131 @@ uint16_t imageop_f32_to_bf16(float fl)
 	return (uint16_t)(u >> 16);
 }
 
+/*
+ * float32 NCHW rows without the tables. The table's value of v is
+ * ((float)v / 255 - mean) / std in float32; the kernel computes the same
+ * two correctly rounded divisions as a product and one FMA correction step
+ * each (q = a * (1/b), q += (a - q * b) * (1/b)), which is exact for most but
+ * not all divisors. So imageop_init() runs it over all 256 values of each
+ * channel and uses it only when it reproduces the table bit for bit. It
+ * de-interleaves 8 pixels at a time with byte shuffles (mirrored for a
+ * flip), and stores with non-temporal stores when the planes are 32-byte
+ * aligned: the slot is read by the clients, never by this thread again, so
+ * fetching its lines into the cache first (read for ownership) is wasted.
+ */
+static bool portable_only;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+static bool have_avx2_fma(void)
+{
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+	return have && !portable_only;
+}
+
+/* Shuffles of channel c out of 8 pixels (bytes 0..15 and 8..23): plain, mirrored. */
+static uint8_t f32_shuf[2][3][2][16];
+static pthread_once_t f32_shuf_once = PTHREAD_ONCE_INIT;
+
+static void f32_shuf_init(void)
+{
+	for (int flip = 0; flip < 2; flip++)
+		for (int c = 0; c < 3; c++)
+			for (int j = 0; j < 16; j++) {
+				int b = c + 3 * (flip ? 7 - j : j);
+
+				f32_shuf[flip][c][0][j] = j < 8 && b < 16 ? (uint8_t)b : 0x80;
+				f32_shuf[flip][c][1][j] = j < 8 && b >= 16 ? (uint8_t)(b - 8) : 0x80;
+			}
+}
+
+__attribute__((target("avx2,fma"))) static void
+f32_planes_avx2(const struct imageop *op, const uint8_t *row, int w, bool flip, float *const d[3])
+{
+	bool nt = (((uintptr_t)d[0] | (uintptr_t)d[1] | (uintptr_t)d[2]) & 31) == 0;
+	const __m256 c255 = _mm256_set1_ps(255.0f);
+	__m128i sh[3][2];
+	__m256 k[3][4];
+	int x = 0;
+
+	for (int c = 0; c < 3; c++) {
+		sh[c][0] = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][0]);
+		sh[c][1] = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][1]);
+		for (int i = 0; i < 4; i++)
+			k[c][i] = _mm256_set1_ps(op->f32k[c][i]);
+	}
+	for (; x + 8 <= w; x += 8) {
+		const uint8_t *p = row + 3 * (size_t)(flip ? w - 8 - x : x);
+		__m128i lo = _mm_loadu_si128((const __m128i *)p);
+		__m128i hi = _mm_loadu_si128((const __m128i *)(p + 8));
+
+		for (int c = 0; c < 3; c++) {
+			__m128i b = _mm_or_si128(_mm_shuffle_epi8(lo, sh[c][0]),
+						 _mm_shuffle_epi8(hi, sh[c][1]));
+			__m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+			__m256 q = _mm256_mul_ps(v, k[c][0]);
+
+			q = _mm256_fmadd_ps(_mm256_fnmadd_ps(q, c255, v), k[c][0], q);
+			v = _mm256_sub_ps(q, k[c][1]);
+			q = _mm256_mul_ps(v, k[c][3]);
+			q = _mm256_fmadd_ps(_mm256_fnmadd_ps(q, k[c][2], v), k[c][3], q);
+			if (nt)
+				_mm256_stream_ps(d[c] + x, q);
+			else
+				_mm256_storeu_ps(d[c] + x, q);
+		}
+	}
+	for (; x < w; x++) {
+		const uint8_t *p = row + 3 * (size_t)(flip ? w - 1 - x : x);
+
+		for (int c = 0; c < 3; c++)
+			d[c][x] = op->lut[c][p[c]];
+	}
+}
+
+/* Whether f32_planes_avx2() gives op->lut's values (all 256 of each channel). */
+static bool f32_simd_check(const struct imageop *op)
+{
+	uint8_t row[256 * 3];
+	float out[3][256];
+	float *d[3] = { out[0], out[1], out[2] };
+
+	if (!have_avx2_fma())
+		return false;
+	pthread_once(&f32_shuf_once, f32_shuf_init);
+	for (int v = 0; v < 256; v++)
+		row[3 * v] = row[3 * v + 1] = row[3 * v + 2] = (uint8_t)v;
+	for (int flip = 0; flip < 2; flip++) {
+		f32_planes_avx2(op, row, 256, flip, d);
+		_mm_sfence();
+		for (int c = 0; c < 3; c++)
+			for (int v = 0; v < 256; v++)
+				if (memcmp(&out[c][flip ? 255 - v : v], &op->lut[c][v], sizeof(float)))
+					return false;
+	}
+	return true;
+}
+#else
+static bool have_avx2_fma(void)
+{
+	return false;
+}
+
+static void f32_planes_avx2(const struct imageop *op, const uint8_t *row, int w, bool flip,
+			    float *const d[3])
+{
+	(void)op, (void)row, (void)w, (void)flip, (void)d;
+}
+
+static bool f32_simd_check(const struct imageop *op)
+{
+	(void)op;
+	return false;
+}
+#endif
+
 void imageop_init(struct imageop *op, const struct spec *spec)
 {
 	float mean[3] = { 0, 0, 0 }, std[3] = { 1, 1, 1 };
@@ -179,7 +305,12 @@ void imageop_init(struct imageop *op, const struct spec *spec)
 			op->lut16[c][v] = op->dtype == LDR_DTYPE_BFLOAT16 ? imageop_f32_to_bf16(x)
 									 : imageop_f32_to_f16(x);
 		}
+		op->f32k[c][0] = 1.0f / 255.0f;
+		op->f32k[c][1] = mean[c];
+		op->f32k[c][2] = std[c];
+		op->f32k[c][3] = 1.0f / std[c];
 	}
+	op->f32_simd = op->dtype == LDR_DTYPE_FLOAT32 && !op->nhwc && f32_simd_check(op);
 }
 
 /* ---- planning ---- */
@@ -458,8 +589,6 @@ static void hrow_c(const uint8_t *in, uint8_t *out, int ow, const int32_t *xs, c
 	}
 }
 
-static bool portable_only;
-
 void imageop_portable_only(bool on)
 {
 	portable_only = on;
@@ -647,6 +776,13 @@ static void sink_row(const struct sink *k, int y, const uint8_t *row, bool flip)
 			SINK_ROW(uint8_t, CONV_U8);
 		break;
 	case LDR_DTYPE_FLOAT32:
+		if (op->f32_simd && have_avx2_fma()) {
+			float *d0 = (float *)k->dst + (size_t)y * w;
+			float *const d[3] = { d0, d0 + plane, d0 + 2 * plane };
+
+			f32_planes_avx2(op, row, w, flip, d);
+			break;
+		}
 		SINK_ROW(float, CONV_F32);
 		break;
 	default: /* float16, bfloat16 */
@@ -669,7 +805,7 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 	bool need_v = st->th != in_h || in0y != 0.0 || in1y != (double)in_h;
 	int ksx = need_h ? ksize_of(in0x, in1x, st->tw) : 1;
 	int ksy = need_v ? ksize_of(in0y, in1y, st->th) : 1;
-	int Kx = 1, Ky = 1, yfirst = in_h, ylast = 0, c0 = 0, c1 = 0;
+	int Kx = 1, Ky = 1, yfirst = in_h, ylast = 0, c0 = 0, c1 = 0, hnext;
 	size_t rowlen = (size_t)ow * 3, stride_t = rowlen + RESAMPLE_SLACK;
 	size_t need = (size_t)ow * (2 * sizeof(int32_t) + ksx * sizeof(int32_t) + 1) +
 		      (size_t)oh * (2 * sizeof(int32_t) + ksy * sizeof(int32_t) + 1) +
@@ -730,38 +866,45 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 			c1 = c0;
 	}
 
-	/* horizontal pass over the rows the vertical pass reads */
+	/*
+	 * The horizontal pass over the rows the vertical pass reads, each row
+	 * computed when the first output row that needs it comes: the output
+	 * row's stores (to memory, non-temporal) then overlap with the
+	 * arithmetic of the next rows, and the rows just written are still in
+	 * L1 when the vertical pass reads them.
+	 */
 	if (image_scratch_grow(&s->tmp, &s->tmp_cap, (size_t)(ylast - yfirst) * stride_t + 64) < 0)
 		return -ENOMEM;
 	tmp = s->tmp;
-	for (int y = yfirst; y < ylast; y++) {
-		const uint8_t *in = src + (size_t)(lo_y + y) * stride + (size_t)lo_x * 3;
-		uint8_t *out = tmp + (size_t)(y - yfirst) * stride_t;
-
-		if (!need_h) {
-			memset(out, 0, (size_t)c0 * 3);
-			memcpy(out + (size_t)c0 * 3, in + (size_t)(st->ox + c0) * 3,
-			       (size_t)(c1 - c0) * 3);
-			memset(out + (size_t)c1 * 3, 0, (size_t)(ow - c1) * 3);
-			continue;
-		}
-		if (!simd) {
-			hrow_c(in, out, ow, xs, kx, Kx);
-			continue;
-		}
-		if (lo_y + y == src_h - 1) {
-			/* 4-byte reads: the image's last row goes through a copy with slack */
-			last = row + 2 * stride_t;
-			memcpy(last, in, (size_t)in_w * 3);
-			in = last;
-		}
-		hrow_sse41(in, out, ow, xs, kx4, Kx);
-	}
-
-	/* vertical pass, one output row at a time, then the output conversion */
+	hnext = yfirst;
 	for (int r = 0; r < oh; r++) {
-		const uint8_t *in = tmp + (size_t)(ys[r] - yfirst) * stride_t, *out = row;
+		const uint8_t *in, *out = row;
 
+		for (; !pady[r] && hnext < ys[r] + Ky; hnext++) {
+			const uint8_t *hin = src + (size_t)(lo_y + hnext) * stride + (size_t)lo_x * 3;
+			uint8_t *hout = tmp + (size_t)(hnext - yfirst) * stride_t;
+
+			if (!need_h) {
+				memset(hout, 0, (size_t)c0 * 3);
+				memcpy(hout + (size_t)c0 * 3, hin + (size_t)(st->ox + c0) * 3,
+				       (size_t)(c1 - c0) * 3);
+				memset(hout + (size_t)c1 * 3, 0, (size_t)(ow - c1) * 3);
+				continue;
+			}
+			if (!simd) {
+				hrow_c(hin, hout, ow, xs, kx, Kx);
+				continue;
+			}
+			if (lo_y + hnext == src_h - 1) {
+				/* 4-byte reads: the image's last row goes through a copy with slack */
+				last = row + 2 * stride_t;
+				memcpy(last, hin, (size_t)in_w * 3);
+				hin = last;
+			}
+			hrow_sse41(hin, hout, ow, xs, kx4, Kx);
+		}
+		/* the vertical pass, then the output conversion */
+		in = tmp + (size_t)(ys[r] - yfirst) * stride_t;
 		if (pady[r])
 			memset(row, 0, rowlen);
 		else if (!need_v)
@@ -861,6 +1004,10 @@ int imageop_run_region(const struct imageop *op, struct image_scratch *s,
 		sw = st->ow;
 		sh = st->oh;
 	}
+#if defined(__x86_64__) && defined(__GNUC__)
+	if (op->f32_simd)
+		_mm_sfence(); /* the non-temporal stores, before the sample is handed on */
+#endif
 	return 0;
 }
 
