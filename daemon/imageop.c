@@ -187,48 +187,88 @@ static void f32_shuf_init(void)
 			}
 }
 
-__attribute__((target("avx2,fma"))) static void
-f32_planes_avx2(const struct imageop *op, const uint8_t *row, int w, bool flip, float *const d[3])
+/* 8 pixels' channel c, converted: the table's values. */
+__attribute__((target("avx2,fma"))) static inline __m256
+f32_block(__m128i lo, __m128i hi, const __m128i sh[2], const __m256 k[4])
 {
-	bool nt = (((uintptr_t)d[0] | (uintptr_t)d[1] | (uintptr_t)d[2]) & 31) == 0;
-	const __m256 c255 = _mm256_set1_ps(255.0f);
-	__m128i sh[3][2];
-	__m256 k[3][4];
-	int x = 0;
+	__m128i b = _mm_or_si128(_mm_shuffle_epi8(lo, sh[0]), _mm_shuffle_epi8(hi, sh[1]));
+	__m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+	__m256 q = _mm256_mul_ps(v, k[0]);
 
-	for (int c = 0; c < 3; c++) {
-		sh[c][0] = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][0]);
-		sh[c][1] = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][1]);
-		for (int i = 0; i < 4; i++)
-			k[c][i] = _mm256_set1_ps(op->f32k[c][i]);
+	q = _mm256_fmadd_ps(_mm256_fnmadd_ps(q, _mm256_set1_ps(255.0f), v), k[0], q);
+	v = _mm256_sub_ps(q, k[1]);
+	q = _mm256_mul_ps(v, k[3]);
+	return _mm256_fmadd_ps(_mm256_fnmadd_ps(q, k[2], v), k[3], q);
+}
+
+/*
+ * @nt: 16 pixels at a time and whole 64-byte lines as non-temporal stores
+ * (AVX-512F), when the planes are 64-byte aligned. Half lines (32-byte
+ * non-temporal stores) or plain stores overlap less with the arithmetic.
+ */
+#define F32_PLANES(NAME, TARGET, NT)                                                       \
+	__attribute__((target(TARGET))) static void                                        \
+	NAME(const struct imageop *op, const uint8_t *row, int w, bool flip, float *const d[3]) \
+	{                                                                                  \
+		for (int c = 0; c < 3; c++) {                                              \
+			const __m128i sh0 = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][0]); \
+			const __m128i sh1 = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][1]); \
+			const __m128i sh[2] = { sh0, sh1 };                                \
+			const __m256 k[4] = { _mm256_set1_ps(op->f32k[c][0]),              \
+					      _mm256_set1_ps(op->f32k[c][1]),              \
+					      _mm256_set1_ps(op->f32k[c][2]),              \
+					      _mm256_set1_ps(op->f32k[c][3]) };            \
+			float *dc = d[c];                                                  \
+			int x = 0;                                                         \
+                                                                                           \
+			for (; NT && x + 16 <= w; x += 16) {                               \
+				const uint8_t *p0 = row + 3 * (size_t)(flip ? w - 8 - x : x); \
+				const uint8_t *p1 = row + 3 * (size_t)(flip ? w - 16 - x : x + 8); \
+				__m256 a = f32_block(_mm_loadu_si128((const __m128i *)p0),   \
+						     _mm_loadu_si128((const __m128i *)(p0 + 8)), sh, k); \
+				__m256 b = f32_block(_mm_loadu_si128((const __m128i *)p1),   \
+						     _mm_loadu_si128((const __m128i *)(p1 + 8)), sh, k); \
+                                                                                           \
+				F32_STREAM16(dc + x, a, b);                                \
+			}                                                                  \
+			for (; x + 8 <= w; x += 8) {                                       \
+				const uint8_t *p = row + 3 * (size_t)(flip ? w - 8 - x : x); \
+                                                                                           \
+				_mm256_storeu_ps(dc + x,                                   \
+						 f32_block(_mm_loadu_si128((const __m128i *)p), \
+							   _mm_loadu_si128((const __m128i *)(p + 8)), \
+							   sh, k));                          \
+			}                                                                  \
+			for (; x < w; x++)                                                 \
+				dc[x] = op->lut[c][row[3 * (size_t)(flip ? w - 1 - x : x) + c]]; \
+		}                                                                          \
 	}
-	for (; x + 8 <= w; x += 8) {
-		const uint8_t *p = row + 3 * (size_t)(flip ? w - 8 - x : x);
-		__m128i lo = _mm_loadu_si128((const __m128i *)p);
-		__m128i hi = _mm_loadu_si128((const __m128i *)(p + 8));
 
-		for (int c = 0; c < 3; c++) {
-			__m128i b = _mm_or_si128(_mm_shuffle_epi8(lo, sh[c][0]),
-						 _mm_shuffle_epi8(hi, sh[c][1]));
-			__m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-			__m256 q = _mm256_mul_ps(v, k[c][0]);
+#define F32_STREAM16(dst, a, b)                                                                \
+	_mm512_stream_ps((dst), _mm512_castpd_ps(_mm512_insertf64x4(                           \
+					_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1)))
+F32_PLANES(f32_planes_avx512, "avx512f,avx2,fma", true)
+#undef F32_STREAM16
+#define F32_STREAM16(dst, a, b) ((void)(dst), (void)(a), (void)(b))
+F32_PLANES(f32_planes_avx2_only, "avx2,fma", false)
+#undef F32_STREAM16
 
-			q = _mm256_fmadd_ps(_mm256_fnmadd_ps(q, c255, v), k[c][0], q);
-			v = _mm256_sub_ps(q, k[c][1]);
-			q = _mm256_mul_ps(v, k[c][3]);
-			q = _mm256_fmadd_ps(_mm256_fnmadd_ps(q, k[c][2], v), k[c][3], q);
-			if (nt)
-				_mm256_stream_ps(d[c] + x, q);
-			else
-				_mm256_storeu_ps(d[c] + x, q);
-		}
-	}
-	for (; x < w; x++) {
-		const uint8_t *p = row + 3 * (size_t)(flip ? w - 1 - x : x);
+static bool have_avx512(void)
+{
+	static int have = -1;
 
-		for (int c = 0; c < 3; c++)
-			d[c][x] = op->lut[c][p[c]];
-	}
+	if (have < 0)
+		have = __builtin_cpu_supports("avx512f") ? 1 : 0;
+	return have && !portable_only;
+}
+
+static void f32_planes_avx2(const struct imageop *op, const uint8_t *row, int w, bool flip,
+			    float *const d[3])
+{
+	if (have_avx512() && (((uintptr_t)d[0] | (uintptr_t)d[1] | (uintptr_t)d[2]) & 63) == 0)
+		f32_planes_avx512(op, row, w, flip, d);
+	else
+		f32_planes_avx2_only(op, row, w, flip, d);
 }
 
 /* Whether f32_planes_avx2() gives op->lut's values (all 256 of each channel). */
