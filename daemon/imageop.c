@@ -697,6 +697,145 @@ static void hrow_sse41(const uint8_t *in, uint8_t *out, int ow, const int32_t *x
 }
 #endif
 
+/*
+ * AVX-512 VBMI: 16 output pixels at a time, when their taps lie within 64
+ * bytes of the row (an enlargement, or a slight reduction, with K <= 4).
+ * One masked 64-byte load; per pair of taps, a byte permutation (vpermb)
+ * puts each (pixel, channel)'s two source values into the 16-bit halves of
+ * a 32-bit lane, and two vpmaddwd multiply them by the coefficients' high
+ * and low 11 bits: sum = (high << 11) + low, the same int32 as PIL's
+ * (integer sums: the order does not matter). 48 lanes (16 pixels x RGB) in
+ * three registers, then PIL's shift, and vpmovusdb clips to 0..255 as
+ * clip8() (the sum is never negative).
+ */
+#define HV_PAIRS_MAX 2
+
+struct hgroup {
+	int32_t base;                 /* first source pixel of the 64 bytes; -1: not eligible */
+	int32_t pad[15];
+	/* [pair][third]: the permutation, high and low coefficients */
+	uint8_t idx[HV_PAIRS_MAX][3][64];
+	int16_t hi[HV_PAIRS_MAX][3][32];
+	int16_t lo[HV_PAIRS_MAX][3][32];
+};
+
+static bool have_vbmi(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vl") &&
+		       __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
+	return have && !portable_only;
+#else
+	return false;
+#endif
+}
+
+/* The groups of 16 output pixels of a horizontal pass; false if none is eligible. */
+static bool hgroups_init(struct hgroup *g, int ow, const int32_t *xs, const int32_t *kx, int K)
+{
+	int ng = (ow + 15) / 16, pairs = (K + 1) / 2, any = 0;
+
+	for (int gi = 0; gi < ng; gi++, g++) {
+		int c0 = gi * 16, n = ow - c0 < 16 ? ow - c0 : 16, lo = xs[c0], hi = xs[c0];
+
+		for (int j = 1; j < n; j++) {
+			lo = xs[c0 + j] < lo ? xs[c0 + j] : lo;
+			hi = xs[c0 + j] > hi ? xs[c0 + j] : hi;
+		}
+		g->base = -1;
+		if (pairs > HV_PAIRS_MAX || 3 * (hi + K - lo) > 64)
+			continue;
+		g->base = lo;
+		any = 1;
+		for (int p = 0; p < pairs; p++)
+			for (int l = 0; l < 48; l++) {
+				int j = l / 3, ch = l % 3, t0 = 2 * p, t1 = 2 * p + 1;
+				int q = l / 16, m = l % 16;
+				int32_t k0 = 0, k1 = 0;
+				int b0 = 0, b1 = 0;
+
+				if (j < n) {
+					int x = xs[c0 + j] - lo;
+
+					k0 = kx[(size_t)(c0 + j) * K + t0];
+					b0 = 3 * (x + t0) + ch;
+					b1 = b0;
+					if (t1 < K) {
+						k1 = kx[(size_t)(c0 + j) * K + t1];
+						b1 = 3 * (x + t1) + ch;
+					}
+				}
+				g->idx[p][q][4 * m] = (uint8_t)b0;
+				g->idx[p][q][4 * m + 1] = 0;
+				g->idx[p][q][4 * m + 2] = (uint8_t)b1;
+				g->idx[p][q][4 * m + 3] = 0;
+				/* k = hi * 2^11 + lo, lo in 0..2047 */
+				g->hi[p][q][2 * m] = (int16_t)(k0 >> 11);
+				g->hi[p][q][2 * m + 1] = (int16_t)(k1 >> 11);
+				g->lo[p][q][2 * m] = (int16_t)(k0 & 2047);
+				g->lo[p][q][2 * m + 1] = (int16_t)(k1 & 2047);
+			}
+	}
+	return any;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static void
+hrow_vbmi(const uint8_t *in, size_t in_bytes, uint8_t *out, int ow, const int32_t *xs,
+	  const int32_t *kx4, int K, const struct hgroup *g)
+{
+	const __m512i half = _mm512_set1_epi32(HALF);
+	int pairs = (K + 1) / 2;
+
+	for (int c0 = 0; c0 < ow; c0 += 16, g++) {
+		int n = ow - c0 < 16 ? ow - c0 : 16;
+		size_t at, left;
+		__m512i data;
+
+		if (g->base < 0) {
+			hrow_sse41(in, out + 3 * (size_t)c0, n, xs + c0, kx4 + (size_t)c0 * K * 4, K);
+			continue;
+		}
+		at = 3 * (size_t)g->base;
+		left = in_bytes - at;
+		data = _mm512_maskz_loadu_epi8(left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1,
+					       in + at);
+		for (int q = 0; q < 3; q++) {
+			__m512i h = _mm512_setzero_si512(), l = half;
+			__m128i b;
+
+			for (int p = 0; p < pairs; p++) {
+				__m512i v = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull,
+						_mm512_load_si512(g->idx[p][q]), data);
+
+				h = _mm512_add_epi32(h, _mm512_madd_epi16(v, _mm512_load_si512(g->hi[p][q])));
+				l = _mm512_add_epi32(l, _mm512_madd_epi16(v, _mm512_load_si512(g->lo[p][q])));
+			}
+			h = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 11), l),
+					      PRECISION_BITS);
+			b = _mm512_cvtusepi32_epi8(h);
+			if (n == 16)
+				_mm_storeu_si128((__m128i *)(out + 3 * (size_t)c0 + 16 * q), b);
+			else if (3 * n > 16 * q)
+				_mm_mask_storeu_epi8(out + 3 * (size_t)c0 + 16 * q,
+						     3 * n - 16 * q >= 16 ? 0xffff
+									 : (__mmask16)((1u << (3 * n - 16 * q)) - 1),
+						     b);
+		}
+	}
+}
+#else
+static void hrow_vbmi(const uint8_t *in, size_t in_bytes, uint8_t *out, int ow, const int32_t *xs,
+		      const int32_t *kx4, int K, const struct hgroup *g)
+{
+	(void)in, (void)in_bytes, (void)out, (void)ow, (void)xs, (void)kx4, (void)K, (void)g;
+}
+#endif
+
 static inline __attribute__((always_inline)) void vrow_k(const uint8_t *in, size_t stride,
 							 const int32_t *k, uint8_t *row,
 							 size_t len, const int K)
@@ -851,11 +990,15 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 		      (size_t)oh * (2 * sizeof(int32_t) + ksy * sizeof(int32_t) + 1) +
 		      rowlen * sizeof(int32_t) + 64;
 	bool simd = need_h && have_sse41();
+	bool vbmi = simd && have_vbmi() && ksx <= 2 * HV_PAIRS_MAX + 1;
 	int32_t *xs, *ys, *nsx, *nsy, *kx, *ky, *acc, *kx4 = NULL;
 	uint8_t *padx, *pady, *row, *tmp, *last = NULL;
+	struct hgroup *hg = NULL;
 
 	if (simd)
 		need += (size_t)ow * ksx * 4 * sizeof(int32_t) + 16;
+	if (vbmi)
+		need += (size_t)(ow + 15) / 16 * sizeof(struct hgroup) + 64;
 	if (image_scratch_grow(&s->coef, &s->coef_cap, need) < 0 ||
 	    image_scratch_grow(&s->row, &s->row_cap, 2 * stride_t + (size_t)in_w * 3 + 64) < 0)
 		return -ENOMEM;
@@ -880,6 +1023,12 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 			for (size_t i = 0; i < (size_t)ow * Kx; i++)
 				for (int l = 0; l < 4; l++)
 					kx4[4 * i + l] = kx[i];
+			if (vbmi) {
+				/* after kx4, 64-byte aligned */
+				a = (uintptr_t)(kx4 + (size_t)ow * Kx * 4);
+				hg = (struct hgroup *)((a + 63) & ~(uintptr_t)63);
+				vbmi = hgroups_init(hg, ow, xs, kx, Kx);
+			}
 		}
 	} else {
 		coeffs_copy(st->tw, st->ox, ow, xs, kx, padx);
@@ -941,7 +1090,10 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 				memcpy(last, hin, (size_t)in_w * 3);
 				hin = last;
 			}
-			hrow_sse41(hin, hout, ow, xs, kx4, Kx);
+			if (vbmi)
+				hrow_vbmi(hin, (size_t)in_w * 3, hout, ow, xs, kx4, Kx, hg);
+			else
+				hrow_sse41(hin, hout, ow, xs, kx4, Kx);
 		}
 		/* the vertical pass, then the output conversion */
 		in = tmp + (size_t)(ys[r] - yfirst) * stride_t;
