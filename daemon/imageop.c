@@ -173,6 +173,7 @@ static bool have_avx2_fma(void)
 
 /* Shuffles of channel c out of 8 pixels (bytes 0..15 and 8..23): plain, mirrored. */
 static uint8_t f32_shuf[2][3][2][16];
+static uint8_t f32_perm[2][3][64];
 static pthread_once_t f32_shuf_once = PTHREAD_ONCE_INIT;
 
 static void f32_shuf_init(void)
@@ -184,6 +185,8 @@ static void f32_shuf_init(void)
 
 				f32_shuf[flip][c][0][j] = j < 8 && b < 16 ? (uint8_t)b : 0x80;
 				f32_shuf[flip][c][1][j] = j < 8 && b >= 16 ? (uint8_t)(b - 8) : 0x80;
+				/* 16 pixels: byte 4j of the 32-bit lane j */
+				f32_perm[flip][c][4 * j] = (uint8_t)(c + 3 * (flip ? 15 - j : j));
 			}
 }
 
@@ -244,21 +247,49 @@ f32_block(__m128i lo, __m128i hi, const __m128i sh[2], const __m256 k[4])
 		}                                                                          \
 	}
 
-#define F32_STREAM16(dst, a, b)                                                                \
-	_mm512_stream_ps((dst), _mm512_castpd_ps(_mm512_insertf64x4(                           \
-					_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1)))
-F32_PLANES(f32_planes_avx512, "avx512f,avx2,fma", true)
-#undef F32_STREAM16
 #define F32_STREAM16(dst, a, b) ((void)(dst), (void)(a), (void)(b))
 F32_PLANES(f32_planes_avx2_only, "avx2,fma", false)
 #undef F32_STREAM16
+
+/*
+ * AVX-512 VBMI: 16 pixels at a time, one byte permutation (vpermb) per
+ * channel puts its 16 values straight into 32-bit lanes.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vbmi,avx2,fma"))) static void
+f32_planes_vbmi(const struct imageop *op, const uint8_t *row, int w, bool flip, float *const d[3])
+{
+	for (int c = 0; c < 3; c++) {
+		const __m512i perm = _mm512_loadu_si512(f32_perm[flip][c]);
+		const __m512 k0 = _mm512_set1_ps(op->f32k[c][0]), k1 = _mm512_set1_ps(op->f32k[c][1]);
+		const __m512 k2 = _mm512_set1_ps(op->f32k[c][2]), k3 = _mm512_set1_ps(op->f32k[c][3]);
+		const __m512 c255 = _mm512_set1_ps(255.0f);
+		float *dc = d[c];
+		int x = 0;
+
+		for (; x + 16 <= w; x += 16) {
+			const uint8_t *p = row + 3 * (size_t)(flip ? w - 16 - x : x);
+			__m512i b = _mm512_maskz_loadu_epi8(0xffffffffffffull, p);
+			__m512 v = _mm512_cvtepi32_ps(
+				_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, perm, b));
+			__m512 q = _mm512_mul_ps(v, k0);
+
+			q = _mm512_fmadd_ps(_mm512_fnmadd_ps(q, c255, v), k0, q);
+			v = _mm512_sub_ps(q, k1);
+			q = _mm512_mul_ps(v, k3);
+			_mm512_stream_ps(dc + x, _mm512_fmadd_ps(_mm512_fnmadd_ps(q, k2, v), k3, q));
+		}
+		for (; x < w; x++)
+			dc[x] = op->lut[c][row[3 * (size_t)(flip ? w - 1 - x : x) + c]];
+	}
+}
 
 static bool have_avx512(void)
 {
 	static int have = -1;
 
 	if (have < 0)
-		have = __builtin_cpu_supports("avx512f") ? 1 : 0;
+		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
 	return have && !portable_only;
 }
 
@@ -266,25 +297,33 @@ static void f32_planes_avx2(const struct imageop *op, const uint8_t *row, int w,
 			    float *const d[3])
 {
 	if (have_avx512() && (((uintptr_t)d[0] | (uintptr_t)d[1] | (uintptr_t)d[2]) & 63) == 0)
-		f32_planes_avx512(op, row, w, flip, d);
+		f32_planes_vbmi(op, row, w, flip, d);
 	else
 		f32_planes_avx2_only(op, row, w, flip, d);
 }
 
-/* Whether f32_planes_avx2() gives op->lut's values (all 256 of each channel). */
+/* Whether the kernels give op->lut's values (all 256 of each channel). */
 static bool f32_simd_check(const struct imageop *op)
 {
-	uint8_t row[256 * 3];
-	float out[3][256];
+	_Alignas(64) float out[3][256];
 	float *d[3] = { out[0], out[1], out[2] };
+	uint8_t row[256 * 3 + 64];
 
 	if (!have_avx2_fma())
 		return false;
 	pthread_once(&f32_shuf_once, f32_shuf_init);
 	for (int v = 0; v < 256; v++)
 		row[3 * v] = row[3 * v + 1] = row[3 * v + 2] = (uint8_t)v;
-	for (int flip = 0; flip < 2; flip++) {
-		f32_planes_avx2(op, row, 256, flip, d);
+	for (int i = 0; i < 4; i++) {
+		bool flip = i & 1;
+
+		memset(out, 0, sizeof(out));
+		if (i < 2)
+			f32_planes_avx2_only(op, row, 256, flip, d);
+		else if (have_avx512())
+			f32_planes_vbmi(op, row, 256, flip, d);
+		else
+			break;
 		_mm_sfence();
 		for (int c = 0; c < 3; c++)
 			for (int v = 0; v < 256; v++)
@@ -877,6 +916,70 @@ KERNEL static void vrow(const uint8_t *in, size_t stride, const int32_t *k, uint
 	}
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/*
+ * The vertical pass with AVX-512BW: 32 bytes of the row at a time, the K
+ * input rows in pairs, each byte pair in the 16-bit halves of a 32-bit lane
+ * and vpmaddwd with the coefficients' high and low 11 bits, as hrow_vbmi().
+ */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
+vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row, size_t len, int K)
+{
+	__m512i kh[8], kl[8];
+	int pairs = (K + 1) / 2;
+
+	for (int p = 0; p < pairs; p++) {
+		int32_t k0 = k[2 * p], k1 = 2 * p + 1 < K ? k[2 * p + 1] : 0;
+
+		kh[p] = _mm512_set1_epi32((int32_t)((uint32_t)(uint16_t)(k1 >> 11) << 16 |
+						    (uint16_t)(k0 >> 11)));
+		kl[p] = _mm512_set1_epi32((int32_t)((uint32_t)(k1 & 2047) << 16 | (uint32_t)(k0 & 2047)));
+	}
+	for (size_t e = 0; e < len; e += 32) {
+		__mmask32 m = len - e >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << (len - e)) - 1;
+		__m512i h0 = _mm512_setzero_si512(), h1 = h0;
+		__m512i l0 = _mm512_set1_epi32(HALF), l1 = l0;
+
+		for (int p = 0; p < pairs; p++) {
+			const uint8_t *r0 = in + (size_t)(2 * p) * stride + e;
+			const uint8_t *r1 = 2 * p + 1 < K ? r0 + stride : r0;
+			__m512i a = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, r0));
+			__m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, r1));
+			__m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+
+			h0 = _mm512_add_epi32(h0, _mm512_madd_epi16(lo, kh[p]));
+			l0 = _mm512_add_epi32(l0, _mm512_madd_epi16(lo, kl[p]));
+			h1 = _mm512_add_epi32(h1, _mm512_madd_epi16(hi, kh[p]));
+			l1 = _mm512_add_epi32(l1, _mm512_madd_epi16(hi, kl[p]));
+		}
+		h0 = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h0, 11), l0), PRECISION_BITS);
+		h1 = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h1, 11), l1), PRECISION_BITS);
+		_mm256_mask_storeu_epi8(row + e, m, _mm512_cvtusepi16_epi8(_mm512_packus_epi32(h0, h1)));
+	}
+}
+
+static bool have_avx512bw(void)
+{
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vl") ? 1 : 0;
+	return have && !portable_only;
+}
+#else
+static void vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row,
+			size_t len, int K)
+{
+	(void)in, (void)stride, (void)k, (void)row, (void)len, (void)K;
+}
+
+static bool have_avx512bw(void)
+{
+	return false;
+}
+#endif
+
 /* Where a stage writes its rows: the next stage's input, or the sample. */
 struct sink {
 	const struct imageop *op;
@@ -991,6 +1094,7 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 		      rowlen * sizeof(int32_t) + 64;
 	bool simd = need_h && have_sse41();
 	bool vbmi = simd && have_vbmi() && ksx <= 2 * HV_PAIRS_MAX + 1;
+	bool v512 = need_v && have_avx512bw();
 	int32_t *xs, *ys, *nsx, *nsy, *kx, *ky, *acc, *kx4 = NULL;
 	uint8_t *padx, *pady, *row, *tmp, *last = NULL;
 	struct hgroup *hg = NULL;
@@ -1101,6 +1205,8 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 			memset(row, 0, rowlen);
 		else if (!need_v)
 			out = in;
+		else if (v512 && Ky <= 16)
+			vrow_avx512(in, stride_t, ky + (size_t)r * Ky, row, rowlen, Ky);
 		else
 			vrow(in, stride_t, ky + (size_t)r * Ky, row, rowlen, Ky, acc);
 		sink_row(sink, r, out, st->flip);

@@ -1039,7 +1039,7 @@ static int ref_imageop_run(const struct imageop *op, struct image_scratch *s, co
  * float32 NCHW: the SIMD kernel (when imageop_init() found it exact for the
  * pipeline's mean and std) writes the table's values, at every width (the
  * 8-pixel blocks and the tail), flipped or not, into aligned (non-temporal
- * stores) and unaligned rows alike.
+ * stores, 32 or 64 bytes) and unaligned rows alike.
  */
 static void test_f32_kernel(void)
 {
@@ -1051,10 +1051,14 @@ static void test_f32_kernel(void)
 	};
 	struct image_scratch *s = image_scratch_get();
 	unsigned rng = 99;
-	int simd = 0;
+	int simd = 0, total = 0;
 
 	for (size_t ni = 0; ni < sizeof(norms) / sizeof(norms[0]); ni++) {
-		for (int ow = 1; ow <= 44; ow += (ow < 20 ? 1 : 7)) {
+		static const int widths[] = { 1, 2, 3, 5, 7, 8, 9, 12, 15, 16, 17, 23, 24, 31, 32,
+					      33, 47, 48, 64, 100, 224 };
+
+		for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+			int ow = widths[wi];
 			char tf[512];
 			struct spec *spec;
 			struct imageop op;
@@ -1068,23 +1072,24 @@ static void test_f32_kernel(void)
 			spec = spec_of(tf, ", \"output\": {\"dtype\": \"float32\", \"layout\": \"NCHW\"}");
 			imageop_init(&op, spec);
 			simd += op.f32_simd;
+			total++;
 			n = (size_t)3 * 5 * ow;
 			a = aligned_alloc(64, (n + 16) * sizeof(float));
 			b = aligned_alloc(64, (n + 16) * sizeof(float));
-			pix = malloc(60 * 50 * 3);
-			for (int i = 0; i < 60 * 50 * 3; i++)
+			pix = malloc(300 * 50 * 3);
+			for (int i = 0; i < 300 * 50 * 3; i++)
 				pix[i] = (uint8_t)rnd(&rng);
 			for (int it = 0; it < 8; it++) {
 				struct imageop_plan plan;
 				int off = it % 2 ? 1 + it / 2 : 0; /* unaligned rows */
 
-				assert(imageop_plan(&op, 60, 50, imageop_key(5, ni, (uint64_t)(ow * 8 + it)),
+				assert(imageop_plan(&op, 300, 50, imageop_key(5, ni, (uint64_t)(ow * 8 + it)),
 						    &plan, err, sizeof(err)) == 0);
 				memset(a, 0xaa, (n + 16) * sizeof(float));
 				memset(b, 0x55, (n + 16) * sizeof(float));
-				assert(imageop_run(&op, s, &plan, pix, 60, 50, a + off, err, sizeof(err)) == 0);
+				assert(imageop_run(&op, s, &plan, pix, 300, 50, a + off, err, sizeof(err)) == 0);
 				imageop_portable_only(true);
-				assert(imageop_run(&op, s, &plan, pix, 60, 50, b + off, err, sizeof(err)) == 0);
+				assert(imageop_run(&op, s, &plan, pix, 300, 50, b + off, err, sizeof(err)) == 0);
 				imageop_portable_only(false);
 				if (memcmp(a + off, b + off, n * sizeof(float)) != 0) {
 					size_t i = 0;
@@ -1103,6 +1108,11 @@ static void test_f32_kernel(void)
 		}
 	}
 	printf("test-image: float32 kernel used for %d of the pipelines\n", simd);
+#if defined(__x86_64__) && defined(__GNUC__)
+	/* IEEE arithmetic: exact for these constants on every CPU that has the kernel */
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		assert(simd == total);
+#endif
 }
 
 static void test_resample_reference(void)
