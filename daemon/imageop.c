@@ -773,10 +773,10 @@ static bool have_vbmi(void)
 #endif
 }
 
-/* The groups of 16 output pixels of a horizontal pass; false if none is eligible. */
-static bool hgroups_init(struct hgroup *g, int ow, const int32_t *xs, const int32_t *kx, int K)
+/* The groups of 16 output pixels of a horizontal pass; returns how many are not eligible. */
+static int hgroups_init(struct hgroup *g, int ow, const int32_t *xs, const int32_t *kx, int K)
 {
-	int ng = (ow + 15) / 16, pairs = (K + 1) / 2, any = 0;
+	int ng = (ow + 15) / 16, pairs = (K + 1) / 2, rest = 0;
 
 	for (int gi = 0; gi < ng; gi++, g++) {
 		int c0 = gi * 16, n = ow - c0 < 16 ? ow - c0 : 16, lo = xs[c0], hi = xs[c0];
@@ -786,40 +786,47 @@ static bool hgroups_init(struct hgroup *g, int ow, const int32_t *xs, const int3
 			hi = xs[c0 + j] > hi ? xs[c0 + j] : hi;
 		}
 		g->base = -1;
-		if (pairs > HV_PAIRS_MAX || 3 * (hi + K - lo) > 64)
+		if (pairs > HV_PAIRS_MAX || 3 * (hi + K - lo) > 64) {
+			rest++;
 			continue;
+		}
 		g->base = lo;
-		any = 1;
-		for (int p = 0; p < pairs; p++)
-			for (int l = 0; l < 48; l++) {
-				int j = l / 3, ch = l % 3, t0 = 2 * p, t1 = 2 * p + 1;
-				int q = l / 16, m = l % 16;
+		for (int p = 0; p < pairs; p++) {
+			uint8_t *idx = &g->idx[p][0][0];
+			int16_t *kh = &g->hi[p][0][0], *kl = &g->lo[p][0][0];
+			int t0 = 2 * p, t1 = 2 * p + 1;
+
+			/* lane l = 3 j + ch: bytes 4 l, 4 l + 2 and words 2 l, 2 l + 1 of the three registers */
+			for (int j = 0; j < 16; j++) {
 				int32_t k0 = 0, k1 = 0;
 				int b0 = 0, b1 = 0;
 
 				if (j < n) {
+					const int32_t *kk = kx + (size_t)(c0 + j) * K;
 					int x = xs[c0 + j] - lo;
 
-					k0 = kx[(size_t)(c0 + j) * K + t0];
-					b0 = 3 * (x + t0) + ch;
-					b1 = b0;
+					k0 = kk[t0];
+					b0 = b1 = 3 * (x + t0);
 					if (t1 < K) {
-						k1 = kx[(size_t)(c0 + j) * K + t1];
-						b1 = 3 * (x + t1) + ch;
+						k1 = kk[t1];
+						b1 = 3 * (x + t1);
 					}
 				}
-				g->idx[p][q][4 * m] = (uint8_t)b0;
-				g->idx[p][q][4 * m + 1] = 0;
-				g->idx[p][q][4 * m + 2] = (uint8_t)b1;
-				g->idx[p][q][4 * m + 3] = 0;
-				/* k = hi * 2^11 + lo, lo in 0..2047 */
-				g->hi[p][q][2 * m] = (int16_t)(k0 >> 11);
-				g->hi[p][q][2 * m + 1] = (int16_t)(k1 >> 11);
-				g->lo[p][q][2 * m] = (int16_t)(k0 & 2047);
-				g->lo[p][q][2 * m + 1] = (int16_t)(k1 & 2047);
+				for (int ch = 0, l = 3 * j; ch < 3; ch++, l++) {
+					idx[4 * l] = (uint8_t)(b0 + ch);
+					idx[4 * l + 1] = 0;
+					idx[4 * l + 2] = (uint8_t)(b1 + ch);
+					idx[4 * l + 3] = 0;
+					/* k = hi * 2^11 + lo, lo in 0..2047 */
+					kh[2 * l] = (int16_t)(k0 >> 11);
+					kh[2 * l + 1] = (int16_t)(k1 >> 11);
+					kl[2 * l] = (int16_t)(k0 & 2047);
+					kl[2 * l + 1] = (int16_t)(k1 & 2047);
+				}
 			}
+		}
 	}
-	return any;
+	return rest;
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -922,11 +929,13 @@ KERNEL static void vrow(const uint8_t *in, size_t stride, const int32_t *k, uint
  * input rows in pairs, each byte pair in the 16-bit halves of a 32-bit lane
  * and vpmaddwd with the coefficients' high and low 11 bits, as hrow_vbmi().
  */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
-vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row, size_t len, int K)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __attribute__((always_inline)) void
+vrow_avx512_k(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row, size_t len,
+	      const int K)
 {
-	__m512i kh[8], kl[8];
-	int pairs = (K + 1) / 2;
+	enum { PMAX = 8 };
+	__m512i kh[PMAX], kl[PMAX];
+	const int pairs = (K + 1) / 2;
 
 	for (int p = 0; p < pairs; p++) {
 		int32_t k0 = k[2 * p], k1 = 2 * p + 1 < K ? k[2 * p + 1] : 0;
@@ -939,6 +948,7 @@ vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row, si
 		__mmask32 m = len - e >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << (len - e)) - 1;
 		__m512i h0 = _mm512_setzero_si512(), h1 = h0;
 		__m512i l0 = _mm512_set1_epi32(HALF), l1 = l0;
+		__m256i out;
 
 		for (int p = 0; p < pairs; p++) {
 			const uint8_t *r0 = in + (size_t)(2 * p) * stride + e;
@@ -954,7 +964,24 @@ vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row, si
 		}
 		h0 = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h0, 11), l0), PRECISION_BITS);
 		h1 = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h1, 11), l1), PRECISION_BITS);
-		_mm256_mask_storeu_epi8(row + e, m, _mm512_cvtusepi16_epi8(_mm512_packus_epi32(h0, h1)));
+		/* to a register first: vpmovuswb to memory is slow on some CPUs */
+		out = _mm512_cvtusepi16_epi8(_mm512_packus_epi32(h0, h1));
+		if (len - e >= 32)
+			_mm256_storeu_si256((__m256i *)(row + e), out);
+		else
+			_mm256_mask_storeu_epi8(row + e, m, out);
+	}
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
+vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row, size_t len, int K)
+{
+	switch (K) {
+	case 1: vrow_avx512_k(in, stride, k, row, len, 1); return;
+	case 2: vrow_avx512_k(in, stride, k, row, len, 2); return;
+	case 3: vrow_avx512_k(in, stride, k, row, len, 3); return;
+	case 4: vrow_avx512_k(in, stride, k, row, len, 4); return;
+	default: vrow_avx512_k(in, stride, k, row, len, K); return;
 	}
 }
 
@@ -1123,16 +1150,20 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 			/* each coefficient four times, 16-byte aligned */
 			uintptr_t a = (uintptr_t)(pady + oh);
 
+			int rest = 1;
+
 			kx4 = (int32_t *)((a + 15) & ~(uintptr_t)15);
-			for (size_t i = 0; i < (size_t)ow * Kx; i++)
-				for (int l = 0; l < 4; l++)
-					kx4[4 * i + l] = kx[i];
 			if (vbmi) {
 				/* after kx4, 64-byte aligned */
 				a = (uintptr_t)(kx4 + (size_t)ow * Kx * 4);
 				hg = (struct hgroup *)((a + 63) & ~(uintptr_t)63);
-				vbmi = hgroups_init(hg, ow, xs, kx, Kx);
+				rest = hgroups_init(hg, ow, xs, kx, Kx);
+				vbmi = rest < (ow + 15) / 16;
 			}
+			/* for the SSE4.1 kernel: the groups VBMI does not take, or all */
+			for (size_t i = 0; rest > 0 && i < (size_t)ow * Kx; i++)
+				for (int l = 0; l < 4; l++)
+					kx4[4 * i + l] = kx[i];
 		}
 	} else {
 		coeffs_copy(st->tw, st->ox, ow, xs, kx, padx);
