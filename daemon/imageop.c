@@ -830,48 +830,49 @@ static int hgroups_init(struct hgroup *g, int ow, const int32_t *xs, const int32
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+/* One group's three registers (48 bytes: 16 pixels), @pairs of taps. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static inline
+__attribute__((always_inline)) void hgroup_run(__m512i data, const struct hgroup *g, uint8_t *out,
+					       const int pairs)
+{
+	for (int q = 0; q < 3; q++) {
+		__m512i h = _mm512_setzero_si512(), l = _mm512_set1_epi32(HALF);
+
+		for (int p = 0; p < pairs; p++) {
+			__m512i v = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull,
+								  _mm512_load_si512(g->idx[p][q]), data);
+
+			h = _mm512_add_epi32(h, _mm512_madd_epi16(v, _mm512_load_si512(g->hi[p][q])));
+			l = _mm512_add_epi32(l, _mm512_madd_epi16(v, _mm512_load_si512(g->lo[p][q])));
+		}
+		h = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 11), l), PRECISION_BITS);
+		_mm_storeu_si128((__m128i *)(out + 16 * q), _mm512_cvtusepi32_epi8(h));
+	}
+}
+
+/*
+ * The row's output has RESAMPLE_SLACK bytes of slack: a last, partial
+ * group is stored whole too (its extra bytes are never read).
+ */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static void
 hrow_vbmi(const uint8_t *in, size_t in_bytes, uint8_t *out, int ow, const int32_t *xs,
 	  const int32_t *kx4, int K, const struct hgroup *g)
 {
-	const __m512i half = _mm512_set1_epi32(HALF);
-	int pairs = (K + 1) / 2;
-
 	for (int c0 = 0; c0 < ow; c0 += 16, g++) {
-		int n = ow - c0 < 16 ? ow - c0 : 16;
-		size_t at, left;
+		size_t at = 3 * (size_t)g->base, left = in_bytes - at;
 		__m512i data;
 
 		if (g->base < 0) {
-			hrow_sse41(in, out + 3 * (size_t)c0, n, xs + c0, kx4 + (size_t)c0 * K * 4, K);
+			hrow_sse41(in, out + 3 * (size_t)c0, ow - c0 < 16 ? ow - c0 : 16, xs + c0,
+				   kx4 + (size_t)c0 * K * 4, K);
 			continue;
 		}
-		at = 3 * (size_t)g->base;
-		left = in_bytes - at;
 		data = _mm512_maskz_loadu_epi8(left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1,
 					       in + at);
-		for (int q = 0; q < 3; q++) {
-			__m512i h = _mm512_setzero_si512(), l = half;
-			__m128i b;
-
-			for (int p = 0; p < pairs; p++) {
-				__m512i v = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull,
-						_mm512_load_si512(g->idx[p][q]), data);
-
-				h = _mm512_add_epi32(h, _mm512_madd_epi16(v, _mm512_load_si512(g->hi[p][q])));
-				l = _mm512_add_epi32(l, _mm512_madd_epi16(v, _mm512_load_si512(g->lo[p][q])));
-			}
-			h = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 11), l),
-					      PRECISION_BITS);
-			b = _mm512_cvtusepi32_epi8(h);
-			if (n == 16)
-				_mm_storeu_si128((__m128i *)(out + 3 * (size_t)c0 + 16 * q), b);
-			else if (3 * n > 16 * q)
-				_mm_mask_storeu_epi8(out + 3 * (size_t)c0 + 16 * q,
-						     3 * n - 16 * q >= 16 ? 0xffff
-									 : (__mmask16)((1u << (3 * n - 16 * q)) - 1),
-						     b);
-		}
+		if (K <= 2)
+			hgroup_run(data, g, out + 3 * (size_t)c0, 1);
+		else
+			hgroup_run(data, g, out + 3 * (size_t)c0, 2);
 	}
 }
 #else
