@@ -1074,8 +1074,9 @@ static void test_f32_kernel(void)
 			simd += op.f32_simd;
 			total++;
 			n = (size_t)3 * 5 * ow;
-			a = aligned_alloc(64, (n + 16) * sizeof(float));
-			b = aligned_alloc(64, (n + 16) * sizeof(float));
+			/* a size that is a multiple of the alignment, as C11 wants */
+			a = aligned_alloc(64, (n + 16 + 15) / 16 * 16 * sizeof(float));
+			b = aligned_alloc(64, (n + 16 + 15) / 16 * 16 * sizeof(float));
 			pix = malloc(300 * 50 * 3);
 			for (int i = 0; i < 300 * 50 * 3; i++)
 				pix[i] = (uint8_t)rnd(&rng);
