@@ -149,15 +149,20 @@ uint16_t imageop_f32_to_bf16(float fl)
 
 /*
  * float32 NCHW rows without the tables. The table's value of v is
- * ((float)v / 255 - mean) / std in float32; the kernel computes the same
+ * ((float)v / 255 - mean) / std in float32; the kernels compute the same
  * two correctly rounded divisions as a product and one FMA correction step
  * each (q = a * (1/b), q += (a - q * b) * (1/b)), which is exact for most but
- * not all divisors. So imageop_init() runs it over all 256 values of each
- * channel and uses it only when it reproduces the table bit for bit. It
- * de-interleaves 8 pixels at a time with byte shuffles (mirrored for a
- * flip), and stores with non-temporal stores when the planes are 32-byte
- * aligned: the slot is read by the clients, never by this thread again, so
- * fetching its lines into the cache first (read for ownership) is wasted.
+ * not all divisors. So imageop_init() runs them over all 256 values of each
+ * channel and uses them only when they reproduce the table bit for bit.
+ *
+ * AVX2: 8 pixels at a time, de-interleaved with byte shuffles (mirrored for
+ * a flip). AVX-512 VBMI, when the planes are 64-byte aligned (a slot's rows
+ * are): 16 pixels at a time, one byte permutation per channel straight into
+ * 32-bit lanes, stored as whole 64-byte lines of non-temporal stores. The
+ * slot is read by the clients, never by this thread again, so fetching its
+ * lines into the cache first (read for ownership) is wasted; 32-byte
+ * non-temporal stores (half lines) overlapped less with the arithmetic than
+ * plain stores did.
  */
 static bool portable_only;
 
@@ -171,7 +176,17 @@ static bool have_avx2_fma(void)
 	return have && !portable_only;
 }
 
-/* Shuffles of channel c out of 8 pixels (bytes 0..15 and 8..23): plain, mirrored. */
+static bool have_avx512(void)
+{
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
+	return have && !portable_only;
+}
+
+/* Channel c of 8 pixels (bytes 0..15 and 8..23), of 16 (into 32-bit lanes): plain, mirrored. */
 static uint8_t f32_shuf[2][3][2][16];
 static uint8_t f32_perm[2][3][64];
 static pthread_once_t f32_shuf_once = PTHREAD_ONCE_INIT;
@@ -185,16 +200,15 @@ static void f32_shuf_init(void)
 
 				f32_shuf[flip][c][0][j] = j < 8 && b < 16 ? (uint8_t)b : 0x80;
 				f32_shuf[flip][c][1][j] = j < 8 && b >= 16 ? (uint8_t)(b - 8) : 0x80;
-				/* 16 pixels: byte 4j of the 32-bit lane j */
 				f32_perm[flip][c][4 * j] = (uint8_t)(c + 3 * (flip ? 15 - j : j));
 			}
 }
 
 /* 8 pixels' channel c, converted: the table's values. */
 __attribute__((target("avx2,fma"))) static inline __m256
-f32_block(__m128i lo, __m128i hi, const __m128i sh[2], const __m256 k[4])
+f32_block(__m128i lo, __m128i hi, __m128i sh0, __m128i sh1, const __m256 k[4])
 {
-	__m128i b = _mm_or_si128(_mm_shuffle_epi8(lo, sh[0]), _mm_shuffle_epi8(hi, sh[1]));
+	__m128i b = _mm_or_si128(_mm_shuffle_epi8(lo, sh0), _mm_shuffle_epi8(hi, sh1));
 	__m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
 	__m256 q = _mm256_mul_ps(v, k[0]);
 
@@ -204,57 +218,30 @@ f32_block(__m128i lo, __m128i hi, const __m128i sh[2], const __m256 k[4])
 	return _mm256_fmadd_ps(_mm256_fnmadd_ps(q, k[2], v), k[3], q);
 }
 
-/*
- * @nt: 16 pixels at a time and whole 64-byte lines as non-temporal stores
- * (AVX-512F), when the planes are 64-byte aligned. Half lines (32-byte
- * non-temporal stores) or plain stores overlap less with the arithmetic.
- */
-#define F32_PLANES(NAME, TARGET, NT)                                                       \
-	__attribute__((target(TARGET))) static void                                        \
-	NAME(const struct imageop *op, const uint8_t *row, int w, bool flip, float *const d[3]) \
-	{                                                                                  \
-		for (int c = 0; c < 3; c++) {                                              \
-			const __m128i sh0 = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][0]); \
-			const __m128i sh1 = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][1]); \
-			const __m128i sh[2] = { sh0, sh1 };                                \
-			const __m256 k[4] = { _mm256_set1_ps(op->f32k[c][0]),              \
-					      _mm256_set1_ps(op->f32k[c][1]),              \
-					      _mm256_set1_ps(op->f32k[c][2]),              \
-					      _mm256_set1_ps(op->f32k[c][3]) };            \
-			float *dc = d[c];                                                  \
-			int x = 0;                                                         \
-                                                                                           \
-			for (; NT && x + 16 <= w; x += 16) {                               \
-				const uint8_t *p0 = row + 3 * (size_t)(flip ? w - 8 - x : x); \
-				const uint8_t *p1 = row + 3 * (size_t)(flip ? w - 16 - x : x + 8); \
-				__m256 a = f32_block(_mm_loadu_si128((const __m128i *)p0),   \
-						     _mm_loadu_si128((const __m128i *)(p0 + 8)), sh, k); \
-				__m256 b = f32_block(_mm_loadu_si128((const __m128i *)p1),   \
-						     _mm_loadu_si128((const __m128i *)(p1 + 8)), sh, k); \
-                                                                                           \
-				F32_STREAM16(dc + x, a, b);                                \
-			}                                                                  \
-			for (; x + 8 <= w; x += 8) {                                       \
-				const uint8_t *p = row + 3 * (size_t)(flip ? w - 8 - x : x); \
-                                                                                           \
-				_mm256_storeu_ps(dc + x,                                   \
-						 f32_block(_mm_loadu_si128((const __m128i *)p), \
-							   _mm_loadu_si128((const __m128i *)(p + 8)), \
-							   sh, k));                          \
-			}                                                                  \
-			for (; x < w; x++)                                                 \
-				dc[x] = op->lut[c][row[3 * (size_t)(flip ? w - 1 - x : x) + c]]; \
-		}                                                                          \
+/* One channel at a time: the constants stay in registers. */
+__attribute__((target("avx2,fma"))) static void
+f32_planes_avx2(const struct imageop *op, const uint8_t *row, int w, bool flip, float *const d[3])
+{
+	for (int c = 0; c < 3; c++) {
+		const __m128i sh0 = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][0]);
+		const __m128i sh1 = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][1]);
+		const __m256 k[4] = { _mm256_set1_ps(op->f32k[c][0]), _mm256_set1_ps(op->f32k[c][1]),
+				      _mm256_set1_ps(op->f32k[c][2]), _mm256_set1_ps(op->f32k[c][3]) };
+		float *dc = d[c];
+		int x = 0;
+
+		for (; x + 8 <= w; x += 8) {
+			const uint8_t *p = row + 3 * (size_t)(flip ? w - 8 - x : x);
+
+			_mm256_storeu_ps(dc + x, f32_block(_mm_loadu_si128((const __m128i *)p),
+							   _mm_loadu_si128((const __m128i *)(p + 8)),
+							   sh0, sh1, k));
+		}
+		for (; x < w; x++)
+			dc[x] = op->lut[c][row[3 * (size_t)(flip ? w - 1 - x : x) + c]];
 	}
+}
 
-#define F32_STREAM16(dst, a, b) ((void)(dst), (void)(a), (void)(b))
-F32_PLANES(f32_planes_avx2_only, "avx2,fma", false)
-#undef F32_STREAM16
-
-/*
- * AVX-512 VBMI: 16 pixels at a time, one byte permutation (vpermb) per
- * channel puts its 16 values straight into 32-bit lanes.
- */
 __attribute__((target("avx512f,avx512bw,avx512vbmi,avx2,fma"))) static void
 f32_planes_vbmi(const struct imageop *op, const uint8_t *row, int w, bool flip, float *const d[3])
 {
@@ -268,7 +255,7 @@ f32_planes_vbmi(const struct imageop *op, const uint8_t *row, int w, bool flip, 
 
 		for (; x + 16 <= w; x += 16) {
 			const uint8_t *p = row + 3 * (size_t)(flip ? w - 16 - x : x);
-			__m512i b = _mm512_maskz_loadu_epi8(0xffffffffffffull, p);
+			__m512i b = _mm512_maskz_loadu_epi8(0xffffffffffffull, p); /* 48 bytes */
 			__m512 v = _mm512_cvtepi32_ps(
 				_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, perm, b));
 			__m512 q = _mm512_mul_ps(v, k0);
@@ -283,23 +270,14 @@ f32_planes_vbmi(const struct imageop *op, const uint8_t *row, int w, bool flip, 
 	}
 }
 
-static bool have_avx512(void)
-{
-	static int have = -1;
-
-	if (have < 0)
-		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-		       __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
-	return have && !portable_only;
-}
-
-static void f32_planes_avx2(const struct imageop *op, const uint8_t *row, int w, bool flip,
-			    float *const d[3])
+/* One output row of float32 planes; imageop_run_region() fences the non-temporal stores. */
+static void f32_planes(const struct imageop *op, const uint8_t *row, int w, bool flip,
+		       float *const d[3])
 {
 	if (have_avx512() && (((uintptr_t)d[0] | (uintptr_t)d[1] | (uintptr_t)d[2]) & 63) == 0)
 		f32_planes_vbmi(op, row, w, flip, d);
 	else
-		f32_planes_avx2_only(op, row, w, flip, d);
+		f32_planes_avx2(op, row, w, flip, d);
 }
 
 /* Whether the kernels give op->lut's values (all 256 of each channel). */
@@ -319,7 +297,7 @@ static bool f32_simd_check(const struct imageop *op)
 
 		memset(out, 0, sizeof(out));
 		if (i < 2)
-			f32_planes_avx2_only(op, row, 256, flip, d);
+			f32_planes_avx2(op, row, 256, flip, d);
 		else if (have_avx512())
 			f32_planes_vbmi(op, row, 256, flip, d);
 		else
@@ -338,8 +316,8 @@ static bool have_avx2_fma(void)
 	return false;
 }
 
-static void f32_planes_avx2(const struct imageop *op, const uint8_t *row, int w, bool flip,
-			    float *const d[3])
+static void f32_planes(const struct imageop *op, const uint8_t *row, int w, bool flip,
+		       float *const d[3])
 {
 	(void)op, (void)row, (void)w, (void)flip, (void)d;
 }
@@ -751,7 +729,7 @@ static void hrow_sse41(const uint8_t *in, uint8_t *out, int ow, const int32_t *x
 
 struct hgroup {
 	int32_t base;                 /* first source pixel of the 64 bytes; -1: not eligible */
-	int32_t pad[15];
+	int32_t pad[15];              /* the vectors below 64-byte aligned */
 	/* [pair][third]: the permutation, high and low coefficients */
 	uint8_t idx[HV_PAIRS_MAX][3][64];
 	int16_t hi[HV_PAIRS_MAX][3][32];
@@ -859,7 +837,7 @@ hrow_vbmi(const uint8_t *in, size_t in_bytes, uint8_t *out, int ow, const int32_
 	  const int32_t *kx4, int K, const struct hgroup *g)
 {
 	for (int c0 = 0; c0 < ow; c0 += 16, g++) {
-		size_t at = 3 * (size_t)g->base, left = in_bytes - at;
+		size_t at, left;
 		__m512i data;
 
 		if (g->base < 0) {
@@ -867,6 +845,8 @@ hrow_vbmi(const uint8_t *in, size_t in_bytes, uint8_t *out, int ow, const int32_
 				   kx4 + (size_t)c0 * K * 4, K);
 			continue;
 		}
+		at = 3 * (size_t)g->base;
+		left = in_bytes - at;
 		data = _mm512_maskz_loadu_epi8(left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1,
 					       in + at);
 		if (K <= 2)
@@ -1090,7 +1070,7 @@ static void sink_row(const struct sink *k, int y, const uint8_t *row, bool flip)
 			float *d0 = (float *)k->dst + (size_t)y * w;
 			float *const d[3] = { d0, d0 + plane, d0 + 2 * plane };
 
-			f32_planes_avx2(op, row, w, flip, d);
+			f32_planes(op, row, w, flip, d);
 			break;
 		}
 		SINK_ROW(float, CONV_F32);
