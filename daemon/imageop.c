@@ -18,7 +18,9 @@
  *   pipelines take a single pass and never materialize an intermediate image.
  *   A resize after a resize needs the first one's pixels: a new stage;
  * - float outputs go through a 256-entry table per channel computed with the
- *   same float32 operations as torchvision, so they are exact too.
+ *   same float32 operations as torchvision, so they are exact too; float32
+ *   NCHW goes through SIMD kernels instead where they give the table's values
+ *   (checked at init for all 256 values of each channel).
  *
  * A flip is applied while writing a row; with a flip before a resize the
  * result can differ from torchvision's by a rounding step, as PIL's filter
