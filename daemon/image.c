@@ -385,7 +385,7 @@ static int jpeg_region_body(struct image_scratch *s, struct jdec *j, const uint8
 {
 	bool cmyk = info->jpeg_colorspace == TJCS_CMYK || info->jpeg_colorspace == TJCS_YCCK;
 	j_decompress_ptr d = &j->d;
-	JDIMENSION xo, cw, W, H, ys, align, valign;
+	JDIMENSION xo, cw, W, H, ys, align, valign, mx, my;
 	size_t stride, px;
 
 	jpeg_mem_src(d, data, (unsigned long)len);
@@ -421,13 +421,24 @@ static int jpeg_region_body(struct image_scratch *s, struct jdec *j, const uint8
 	else
 		align = (JDIMENSION)MIN_DCT_H_SIZE(d) * (JDIMENSION)d->max_h_samp_factor;
 	valign = (JDIMENSION)MIN_DCT_V_SIZE(d) * (JDIMENSION)d->max_v_samp_factor;
-	xo = (JDIMENSION)x0 > align ? (JDIMENSION)x0 - align : 0;
-	cw = ((JDIMENSION)x1 + align < W ? (JDIMENSION)x1 + align : W) - xo;
+	/*
+	 * The margins: a subsampled chroma sample covers up to align / 8
+	 * output pixels (valign / 8 rows), and fancy upsampling reads one
+	 * chroma sample each side; the pixels within a chroma sample of the
+	 * decoded region's edge (left, right, and the first rows after a skip)
+	 * may differ from a whole decode. Two chroma samples and a pixel more
+	 * keep the window exact (test-image checks thousands of windows);
+	 * jpeg_crop_scanline() widens to whole iMCU columns on the left anyway.
+	 */
+	mx = 2 * ((align + 7) / 8) + 1;
+	my = 2 * ((valign + 7) / 8) + 1;
+	xo = (JDIMENSION)x0 > mx ? (JDIMENSION)x0 - mx : 0;
+	cw = ((JDIMENSION)x1 + mx < W ? (JDIMENSION)x1 + mx : W) - xo;
 	if (xo > 0 || cw < W)
 		jpeg_crop_scanline(d, &xo, &cw);
 	else
 		xo = 0, cw = W;
-	ys = (JDIMENSION)y0 > valign ? (JDIMENSION)y0 - valign : 0;
+	ys = (JDIMENSION)y0 > my ? (JDIMENSION)y0 - my : 0;
 	if (ys > 0)
 		jpeg_skip_scanlines(d, ys);
 	ys = d->output_scanline;

@@ -92,10 +92,10 @@ struct image_region {
  * equal those of image_decode() at the same scale, bit for bit; the pixels
  * of @got outside the window may not (the margin decoded for that).
  *
- * JPEG: libjpeg's jpeg_crop_scanline() for the columns (whole iMCU columns,
- * one more each side, as fancy upsampling changes a cropped decode's edge
- * pixels), jpeg_skip_scanlines() to an iMCU row above the window, and
- * decoding stops after the window's last row. A file that ends before its
+ * JPEG: libjpeg's jpeg_crop_scanline() for the columns (whole iMCU columns
+ * on the left), jpeg_skip_scanlines() for the rows above, each with a margin
+ * of two chroma samples and a pixel (fancy upsampling changes the pixels at a
+ * cropped decode's edges), and decoding stops after the window's last row. A file that ends before its
  * EOI marker is refused as by image_decode() even when the window lies
  * before the truncation (so whether a file is good does not depend on the
  * crop drawn). PNG: the whole image.

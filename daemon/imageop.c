@@ -18,7 +18,9 @@
  *   pipelines take a single pass and never materialize an intermediate image.
  *   A resize after a resize needs the first one's pixels: a new stage;
  * - float outputs go through a 256-entry table per channel computed with the
- *   same float32 operations as torchvision, so they are exact too.
+ *   same float32 operations as torchvision, so they are exact too; float32
+ *   NCHW goes through SIMD kernels instead where they give the table's values
+ *   (checked at init for all 256 values of each channel).
  *
  * A flip is applied while writing a row; with a flip before a resize the
  * result can differ from torchvision's by a rounding step, as PIL's filter
@@ -29,6 +31,7 @@
 #include <immintrin.h>
 #endif
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,6 +149,188 @@ uint16_t imageop_f32_to_bf16(float fl)
 	return (uint16_t)(u >> 16);
 }
 
+/*
+ * float32 NCHW rows without the tables. The table's value of v is
+ * ((float)v / 255 - mean) / std in float32; the kernels compute the same
+ * two correctly rounded divisions as a product and one FMA correction step
+ * each (q = a * (1/b), q += (a - q * b) * (1/b)), which is exact for most but
+ * not all divisors. So imageop_init() runs them over all 256 values of each
+ * channel and uses them only when they reproduce the table bit for bit.
+ *
+ * AVX2: 8 pixels at a time, de-interleaved with byte shuffles (mirrored for
+ * a flip). AVX-512 VBMI, when the planes are 64-byte aligned (a slot's rows
+ * are): 16 pixels at a time, one byte permutation per channel straight into
+ * 32-bit lanes, stored as whole 64-byte lines of non-temporal stores. The
+ * slot is read by the clients, never by this thread again, so fetching its
+ * lines into the cache first (read for ownership) is wasted; 32-byte
+ * non-temporal stores (half lines) overlapped less with the arithmetic than
+ * plain stores did.
+ */
+static bool portable_only;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+static bool have_avx2_fma(void)
+{
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+	return have && !portable_only;
+}
+
+static bool have_avx512(void)
+{
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
+	return have && !portable_only;
+}
+
+/* Channel c of 8 pixels (bytes 0..15 and 8..23), of 16 (into 32-bit lanes): plain, mirrored. */
+static uint8_t f32_shuf[2][3][2][16];
+static uint8_t f32_perm[2][3][64];
+static pthread_once_t f32_shuf_once = PTHREAD_ONCE_INIT;
+
+static void f32_shuf_init(void)
+{
+	for (int flip = 0; flip < 2; flip++)
+		for (int c = 0; c < 3; c++)
+			for (int j = 0; j < 16; j++) {
+				int b = c + 3 * (flip ? 7 - j : j);
+
+				f32_shuf[flip][c][0][j] = j < 8 && b < 16 ? (uint8_t)b : 0x80;
+				f32_shuf[flip][c][1][j] = j < 8 && b >= 16 ? (uint8_t)(b - 8) : 0x80;
+				f32_perm[flip][c][4 * j] = (uint8_t)(c + 3 * (flip ? 15 - j : j));
+			}
+}
+
+/* 8 pixels' channel c, converted: the table's values. */
+__attribute__((target("avx2,fma"))) static inline __m256
+f32_block(__m128i lo, __m128i hi, __m128i sh0, __m128i sh1, const __m256 k[4])
+{
+	__m128i b = _mm_or_si128(_mm_shuffle_epi8(lo, sh0), _mm_shuffle_epi8(hi, sh1));
+	__m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+	__m256 q = _mm256_mul_ps(v, k[0]);
+
+	q = _mm256_fmadd_ps(_mm256_fnmadd_ps(q, _mm256_set1_ps(255.0f), v), k[0], q);
+	v = _mm256_sub_ps(q, k[1]);
+	q = _mm256_mul_ps(v, k[3]);
+	return _mm256_fmadd_ps(_mm256_fnmadd_ps(q, k[2], v), k[3], q);
+}
+
+/* One channel at a time: the constants stay in registers. */
+__attribute__((target("avx2,fma"))) static void
+f32_planes_avx2(const struct imageop *op, const uint8_t *row, int w, bool flip, float *const d[3])
+{
+	for (int c = 0; c < 3; c++) {
+		const __m128i sh0 = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][0]);
+		const __m128i sh1 = _mm_loadu_si128((const __m128i *)f32_shuf[flip][c][1]);
+		const __m256 k[4] = { _mm256_set1_ps(op->f32k[c][0]), _mm256_set1_ps(op->f32k[c][1]),
+				      _mm256_set1_ps(op->f32k[c][2]), _mm256_set1_ps(op->f32k[c][3]) };
+		float *dc = d[c];
+		int x = 0;
+
+		for (; x + 8 <= w; x += 8) {
+			const uint8_t *p = row + 3 * (size_t)(flip ? w - 8 - x : x);
+
+			_mm256_storeu_ps(dc + x, f32_block(_mm_loadu_si128((const __m128i *)p),
+							   _mm_loadu_si128((const __m128i *)(p + 8)),
+							   sh0, sh1, k));
+		}
+		for (; x < w; x++)
+			dc[x] = op->lut[c][row[3 * (size_t)(flip ? w - 1 - x : x) + c]];
+	}
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vbmi,avx2,fma"))) static void
+f32_planes_vbmi(const struct imageop *op, const uint8_t *row, int w, bool flip, float *const d[3])
+{
+	for (int c = 0; c < 3; c++) {
+		const __m512i perm = _mm512_loadu_si512(f32_perm[flip][c]);
+		const __m512 k0 = _mm512_set1_ps(op->f32k[c][0]), k1 = _mm512_set1_ps(op->f32k[c][1]);
+		const __m512 k2 = _mm512_set1_ps(op->f32k[c][2]), k3 = _mm512_set1_ps(op->f32k[c][3]);
+		const __m512 c255 = _mm512_set1_ps(255.0f);
+		float *dc = d[c];
+		int x = 0;
+
+		for (; x + 16 <= w; x += 16) {
+			const uint8_t *p = row + 3 * (size_t)(flip ? w - 16 - x : x);
+			__m512i b = _mm512_maskz_loadu_epi8(0xffffffffffffull, p); /* 48 bytes */
+			__m512 v = _mm512_cvtepi32_ps(
+				_mm512_maskz_permutexvar_epi8(0x1111111111111111ull, perm, b));
+			__m512 q = _mm512_mul_ps(v, k0);
+
+			q = _mm512_fmadd_ps(_mm512_fnmadd_ps(q, c255, v), k0, q);
+			v = _mm512_sub_ps(q, k1);
+			q = _mm512_mul_ps(v, k3);
+			_mm512_stream_ps(dc + x, _mm512_fmadd_ps(_mm512_fnmadd_ps(q, k2, v), k3, q));
+		}
+		for (; x < w; x++)
+			dc[x] = op->lut[c][row[3 * (size_t)(flip ? w - 1 - x : x) + c]];
+	}
+}
+
+/* One output row of float32 planes; imageop_run_region() fences the non-temporal stores. */
+static void f32_planes(const struct imageop *op, const uint8_t *row, int w, bool flip,
+		       float *const d[3])
+{
+	if (have_avx512() && (((uintptr_t)d[0] | (uintptr_t)d[1] | (uintptr_t)d[2]) & 63) == 0)
+		f32_planes_vbmi(op, row, w, flip, d);
+	else
+		f32_planes_avx2(op, row, w, flip, d);
+}
+
+/* Whether the kernels give op->lut's values (all 256 of each channel). */
+static bool f32_simd_check(const struct imageop *op)
+{
+	_Alignas(64) float out[3][256];
+	float *d[3] = { out[0], out[1], out[2] };
+	uint8_t row[256 * 3 + 64];
+
+	if (!have_avx2_fma())
+		return false;
+	pthread_once(&f32_shuf_once, f32_shuf_init);
+	for (int v = 0; v < 256; v++)
+		row[3 * v] = row[3 * v + 1] = row[3 * v + 2] = (uint8_t)v;
+	for (int i = 0; i < 4; i++) {
+		bool flip = i & 1;
+
+		memset(out, 0, sizeof(out));
+		if (i < 2)
+			f32_planes_avx2(op, row, 256, flip, d);
+		else if (have_avx512())
+			f32_planes_vbmi(op, row, 256, flip, d);
+		else
+			break;
+		_mm_sfence();
+		for (int c = 0; c < 3; c++)
+			for (int v = 0; v < 256; v++)
+				if (memcmp(&out[c][flip ? 255 - v : v], &op->lut[c][v], sizeof(float)))
+					return false;
+	}
+	return true;
+}
+#else
+static bool have_avx2_fma(void)
+{
+	return false;
+}
+
+static void f32_planes(const struct imageop *op, const uint8_t *row, int w, bool flip,
+		       float *const d[3])
+{
+	(void)op, (void)row, (void)w, (void)flip, (void)d;
+}
+
+static bool f32_simd_check(const struct imageop *op)
+{
+	(void)op;
+	return false;
+}
+#endif
+
 void imageop_init(struct imageop *op, const struct spec *spec)
 {
 	float mean[3] = { 0, 0, 0 }, std[3] = { 1, 1, 1 };
@@ -179,7 +364,12 @@ void imageop_init(struct imageop *op, const struct spec *spec)
 			op->lut16[c][v] = op->dtype == LDR_DTYPE_BFLOAT16 ? imageop_f32_to_bf16(x)
 									 : imageop_f32_to_f16(x);
 		}
+		op->f32k[c][0] = 1.0f / 255.0f;
+		op->f32k[c][1] = mean[c];
+		op->f32k[c][2] = std[c];
+		op->f32k[c][3] = 1.0f / std[c];
 	}
+	op->f32_simd = op->dtype == LDR_DTYPE_FLOAT32 && !op->nhwc && f32_simd_check(op);
 }
 
 /* ---- planning ---- */
@@ -458,8 +648,6 @@ static void hrow_c(const uint8_t *in, uint8_t *out, int ow, const int32_t *xs, c
 	}
 }
 
-static bool portable_only;
-
 void imageop_portable_only(bool on)
 {
 	portable_only = on;
@@ -528,6 +716,155 @@ static void hrow_sse41(const uint8_t *in, uint8_t *out, int ow, const int32_t *x
 }
 #endif
 
+/*
+ * AVX-512 VBMI: 16 output pixels at a time, when their taps lie within 64
+ * bytes of the row (an enlargement, or a slight reduction, with K <= 4).
+ * One masked 64-byte load; per pair of taps, a byte permutation (vpermb)
+ * puts each (pixel, channel)'s two source values into the 16-bit halves of
+ * a 32-bit lane, and two vpmaddwd multiply them by the coefficients' high
+ * and low 11 bits: sum = (high << 11) + low, the same int32 as PIL's
+ * (integer sums: the order does not matter). 48 lanes (16 pixels x RGB) in
+ * three registers, then PIL's shift, and vpmovusdb clips to 0..255 as
+ * clip8() (the sum is never negative).
+ */
+#define HV_PAIRS_MAX 2
+
+struct hgroup {
+	int32_t base;                 /* first source pixel of the 64 bytes; -1: not eligible */
+	int32_t pad[15];              /* the vectors below 64-byte aligned */
+	/* [pair][third]: the permutation, high and low coefficients */
+	uint8_t idx[HV_PAIRS_MAX][3][64];
+	int16_t hi[HV_PAIRS_MAX][3][32];
+	int16_t lo[HV_PAIRS_MAX][3][32];
+};
+
+static bool have_vbmi(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vl") &&
+		       __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
+	return have && !portable_only;
+#else
+	return false;
+#endif
+}
+
+/* The groups of 16 output pixels of a horizontal pass; returns how many are not eligible. */
+static int hgroups_init(struct hgroup *g, int ow, const int32_t *xs, const int32_t *kx, int K)
+{
+	int ng = (ow + 15) / 16, pairs = (K + 1) / 2, rest = 0;
+
+	for (int gi = 0; gi < ng; gi++, g++) {
+		int c0 = gi * 16, n = ow - c0 < 16 ? ow - c0 : 16, lo = xs[c0], hi = xs[c0];
+
+		for (int j = 1; j < n; j++) {
+			lo = xs[c0 + j] < lo ? xs[c0 + j] : lo;
+			hi = xs[c0 + j] > hi ? xs[c0 + j] : hi;
+		}
+		g->base = -1;
+		if (pairs > HV_PAIRS_MAX || 3 * (hi + K - lo) > 64) {
+			rest++;
+			continue;
+		}
+		g->base = lo;
+		for (int p = 0; p < pairs; p++) {
+			uint8_t *idx = &g->idx[p][0][0];
+			int16_t *kh = &g->hi[p][0][0], *kl = &g->lo[p][0][0];
+			int t0 = 2 * p, t1 = 2 * p + 1;
+
+			/* lane l = 3 j + ch: bytes 4 l, 4 l + 2 and words 2 l, 2 l + 1 of the three registers */
+			for (int j = 0; j < 16; j++) {
+				int32_t k0 = 0, k1 = 0;
+				int b0 = 0, b1 = 0;
+
+				if (j < n) {
+					const int32_t *kk = kx + (size_t)(c0 + j) * K;
+					int x = xs[c0 + j] - lo;
+
+					k0 = kk[t0];
+					b0 = b1 = 3 * (x + t0);
+					if (t1 < K) {
+						k1 = kk[t1];
+						b1 = 3 * (x + t1);
+					}
+				}
+				for (int ch = 0, l = 3 * j; ch < 3; ch++, l++) {
+					idx[4 * l] = (uint8_t)(b0 + ch);
+					idx[4 * l + 1] = 0;
+					idx[4 * l + 2] = (uint8_t)(b1 + ch);
+					idx[4 * l + 3] = 0;
+					/* k = hi * 2^11 + lo, lo in 0..2047 */
+					kh[2 * l] = (int16_t)(k0 >> 11);
+					kh[2 * l + 1] = (int16_t)(k1 >> 11);
+					kl[2 * l] = (int16_t)(k0 & 2047);
+					kl[2 * l + 1] = (int16_t)(k1 & 2047);
+				}
+			}
+		}
+	}
+	return rest;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* One group's three registers (48 bytes: 16 pixels), @pairs of taps. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static inline
+__attribute__((always_inline)) void hgroup_run(__m512i data, const struct hgroup *g, uint8_t *out,
+					       const int pairs)
+{
+	for (int q = 0; q < 3; q++) {
+		__m512i h = _mm512_setzero_si512(), l = _mm512_set1_epi32(HALF);
+
+		for (int p = 0; p < pairs; p++) {
+			__m512i v = _mm512_maskz_permutexvar_epi8(0x5555555555555555ull,
+								  _mm512_load_si512(g->idx[p][q]), data);
+
+			h = _mm512_add_epi32(h, _mm512_madd_epi16(v, _mm512_load_si512(g->hi[p][q])));
+			l = _mm512_add_epi32(l, _mm512_madd_epi16(v, _mm512_load_si512(g->lo[p][q])));
+		}
+		h = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 11), l), PRECISION_BITS);
+		_mm_storeu_si128((__m128i *)(out + 16 * q), _mm512_cvtusepi32_epi8(h));
+	}
+}
+
+/*
+ * The row's output has RESAMPLE_SLACK bytes of slack: a last, partial
+ * group is stored whole too (its extra bytes are never read).
+ */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi"))) static void
+hrow_vbmi(const uint8_t *in, size_t in_bytes, uint8_t *out, int ow, const int32_t *xs,
+	  const int32_t *kx4, int K, const struct hgroup *g)
+{
+	for (int c0 = 0; c0 < ow; c0 += 16, g++) {
+		size_t at, left;
+		__m512i data;
+
+		if (g->base < 0) {
+			hrow_sse41(in, out + 3 * (size_t)c0, ow - c0 < 16 ? ow - c0 : 16, xs + c0,
+				   kx4 + (size_t)c0 * K * 4, K);
+			continue;
+		}
+		at = 3 * (size_t)g->base;
+		left = in_bytes - at;
+		data = _mm512_maskz_loadu_epi8(left >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << left) - 1,
+					       in + at);
+		if (K <= 2)
+			hgroup_run(data, g, out + 3 * (size_t)c0, 1);
+		else
+			hgroup_run(data, g, out + 3 * (size_t)c0, 2);
+	}
+}
+#else
+static void hrow_vbmi(const uint8_t *in, size_t in_bytes, uint8_t *out, int ow, const int32_t *xs,
+		      const int32_t *kx4, int K, const struct hgroup *g)
+{
+	(void)in, (void)in_bytes, (void)out, (void)ow, (void)xs, (void)kx4, (void)K, (void)g;
+}
+#endif
+
 static inline __attribute__((always_inline)) void vrow_k(const uint8_t *in, size_t stride,
 							 const int32_t *k, uint8_t *row,
 							 size_t len, const int K)
@@ -568,6 +905,90 @@ KERNEL static void vrow(const uint8_t *in, size_t stride, const int32_t *k, uint
 		row[e] = (uint8_t)(s > 255 ? 255 : s);
 	}
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/*
+ * The vertical pass with AVX-512BW: 32 bytes of the row at a time, the K
+ * input rows in pairs, each byte pair in the 16-bit halves of a 32-bit lane
+ * and vpmaddwd with the coefficients' high and low 11 bits, as hrow_vbmi().
+ */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __attribute__((always_inline)) void
+vrow_avx512_k(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row, size_t len,
+	      const int K)
+{
+	enum { PMAX = 8 };
+	__m512i kh[PMAX], kl[PMAX];
+	const int pairs = (K + 1) / 2;
+
+	for (int p = 0; p < pairs; p++) {
+		int32_t k0 = k[2 * p], k1 = 2 * p + 1 < K ? k[2 * p + 1] : 0;
+
+		kh[p] = _mm512_set1_epi32((int32_t)((uint32_t)(uint16_t)(k1 >> 11) << 16 |
+						    (uint16_t)(k0 >> 11)));
+		kl[p] = _mm512_set1_epi32((int32_t)((uint32_t)(k1 & 2047) << 16 | (uint32_t)(k0 & 2047)));
+	}
+	for (size_t e = 0; e < len; e += 32) {
+		__mmask32 m = len - e >= 32 ? ~(__mmask32)0 : ((__mmask32)1 << (len - e)) - 1;
+		__m512i h0 = _mm512_setzero_si512(), h1 = h0;
+		__m512i l0 = _mm512_set1_epi32(HALF), l1 = l0;
+		__m256i out;
+
+		for (int p = 0; p < pairs; p++) {
+			const uint8_t *r0 = in + (size_t)(2 * p) * stride + e;
+			const uint8_t *r1 = 2 * p + 1 < K ? r0 + stride : r0;
+			__m512i a = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, r0));
+			__m512i b = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, r1));
+			__m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+
+			h0 = _mm512_add_epi32(h0, _mm512_madd_epi16(lo, kh[p]));
+			l0 = _mm512_add_epi32(l0, _mm512_madd_epi16(lo, kl[p]));
+			h1 = _mm512_add_epi32(h1, _mm512_madd_epi16(hi, kh[p]));
+			l1 = _mm512_add_epi32(l1, _mm512_madd_epi16(hi, kl[p]));
+		}
+		h0 = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h0, 11), l0), PRECISION_BITS);
+		h1 = _mm512_srai_epi32(_mm512_add_epi32(_mm512_slli_epi32(h1, 11), l1), PRECISION_BITS);
+		/* to a register first: vpmovuswb to memory is slow on some CPUs */
+		out = _mm512_cvtusepi16_epi8(_mm512_packus_epi32(h0, h1));
+		if (len - e >= 32)
+			_mm256_storeu_si256((__m256i *)(row + e), out);
+		else
+			_mm256_mask_storeu_epi8(row + e, m, out);
+	}
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void
+vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row, size_t len, int K)
+{
+	switch (K) {
+	case 1: vrow_avx512_k(in, stride, k, row, len, 1); return;
+	case 2: vrow_avx512_k(in, stride, k, row, len, 2); return;
+	case 3: vrow_avx512_k(in, stride, k, row, len, 3); return;
+	case 4: vrow_avx512_k(in, stride, k, row, len, 4); return;
+	default: vrow_avx512_k(in, stride, k, row, len, K); return;
+	}
+}
+
+static bool have_avx512bw(void)
+{
+	static int have = -1;
+
+	if (have < 0)
+		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+		       __builtin_cpu_supports("avx512vl") ? 1 : 0;
+	return have && !portable_only;
+}
+#else
+static void vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row,
+			size_t len, int K)
+{
+	(void)in, (void)stride, (void)k, (void)row, (void)len, (void)K;
+}
+
+static bool have_avx512bw(void)
+{
+	return false;
+}
+#endif
 
 /* Where a stage writes its rows: the next stage's input, or the sample. */
 struct sink {
@@ -647,6 +1068,13 @@ static void sink_row(const struct sink *k, int y, const uint8_t *row, bool flip)
 			SINK_ROW(uint8_t, CONV_U8);
 		break;
 	case LDR_DTYPE_FLOAT32:
+		if (op->f32_simd && have_avx2_fma()) {
+			float *d0 = (float *)k->dst + (size_t)y * w;
+			float *const d[3] = { d0, d0 + plane, d0 + 2 * plane };
+
+			f32_planes(op, row, w, flip, d);
+			break;
+		}
 		SINK_ROW(float, CONV_F32);
 		break;
 	default: /* float16, bfloat16 */
@@ -669,17 +1097,22 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 	bool need_v = st->th != in_h || in0y != 0.0 || in1y != (double)in_h;
 	int ksx = need_h ? ksize_of(in0x, in1x, st->tw) : 1;
 	int ksy = need_v ? ksize_of(in0y, in1y, st->th) : 1;
-	int Kx = 1, Ky = 1, yfirst = in_h, ylast = 0, c0 = 0, c1 = 0;
+	int Kx = 1, Ky = 1, yfirst = in_h, ylast = 0, c0 = 0, c1 = 0, hnext;
 	size_t rowlen = (size_t)ow * 3, stride_t = rowlen + RESAMPLE_SLACK;
 	size_t need = (size_t)ow * (2 * sizeof(int32_t) + ksx * sizeof(int32_t) + 1) +
 		      (size_t)oh * (2 * sizeof(int32_t) + ksy * sizeof(int32_t) + 1) +
 		      rowlen * sizeof(int32_t) + 64;
 	bool simd = need_h && have_sse41();
+	bool vbmi = simd && have_vbmi() && ksx <= 2 * HV_PAIRS_MAX + 1;
+	bool v512 = need_v && have_avx512bw();
 	int32_t *xs, *ys, *nsx, *nsy, *kx, *ky, *acc, *kx4 = NULL;
 	uint8_t *padx, *pady, *row, *tmp, *last = NULL;
+	struct hgroup *hg = NULL;
 
 	if (simd)
 		need += (size_t)ow * ksx * 4 * sizeof(int32_t) + 16;
+	if (vbmi)
+		need += (size_t)(ow + 15) / 16 * sizeof(struct hgroup) + 64;
 	if (image_scratch_grow(&s->coef, &s->coef_cap, need) < 0 ||
 	    image_scratch_grow(&s->row, &s->row_cap, 2 * stride_t + (size_t)in_w * 3 + 64) < 0)
 		return -ENOMEM;
@@ -700,8 +1133,18 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 			/* each coefficient four times, 16-byte aligned */
 			uintptr_t a = (uintptr_t)(pady + oh);
 
+			int rest = 1;
+
 			kx4 = (int32_t *)((a + 15) & ~(uintptr_t)15);
-			for (size_t i = 0; i < (size_t)ow * Kx; i++)
+			if (vbmi) {
+				/* after kx4, 64-byte aligned */
+				a = (uintptr_t)(kx4 + (size_t)ow * Kx * 4);
+				hg = (struct hgroup *)((a + 63) & ~(uintptr_t)63);
+				rest = hgroups_init(hg, ow, xs, kx, Kx);
+				vbmi = rest < (ow + 15) / 16;
+			}
+			/* for the SSE4.1 kernel: the groups VBMI does not take, or all */
+			for (size_t i = 0; rest > 0 && i < (size_t)ow * Kx; i++)
 				for (int l = 0; l < 4; l++)
 					kx4[4 * i + l] = kx[i];
 		}
@@ -730,42 +1173,54 @@ static int stage_run(struct image_scratch *s, const struct imageop_stage *st, co
 			c1 = c0;
 	}
 
-	/* horizontal pass over the rows the vertical pass reads */
+	/*
+	 * The horizontal pass over the rows the vertical pass reads, each row
+	 * computed when the first output row that needs it comes: the output
+	 * row's stores (to memory, non-temporal) then overlap with the
+	 * arithmetic of the next rows, and the rows just written are still in
+	 * L1 when the vertical pass reads them.
+	 */
 	if (image_scratch_grow(&s->tmp, &s->tmp_cap, (size_t)(ylast - yfirst) * stride_t + 64) < 0)
 		return -ENOMEM;
 	tmp = s->tmp;
-	for (int y = yfirst; y < ylast; y++) {
-		const uint8_t *in = src + (size_t)(lo_y + y) * stride + (size_t)lo_x * 3;
-		uint8_t *out = tmp + (size_t)(y - yfirst) * stride_t;
-
-		if (!need_h) {
-			memset(out, 0, (size_t)c0 * 3);
-			memcpy(out + (size_t)c0 * 3, in + (size_t)(st->ox + c0) * 3,
-			       (size_t)(c1 - c0) * 3);
-			memset(out + (size_t)c1 * 3, 0, (size_t)(ow - c1) * 3);
-			continue;
-		}
-		if (!simd) {
-			hrow_c(in, out, ow, xs, kx, Kx);
-			continue;
-		}
-		if (lo_y + y == src_h - 1) {
-			/* 4-byte reads: the image's last row goes through a copy with slack */
-			last = row + 2 * stride_t;
-			memcpy(last, in, (size_t)in_w * 3);
-			in = last;
-		}
-		hrow_sse41(in, out, ow, xs, kx4, Kx);
-	}
-
-	/* vertical pass, one output row at a time, then the output conversion */
+	hnext = yfirst;
 	for (int r = 0; r < oh; r++) {
-		const uint8_t *in = tmp + (size_t)(ys[r] - yfirst) * stride_t, *out = row;
+		const uint8_t *in, *out = row;
 
+		for (; !pady[r] && hnext < ys[r] + Ky; hnext++) {
+			const uint8_t *hin = src + (size_t)(lo_y + hnext) * stride + (size_t)lo_x * 3;
+			uint8_t *hout = tmp + (size_t)(hnext - yfirst) * stride_t;
+
+			if (!need_h) {
+				memset(hout, 0, (size_t)c0 * 3);
+				memcpy(hout + (size_t)c0 * 3, hin + (size_t)(st->ox + c0) * 3,
+				       (size_t)(c1 - c0) * 3);
+				memset(hout + (size_t)c1 * 3, 0, (size_t)(ow - c1) * 3);
+				continue;
+			}
+			if (!simd) {
+				hrow_c(hin, hout, ow, xs, kx, Kx);
+				continue;
+			}
+			if (lo_y + hnext == src_h - 1) {
+				/* 4-byte reads: the image's last row goes through a copy with slack */
+				last = row + 2 * stride_t;
+				memcpy(last, hin, (size_t)in_w * 3);
+				hin = last;
+			}
+			if (vbmi)
+				hrow_vbmi(hin, (size_t)in_w * 3, hout, ow, xs, kx4, Kx, hg);
+			else
+				hrow_sse41(hin, hout, ow, xs, kx4, Kx);
+		}
+		/* the vertical pass, then the output conversion */
+		in = tmp + (size_t)(ys[r] - yfirst) * stride_t;
 		if (pady[r])
 			memset(row, 0, rowlen);
 		else if (!need_v)
 			out = in;
+		else if (v512 && Ky <= 16)
+			vrow_avx512(in, stride_t, ky + (size_t)r * Ky, row, rowlen, Ky);
 		else
 			vrow(in, stride_t, ky + (size_t)r * Ky, row, rowlen, Ky, acc);
 		sink_row(sink, r, out, st->flip);
@@ -861,6 +1316,10 @@ int imageop_run_region(const struct imageop *op, struct image_scratch *s,
 		sw = st->ow;
 		sh = st->oh;
 	}
+#if defined(__x86_64__) && defined(__GNUC__)
+	if (op->f32_simd)
+		_mm_sfence(); /* the non-temporal stores, before the sample is handed on */
+#endif
 	return 0;
 }
 

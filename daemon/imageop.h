@@ -19,6 +19,8 @@ struct imageop {
 	uint32_t out_h, out_w;
 	bool dct_scaling;
 	float lut[3][256];            /* float32: channel value -> output */
+	bool f32_simd;                /* float32 NCHW: the SIMD kernel gives lut's values */
+	float f32k[3][4];             /* its constants: 1/255, mean, std, 1/std */
 	uint16_t lut16[3][256];       /* float16 / bfloat16 */
 };
 

@@ -1035,6 +1035,87 @@ static int ref_imageop_run(const struct imageop *op, struct image_scratch *s, co
 	return 0;
 }
 
+/*
+ * float32 NCHW: the SIMD kernel (when imageop_init() found it exact for the
+ * pipeline's mean and std) writes the table's values, at every width (the
+ * 8-pixel blocks and the tail), flipped or not, into aligned (non-temporal
+ * stores, 32 or 64 bytes) and unaligned rows alike.
+ */
+static void test_f32_kernel(void)
+{
+	static const char *const norms[] = {
+		"",
+		", {\"op\": \"normalize\", \"mean\": [0.485, 0.456, 0.406], \"std\": [0.229, 0.224, 0.225]}",
+		", {\"op\": \"normalize\", \"mean\": [0.5, 0.5, 0.5], \"std\": [0.5, 0.5, 0.5]}",
+		", {\"op\": \"normalize\", \"mean\": [0.1, -3.7, 100], \"std\": [0.0123, 7.1, 3.3e-3]}",
+	};
+	struct image_scratch *s = image_scratch_get();
+	unsigned rng = 99;
+	int simd = 0, total = 0;
+
+	for (size_t ni = 0; ni < sizeof(norms) / sizeof(norms[0]); ni++) {
+		static const int widths[] = { 1, 2, 3, 5, 7, 8, 9, 12, 15, 16, 17, 23, 24, 31, 32,
+					      33, 47, 48, 64, 100, 224 };
+
+		for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+			int ow = widths[wi];
+			char tf[512];
+			struct spec *spec;
+			struct imageop op;
+			size_t n;
+			uint8_t *pix;
+			float *a, *b;
+
+			snprintf(tf, sizeof(tf),
+				 "[{\"op\": \"random_resized_crop\", \"size\": [5, %d]}, "
+				 "{\"op\": \"horizontal_flip\"}%s]", ow, norms[ni]);
+			spec = spec_of(tf, ", \"output\": {\"dtype\": \"float32\", \"layout\": \"NCHW\"}");
+			imageop_init(&op, spec);
+			simd += op.f32_simd;
+			total++;
+			n = (size_t)3 * 5 * ow;
+			/* a size that is a multiple of the alignment, as C11 wants */
+			a = aligned_alloc(64, (n + 16 + 15) / 16 * 16 * sizeof(float));
+			b = aligned_alloc(64, (n + 16 + 15) / 16 * 16 * sizeof(float));
+			pix = malloc(300 * 50 * 3);
+			for (int i = 0; i < 300 * 50 * 3; i++)
+				pix[i] = (uint8_t)rnd(&rng);
+			for (int it = 0; it < 8; it++) {
+				struct imageop_plan plan;
+				int off = it % 2 ? 1 + it / 2 : 0; /* unaligned rows */
+
+				assert(imageop_plan(&op, 300, 50, imageop_key(5, ni, (uint64_t)(ow * 8 + it)),
+						    &plan, err, sizeof(err)) == 0);
+				memset(a, 0xaa, (n + 16) * sizeof(float));
+				memset(b, 0x55, (n + 16) * sizeof(float));
+				assert(imageop_run(&op, s, &plan, pix, 300, 50, a + off, err, sizeof(err)) == 0);
+				imageop_portable_only(true);
+				assert(imageop_run(&op, s, &plan, pix, 300, 50, b + off, err, sizeof(err)) == 0);
+				imageop_portable_only(false);
+				if (memcmp(a + off, b + off, n * sizeof(float)) != 0) {
+					size_t i = 0;
+
+					while (memcmp(a + off + i, b + off + i, sizeof(float)) == 0)
+						i++;
+					fprintf(stderr, "f32 norm %zu width %d: value %zu is %a, want %a\n",
+						ni, ow, i, (double)a[off + i], (double)b[off + i]);
+					abort();
+				}
+			}
+			free(pix);
+			free(a);
+			free(b);
+			spec_free(spec);
+		}
+	}
+	printf("test-image: float32 kernel used for %d of the pipelines\n", simd);
+#if defined(__x86_64__) && defined(__GNUC__)
+	/* IEEE arithmetic: exact for these constants on every CPU that has the kernel */
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		assert(simd == total);
+#endif
+}
+
 static void test_resample_reference(void)
 {
 	static const char *const cases[] = {
@@ -1424,6 +1505,7 @@ int main(void)
 	test_region_corrupt();
 	test_region_pipeline();
 	test_resample_reference();
+	test_f32_kernel();
 	imageop_portable_only(true);
 	test_resample_reference();
 	imageop_portable_only(false);
