@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* bench-client - delivered bandwidth and next() latency against a live loaderd
  *
- *   bench-client --socket PATH --pipeline NAME throughput [--batches N]
+ *   bench-client --socket PATH --pipeline NAME throughput [--batches N] [--skip-epochs K]
  *   bench-client --socket PATH --pipeline NAME latency [--calls N] [--work-us U]
  *   bench-client memcpy [--mib M]
  *
  * throughput: receive and release batches as fast as possible, touching one
  * byte per 4 KiB page of every field (so the pages are really mapped), and
- * report delivered GB/s.
+ * report delivered GB/s; with --skip-epochs K, over the batches of epochs K and
+ * later only (the first ones are the warm-up: worker start, first touch of
+ * the slots), timed from the arrival of epoch K-1's last batch.
  * latency: time each ldr_next() call; between calls spend --work-us of busy
  * time (a trainer's step), so the pipeline runs ahead as it does in training.
  * memcpy: single-thread memcpy bandwidth of buffers far larger than the caches.
@@ -15,6 +17,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,10 +71,11 @@ int main(int argc, char **argv)
 		{ "work-us", required_argument, NULL, 'w' },
 		{ "inflight", required_argument, NULL, 'i' },
 		{ "mib", required_argument, NULL, 'm' },
+		{ "skip-epochs", required_argument, NULL, 'k' },
 		{ 0 },
 	};
 	const char *sock = NULL, *pipeline = NULL, *what;
-	long batches = -1, calls = 100000, work_us = 0, mib = 512;
+	long batches = -1, calls = 100000, work_us = 0, mib = 512, skip_epochs = 0;
 	struct ldr_attach_opts ao = { .mode = LDR_MODE_BROADCAST };
 	struct ldr_client *c;
 	struct ldr_attachment *a;
@@ -86,6 +90,7 @@ int main(int argc, char **argv)
 		case 'w': work_us = atol(optarg); break;
 		case 'i': ao.inflight = (uint32_t)atoi(optarg); break;
 		case 'm': mib = atol(optarg); break;
+		case 'k': skip_epochs = atol(optarg); break;
 		default:
 			fprintf(stderr, "usage: bench-client [--socket P --pipeline N] throughput|latency|memcpy\n");
 			return 2;
@@ -112,9 +117,10 @@ int main(int argc, char **argv)
 	}
 
 	if (strcmp(what, "throughput") == 0) {
-		double t0 = now_s();
+		double t0 = now_s(), t_prev = t0;
 		unsigned long long bytes = 0, n = 0, samples = 0;
 		volatile unsigned char sink = 0;
+		bool counting = skip_epochs <= 0;
 		while (batches < 0 || (long)n < batches) {
 			struct ldr_batch *b;
 			r = ldr_next(a, 60000, &b);
@@ -123,6 +129,21 @@ int main(int argc, char **argv)
 			if (r < 0) {
 				fprintf(stderr, "bench-client: next: %s\n", ldr_client_error(c));
 				return 1;
+			}
+			if (!counting && ldr_batch_epoch(b) >= (uint64_t)skip_epochs) {
+				counting = true;
+				t0 = t_prev;
+			}
+			if (!counting) {
+				for (int f = 0; f < ldr_batch_nfields(b); f++) {
+					struct ldr_field fd;
+					ldr_batch_field(b, f, &fd);
+					for (size_t off = 0; off < fd.nbytes; off += 4096)
+						sink ^= ((const unsigned char *)fd.data)[off];
+				}
+				ldr_release(b);
+				t_prev = now_s();
+				continue;
 			}
 			for (int f = 0; f < ldr_batch_nfields(b); f++) {
 				struct ldr_field fd;
@@ -134,6 +155,7 @@ int main(int argc, char **argv)
 			samples += ldr_batch_rows(b);
 			n++;
 			ldr_release(b);
+			t_prev = now_s();
 		}
 		double dt = now_s() - t0;
 		printf("{\"bench\":\"throughput\",\"batches\":%llu,\"samples\":%llu,\"bytes\":%llu,"
