@@ -51,7 +51,6 @@
 #define CLOSE_WAIT_MS 2000
 #define PROBE_EVERY_MS 2000
 #define PROBE_WAIT_MS 2000
-#define PROBE_NAME "loaderd-watchdog"
 
 enum ev_type { EV_CTX, EV_PIPE_ADD, EV_PIPE_REM, EV_HEAL };
 
@@ -422,7 +421,7 @@ static void client_free(struct server *srv, struct client *cl)
 		client_remove_att(cl, cl->natts - 1);
 		attachment_detach(a);
 	}
-	log_msg(strcmp(cl->name, PROBE_NAME) == 0 ? LOG_DEBUG : LOG_INFO,
+	log_msg(cl->pid == getpid() ? LOG_DEBUG : LOG_INFO,
 	        "client %" PRIu64 " (pid %d) disconnected%s", cl->id, cl->pid,
 	        leases ? ", its leases were released" : "");
 	free(cl);
@@ -445,7 +444,8 @@ static json_t *clients_json(struct server *srv, const struct client *self)
 	json_t *arr = json_array();
 
 	for (struct client *cl = srv->clients; cl; cl = cl->next) {
-		if (cl == self)
+		/* the caller, and the watchdog's probes (our own pid) */
+		if (cl == self || cl->pid == getpid())
 			continue;
 		json_t *atts = json_array();
 		json_t *last = NULL;
@@ -927,25 +927,61 @@ static int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, u
 /* --- life cycle --------------------------------------------------------- */
 
 /*
- * Is a daemon listening on @path? Asked with a complete nng handshake, never
- * a bare connect(): nng 1.5.2's ipc listener stops accepting after a peer that
- * hangs up in the middle of the handshake (nng issue #1518, fixed in 1.6), so
- * a bare probe would break the very daemon it finds.
+ * Is a daemon listening on @path, and does its nng listener answer? Asked with
+ * a complete SP handshake over a plain AF_UNIX socket: the 8-byte header of a
+ * REQ peer out, a REP peer's back, within @timeout_ms, then a clean close.
+ * Never a bare connect(): nng 1.5.2's ipc listener stops accepting after a
+ * peer that hangs up in the middle of the handshake (nng issue #1518, fixed in
+ * 1.6), so a bare probe would break the very daemon it finds. And never an nng
+ * socket of our own: nng_close() of a REQ socket can block for good in 1.5.2,
+ * and in the daemon it blocks nng's one reaper thread, after which no
+ * connection is ever reaped (clients that went away stay listed, stop hangs).
+ * Return: 0 answered; -ECONNREFUSED nobody listens; -EIO no handshake.
  */
-static int nng_probe(const char *path)
+static int sp_probe(const char *path, int timeout_ms)
 {
-	nng_socket s;
-	char url[160];
-	int rv;
+	static const uint8_t req_hdr[8] = { 0, 'S', 'P', 0, 0x00, 0x30, 0, 0 }; /* REQ0 */
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000 };
+	uint8_t got[8];
+	size_t n = 0;
+	int fd, e;
 
-	if (nng_req0_open(&s) != 0)
-		return -ENOMEM;
-	snprintf(url, sizeof(url), "ipc://%s", path);
-	rv = nng_dial(s, url, NULL, 0);
-	nng_close(s);
-	if (rv == 0)
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -EIO;
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -EIO;
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		e = errno;
+		close(fd);
+		return e == ECONNREFUSED || e == ENOENT ? -ECONNREFUSED : -EIO;
+	}
+	if (send(fd, req_hdr, sizeof(req_hdr), MSG_NOSIGNAL) != (ssize_t)sizeof(req_hdr)) {
+		close(fd);
+		return -EIO;
+	}
+	while (n < sizeof(got)) {
+		ssize_t r = recv(fd, got + n, sizeof(got) - n, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+	}
+	close(fd);
+	/* a REP peer: 0 'S' 'P' 0, protocol 0x31 */
+	if (n == sizeof(got) && !memcmp(got, "\0SP\0", 4) && got[4] == 0x00 && got[5] == 0x31)
 		return 0;
-	return rv == NNG_ECONNREFUSED || rv == NNG_ENOENT ? -ECONNREFUSED : -EIO;
+	return -EIO;
+}
+
+static int socket_probe(const char *path)
+{
+	return sp_probe(path, PROBE_WAIT_MS);
 }
 
 /*
@@ -977,35 +1013,10 @@ static int listener_start(struct server *srv, nng_listener *out, char *err, size
 	return 0;
 }
 
-/* A Hello to our own socket, answered within PROBE_WAIT_MS. */
+/* An SP handshake with our own socket, answered within PROBE_WAIT_MS. */
 static bool probe_once(struct server *srv)
 {
-	Loaderd__Request req = LOADERD__REQUEST__INIT;
-	Loaderd__Hello h = LOADERD__HELLO__INIT;
-	uint8_t buf[64];
-	size_t len;
-	void *rbuf;
-	nng_socket s;
-	char url[160];
-	bool ok = false;
-
-	if (nng_req0_open(&s) != 0)
-		return true; /* cannot tell: assume fine */
-	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, PROBE_WAIT_MS);
-	nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, PROBE_WAIT_MS);
-	snprintf(url, sizeof(url), "ipc://%s", srv->path);
-	h.protocol = LDR_PROTOCOL_VERSION;
-	h.client_name = PROBE_NAME;
-	req.body_case = LOADERD__REQUEST__BODY_HELLO;
-	req.hello = &h;
-	len = loaderd__request__pack(&req, buf);
-	if (nng_dial(s, url, NULL, NNG_FLAG_NONBLOCK) == 0 && nng_send(s, buf, len, 0) == 0 &&
-	    nng_recv(s, &rbuf, &len, NNG_FLAG_ALLOC) == 0) {
-		nng_free(rbuf, len);
-		ok = true;
-	}
-	nng_close(s);
-	return ok;
+	return sp_probe(srv->path, PROBE_WAIT_MS) == 0;
 }
 
 /*
@@ -1140,7 +1151,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	}
 	sockpath_fdchan(srv->fdpath, sizeof(srv->fdpath), srv->path);
 
-	r = sock_claim_path(srv->path, nng_probe, err, errlen);
+	r = sock_claim_path(srv->path, socket_probe, err, errlen);
 	if (r < 0)
 		goto fail;
 	r = uv_async_init(loop, &srv->async, on_async);
