@@ -938,13 +938,34 @@ static int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, u
  * connection is ever reaped (clients that went away stay listed, stop hangs).
  * Return: 0 answered; -ECONNREFUSED nobody listens; -EIO no handshake.
  */
-static int sp_probe(const char *path, int timeout_ms)
+static bool recv_all(int fd, void *buf, size_t len)
+{
+	size_t n = 0;
+
+	while (n < len) {
+		ssize_t r = recv(fd, (char *)buf + n, len - n, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return false;
+		n += (size_t)r;
+	}
+	return true;
+}
+
+/*
+ * With @hello, also one request through the whole daemon: a Hello framed as
+ * nng's ipc transport frames a REQ message (type 1, 64-bit big-endian length,
+ * the 32-bit request id with its top bit set, the body), answered with the
+ * same request id. A listener wedged by #1518 can still complete the
+ * transport handshake while its pipe never reaches the socket.
+ */
+static int sp_probe(const char *path, int timeout_ms, bool hello)
 {
 	static const uint8_t req_hdr[8] = { 0, 'S', 'P', 0, 0x00, 0x30, 0, 0 }; /* REQ0 */
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000 };
 	uint8_t got[8];
-	size_t n = 0;
 	int fd, e;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
@@ -964,24 +985,47 @@ static int sp_probe(const char *path, int timeout_ms)
 		close(fd);
 		return -EIO;
 	}
-	while (n < sizeof(got)) {
-		ssize_t r = recv(fd, got + n, sizeof(got) - n, 0);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		n += (size_t)r;
+	/* a REP peer: 0 'S' 'P' 0, protocol 0x31 */
+	if (!recv_all(fd, got, sizeof(got)) || memcmp(got, "\0SP\0", 4) || got[4] != 0x00 || got[5] != 0x31) {
+		close(fd);
+		return -EIO;
+	}
+	if (hello) {
+		Loaderd__Request req = LOADERD__REQUEST__INIT;
+		Loaderd__Hello h = LOADERD__HELLO__INIT;
+		uint8_t msg[128], head[9];
+		size_t len;
+		uint64_t rlen;
+		bool ok;
+
+		h.protocol = LDR_PROTOCOL_VERSION;
+		h.client_name = "loaderd-watchdog";
+		req.body_case = LOADERD__REQUEST__BODY_HELLO;
+		req.hello = &h;
+		len = loaderd__request__pack(&req, msg + 13);
+		msg[0] = 1;
+		for (int i = 0; i < 8; i++)
+			msg[1 + i] = (uint8_t)((uint64_t)(len + 4) >> (56 - 8 * i));
+		memcpy(msg + 9, "\x80\x00\x00\x01", 4); /* request id 1, top bit set */
+		ok = send(fd, msg, 13 + len, MSG_NOSIGNAL) == (ssize_t)(13 + len) && recv_all(fd, head, sizeof(head)) &&
+		     head[0] == 1;
+		rlen = 0;
+		for (int i = 0; ok && i < 8; i++)
+			rlen = rlen << 8 | head[1 + i];
+		ok = ok && rlen >= 4 && rlen <= sizeof(msg) && recv_all(fd, msg, (size_t)rlen) &&
+		     !memcmp(msg, "\x80\x00\x00\x01", 4);
+		if (!ok) {
+			close(fd);
+			return -EIO;
+		}
 	}
 	close(fd);
-	/* a REP peer: 0 'S' 'P' 0, protocol 0x31 */
-	if (n == sizeof(got) && !memcmp(got, "\0SP\0", 4) && got[4] == 0x00 && got[5] == 0x31)
-		return 0;
-	return -EIO;
+	return 0;
 }
 
 static int socket_probe(const char *path)
 {
-	return sp_probe(path, PROBE_WAIT_MS);
+	return sp_probe(path, PROBE_WAIT_MS, false);
 }
 
 /*
@@ -1016,7 +1060,7 @@ static int listener_start(struct server *srv, nng_listener *out, char *err, size
 /* An SP handshake with our own socket, answered within PROBE_WAIT_MS. */
 static bool probe_once(struct server *srv)
 {
-	return sp_probe(srv->path, PROBE_WAIT_MS) == 0;
+	return sp_probe(srv->path, PROBE_WAIT_MS, true) == 0;
 }
 
 /*
