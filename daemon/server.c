@@ -13,6 +13,7 @@
  * and when it went away, which releases every lease it held at once.
  */
 #include <errno.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <nng/nng.h>
@@ -85,6 +86,7 @@ struct client {
 	uint64_t since_ms;
 	struct attachment *atts[MAX_ATTACH_PER_CLIENT];
 	unsigned natts;
+	unsigned gone_seen;       /* sweeps that found its process gone */
 };
 
 struct server {
@@ -123,6 +125,7 @@ struct server {
 	int wedged_fd[16];
 	unsigned nwedged;
 	uv_timer_t drain_timer;
+	uv_timer_t sweep_timer;
 	void (*stop_done)(void *);
 	void *stop_userdata;
 	unsigned pending_closes;
@@ -1174,6 +1177,36 @@ static void heal_listener(struct server *srv)
 	log_warn("listener on %s stopped accepting (a peer hung up during the handshake); replaced it", srv->path);
 }
 
+/*
+ * Clients whose process is gone while nng still reports their connection
+ * open. nng 1.5.2 can wedge its one reaper thread (a reply racing the close of
+ * a killed client's connection), after which no connection is ever reported
+ * closed: such a client would keep its leases, and hold a broadcast pipeline
+ * back, for good. A client whose pid (SO_PEERCRED) has been gone in two
+ * sweeps a second apart is released as if it had disconnected; a connection
+ * nng does report closed in the meantime is released the normal way.
+ */
+static void on_sweep_timer(uv_timer_t *t)
+{
+	struct server *srv = t->data;
+	struct client *cl, *next;
+
+	if (srv->stopping)
+		return;
+	for (cl = srv->clients; cl; cl = next) {
+		next = cl->next;
+		if (cl->pid <= 0 || cl->pid == getpid() || kill(cl->pid, 0) == 0 || errno != ESRCH) {
+			cl->gone_seen = 0;
+			continue;
+		}
+		if (++cl->gone_seen < 2)
+			continue;
+		log_warn("client %" PRIu64 " (pid %d) exited but its connection was never reported closed "
+		         "(nng); releasing it", cl->id, cl->pid);
+		client_free(srv, cl);
+	}
+}
+
 int server_new(struct server **out, uv_loop_t *loop, const struct server_config *cfg,
                char *err, size_t errlen)
 {
@@ -1204,6 +1237,8 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	srv->async.data = srv;
 	uv_timer_init(loop, &srv->drain_timer);
 	srv->drain_timer.data = srv;
+	uv_timer_init(loop, &srv->sweep_timer);
+	srv->sweep_timer.data = srv;
 	r = engine_new(&srv->engine, loop, cfg->workers, cfg->memory_limit, &ops, srv);
 	if (r < 0) {
 		snprintf(err, errlen, "cannot start %u workers: %s", cfg->workers, strerror(-r));
@@ -1236,6 +1271,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 		    pthread_create(&srv->prober, NULL, probe_main, srv) == 0)
 			srv->prober_running = true;
 	}
+	uv_timer_start(&srv->sweep_timer, on_sweep_timer, 1000, 1000);
 	*out = srv;
 	return 0;
 
@@ -1340,7 +1376,8 @@ static void on_stop_timer(uv_timer_t *t)
 	}
 	srv->engine = engine_free(srv->engine);
 	unlink(srv->path);
-	srv->pending_closes = 3;
+	srv->pending_closes = 4;
+	uv_close((uv_handle_t *)&srv->sweep_timer, on_handle_closed);
 	uv_close((uv_handle_t *)&srv->drain_timer, on_handle_closed);
 	uv_close((uv_handle_t *)&srv->async, on_handle_closed);
 	uv_close((uv_handle_t *)&srv->stop_timer, on_handle_closed);
