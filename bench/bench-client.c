@@ -134,26 +134,18 @@ int main(int argc, char **argv)
 				counting = true;
 				t0 = t_prev;
 			}
-			if (!counting) {
-				for (int f = 0; f < ldr_batch_nfields(b); f++) {
-					struct ldr_field fd;
-					ldr_batch_field(b, f, &fd);
-					for (size_t off = 0; off < fd.nbytes; off += 4096)
-						sink ^= ((const unsigned char *)fd.data)[off];
-				}
-				ldr_release(b);
-				t_prev = now_s();
-				continue;
-			}
 			for (int f = 0; f < ldr_batch_nfields(b); f++) {
 				struct ldr_field fd;
 				ldr_batch_field(b, f, &fd);
 				for (size_t off = 0; off < fd.nbytes; off += 4096)
 					sink ^= ((const unsigned char *)fd.data)[off];
-				bytes += fd.nbytes;
+				if (counting)
+					bytes += fd.nbytes;
 			}
-			samples += ldr_batch_rows(b);
-			n++;
+			if (counting) {
+				samples += ldr_batch_rows(b);
+				n++;
+			}
 			ldr_release(b);
 			t_prev = now_s();
 		}

@@ -36,33 +36,15 @@ struct devmap {
 	uint32_t kind;
 	CUdeviceptr base;
 	uint64_t size;
-	pthread_mutex_t lock;
-	CUevent *free_events;
-	size_t nfree, cap;
+	pthread_mutex_t lock;     /* the event pool: recorded by trainers, recycled by the waiter */
+	struct cuda_event_pool events;
 };
-
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool g_tried;
-static int g_ret;
-static char g_err[512];
-static struct cuda_driver *g_drv;
 
 static int driver(struct cuda_driver **out, char *err, size_t errsize)
 {
-	pthread_mutex_lock(&g_lock);
-	if (!g_tried) {
-		const char *path = getenv(CUDA_ENV_LIBRARY);
+	int r = cuda_driver_process(out, err, errsize, NULL);
 
-		g_tried = true;
-		g_ret = cuda_driver_open(&g_drv, path && *path ? path : NULL, g_err, sizeof(g_err));
-		if (g_ret == 0)
-			g_ret = cuda_driver_require(g_drv, false, g_err, sizeof(g_err));
-	}
-	if (g_ret < 0)
-		snprintf(err, errsize, "%s", g_err);
-	*out = g_drv;
-	pthread_mutex_unlock(&g_lock);
-	return g_ret;
+	return r < 0 ? r : cuda_driver_require(*out, false, err, errsize);
 }
 
 /* Make @m's context current on this thread; *@saved gets the previous one. */
@@ -215,8 +197,7 @@ void devmap_close(struct devmap *m)
 	if (!m)
 		return;
 	if (ctx_enter(m, &saved) == CUDA_SUCCESS) {
-		for (size_t i = 0; i < m->nfree; i++)
-			m->drv->EventDestroy(m->free_events[i]);
+		cuda_event_pool_clear(m->drv, &m->events);
 		if (m->kind == DEVMAP_VMM) {
 			m->drv->MemUnmap(m->base, m->size);
 			m->drv->MemAddressFree(m->base, m->size);
@@ -226,7 +207,7 @@ void devmap_close(struct devmap *m)
 		ctx_leave(m, saved);
 	}
 	m->drv->DevicePrimaryCtxRelease(m->dev);
-	free(m->free_events);
+	free(m->events.ev);
 	pthread_mutex_destroy(&m->lock);
 	free(m);
 }
@@ -248,10 +229,9 @@ void *devmap_record(struct devmap *m, void *stream, char *err, size_t errsize)
 		return NULL;
 	}
 	pthread_mutex_lock(&m->lock);
-	if (m->nfree)
-		ev = m->free_events[--m->nfree];
+	ev = cuda_event_get(m->drv, &m->events, &r);
 	pthread_mutex_unlock(&m->lock);
-	if (!ev && (r = m->drv->EventCreate(&ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC)) != CUDA_SUCCESS) {
+	if (!ev) {
 		cuda_driver_error(m->drv, "cuEventCreate", r, err, errsize);
 		ctx_leave(m, saved);
 		return NULL;
@@ -277,19 +257,7 @@ int devmap_wait(struct devmap *m, void *event)
 	r = m->drv->EventSynchronize(ev);
 	ctx_leave(m, saved);
 	pthread_mutex_lock(&m->lock);
-	if (m->nfree == m->cap) {
-		size_t cap = m->cap ? 2 * m->cap : 16;
-		CUevent *n = realloc(m->free_events, cap * sizeof(*n));
-
-		if (n) {
-			m->free_events = n;
-			m->cap = cap;
-		}
-	}
-	if (m->nfree < m->cap)
-		m->free_events[m->nfree++] = ev;
-	else
-		m->drv->EventDestroy(ev);
+	cuda_event_put(m->drv, &m->events, ev);
 	pthread_mutex_unlock(&m->lock);
 	return r == CUDA_SUCCESS ? 0 : -EIO;
 }

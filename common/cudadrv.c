@@ -10,6 +10,8 @@
  * toolkit's stub library answers cuGetProcAddress with CUDA_ERROR_STUB_LIBRARY).
  */
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <errno.h>
 #include <stdio.h>
@@ -393,6 +395,42 @@ int cuda_driver_require(struct cuda_driver *drv, bool vmm, char *err, size_t err
 	return 0;
 }
 
+CUevent cuda_event_get(struct cuda_driver *drv, struct cuda_event_pool *p, CUresult *r)
+{
+	CUevent ev = NULL;
+
+	if (p->n)
+		return p->ev[--p->n];
+	*r = drv->EventCreate(&ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
+	return *r == CUDA_SUCCESS ? ev : NULL;
+}
+
+void cuda_event_put(struct cuda_driver *drv, struct cuda_event_pool *p, CUevent ev)
+{
+	if (!ev)
+		return;
+	if (p->n == p->cap) {
+		size_t cap = p->cap ? 2 * p->cap : 16;
+		CUevent *n = realloc(p->ev, cap * sizeof(*n));
+
+		if (!n) {
+			drv->EventDestroy(ev);
+			return;
+		}
+		p->ev = n;
+		p->cap = cap;
+	}
+	p->ev[p->n++] = ev;
+}
+
+void cuda_event_pool_clear(struct cuda_driver *drv, struct cuda_event_pool *p)
+{
+	for (size_t i = 0; i < p->n; i++)
+		drv->EventDestroy(p->ev[i]);
+	free(p->ev);
+	*p = (struct cuda_event_pool){ 0 };
+}
+
 #else /* !HAVE_CUDA */
 
 int cuda_driver_error(struct cuda_driver *drv, const char *what, int result, char *err, size_t errsize)
@@ -434,3 +472,43 @@ int cuda_driver_device(struct cuda_driver *drv, int index, struct cuda_device_in
 
 #endif /* HAVE_CUDA */
 
+
+/* The process's driver. g_lock is held only while it opens (cuInit can take
+ * seconds); g_tried, then g_ret, g_err and g_drv, are published once and
+ * read without the lock after that. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_bool g_tried;
+static int g_ret;
+static char g_err[512];
+static struct cuda_driver *g_drv;
+
+int cuda_driver_process(struct cuda_driver **out, char *err, size_t errsize, bool *opened)
+{
+	if (opened)
+		*opened = false;
+	if (!atomic_load(&g_tried)) {
+		pthread_mutex_lock(&g_lock);
+		if (!atomic_load(&g_tried)) {
+			const char *path = getenv(CUDA_ENV_LIBRARY);
+
+			g_ret = cuda_driver_open(&g_drv, path && *path ? path : NULL, g_err, sizeof(g_err));
+			atomic_store(&g_tried, true);
+			if (opened)
+				*opened = true;
+		}
+		pthread_mutex_unlock(&g_lock);
+	}
+	*out = g_drv;
+	if (g_ret < 0)
+		snprintf(err, errsize, "%s", g_err);
+	return g_ret;
+}
+
+int cuda_driver_process_peek(struct cuda_driver **out, const char **why)
+{
+	if (!atomic_load(&g_tried))
+		return -EAGAIN;
+	*out = g_drv;
+	*why = g_err;
+	return g_ret;
+}

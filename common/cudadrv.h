@@ -62,6 +62,23 @@ const char *cuda_driver_path(const struct cuda_driver *drv);
 int cuda_driver_device(struct cuda_driver *drv, int index, struct cuda_device_info *info,
                        char *err, size_t errsize);
 
+/**
+ * cuda_driver_process() - the process's driver, opened on the first call.
+ * @opened: if not NULL, set to true for the one call that opened it (to log once)
+ *
+ * From $LOADERD_CUDA_LIBRARY, else libcuda.so.1; the outcome (the driver, or
+ * the error and its sentence) is remembered for the life of the process, so
+ * cuInit runs once. Thread-safe: only calls made while it opens wait.
+ * Return: as cuda_driver_open(), with @err set on failure.
+ */
+int cuda_driver_process(struct cuda_driver **out, char *err, size_t errsize, bool *opened);
+/**
+ * cuda_driver_process_peek() - what cuda_driver_process() found, without
+ * opening or waiting: -EAGAIN not asked yet (or opening now); 0 with *@out;
+ * the error with *@why its sentence.
+ */
+int cuda_driver_process_peek(struct cuda_driver **out, const char **why);
+
 /** Name of a CUresult without asking the driver ("CUDA_ERROR_STUB_LIBRARY"), or NULL. */
 const char *cuda_result_name(int result);
 
@@ -136,4 +153,21 @@ struct cuda_driver {
  * Return: 0, or -ENOTSUP with @err naming the first one missing.
  */
 int cuda_driver_require(struct cuda_driver *drv, bool vmm, char *err, size_t errsize);
+
+/*
+ * Recycled events (blocking-sync, no timing): the daemon's copy engines and
+ * libloader's waiters record one per batch and reuse it once waited for.
+ * Not locked: each pool has one owner or its owner's lock.
+ */
+struct cuda_event_pool {
+	CUevent *ev;
+	size_t n, cap;
+};
+
+/** A free event, or a new one (the calling thread's current context); NULL with *@r set. */
+CUevent cuda_event_get(struct cuda_driver *drv, struct cuda_event_pool *p, CUresult *r);
+/** Give @ev back (NULL is fine); destroyed when the pool cannot grow. */
+void cuda_event_put(struct cuda_driver *drv, struct cuda_event_pool *p, CUevent ev);
+/** Destroy the pool's events (in their context) and its array. */
+void cuda_event_pool_clear(struct cuda_driver *drv, struct cuda_event_pool *p);
 #endif

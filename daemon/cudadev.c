@@ -24,54 +24,43 @@
 #include "loader/loader.h"
 #include "log.h"
 
-/* The process-wide driver: opened once, on the first CUDA attach. g_lock is
- * held while it opens (cuInit can take seconds); the loop thread never waits
- * for it: g_tried, then g_ret, g_err and g_drv, are published once, and
- * cuda_attach_ready() and cuda_status_json() read only what was published. */
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_bool g_tried;
-static int g_ret;
-static char g_err[512];
-static struct cuda_driver *g_drv;
+/* The process's driver (common/cudadrv.c), opened on the first CUDA attach;
+ * g_drv once it is open, for the engines. */
+static struct cuda_driver *_Atomic g_drv;
 #define CUDA_MAX_DEVICES 64
 /* devices whose primary context the daemon retains for its life (cuda_attach_prepare) */
 static atomic_bool g_warm[CUDA_MAX_DEVICES];
 
 int cuda_attach_check(int index, struct cuda_device_info *info, char *err, size_t errsize)
 {
+	struct cuda_driver *drv;
+	bool opened;
 	int r;
 
-	if (!atomic_load(&g_tried)) {
-		pthread_mutex_lock(&g_lock);
-		if (!atomic_load(&g_tried)) {
-			const char *path = getenv(CUDA_ENV_LIBRARY);
-
-			g_ret = cuda_driver_open(&g_drv, path && *path ? path : NULL, g_err, sizeof(g_err));
-			if (g_ret < 0)
-				log_notice("CUDA unavailable, host delivery only: %s", g_err);
-			else
-				log_info("CUDA driver loaded from %s", cuda_driver_path(g_drv));
-			atomic_store(&g_tried, true);
-		}
-		pthread_mutex_unlock(&g_lock);
-	}
-	if (g_ret < 0) {
+	r = cuda_driver_process(&drv, err, errsize, &opened);
+	if (opened && r < 0)
+		log_notice("CUDA unavailable, host delivery only: %s", err);
+	else if (opened)
+		log_info("CUDA driver loaded from %s", cuda_driver_path(drv));
+	if (r < 0) {
 		memset(info, 0, sizeof(*info));
-		snprintf(err, errsize, "%s", g_err);
-		r = g_ret;
-	} else {
-		r = cuda_driver_device(g_drv, index, info, err, errsize);
+		return r;
 	}
-	return r;
+	g_drv = drv;
+	return cuda_driver_device(drv, index, info, err, errsize);
 }
 
 struct json_t *cuda_status_json(void)
 {
-	if (!atomic_load(&g_tried))
+	struct cuda_driver *drv;
+	const char *why;
+	int r = cuda_driver_process_peek(&drv, &why);
+
+	if (r == -EAGAIN)
 		return NULL;
-	if (g_ret < 0)
-		return json_pack("{s:s}", "error", g_err);
-	return json_pack("{s:s}", "driver", cuda_driver_path(g_drv));
+	if (r < 0)
+		return json_pack("{s:s}", "error", why);
+	return json_pack("{s:s}", "driver", cuda_driver_path(drv));
 }
 
 int cuda_attach_device(uint32_t kind, int32_t index, struct cuda_device_info *info,
@@ -98,11 +87,16 @@ int cuda_attach_device(uint32_t kind, int32_t index, struct cuda_device_info *in
 
 bool cuda_attach_ready(uint32_t kind, int32_t index)
 {
+	struct cuda_driver *drv;
+	const char *why;
+	int r;
+
 	if (kind != LDR_DEVICE_CUDA)
 		return true;
-	if (!atomic_load(&g_tried))
+	r = cuda_driver_process_peek(&drv, &why);
+	if (r == -EAGAIN)
 		return false;
-	return g_ret < 0 || index < 0 || index >= CUDA_MAX_DEVICES || atomic_load(&g_warm[index]);
+	return r < 0 || index < 0 || index >= CUDA_MAX_DEVICES || atomic_load(&g_warm[index]);
 }
 
 int cuda_attach_prepare(uint32_t kind, int32_t index, struct cuda_device_info *info,
@@ -217,8 +211,7 @@ struct cuda_engine {
 	uint64_t busy_ns;          /* time the stream had copies in flight, under d->lock */
 	uint64_t last_done_ns;     /* engine thread only */
 	uint32_t registered;       /* host ranges pinned now */
-	CUevent *events;           /* free events, engine thread only */
-	size_t nevents, cap_events;
+	struct cuda_event_pool events; /* engine thread only */
 };
 
 struct cuda_devices {
@@ -235,43 +228,6 @@ struct cuda_devices {
 static void wake_loop(struct cuda_devices *d)
 {
 	uv_async_send(d->async);
-}
-
-/* Call from a thread with the engine's context current. Blocking-sync
- * events: the engine thread sleeps in cuEventSynchronize instead of spinning
- * a core that the decoding workers need (a wake-up costs tens of
- * microseconds, which prefetch hides). */
-static CUevent event_get(struct cuda_engine *e, char *err, size_t errsize, int *ret)
-{
-	CUevent ev = NULL;
-	CUresult r;
-
-	if (e->nevents)
-		return e->events[--e->nevents];
-	r = g_drv->EventCreate(&ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC);
-	if (r != CUDA_SUCCESS) {
-		*ret = cuda_driver_error(g_drv, "cuEventCreate", r, err, errsize);
-		return NULL;
-	}
-	return ev;
-}
-
-static void event_put(struct cuda_engine *e, CUevent ev)
-{
-	if (!ev)
-		return;
-	if (e->nevents == e->cap_events) {
-		size_t cap = e->cap_events ? 2 * e->cap_events : 16;
-		CUevent *n = realloc(e->events, cap * sizeof(*n));
-
-		if (!n) {
-			g_drv->EventDestroy(ev);
-			return;
-		}
-		e->events = n;
-		e->cap_events = cap;
-	}
-	e->events[e->nevents++] = ev;
 }
 
 static void dslab_release(struct cuda_dslab *s)
@@ -315,9 +271,14 @@ static void submit_copy(struct cuda_engine *e, struct cjob *j)
 	}
 	if (j->err)
 		return;
-	j->ev = event_get(e, j->msg, sizeof(j->msg), &j->err);
-	if (!j->ev)
+	/* blocking-sync events: the engine thread sleeps in cuEventSynchronize
+	 * instead of spinning a core that the decoding workers need (a wake-up
+	 * costs tens of microseconds, which prefetch hides) */
+	j->ev = cuda_event_get(g_drv, &e->events, &r);
+	if (!j->ev) {
+		j->err = cuda_driver_error(g_drv, "cuEventCreate", r, j->msg, sizeof(j->msg));
 		return;
+	}
 	r = g_drv->EventRecord(j->ev, e->stream);
 	if (r != CUDA_SUCCESS)
 		j->err = cuda_driver_error(g_drv, "cuEventRecord", r, j->msg, sizeof(j->msg));
@@ -345,7 +306,7 @@ static void finish_copies(struct cuda_engine *e, struct cjob *list)
 		done = now_ns();
 		busy = done - (j->submitted_ns > e->last_done_ns ? j->submitted_ns : e->last_done_ns);
 		e->last_done_ns = done;
-		event_put(e, j->ev);
+		cuda_event_put(g_drv, &e->events, j->ev);
 		j->ev = NULL;
 		for (size_t i = 0; i < j->nspans; i++)
 			bytes += j->spans[i].bytes;
@@ -553,9 +514,7 @@ struct cuda_devices *cuda_devices_free(struct cuda_devices *d)
 		if (!e)
 			continue;
 		g_drv->CtxSetCurrent(e->ctx);
-		for (size_t k = 0; k < e->nevents; k++)
-			g_drv->EventDestroy(e->events[k]);
-		free(e->events);
+		cuda_event_pool_clear(g_drv, &e->events);
 		g_drv->StreamDestroy(e->stream);
 		g_drv->CtxSetCurrent(NULL);
 		g_drv->DevicePrimaryCtxRelease(e->dev);
@@ -726,63 +685,68 @@ static int ipc_alloc(struct cuda_dslab *s, char *err, size_t errsize)
 	return 0;
 }
 
-int cuda_dslab_new(struct cuda_devices *d, const struct cuda_device_info *info, uint64_t slot_bytes,
-                   uint32_t nslots, struct cuda_dslab **out, char *err, size_t errsize)
+/* A device slab of @nslots slots of @slot_bytes on @info's device, sized for
+ * the granularity @gmin/@grec, no memory yet. */
+static int dslab_sized(const struct cuda_device_info *info, uint64_t slot_bytes, uint32_t nslots,
+                       uint64_t gmin, uint64_t grec, struct cuda_dslab **out, char *err, size_t errsize)
 {
-	const char *force_ipc = getenv("LOADERD_CUDA_IPC");
-	bool vmm = info->vmm_posix_fd && !(force_ipc && !strcmp(force_ipc, "1")) &&
-	           cuda_driver_require(g_drv, true, err, errsize) == 0;
-	uint64_t gmin = vmm && info->gran_min ? info->gran_min : CUDA_DEFAULT_GRANULARITY;
-	uint64_t grec = vmm && info->gran_rec ? info->gran_rec : gmin;
 	struct cuda_slab_layout l;
-	struct cuda_engine *e = NULL;
 	struct cuda_dslab *s;
-	char vmm_err[256];
-	CUresult r;
-	int ret;
+	int r = cuda_slab_layout(slot_bytes, nslots, gmin, grec, &l);
 
-	ret = engine_get(d, info, &e, err, errsize);
-	if (ret < 0)
-		return ret;
-	ret = cuda_slab_layout(slot_bytes, nslots, gmin, grec, &l);
-	if (ret < 0) {
+	if (r < 0) {
 		snprintf(err, errsize, "cuda:%d: cannot size a device slab of %u slots of %" PRIu64 " bytes",
 		         info->index, nslots, slot_bytes);
-		return ret;
+		return r;
 	}
-	s = calloc(1, sizeof(*s));
-	if (!s)
+	if (!(s = calloc(1, sizeof(*s)))) {
+		snprintf(err, errsize, "cuda:%d: out of memory", info->index);
 		return -ENOMEM;
+	}
 	s->device = info->index;
 	s->fd = -1;
 	s->bytes = l.slab_bytes;
 	s->slot_stride = l.slot_stride;
 	s->nslots = nslots;
 	snprintf(s->device_name, sizeof(s->device_name), "%s", info->name);
-	r = g_drv->CtxSetCurrent(e->ctx);
-	if (r != CUDA_SUCCESS) {
-		ret = cuda_driver_error(g_drv, "cuCtxSetCurrent", r, err, errsize);
-		free(s);
+	*out = s;
+	return 0;
+}
+
+int cuda_dslab_new(struct cuda_devices *d, const struct cuda_device_info *info, uint64_t slot_bytes,
+                   uint32_t nslots, struct cuda_dslab **out, char *err, size_t errsize)
+{
+	const char *force_ipc = getenv("LOADERD_CUDA_IPC");
+	struct cuda_engine *e = NULL;
+	struct cuda_dslab *s;
+	char why[256];
+	CUresult r;
+	int ret;
+
+	ret = engine_get(d, info, &e, err, errsize);
+	if (ret < 0)
 		return ret;
-	}
-	if (vmm) {
-		ret = vmm_alloc(info, s, vmm_err, sizeof(vmm_err));
-		if (ret == 0)
+	r = g_drv->CtxSetCurrent(e->ctx);
+	if (r != CUDA_SUCCESS)
+		return cuda_driver_error(g_drv, "cuCtxSetCurrent", r, err, errsize);
+	if (info->vmm_posix_fd && !(force_ipc && !strcmp(force_ipc, "1")) &&
+	    cuda_driver_require(g_drv, true, why, sizeof(why)) == 0) {
+		uint64_t gmin = info->gran_min ? info->gran_min : CUDA_DEFAULT_GRANULARITY;
+
+		s = NULL;
+		ret = dslab_sized(info, slot_bytes, nslots, gmin, info->gran_rec ? info->gran_rec : gmin, &s,
+		                  why, sizeof(why));
+		if (ret == 0 && vmm_alloc(info, s, why, sizeof(why)) == 0)
 			goto done;
-		log_warn("cuda:%d: VMM device slab failed, using legacy IPC: %s", info->index, vmm_err);
-		dslab_release(s);
-		s = calloc(1, sizeof(*s));
-		if (!s)
-			return -ENOMEM;
-		s->device = info->index;
-		s->fd = -1;
-		/* legacy IPC sizes with the default granularity */
-		cuda_slab_layout(slot_bytes, nslots, CUDA_DEFAULT_GRANULARITY, CUDA_DEFAULT_GRANULARITY, &l);
-		s->bytes = l.slab_bytes;
-		s->slot_stride = l.slot_stride;
-		s->nslots = nslots;
-		snprintf(s->device_name, sizeof(s->device_name), "%s", info->name);
+		log_warn("cuda:%d: VMM device slab failed, using legacy IPC: %s", info->index, why);
+		if (s)
+			dslab_release(s);
 	}
+	/* legacy IPC sizes with the default granularity */
+	ret = dslab_sized(info, slot_bytes, nslots, CUDA_DEFAULT_GRANULARITY, CUDA_DEFAULT_GRANULARITY, &s,
+	                  err, errsize);
+	if (ret < 0)
+		return ret;
 	ret = ipc_alloc(s, err, errsize);
 	if (ret < 0) {
 		dslab_release(s);

@@ -276,7 +276,8 @@ static void reply_error(struct server *srv, struct sctx *c, int code, const char
 	Loaderd__Error e = LOADERD__ERROR__INIT;
 
 	e.code = code;
-	e.message = (char *)msg;
+	/* a failure that left no sentence (out of memory deep down) still says what */
+	e.message = (char *)(msg && *msg ? msg : strerror(code));
 	rep.body_case = LOADERD__REPLY__BODY_ERROR;
 	rep.error = &e;
 	send_reply(srv, c, &rep);
@@ -533,7 +534,7 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 
 static void handle_drop(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__DropPipeline *m)
 {
-	char err[256];
+	char err[256] = "";
 	int r;
 
 	r = engine_drop(srv->engine, m->name, cl->uid, m->force, err, sizeof(err));
@@ -563,7 +564,7 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	};
 	struct attachment *a;
 	struct attach_info info;
-	char err[512];
+	char err[512] = "";
 
 	if (r < 0) {
 		reply_error(srv, c, -r, cuda_err);
@@ -680,7 +681,7 @@ static void handle_attach(struct server *srv, struct sctx *c, struct client *cl,
 {
 	struct cuda_device_info dinfo;
 	struct attach_job *j;
-	char err[512];
+	char err[512] = "";
 	int r;
 
 	if (!cuda_attach_ready(m->device_kind, m->device_index) && (j = calloc(1, sizeof(*j)))) {
@@ -708,7 +709,7 @@ static struct attachment *att_or_reply(struct server *srv, struct sctx *c, struc
                                        uint64_t id, unsigned *index)
 {
 	struct attachment *a = client_att(cl, id, index);
-	char err[96];
+	char err[96] = "";
 
 	if (!a) {
 		snprintf(err, sizeof(err), "no attachment %" PRIu64 " on this connection", id);
@@ -728,7 +729,7 @@ static bool releases_fit(struct server *srv, struct sctx *c, size_t n)
 static void handle_next(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Next *m)
 {
 	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, NULL);
-	char err[256];
+	char err[256] = "";
 	int r;
 
 	if (!a || !releases_fit(srv, c, m->n_releases))
@@ -744,7 +745,7 @@ static void handle_next(struct server *srv, struct sctx *c, struct client *cl, c
 static void handle_release(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Release *m)
 {
 	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, NULL);
-	char err[256];
+	char err[256] = "";
 	int r;
 
 	if (!a || !releases_fit(srv, c, m->n_leases))
@@ -1154,7 +1155,7 @@ static void on_drain_timer(uv_timer_t *t)
 
 static void heal_listener(struct server *srv)
 {
-	char err[256];
+	char err[256] = "";
 	nng_listener l;
 	int old_fd;
 
