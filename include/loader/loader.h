@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 /** Wire protocol version spoken by this library. */
-#define LDR_PROTOCOL_VERSION 1
+#define LDR_PROTOCOL_VERSION 2
 /** Longest pipeline or field name, in bytes, without the NUL. */
 #define LDR_NAME_MAX 63
 /** Most dimensions of one field (batch dimension included). */
