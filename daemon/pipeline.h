@@ -30,6 +30,7 @@ enum delivery_kind {
 	DELIVER_BATCH,
 	DELIVER_END,
 	DELIVER_ERROR,
+	DELIVER_REVOKE,       /* to a watch: hand back what the trainer has not taken */
 };
 
 struct delivered_batch {
@@ -48,6 +49,9 @@ struct delivery {
 	uint32_t nbatches;
 	int err;              /* DELIVER_ERROR: positive errno */
 	const char *msg;
+	uint32_t share;       /* BATCH, REVOKE: leases the attachment may hold now */
+	uint64_t upto_seq;    /* REVOKE: the attachment's delivery number */
+	uint32_t count;       /* REVOKE: leases above its share */
 };
 
 /* Most batches one answer carries. */
@@ -88,6 +92,18 @@ struct attach_info {
 	const struct field_desc *fields;
 	const uint64_t *field_offsets;
 	const struct cuda_dslab *dslab; /* CUDA delivery: the device slab, else NULL */
+	uint32_t share;       /* leases it may hold now */
+};
+
+/* One Next or Release request (docs/protocol.md, "Sharing slots"). */
+struct next_req {
+	const uint64_t *releases;
+	size_t nreleases;
+	bool watch;           /* park as the attachment's watch */
+	bool has_return;      /* the watch answers a Revoke */
+	uint64_t return_from;
+	const uint64_t *returned;
+	size_t nreturned;
 };
 
 int engine_new(struct engine **out, uv_loop_t *loop, unsigned nworkers,
@@ -123,10 +139,15 @@ uint64_t attachment_id(const struct attachment *att);
 uint64_t attachment_client(const struct attachment *att);
 size_t attachment_leases(const struct attachment *att);
 json_t *attachment_json(const struct attachment *att);
-/* Release @leases, then queue @p (NULL: release only). Unknown lease ids are
- * -ENOENT; too many parked requests -EAGAIN. @p is answered at once or later. */
-int attachment_next(struct attachment *att, struct pending *p,
-                    const uint64_t *leases, size_t nleases, char *err, size_t errlen);
+/**
+ * attachment_next() - release leases, take back a Revoke's returns, queue @p.
+ * @p: the request to answer (NULL: release only), at once or later
+ * Return: 0; -ENOENT for unknown lease ids (the request still counts), -EAGAIN
+ * for too many parked requests (or a second watch), -EPROTO for returns that
+ * do not match the deliveries the Revoke asked for; @err says which.
+ */
+int attachment_next(struct attachment *att, struct pending *p, const struct next_req *rq,
+                    char *err, size_t errlen);
 
 /**
  * engine_take_token() - redeem a one-time fd-channel token.

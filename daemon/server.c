@@ -321,6 +321,7 @@ static void on_deliver(void *userdata, struct pending *p, const struct delivery 
 	Loaderd__Batch bs[DELIVER_MAX_BATCHES], *bp[DELIVER_MAX_BATCHES];
 	Loaderd__End e = LOADERD__END__INIT;
 	Loaderd__Error er = LOADERD__ERROR__INIT;
+	Loaderd__Revoke rv = LOADERD__REVOKE__INIT;
 
 	switch (d->kind) {
 	case DELIVER_BATCH:
@@ -336,6 +337,7 @@ static void on_deliver(void *userdata, struct pending *p, const struct delivery 
 		}
 		bl.n_batches = d->nbatches;
 		bl.batches = bp;
+		bl.share = d->share;
 		rep.body_case = LOADERD__REPLY__BODY_BATCHES;
 		rep.batches = &bl;
 		break;
@@ -343,6 +345,13 @@ static void on_deliver(void *userdata, struct pending *p, const struct delivery 
 		e.seq = d->seq;
 		rep.body_case = LOADERD__REPLY__BODY_END;
 		rep.end = &e;
+		break;
+	case DELIVER_REVOKE:
+		rv.share = d->share;
+		rv.upto_seq = d->upto_seq;
+		rv.count = d->count;
+		rep.body_case = LOADERD__REPLY__BODY_REVOKE;
+		rep.revoke = &rv;
 		break;
 	case DELIVER_ERROR:
 		er.seq = d->seq;
@@ -610,6 +619,7 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	ar.samples = info.samples;
 	ar.start_epoch = info.start_epoch;
 	ar.start_batch = info.start_batch;
+	ar.share = info.share;
 	ar.fd_path = srv->fdpath;
 	if (info.dslab) {
 		ar.device_kind = LDR_DEVICE_CUDA;
@@ -732,12 +742,15 @@ static void handle_next(struct server *srv, struct sctx *c, struct client *cl, c
 	char err[256] = "";
 	int r;
 
-	if (!a || !releases_fit(srv, c, m->n_releases))
+	if (!a || !releases_fit(srv, c, m->n_releases) || !releases_fit(srv, c, m->n_returned))
 		return;
 	c->state = CTX_PARKED;
 	c->answered = true;
 	c->pending.max = m->max_batches;
-	r = attachment_next(a, &c->pending, m->releases, m->n_releases, err, sizeof(err));
+	r = attachment_next(a, &c->pending, &(struct next_req){ .releases = m->releases,
+		.nreleases = m->n_releases, .watch = m->watch, .has_return = m->has_return,
+		.return_from = m->return_from, .returned = m->returned, .nreturned = m->n_returned },
+		err, sizeof(err));
 	if (r < 0)
 		reply_error(srv, c, -r, err);
 }
@@ -750,7 +763,8 @@ static void handle_release(struct server *srv, struct sctx *c, struct client *cl
 
 	if (!a || !releases_fit(srv, c, m->n_leases))
 		return;
-	r = attachment_next(a, NULL, m->leases, m->n_leases, err, sizeof(err));
+	r = attachment_next(a, NULL, &(struct next_req){ .releases = m->leases, .nreleases = m->n_leases },
+	                    err, sizeof(err));
 	if (r < 0)
 		reply_error(srv, c, -r, err);
 	else

@@ -290,7 +290,7 @@ class RawReq:
         return self.recv_reply()
 
     def hello(self):
-        body = pb_field(REQ_HELLO, b"\x08\x01" + pb_field(2, b"rawtest"))
+        body = pb_field(REQ_HELLO, b"\x08\x02" + pb_field(2, b"rawtest"))  # protocol 2
         num, _, _ = pb_top_field(self.call(body))
         return num
 

@@ -1,0 +1,462 @@
+/* SPDX-License-Identifier: MIT */
+/* attach - attachments: joining a stream, releasing leases, leaving
+ *
+ * An attachment is one client's reading of a pipeline in one mode. It holds
+ * leases on the slots it was delivered, and its fd-channel token.
+ */
+#include "pipeline-private.h"
+
+static void att_unlink(struct attachment *a)
+{
+	struct attachment **pp;
+
+	for (pp = &a->eng->atts; *pp; pp = &(*pp)->all_next)
+		if (*pp == a) {
+			*pp = a->all_next;
+			break;
+		}
+}
+
+/* Cut an attachment off its pipeline: leases released, requests answered. */
+void att_disconnect(struct attachment *a, int err, const char *msg)
+{
+	struct pipeline *pl = a->pl;
+	struct stream *s = a->stream;
+	struct attachment **pp;
+
+	if (!pl)
+		return;
+	att_fail_pending(a, err, msg);
+	while (a->leases) {
+		struct lease *l = a->leases;
+		a->leases = l->next;
+		l->slot->leases--;
+		slot_unref(pl, l->slot);
+		free(l);
+	}
+	a->nleases = 0;
+	if (a->dev) {
+		a->dev->natts--;
+		devcopy_maybe_free(a->dev);
+		a->dev = NULL;
+	}
+	for (pp = &s->atts; *pp; pp = &(*pp)->next)
+		if (*pp == a) {
+			*pp = a->next;
+			break;
+		}
+	s->natts--;
+	pl->natts--;
+	if (s->mode == LDR_MODE_BROADCAST && s->natts == 0) {
+		/* what the last client received is consumed: keep only the rest */
+		while (s->ring_len && s->head_seq < a->cursor && s->ring[s->ring_head].ready &&
+		       s->ring[s->ring_head].slot->leases == 0)
+			ring_pop_head(s);
+	}
+	if (s->mode == LDR_MODE_PARTITION) {
+		s->dead = true;
+		pl->nstreams--;
+		/* drop ready batches now; in-flight ones when their job ends */
+		while (s->ring_len && s->ring[s->ring_head].ready)
+			ring_pop_head(s);
+		stream_maybe_free(s);
+	}
+	a->pl = NULL;
+	a->stream = NULL;
+}
+/* --- attachments -------------------------------------------------------- */
+
+/* Undo an attachment that never joined a stream. */
+static void att_free_unattached(struct attachment *a)
+{
+	if (a->dev) {
+		a->dev->natts--;
+		devcopy_maybe_free(a->dev);
+	}
+	free(a);
+}
+
+int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
+                  struct attachment **out, char *err, size_t errlen)
+{
+	struct pipeline *pl = engine_find(eng, name);
+	struct attachment *a;
+	struct stream *s;
+	uint32_t world = p->world ? p->world : 1;
+
+	if (eng->shutdown) {
+		snprintf(err, errlen, "daemon is shutting down");
+		return -ESHUTDOWN;
+	}
+	if (!pl) {
+		snprintf(err, errlen, "no pipeline named '%s'", name);
+		return -ENOENT;
+	}
+	if (pl->failed) {
+		snprintf(err, errlen, "pipeline '%s' failed: %s", name, pl->error);
+		return -EIO;
+	}
+	if (p->mode < 0 || p->mode > LDR_MODE_DYNAMIC) {
+		snprintf(err, errlen, "attach: unknown mode %d", p->mode);
+		return -EINVAL;
+	}
+	if (p->mode != LDR_MODE_PARTITION && (p->rank || world != 1 || p->has_start)) {
+		snprintf(err, errlen, "attach: rank, world_size and start apply to partition mode only");
+		return -EINVAL;
+	}
+	if (world > 1u << 20 || p->rank >= world) {
+		snprintf(err, errlen, "attach: rank %u out of range for world_size %u", p->rank, world);
+		return -EINVAL;
+	}
+	if (p->credits > ATTACH_MAX_CREDITS) {
+		snprintf(err, errlen, "attach: credits %u above the limit of %d", p->credits, ATTACH_MAX_CREDITS);
+		return -EINVAL;
+	}
+	struct stream *shared = p->mode == LDR_MODE_PARTITION ? NULL : pl->shared[p->mode];
+	uint32_t active = pipeline_active_streams(pl);
+	if ((!shared || !shared->natts) && active >= pl->nslots) {
+		snprintf(err, errlen, "attach: pipeline '%s' has %u slots and %u streams read it already "
+		         "(one per partition rank, one for its broadcast and one for its dynamic clients): "
+		         "each stream needs a slot of its own; create the pipeline with a prefetch of at "
+		         "least %u", name, pl->nslots, active, active + 1);
+		return -ENOSPC;
+	}
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	if (getrandom(a->token, sizeof(a->token), 0) != sizeof(a->token)) {
+		snprintf(err, errlen, "attach: no random bytes for the fd-channel token: %s", strerror(errno));
+		free(a);
+		return -EAGAIN;
+	}
+	if (p->cuda) {
+		int r = devcopy_get(pl, p->cuda, &a->dev, err, errlen);
+		if (r < 0) {
+			free(a);
+			return r;
+		}
+	}
+	if (p->mode == LDR_MODE_PARTITION) {
+		s = stream_new(pl, p->mode, p->rank, world);
+		if (!s) {
+			att_free_unattached(a);
+			return -ENOMEM;
+		}
+		if (s->bpe == 0) {
+			snprintf(err, errlen, "attach: rank %u of %u gets no batch (%" PRIu64 " samples, batch_size %u)",
+			         p->rank, world, s->sampler.nsamples, pl->spec->batch_size);
+			s->dead = true;
+			pl->nstreams--;
+			stream_maybe_free(s);
+			att_free_unattached(a);
+			return -EINVAL;
+		}
+		uint64_t start = 0;
+		if (p->has_start) {
+			if (p->start_batch >= s->bpe ||
+			    __builtin_mul_overflow(p->start_epoch, s->bpe, &start) ||
+			    __builtin_add_overflow(start, p->start_batch, &start) ||
+			    start > s->end_seq) {
+				snprintf(err, errlen,
+				         "attach: start (epoch %" PRIu64 ", batch %" PRIu64 ") is outside the stream "
+				         "(%" PRIu64 " batches per epoch, %" PRIu64 " epochs)",
+				         p->start_epoch, p->start_batch, s->bpe, pl->spec->epochs);
+				s->dead = true;
+				pl->nstreams--;
+				stream_maybe_free(s);
+				att_free_unattached(a);
+				return -EINVAL;
+			}
+		}
+		s->next_produce = s->head_seq = s->cursor = start;
+		a->cursor = start;
+	} else {
+		s = pl->shared[p->mode];
+		if (!s) {
+			s = stream_new(pl, p->mode, 0, 1);
+			if (!s) {
+				att_free_unattached(a);
+				return -ENOMEM;
+			}
+			pl->shared[p->mode] = s;
+		}
+		a->cursor = s->ring_len ? s->head_seq : s->next_produce;
+	}
+	a->eng = eng;
+	a->pl = pl;
+	a->stream = s;
+	a->id = ++eng->att_ctr;
+	a->client_id = p->client_id;
+	a->uid = p->uid;
+	a->mode = p->mode;
+	a->rank = p->rank;
+	a->world = world;
+	a->credits = p->credits ? p->credits : 4;
+	a->start_seq = a->cursor;
+	a->rv_dno = UINT64_MAX;
+	a->token_valid = true;
+	a->token_expiry = uv_now(eng->loop) + TOKEN_TTL_MS;
+	a->next = s->atts;
+	s->atts = a;
+	s->natts++;
+	pl->natts++;
+	a->all_next = eng->atts;
+	eng->atts = a;
+	*out = a;
+	pipeline_update(pl);
+	return 0;
+}
+
+void attachment_detach(struct attachment *a)
+{
+	struct pipeline *pl;
+
+	if (!a)
+		return;
+	pl = a->pl;
+	att_disconnect(a, ECANCELED, "detached");
+	att_unlink(a);
+	free(a);
+	if (pl)
+		pipeline_update(pl);
+}
+
+void attachment_get_info(const struct attachment *a, struct attach_info *info)
+{
+	const struct pipeline *pl = a->pl;
+	const struct stream *s = a->stream;
+
+	memset(info, 0, sizeof(*info));
+	info->id = a->id;
+	memcpy(info->token, a->token, sizeof(info->token));
+	if (!pl)
+		return;
+	info->slab_bytes = pl->slab->size;
+	info->slot_bytes = pl->slot_bytes;
+	info->nslots = pl->nslots;
+	info->batch_size = pl->spec->batch_size;
+	info->batches_per_epoch = s->bpe;
+	info->epochs = pl->spec->epochs;
+	info->samples = sampler_samples_per_epoch(&s->sampler);
+	info->start_epoch = a->start_seq / s->bpe;
+	info->start_batch = a->start_seq % s->bpe;
+	info->nfields = pl->nfields;
+	info->fields = pl->fields;
+	info->field_offsets = pl->field_off;
+	if (a->dev)
+		info->dslab = a->dev->ds;
+	info->share = att_share(a);
+}
+
+uint64_t attachment_id(const struct attachment *a)
+{
+	return a->id;
+}
+
+uint64_t attachment_client(const struct attachment *a)
+{
+	return a->client_id;
+}
+
+size_t attachment_leases(const struct attachment *a)
+{
+	return a->nleases;
+}
+
+json_t *attachment_json(const struct attachment *a)
+{
+	json_t *o = json_pack("{s:I, s:s?, s:s, s:I, s:I, s:I}",
+		"id", (json_int_t)a->id,
+		"pipeline", a->pl ? a->pl->spec->name : NULL,
+		"mode", mode_name(a->mode),
+		"leases", (json_int_t)a->nleases,
+		"delivered", (json_int_t)a->delivered,
+		"pending", (json_int_t)a->npending);
+	if (a->mode == LDR_MODE_PARTITION) {
+		json_object_set_new(o, "rank", json_integer(a->rank));
+		json_object_set_new(o, "world_size", json_integer(a->world));
+	}
+	if (a->stream && a->stream->bpe) {
+		uint64_t pos = a->mode == LDR_MODE_DYNAMIC ? a->stream->cursor : a->cursor;
+		json_object_set_new(o, "position", json_pack("{s:I, s:I}",
+			"epoch", (json_int_t)(pos / a->stream->bpe),
+			"batch", (json_int_t)(pos % a->stream->bpe)));
+	}
+	if (a->stream) {
+		json_object_set_new(o, "share", json_integer(att_share(a)));
+		json_object_set_new(o, "revokes", json_integer((json_int_t)a->revokes));
+		json_object_set_new(o, "returned", json_integer((json_int_t)a->returned));
+	}
+	if (a->dead)
+		json_object_set_new(o, "error", json_string(a->dead_msg));
+	return o;
+}
+
+static struct lease **att_find_lease(struct attachment *a, uint64_t id)
+{
+	struct lease **pp = &a->leases;
+
+	while (*pp && (*pp)->id != id)
+		pp = &(*pp)->next;
+	return *pp ? pp : NULL;
+}
+
+/*
+ * The client's answer to a Revoke: the deliveries return_from .. upto - 1,
+ * which its trainer never took, come back. Checked whole before anything
+ * changes: they must be exactly the newest deliveries, in order. Then the
+ * attachment rewinds, so they are delivered again; a dynamic stream puts
+ * them first in line for whoever asks.
+ */
+static int att_take_back(struct attachment *a, const struct next_req *rq, char *err, size_t errlen)
+{
+	struct pipeline *pl = a->pl;
+	struct stream *s = a->stream;
+	size_t n = rq->nreturned;
+	bool rewind = a->deliver_no == a->revoke_upto;
+
+	if (!a->revoking) {
+		snprintf(err, errlen, "return: no Revoke is out on attachment %" PRIu64, a->id);
+		return -EPROTO;
+	}
+	a->revoking = false;
+	if (n > a->nleases || rq->return_from + n != a->revoke_upto) {
+		snprintf(err, errlen, "return: %zu deliveries from %" PRIu64 " do not end at %" PRIu64
+		         ", where the Revoke was sent", n, rq->return_from, a->revoke_upto);
+		return -EPROTO;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct lease **pp = att_find_lease(a, rq->returned[i]);
+		if (!pp || (*pp)->dseq != rq->return_from + i ||
+		    (s->mode != LDR_MODE_DYNAMIC && rewind && (*pp)->seq != a->cursor - n + i)) {
+			snprintf(err, errlen, "return: lease %" PRIu64 " is not delivery %" PRIu64
+			         " of attachment %" PRIu64, rq->returned[i], rq->return_from + i, a->id);
+			return -EPROTO;
+		}
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct lease **pp = att_find_lease(a, rq->returned[i]);
+		struct lease *l = *pp;
+		*pp = l->next;
+		a->nleases--;
+		l->slot->leases--;
+		if (s->mode == LDR_MODE_DYNAMIC && rewind && s->nreturned < pl->nslots)
+			/* the lease's slot reference becomes the returned batch's */
+			s->returned[s->nreturned++] = (struct batch){ .seq = l->seq, .epoch = l->epoch,
+				.index = l->index, .rows = l->rows, .ready = true, .slot = l->slot };
+		else
+			slot_unref(pl, l->slot);
+		free(l);
+	}
+	if (rewind) {
+		if (s->mode != LDR_MODE_DYNAMIC)
+			a->cursor -= n;
+		a->deliver_no = rq->return_from;
+		a->delivered -= n;
+		a->returned += n;
+	}
+	a->rv_dno = a->deliver_no;
+	return 0;
+}
+
+static void att_queue(struct attachment *a, struct pending *p)
+{
+	p->att = a;
+	p->next = NULL;
+	if (p->max < 1)
+		p->max = 1;
+	if (p->max > DELIVER_MAX_BATCHES)
+		p->max = DELIVER_MAX_BATCHES;
+	a->npending++;
+	if (a->mode == LDR_MODE_DYNAMIC) {
+		struct stream *s = a->stream;
+		if (s->dyn_tail)
+			s->dyn_tail->next = p;
+		else
+			s->dyn_head = p;
+		s->dyn_tail = p;
+	} else {
+		if (a->pend_tail)
+			a->pend_tail->next = p;
+		else
+			a->pend_head = p;
+		a->pend_tail = p;
+	}
+}
+
+int attachment_next(struct attachment *a, struct pending *p, const struct next_req *rq,
+                    char *err, size_t errlen)
+{
+	struct pipeline *pl = a->pl;
+	int r = 0;
+
+	if (!pl) {
+		snprintf(err, errlen, "%s", a->dead ? a->dead_msg : "detached");
+		return a->dead ? -ENOENT : -ECANCELED;
+	}
+	for (size_t i = 0; i < rq->nreleases; i++) {
+		struct lease **pp = att_find_lease(a, rq->releases[i]);
+		if (!pp) {
+			snprintf(err, errlen, "release: no lease %" PRIu64 " on attachment %" PRIu64,
+			         rq->releases[i], a->id);
+			r = -ENOENT;
+			continue;
+		}
+		struct lease *l = *pp;
+		*pp = l->next;
+		a->nleases--;
+		l->slot->leases--;
+		slot_unref(pl, l->slot);
+		free(l);
+	}
+	if (p)
+		r = 0; /* a bad release is the client's bug; its request still counts */
+	if (rq->has_return && (r = att_take_back(a, rq, err, errlen)) < 0)
+		p = NULL;
+	if (p && rq->watch) {
+		if (a->watch) {
+			snprintf(err, errlen, "attachment %" PRIu64 " has a watch parked already", a->id);
+			r = -EAGAIN;
+		} else {
+			p->att = a;
+			p->next = NULL;
+			a->watch = p;
+		}
+	} else if (p) {
+		if (a->npending >= a->credits) {
+			snprintf(err, errlen, "too many requests in flight: %u (credits %u)", a->npending + 1,
+			         a->credits);
+			r = -EAGAIN;
+		} else {
+			att_queue(a, p);
+		}
+	}
+	pipeline_update(pl);
+	return r;
+}
+
+int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, int *fd, uint64_t *size,
+                      int *dev_fd, uint64_t *dev_size)
+{
+	uint64_t now = uv_now(eng->loop);
+
+	for (struct attachment *a = eng->atts; a; a = a->all_next) {
+		if (!a->token_valid || memcmp(a->token, token, FD_TOKEN_BYTES) != 0)
+			continue;
+		a->token_valid = false;
+		if (now > a->token_expiry || !a->pl)
+			return -ETIMEDOUT;
+		if (uid != a->uid && uid != 0)
+			return -EPERM;
+		*fd = a->pl->slab->ro_fd;
+		*size = a->pl->slab->size;
+		*dev_fd = -1;
+		*dev_size = 0;
+		if (a->dev && a->dev->ds->kind == CUDA_MEM_VMM) {
+			*dev_fd = a->dev->ds->fd;
+			*dev_size = a->dev->ds->bytes;
+		}
+		return 0;
+	}
+	return -ENOENT;
+}

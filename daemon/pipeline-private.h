@@ -1,0 +1,251 @@
+/* SPDX-License-Identifier: MIT */
+/* pipeline-private - what the engine's files share: pipelines, streams, slots, leases
+ *
+ * The engine (pipeline.h) is split by concept: engine.c (workers, completions,
+ * shutdown), registry.c (pipelines by name, memory budget), stream.c (a
+ * stream's ring and its production), sched.c (how slots are shared between
+ * streams: quotas, reclaim, shares), deliver.c (parked requests, leases,
+ * answers), attach.c (attachments), devcopy.c (device copies), status.c
+ * (status JSON). All of it runs on the loop thread but the worker tasks'
+ * bodies (stream.c: task_run).
+ */
+#pragma once
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "cudadev.h"
+#include "log.h"
+#include "pipeline.h"
+#include "sampler.h"
+#include "slab.h"
+#include "source.h"
+#include "workers.h"
+
+#define FIELD_ALIGN 256
+#define SLOT_ALIGN 4096
+#define TOKEN_TTL_MS 30000
+#define TASK_MIN_BYTES (2u << 20)
+
+struct slot {
+	uint32_t idx;
+	uint32_t refs;
+	uint32_t leases;
+	struct stream *owner;
+};
+
+struct batch {
+	uint64_t seq;
+	uint64_t epoch;
+	uint64_t index;
+	uint32_t rows;
+	bool ready;
+	struct slot *slot;
+};
+
+/* Copy states of one slot on one device. */
+enum { DEV_NONE = 0, DEV_COPYING, DEV_DONE };
+
+/* A pipeline's slots on one CUDA device: device slot i mirrors host slot i
+ * (cudadev.h), so it is free exactly when the host slot is. */
+struct devcopy {
+	struct devcopy *next;
+	struct pipeline *pl;
+	int device;
+	struct cuda_dslab *ds;
+	uint32_t natts;           /* attachments delivered on this device */
+	uint32_t inflight;        /* copies queued, each holding a slot reference */
+	uint64_t copies;
+	uint8_t *state;           /* per slot: DEV_NONE, DEV_COPYING, DEV_DONE */
+	bool failed;
+	char error[320];
+};
+
+struct copy_cookie {
+	struct devcopy *dc;
+	struct slot *slot;
+};
+
+struct lease {
+	struct lease *next;
+	uint64_t id;
+	struct slot *slot;
+	uint64_t dseq;            /* the attachment's delivery number */
+	uint64_t seq;             /* the batch's place in its stream */
+	uint64_t epoch, index;
+	uint32_t rows;
+};
+
+struct stream {
+	struct stream *next;
+	struct pipeline *pl;
+	int mode;
+	struct sampler sampler;
+	uint64_t bpe;
+	uint64_t end_seq;         /* UINT64_MAX when endless */
+	uint64_t next_produce;
+	uint64_t cursor;          /* dynamic: next seq to hand out */
+	struct batch *ring;       /* capacity pl->nslots */
+	uint32_t ring_head, ring_len;
+	uint64_t head_seq;
+	uint32_t slots_held;
+	uint32_t jobs;
+	struct attachment *atts;
+	uint32_t natts;
+	struct pending *dyn_head, *dyn_tail;
+	struct batch *returned;   /* dynamic: batches handed back unread, capacity pl->nslots */
+	uint32_t nreturned;
+	uint32_t order;           /* creation order in the pipeline (quota remainder) */
+	uint64_t reclaimed;       /* ready batches given back to the pool, to be built again */
+	bool started;
+	bool dead;
+};
+
+struct attachment {
+	struct attachment *next;  /* in stream->atts */
+	struct attachment *all_next; /* in engine->atts */
+	struct engine *eng;
+	struct pipeline *pl;      /* NULL once the pipeline was dropped */
+	struct stream *stream;
+	struct devcopy *dev;      /* CUDA delivery, NULL for host memory */
+	uint64_t id;
+	uint64_t client_id;
+	uid_t uid;
+	int mode;
+	uint32_t rank, world;
+	uint32_t credits;
+	uint64_t start_seq;
+	uint64_t cursor;
+	uint64_t deliver_no;
+	uint64_t delivered;
+	struct pending *pend_head, *pend_tail;
+	uint32_t npending;
+	struct pending *watch;    /* the parked watch: how a Revoke reaches the client */
+	bool revoking;            /* a Revoke is out: deliver nothing until it is answered */
+	uint64_t revoke_upto;     /* deliver_no when it was sent */
+	uint64_t rv_dno;          /* deliver_no and share of the last Revoke */
+	uint32_t rv_share;
+	uint64_t revokes;         /* Revokes sent */
+	uint64_t returned;        /* deliveries handed back unread */
+	struct lease *leases;
+	size_t nleases;
+	uint8_t token[FD_TOKEN_BYTES];
+	bool token_valid;
+	uint64_t token_expiry;
+	bool dead;                /* pipeline gone: answer with an error */
+	char dead_msg[160];
+};
+
+struct pipeline {
+	struct pipeline *next;
+	struct engine *eng;
+	struct spec *spec;
+	struct source *src;
+	struct slab *slab;
+	uid_t owner;
+	uint32_t nslots;
+	uint64_t slot_bytes;
+	uint64_t row_bytes;
+	size_t nfields;
+	uint64_t field_off[SOURCE_MAX_FIELDS];
+	struct field_desc fields[SOURCE_MAX_FIELDS];
+	struct slot *slots;
+	uint32_t *free_slots;
+	uint32_t nfree;
+	struct stream *streams;
+	struct stream *shared[3]; /* broadcast and dynamic streams, by mode */
+	struct devcopy *devs;     /* device slabs of CUDA clients */
+	bool host_pinned;         /* the slab was registered with pin_device's engine */
+	int pin_device;
+	uint32_t nstreams;
+	uint32_t stream_ctr;
+	uint32_t jobs;
+	uint64_t lease_ctr;
+	uint64_t produced;
+	uint64_t natts;
+	bool failed;
+	bool dropped;
+	char error[512];
+	uint64_t blocked_since;   /* broadcast held back by a slow client, ms */
+	uint64_t backpressure_ms;
+};
+
+struct job {
+	struct job *done_next;
+	struct engine *eng;
+	struct pipeline *pl;
+	struct stream *stream;
+	uint64_t seq;
+	uint64_t epoch, index;
+	uint32_t rows;
+	uint8_t *base;
+	atomic_uint remaining;
+	atomic_int err;
+	char errmsg[512];
+	unsigned ntasks;
+	struct task {
+		struct work work;
+		struct job *job;
+		uint32_t begin, end;
+	} tasks[];
+};
+
+struct engine {
+	uv_loop_t *loop;
+	uv_async_t async;
+	pthread_mutex_t done_lock;
+	struct job *done_head;
+	struct workers *workers;
+	struct engine_ops ops;
+	void *userdata;
+	uint64_t memory_limit;
+	uint64_t memory_used;
+	struct pipeline *pipelines;
+	struct attachment *atts;
+	uint64_t att_ctr;
+	struct cuda_devices *cuda; /* copy engines, from the first CUDA attach */
+	bool shutdown;
+};
+
+/* stream.c */
+struct batch *ring_at(struct stream *s, uint64_t seq);
+void stream_maybe_free(struct stream *s);
+void slot_unref(struct pipeline *pl, struct slot *slot);
+void ring_pop_head(struct stream *s);
+int stream_start_batch(struct stream *s);
+void job_done(struct job *job);
+struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
+
+/* sched.c */
+uint32_t pipeline_active_streams(const struct pipeline *pl);
+uint32_t stream_quota(const struct stream *s);
+uint32_t att_share(const struct attachment *a);
+void pipeline_update(struct pipeline *pl);
+
+/* deliver.c */
+void deliver(struct engine *eng, struct pending *p, const struct delivery *d);
+void att_fail_pending(struct attachment *a, int err, const char *msg);
+void pipeline_dispatch(struct pipeline *pl);
+
+/* devcopy.c */
+void devcopy_maybe_free(struct devcopy *dc);
+void stream_prefetch_devices(struct stream *s, struct batch *b);
+bool batch_ready(struct attachment *a, struct batch *b);
+int devcopy_get(struct pipeline *pl, const struct cuda_device_info *info, struct devcopy **out,
+                char *err, size_t errlen);
+
+/* attach.c */
+void att_disconnect(struct attachment *a, int err, const char *msg);
+
+/* registry.c */
+struct pipeline *engine_find(struct engine *eng, const char *name);
+void pipeline_free(struct pipeline *pl);
+void pipeline_maybe_free(struct pipeline *pl);
+void pipeline_fail(struct pipeline *pl, int err, const char *msg);

@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: MIT */
+/* sched - how the slots of a pipeline are shared between its streams
+ *
+ * The rule is the one docs/protocol.md writes down ("Sharing slots"): each
+ * active stream (one an attachment reads) may hold N / S of the N slots; an
+ * attachment may hold its share of leases (its stream's quota, split between
+ * the attachments of the dynamic stream); a stream below its quota with no
+ * slot free takes back the newest ready batches nobody has received from the
+ * streams above theirs (they are rebuilt later, identical); an attachment
+ * above its share is sent a Revoke on its watch and gives back what its
+ * trainer has not taken. So no stream's prefetched batches, idle clients or
+ * slow trainer can hold another stream's slots: only a trainer that holds
+ * its whole share waits, and libloader then keeps (copies) its oldest batch.
+ */
+#include "pipeline-private.h"
+
+uint32_t pipeline_active_streams(const struct pipeline *pl)
+{
+	uint32_t n = 0;
+
+	for (const struct stream *s = pl->streams; s; s = s->next)
+		if (!s->dead && s->natts)
+			n++;
+	return n;
+}
+
+/* Slots @s may hold: an equal part for each active stream, the remainder to
+ * the oldest streams; a stream nobody reads prefetches only while no other
+ * stream is read. */
+uint32_t stream_quota(const struct stream *s)
+{
+	const struct pipeline *pl = s->pl;
+	uint32_t n = 0, older = 0;
+
+	if (s->dead)
+		return 0;
+	for (const struct stream *t = pl->streams; t; t = t->next)
+		if (!t->dead && t->natts) {
+			n++;
+			if (t->order < s->order)
+				older++;
+		}
+	if (!s->natts)
+		return n ? 0 : pl->nslots;
+	return pl->nslots / n + (older < pl->nslots % n ? 1 : 0);
+}
+
+uint32_t att_share(const struct attachment *a)
+{
+	const struct stream *s = a->stream;
+	uint32_t q;
+
+	if (!s)
+		return 0;
+	q = stream_quota(s);
+	if (s->mode == LDR_MODE_DYNAMIC && s->natts > 1)
+		q /= s->natts;
+	return q ? q : 1;
+}
+
+/* Would @s build another batch if a slot were free? */
+static bool stream_wants(const struct stream *s)
+{
+	if (s->dead || s->next_produce >= s->end_seq || s->ring_len >= s->pl->nslots)
+		return false;
+	if (s->mode == LDR_MODE_PARTITION && s->natts == 0)
+		return false;
+	return s->slots_held < stream_quota(s);
+}
+
+/* First seq none of @s's attachments has received. */
+static uint64_t stream_unreceived(const struct stream *s)
+{
+	uint64_t hi = s->head_seq;
+
+	if (s->mode == LDR_MODE_DYNAMIC)
+		return s->cursor;
+	for (const struct attachment *a = s->atts; a; a = a->next)
+		if (a->cursor > hi)
+			hi = a->cursor;
+	return hi;
+}
+
+/* Can the newest batch of @s go back to the pool? Only a ready one that no
+ * lease, device copy or attachment has touched: its slot's one reference is
+ * the ring's. */
+static struct batch *stream_reclaimable(struct stream *s)
+{
+	struct batch *b;
+
+	if (!s->ring_len)
+		return NULL;
+	b = &s->ring[(s->ring_head + s->ring_len - 1) % s->pl->nslots];
+	if (!b->ready || b->slot->refs != 1 || b->slot->leases || b->seq < stream_unreceived(s))
+		return NULL;
+	return b;
+}
+
+static void stream_reclaim(struct stream *s, struct batch *b)
+{
+	struct slot *slot = b->slot;
+
+	s->ring_len--;
+	b->slot = NULL;
+	s->next_produce = b->seq; /* built again when it has room: the same bytes */
+	s->reclaimed++;
+	slot_unref(s->pl, slot);
+}
+
+/* Free as many slots as the streams below their quota can use, from the
+ * streams above theirs: streams nobody reads first, then the most above. */
+static void pipeline_reclaim(struct pipeline *pl)
+{
+	uint32_t need = 0;
+
+	for (struct stream *s = pl->streams; s; s = s->next)
+		if (s->natts && stream_wants(s))
+			need += stream_quota(s) - s->slots_held;
+	while (pl->nfree < need) {
+		struct stream *victim = NULL;
+		struct batch *vb = NULL;
+		int64_t most = 0;
+		for (struct stream *t = pl->streams; t; t = t->next) {
+			int64_t over;
+			struct batch *b;
+			if (t->dead)
+				continue;
+			over = (int64_t)t->slots_held - (t->natts ? stream_quota(t) : 0);
+			if (over <= 0 || !(b = stream_reclaimable(t)))
+				continue;
+			if (!t->natts)
+				over += pl->nslots;
+			if (over > most) {
+				most = over;
+				victim = t;
+				vb = b;
+			}
+		}
+		if (!victim)
+			return;
+		stream_reclaim(victim, vb);
+	}
+}
+
+/* Ask every attachment above its share to hand back what its trainer has
+ * not taken. One Revoke at a time; another only after new deliveries or a
+ * smaller share, so a trainer that holds its whole share is not asked again
+ * and again. */
+static void pipeline_revoke(struct pipeline *pl)
+{
+	for (struct stream *s = pl->streams; s; s = s->next) {
+		if (s->dead)
+			continue;
+		for (struct attachment *a = s->atts; a; a = a->next) {
+			uint32_t share = att_share(a);
+			struct pending *p = a->watch;
+			if (a->nleases <= share || a->revoking || !p)
+				continue;
+			if (a->deliver_no == a->rv_dno && share >= a->rv_share)
+				continue;
+			a->watch = NULL;
+			a->revoking = true;
+			a->revoke_upto = a->rv_dno = a->deliver_no;
+			a->rv_share = share;
+			a->revokes++;
+			deliver(pl->eng, p, &(struct delivery){ .kind = DELIVER_REVOKE, .share = share,
+				.upto_seq = a->deliver_no, .count = (uint32_t)(a->nleases - share) });
+		}
+	}
+}
+
+static void pipeline_pump(struct pipeline *pl)
+{
+	struct engine *eng = pl->eng;
+	bool progress = true;
+
+	if (pl->failed || pl->dropped || eng->shutdown)
+		return;
+	pipeline_revoke(pl);
+	pipeline_reclaim(pl);
+	/* one batch per stream per round: the free slots go round the streams */
+	while (progress) {
+		progress = false;
+		for (struct stream *s = pl->streams; s; s = s->next) {
+			if (pl->nfree == 0 || !stream_wants(s))
+				continue;
+			if (stream_start_batch(s) < 0)
+				return;
+			progress = true;
+		}
+	}
+	/* Report how long a slow broadcast client held the stream back. */
+	struct stream *bs = pl->shared[LDR_MODE_BROADCAST];
+	bool blocked = bs && bs->natts > 1 && bs->next_produce < bs->end_seq &&
+	               (bs->slots_held >= stream_quota(bs) || pl->nfree == 0) &&
+	               bs->ring_len > 0 && bs->ring[bs->ring_head].ready;
+	uint64_t now = uv_now(eng->loop);
+	if (blocked && !pl->blocked_since)
+		pl->blocked_since = now ? now : 1;
+	else if (!blocked && pl->blocked_since) {
+		pl->backpressure_ms += now - pl->blocked_since;
+		pl->blocked_since = 0;
+	}
+}
+
+void pipeline_update(struct pipeline *pl)
+{
+	pipeline_dispatch(pl);
+	pipeline_pump(pl);
+	pipeline_dispatch(pl);
+}

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+/* status - the JSON that `loaderctl status` and `pipelines` show */
+#include "pipeline-private.h"
+
+static const char *pipeline_state(const struct pipeline *pl)
+{
+	if (pl->failed)
+		return "failed";
+	bool any = false, done = true;
+	for (struct stream *s = pl->streams; s; s = s->next) {
+		if (s->dead)
+			continue;
+		any = true;
+		if (s->next_produce < s->end_seq || s->ring_len)
+			done = false;
+	}
+	return any && done ? "done" : "running";
+}
+
+static json_t *pipeline_json(struct pipeline *pl)
+{
+	struct sampler smp = { .nsamples = source_nsamples(pl->src), .batch_size = pl->spec->batch_size,
+		.shuffle = pl->spec->shuffle, .drop_last = pl->spec->drop_last, .seed = pl->spec->seed,
+		.rank = 0, .world = 1 };
+	uint32_t in_use = 0, leased = 0;
+	uint64_t now = uv_now(pl->eng->loop);
+	json_t *fields = json_array();
+
+	for (uint32_t i = 0; i < pl->nslots; i++) {
+		if (pl->slots[i].refs)
+			in_use++;
+		if (pl->slots[i].leases)
+			leased++;
+	}
+	for (size_t f = 0; f < pl->nfields; f++) {
+		json_t *shape = json_array();
+		for (int d = 0; d < pl->fields[f].ndim; d++)
+			json_array_append_new(shape, json_integer(pl->fields[f].shape[d]));
+		json_array_append_new(fields, json_pack("{s:s, s:s, s:o}", "name", pl->fields[f].name,
+			"dtype", dtype_name(pl->fields[f].dtype), "sample_shape", shape));
+	}
+	json_t *devices = json_array();
+	for (const struct devcopy *dc = pl->devs; dc; dc = dc->next) {
+		char dev[24];
+		snprintf(dev, sizeof(dev), "cuda:%d", dc->device);
+		json_array_append_new(devices, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:o}",
+			"device", dev,
+			"name", dc->ds->device_name,
+			"memory", dc->ds->kind == CUDA_MEM_VMM ? "vmm" : "ipc",
+			"slab_bytes", (json_int_t)dc->ds->bytes,
+			"clients", (json_int_t)dc->natts,
+			"copies", (json_int_t)dc->copies,
+			"copying", (json_int_t)dc->inflight,
+			"error", dc->failed ? json_string(dc->error) : json_null()));
+	}
+	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:O}",
+		"name", pl->spec->name,
+		"state", pipeline_state(pl),
+		"error", pl->failed ? json_string(pl->error) : json_null(),
+		"slots_total", (json_int_t)pl->nslots,
+		"slots_in_use", (json_int_t)in_use,
+		"slots_leased", (json_int_t)leased,
+		"slot_bytes", (json_int_t)pl->slot_bytes,
+		"samples", (json_int_t)smp.nsamples,
+		"batch_size", (json_int_t)pl->spec->batch_size,
+		"batches_per_epoch", (json_int_t)sampler_batches_per_epoch(&smp),
+		"epochs", (json_int_t)pl->spec->epochs,
+		"clients", (json_int_t)pl->natts,
+		"batches_produced", (json_int_t)pl->produced,
+		"skipped", (json_int_t)source_skipped(pl->src),
+		"backpressure_ms", (json_int_t)(pl->backpressure_ms +
+			(pl->blocked_since ? now - pl->blocked_since : 0)),
+		"fields", fields,
+		"devices", devices,
+		"spec", pl->spec->json);
+}
+
+json_t *engine_cuda_json(struct engine *eng)
+{
+	return cuda_devices_json(eng->cuda);
+}
+
+json_t *engine_pipelines_json(struct engine *eng)
+{
+	json_t *arr = json_array();
+
+	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
+		if (!pl->dropped)
+			json_array_append_new(arr, pipeline_json(pl));
+	return arr;
+}

@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: MIT */
+/* stream - a stream's ring of batches and their production by the workers
+ *
+ * A stream is one sequence of batches drawn from a pipeline's slots (see
+ * sched.c for how many it may hold). Batches are produced in order into the
+ * ring; workers fill them in any order, and a batch becomes ready when its
+ * job completes on the loop thread. A slot counts one reference for the ring
+ * and one per lease; it goes back to the pool when none is left.
+ */
+#include "pipeline-private.h"
+
+struct batch *ring_at(struct stream *s, uint64_t seq)
+{
+	if (seq < s->head_seq || seq - s->head_seq >= s->ring_len)
+		return NULL;
+	return &s->ring[(s->ring_head + (seq - s->head_seq)) % s->pl->nslots];
+}
+
+void stream_maybe_free(struct stream *s)
+{
+	struct pipeline *pl = s->pl;
+	struct stream **pp;
+
+	if (!s->dead || s->jobs || s->slots_held)
+		return;
+	for (pp = &pl->streams; *pp; pp = &(*pp)->next)
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	free(s->ring);
+	free(s->returned);
+	free(s);
+}
+
+void slot_unref(struct pipeline *pl, struct slot *slot)
+{
+	struct stream *s = slot->owner;
+
+	if (--slot->refs)
+		return;
+	slot->owner = NULL;
+	pl->free_slots[pl->nfree++] = slot->idx;
+	if (s)
+		s->slots_held--;
+}
+
+void ring_pop_head(struct stream *s)
+{
+	struct batch *b = &s->ring[s->ring_head];
+	struct slot *slot = b->slot;
+
+	s->ring_head = (s->ring_head + 1) % s->pl->nslots;
+	s->ring_len--;
+	s->head_seq++;
+	b->slot = NULL;
+	slot_unref(s->pl, slot);
+}
+/* --- workers ------------------------------------------------------------ */
+
+static void task_run(struct work *work)
+{
+	struct task *t = (struct task *)work;
+	struct job *job = t->job;
+	struct pipeline *pl = job->pl;
+	void *dsts[SOURCE_MAX_FIELDS];
+	char err[512];
+
+	for (uint32_t r = t->begin; r < t->end && !atomic_load(&job->err); r++) {
+		uint64_t idx = sampler_sample(&job->stream->sampler, job->epoch, job->index, r);
+		int rc;
+
+		for (size_t f = 0; f < pl->nfields; f++)
+			dsts[f] = job->base + pl->field_off[f] + (uint64_t)r * pl->fields[f].sample_bytes;
+		rc = source_read(pl->src, &(struct sample_ctx){ pl->spec->seed, job->epoch }, idx, dsts,
+				 err, sizeof(err));
+		if (rc < 0) {
+			int zero = 0;
+			if (atomic_compare_exchange_strong(&job->err, &zero, -rc))
+				snprintf(job->errmsg, sizeof(job->errmsg), "%s", err);
+			break;
+		}
+	}
+	if (atomic_fetch_sub(&job->remaining, 1) == 1) {
+		struct engine *eng = job->eng;
+		pthread_mutex_lock(&eng->done_lock);
+		job->done_next = eng->done_head;
+		eng->done_head = job;
+		pthread_mutex_unlock(&eng->done_lock);
+		uv_async_send(&eng->async);
+	}
+}
+
+int stream_start_batch(struct stream *s)
+{
+	struct pipeline *pl = s->pl;
+	struct engine *eng = pl->eng;
+	unsigned nworkers = workers_count(eng->workers);
+	struct batch *b;
+	struct slot *slot;
+	struct job *job;
+	uint32_t rows, ntasks;
+	uint64_t seq = s->next_produce;
+
+	rows = sampler_batch_rows(&s->sampler, seq % s->bpe);
+	/* Several batches are in flight anyway; split one only when it is big
+	 * enough to pay for the extra wake-ups (they cost more than small copies). */
+	ntasks = (uint32_t)(((uint64_t)rows * pl->row_bytes + TASK_MIN_BYTES - 1) / TASK_MIN_BYTES);
+	if (ntasks > nworkers)
+		ntasks = nworkers;
+	if (ntasks > rows)
+		ntasks = rows;
+	if (ntasks == 0)
+		ntasks = 1;
+	job = calloc(1, sizeof(*job) + ntasks * sizeof(job->tasks[0]));
+	if (!job)
+		return -ENOMEM;
+
+	slot = &pl->slots[pl->free_slots[--pl->nfree]];
+	for (struct devcopy *dc = pl->devs; dc; dc = dc->next)
+		dc->state[slot->idx] = DEV_NONE;
+	slot->refs = 1;
+	slot->owner = s;
+	s->slots_held++;
+
+	b = &s->ring[(s->ring_head + s->ring_len) % pl->nslots];
+	if (s->ring_len == 0)
+		s->head_seq = seq;
+	s->ring_len++;
+	b->seq = seq;
+	b->epoch = seq / s->bpe;
+	b->index = seq % s->bpe;
+	b->rows = rows;
+	b->ready = false;
+	b->slot = slot;
+	s->next_produce++;
+	s->jobs++;
+	pl->jobs++;
+
+	job->eng = eng;
+	job->pl = pl;
+	job->stream = s;
+	job->seq = seq;
+	job->epoch = b->epoch;
+	job->index = b->index;
+	job->rows = rows;
+	job->base = pl->slab->base + (uint64_t)slot->idx * pl->slot_bytes;
+	job->ntasks = ntasks;
+	atomic_init(&job->remaining, ntasks);
+	atomic_init(&job->err, 0);
+	for (uint32_t i = 0; i < ntasks; i++) {
+		job->tasks[i].work.fn = task_run;
+		job->tasks[i].job = job;
+		job->tasks[i].begin = (uint32_t)((uint64_t)rows * i / ntasks);
+		job->tasks[i].end = (uint32_t)((uint64_t)rows * (i + 1) / ntasks);
+	}
+	for (uint32_t i = 0; i < ntasks; i++)
+		workers_submit(eng->workers, &job->tasks[i].work);
+	return 0;
+}
+
+void job_done(struct job *job)
+{
+	struct pipeline *pl = job->pl;
+	struct stream *s = job->stream;
+	int err = atomic_load(&job->err);
+
+	s->jobs--;
+	pl->jobs--;
+	struct batch *b = ring_at(s, job->seq);
+	if (b) {
+		b->ready = true;
+		pl->produced++;
+		if (!err && !s->dead && !pl->dropped)
+			stream_prefetch_devices(s, b);
+	}
+	if (err && !pl->dropped)
+		pipeline_fail(pl, err, job->errmsg);
+	free(job);
+	if (s->dead) {
+		/* release the ring's references now that no worker writes */
+		while (s->ring_len && s->ring[s->ring_head].ready)
+			ring_pop_head(s);
+		stream_maybe_free(s);
+	}
+	if (pl->dropped) {
+		pipeline_maybe_free(pl);
+		return;
+	}
+	pipeline_update(pl);
+}
+struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world)
+{
+	struct stream *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return NULL;
+	s->ring = calloc(pl->nslots, sizeof(*s->ring));
+	if (mode == LDR_MODE_DYNAMIC)
+		s->returned = calloc(pl->nslots, sizeof(*s->returned));
+	if (!s->ring || (mode == LDR_MODE_DYNAMIC && !s->returned)) {
+		free(s->ring);
+		free(s);
+		return NULL;
+	}
+	s->pl = pl;
+	s->mode = mode;
+	s->order = pl->stream_ctr++;
+	s->sampler = (struct sampler){ .nsamples = source_nsamples(pl->src),
+		.batch_size = pl->spec->batch_size, .shuffle = pl->spec->shuffle,
+		.drop_last = pl->spec->drop_last, .seed = pl->spec->seed, .rank = rank, .world = world };
+	s->bpe = sampler_batches_per_epoch(&s->sampler);
+	if (pl->spec->epochs == 0 || __builtin_mul_overflow(pl->spec->epochs, s->bpe, &s->end_seq))
+		s->end_seq = UINT64_MAX;
+	s->next = pl->streams;
+	pl->streams = s;
+	pl->nstreams++;
+	return s;
+}
