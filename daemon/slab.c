@@ -35,7 +35,7 @@ int slab_new(struct slab **out, const char *name, size_t size)
 		goto fail_errno;
 	if (ftruncate(slab->fd, (off_t)size) < 0)
 		goto fail_errno;
-	if (fcntl(slab->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+	if (fcntl(slab->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
 		goto fail_errno;
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", slab->fd);
 	slab->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -43,6 +43,17 @@ int slab_new(struct slab **out, const char *name, size_t size)
 		goto fail_errno;
 	slab->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
 	if (slab->base == MAP_FAILED)
+		goto fail_errno;
+	/* From here on only this mapping writes: no descriptor of the file, the
+	 * reopened ones included, can be mapped writable and shared or written.
+	 * Private writable mappings (a client's copy-on-write view) still work. */
+	if (fcntl(slab->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0) {
+		/* Linux < 5.1: no slab we could not keep clients from writing */
+		r = errno == EINVAL ? -ENOTSUP : -errno;
+		slab_free(slab);
+		return r;
+	}
+	if (fcntl(slab->fd, F_ADD_SEALS, F_SEAL_SEAL) < 0)
 		goto fail_errno;
 	*out = slab;
 	return 0;

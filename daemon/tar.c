@@ -263,10 +263,17 @@ int tar_scan(int fd, const char *path, uint64_t size, tar_entry_fn fn, void *use
 					 (unsigned long long)msize);
 				goto out;
 			}
-			text = type == 'L' ? longname : (pax = realloc(pax, msize + 1));
-			if (!text) {
-				r = -ENOMEM;
-				goto out;
+			if (type == 'L') {
+				text = longname;
+			} else {
+				/* on failure pax keeps the old buffer, freed at out */
+				char *grown = realloc(pax, msize + 1);
+				if (!grown) {
+					r = errfmt(-ENOMEM, err, errlen, "%s: out of memory for a pax header of "
+					           "%llu bytes", path, (unsigned long long)msize);
+					goto out;
+				}
+				text = pax = grown;
 			}
 			r = rd_read(&rd, data, text, msize, err, errlen);
 			if (r < 0)
