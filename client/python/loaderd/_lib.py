@@ -7,9 +7,12 @@ through libloader alone: there is no second implementation in Python.
 Where the library comes from, first match wins:
 
 1. ``$LOADERD_LIBRARY``: a path to ``libloader.so`` (or any name dlopen takes);
-2. the build tree of the source checkout this package sits in:
+2. the copy bundled in an installed package: ``libloader.so`` beside this
+   file (``pip install ./client/python`` builds it into the wheel; a source
+   checkout never has one);
+3. the build tree of the source checkout this package sits in:
    ``<repo>/build/client/libloader.so`` (``client/python/loaderd`` → ``<repo>``);
-3. the system: ``ctypes.util.find_library("loader")``, then ``libloader.so.0``.
+4. the system: ``ctypes.util.find_library("loader")``, then ``libloader.so.0``.
 """
 
 import ctypes
@@ -108,6 +111,39 @@ _SIGNATURES = {
     "ldr_batch_field": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(ldr_field)]),
 }
 
+# Functions of newer libloaders; the package works without them (older
+# fallbacks in loader.py) and optional() says whether this libloader has one.
+_OPTIONAL_SIGNATURES = {
+    # copy the fields in the mask to private memory at their addresses and
+    # give the batch's slot back (the batch stays valid until released)
+    "ldr_batch_keep": (ctypes.c_int, [_P, ctypes.c_uint64]),
+    # leases the attachment may hold now (taken by the trainer or waiting)
+    "ldr_attachment_share": (ctypes.c_uint32, [_P]),
+    # batches the trainer took and has neither released nor kept
+    "ldr_attachment_held": (ctypes.c_uint32, [_P]),
+    # batches kept so far (by ldr_batch_keep or libloader itself), and their bytes
+    "ldr_attachment_kept": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64),
+                                           ctypes.POINTER(ctypes.c_uint64)]),
+    # whether a batch was kept (by ldr_batch_keep, ldr_next or ldr_detach)
+    "ldr_batch_is_kept": (ctypes.c_int, [_P]),
+}
+_optional = {}
+
+
+def optional(name):
+    """The libloader function @name (typed), or None when this libloader lacks it."""
+    try:
+        return _optional[name]
+    except KeyError:
+        pass
+    handle = lib()
+    f = getattr(handle, name, None)
+    if f is not None:
+        f.restype, f.argtypes = _OPTIONAL_SIGNATURES[name]
+    _optional[name] = f
+    return f
+
+
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
@@ -119,6 +155,9 @@ def _candidates():
         return [env], True
     out = []
     here = os.path.dirname(os.path.abspath(__file__))
+    bundled = os.path.join(here, "libloader.so")
+    if os.path.exists(bundled):
+        out.append(bundled)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
     tree = os.path.join(repo, "build", "client", "libloader.so")
     if os.path.exists(tree):
@@ -154,7 +193,8 @@ def lib():
             _lib = handle
             return handle
         hint = ("$LOADERD_LIBRARY is set but cannot be loaded" if from_env else
-                "build it with scripts/build, or point $LOADERD_LIBRARY at libloader.so")
+                "install the package with pip install ./client/python, build it with "
+                "scripts/build, or point $LOADERD_LIBRARY at libloader.so")
         raise ImportError("loaderd: cannot load libloader (" + hint + "): " + "; ".join(errors))
 
 
