@@ -16,6 +16,7 @@
 
 #include "image.h"
 #include "imageop.h"
+#include "image-golden.h"
 #include "imageset.h"
 #include "source.h"
 #include "spec.h"
@@ -1201,6 +1202,68 @@ static void test_resample_reference(void)
 	free(rs);
 }
 
+/*
+ * The production resampling against PIL itself: tests/image-golden.h holds
+ * hashes of PIL's output for deterministic resize/crop chains on a fixed
+ * pattern (tests/gen-image-golden.py), so the coefficients are checked by
+ * something that shares no code with them. Both the SIMD and the portable
+ * kernels.
+ */
+static uint8_t *golden_pattern(int w, int h)
+{
+	size_t n = (size_t)w * h * 3;
+	uint8_t *p = malloc(n);
+
+	assert(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(((i * 7) / 3) ^ ((i * 2654435761ull) >> 13));
+	return p;
+}
+
+static uint64_t fnv1a(const uint8_t *d, size_t n)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ d[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static void test_resample_golden(void)
+{
+	struct image_scratch *s = image_scratch_get();
+
+	for (int portable = 0; portable < 2; portable++) {
+		imageop_portable_only(portable);
+		for (size_t ci = 0; ci < sizeof(golden) / sizeof(golden[0]); ci++) {
+			const struct golden *g = &golden[ci];
+			struct spec *spec = spec_of(g->transforms,
+				", \"output\": {\"dtype\": \"uint8\", \"layout\": \"NHWC\"}");
+			struct imageop op;
+			struct imageop_plan plan;
+			uint8_t *pix = golden_pattern(g->w, g->h), *out;
+			size_t n;
+
+			imageop_init(&op, spec);
+			assert((int)op.out_w == g->out_w && (int)op.out_h == g->out_h);
+			n = (size_t)op.out_w * op.out_h * 3;
+			out = malloc(n);
+			assert(out);
+			assert(imageop_plan(&op, g->w, g->h, imageop_key(1, 0, ci), &plan, err, sizeof(err)) == 0);
+			assert(imageop_run(&op, s, &plan, pix, g->w, g->h, out, err, sizeof(err)) == 0);
+			if (fnv1a(out, n) != g->fnv) {
+				fprintf(stderr, "golden case %zu (%dx%d, %s, %s kernels) differs from PIL\n", ci,
+				        g->w, g->h, g->transforms, portable ? "portable" : "SIMD");
+				abort();
+			}
+			free(out);
+			free(pix);
+			spec_free(spec);
+		}
+	}
+	imageop_portable_only(false);
+}
+
 /* ---- tar ---- */
 
 struct collected {
@@ -1505,6 +1568,7 @@ int main(void)
 	test_region_corrupt();
 	test_region_pipeline();
 	test_resample_reference();
+	test_resample_golden();
 	test_f32_kernel();
 	imageop_portable_only(true);
 	test_resample_reference();
