@@ -16,7 +16,7 @@ int dtype_from_name(const char *name);
 const char *mode_name(int mode);
 int mode_from_name(const char *name);
 
-/* Socket path resolution of DESIGN.md; returns the length or -ENAMETOOLONG. */
+/* Socket path resolution (README, "Running the daemon"); returns the length or -ENAMETOOLONG. */
 int sockpath_resolve(char *buf, size_t size, const char *explicit_path);
 /* Path of the fd channel that belongs to the nng socket at @sock. */
 int sockpath_fdchan(char *buf, size_t size, const char *sock);

@@ -3,7 +3,7 @@
 #pragma once
 
 /*
- * One binary runs with or without a GPU (DESIGN.md, principle 6): libcuda is
+ * One binary runs with or without a GPU (docs/gpu.md): libcuda is
  * never linked. cuda_driver_open() dlopens it, resolves every entry point
  * through cuGetProcAddress (the version of each function that CUDA 12.0
  * programs called, whatever `#define cuFoo cuFoo_v2` the header says; dlsym
