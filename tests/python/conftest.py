@@ -187,3 +187,8 @@ def run_python(code_or_args, env=None, timeout=120, cwd=None):
     m = sanitizer_report(r.stderr)
     assert m is None, f"python printed a {m} report:\n{r.stderr}"
     return r
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "install: pip-installs client/python into a fresh venv "
+                                       "(needs PyPI for numpy)")
