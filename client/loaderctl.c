@@ -47,6 +47,7 @@ enum opt_id {
 	OPT_VERBOSE = 'v',
 	OPT_SPEC = 256,
 	OPT_EXIST_OK,
+	OPT_SCOPED,
 	OPT_FORCE,
 	OPT_MODE,
 	OPT_RANK,
@@ -69,6 +70,7 @@ struct ctl {
 	/* create */
 	const char *spec;
 	bool exist_ok;
+	bool scoped;
 	/* drop */
 	bool force;
 	/* consume */
@@ -286,7 +288,7 @@ static void fmt_pair(char *buf, size_t n, const json_t *obj, const char *a, cons
 
 /* --------------------------------------------------------- aligned tables */
 
-#define TABLE_COLS 8
+#define TABLE_COLS 10
 #define CELL_MAX 256
 
 struct table {
@@ -340,10 +342,52 @@ static void table_free(struct table *t)
 	t->nrows = t->cap = 0;
 }
 
+/* A duration in seconds: "45s", "3m05s", "2h03m"; not a number is "-". */
+static void fmt_duration(char *buf, size_t n, const json_t *v)
+{
+	unsigned long long t;
+
+	if (!json_is_number(v)) {
+		snprintf(buf, n, "-");
+		return;
+	}
+	t = json_number_value(v) > 0 ? (unsigned long long)json_number_value(v) : 0;
+	if (t >= 3600)
+		snprintf(buf, n, "%lluh%02llum", t / 3600, t / 60 % 60);
+	else if (t >= 60)
+		snprintf(buf, n, "%llum%02llus", t / 60, t % 60);
+	else
+		snprintf(buf, n, "%llus", t);
+}
+
+/* OWNER, BY, AGE, IDLE and EXPIRES of a pipeline (docs/spec.md, "Lifetime"). */
+static void fmt_lifetime(const json_t *p, char *owner, char *by, char *age, char *idle, char *expires,
+                         size_t n)
+{
+	const json_t *o = json_object_get(p, "owner");
+	bool in_use = json_is_true(json_object_get(p, "in_use"));
+
+	if (json_is_string(json_object_get(o, "user")))
+		fmt_key(owner, n, o, "user");
+	else
+		fmt_key(owner, n, o, "uid");
+	fmt_key(by, n, p, "created_by");
+	fmt_duration(age, n, json_object_get(p, "age_s"));
+	if (in_use)
+		snprintf(idle, n, "-");
+	else
+		fmt_duration(idle, n, json_object_get(p, "idle_s"));
+	if (json_is_true(json_object_get(p, "persist")))
+		snprintf(expires, n, "never");
+	else
+		fmt_duration(expires, n, json_object_get(p, "expires_in_s"));
+}
+
 static int print_pipelines(const json_t *pipelines)
 {
-	static const char *const head[] = { "PIPELINE", "STATE", "SLOTS", "CLIENTS", "PRODUCED" };
-	struct table t = { .ncols = 5 };
+	static const char *const head[] = { "PIPELINE", "STATE", "SLOTS", "CLIENTS", "PRODUCED",
+		                             "OWNER", "BY", "AGE", "IDLE", "EXPIRES" };
+	struct table t = { .ncols = 10 };
 	size_t i;
 	json_t *p;
 	int r = 0;
@@ -355,7 +399,8 @@ static int print_pipelines(const json_t *pipelines)
 	r = table_add(&t, head);
 	json_array_foreach(pipelines, i, p) {
 		char name[CELL_MAX], state[64], slots[128], clients[64], produced[64];
-		const char *row[] = { name, state, slots, clients, produced };
+		char owner[64], by[64], age[64], idle[64], expires[64];
+		const char *row[] = { name, state, slots, clients, produced, owner, by, age, idle, expires };
 
 		if (r < 0)
 			break;
@@ -364,6 +409,7 @@ static int print_pipelines(const json_t *pipelines)
 		fmt_pair(slots, sizeof(slots), p, "slots_in_use", "slots_total");
 		fmt_key(clients, sizeof(clients), p, "clients");
 		fmt_key(produced, sizeof(produced), p, "batches_produced");
+		fmt_lifetime(p, owner, by, age, idle, expires, sizeof(owner));
 		r = table_add(&t, row);
 	}
 	if (r < 0) {
@@ -686,6 +732,22 @@ static int cmd_create(struct ctl *ctl, int argc, char **argv)
 		free(text);
 		return EXIT_FAILURE;
 	}
+	/* An admin create has no job to scope the pipeline to: it persists
+	 * unless --scoped, or the spec says how long it lives itself. */
+	if (!ctl->scoped && json_is_object(spec) && !json_object_get(spec, "persist") &&
+	    !json_object_get(spec, "ttl")) {
+		char *with = NULL;
+		if (json_object_set_new(spec, "persist", json_true()) == 0)
+			with = json_dumps(spec, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
+		if (!with) {
+			warnx("create: out of memory");
+			json_decref(spec);
+			free(text);
+			return EXIT_FAILURE;
+		}
+		free(text);
+		text = with;
+	}
 	json_decref(spec);
 
 	r = connect_daemon(ctl, "create", &client);
@@ -977,6 +1039,7 @@ static const struct option create_options[] = {
 	COMMON_OPTIONS,
 	{ "spec", required_argument, NULL, OPT_SPEC },
 	{ "exist-ok", no_argument, NULL, OPT_EXIST_OK },
+	{ "scoped", no_argument, NULL, OPT_SCOPED },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -1008,7 +1071,7 @@ static const struct verb verbs[] = {
 	{ "pipelines", 0, 0, cmd_pipelines, "list the pipelines", "", no_options },
 	{ "clients", 0, 0, cmd_clients, "list the connected clients", "", no_options },
 	{ "create", 0, 0, cmd_create, "create a pipeline from a JSON spec (docs/spec.md)",
-	  "--spec FILE [--exist-ok]", create_options },
+	  "--spec FILE [--exist-ok] [--scoped]", create_options },
 	{ "drop", 1, 1, cmd_drop, "drop a pipeline", "NAME [--force]", drop_options },
 	{ "consume", 1, 1, cmd_consume,
 	  "read batches, report throughput and a CRC-32 of their bytes",
@@ -1042,7 +1105,13 @@ static void print_help(FILE *f)
 	        "\n"
 	        "create options:\n"
 	        "  --spec FILE         the pipeline spec; '-' reads standard input\n"
-	        "  --exist-ok          succeed when an identical pipeline exists\n"
+	        "  --exist-ok          succeed when an identical pipeline exists (a persistent\n"
+	        "                      create makes it persistent)\n"
+	        "  --scoped            send the spec as it is: without \"persist\" or \"ttl\" of its\n"
+	        "                      own the pipeline is dropped once unused for the daemon's\n"
+	        "                      linger (5 s by default), and loaderctl leaves at once\n"
+	        "                      (default: add \"persist\": true when the spec has neither,\n"
+	        "                      so the pipeline stays until `drop`)\n"
 	        "\n"
 	        "drop options:\n"
 	        "  --force             drop even while clients are attached\n"
@@ -1113,6 +1182,9 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 		break;
 	case OPT_EXIST_OK:
 		ctl->exist_ok = true;
+		break;
+	case OPT_SCOPED:
+		ctl->scoped = true;
 		break;
 	case OPT_FORCE:
 		ctl->force = true;

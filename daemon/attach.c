@@ -63,6 +63,7 @@ void att_disconnect(struct attachment *a, int err, const char *msg)
 	}
 	a->pl = NULL;
 	a->stream = NULL;
+	pipeline_lifetime(pl);
 }
 /* --- attachments -------------------------------------------------------- */
 
@@ -203,6 +204,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	a->all_next = eng->atts;
 	eng->atts = a;
 	*out = a;
+	pipeline_lifetime(pl);
 	pipeline_update(pl);
 	return 0;
 }

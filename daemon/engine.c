@@ -102,6 +102,7 @@ struct engine *engine_free(struct engine *eng)
 		pipeline_free(pl);
 	}
 	eng->cuda = cuda_devices_free(eng->cuda);
+	registry_close(eng);
 	pthread_mutex_destroy(&eng->done_lock);
 	uv_close((uv_handle_t *)&eng->async, on_async_closed);
 	return NULL;

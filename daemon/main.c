@@ -55,6 +55,11 @@ static void usage(FILE *f)
 		"Signals: SIGTERM/SIGINT stop cleanly, SIGHUP re-reads the config file and\n"
 		"creates the pipelines it adds. The fd channel listens on PATH.fds.\n"
 		"\n"
+		"Pipelines a client creates belong to its job: once no client reads one and the\n"
+		"connection that created it is closed, it lingers (config key linger, default\n"
+		"5 s; a spec's ttl) and is dropped. A spec with \"persist\": true, `loaderctl\n"
+		"create` and the config's pipelines stay until dropped (docs/spec.md).\n"
+		"\n"
 		"GPU delivery: the CUDA driver is loaded on the first client that asks for a\n"
 		"device (cuda:N), from $LOADERD_CUDA_LIBRARY, else libcuda.so.1; without one,\n"
 		"such clients are told why and host delivery goes on. $LOADERD_CUDA_IPC=1 uses\n"
@@ -84,8 +89,16 @@ static int create_pipelines(struct daemon *d, bool reload)
 		struct spec *spec;
 		char err[1024];
 		int r = spec_from_json(&spec, spec_json, err, sizeof(err));
+		/* the config's pipelines persist, always */
+		if (r == 0 && (spec->has_ttl || (spec->has_persist && !spec->persist))) {
+			snprintf(err, sizeof(err), "%s: pipelines of the config persist always (persist and "
+			         "ttl are for pipelines that clients create)",
+			         spec->has_ttl ? "ttl" : "persist: false");
+			spec_free(spec);
+			r = -EINVAL;
+		}
 		if (r == 0)
-			r = engine_create(server_engine(d->srv), spec, getuid(), true, err, sizeof(err));
+			r = engine_create(server_engine(d->srv), spec, getuid(), 0, true, err, sizeof(err));
 		if (r < 0) {
 			log_err("%s: pipelines[%zu]: %s", d->cfg.path, i, err);
 			failed++;
@@ -95,6 +108,11 @@ static int create_pipelines(struct daemon *d, bool reload)
 		}
 	}
 	return failed ? -EINVAL : 0;
+}
+
+static uint64_t linger_ms(const struct settings *cfg)
+{
+	return cfg->has_linger ? cfg->linger_ms : SETTINGS_LINGER_DEFAULT_MS;
 }
 
 static void on_stopped(void *userdata)
@@ -132,7 +150,10 @@ static void on_signal(uv_signal_t *h, int signum)
 		}
 		json_decref(d->cfg.pipelines);
 		d->cfg.pipelines = fresh.pipelines ? json_incref(fresh.pipelines) : NULL;
+		d->cfg.has_linger = fresh.has_linger;
+		d->cfg.linger_ms = fresh.linger_ms;
 		settings_clear(&fresh);
+		engine_set_linger(server_engine(d->srv), linger_ms(&d->cfg));
 		create_pipelines(d, true);
 		log_notice("reloaded %s", d->cfg.path);
 		notify_send("READY=1\nSTATUS=serving");
@@ -252,6 +273,7 @@ int main(int argc, char **argv)
 		settings_clear(&d.cfg);
 		return 1;
 	}
+	engine_set_linger(server_engine(d.srv), linger_ms(&d.cfg));
 	if (create_pipelines(&d, false) < 0)
 		log_warn("some pipelines of %s were not created", d.cfg.path);
 	uv_signal_init(&d.loop, &d.sigterm);

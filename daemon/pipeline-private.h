@@ -175,6 +175,18 @@ struct pipeline {
 	char error[512];
 	uint64_t blocked_since;   /* broadcast held back by a slow client, ms */
 	uint64_t backpressure_ms;
+	/* lifetime (registry.c): in use while attached or while a connection
+	 * that created it (or found it with exist_ok) is open; then it lingers */
+	bool persist;             /* kept until dropped: config, "persist": true */
+	bool has_ttl;
+	uint64_t ttl_ms;          /* "ttl": its own linger, else the daemon's */
+	uint64_t created_by;      /* client id, 0 = the config */
+	uint64_t created_ms;
+	bool unused;              /* no attachment, no holder */
+	uint64_t unused_since;    /* ms, while unused */
+	uint64_t *holders;        /* client ids whose connections hold it */
+	uint32_t nholders, holders_cap;
+	char owner_name[64];      /* the owner's user name, "" if unknown */
 };
 
 struct job {
@@ -211,6 +223,8 @@ struct engine {
 	struct attachment *atts;
 	uint64_t att_ctr;
 	struct cuda_devices *cuda; /* copy engines, from the first CUDA attach */
+	uint64_t linger_ms;       /* how long an unused scoped pipeline stays (registry.c) */
+	uv_timer_t *linger_timer; /* armed for the next pipeline to expire, or NULL */
 	bool shutdown;
 };
 
@@ -249,3 +263,8 @@ struct pipeline *engine_find(struct engine *eng, const char *name);
 void pipeline_free(struct pipeline *pl);
 void pipeline_maybe_free(struct pipeline *pl);
 void pipeline_fail(struct pipeline *pl, int err, const char *msg);
+/* After an attachment or a holder came or went: start or cancel its linger. */
+void pipeline_lifetime(struct pipeline *pl);
+uint64_t pipeline_linger_ms(const struct pipeline *pl);
+/* From engine_free(): close the linger timer. */
+void registry_close(struct engine *eng);

@@ -119,11 +119,17 @@ uint64_t engine_memory_used(const struct engine *eng);
 /**
  * engine_create() - create a pipeline.
  * @spec: taken over by the engine, also on failure
- * Return: 1 created, 0 an identical pipeline existed (@exist_ok), or a
- * negative errno with @err naming the reason.
+ * @client: the creating client's id, whose connection holds the pipeline
+ *          (engine_client_gone()); 0 for the config: persistent
+ * Return: 1 created, 0 an identical pipeline existed (@exist_ok; @client then
+ * holds it too), or a negative errno with @err naming the reason.
  */
-int engine_create(struct engine *eng, struct spec *spec, uid_t owner, bool exist_ok,
-                  char *err, size_t errlen);
+int engine_create(struct engine *eng, struct spec *spec, uid_t owner, uint64_t client,
+                  bool exist_ok, char *err, size_t errlen);
+/* A client's connection closed: the pipelines it held may start to linger. */
+void engine_client_gone(struct engine *eng, uint64_t client);
+/* How long an unused pipeline without "ttl" stays (config key linger). */
+void engine_set_linger(struct engine *eng, uint64_t ms);
 int engine_drop(struct engine *eng, const char *name, uid_t uid, bool force,
                 char *err, size_t errlen);
 bool engine_has(struct engine *eng, const char *name);

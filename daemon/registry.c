@@ -1,10 +1,21 @@
 /* SPDX-License-Identifier: MIT */
-/* registry - the engine's pipelines by name, and the memory budget
+/* registry - the engine's pipelines by name, the memory budget, lifetimes
  *
  * Creating a pipeline opens its source, lays out its fields in a slot and
  * allocates its slab within --memory-limit; a dropped pipeline is freed once
  * no job or copy still uses it.
+ *
+ * Lifetime (docs/spec.md, "Lifetime"): a pipeline a client created is in use
+ * while an attachment reads it or while a connection that created it (or
+ * found it with exist_ok) is open, its holders. Once unused it lingers, the
+ * daemon's linger or its spec's ttl, so that the ranks of one job may come
+ * in any order; an attach or an exist_ok create meanwhile keeps it. Then it
+ * is dropped, its slab back to the budget. Persistent pipelines (the config,
+ * "persist": true) stay until dropped. One timer, armed for the earliest
+ * expiry; dropping happens only in its callback, never under a caller.
  */
+#include <pwd.h>
+
 #include "pipeline-private.h"
 
 /* --- pipelines ---------------------------------------------------------- */
@@ -52,6 +63,7 @@ void pipeline_free(struct pipeline *pl)
 	spec_free(pl->spec);
 	free(pl->slots);
 	free(pl->free_slots);
+	free(pl->holders);
 	free(pl);
 }
 
@@ -71,8 +83,216 @@ void pipeline_maybe_free(struct pipeline *pl)
 	pipeline_free(pl);
 }
 
-int engine_create(struct engine *eng, struct spec *spec, uid_t owner, bool exist_ok,
-                  char *err, size_t errlen)
+/* --- lifetime ----------------------------------------------------------- */
+
+uint64_t pipeline_linger_ms(const struct pipeline *pl)
+{
+	return pl->has_ttl ? pl->ttl_ms : pl->eng->linger_ms;
+}
+
+/* Seconds as the log and the errors say them: "5", "0.5". */
+static void fmt_secs(char *buf, size_t n, uint64_t ms)
+{
+	if (ms % 1000 == 0)
+		snprintf(buf, n, "%" PRIu64, ms / 1000);
+	else
+		snprintf(buf, n, "%g", (double)ms / 1000.0);
+}
+
+static void drop_now(struct pipeline *pl, const char *why)
+{
+	struct engine *eng = pl->eng;
+	char msg[160];
+
+	snprintf(msg, sizeof(msg), "pipeline '%s' was dropped", pl->spec->name);
+	for (struct attachment *a = eng->atts; a; a = a->all_next)
+		if (a->pl == pl) {
+			att_disconnect(a, ENOENT, msg);
+			a->dead = true;
+			snprintf(a->dead_msg, sizeof(a->dead_msg), "%s", msg);
+		}
+	pl->dropped = true;
+	log_info("pipeline %s dropped%s%s", pl->spec->name, why ? ": " : "", why ? why : "");
+	pipeline_maybe_free(pl);
+}
+
+static void on_linger(uv_timer_t *t);
+
+/* (Re)arm the timer for the earliest expiry, or stop it. */
+static void linger_arm(struct engine *eng)
+{
+	uint64_t now = uv_now(eng->loop), next = UINT64_MAX;
+
+	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next) {
+		if (pl->dropped || pl->persist || !pl->unused)
+			continue;
+		uint64_t at = pl->unused_since + pipeline_linger_ms(pl);
+		if (at < next)
+			next = at;
+	}
+	if (next == UINT64_MAX || eng->shutdown) {
+		if (eng->linger_timer)
+			uv_timer_stop(eng->linger_timer);
+		return;
+	}
+	if (!eng->linger_timer) {
+		uv_timer_t *t = calloc(1, sizeof(*t));
+		if (!t || uv_timer_init(eng->loop, t) < 0) {
+			free(t);
+			log_err("no timer for the linger of unused pipelines: they stay");
+			return;
+		}
+		t->data = eng;
+		eng->linger_timer = t;
+	}
+	uv_timer_start(eng->linger_timer, on_linger, next > now ? next - now : 0, 0);
+}
+
+static void on_linger(uv_timer_t *t)
+{
+	struct engine *eng = t->data;
+	uint64_t now = uv_now(eng->loop);
+	struct pipeline *pl, *next;
+
+	if (eng->shutdown)
+		return;
+	for (pl = eng->pipelines; pl; pl = next) {
+		next = pl->next;
+		if (pl->dropped || pl->persist || !pl->unused ||
+		    pl->unused_since + pipeline_linger_ms(pl) > now)
+			continue;
+		char secs[32], why[64];
+		fmt_secs(secs, sizeof(secs), pipeline_linger_ms(pl));
+		snprintf(why, sizeof(why), "unused for %s s", secs);
+		drop_now(pl, why);
+	}
+	linger_arm(eng);
+}
+
+void pipeline_lifetime(struct pipeline *pl)
+{
+	bool unused = !pl->natts && !pl->nholders;
+
+	if (pl->dropped || unused == pl->unused)
+		return;
+	pl->unused = unused;
+	if (unused)
+		pl->unused_since = uv_now(pl->eng->loop);
+	if (!pl->persist)
+		linger_arm(pl->eng);
+}
+
+static int holder_add(struct pipeline *pl, uint64_t client)
+{
+	if (!client)
+		return 0;
+	for (uint32_t i = 0; i < pl->nholders; i++)
+		if (pl->holders[i] == client)
+			return 0;
+	if (pl->nholders == pl->holders_cap) {
+		uint32_t cap = pl->holders_cap ? pl->holders_cap * 2 : 4;
+		uint64_t *h = realloc(pl->holders, cap * sizeof(*h));
+		if (!h)
+			return -ENOMEM;
+		pl->holders = h;
+		pl->holders_cap = cap;
+	}
+	pl->holders[pl->nholders++] = client;
+	return 0;
+}
+
+void engine_client_gone(struct engine *eng, uint64_t client)
+{
+	if (!client)
+		return;
+	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
+		for (uint32_t i = 0; i < pl->nholders; i++)
+			if (pl->holders[i] == client) {
+				pl->holders[i] = pl->holders[--pl->nholders];
+				pipeline_lifetime(pl);
+				break;
+			}
+}
+
+void engine_set_linger(struct engine *eng, uint64_t ms)
+{
+	eng->linger_ms = ms;
+	linger_arm(eng);
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+	free(h);
+}
+
+void registry_close(struct engine *eng)
+{
+	if (eng->linger_timer) {
+		uv_close((uv_handle_t *)eng->linger_timer, on_timer_closed);
+		eng->linger_timer = NULL;
+	}
+}
+
+/*
+ * A create found @pl with the same spec (exist_ok): @client holds it too, and
+ * the lifetime only grows: persist upgrades it, a longer ttl extends it.
+ */
+static int pipeline_join(struct pipeline *pl, const struct spec *spec, uint64_t client)
+{
+	int r = holder_add(pl, client);
+
+	if (r < 0)
+		return r;
+	if ((!client || spec->persist) && !pl->persist) {
+		pl->persist = true;
+		log_info("pipeline %s persists now (%s)", pl->spec->name,
+		         client ? "a create asked for persist" : "the config has it");
+	} else if (!pl->persist && spec->has_ttl && spec->ttl_ms > pipeline_linger_ms(pl)) {
+		pl->has_ttl = true;
+		pl->ttl_ms = spec->ttl_ms;
+	}
+	pipeline_lifetime(pl);
+	linger_arm(pl->eng);
+	return 0;
+}
+
+/*
+ * A lingering pipeline (scoped, unused) is joined only by an exist_ok create
+ * with the same spec, the next rank of its job. Any other create by a client
+ * of its owner, another spec or no exist_ok, starts a new job: the old one is
+ * dropped and the name created afresh, instead of an error for the rest of
+ * the linger. Return: true when @old was dropped.
+ */
+static bool lingering_gives_way(struct pipeline *old, const struct spec *spec, uid_t uid,
+                                uint64_t client, bool exist_ok)
+{
+	struct engine *eng = old->eng;
+	char diff[512], why[640];
+	size_t n;
+
+	if (old->persist || !old->unused || !client || (uid != 0 && uid != old->owner))
+		return false;
+	n = spec_diff(spec, old->spec, diff, sizeof(diff));
+	if (n == 0 && exist_ok)
+		return false;
+	snprintf(why, sizeof(why), "unused, and client %" PRIu64 " creates it %s%s", client,
+	         n ? "with another spec: " : "anew (without exist_ok)", n ? diff : "");
+	drop_now(old, why); /* may free it */
+	linger_arm(eng);
+	return true;
+}
+
+static void owner_lookup(struct pipeline *pl)
+{
+	struct passwd pw, *res = NULL;
+	char buf[1024];
+
+	if (getpwuid_r(pl->owner, &pw, buf, sizeof(buf), &res) == 0 && res)
+		snprintf(pl->owner_name, sizeof(pl->owner_name), "%s", res->pw_name);
+}
+
+int engine_create(struct engine *eng, struct spec *spec, uid_t owner, uint64_t client,
+                  bool exist_ok, char *err, size_t errlen)
 {
 	struct pipeline *pl, *old;
 	struct sampler smp;
@@ -85,13 +305,22 @@ int engine_create(struct engine *eng, struct spec *spec, uid_t owner, bool exist
 		return -ESHUTDOWN;
 	}
 	old = engine_find(eng, spec->name);
-	if (old) {
-		bool same = spec_equal(old->spec, spec);
-		snprintf(err, errlen, same ? "pipeline '%s' exists already"
-		                           : "pipeline '%s' exists already with another spec",
-		         spec->name);
+	if (old && lingering_gives_way(old, spec, owner, client, exist_ok)) {
+		old = NULL;
+	} else if (old) {
+		char diff[640];
+		if (spec_diff(spec, old->spec, diff, sizeof(diff)) == 0) {
+			r = exist_ok ? pipeline_join(old, spec, client) : -EEXIST;
+			snprintf(err, errlen, r == -ENOMEM ? "out of memory" : "pipeline '%s' exists already",
+			         spec->name);
+		} else {
+			snprintf(err, errlen, "pipeline '%s' exists already with another spec: %s; "
+			         "use another name, or drop it first (loaderctl drop %s)",
+			         spec->name, diff, spec->name);
+			r = -EEXIST;
+		}
 		spec_free(spec);
-		return same && exist_ok ? 0 : -EEXIST;
+		return r;
 	}
 	pl = calloc(1, sizeof(*pl));
 	if (!pl) {
@@ -101,6 +330,14 @@ int engine_create(struct engine *eng, struct spec *spec, uid_t owner, bool exist
 	pl->eng = eng;
 	pl->spec = spec;
 	pl->owner = owner;
+	pl->created_by = client;
+	pl->persist = !client || spec->persist;
+	pl->has_ttl = spec->has_ttl;
+	pl->ttl_ms = spec->ttl_ms;
+	if (holder_add(pl, client) < 0) {
+		r = -ENOMEM;
+		goto fail;
+	}
 	r = source_open(&pl->src, spec, err, errlen);
 	if (r < 0)
 		goto fail;
@@ -161,10 +398,13 @@ int engine_create(struct engine *eng, struct spec *spec, uid_t owner, bool exist
 		pl->free_slots[pl->nfree++] = pl->nslots - 1 - i;
 	}
 	eng->memory_used += slab_bytes;
+	pl->created_ms = uv_now(eng->loop);
+	owner_lookup(pl);
 	pl->next = eng->pipelines;
 	eng->pipelines = pl;
 	log_info("pipeline %s created: %" PRIu64 " samples, %u slots of %" PRIu64 " bytes",
 	         spec->name, smp.nsamples, pl->nslots, pl->slot_bytes);
+	pipeline_lifetime(pl);
 	return 1;
 
 fail:
@@ -174,6 +414,7 @@ fail:
 	slab_free(pl->slab);
 	free(pl->slots);
 	free(pl->free_slots);
+	free(pl->holders);
 	free(pl);
 	return r;
 }
@@ -190,7 +431,6 @@ void pipeline_fail(struct pipeline *pl, int err, const char *msg)
 int engine_drop(struct engine *eng, const char *name, uid_t uid, bool force, char *err, size_t errlen)
 {
 	struct pipeline *pl = engine_find(eng, name);
-	char msg[160];
 
 	if (!pl) {
 		snprintf(err, errlen, "no pipeline named '%s'", name);
@@ -204,15 +444,7 @@ int engine_drop(struct engine *eng, const char *name, uid_t uid, bool force, cha
 		snprintf(err, errlen, "pipeline '%s' has %" PRIu64 " clients attached (use force)", name, pl->natts);
 		return -EBUSY;
 	}
-	snprintf(msg, sizeof(msg), "pipeline '%s' was dropped", name);
-	for (struct attachment *a = eng->atts; a; a = a->all_next)
-		if (a->pl == pl) {
-			att_disconnect(a, ENOENT, msg);
-			a->dead = true;
-			snprintf(a->dead_msg, sizeof(a->dead_msg), "%s", msg);
-		}
-	pl->dropped = true;
-	log_info("pipeline %s dropped", name);
-	pipeline_maybe_free(pl);
+	drop_now(pl, NULL);
+	linger_arm(eng);
 	return 0;
 }

@@ -434,6 +434,7 @@ static void client_free(struct server *srv, struct client *cl)
 		client_remove_att(cl, cl->natts - 1);
 		attachment_detach(a);
 	}
+	engine_client_gone(srv->engine, cl->id);
 	log_msg(cl->pid == getpid() ? LOG_DEBUG : LOG_INFO,
 	        "client %" PRIu64 " (pid %d) disconnected%s", cl->id, cl->pid,
 	        leases ? ", its leases were released" : "");
@@ -527,7 +528,9 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 		return;
 	}
 	snprintf(name, sizeof(name), "%s", spec->name);
-	r = engine_create(srv->engine, spec, cl->uid, m->exist_ok, err, sizeof(err));
+	/* the pipeline is this connection's: it lingers once the connection
+	 * closes and nobody reads it (docs/spec.md, "Lifetime") */
+	r = engine_create(srv->engine, spec, cl->uid, cl->id, m->exist_ok, err, sizeof(err));
 	if (r < 0) {
 		reply_error(srv, c, -r, err);
 		return;

@@ -3,7 +3,8 @@
  *
  * The file is JSON, like the specs it carries:
  *   {"socket": "/run/loaderd/loaderd.sock", "workers": 8,
- *    "memory_limit": "8G", "log_level": "info", "pipelines": [SPEC, ...]}
+ *    "memory_limit": "8G", "log_level": "info", "linger": 5,
+ *    "pipelines": [SPEC, ...]}
  * Drop-ins in conf.d/ beside the file (*.json, in name order) are read after
  * it: their values replace the file's, their pipelines are added. Command-line
  * options win over all of them. Unknown keys are errors, as in specs.
@@ -96,6 +97,15 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 				goto out;
 			}
 			cfg->log_level = lvl;
+		} else if (strcmp(key, "linger") == 0) {
+			double secs = json_is_number(v) ? json_number_value(v) : -1;
+			if (!(secs >= 0) || secs > SETTINGS_LINGER_MAX_S) {
+				snprintf(err, errlen, "%s: linger: must be a number of seconds in 0..%d", path,
+				         SETTINGS_LINGER_MAX_S);
+				goto out;
+			}
+			cfg->has_linger = true;
+			cfg->linger_ms = (uint64_t)llround(secs * 1000.0);
 		} else if (strcmp(key, "pipelines") == 0) {
 			if (!json_is_array(v)) {
 				snprintf(err, errlen, "%s: pipelines: must be an array of pipeline specs", path);
@@ -161,6 +171,10 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		cfg->memory_limit = file.memory_limit;
 	if (file.log_level && (!keep_set || !cfg->log_level))
 		cfg->log_level = file.log_level;
+	if (file.has_linger) {
+		cfg->has_linger = true;
+		cfg->linger_ms = file.linger_ms;
+	}
 	json_decref(cfg->pipelines);
 	cfg->pipelines = file.pipelines;
 	file.pipelines = NULL;

@@ -12,8 +12,14 @@ struct settings {
 	unsigned workers;         /* 0 = online CPUs */
 	uint64_t memory_limit;    /* 0 = half of physical memory */
 	int log_level;
+	bool has_linger;          /* "linger" was given */
+	uint64_t linger_ms;       /* an unused client pipeline stays this long */
 	json_t *pipelines;        /* array of specs, or NULL */
 };
+
+/* The linger without a "linger" key: 5 s. */
+#define SETTINGS_LINGER_DEFAULT_MS 5000
+#define SETTINGS_LINGER_MAX_S 31536000
 
 /* Parse "1073741824", "512M", "4G", "1.5G"; -EINVAL if it is none of these. */
 int settings_parse_size(const char *text, uint64_t *out);

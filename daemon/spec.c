@@ -704,11 +704,38 @@ static json_t *spec_build_json(const struct spec *spec)
 	return obj;
 }
 
+/*
+ * persist and ttl: how long the daemon keeps the pipeline once nobody uses it
+ * (docs/spec.md, "Lifetime"). They are left out of the canonical form.
+ */
+static int parse_lifetime(struct spec *spec, json_t *obj, char *err, size_t errlen)
+{
+	json_t *v = json_object_get(obj, "ttl");
+	double ttl;
+	int r;
+
+	spec->has_persist = json_object_get(obj, "persist") != NULL;
+	r = get_bool(obj, "persist", &spec->persist, err, errlen);
+	if (r < 0)
+		return r;
+	if (!v)
+		return 0;
+	if (!get_number(v, &ttl) || !(ttl >= 0) || ttl > SPEC_TTL_MAX_S)
+		return fail(err, errlen, "ttl: must be a number of seconds in 0..%d", SPEC_TTL_MAX_S);
+	if (spec->persist)
+		return fail(err, errlen, "ttl: not with persist: true (a persistent pipeline is kept "
+			    "until it is dropped)");
+	spec->has_ttl = true;
+	spec->ttl_ms = (uint64_t)llround(ttl * 1000.0);
+	return 0;
+}
+
 static int spec_fill(struct spec *spec, json_t *obj, char *err, size_t errlen)
 {
 	static const char *const keys[] = { "name", "source", "batch_size", "shuffle", "seed",
 					    "drop_last", "epochs", "prefetch", "min_clients",
-					    "transforms", "output", "on_error", "decode", NULL };
+					    "transforms", "output", "on_error", "decode",
+					    "persist", "ttl", NULL };
 	static const char *const image_keys[] = { "transforms", "output", "on_error", "decode",
 						  NULL };
 	const char *key, *s;
@@ -814,6 +841,10 @@ static int spec_fill(struct spec *spec, json_t *obj, char *err, size_t errlen)
 		return r;
 	spec->min_clients = (uint32_t)i;
 
+	r = parse_lifetime(spec, obj, err, errlen);
+	if (r < 0)
+		return r;
+
 	spec->json = spec_build_json(spec);
 	return spec->json ? 0 : -ENOMEM;
 }
@@ -910,4 +941,92 @@ bool spec_equal(const struct spec *a, const struct spec *b)
 	if (!a || !b)
 		return a == b;
 	return json_equal(a->json, b->json);
+}
+
+/* --- how two specs differ ------------------------------------------------ */
+
+#define DIFF_VALUE_MAX 72
+
+struct diff {
+	char *buf;
+	size_t len, pos;
+	size_t count, shown;
+	bool full;
+};
+
+static void diff_value(char *out, size_t n, const json_t *v)
+{
+	char *s = v ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(15)) : NULL;
+
+	if (!s)
+		snprintf(out, n, "none");
+	else if (strlen(s) > DIFF_VALUE_MAX)
+		snprintf(out, n, "%.*s...", DIFF_VALUE_MAX - 3, s);
+	else
+		snprintf(out, n, "%s", s);
+	free(s);
+}
+
+/* One differing key; room is kept for the ", and N more" ending. */
+static void diff_add(struct diff *d, const char *key, const json_t *want, const json_t *have)
+{
+	char a[DIFF_VALUE_MAX + 1], b[DIFF_VALUE_MAX + 1], item[2 * DIFF_VALUE_MAX + 160];
+	int n;
+
+	d->count++;
+	if (d->full)
+		return;
+	diff_value(a, sizeof(a), want);
+	diff_value(b, sizeof(b), have);
+	if (want)
+		n = snprintf(item, sizeof(item), "%s%s %s (it has %s)", d->shown ? ", " : "", key, a, b);
+	else
+		n = snprintf(item, sizeof(item), "%sno %s (it has %s)", d->shown ? ", " : "", key, b);
+	if (n < 0 || d->pos + (size_t)n + 24 >= d->len) {
+		d->full = true;
+		return;
+	}
+	memcpy(d->buf + d->pos, item, (size_t)n + 1);
+	d->pos += (size_t)n;
+	d->shown++;
+}
+
+static void diff_objects(struct diff *d, const char *prefix, json_t *want, json_t *have)
+{
+	const char *key;
+	json_t *v;
+
+	json_object_foreach(want, key, v) {
+		json_t *h = json_object_get(have, key);
+		char path[256];
+
+		snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", key);
+		if (json_is_object(v) && json_is_object(h))
+			diff_objects(d, path, v, h);
+		else if (!h || !json_equal(v, h))
+			diff_add(d, path, v, h);
+	}
+	json_object_foreach(have, key, v) {
+		char path[256];
+
+		if (json_object_get(want, key))
+			continue;
+		snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", key);
+		diff_add(d, path, NULL, v);
+	}
+}
+
+size_t spec_diff(const struct spec *want, const struct spec *have, char *buf, size_t len)
+{
+	struct diff d = { .buf = buf, .len = len };
+
+	if (!len)
+		return 0;
+	buf[0] = '\0';
+	if (!want || !have)
+		return 0;
+	diff_objects(&d, "", want->json, have->json);
+	if (d.count > d.shown)
+		snprintf(buf + d.pos, len - d.pos, "%sand %zu more", d.shown ? ", " : "", d.count - d.shown);
+	return d.count;
 }

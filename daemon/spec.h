@@ -66,8 +66,16 @@ struct spec {
 	uint64_t epochs;              /* default 1, 0 = endless */
 	uint32_t prefetch;            /* slots, default 8, >= 2 */
 	uint32_t min_clients;         /* broadcast waits for this many, default 1 */
+	/* lifetime (docs/spec.md, "Lifetime"): not part of the canonical form,
+	 * so two specs that differ only here are the same pipeline */
+	bool persist;                 /* kept until dropped, default false */
+	bool has_persist;             /* "persist" was given */
+	bool has_ttl;                 /* "ttl" was given */
+	uint64_t ttl_ms;              /* unused this long before it is dropped */
 	json_t *json;                 /* the spec with every default filled in */
 };
+
+#define SPEC_TTL_MAX_S 31536000   /* a year */
 
 /**
  * spec_parse() - parse and validate a spec.
@@ -93,6 +101,16 @@ void transform_resize_dims(const struct transform *t, uint32_t h, uint32_t w, ui
 			   uint64_t *ow);
 /* Two specs describe the same pipeline (for create with exist_ok). */
 bool spec_equal(const struct spec *a, const struct spec *b);
+/**
+ * spec_diff() - how @want differs from @have, their canonical forms compared
+ * key by key (nested keys as "source.path").
+ * @buf: receives e.g. "batch_size 64 (it has 32), shuffle true (it has false)";
+ *       a key only one side has reads "source.paths [...] (it has none)" or
+ *       "no source.path (it has \"/t.bin\")"; what does not fit ends in
+ *       "and N more"
+ * Return: the number of keys that differ (0 when the specs are equal).
+ */
+size_t spec_diff(const struct spec *want, const struct spec *have, char *buf, size_t len);
 /*
  * The field name of an npy path: its file stem (basename without ".npy").
  * Return: the length, or -EINVAL when it is empty or longer than LDR_NAME_MAX.

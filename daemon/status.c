@@ -75,6 +75,40 @@ static json_t *pipeline_json(struct pipeline *pl)
 		"spec", pl->spec->json);
 }
 
+/* A duration in ms as a JSON number of seconds: whole seconds an integer. */
+static json_t *secs_json(uint64_t ms)
+{
+	return ms % 1000 ? json_real((double)ms / 1000.0) : json_integer((json_int_t)(ms / 1000));
+}
+
+/*
+ * Who owns it, who made it, how old and how long unused (docs/spec.md,
+ * "Lifetime"): owner, created_by (a client id, or "config"), age_s, in_use,
+ * idle_s (0 while in use), persist, linger_s (null when persistent),
+ * expires_in_s (null when persistent or in use; whole seconds, rounded up).
+ */
+static void lifetime_json(const struct pipeline *pl, json_t *o)
+{
+	uint64_t now = uv_now(pl->eng->loop), linger = pipeline_linger_ms(pl);
+	uint64_t idle = pl->unused && now > pl->unused_since ? now - pl->unused_since : 0;
+	json_t *expires = json_null();
+
+	if (pl->unused && !pl->persist) {
+		uint64_t left = idle < linger ? linger - idle : 0;
+		expires = json_integer((json_int_t)((left + 999) / 1000));
+	}
+	json_object_set_new(o, "owner", json_pack("{s:I, s:s?}", "uid", (json_int_t)pl->owner,
+		"user", pl->owner_name[0] ? pl->owner_name : NULL));
+	json_object_set_new(o, "created_by", pl->created_by ? json_integer((json_int_t)pl->created_by)
+	                                                    : json_string("config"));
+	json_object_set_new(o, "age_s", json_integer((json_int_t)((now - pl->created_ms) / 1000)));
+	json_object_set_new(o, "in_use", json_boolean(!pl->unused));
+	json_object_set_new(o, "idle_s", json_integer((json_int_t)(idle / 1000)));
+	json_object_set_new(o, "persist", json_boolean(pl->persist));
+	json_object_set_new(o, "linger_s", pl->persist ? json_null() : secs_json(linger));
+	json_object_set_new(o, "expires_in_s", expires);
+}
+
 json_t *engine_cuda_json(struct engine *eng)
 {
 	return cuda_devices_json(eng->cuda);
@@ -85,7 +119,10 @@ json_t *engine_pipelines_json(struct engine *eng)
 	json_t *arr = json_array();
 
 	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
-		if (!pl->dropped)
-			json_array_append_new(arr, pipeline_json(pl));
+		if (!pl->dropped) {
+			json_t *o = pipeline_json(pl);
+			lifetime_json(pl, o);
+			json_array_append_new(arr, o);
+		}
 	return arr;
 }

@@ -219,11 +219,69 @@ static void test_equal(void)
 	assert(spec_free(NULL) == NULL);
 }
 
+/* persist and ttl: parsed, checked, and outside the canonical form */
+static void test_lifetime(void)
+{
+	struct spec *a = ok("{\"name\": \"t\", " TOK "}");
+	struct spec *p = ok("{\"name\": \"t\", " TOK ", \"persist\": true}");
+	struct spec *t = ok("{\"name\": \"t\", " TOK ", \"ttl\": 2.5}");
+	struct spec *f = ok("{\"name\": \"t\", " TOK ", \"persist\": false, \"ttl\": 0}");
+
+	assert(!a->persist && !a->has_persist && !a->has_ttl);
+	assert(p->persist && p->has_persist && !p->has_ttl);
+	assert(!t->persist && t->has_ttl && t->ttl_ms == 2500);
+	assert(!f->persist && f->has_persist && f->has_ttl && f->ttl_ms == 0);
+	assert(spec_equal(a, p) && spec_equal(a, t) && spec_equal(a, f));
+	assert(!json_object_get(p->json, "persist") && !json_object_get(t->json, "ttl"));
+	assert(spec_diff(p, a, err, sizeof(err)) == 0 && err[0] == '\0');
+	spec_free(a);
+	spec_free(p);
+	spec_free(t);
+	spec_free(f);
+
+	bad("{\"name\": \"t\", " TOK ", \"persist\": 1}", "spec: persist: must be true or false");
+	bad("{\"name\": \"t\", " TOK ", \"ttl\": -1}", "spec: ttl: must be a number of seconds in 0..31536000");
+	bad("{\"name\": \"t\", " TOK ", \"ttl\": \"5\"}", "spec: ttl: must be a number");
+	bad("{\"name\": \"t\", " TOK ", \"ttl\": 31536001}", "spec: ttl: must be a number");
+	bad("{\"name\": \"t\", " TOK ", \"persist\": true, \"ttl\": 5}", "spec: ttl: not with persist: true");
+}
+
+/* spec_diff: the keys that differ, nested ones dotted, in canonical order */
+static void test_diff(void)
+{
+	struct spec *have = ok("{\"name\": \"m\", " TOK ", \"batch_size\": 32}");
+	struct spec *want = ok("{\"name\": \"m\", " TOK ", \"batch_size\": 64, \"shuffle\": true}");
+	struct spec *path = ok("{\"name\": \"m\", \"source\": {\"kind\": \"tokens\", \"path\": \"/e/t.bin\", "
+			       "\"seq_len\": 8}}");
+	struct spec *npy = ok("{\"name\": \"m\", " NPY "}");
+	char small[40];
+
+	assert(spec_diff(want, have, err, sizeof(err)) == 2);
+	assert(strcmp(err, "batch_size 64 (it has 32), shuffle true (it has false)") == 0);
+	assert(spec_diff(path, have, err, sizeof(err)) == 2);
+	assert(strcmp(err, "source.path \"/e/t.bin\" (it has \"/d/t.bin\"), "
+		       "source.seq_len 8 (it has 4)") == 0);
+	/* another kind: keys only one side has */
+	assert(spec_diff(npy, have, err, sizeof(err)) == 6);
+	assert(strstr(err, "source.kind \"npy\" (it has \"tokens\")"));
+	assert(strstr(err, "source.paths [\"/d/x.npy\",\"y.npy\"] (it has none)"));
+	assert(strstr(err, "no source.seq_len (it has 4)"));
+	/* what does not fit is counted */
+	assert(spec_diff(npy, have, small, sizeof(small)) == 6);
+	assert(strlen(small) < sizeof(small) && strstr(small, "more"));
+	spec_free(have);
+	spec_free(want);
+	spec_free(path);
+	spec_free(npy);
+}
+
 int main(void)
 {
 	test_defaults();
 	test_errors();
 	test_equal();
+	test_lifetime();
+	test_diff();
 	printf("test-spec: ok\n");
 	return 0;
 }
