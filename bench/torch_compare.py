@@ -203,7 +203,8 @@ def spec(name, data, d, min_clients=1):
         src = {"kind": "tokens", "path": os.path.join(d, "tok.bin"), "dtype": "uint16",
                "seq_len": SEQ}
     return {"name": name, "source": src, "batch_size": BATCH, "shuffle": True, "seed": 1,
-            "epochs": 0, "prefetch": 16, "min_clients": min_clients}
+            "epochs": 0, "prefetch": 16, "min_clients": min_clients,
+            "persist": True}  # made before its trainers start: must outlive that connection
 
 
 def run_scenario(a, system, data, k):

@@ -322,6 +322,7 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 		return -EPROTO;
 	}
 	a->revoking = false;
+	a->rv_dno = UINT64_MAX; /* refused: the next watch is sent the Revoke again */
 	if (n > a->nleases || rq->return_from + n != a->revoke_upto) {
 		snprintf(err, errlen, "return: %zu deliveries from %" PRIu64 " do not end at %" PRIu64
 		         ", where the Revoke was sent", n, rq->return_from, a->revoke_upto);
