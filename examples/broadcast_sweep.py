@@ -29,11 +29,11 @@ def trial(sock, spec, lr, xv_path, yv_path, q):
     lossf = nn.CrossEntropyLoss()
     crc, batches = 0, 0
     # both trials pass the same spec: the first creates the pipeline, the
-    # second finds it (exist_ok); mode broadcast is the default
-    with loaderd.DataLoader(spec, socket=sock) as dl:
+    # second finds it (exist_ok); mode="broadcast" shares one stream between
+    # them (the default would give each trial a private stream of its own)
+    with loaderd.DataLoader(spec, socket=sock, mode="broadcast") as dl:
         for epoch in range(EPOCHS):
-            for b in dl:
-                x, y = b["x"], b["label"]
+            for x, y in dl:  # fields in the order of the spec's paths: x, label
                 crc = zlib.crc32(y.numpy().tobytes(), crc)
                 batches += 1
                 opt.zero_grad()

@@ -68,11 +68,9 @@ def main():
     spec = {"name": "train-npy", "source": {"kind": "npy", "paths": [d + "/xt.npy", d + "/lt.npy"]},
             "batch_size": BATCH, "shuffle": True, "seed": 1, "epochs": EPOCHS}
     t0 = time.monotonic()
-    with loaderd.DataLoader(spec, socket=sock, mode="partition") as dl:
+    with loaderd.DataLoader(spec, socket=sock) as dl:
         def ldr_epoch(e):
-            dl.set_epoch(e)
-            for b in dl:
-                yield b["xt"], b["lt"]
+            return dl  # as torch's: each `for` over it is the next epoch, (x, y) batches
         acc_ldr = train(ldr_epoch, xv, yv)
     t_ldr = time.monotonic() - t0
 

@@ -60,8 +60,8 @@ def test_cuda_arrays_equal_host_batches(gd, workdir):
     n = 0
     for bh, bg in zip(host, dev):
         assert (bg.epoch, bg.index, bg.rows) == (bh.epoch, bh.index, bh.rows)
-        assert list(bg) == ["input", "target"]
-        for k in bh:
+        assert list(bg.keys()) == ["input", "target"]
+        for k in bh.keys():
             a = bg[k]
             assert isinstance(a, loaderd.CudaArray)
             cai = a.__cuda_array_interface__
@@ -86,11 +86,11 @@ def test_cuda_arrays_equal_host_batches(gd, workdir):
 
 def test_two_cuda_loaders_share_one_copy(gd, workdir):
     spec = tok_spec(workdir, "s", min_clients=2)
-    a = loaderd.DataLoader(spec, socket=gd.socket, as_numpy=True, device="cuda")
-    b = loaderd.DataLoader(spec, socket=gd.socket, as_numpy=True, device="cuda:0")
+    a = loaderd.DataLoader(spec, socket=gd.socket, as_numpy=True, device="cuda", mode="broadcast")
+    b = loaderd.DataLoader(spec, socket=gd.socket, as_numpy=True, device="cuda:0", mode="broadcast")
     n = 0
     for ba, bb in zip(a, b):
-        for k in ba:
+        for k in ba.keys():
             assert device_bytes(ba[k]) == device_bytes(bb[k])
         n += 1
     ba = bb = None
@@ -179,7 +179,7 @@ def test_legacy_ipc(workdir, monkeypatch):
         dev = loaderd.DataLoader(tok_spec(workdir, "g"), socket=d.socket, as_numpy=True,
                                  device="cuda:0")
         for bh, bg in zip(host, dev):
-            for k in bh:
+            for k in bh.keys():
                 assert device_bytes(bg[k]) == bh[k].tobytes()
         assert [x["memory"] for x in d.pipeline("g")["devices"]] == ["ipc"]
         bh = bg = None

@@ -3,8 +3,8 @@
 
     import loaderd
     loader = loaderd.DataLoader({"name": "tok", "source": {...}, "batch_size": 32})
-    for batch in loader:          # one epoch
-        x, y = batch["input"], batch["target"]   # zero-copy, read-only tensors
+    for x, y in loader:           # one whole epoch per `for`, as torch's DataLoader
+        ...                       # zero-copy tensors, copy-on-write (in-place ops are fine)
 
 The package wraps the C library libloader with ctypes (see _lib.py for how it
 is found). Documentation: docs/python.md.

@@ -1,5 +1,8 @@
 # SPDX-License-Identifier: MIT
-"""progress=True: tqdm when it is importable, else a plain bar on stderr."""
+"""progress=True: tqdm when it is importable, else a plain bar on stderr.
+
+Both are returned as iterators (a tqdm object is only an iterable: the
+DataLoader's __iter__ must return an iterator, so iter(tqdm(...)))."""
 
 import sys
 import time
@@ -10,7 +13,7 @@ def progress(iterable, total, desc):
         from tqdm import tqdm
     except Exception:
         return _plain(iterable, total, desc)
-    return tqdm(iterable, total=total or None, desc=desc, unit="batch")
+    return iter(tqdm(iterable, total=total or None, desc=desc, unit="batch"))
 
 
 def _plain(iterable, total, desc, width=30, interval=0.2):

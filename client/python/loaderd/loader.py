@@ -6,15 +6,18 @@ Object graph and lifetimes (no cycles, so CPython frees in this order):
     DataLoader ──► _Attachment ──► _Client          (ldr_attachment*, ldr_client*)
     tensor ► ndarray ► _Mem ► _Lease ──► _Attachment (ldr_batch*)
     Batch (dict) ─────────────► _Lease
+    _Lease ┄┄► _Mem (weak, one per field: which fields are still alive)
 
 A batch's lease is released (ldr_release) when the last array/tensor/Batch of
-it is gone, or at once by Batch.release(). DataLoader.close() (and re-attaching
-for set_epoch/load_state_dict) detaches at once: libloader keeps the slab
-mapped while batches of it are alive, and the pages of those batches are first
-replaced by private read-only copies at the same addresses (_freeze_ranges),
-so they stay valid although their slots are no longer reserved. Objects inherited across
-fork never call into nng: every finalizer checks the pid first (libloader
-checks it too).
+it is gone, or at once by Batch.release(). When the batches the trainer holds
+reach the attachment's share of slots, the oldest are *kept* before the next
+ldr_next: ldr_batch_keep copies the fields still alive to private memory at
+the same addresses and gives the slot back, so holding batches never blocks
+the stream. DataLoader.close() (and re-attaching for a new epoch or
+load_state_dict) detaches at once; batches still alive stay valid (libloader
+keeps them at detach; with an older libloader _freeze_ranges copies their
+pages). Objects inherited across fork never call into nng: every finalizer
+checks the pid first (libloader checks it too).
 """
 
 import ctypes
@@ -102,8 +105,10 @@ class _Attachment:
         self.client = client
         L = _lib.lib()
         client.check()
-        self.live = 0  # batches of this attachment alive in Python
-        self.leases = weakref.WeakSet()
+        self.live = 0  # batches of this attachment the trainer holds (alive, not kept)
+        self.leases = weakref.WeakValueDictionary()  # delivery number -> _Lease
+        self.seq = 0
+        self.kept_batches = self.kept_bytes = 0  # kept by this package (ldr_batch_keep)
         opts = _lib.ldr_attach_opts()
         opts.mode = _lib.MODES[mode]
         opts.rank = rank
@@ -128,24 +133,94 @@ class _Attachment:
         size = ctypes.c_size_t()
         base = L.ldr_attachment_slab(self.ptr, ctypes.byref(size))
         self.slab = (base or 0, size.value)
+        # copy-on-write slab (MAP_PRIVATE, PROT_WRITE): batches are writable
+        self.writable = device is None and _mapping_writable(self.slab[0])
         self._detach_fn = L.ldr_detach
+        self._keep_fn = _lib.optional("ldr_batch_keep") if device is None else None
+        self._share_fn = _lib.optional("ldr_attachment_share")
+        self._held_fn = _lib.optional("ldr_attachment_held")
+        self._kept_fn = _lib.optional("ldr_attachment_kept")
+        self._is_kept_fn = _lib.optional("ldr_batch_is_kept")
+
+    # ------------------------------------------------------------ keeping
+
+    def held(self):
+        """Batches the trainer holds: taken, neither released nor kept."""
+        if self._held_fn is not None:
+            return int(self._held_fn(self.ptr))
+        return self.live
+
+    def share(self):
+        """Leases this attachment may hold now, 0 when libloader cannot say."""
+        return int(self._share_fn(self.ptr)) if self._share_fn is not None else 0
+
+    def kept(self):
+        """(batches, bytes) kept so far: by this package and by libloader."""
+        if self._kept_fn is not None and self.ptr is not None:
+            nb, nbytes = ctypes.c_uint64(), ctypes.c_uint64()
+            if self._kept_fn(self.ptr, ctypes.byref(nb), ctypes.byref(nbytes)) >= 0:
+                return max(nb.value, self.kept_batches), max(nbytes.value, self.kept_bytes)
+        return self.kept_batches, self.kept_bytes
+
+    def keep_for_share(self):
+        """Before ldr_next: when the trainer holds its whole share, keep its
+        oldest batches (the fields still alive only) until it holds about
+        half of it, so that the stream can go on (and prefetch) meanwhile."""
+        if self._keep_fn is None:
+            return
+        share = self.share()
+        if share <= 0 or self.held() < share:
+            return
+        target = share - max(1, share // 2)
+        for seq in sorted(self.leases.keys()):
+            lease = self.leases.get(seq)
+            if lease is None or lease.ptr is None or lease.kept:
+                continue
+            self.keep(lease)
+            if self.held() <= target:
+                break
+
+    def keep(self, lease):
+        if self._is_kept_fn is not None and self._is_kept_fn(lease.ptr):
+            lease.kept = True  # libloader kept it already (ldr_next)
+            return
+        mask = nbytes = 0
+        for i, ref in enumerate(lease.mems):
+            if ref() is not None:
+                mask |= 1 << i
+                nbytes += lease.nbytes[i]
+        if not mask:  # no array of it is alive (only its Batch dict, emptied)
+            lease.release()
+            return
+        r = self._keep_fn(lease.ptr, mask)
+        if r < 0:
+            raise _err(r, "keep")
+        lease.kept = True
+        self.live -= 1
+        self.kept_batches += 1
+        self.kept_bytes += nbytes
+
+    # ------------------------------------------------------------ detaching
 
     def freeze(self):
-        """Before detaching: give the batches still alive private, read-only
-        copies of their pages at the same addresses (their leases end with the
-        attachment, and the daemon may then reuse the slots)."""
+        """Before detaching, with a libloader that does not keep batches at
+        detach: give the batches still alive private copies of their pages at
+        the same addresses (their leases end with the attachment, and the
+        daemon may then reuse the slots)."""
         if self.detached or self.ptr is None or self.client.pid != os.getpid():
             return
-        alive = [l for l in list(self.leases) if l.ptr and l.hi > l.lo]
+        alive = [l for l in list(self.leases.values()) if l.ptr and not l.kept and l.hi > l.lo]
         if self.device is not None:
             if alive:
                 warnings.warn(f"loaderd: {len(alive)} batches in GPU memory are still alive at "
                               "close(): the daemon may reuse their device memory; copy (clone) "
                               "batches you keep", RuntimeWarning, stacklevel=4)
             return
+        if self._keep_fn is not None:
+            return  # libloader keeps them itself at ldr_detach
         ranges = sorted((l.lo, l.hi) for l in alive)
         if ranges:
-            _freeze_ranges(ranges, self.slab)
+            _freeze_ranges(ranges, self.slab, self.writable)
 
     def detach(self):
         if self.detached or self.ptr is None:
@@ -164,7 +239,7 @@ class _Attachment:
 class _Lease:
     """One ldr_batch*: released when the last array of the batch is gone."""
 
-    __slots__ = ("ptr", "att", "lo", "hi", "device", "__weakref__")
+    __slots__ = ("ptr", "att", "lo", "hi", "device", "kept", "mems", "nbytes", "__weakref__")
     _release_fn = None
     _release_after_fn = None
 
@@ -173,8 +248,12 @@ class _Lease:
         self.att = att
         self.device = att.device
         self.lo = self.hi = 0  # the bytes of the batch's fields
+        self.kept = False      # copied to private memory, the slot given back
+        self.mems = ()         # weak references to each field's _Mem
+        self.nbytes = ()       # each field's bytes
         att.live += 1
-        att.leases.add(self)
+        att.leases[att.seq] = self
+        att.seq += 1
 
     def release(self, stream=None):
         p = self.ptr
@@ -190,7 +269,7 @@ class _Lease:
                     stream = _cuda.current_stream(self.device)
                 _Lease._release_after_fn(p, stream or None)
             att = self.att
-            if att is not None:
+            if att is not None and not self.kept:
                 att.live -= 1
         self.att = None
 
@@ -198,13 +277,30 @@ class _Lease:
         self.release()
 
 
+def _mapping_writable(addr):
+    """Whether the mapping holding @addr is writable (/proc/self/maps)."""
+    if not addr:
+        return False
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                rng, perms = line.split(None, 2)[:2]
+                lo, _, hi = rng.partition("-")
+                if int(lo, 16) <= addr < int(hi, 16):
+                    return perms[1] == "w"
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _libc = None
 
 
-def _freeze_ranges(ranges, slab):
-    """Replace the pages of @ranges (inside the mapped @slab) by private,
-    read-only copies, atomically (mremap of a filled anonymous mapping)."""
+def _freeze_ranges(ranges, slab, writable=False):
+    """Replace the pages of @ranges (inside the mapped @slab) by private
+    copies (read-only unless @writable), atomically (mremap of a filled
+    anonymous mapping). Only for a libloader without ldr_batch_keep."""
     global _libc
     if _libc is None:
         c = ctypes.CDLL(None, use_errno=True)
@@ -235,7 +331,8 @@ def _freeze_ranges(ranges, slab):
             failed += 1
             continue
         ctypes.memmove(new, lo, n)
-        c.mprotect(new, n, 1)  # PROT_READ
+        if not writable:
+            c.mprotect(new, n, 1)  # PROT_READ
         if c.mremap(new, n, n, 3, lo) != lo:  # MREMAP_MAYMOVE|MREMAP_FIXED
             c.munmap(new, n)
             failed += 1
@@ -246,25 +343,40 @@ def _freeze_ranges(ranges, slab):
 
 class _Mem:
     """The base object of one field's array: numpy reads the pointer through
-    __array_interface__ (read-only), and since _Mem exports no writable
-    buffer, numpy refuses to make the array writable."""
+    __array_interface__. Writable when libloader maps the slab copy-on-write
+    (a written page becomes private to this process); on a read-only mapping
+    it exports no writable buffer, so numpy refuses to make the array
+    writable. Weakly referenced by its _Lease: a field whose _Mem is gone is
+    not copied when the batch is kept."""
 
-    __slots__ = ("__array_interface__", "lease")
+    __slots__ = ("__array_interface__", "lease", "__weakref__")
 
 
 # ------------------------------------------------------------------ batches
 
 class Batch(dict):
-    """One batch: a dict field name -> tensor (or numpy array).
+    """One batch: a dict field name -> tensor (or numpy array), in the
+    source's field order (tokens: input, target; npy: the order of the spec's
+    paths; images: image, label).
+
+    Iterating a Batch yields its **values** in that order, so that
+    ``for x, y in loader`` and ``x, y = batch`` unpack it as they unpack
+    torch's (input, target) batches; the names are in ``keys()`` and
+    ``items()``, and ``batch["input"]``, ``"input" in batch``, ``dict(batch)``,
+    ``len(batch)`` behave as for any dict.
 
     ``epoch``, ``index`` (the batch number within the epoch, in this
     attachment's share's numbering as the daemon reports it) and ``rows``.
-    The arrays are views of the daemon's shared memory, read-only, valid while
-    any of them (or this dict) is alive. ``release()`` hands the memory back at
-    once: the arrays must not be used after it (the daemon may reuse the slot;
-    after the loader is closed too, touching them may crash the process)."""
+    The arrays are views of the daemon's shared memory (copy-on-write: an
+    in-place op changes this process's copy only), valid while any of them (or
+    this dict) is alive. ``release()`` hands the memory back at once: the
+    arrays must not be used after it (the daemon may reuse the slot)."""
 
     __slots__ = ("epoch", "index", "rows", "_lease")
+
+    def __iter__(self):
+        """The fields' values in field order (x, y = batch); keys() for the names."""
+        return iter(self.values())
 
     def release(self, stream=None):
         """Give the batch's slot back to the daemon now. A batch in GPU memory
@@ -281,13 +393,26 @@ class Batch(dict):
     def released(self):
         return self._lease is None or self._lease.ptr is None
 
+    @property
+    def kept(self):
+        """True once the batch was copied out of its slot into private memory
+        (docs/python.md, "Keeping batches")."""
+        lease = self._lease
+        if lease is None or lease.ptr is None:
+            return False
+        if not lease.kept:
+            f = _lib.optional("ldr_batch_is_kept")
+            if f is not None and f(lease.ptr):
+                lease.kept = True
+        return lease.kept
+
     def __repr__(self):
         fields = ", ".join(f"{k}: {getattr(v, 'dtype', '?')}{list(v.shape)}" for k, v in self.items())
         return f"<loaderd.Batch epoch {self.epoch} index {self.index} rows {self.rows} {{{fields}}}>"
 
     def __reduce__(self):
         # pickling copies the data out of shared memory into plain arrays
-        return (dict, (dict(self),))
+        return (dict, (dict(self.items()),))
 
 
 _TORCH_DIRECT = None          # numpy dtypes torch.from_numpy takes (probed once)
@@ -309,15 +434,17 @@ def _probe_torch():
     _TORCH_DIRECT = ok
 
 
-def _to_torch(arr, dtname):
-    """Zero-copy torch tensor over the read-only array @arr."""
+def _to_torch(arr, dtname, writable):
+    """Zero-copy torch tensor over the array @arr (read-only unless @writable)."""
     global _torch_warned
     if _TORCH_DIRECT is None:
         _probe_torch()
-    if not _torch_warned:
+    if not writable and not _torch_warned:
         # torch warns once per process (TORCH_WARN_ONCE) that it has no
         # read-only tensors; a first conversion of a dummy array absorbs that
-        # warning, docs/python.md ("Read-only") says it instead.
+        # warning, docs/python.md ("Read-only") says it instead. Only with a
+        # libloader that maps the slab read-only: copy-on-write batches are
+        # writable and torch has nothing to warn about.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ro = np.zeros(1, dtype=np.float32)
@@ -463,7 +590,14 @@ def _env_int(name):
 
 class DataLoader:
     """An iterable of batches served by loaderd, in place of
-    torch.utils.data.DataLoader. See docs/python.md."""
+    torch.utils.data.DataLoader. See docs/python.md.
+
+    Each ``for`` over the loader is one whole epoch from its first batch, as
+    with torch: by default the loader reads a private stream (rank 0 of world
+    1, or $RANK of $WORLD_SIZE under torchrun) and re-attaches at batch 0 of
+    the wanted epoch when a loop was broken off or set_epoch() chose another
+    epoch. mode="broadcast" and mode="dynamic" share one stream between
+    loaders instead (docs/python.md, "Epochs and iteration")."""
 
     def __init__(self, pipeline_or_spec, batch_size=None, shuffle=None, seed=None,
                  drop_last=None, mode=None, rank=None, world_size=None, socket=None,
@@ -488,11 +622,12 @@ class DataLoader:
             raise ValueError("inflight must be in 1..64")
         self._inflight = inflight
 
-        # mode, rank, world: torchrun's RANK/WORLD_SIZE choose partition
+        # mode, rank, world: a private stream (partition rank 0 of 1) unless
+        # torchrun's RANK/WORLD_SIZE or the arguments say otherwise; sharing
+        # one stream between loaders (broadcast, dynamic) is asked for
         env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
         if mode is None:
-            explicit = rank is not None or world_size is not None
-            mode = "partition" if (explicit or env_world is not None) else "broadcast"
+            mode = "partition"
         if mode not in _lib.MODES:
             raise ValueError(f"mode must be one of broadcast, partition, dynamic, not {mode!r}")
         if mode == "partition":
@@ -506,6 +641,9 @@ class DataLoader:
         else:
             rank, world_size = 0, 1
         self.mode, self.rank, self.world_size = mode, int(rank), int(world_size)
+        # broadcast and dynamic loops follow the shared stream; partition
+        # loops are torch's epochs
+        self._shared = mode != "partition"
 
         self._pid = os.getpid()
         self._closed = True
@@ -540,14 +678,20 @@ class DataLoader:
 
         self._fields = None     # [(name, typestr, dtype name)] from the first batch
         self._fstruct = _lib.ldr_field()
-        self._pending = None    # a batch of the next epoch, read ahead
+        self._pending = None    # shared stream: a batch of the next epoch, read ahead
         self._ended = False
-        self._pos = None        # (epoch, batch) of the next batch to yield
+        self._pos = None        # (epoch, batch) of the attachment's next batch
+        self._want = (0, 0)     # private stream: where the next `for` starts
+        self._loop = None       # private stream: (token, epoch) of the active `for`
+        self._kept_warned = False
+        self._kept_prev = (0, 0)  # kept by attachments detached since
         cl = Client.__new__(Client)
         cl._c = self._client
-        self.slots_total = int(cl.pipeline(self.pipeline).get("slots_total", 0))
+        info = cl.pipeline(self.pipeline)
+        self.slots_total = int(info.get("slots_total", 0))
+        self.dataset = _Dataset(self.pipeline, int(info.get("samples", 0)))
         self._stall_warned = False
-        self._attach(None)
+        self._attach(None if self._shared else (0, 0))
         if _Lease._release_fn is None:
             _Lease._release_after_fn = _lib.lib().ldr_release_after
             _Lease._release_fn = _lib.lib().ldr_release
@@ -555,11 +699,13 @@ class DataLoader:
     # --------------------------------------------------------- attachment
 
     def _attach(self, start):
-        # detach the old attachment now: batches of it still alive stay mapped
-        # (libloader), but no longer hold their slots
+        # detach the old attachment now: batches of it still alive stay valid
+        # (kept by libloader, or frozen here), but no longer hold their slots
         old, self._att = self._att, None
         self._pending = None
         if old is not None:
+            n, nbytes = old.kept()  # the loader's count goes on across attachments
+            self._kept_prev = (self._kept_prev[0] + n, self._kept_prev[1] + nbytes)
             old.freeze()
             old.detach()
         mode = self.mode
@@ -599,18 +745,33 @@ class DataLoader:
 
     @property
     def slab(self):
-        """(base address, size) of the read-only shared memory batches live in."""
+        """(base address, size) of the shared memory batches live in."""
         return self._att.slab
 
     @property
+    def writable(self):
+        """True when batches may be modified in place (a copy-on-write
+        mapping: the changes stay in this process)."""
+        return bool(self._att.writable) if self._att else False
+
+    @property
     def epoch(self):
-        """The epoch of the next batch (None before the first in broadcast/dynamic)."""
-        return self._pos[0] if self._pos else (0 if self.mode == "partition" else None)
+        """Private stream: the epoch the running `for` iterates, else the one
+        the next `for` will. Shared stream: the epoch of its next batch (None
+        before the first)."""
+        if self._shared:
+            return self._pos[0] if self._pos else None
+        if self._loop is not None:
+            return self._loop[1]
+        return self._want[0]
 
     @property
     def exhausted(self):
-        """True once a finite pipeline delivered its last batch."""
-        return self._ended and self._pending is None
+        """True once a finite pipeline has nothing more for the next `for`."""
+        if self._shared:
+            return self._ended and self._pending is None
+        e = self._pos[0] if self._loop is not None and self._pos else self._want[0]
+        return bool(self.epochs) and e >= self.epochs
 
     # ------------------------------------------------------------- batches
 
@@ -621,13 +782,17 @@ class DataLoader:
         out = ctypes.c_void_p()
         t0 = time.monotonic()
         deadline = None if self.timeout is None else t0 + self.timeout
-        if self.slots_total and att.live >= self.slots_total:
+        keeping = att._keep_fn is not None
+        if (not keeping and self.slots_total and att.live >= self.slots_total):
+            # a libloader that cannot keep batches: say why no batch can come
             raise Error(-errno.ENOBUFS,
                         f"this process holds {att.live} batches of pipeline {self.pipeline!r}, "
                         f"all of its {self.slots_total} slots: no new batch can be made until "
                         "some are dropped or released. Keep copies (np.array(a), t.clone()) of "
                         "batches you store, or raise the spec's 'prefetch'", "next")
         while True:
+            if keeping:
+                att.keep_for_share()
             if deadline is None:
                 wait = _POLL_MS
             else:
@@ -639,7 +804,8 @@ class DataLoader:
                 self._ended = True
                 return None
             if r == -errno.ETIMEDOUT and (deadline is None or time.monotonic() < deadline):
-                if (not self._stall_warned and att.live >= 2 and time.monotonic() - t0 > 5):
+                if (not keeping and not self._stall_warned and att.live >= 2
+                        and time.monotonic() - t0 > 5):
                     self._stall_warned = True
                     warnings.warn(
                         f"loaderd: no batch for 5 s while this process holds {att.live} batches "
@@ -650,6 +816,12 @@ class DataLoader:
             if r == -errno.ETIMEDOUT:
                 raise from_code(r, f"no batch within {self.timeout} s from pipeline "
                                 f"{self.pipeline!r}", "next")
+            if r == -errno.ENOBUFS and att.device is not None:
+                raise Error(r, f"this process holds {att.held()} batches of pipeline "
+                            f"{self.pipeline!r} in GPU memory, its whole share of the slots: "
+                            "device batches cannot be kept (copied out) as host batches are; "
+                            "clone() the tensors you store, or raise the spec's 'prefetch'",
+                            "next")
             raise _err(r, "next")
         p = out.value
         lease = _Lease(p, att)
@@ -681,6 +853,9 @@ class DataLoader:
                 b[name] = arr if as_numpy else _cuda.to_torch(arr, _torch)
             lease.lo, lease.hi = lo, hi
             return b
+        writable = att.writable
+        readonly = not writable
+        mems, sizes = [], []
         for i, (name, typestr, dtname) in enumerate(fields):
             L.ldr_batch_field(p, i, fref)
             if f.data:
@@ -691,10 +866,13 @@ class DataLoader:
             m.lease = lease
             m.__array_interface__ = {"version": 3, "typestr": typestr,
                                      "shape": tuple(f.shape[:f.ndim]),
-                                     "data": (f.data or 0, True)}
+                                     "data": (f.data or 0, readonly)}
+            mems.append(weakref.ref(m))
+            sizes.append(f.nbytes)
             arr = np.asarray(m)
-            b[name] = arr if as_numpy else _to_torch(arr, dtname)
+            b[name] = arr if as_numpy else _to_torch(arr, dtname, writable)
         lease.lo, lease.hi = lo, hi
+        lease.mems, lease.nbytes = tuple(mems), tuple(sizes)
         return b
 
     def _advance(self, b):
@@ -704,86 +882,169 @@ class DataLoader:
         else:
             self._pos = (b.epoch, nxt)
 
-    def _epoch_iter(self):
+    def _private_epoch(self):
+        """One `for` over a private stream: epoch self._want[0] from batch
+        self._want[1] (0 unless load_state_dict said otherwise)."""
         self._check()
-        epoch = None
-        while True:
-            if self._pending is not None:
-                b, self._pending = self._pending, None
-            else:
-                if self._ended:
-                    return
+        epoch, start = self._want
+        if self.epochs and epoch >= self.epochs:
+            return  # a finite pipeline after its last epoch: nothing
+        if self._pos != (epoch, start):
+            self._attach((epoch, start))  # a loop broken off, set_epoch, resume
+        token = object()
+        self._loop = (token, epoch)
+        self._want = (epoch + 1, 0)  # the next `for`, whether this one ends or breaks
+        try:
+            while self._loop is not None and self._loop[0] is token:
+                if self._pos[0] != epoch:
+                    return  # next_batch() took the rest of this epoch
                 b = self._next_raw()
                 if b is None:
                     return
-            if epoch is None:
-                epoch = b.epoch
-            elif b.epoch != epoch:
-                self._pending = b  # first batch of the next epoch: keep it for the next loop
-                return
-            self._advance(b)
-            last = b.index + 1 >= self._att.batches_per_epoch
-            yield b
-            b = None
-            if last:
-                return
+                self._advance(b)
+                last = b.index + 1 >= self._att.batches_per_epoch
+                yield b
+                b = None
+                if last:
+                    return
+        finally:
+            if self._loop is not None and self._loop[0] is token:
+                self._loop = None
+            self._warn_kept(3)
+
+    def _shared_epoch(self):
+        """One `for` over a shared stream (broadcast, dynamic): from the next
+        batch of the stream to the end of its epoch."""
+        self._check()
+        epoch = None
+        try:
+            while True:
+                if self._pending is not None:
+                    b, self._pending = self._pending, None
+                else:
+                    if self._ended:
+                        return
+                    b = self._next_raw()
+                    if b is None:
+                        return
+                if epoch is None:
+                    epoch = b.epoch
+                elif b.epoch != epoch:
+                    self._pending = b  # first batch of the next epoch: keep it for the next loop
+                    return
+                self._advance(b)
+                last = b.index + 1 >= self._att.batches_per_epoch
+                yield b
+                b = None
+                if last:
+                    return
+        finally:
+            self._warn_kept(3)
 
     def __iter__(self):
-        """One epoch: from the next batch of the stream to the end of its epoch."""
+        """One epoch. Private stream (the default): the whole epoch the
+        loader is at (the next after the last `for`, or set_epoch's), from its
+        first batch. Shared stream: from the stream's next batch to the end of
+        its epoch."""
         self._check()
-        it = self._epoch_iter()
+        if self._shared:
+            it = self._shared_epoch()
+            start = self._pos[1] if self._pos is not None else 0
+            e = self.epoch
+        else:
+            it = self._private_epoch()
+            e, start = self._want
         if self.progress:
             from ._progress import progress
-            total = len(self)
-            if self._pos is not None:
-                total = max(0, total - self._pos[1])
-            e = self.epoch
+            total = max(0, len(self) - start)
             it = progress(it, total, self.pipeline + (f" epoch {e}" if e is not None else ""))
         return it
 
     def next_batch(self):
-        """The next batch of the stream regardless of epochs, or None at its end."""
+        """The next batch of the stream regardless of epochs, or None at its
+        end. Private stream: outside a `for` it starts where the next `for`
+        would (set_epoch, load_state_dict), and a `for` after it goes on from
+        there to the end of that epoch."""
         self._check()
-        if self._pending is not None:
-            b, self._pending = self._pending, None
+        if self._shared:
+            if self._pending is not None:
+                b, self._pending = self._pending, None
+            else:
+                b = None if self._ended else self._next_raw()
+            if b is not None:
+                self._advance(b)
         else:
+            outside = self._loop is None
+            if outside and self._pos != self._want:
+                if self.epochs and self._want[0] >= self.epochs:
+                    return None
+                self._attach(self._want)
             b = None if self._ended else self._next_raw()
-        if b is not None:
-            self._advance(b)
+            if b is not None:
+                self._advance(b)
+            if outside:
+                self._want = self._pos
+        self._warn_kept(2)
         return b
+
+    def _warn_kept(self, stacklevel):
+        """Once per loader: batches copied out of their slots because the
+        trainer held more than the attachment's share."""
+        att = self._att
+        if self._kept_warned or att is None or att.ptr is None:
+            return
+        n, nbytes = att.kept()
+        n, nbytes = n + self._kept_prev[0], nbytes + self._kept_prev[1]
+        if not n:
+            return
+        self._kept_warned = True
+        share = att.share()
+        warnings.warn(
+            f"loaderd: this process kept more batches of pipeline {self.pipeline!r} than its "
+            f"share of the slots ({share}): {n} batches ({_size(nbytes)}) were copied out of "
+            "shared memory so that the stream could go on (only the fields still used). To "
+            "avoid the copies, raise the spec's 'prefetch', or store copies of just what you "
+            "keep (t.clone(), np.array(a)). This is said once per loader.",
+            RuntimeWarning, stacklevel=stacklevel)
 
     # --------------------------------------------------- epochs and resume
 
     def set_epoch(self, epoch):
-        """Start epoch @epoch at its first batch (partition mode: re-attaches
-        when the stream is elsewhere). In broadcast and dynamic modes the
-        shared stream decides the epoch: a different one only warns."""
+        """Private stream: the next `for` iterates epoch @epoch from its first
+        batch (re-attaching there if the stream is elsewhere; nothing to do
+        when the last loop ended just before it). Broadcast and dynamic: the
+        shared stream decides the epoch, a different one only warns."""
         self._check()
         epoch = int(epoch)
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
-        pos = self._pos if self._pos is not None else (0, 0)
-        if self._attached_mode == "partition" or self.mode == "partition":
-            if pos != (epoch, 0):
-                self._attach((epoch, 0))
+        if not self._shared:
+            self._want = (epoch, 0)
             return
         if self._pos is not None and self._pos[0] != epoch:
             warnings.warn(f"loaderd: set_epoch({epoch}) has no effect in {self.mode} mode: the "
                           f"shared stream is at epoch {self._pos[0]}", UserWarning, stacklevel=2)
 
     def state_dict(self):
-        """Where the stream stands: the next batch this loader will yield."""
+        """The position of the next batch this loader will yield: inside a
+        `for`, the rest of that loop; else the start of the next `for`."""
         self._check()
         if self.mode == "dynamic":
             raise Error(-errno.EINVAL, "dynamic mode has no fixed assignment of batches: "
                         "it cannot be resumed exactly (use partition or broadcast)", "state_dict")
-        epoch, batch = self._pos if self._pos is not None else (0, 0)
+        if self._shared:
+            epoch, batch = self._pos if self._pos is not None else (0, 0)
+        elif self._loop is not None:
+            epoch, batch = self._pos
+        else:
+            epoch, batch = self._want
         return {"pipeline": self.pipeline, "epoch": int(epoch), "batch": int(batch),
                 "rank": self.rank, "world_size": self.world_size}
 
     def load_state_dict(self, state):
-        """Resume exactly where @state (from state_dict()) stood: re-attaches
-        as rank/world partition starting at (epoch, batch)."""
+        """Resume exactly where @state (from state_dict()) stood: the next
+        `for` (or next_batch()) yields the batches from that position on.
+        Re-attaches a private stream as rank/world partition starting there."""
         self._check()
         if self.mode == "dynamic":
             raise Error(-errno.EINVAL, "dynamic mode cannot resume (see state_dict)", "load_state_dict")
@@ -796,18 +1057,21 @@ class DataLoader:
         if (state["rank"], state["world_size"]) != (self.rank, self.world_size):
             raise ValueError(f"load_state_dict: the state is of rank {state['rank']}/"
                              f"{state['world_size']}, this loader is {self.rank}/{self.world_size}")
-        self._attach((int(state["epoch"]), int(state["batch"])))
+        pos = (int(state["epoch"]), int(state["batch"]))
+        self._loop = None  # a `for` still running ends here
+        self._want = pos
+        self._attach(pos)
 
     # ------------------------------------------------------------- closing
 
     def close(self):
-        """Detach and disconnect now. Batches still alive stay valid: their
-        pages are first replaced by private read-only copies at the same
-        addresses (a copy of just those batches, made here, once)."""
+        """Detach and disconnect now. Batches still alive stay valid: they
+        are kept (copied to private memory at the same addresses) first."""
         if self._closed:
             return
         self._closed = True
         self._pending = None
+        self._loop = None
         att, self._att = self._att, None
         client, self._client = self._client, None
         if att is not None:
@@ -835,3 +1099,27 @@ class DataLoader:
     def __repr__(self):
         return (f"<loaderd.DataLoader {self.pipeline!r} mode {self.mode} rank {self.rank}/"
                 f"{self.world_size} batches/epoch {len(self)}>")
+
+
+class _Dataset:
+    """loader.dataset: what training scripts ask of torch's dataset object,
+    len(loader.dataset) (the samples of the whole source, as torch's len of
+    the dataset, not of this rank's share)."""
+
+    __slots__ = ("pipeline", "samples")
+
+    def __init__(self, pipeline, samples):
+        self.pipeline, self.samples = pipeline, samples
+
+    def __len__(self):
+        return self.samples
+
+    def __repr__(self):
+        return f"<loaderd pipeline {self.pipeline!r} source: {self.samples} samples>"
+
+
+def _size(n):
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
