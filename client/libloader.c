@@ -48,6 +48,7 @@
 #include "devmap.h"
 #include "fdchan-wire.h"
 #include "nngclose.h"
+#include "slabmap.h"
 #include "loader.pb-c.h"
 #include "loader/loader.h"
 
@@ -86,6 +87,7 @@ struct req {
 	nng_aio *aio;
 	enum req_state state;
 	bool is_release;
+	bool is_watch;            /* the attachment's parked watch (see answer_revoke) */
 	bool open;
 	uint32_t asked;           /* Next: how many batches it asked for */
 };
@@ -115,15 +117,45 @@ struct evwait {
 	void *event;
 };
 
+/* A slot's range left by a released kept batch: pristine, ready as a view. */
+struct spare {
+	struct spare *next;
+	uint8_t *addr;
+};
+
 struct ldr_attachment {
 	struct ldr_attachment *next;
-	struct ldr_client *c;
+	struct ldr_client *c;     /* holds a reference on it */
 	atomic_int refs;          /* the handle + every unreleased batch */
 	uint64_t id;
-	const uint8_t *base;
+	uint8_t *base;
 	size_t size;
 	uint64_t slot_bytes;
 	uint32_t nslots;
+	/* Copy-on-write mapping (slabmap.c). Slot i lies at slotaddr[i]: at
+	 * base + i * slot_bytes until a batch of slot i is kept (its pages then
+	 * stay the kept batch's), then in a view of that slot mapped elsewhere. */
+	int fd;                   /* the slab's read-only fd, for slot views */
+	bool cow;                 /* slots are whole pages: mapped copy-on-write */
+	uint8_t **slotaddr;       /* under c->lock */
+	struct spare **spare;     /* per slot, under c->lock */
+	void **views;             /* views mapped apart from the slab, unmapped at the end */
+	size_t nviews, viewcap;
+	struct ldr_batch *held_head, *held_tail; /* taken, not kept, not released: oldest first */
+	uint32_t nheld;
+	uint32_t share;           /* leases we may hold, from the daemon; 0 unknown (nslots) */
+	uint64_t share_seq;       /* the delivery that told us share */
+	uint64_t kept_batches, kept_bytes;
+	/* the watch: one Next parked at the daemon for its Revoke */
+	struct req watch;
+	bool watching;            /* the watch is out (or about to be re-sent) */
+	bool rv_pending;          /* a Revoke waits for the deliveries below rv_upto */
+	uint64_t rv_upto;
+	uint32_t rv_count;
+	bool has_ret;             /* the next watch carries returned leases */
+	uint64_t ret_from;
+	size_t nret;
+	uint64_t ret[MAX_INFLIGHT];
 	int nfields;
 	struct afield fields[MAX_FIELDS];
 	uint32_t batch_size;
@@ -157,10 +189,17 @@ struct ldr_batch {
 	struct ldr_attachment *att;
 	uint64_t lease, epoch, index;
 	uint32_t slot, rows;
+	uint8_t *data;            /* the host slot at delivery (a->slotaddr[slot]) */
+	struct ldr_batch *prev, *next; /* a->held_head list, under c->lock */
+	bool in_held;
+	bool busy;                /* being kept, c->lock dropped: wait on c->cond */
+	bool keep_failed;         /* ldr_detach could not keep it */
+	int kept;                 /* 0, or how slabmap_keep() kept it */
 };
 
 struct ldr_client {
 	pid_t pid;
+	atomic_int refs;          /* the handle + every attachment not yet freed */
 	nng_socket sock;
 	nng_dialer dialer;
 	pthread_mutex_t lock;
@@ -282,6 +321,8 @@ static void on_pipe_rem(nng_pipe p, nng_pipe_ev ev, void *arg)
 				nng_aio_cancel(a->reqs[i].aio);
 		if (a->relreq.open && a->relreq.state != REQ_IDLE)
 			nng_aio_cancel(a->relreq.aio);
+		if (a->watch.open && a->watch.state != REQ_IDLE)
+			nng_aio_cancel(a->watch.aio);
 	}
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);
@@ -445,6 +486,7 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	if (!c)
 		return set_err(-ENOMEM, "out of memory");
 	c->pid = self;
+	atomic_init(&c->refs, 1);
 	pthread_condattr_t ca;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_condattr_init(&ca);
@@ -650,13 +692,23 @@ static int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_le
 	return slab;
 }
 
+static void client_unref(struct ldr_client *c)
+{
+	if (atomic_fetch_sub(&c->refs, 1) != 1)
+		return;
+	pthread_cond_destroy(&c->flush_cond);
+	pthread_cond_destroy(&c->cond);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
 static void att_unref(struct ldr_attachment *a)
 {
 	struct ldr_client *c = a->c;
 
 	if (atomic_fetch_sub(&a->refs, 1) != 1)
 		return;
-	if (a->waiter_running) {
+	if (a->waiter_running && c->pid == getpid()) {
 		/* it waits for the events still queued, then ends */
 		pthread_mutex_lock(&c->lock);
 		a->waiter_stop = true;
@@ -667,9 +719,25 @@ static void att_unref(struct ldr_attachment *a)
 	devmap_close(a->dev);
 	pthread_cond_destroy(&a->ev_cond);
 	if (a->base)
-		munmap((void *)a->base, a->size);
+		munmap(a->base, a->size);
+	for (size_t i = 0; i < a->nviews; i++)
+		munmap(a->views[i], a->slot_bytes);
+	free(a->views);
+	if (a->spare)
+		for (uint32_t i = 0; i < a->nslots; i++)
+			while (a->spare[i]) {
+				struct spare *sp = a->spare[i];
+				a->spare[i] = sp->next;
+				free(sp);
+			}
+	free(a->spare);
+	free(a->slotaddr);
+	if (a->fd >= 0)
+		close(a->fd);
 	free(a->rel);
 	free(a);
+	if (c->pid == getpid())
+		client_unref(c);
 }
 
 static void *flusher_main(void *arg);
@@ -714,7 +782,19 @@ static int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask)
 	nng_msg *msg;
 	int e;
 
-	if (r->is_release) {
+	if (r->is_watch) {
+		/* no releases: they would wait with it until a Revoke */
+		next.attach_id = a->id;
+		next.watch = true;
+		if (a->has_ret) {
+			next.has_return = true;
+			next.return_from = a->ret_from;
+			next.n_returned = a->nret;
+			next.returned = a->ret;
+		}
+		req.body_case = LOADERD__REQUEST__BODY_NEXT;
+		req.next = &next;
+	} else if (r->is_release) {
 		rel.attach_id = a->id;
 		rel.n_leases = a->nrel;
 		rel.leases = a->rel;
@@ -730,10 +810,15 @@ static int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask)
 	}
 	if ((e = pack_msg(&req, &msg)) < 0)
 		return e;
-	a->nrel = 0;
+	if (r->is_watch) {
+		a->has_ret = false;
+		a->nret = 0;
+	} else {
+		a->nrel = 0;
+	}
 	nng_aio_set_msg(r->aio, msg);
 	r->state = REQ_SENDING;
-	if (!r->is_release) {
+	if (!r->is_release && !r->is_watch) {
 		r->asked = ask;
 		a->outstanding++;
 		a->requested += (int)ask;
@@ -831,6 +916,13 @@ static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int
 			a->err = -EPROTO;
 			snprintf(a->errmsg, sizeof(a->errmsg), "empty batch list from the daemon");
 		}
+		/* answers may be handled out of order: the newest delivery's
+		 * share is the current one */
+		if (rep->batches->n_batches && rep->batches->share &&
+		    rep->batches->batches[0]->seq >= a->share_seq) {
+			a->share = rep->batches->share;
+			a->share_seq = rep->batches->batches[0]->seq;
+		}
 		for (size_t i = 0; i < rep->batches->n_batches; i++)
 			if (!store_one(a, rep->batches->batches[i]->seq, LOADERD__REPLY__BODY_BATCHES,
 			               rep->batches->batches[i], NULL))
@@ -863,6 +955,109 @@ static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int
 	}
 }
 
+/* Discard what may have been written in the slot of a delivery the trainer
+ * never saw (cheap: a pagemap scan). Called with c->lock held. */
+static void discard_unseen(struct ldr_attachment *a, const struct arrived *ar)
+{
+	if (a->cow && ar->slot < a->nslots)
+		slabmap_discard(a->slotaddr[ar->slot], a->slot_bytes, a->fd,
+		                (uint64_t)ar->slot * a->slot_bytes, NULL);
+}
+
+/*
+ * Answer a Revoke (docs/protocol.md, "Sharing slots"), once every delivery
+ * below its upto_seq has arrived (answers to the Next requests may be handled
+ * in any order): hand back, unread, the longest run of deliveries just below
+ * upto_seq, at most count, that the trainer has not taken and that are
+ * batches. They leave the ring; the daemon rewinds and delivers them again
+ * from return_from, which the ring then accepts like any new delivery, and the
+ * window has room for them again. Called with c->lock held.
+ */
+static void answer_revoke(struct ldr_attachment *a)
+{
+	uint64_t upto = a->rv_upto, from;
+	uint32_t j = 0;
+
+	if (!a->rv_pending || !a->watching || a->watch.state != REQ_IDLE || a->detached ||
+	    a->c->disconnected)
+		return;
+	if (upto > a->next_seq) {
+		if (upto - a->next_seq > MAX_INFLIGHT)
+			return;
+		for (uint64_t s = a->next_seq; s < upto; s++)
+			if (!a->ring[s % MAX_INFLIGHT].present)
+				return; /* on its way */
+	}
+	while (j < a->rv_count && j < MAX_INFLIGHT && upto - j > a->next_seq) {
+		const struct arrived *ar = &a->ring[(upto - j - 1) % MAX_INFLIGHT];
+		if (!ar->present || ar->kind != LOADERD__REPLY__BODY_BATCHES)
+			break;
+		j++;
+	}
+	from = upto - j;
+	for (uint64_t s = from; s < upto; s++) {
+		struct arrived *ar = &a->ring[s % MAX_INFLIGHT];
+		a->ret[s - from] = ar->lease;
+		ar->present = false;
+		a->arrived--;
+		discard_unseen(a, ar);
+	}
+	a->rv_pending = false;
+	a->has_ret = true;
+	a->ret_from = from;
+	a->nret = j;
+	a->share_seq = from; /* the re-deliveries tell the share from now on */
+	if (req_send(a, &a->watch, 0) < 0) {
+		a->watching = false;
+		if (!a->err) {
+			a->err = -ENOMEM;
+			snprintf(a->errmsg, sizeof(a->errmsg), "cannot answer the daemon's revoke: out of memory");
+		}
+	}
+	top_up(a);
+}
+
+/* The watch came back. Called with c->lock held. */
+static void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
+{
+	if (rv != 0 || !rep) {
+		a->watching = false; /* cancelled, or the connection went */
+		return;
+	}
+	switch (rep->body_case) {
+	case LOADERD__REPLY__BODY_REVOKE:
+		if (rep->revoke->share)
+			a->share = rep->revoke->share;
+		a->share_seq = rep->revoke->upto_seq;
+		a->rv_pending = true;
+		a->rv_upto = rep->revoke->upto_seq;
+		a->rv_count = rep->revoke->count;
+		answer_revoke(a);
+		return;
+	case LOADERD__REPLY__BODY_ERROR: {
+		int code = rep->error->code;
+		a->watching = false; /* detached, shutting down...: not sent again */
+		if (code != ECANCELED && code != ESHUTDOWN && !a->detached && !a->err) {
+			a->err = code > 0 && code < 4096 ? -code : -EIO;
+			snprintf(a->errmsg, sizeof(a->errmsg), "the daemon refused this client's watch: %s",
+			         rep->error->message && *rep->error->message ? rep->error->message
+			                                                     : error_name(a->err));
+		}
+		return;
+	}
+	case LOADERD__REPLY__BODY_BATCHES:
+	case LOADERD__REPLY__BODY_END:
+		/* a daemon that took the watch for a plain Next: keep what it
+		 * delivered, and send no more watches */
+		a->watching = false;
+		store_reply(a, rep, 0);
+		return;
+	default:
+		a->watching = false;
+		return;
+	}
+}
+
 static void req_cb(void *arg)
 {
 	struct req *r = arg;
@@ -889,7 +1084,9 @@ static void req_cb(void *arg)
 		nng_msg_free(m);
 	}
 	r->state = REQ_IDLE;
-	if (r->is_release) {
+	if (r->is_watch) {
+		watch_reply(a, rep, rv);
+	} else if (r->is_release) {
 		if (rep && rep->body_case == LOADERD__REPLY__BODY_ERROR && !a->detached && !a->err) {
 			/* a refused release is a bug of ours, not the trainer's: keep going */
 		}
@@ -899,6 +1096,8 @@ static void req_cb(void *arg)
 		a->outstanding--;
 		a->requested -= (int)r->asked;
 		store_reply(a, rep, rv);
+		if (a->rv_pending)
+			answer_revoke(a);
 		top_up(a);
 	}
 	if (rep)
@@ -1014,6 +1213,8 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 		goto fail_rep;
 	}
 	a->c = c;
+	atomic_fetch_add(&c->refs, 1);
+	a->fd = -1;
 	atomic_init(&a->refs, 1);
 	pthread_cond_init(&a->ev_cond, NULL);
 	a->id = ar->attach_id;
@@ -1024,6 +1225,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	a->epochs = ar->epochs;
 	a->samples = ar->samples;
 	a->inflight = (int)at.credits;
+	a->share = ar->share;
 	if (ar->n_fields > MAX_FIELDS || ar->n_fields == 0) {
 		r = set_err(-EPROTO, "attach reply has %zu fields", ar->n_fields);
 		goto fail;
@@ -1081,13 +1283,30 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 		close(dev_fd);
 	}
 	a->size = size;
-	a->base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
-	close(fd);
-	if (a->base == MAP_FAILED) {
-		a->base = NULL;
+	a->fd = fd;
+	/* Copy-on-write: the trainer may write into its batches (a written page
+	 * becomes its own, and is discarded before the lease goes back). It
+	 * needs slots of whole pages, as the daemon lays them out (4096 bytes). */
+	a->cow = a->slot_bytes > 0 && a->slot_bytes % slabmap_page() == 0;
+	if (a->cow) {
+		a->base = slabmap_map(fd, size, 0);
+	} else {
+		a->base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+		if (a->base == MAP_FAILED)
+			a->base = NULL;
+	}
+	if (!a->base) {
 		r = set_err(-errno, "cannot map the slab: %s", strerror(errno));
 		goto fail;
 	}
+	a->slotaddr = calloc(a->nslots, sizeof(*a->slotaddr));
+	a->spare = calloc(a->nslots, sizeof(*a->spare));
+	if (!a->slotaddr || !a->spare) {
+		r = set_err(-ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (uint32_t i = 0; i < a->nslots; i++)
+		a->slotaddr[i] = a->base + (uint64_t)i * a->slot_bytes;
 	for (int i = 0; i < a->inflight; i++)
 		if ((r = req_open(c, &a->reqs[i], a, false)) < 0)
 			goto fail;
@@ -1095,12 +1314,23 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 		r = set_err(r < 0 ? r : -ENOMEM, "cannot open request contexts");
 		goto fail;
 	}
+	/* A daemon that reports a share parks watches; an older one would take
+	 * a watch for a Next asking for one batch. */
+	if (ar->share) {
+		if ((r = req_open(c, &a->watch, a, false)) < 0) {
+			r = set_err(r, "cannot open request contexts");
+			goto fail;
+		}
+		a->watch.is_watch = true;
+	}
 	loaderd__reply__free_unpacked(rep, NULL);
 
 	pthread_mutex_lock(&c->lock);
 	a->next = c->atts;
 	c->atts = a;
 	top_up(a);
+	if (a->watch.open && !c->disconnected && req_send(a, &a->watch, 0) == 0)
+		a->watching = true;
 	pthread_mutex_unlock(&c->lock);
 	*out = a;
 	return 0;
@@ -1109,6 +1339,7 @@ fail:
 	for (int i = 0; i < MAX_INFLIGHT; i++)
 		req_close(&a->reqs[i]);
 	req_close(&a->relreq);
+	req_close(&a->watch);
 	{
 		/* tell the daemon, so it does not keep a slot for us */
 		Loaderd__Request dreq = LOADERD__REQUEST__INIT;
@@ -1172,6 +1403,269 @@ static void deadline_after(struct timespec *ts, int ms)
 	}
 }
 
+/* --- batches held, kept, released ---------------------------------------- */
+
+/* The effective share: what the daemon said, nslots while it says nothing. */
+static uint32_t share_now(const struct ldr_attachment *a)
+{
+	return a->share && a->share < a->nslots ? a->share : a->nslots;
+}
+
+/* Called with c->lock held. */
+static void held_add(struct ldr_attachment *a, struct ldr_batch *b)
+{
+	b->next = NULL;
+	b->prev = a->held_tail;
+	if (a->held_tail)
+		a->held_tail->next = b;
+	else
+		a->held_head = b;
+	a->held_tail = b;
+	b->in_held = true;
+	a->nheld++;
+}
+
+/* Called with c->lock held. */
+static void held_del(struct ldr_attachment *a, struct ldr_batch *b)
+{
+	if (!b->in_held)
+		return;
+	if (b->prev)
+		b->prev->next = b->next;
+	else
+		a->held_head = b->next;
+	if (b->next)
+		b->next->prev = b->prev;
+	else
+		a->held_tail = b->prev;
+	b->prev = b->next = NULL;
+	b->in_held = false;
+	a->nheld--;
+}
+
+/* Hand @lease back with the next request. Called with c->lock held. */
+static void queue_release(struct ldr_attachment *a, uint64_t lease)
+{
+	struct ldr_client *c = a->c;
+
+	if (a->detached)
+		return;
+	if (a->nrel == a->relcap) {
+		size_t cap = a->relcap ? a->relcap * 2 : 16;
+		uint64_t *n = realloc(a->rel, cap * sizeof(*n));
+		if (n) {
+			a->rel = n;
+			a->relcap = cap;
+		}
+	}
+	if (a->nrel < a->relcap)
+		a->rel[a->nrel++] = lease;
+	if (!c->flush_wanted && c->flusher_running) {
+		c->flush_wanted = true;
+		if (c->flusher_idle)
+			pthread_cond_signal(&c->flush_cond);
+	}
+}
+
+/* Send the queued releases now rather than in FLUSH_DELAY_MS (the relreq
+ * callback sends what came meanwhile). Called with c->lock held. */
+static void flush_now(struct ldr_attachment *a)
+{
+	if (a->nrel && !a->detached && !a->c->disconnected && a->relreq.open &&
+	    a->relreq.state == REQ_IDLE)
+		req_send(a, &a->relreq, 0);
+}
+
+/* A pristine range of @slot for a new view, or NULL. Called with c->lock held. */
+static uint8_t *spare_pop(struct ldr_attachment *a, uint32_t slot)
+{
+	struct spare *sp = a->spare[slot];
+	uint8_t *p;
+
+	if (!sp)
+		return NULL;
+	a->spare[slot] = sp->next;
+	p = sp->addr;
+	free(sp);
+	return p;
+}
+
+/* Called with c->lock held. Without memory the range just stays mapped. */
+static void spare_push(struct ldr_attachment *a, uint32_t slot, uint8_t *addr)
+{
+	struct spare *sp = malloc(sizeof(*sp));
+
+	if (!sp)
+		return;
+	sp->addr = addr;
+	sp->next = a->spare[slot];
+	a->spare[slot] = sp;
+}
+
+/*
+ * Keep @b: the pages of the fields in @mask become private at the batch's
+ * addresses (slabmap_keep), slot b->slot is served from another view from now
+ * on, and the lease goes back (@release; ldr_detach drops them all at once).
+ * Called with c->lock held, which it drops during the copy; b->busy makes
+ * ldr_release() of @b from another thread wait meanwhile.
+ */
+static int keep_locked(struct ldr_attachment *a, struct ldr_batch *b, uint64_t mask, bool release)
+{
+	struct ldr_client *c = a->c;
+	struct slabmap_range rs[MAX_FIELDS];
+	uint64_t off = (uint64_t)b->slot * a->slot_bytes;
+	uint8_t *view = NULL;
+	bool need_view, fresh = false;
+	size_t copied = 0;
+	int n = 0, how;
+
+	while (b->busy)
+		pthread_cond_wait(&c->cond, &c->lock);
+	if (b->kept)
+		return 0;
+	if (a->dev)
+		return set_err(-ENOTSUP, "a batch in CUDA device memory cannot be kept: copy (clone) it "
+		               "and release it instead");
+	if (!a->cow)
+		return set_err(-ENOTSUP, "batches of this pipeline cannot be kept: its slots of %" PRIu64
+		               " bytes are not whole pages of %zu bytes", a->slot_bytes, slabmap_page());
+	/* a fresh view needs room in a->views before the lock goes */
+	if (a->nviews == a->viewcap) {
+		size_t cap = a->viewcap ? a->viewcap * 2 : 8;
+		void **v = realloc(a->views, cap * sizeof(*v));
+		if (!v)
+			return set_err(-ENOMEM, "out of memory");
+		a->views = v;
+		a->viewcap = cap;
+	}
+	for (int f = 0; f < a->nfields && f < 64; f++)
+		if (mask & (1ULL << f)) {
+			rs[n].off = a->fields[f].offset;
+			rs[n].len = a->fields[f].sample_bytes * b->rows;
+			n++;
+		}
+	/* after detach no batch comes any more: the slot needs no other view */
+	need_view = !a->detached && a->slotaddr[b->slot] == b->data;
+	if (need_view)
+		view = spare_pop(a, b->slot);
+	b->busy = true;
+	pthread_mutex_unlock(&c->lock);
+	how = 0;
+	if (need_view && !view) {
+		view = slabmap_map(a->fd, a->slot_bytes, off);
+		fresh = view != NULL;
+		if (!view)
+			how = -errno;
+	}
+	if (how == 0)
+		how = slabmap_keep(b->data, a->slot_bytes, rs, n, &copied);
+	pthread_mutex_lock(&c->lock);
+	if (fresh)
+		a->views[a->nviews++] = view;
+	b->busy = false;
+	pthread_cond_broadcast(&c->cond);
+	if (how < 0) {
+		if (view)
+			spare_push(a, b->slot, view);
+		return set_err(how, "cannot keep the batch (epoch %" PRIu64 ", index %" PRIu64 "): %s",
+		               b->epoch, b->index, strerror(-how));
+	}
+	if (need_view)
+		a->slotaddr[b->slot] = view;
+	b->kept = how;
+	held_del(a, b);
+	a->kept_batches++;
+	a->kept_bytes += copied;
+	if (release)
+		queue_release(a, b->lease);
+	return 0;
+}
+
+int ldr_batch_keep(struct ldr_batch *b, uint64_t field_mask)
+{
+	struct ldr_attachment *a = b->att;
+	struct ldr_client *c = a->c;
+	int r;
+
+	CHECK_PID(c);
+	pthread_mutex_lock(&c->lock);
+	r = keep_locked(a, b, field_mask, true);
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+int ldr_batch_is_kept(const struct ldr_batch *b)
+{
+	struct ldr_client *c = b->att->c;
+	int r;
+
+	pthread_mutex_lock(&c->lock);
+	r = b->kept != 0;
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+int ldr_attachment_kept(const struct ldr_attachment *a, uint64_t *batches, uint64_t *bytes)
+{
+	struct ldr_client *c = a->c;
+
+	pthread_mutex_lock(&c->lock);
+	if (batches)
+		*batches = a->kept_batches;
+	if (bytes)
+		*bytes = a->kept_bytes;
+	pthread_mutex_unlock(&c->lock);
+	return 0;
+}
+
+uint32_t ldr_attachment_share(const struct ldr_attachment *a)
+{
+	struct ldr_client *c = a->c;
+	uint32_t s;
+
+	pthread_mutex_lock(&c->lock);
+	s = share_now(a);
+	pthread_mutex_unlock(&c->lock);
+	return s;
+}
+
+uint32_t ldr_attachment_held(const struct ldr_attachment *a)
+{
+	struct ldr_client *c = a->c;
+	uint32_t n;
+
+	pthread_mutex_lock(&c->lock);
+	n = a->nheld;
+	pthread_mutex_unlock(&c->lock);
+	return n;
+}
+
+/*
+ * The trainer holds its whole share and nothing is on its way: no batch can
+ * come until it gives one back. Keep the oldest it holds (a copy each) until
+ * it holds share - 1, and send their releases at once. Called with c->lock
+ * held (dropped while copying).
+ */
+static int make_room(struct ldr_attachment *a)
+{
+	uint32_t share = share_now(a);
+	int r = 0;
+
+	if (a->dev || !a->cow)
+		return set_err(-ENOBUFS, "this process holds %u batches of the pipeline, its share of "
+		               "the %u slots, and %s: release batches before asking for more, or give "
+		               "the pipeline a larger prefetch", a->nheld, a->nslots,
+		               a->dev ? "batches in CUDA device memory cannot be kept (copied)"
+		                      : "this pipeline's slots are not whole pages, so they cannot be kept");
+	while (a->held_head && a->nheld >= share) {
+		r = keep_locked(a, a->held_head, ~(uint64_t)0, true);
+		if (r < 0)
+			break;
+	}
+	flush_now(a);
+	return r;
+}
+
 int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 {
 	struct ldr_client *c = a->c;
@@ -1182,7 +1676,7 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 	CHECK_PID(c);
 	if (a->detached)
 		return set_err(-EBADF, "attachment is detached");
-	b = malloc(sizeof(*b));
+	b = calloc(1, sizeof(*b));
 	if (!b)
 		return set_err(-ENOMEM, "out of memory");
 	if (timeout_ms >= 0)
@@ -1206,6 +1700,8 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 					snprintf(a->errmsg, sizeof(a->errmsg), "batch descriptor out of range");
 					continue;
 				}
+				b->data = a->slotaddr[b->slot];
+				held_add(a, b);
 				if (needs_top_up(a))
 					want_top_up(a);
 				atomic_fetch_add(&a->refs, 1);
@@ -1236,12 +1732,10 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 			r = set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
 			break;
 		}
-		if (atomic_load(&a->refs) - 1 >= (int)a->nslots) {
-			/* every slot is in the caller's hands: nothing can come */
-			r = set_err(-ENOBUFS, "this process holds all %u batch slots of the pipeline: release "
-			            "batches before asking for more, or give the pipeline a larger prefetch",
-			            a->nslots);
-			break;
+		if (a->arrived == 0 && a->nheld >= share_now(a)) {
+			if ((r = make_room(a)) < 0)
+				break;
+			continue; /* the lock was dropped: look again */
 		}
 		top_up(a); /* in case a send failed earlier */
 		if (timeout_ms < 0) {
@@ -1256,44 +1750,55 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 	return r;
 }
 
-/* Hand @lease back with the next request. Called with c->lock held. */
-static void queue_release(struct ldr_attachment *a, uint64_t lease)
+/*
+ * The trainer is done with @b (c->lock not held). Its slot's written pages
+ * are discarded before the lease goes back, so the next batch in that slot
+ * reads the daemon's bytes; a kept batch's range instead becomes a pristine
+ * view of its slot again, for a later keep.
+ */
+static void batch_done(struct ldr_batch *b, bool give_lease)
 {
+	struct ldr_attachment *a = b->att;
 	struct ldr_client *c = a->c;
+	uint64_t off = (uint64_t)b->slot * a->slot_bytes;
+	bool detached;
+	int kept;
 
-	if (a->detached)
-		return;
-	if (a->nrel == a->relcap) {
-		size_t cap = a->relcap ? a->relcap * 2 : 16;
-		uint64_t *n = realloc(a->rel, cap * sizeof(*n));
-		if (n) {
-			a->rel = n;
-			a->relcap = cap;
+	pthread_mutex_lock(&c->lock);
+	while (b->busy)
+		pthread_cond_wait(&c->cond, &c->lock);
+	held_del(a, b);
+	kept = b->kept;
+	detached = a->detached;
+	pthread_mutex_unlock(&c->lock);
+	if (kept) {
+		if (slabmap_unkeep(b->data, a->slot_bytes, kept, a->fd, off) == 0) {
+			pthread_mutex_lock(&c->lock);
+			spare_push(a, b->slot, b->data);
+			pthread_mutex_unlock(&c->lock);
 		}
+		return;
 	}
-	if (a->nrel < a->relcap)
-		a->rel[a->nrel++] = lease;
-	if (!c->flush_wanted && c->flusher_running) {
-		c->flush_wanted = true;
-		if (c->flusher_idle)
-			pthread_cond_signal(&c->flush_cond);
+	if (detached)
+		return;
+	if (a->cow)
+		slabmap_discard(b->data, a->slot_bytes, a->fd, off, NULL);
+	if (give_lease) {
+		pthread_mutex_lock(&c->lock);
+		queue_release(a, b->lease);
+		pthread_mutex_unlock(&c->lock);
 	}
 }
 
 void ldr_release(struct ldr_batch *b)
 {
 	struct ldr_attachment *a;
-	struct ldr_client *c;
 
 	if (!b)
 		return;
 	a = b->att;
-	c = a->c;
-	if (!a->detached && c->pid == getpid()) {
-		pthread_mutex_lock(&c->lock);
-		queue_release(a, b->lease);
-		pthread_mutex_unlock(&c->lock);
-	}
+	if (a->c->pid == getpid())
+		batch_done(b, true);
 	free(b);
 	att_unref(a);
 }
@@ -1348,6 +1853,8 @@ void ldr_release_after(struct ldr_batch *b, void *cuda_stream)
 		ldr_release(b);
 		return;
 	}
+	/* the host copy is not the device's: its pages can go now */
+	batch_done(b, false);
 	w = calloc(1, sizeof(*w));
 	pthread_mutex_lock(&c->lock);
 	if (w && !a->detached && !a->waiter_running && pthread_create(&a->waiter, NULL, waiter_main, a) == 0)
@@ -1411,20 +1918,19 @@ int ldr_batch_field(const struct ldr_batch *b, int i, struct ldr_field *out)
 	for (int d = 0; d < f->ndim; d++)
 		out->shape[d + 1] = f->shape[d];
 	if (a->dev)
-		out->data = (const void *)(uintptr_t)(devmap_base(a->dev) + (uint64_t)b->slot * a->dstride + f->offset);
+		out->data = (void *)(uintptr_t)(devmap_base(a->dev) + (uint64_t)b->slot * a->dstride + f->offset);
 	else
-		out->data = a->base + (uint64_t)b->slot * a->slot_bytes + f->offset;
+		out->data = b->data + f->offset;
 	out->nbytes = (size_t)(f->sample_bytes * b->rows);
 	return 0;
 }
 
 int ldr_batch_field_host(const struct ldr_batch *b, int i, struct ldr_field *out)
 {
-	const struct ldr_attachment *a = b->att;
 	int r = ldr_batch_field(b, i, out);
 
 	if (r == 0)
-		out->data = a->base + (uint64_t)b->slot * a->slot_bytes + a->fields[i].offset;
+		out->data = b->data + b->att->fields[i].offset;
 	return r;
 }
 
@@ -1450,7 +1956,24 @@ int ldr_detach(struct ldr_attachment *a)
 	c = a->c;
 	CHECK_PID(c);
 	pthread_mutex_lock(&c->lock);
-	a->detached = true;
+	bool was_detached = a->detached;
+	a->detached = true; /* nothing more goes out for it */
+	/* The batches still held stay valid and unchanged: the daemon reuses
+	 * their slots once we are gone. Their leases go with the attachment. */
+	if (!a->dev && a->cow && !was_detached) {
+		char keep[sizeof(tls_err)];
+		memcpy(keep, tls_err, sizeof(keep));
+		for (;;) {
+			struct ldr_batch *b = a->held_head;
+			while (b && b->keep_failed)
+				b = b->next;
+			if (!b)
+				break;
+			if (keep_locked(a, b, ~(uint64_t)0, false) < 0)
+				b->keep_failed = true;
+		}
+		memcpy(tls_err, keep, sizeof(keep));
+	}
 	bool disc = c->disconnected;
 	pthread_mutex_unlock(&c->lock);
 	if (!disc) {
@@ -1476,6 +1999,7 @@ int ldr_detach(struct ldr_attachment *a)
 	for (int i = 0; i < a->inflight; i++)
 		req_close(&a->reqs[i]);
 	req_close(&a->relreq);
+	req_close(&a->watch);
 	att_unref(a);
 	return r == LDR_EDISCONNECTED ? 0 : r;
 }
@@ -1494,11 +2018,11 @@ void ldr_close(struct ldr_client *c)
 		pthread_cond_signal(&c->flush_cond);
 		pthread_mutex_unlock(&c->lock);
 		pthread_join(c->flusher, NULL);
+		c->flusher_running = false;
 	}
 	if (!nng_close_within(c->sock, CLOSE_WAIT_MS))
 		return; /* nng is stuck on a dead peer: leave it, and c, to the exit */
-	pthread_cond_destroy(&c->flush_cond);
-	pthread_cond_destroy(&c->cond);
-	pthread_mutex_destroy(&c->lock);
-	free(c);
+	/* batches still alive hold their attachments, and these the client:
+	 * the last of them frees it */
+	client_unref(c);
 }

@@ -19,6 +19,16 @@
  * that used libloader returns LDR_EFORKED too: connect in the process that
  * uses the connection, and start worker processes with spawn (or fork before
  * the first ldr_connect()).
+ *
+ * Host batches are copy-on-write: the slab is mapped MAP_PRIVATE, so a
+ * trainer may write into a batch (an in-place op); the pages it writes become
+ * private to the process, invisible to the daemon and to every other client,
+ * and are discarded when the batch is released. A batch can be kept past its
+ * lease (ldr_batch_keep()): its fields become a private copy at the same
+ * addresses and its slot goes back to the daemon. ldr_next() keeps the oldest
+ * batches the trainer holds by itself when it holds its whole share of the
+ * pipeline's slots, and ldr_detach() keeps every batch still held, so a host
+ * batch stays valid and unchanged until ldr_release() however long it is held.
  */
 
 #include <stddef.h>
@@ -77,7 +87,7 @@ enum ldr_mode {
 
 /** Where an attachment's batches are delivered (values are part of the wire protocol). */
 enum ldr_device_kind {
-	LDR_DEVICE_HOST = 0,      /**< host memory: the read-only mapped slab */
+	LDR_DEVICE_HOST = 0,      /**< host memory: the slab, mapped copy-on-write */
 	LDR_DEVICE_CUDA = 1,      /**< CUDA device memory (device_index = N of cuda:N) */
 };
 
@@ -91,7 +101,13 @@ struct ldr_field {
 	enum ldr_dtype dtype;     /**< element type */
 	int ndim;                 /**< dimensions, batch dimension first */
 	int64_t shape[LDR_MAX_DIMS]; /**< shape[0] = rows of this batch */
-	const void *data;         /**< read-only, C order, inside the slab */
+	/**
+	 * C order. Host: in the slab (or the batch's kept copy), writable: what
+	 * the process writes is its own (copy-on-write) and gone at release.
+	 * CUDA (ldr_batch_field()): a device pointer into device memory that
+	 * every client of the pipeline on that device reads: do not write it.
+	 */
+	void *data;
 	size_t nbytes;            /**< bytes of this field in this batch */
 };
 
@@ -168,16 +184,21 @@ LDR_EXPORT int ldr_pipelines_json(struct ldr_client *client, char **json_out);
 LDR_EXPORT void ldr_free(void *ptr);
 
 /**
- * ldr_attach() - attach to a pipeline and map its slab (read-only).
+ * ldr_attach() - attach to a pipeline and map its slab (copy-on-write).
  * @param opts NULL means broadcast with the defaults
  */
 LDR_EXPORT int ldr_attach(struct ldr_client *client, const char *pipeline,
                           const struct ldr_attach_opts *opts,
                           struct ldr_attachment **out);
 /**
- * Detach: the daemon drops every lease of this attachment. Batches not yet
- * released stay mapped (libloader unmaps the slab only as a whole, when the
- * last of them is released) but their slots may be refilled. NULL is fine.
+ * ldr_detach() - detach: the daemon drops every lease of this attachment.
+ *
+ * Host batches not yet released are kept first (ldr_batch_keep() with every
+ * field): they stay valid and unchanged until ldr_release(), although the
+ * daemon reuses their slots. ldr_attachment_kept() counts them. CUDA batches
+ * cannot be kept: their device memory may be refilled from now on (copy
+ * those you keep before detaching). The attachment's memory goes when its
+ * last batch is released. NULL is fine.
  */
 LDR_EXPORT int ldr_detach(struct ldr_attachment *att);
 
@@ -191,20 +212,79 @@ LDR_EXPORT uint64_t ldr_attachment_samples_per_epoch(const struct ldr_attachment
 LDR_EXPORT uint64_t ldr_attachment_epochs(const struct ldr_attachment *att);
 /** Rows of a full batch. */
 LDR_EXPORT uint32_t ldr_attachment_batch_size(const struct ldr_attachment *att);
-/** Base address and size of the mapped slab (read-only). */
+/**
+ * Base address and size of the mapped slab (copy-on-write). Slot i lies at
+ * base + i * slot bytes until a batch in slot i is kept: its copy then stays
+ * there and the slot's later batches are mapped elsewhere, so take a batch's
+ * addresses from ldr_batch_field(), never from the slab.
+ */
 LDR_EXPORT const void *ldr_attachment_slab(const struct ldr_attachment *att, size_t *size);
+/**
+ * ldr_attachment_share() - the leases this attachment may hold now, whether
+ * its trainer took the batches or they wait in libloader's window (docs/
+ * protocol.md, "Sharing slots"). The daemon tells it with every delivery;
+ * before it does (or a daemon that does not), it is the pipeline's slots.
+ */
+LDR_EXPORT uint32_t ldr_attachment_share(const struct ldr_attachment *att);
+/**
+ * ldr_attachment_held() - batches the trainer holds: returned by ldr_next(),
+ * not yet released and not kept. When it reaches the share, ldr_next() keeps
+ * the oldest (host) or fails with -ENOBUFS (CUDA).
+ */
+LDR_EXPORT uint32_t ldr_attachment_held(const struct ldr_attachment *att);
+/**
+ * ldr_attachment_kept() - batches of this attachment kept so far
+ * (ldr_batch_keep(), by ldr_next() when the trainer held its share, by
+ * ldr_detach()) and the bytes copied for them, since the attach.
+ * @param batches, bytes receive the counts; either may be NULL
+ * Return: 0.
+ */
+LDR_EXPORT int ldr_attachment_kept(const struct ldr_attachment *att, uint64_t *batches, uint64_t *bytes);
 
 /**
  * ldr_next() - the next batch of this attachment.
  * @param timeout_ms -1 waits forever
+ *
+ * When no batch is here and the trainer holds its whole share
+ * (ldr_attachment_held() >= ldr_attachment_share()), none can come until
+ * one goes back: ldr_next() then keeps the oldest batches held
+ * (ldr_batch_keep(), every field: a copy each) until the trainer holds one
+ * less than its share, and their slots go back to the daemon at once. Do not
+ * write into a held batch from another thread meanwhile (the kept copy may
+ * miss what was written during the copy).
+ *
  * Return: 0 with *out set, LDR_EOF at the end of a finite pipeline,
- * -ETIMEDOUT, -ENOBUFS when the caller holds (has not released) as many
- * batches as the pipeline has slots, so that none can come, or another
- * negative error.
+ * -ETIMEDOUT, -ENOBUFS when a CUDA attachment's trainer holds its whole
+ * share (device batches cannot be kept: release some), or another negative
+ * error.
  */
 LDR_EXPORT int ldr_next(struct ldr_attachment *att, int timeout_ms, struct ldr_batch **out);
-/** Release a batch: its slot may be reused. Safe to call from any thread. */
+/**
+ * ldr_release() - release a batch: its slot may be reused. The pages the
+ * process wrote in it are discarded first; a kept batch's copy is freed.
+ * Safe to call from any thread, and after ldr_detach() and ldr_close().
+ */
 LDR_EXPORT void ldr_release(struct ldr_batch *batch);
+/**
+ * ldr_batch_keep() - keep a host batch past its lease.
+ * @param field_mask the fields to keep: bit i is field i, ~0 every field
+ *
+ * Copies the pages of the fields in @p field_mask into private memory at the
+ * batch's own addresses (ldr_batch_field() pointers stay valid and keep the
+ * bytes, including what the process wrote) and gives the slot back to the
+ * daemon. The batch stays valid until ldr_release(), which frees the copy.
+ * Fields not in the mask are undefined afterwards (they may show later
+ * batches). Costs one copy of the kept fields (ldr_attachment_kept() counts
+ * it). Keeping a kept batch again does nothing. Do not write into the batch
+ * from another thread during the call.
+ *
+ * Return: 0, -ENOTSUP for a batch of a CUDA attachment (device memory cannot
+ * be kept: copy it), -ENOMEM, or another negative errno; the batch is then
+ * held as before.
+ */
+LDR_EXPORT int ldr_batch_keep(struct ldr_batch *batch, uint64_t field_mask);
+/** Whether the batch was kept (ldr_batch_keep(), ldr_next(), ldr_detach()): 1 or 0. */
+LDR_EXPORT int ldr_batch_is_kept(const struct ldr_batch *batch);
 /**
  * ldr_release_after() - release a CUDA batch once the work queued on a stream is done.
  * @param cuda_stream the CUstream / cudaStream_t that used the batch (NULL: the
@@ -234,7 +314,7 @@ LDR_EXPORT int ldr_batch_nfields(const struct ldr_batch *batch);
  * delivered, so it can be used on any stream at once.
  */
 LDR_EXPORT int ldr_batch_field(const struct ldr_batch *batch, int i, struct ldr_field *out);
-/** As ldr_batch_field(), with out->data in the read-only host slab, whatever the device. */
+/** As ldr_batch_field(), with out->data in the host slab (or kept copy), whatever the device. */
 LDR_EXPORT int ldr_batch_field_host(const struct ldr_batch *batch, int i, struct ldr_field *out);
 /** Where the attachment's batches are: LDR_DEVICE_HOST, or LDR_DEVICE_CUDA with *@p index = N of cuda:N. */
 LDR_EXPORT enum ldr_device_kind ldr_attachment_device(const struct ldr_attachment *att, int *index);
