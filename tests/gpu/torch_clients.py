@@ -26,6 +26,9 @@ DRY = os.environ.get("LOADERD_GPU_DRYRUN") == "1"
 
 
 def loader(sock, pipeline, device, **kw):
+    # broadcast: the clients of run.sh share one stream (min_clients), which
+    # is not the package's default (a private stream per loader)
+    kw.setdefault("mode", "broadcast")
     return loaderd.DataLoader(pipeline, socket=sock, device=device,
                               as_numpy=DRY or device == "cpu", **kw)
 
@@ -47,7 +50,7 @@ def cmd_hashes(sock, pipeline, device, out):
             if b is None:
                 break
             h = hashlib.sha256()
-            for k in sorted(b):
+            for k in sorted(b.keys()):  # iterating a Batch gives its values
                 if not DRY and device != "cpu":
                     assert b[k].device.type == "cuda", b[k].device
                 h.update(field_bytes(b[k]))
