@@ -68,7 +68,6 @@ NO_WARNING = r"""
 import sys, warnings
 warnings.simplefilter("error")   # torch's "non-writable" warning would raise
 import numpy as np, torch, loaderd
-import loaderd.loader as L
 spec = eval(sys.argv[2])
 with loaderd.DataLoader(spec, socket=sys.argv[1]) as dl, \
         loaderd.DataLoader(spec, socket=sys.argv[1], as_numpy=True) as dn:
@@ -80,7 +79,6 @@ with loaderd.DataLoader(spec, socket=sys.argv[1]) as dl, \
     x.add_(1)            # no SIGSEGV, no warning
     y[0, 0] = -5
     assert y[0, 0].item() == -5
-    assert not L._torch_warned   # nothing to absorb: torch never saw a read-only array
 print("ok")
 """
 

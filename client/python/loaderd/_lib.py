@@ -109,40 +109,14 @@ _SIGNATURES = {
     "ldr_batch_rows": (ctypes.c_uint32, [_P]),
     "ldr_batch_nfields": (ctypes.c_int, [_P]),
     "ldr_batch_field": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(ldr_field)]),
-}
-
-# Functions of newer libloaders; the package works without them (older
-# fallbacks in loader.py) and optional() says whether this libloader has one.
-_OPTIONAL_SIGNATURES = {
-    # copy the fields in the mask to private memory at their addresses and
-    # give the batch's slot back (the batch stays valid until released)
+    # keeping batches past their slots (docs/protocol.md, "Sharing slots", Keep)
     "ldr_batch_keep": (ctypes.c_int, [_P, ctypes.c_uint64]),
-    # leases the attachment may hold now (taken by the trainer or waiting)
+    "ldr_batch_is_kept": (ctypes.c_int, [_P]),
     "ldr_attachment_share": (ctypes.c_uint32, [_P]),
-    # batches the trainer took and has neither released nor kept
     "ldr_attachment_held": (ctypes.c_uint32, [_P]),
-    # batches kept so far (by ldr_batch_keep or libloader itself), and their bytes
     "ldr_attachment_kept": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64),
                                            ctypes.POINTER(ctypes.c_uint64)]),
-    # whether a batch was kept (by ldr_batch_keep, ldr_next or ldr_detach)
-    "ldr_batch_is_kept": (ctypes.c_int, [_P]),
 }
-_optional = {}
-
-
-def optional(name):
-    """The libloader function @name (typed), or None when this libloader lacks it."""
-    try:
-        return _optional[name]
-    except KeyError:
-        pass
-    handle = lib()
-    f = getattr(handle, name, None)
-    if f is not None:
-        f.restype, f.argtypes = _OPTIONAL_SIGNATURES[name]
-    _optional[name] = f
-    return f
-
 
 _lock = threading.Lock()
 _lib = None

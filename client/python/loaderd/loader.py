@@ -14,18 +14,17 @@ reach the attachment's share of slots, the oldest are *kept* before the next
 ldr_next: ldr_batch_keep copies the fields still alive to private memory at
 the same addresses and gives the slot back, so holding batches never blocks
 the stream. DataLoader.close() (and re-attaching for a new epoch or
-load_state_dict) detaches at once; batches still alive stay valid (libloader
-keeps them at detach; with an older libloader _freeze_ranges copies their
-pages). Objects inherited across fork never call into nng: every finalizer
-checks the pid first (libloader checks it too).
+load_state_dict) detaches at once; batches still alive stay valid: libloader
+keeps them at detach. Host batches are copy-on-write (libloader maps the slab
+MAP_PRIVATE): writable, and what the trainer writes stays in its process.
+Objects inherited across fork never call into nng: every finalizer checks the
+pid first (libloader checks it too).
 """
 
 import ctypes
 import errno
 import json
 import os
-import sys
-import threading
 import time
 import warnings
 import weakref
@@ -105,10 +104,8 @@ class _Attachment:
         self.client = client
         L = _lib.lib()
         client.check()
-        self.live = 0  # batches of this attachment the trainer holds (alive, not kept)
         self.leases = weakref.WeakValueDictionary()  # delivery number -> _Lease
         self.seq = 0
-        self.kept_batches = self.kept_bytes = 0  # kept by this package (ldr_batch_keep)
         opts = _lib.ldr_attach_opts()
         opts.mode = _lib.MODES[mode]
         opts.rank = rank
@@ -133,41 +130,36 @@ class _Attachment:
         size = ctypes.c_size_t()
         base = L.ldr_attachment_slab(self.ptr, ctypes.byref(size))
         self.slab = (base or 0, size.value)
-        # copy-on-write slab (MAP_PRIVATE, PROT_WRITE): batches are writable
-        self.writable = device is None and _mapping_writable(self.slab[0])
+        # host: the slab is mapped copy-on-write, batches are writable;
+        # device memory is shared by every client on that GPU
+        self.writable = device is None
         self._detach_fn = L.ldr_detach
-        self._keep_fn = _lib.optional("ldr_batch_keep") if device is None else None
-        self._share_fn = _lib.optional("ldr_attachment_share")
-        self._held_fn = _lib.optional("ldr_attachment_held")
-        self._kept_fn = _lib.optional("ldr_attachment_kept")
-        self._is_kept_fn = _lib.optional("ldr_batch_is_kept")
+        self._L = L
 
     # ------------------------------------------------------------ keeping
 
     def held(self):
         """Batches the trainer holds: taken, neither released nor kept."""
-        if self._held_fn is not None:
-            return int(self._held_fn(self.ptr))
-        return self.live
+        return int(self._L.ldr_attachment_held(self.ptr))
 
     def share(self):
-        """Leases this attachment may hold now, 0 when libloader cannot say."""
-        return int(self._share_fn(self.ptr)) if self._share_fn is not None else 0
+        """Leases this attachment may hold now."""
+        return int(self._L.ldr_attachment_share(self.ptr))
 
     def kept(self):
-        """(batches, bytes) kept so far: by this package and by libloader."""
-        if self._kept_fn is not None and self.ptr is not None:
-            nb, nbytes = ctypes.c_uint64(), ctypes.c_uint64()
-            if self._kept_fn(self.ptr, ctypes.byref(nb), ctypes.byref(nbytes)) >= 0:
-                return max(nb.value, self.kept_batches), max(nbytes.value, self.kept_bytes)
-        return self.kept_batches, self.kept_bytes
+        """(batches, bytes) kept so far, by this package and by libloader."""
+        if self.ptr is None:
+            return 0, 0
+        nb, nbytes = ctypes.c_uint64(), ctypes.c_uint64()
+        self._L.ldr_attachment_kept(self.ptr, ctypes.byref(nb), ctypes.byref(nbytes))
+        return nb.value, nbytes.value
 
     def keep_for_share(self):
         """Before ldr_next: when the trainer holds its whole share, keep its
         oldest batches (the fields still alive only) until it holds about
         half of it, so that the stream can go on (and prefetch) meanwhile."""
-        if self._keep_fn is None:
-            return
+        if self.device is not None:
+            return  # device batches cannot be kept: ldr_next says ENOBUFS
         share = self.share()
         if share <= 0 or self.held() < share:
             return
@@ -181,46 +173,35 @@ class _Attachment:
                 break
 
     def keep(self, lease):
-        if self._is_kept_fn is not None and self._is_kept_fn(lease.ptr):
+        if self._L.ldr_batch_is_kept(lease.ptr):
             lease.kept = True  # libloader kept it already (ldr_next)
             return
-        mask = nbytes = 0
+        mask = 0
         for i, ref in enumerate(lease.mems):
             if ref() is not None:
                 mask |= 1 << i
-                nbytes += lease.nbytes[i]
         if not mask:  # no array of it is alive (only its Batch dict, emptied)
             lease.release()
             return
-        r = self._keep_fn(lease.ptr, mask)
+        r = self._L.ldr_batch_keep(lease.ptr, mask)
         if r < 0:
             raise _err(r, "keep")
         lease.kept = True
-        self.live -= 1
-        self.kept_batches += 1
-        self.kept_bytes += nbytes
 
     # ------------------------------------------------------------ detaching
 
-    def freeze(self):
-        """Before detaching, with a libloader that does not keep batches at
-        detach: give the batches still alive private copies of their pages at
-        the same addresses (their leases end with the attachment, and the
-        daemon may then reuse the slots)."""
-        if self.detached or self.ptr is None or self.client.pid != os.getpid():
+    def warn_device_batches(self):
+        """Before detaching a CUDA attachment: device batches cannot be kept
+        (host ones are, by ldr_detach), so say that those still alive may be
+        overwritten."""
+        if self.device is None or self.detached or self.ptr is None or \
+                self.client.pid != os.getpid():
             return
-        alive = [l for l in list(self.leases.values()) if l.ptr and not l.kept and l.hi > l.lo]
-        if self.device is not None:
-            if alive:
-                warnings.warn(f"loaderd: {len(alive)} batches in GPU memory are still alive at "
-                              "close(): the daemon may reuse their device memory; copy (clone) "
-                              "batches you keep", RuntimeWarning, stacklevel=4)
-            return
-        if self._keep_fn is not None:
-            return  # libloader keeps them itself at ldr_detach
-        ranges = sorted((l.lo, l.hi) for l in alive)
-        if ranges:
-            _freeze_ranges(ranges, self.slab, self.writable)
+        alive = [l for l in list(self.leases.values()) if l.ptr]
+        if alive:
+            warnings.warn(f"loaderd: {len(alive)} batches in GPU memory are still alive at "
+                          "close(): the daemon may reuse their device memory; copy (clone) "
+                          "batches you keep", RuntimeWarning, stacklevel=4)
 
     def detach(self):
         if self.detached or self.ptr is None:
@@ -239,7 +220,7 @@ class _Attachment:
 class _Lease:
     """One ldr_batch*: released when the last array of the batch is gone."""
 
-    __slots__ = ("ptr", "att", "lo", "hi", "device", "kept", "mems", "nbytes", "__weakref__")
+    __slots__ = ("ptr", "att", "device", "kept", "mems", "__weakref__")
     _release_fn = None
     _release_after_fn = None
 
@@ -247,11 +228,8 @@ class _Lease:
         self.ptr = ptr
         self.att = att
         self.device = att.device
-        self.lo = self.hi = 0  # the bytes of the batch's fields
         self.kept = False      # copied to private memory, the slot given back
         self.mems = ()         # weak references to each field's _Mem
-        self.nbytes = ()       # each field's bytes
-        att.live += 1
         att.leases[att.seq] = self
         att.seq += 1
 
@@ -268,86 +246,17 @@ class _Lease:
                 if stream is None:
                     stream = _cuda.current_stream(self.device)
                 _Lease._release_after_fn(p, stream or None)
-            att = self.att
-            if att is not None and not self.kept:
-                att.live -= 1
         self.att = None
 
     def __del__(self):
         self.release()
 
 
-def _mapping_writable(addr):
-    """Whether the mapping holding @addr is writable (/proc/self/maps)."""
-    if not addr:
-        return False
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                rng, perms = line.split(None, 2)[:2]
-                lo, _, hi = rng.partition("-")
-                if int(lo, 16) <= addr < int(hi, 16):
-                    return perms[1] == "w"
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-_libc = None
-
-
-def _freeze_ranges(ranges, slab, writable=False):
-    """Replace the pages of @ranges (inside the mapped @slab) by private
-    copies (read-only unless @writable), atomically (mremap of a filled
-    anonymous mapping). Only for a libloader without ldr_batch_keep."""
-    global _libc
-    if _libc is None:
-        c = ctypes.CDLL(None, use_errno=True)
-        c.mmap.restype = ctypes.c_void_p
-        c.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                           ctypes.c_int, ctypes.c_long]
-        c.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        c.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        c.mremap.restype = ctypes.c_void_p
-        c.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
-                             ctypes.c_void_p]
-        _libc = c
-    c = _libc
-    base, size = slab
-    merged = []
-    for lo, hi in ranges:
-        lo = max(base, lo - (lo - base) % _PAGE)
-        hi = min(base + size + (-size) % _PAGE, hi + (-(hi - base)) % _PAGE)
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    failed = 0
-    for lo, hi in merged:
-        n = hi - lo
-        new = c.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
-        if new in (None, ctypes.c_void_p(-1).value):
-            failed += 1
-            continue
-        ctypes.memmove(new, lo, n)
-        if not writable:
-            c.mprotect(new, n, 1)  # PROT_READ
-        if c.mremap(new, n, n, 3, lo) != lo:  # MREMAP_MAYMOVE|MREMAP_FIXED
-            c.munmap(new, n)
-            failed += 1
-    if failed:
-        warnings.warn("loaderd: could not keep a private copy of batches still alive at "
-                      "close(): their memory may be reused by the daemon", RuntimeWarning)
-
-
 class _Mem:
     """The base object of one field's array: numpy reads the pointer through
-    __array_interface__. Writable when libloader maps the slab copy-on-write
-    (a written page becomes private to this process); on a read-only mapping
-    it exports no writable buffer, so numpy refuses to make the array
-    writable. Weakly referenced by its _Lease: a field whose _Mem is gone is
-    not copied when the batch is kept."""
+    __array_interface__, writable (the slab is mapped copy-on-write: a
+    written page becomes private to this process). Weakly referenced by its
+    _Lease: a field whose _Mem is gone is not copied when the batch is kept."""
 
     __slots__ = ("__array_interface__", "lease", "__weakref__")
 
@@ -400,10 +309,8 @@ class Batch(dict):
         lease = self._lease
         if lease is None or lease.ptr is None:
             return False
-        if not lease.kept:
-            f = _lib.optional("ldr_batch_is_kept")
-            if f is not None and f(lease.ptr):
-                lease.kept = True
+        if not lease.kept and _lib.lib().ldr_batch_is_kept(lease.ptr):
+            lease.kept = True
         return lease.kept
 
     def __repr__(self):
@@ -416,7 +323,6 @@ class Batch(dict):
 
 
 _TORCH_DIRECT = None          # numpy dtypes torch.from_numpy takes (probed once)
-_torch_warned = False
 _widen_warned = set()
 _WIDEN = {"uint16": np.int32, "uint32": np.int64, "uint64": np.int64}
 
@@ -434,23 +340,10 @@ def _probe_torch():
     _TORCH_DIRECT = ok
 
 
-def _to_torch(arr, dtname, writable):
-    """Zero-copy torch tensor over the array @arr (read-only unless @writable)."""
-    global _torch_warned
+def _to_torch(arr, dtname):
+    """Zero-copy torch tensor over the (writable, copy-on-write) array @arr."""
     if _TORCH_DIRECT is None:
         _probe_torch()
-    if not writable and not _torch_warned:
-        # torch warns once per process (TORCH_WARN_ONCE) that it has no
-        # read-only tensors; a first conversion of a dummy array absorbs that
-        # warning, docs/python.md ("Read-only") says it instead. Only with a
-        # libloader that maps the slab read-only: copy-on-write batches are
-        # writable and torch has nothing to warn about.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ro = np.zeros(1, dtype=np.float32)
-            ro.flags.writeable = False
-            _torch.from_numpy(ro)
-        _torch_warned = True
     if dtname == "bfloat16":
         return _torch.from_numpy(arr.view(np.int16)).view(_torch.bfloat16)
     if dtname in _TORCH_DIRECT:
@@ -690,7 +583,6 @@ class DataLoader:
         info = cl.pipeline(self.pipeline)
         self.slots_total = int(info.get("slots_total", 0))
         self.dataset = _Dataset(self.pipeline, int(info.get("samples", 0)))
-        self._stall_warned = False
         self._attach(None if self._shared else (0, 0))
         if _Lease._release_fn is None:
             _Lease._release_after_fn = _lib.lib().ldr_release_after
@@ -706,8 +598,8 @@ class DataLoader:
         if old is not None:
             n, nbytes = old.kept()  # the loader's count goes on across attachments
             self._kept_prev = (self._kept_prev[0] + n, self._kept_prev[1] + nbytes)
-            old.freeze()
-            old.detach()
+            old.warn_device_batches()
+            old.detach()  # libloader keeps the host batches still alive
         mode = self.mode
         if start is not None and mode == "broadcast":
             mode = "partition"  # resume: a private stream, identical content (rank 0 of 1)
@@ -780,19 +672,11 @@ class DataLoader:
         L = _lib.lib()
         att = self._att
         out = ctypes.c_void_p()
-        t0 = time.monotonic()
-        deadline = None if self.timeout is None else t0 + self.timeout
-        keeping = att._keep_fn is not None
-        if (not keeping and self.slots_total and att.live >= self.slots_total):
-            # a libloader that cannot keep batches: say why no batch can come
-            raise Error(-errno.ENOBUFS,
-                        f"this process holds {att.live} batches of pipeline {self.pipeline!r}, "
-                        f"all of its {self.slots_total} slots: no new batch can be made until "
-                        "some are dropped or released. Keep copies (np.array(a), t.clone()) of "
-                        "batches you store, or raise the spec's 'prefetch'", "next")
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
-            if keeping:
-                att.keep_for_share()
+            # the trainer at its share: keep the oldest batches it holds (the
+            # fields still alive) so that the stream goes on
+            att.keep_for_share()
             if deadline is None:
                 wait = _POLL_MS
             else:
@@ -804,14 +688,6 @@ class DataLoader:
                 self._ended = True
                 return None
             if r == -errno.ETIMEDOUT and (deadline is None or time.monotonic() < deadline):
-                if (not keeping and not self._stall_warned and att.live >= 2
-                        and time.monotonic() - t0 > 5):
-                    self._stall_warned = True
-                    warnings.warn(
-                        f"loaderd: no batch for 5 s while this process holds {att.live} batches "
-                        f"of pipeline {self.pipeline!r} ({self.slots_total} slots): batches you "
-                        "keep hold their slots; keep copies instead, or release them",
-                        RuntimeWarning, stacklevel=4)
                 continue
             if r == -errno.ETIMEDOUT:
                 raise from_code(r, f"no batch within {self.timeout} s from pipeline "
@@ -841,38 +717,25 @@ class DataLoader:
                 fields.append((f.name.decode(), typestr, name))
             self._fields = fields
         as_numpy = self.as_numpy
-        lo = hi = 0
         if att.device is not None:
             for i, (name, typestr, dtname) in enumerate(fields):
                 L.ldr_batch_field(p, i, fref)
                 arr = _cuda.CudaArray(f.data or 0, f.shape[:f.ndim], typestr, att.device, lease,
                                       f.nbytes, dtname)
-                if f.data:
-                    lo = f.data if not lo else min(lo, f.data)
-                    hi = max(hi, f.data + f.nbytes)
                 b[name] = arr if as_numpy else _cuda.to_torch(arr, _torch)
-            lease.lo, lease.hi = lo, hi
             return b
-        writable = att.writable
-        readonly = not writable
-        mems, sizes = [], []
+        mems = []
         for i, (name, typestr, dtname) in enumerate(fields):
             L.ldr_batch_field(p, i, fref)
-            if f.data:
-                if not lo or f.data < lo:
-                    lo = f.data
-                hi = max(hi, f.data + f.nbytes)
             m = _Mem()
             m.lease = lease
             m.__array_interface__ = {"version": 3, "typestr": typestr,
                                      "shape": tuple(f.shape[:f.ndim]),
-                                     "data": (f.data or 0, readonly)}
+                                     "data": (f.data or 0, False)}  # writable: copy-on-write
             mems.append(weakref.ref(m))
-            sizes.append(f.nbytes)
             arr = np.asarray(m)
-            b[name] = arr if as_numpy else _to_torch(arr, dtname, writable)
-        lease.lo, lease.hi = lo, hi
-        lease.mems, lease.nbytes = tuple(mems), tuple(sizes)
+            b[name] = arr if as_numpy else _to_torch(arr, dtname)
+        lease.mems = tuple(mems)
         return b
 
     def _advance(self, b):
@@ -1001,8 +864,9 @@ class DataLoader:
         share = att.share()
         warnings.warn(
             f"loaderd: this process kept more batches of pipeline {self.pipeline!r} than its "
-            f"share of the slots ({share}): {n} batches ({_size(nbytes)}) were copied out of "
-            "shared memory so that the stream could go on (only the fields still used). To "
+            f"share of the slots ({share}): it copied {n} batch{'es' if n != 1 else ''} "
+            f"({_size(nbytes)}) out of shared memory so that the stream could go on (only the "
+            "fields still used). To "
             "avoid the copies, raise the spec's 'prefetch', or store copies of just what you "
             "keep (t.clone(), np.array(a)). This is said once per loader.",
             RuntimeWarning, stacklevel=stacklevel)
@@ -1075,7 +939,7 @@ class DataLoader:
         att, self._att = self._att, None
         client, self._client = self._client, None
         if att is not None:
-            att.freeze()
+            att.warn_device_batches()
             att.detach()
         if client is not None:
             client.close()
