@@ -223,7 +223,7 @@ void attachment_detach(struct attachment *a)
 		pipeline_update(pl);
 }
 
-void attachment_get_info(const struct attachment *a, struct attach_info *info)
+void attachment_get_info(struct attachment *a, struct attach_info *info)
 {
 	const struct pipeline *pl = a->pl;
 	const struct stream *s = a->stream;
@@ -248,6 +248,7 @@ void attachment_get_info(const struct attachment *a, struct attach_info *info)
 	if (a->dev)
 		info->dslab = a->dev->ds;
 	info->share = att_share(a);
+	a->told_share = info->share;
 }
 
 uint64_t attachment_id(const struct attachment *a)

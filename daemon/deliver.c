@@ -79,6 +79,7 @@ static void answer_batches(struct attachment *a, struct pending *p,
 		answer_error(a, p, ENOMEM, "out of memory");
 		return;
 	}
+	a->told_share = d.share;
 	deliver(a->eng, p, &d);
 }
 

@@ -132,6 +132,7 @@ struct attachment {
 	uint64_t revoke_upto;     /* deliver_no when it was sent */
 	uint64_t rv_dno;          /* deliver_no and share of the last Revoke */
 	uint32_t rv_share;
+	uint32_t told_share;      /* the share the client last heard of */
 	uint64_t revokes;         /* Revokes sent */
 	uint64_t returned;        /* deliveries handed back unread */
 	struct lease *leases;

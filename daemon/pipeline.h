@@ -140,7 +140,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
                   struct attachment **out, char *err, size_t errlen);
 /* Release every lease, answer parked requests with ECANCELED, free. */
 void attachment_detach(struct attachment *att);
-void attachment_get_info(const struct attachment *att, struct attach_info *info);
+void attachment_get_info(struct attachment *att, struct attach_info *info);
 uint64_t attachment_id(const struct attachment *att);
 uint64_t attachment_client(const struct attachment *att);
 size_t attachment_leases(const struct attachment *att);

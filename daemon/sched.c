@@ -154,7 +154,10 @@ static void pipeline_revoke(struct pipeline *pl)
 		for (struct attachment *a = s->atts; a; a = a->next) {
 			uint32_t share = att_share(a);
 			struct pending *p = a->watch;
-			if (a->nleases <= share || a->revoking || !p)
+			/* also when it holds just its new share: the client must learn
+			 * it, or it waits for deliveries its old share would allow */
+			bool stale = share < a->told_share && a->nleases >= share;
+			if ((a->nleases <= share && !stale) || a->revoking || !p)
 				continue;
 			if (a->deliver_no == a->rv_dno && share >= a->rv_share)
 				continue;
@@ -162,6 +165,7 @@ static void pipeline_revoke(struct pipeline *pl)
 			a->revoking = true;
 			a->revoke_upto = a->rv_dno = a->deliver_no;
 			a->rv_share = share;
+			a->told_share = share;
 			a->revokes++;
 			deliver(pl->eng, p, &(struct delivery){ .kind = DELIVER_REVOKE, .share = share,
 				.upto_seq = a->deliver_no, .count = (uint32_t)(a->nleases - share) });
