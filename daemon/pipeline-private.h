@@ -170,6 +170,7 @@ struct pipeline {
 	uint32_t jobs;
 	uint64_t lease_ctr;
 	uint64_t produced;
+	uint64_t reclaimed;       /* ready batches taken back for another stream (sched.c) */
 	uint64_t natts;
 	bool failed;
 	bool dropped;

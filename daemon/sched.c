@@ -104,6 +104,7 @@ static void stream_reclaim(struct stream *s, struct batch *b)
 	b->slot = NULL;
 	s->next_produce = b->seq; /* built again when it has room: the same bytes */
 	s->reclaimed++;
+	s->pl->reclaimed++;
 	slot_unref(s->pl, slot);
 }
 

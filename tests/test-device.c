@@ -904,16 +904,22 @@ static int role_two(void)
 	st = status(c[0]);
 	pl = pipeline_of(st, "part");
 	assert(json_array_size(jget(pl, "devices")) == 2);
+	/* one copy per batch, plus one per batch reclaimed after its copy (the
+	 * first rank filled every slot before the second came) and built again */
+	json_int_t copies = 0;
 	for (int k = 0; k < 2; k++) {
 		json_t *d = deventry(pl, k);
 
 		assert(!strcmp(jstr(d, "memory"), "vmm"));
-		assert(jint(d, "copies") == 7 && jint(d, "clients") == 1);
+		assert(jint(d, "copies") >= 7 && jint(d, "clients") == 1);
 		assert(json_is_null(jget(d, "error")));
+		copies += jint(d, "copies");
 	}
+	assert(copies == 14 + jint(pl, "batches_reclaimed"));
 	/* the host slab is pinned once, for every device (PORTABLE) */
 	assert(jint(engine_of(st, 0), "host_registered") + jint(engine_of(st, 1), "host_registered") == 1);
-	assert(jint(engine_of(st, 0), "copies") == 7 && jint(engine_of(st, 1), "copies") == 7);
+	assert(jint(engine_of(st, 0), "copies") == jint(deventry(pl, 0), "copies") &&
+	       jint(engine_of(st, 1), "copies") == jint(deventry(pl, 1), "copies"));
 	json_decref(st);
 	for (int k = 0; k < 2; k++) {
 		assert(ldr_detach(a[k]) == 0);
