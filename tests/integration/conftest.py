@@ -38,6 +38,24 @@ def workdir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+def _ghost(c):
+    """An earlier status poll, already exited, that the daemon still lists:
+    once nng 1.5.2 has wedged its reaper (docs/protocol.md, "Robustness
+    notes") it reports no closed connection, and the daemon's dead-pid sweep
+    releases such clients a second or two later. Polling every 50 ms would
+    otherwise never see an empty list. A ghost with attachments is not
+    skipped: releasing those is what the tests check."""
+    if c.get("attachments"):
+        return False
+    try:
+        os.kill(c["pid"], 0)
+        return False
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, TypeError):
+        return False
+
+
 class ConsumeResult:
     def __init__(self, cmd, rc, stdout, stderr, dump_path):
         self.cmd = cmd
@@ -245,7 +263,7 @@ class Daemon:
         """`status --json`, without the entry of the loaderctl that asked."""
         st = self.ctl_json("status")
         me = st.pop("_ctl_pid")
-        st["clients"] = [c for c in st["clients"] if c.get("pid") != me]
+        st["clients"] = [c for c in st["clients"] if c.get("pid") != me and not _ghost(c)]
         return st
 
     def pipeline(self, name):
