@@ -41,6 +41,7 @@
 #include "pipeline.h"
 #include "server.h"
 #include "source.h"
+#include "wedged.h"
 
 #define RECV_TARGET 16
 #define MAX_CLIENTS 512
@@ -122,8 +123,7 @@ struct server {
 	pthread_cond_t probe_cond;
 	bool probe_stop;
 	unsigned heals;
-	int wedged_fd[16];
-	unsigned nwedged;
+	struct wedged wedged;     /* replaced listeners' fds, still nng's */
 	uv_timer_t drain_timer;
 	uv_timer_t sweep_timer;
 	void (*stop_done)(void *);
@@ -1154,20 +1154,11 @@ static int find_listen_fd(struct server *srv)
 	return found;
 }
 
-static void drain_wedged(struct server *srv)
-{
-	for (unsigned i = 0; i < srv->nwedged; i++) {
-		int c;
-		if (srv->wedged_fd[i] < 0)
-			continue;
-		while ((c = accept4(srv->wedged_fd[i], NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0)
-			close(c);
-	}
-}
-
 static void on_drain_timer(uv_timer_t *t)
 {
-	drain_wedged(t->data);
+	struct server *srv = t->data;
+
+	wedged_drain(&srv->wedged);
 }
 
 static void heal_listener(struct server *srv)
@@ -1188,9 +1179,9 @@ static void heal_listener(struct server *srv)
 	/* The wedged one keeps its connected clients, so it stays open; but nng
 	 * polls its unaccepted backlog in a busy loop, so empty that backlog now
 	 * and shortly after (new peers reach the new socket only). */
-	srv->wedged_fd[srv->nwedged < ARRAY_SIZE(srv->wedged_fd) ? srv->nwedged++ : 0] = old_fd;
+	wedged_add(&srv->wedged, old_fd);
 	srv->listener = l;
-	drain_wedged(srv);
+	wedged_drain(&srv->wedged);
 	uv_timer_start(&srv->drain_timer, on_drain_timer, 1000, 0);
 	log_warn("listener on %s stopped accepting (a peer hung up during the handshake); replaced it", srv->path);
 }
@@ -1238,6 +1229,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	srv->loop = loop;
 	srv->started_ms = uv_now(loop);
 	pthread_mutex_init(&srv->lock, NULL);
+	wedged_init(&srv->wedged);
 	if (snprintf(srv->path, sizeof(srv->path), "%s", cfg->socket_path) >= (int)sizeof(srv->path) - 5) {
 		snprintf(err, errlen, "socket path too long (most %zu bytes): %s", sizeof(srv->path) - 6,
 		         cfg->socket_path);
