@@ -57,8 +57,13 @@ int sock_claim_path(const char *path, int (*probe)(const char *path), char *err,
 		snprintf(err, errlen, "socket path too long (most %zu bytes): %s", sizeof(sa.sun_path) - 1, path);
 		return -ENAMETOOLONG;
 	}
-	if (lstat(path, &st) < 0)
-		return errno == ENOENT ? 0 : -errno;
+	if (lstat(path, &st) < 0) {
+		if (errno == ENOENT)
+			return 0;
+		r = -errno;
+		snprintf(err, errlen, "cannot use socket path %s: %s", path, strerror(-r));
+		return r;
+	}
 	if (!S_ISSOCK(st.st_mode)) {
 		snprintf(err, errlen, "%s exists and is not a socket", path);
 		return -EEXIST;
@@ -68,8 +73,11 @@ int sock_claim_path(const char *path, int (*probe)(const char *path), char *err,
 	} else {
 		strcpy(sa.sun_path, path);
 		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-			return -errno;
+		if (fd < 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot check %s: socket: %s", path, strerror(-r));
+			return r;
+		}
 		r = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ? 0 : -errno;
 		close(fd);
 	}
@@ -253,8 +261,10 @@ int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path,
 	if (r < 0)
 		return r;
 	ch = calloc(1, sizeof(*ch));
-	if (!ch)
+	if (!ch) {
+		snprintf(err, errlen, "cannot listen on %s: out of memory", path);
 		return -ENOMEM;
+	}
 	ch->loop = loop;
 	ch->lookup = lookup;
 	ch->userdata = userdata;

@@ -232,7 +232,7 @@ int main(int argc, char **argv)
 {
 	struct daemon d = { 0 };
 	struct server_config sc;
-	char path[108], err[1024];
+	char path[108], err[1024] = "";
 	const char *cfgfile;
 	long ncpu;
 	int r;
@@ -269,7 +269,12 @@ int main(int argc, char **argv)
 	uv_loop_init(&d.loop);
 	r = server_new(&d.srv, &d.loop, &sc, err, sizeof(err));
 	if (r < 0) {
-		fprintf(stderr, "loaderd: %s\n", err);
+		/* server_new always says why; strerror is the fallback of last resort */
+		fprintf(stderr, "loaderd: %s\n", err[0] ? err : strerror(-r));
+		/* let the handles server_new closed finish closing, which frees it */
+		uv_run(&d.loop, UV_RUN_DEFAULT);
+		if ((r = uv_loop_close(&d.loop)) < 0)
+			log_warn("loop closed with handles left: %s", uv_strerror(r));
 		settings_clear(&d.cfg);
 		return 1;
 	}

@@ -1070,9 +1070,10 @@ static int listener_start(struct server *srv, nng_listener *out, char *err, size
 	}
 	chmod(tmp, 0660);
 	if (rename(tmp, srv->path) < 0) {
-		snprintf(err, errlen, "cannot move %s to %s: %s", tmp, srv->path, strerror(errno));
+		int e = errno;
+		snprintf(err, errlen, "cannot move %s to %s: %s", tmp, srv->path, strerror(e));
 		nng_listener_close(l);
-		return -errno;
+		return -e;
 	}
 	*out = l;
 	return 0;
@@ -1216,6 +1217,32 @@ static void on_sweep_timer(uv_timer_t *t)
 	}
 }
 
+static void on_handle_closed(uv_handle_t *h);
+
+static void server_init_locks(struct server *srv)
+{
+	pthread_condattr_t ca;
+
+	pthread_mutex_init(&srv->lock, NULL);
+	pthread_mutex_init(&srv->probe_lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&srv->probe_cond, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+static void server_free(struct server *srv)
+{
+	pthread_cond_destroy(&srv->probe_cond);
+	pthread_mutex_destroy(&srv->probe_lock);
+	pthread_mutex_destroy(&srv->lock);
+	free(srv);
+}
+
+/*
+ * Every failure says what failed in @err: main prints it, and a message left
+ * unset would print whatever the stack held.
+ */
 int server_new(struct server **out, uv_loop_t *loop, const struct server_config *cfg,
                char *err, size_t errlen)
 {
@@ -1224,26 +1251,33 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	int r;
 
 	srv = calloc(1, sizeof(*srv));
-	if (!srv)
+	if (!srv) {
+		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
+	}
 	srv->loop = loop;
 	srv->started_ms = uv_now(loop);
-	pthread_mutex_init(&srv->lock, NULL);
 	wedged_init(&srv->wedged);
+	server_init_locks(srv);
 	if (snprintf(srv->path, sizeof(srv->path), "%s", cfg->socket_path) >= (int)sizeof(srv->path) - 5) {
 		snprintf(err, errlen, "socket path too long (most %zu bytes): %s", sizeof(srv->path) - 6,
 		         cfg->socket_path);
-		free(srv);
+		server_free(srv);
 		return -ENAMETOOLONG;
 	}
 	sockpath_fdchan(srv->fdpath, sizeof(srv->fdpath), srv->path);
 
 	r = sock_claim_path(srv->path, socket_probe, err, errlen);
-	if (r < 0)
-		goto fail;
+	if (r < 0) {
+		server_free(srv);
+		return r;
+	}
 	r = uv_async_init(loop, &srv->async, on_async);
-	if (r < 0)
-		goto fail;
+	if (r < 0) {
+		snprintf(err, errlen, "cannot set up the event loop: %s", uv_strerror(r));
+		server_free(srv);
+		return r;
+	}
 	srv->async.data = srv;
 	uv_timer_init(loop, &srv->drain_timer);
 	srv->drain_timer.data = srv;
@@ -1252,7 +1286,8 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	r = engine_new(&srv->engine, loop, cfg->workers, cfg->memory_limit, &ops, srv);
 	if (r < 0) {
 		snprintf(err, errlen, "cannot start %u workers: %s", cfg->workers, strerror(-r));
-		goto fail_async;
+		srv->engine = NULL;
+		goto fail_handles;
 	}
 	r = fdchan_new(&srv->fdchan, loop, srv->fdpath, fd_lookup, srv, err, errlen);
 	if (r < 0)
@@ -1270,35 +1305,40 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	if ((r = listener_start(srv, &srv->listener, err, errlen)) < 0)
 		goto fail_sock;
 	post_receivers(srv);
-	{
-		pthread_condattr_t ca;
-		pthread_mutex_init(&srv->probe_lock, NULL);
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&srv->probe_cond, &ca);
-		pthread_condattr_destroy(&ca);
-		if (!getenv("LOADERD_NO_LISTENER_WATCHDOG") &&
-		    pthread_create(&srv->prober, NULL, probe_main, srv) == 0)
-			srv->prober_running = true;
-	}
+	if (!getenv("LOADERD_NO_LISTENER_WATCHDOG") &&
+	    pthread_create(&srv->prober, NULL, probe_main, srv) == 0)
+		srv->prober_running = true;
 	uv_timer_start(&srv->sweep_timer, on_sweep_timer, 1000, 1000);
 	*out = srv;
 	return 0;
 
 fail_sock:
-	nng_close(srv->sock);
+	/* bounded, as everywhere: nng 1.5.2 can block in nng_close() for good */
+	atomic_store(&srv->closing, true);
+	if (!nng_close_within(srv->sock, CLOSE_WAIT_MS))
+		log_warn("nng did not close within %d ms", CLOSE_WAIT_MS);
+	srv->sock_open = false;
+	while (srv->all) {
+		struct sctx *c = srv->all;
+		srv->all = c->all_next;
+		nng_aio_free(c->aio);
+		free(c);
+	}
 fail_fdchan:
 	fdchan_close(srv->fdchan);
+	srv->fdchan = NULL;
 fail_engine:
-	engine_shutdown(srv->engine);
-	engine_free(srv->engine);
-fail_async:
-	uv_close((uv_handle_t *)&srv->async, NULL);
-	/* srv is freed by the caller's loop teardown; keep it simple: leak on this path */
-	return r;
-fail:
-	pthread_mutex_destroy(&srv->lock);
-	free(srv);
+	if (srv->engine) {
+		engine_shutdown(srv->engine);
+		srv->engine = engine_free(srv->engine);
+	}
+fail_handles:
+	/* libuv frees nothing of ours: srv goes in the last close callback,
+	 * once the caller runs the loop (main does, before uv_loop_close) */
+	srv->pending_closes = 3;
+	uv_close((uv_handle_t *)&srv->sweep_timer, on_handle_closed);
+	uv_close((uv_handle_t *)&srv->drain_timer, on_handle_closed);
+	uv_close((uv_handle_t *)&srv->async, on_handle_closed);
 	return r;
 }
 
@@ -1314,8 +1354,7 @@ static void on_handle_closed(uv_handle_t *h)
 	if (--srv->pending_closes == 0) {
 		void (*done)(void *) = srv->stop_done;
 		void *ud = srv->stop_userdata;
-		pthread_mutex_destroy(&srv->lock);
-		free(srv);
+		server_free(srv);
 		if (done)
 			done(ud);
 	}

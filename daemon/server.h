@@ -20,7 +20,9 @@ struct server_config {
  * @err: why not, e.g. "another loaderd is listening on /run/loaderd/loaderd.sock"
  *
  * A stale socket file (nobody accepts on it) is replaced; a live one is an
- * error (-EADDRINUSE).
+ * error (-EADDRINUSE). On failure @err always says what failed, and the
+ * handles already put on @loop are being closed: run @loop (it returns at
+ * once) before uv_loop_close(); the server is freed in their callbacks.
  */
 int server_new(struct server **out, uv_loop_t *loop, const struct server_config *cfg,
                char *err, size_t errlen);
