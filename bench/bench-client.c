@@ -76,7 +76,7 @@ int main(int argc, char **argv)
 	};
 	const char *sock = NULL, *pipeline = NULL, *what;
 	long batches = -1, calls = 100000, work_us = 0, mib = 512, skip_epochs = 0;
-	struct ldr_attach_opts ao = { .mode = LDR_MODE_BROADCAST };
+	struct ldr_attach_opts ao = { .size = sizeof(ao), .mode = LDR_MODE_BROADCAST };
 	struct ldr_client *c;
 	struct ldr_attachment *a;
 	int ch, r;

@@ -53,7 +53,7 @@
 #include "loader/loader.h"
 
 #define MAX_FIELDS 16
-#define MAX_INFLIGHT 64
+#define MAX_INFLIGHT LDR_INFLIGHT_MAX
 #define CALL_TIMEOUT_MS 60000
 #define HELLO_TIMEOUT_MS 3000
 #define CLOSE_WAIT_MS 2000
@@ -174,6 +174,8 @@ struct ldr_attachment {
 	uint64_t *rel;
 	size_t nrel, relcap;
 	bool detached;
+	uint64_t rel_refused;     /* Release requests the daemon refused */
+	char rel_msg[256];        /* its message for the last one */
 	/* CUDA delivery */
 	enum ldr_device_kind device_kind;
 	int device_index;
@@ -197,6 +199,12 @@ struct ldr_batch {
 	int kept;                 /* 0, or how slabmap_keep() kept it */
 };
 
+/* A synchronous call in flight (call_timeout()), on its caller's stack. */
+struct sync_call {
+	struct sync_call *next, **pprev;
+	nng_aio *aio;
+};
+
 struct ldr_client {
 	pid_t pid;
 	atomic_int refs;          /* the handle + every attachment not yet freed */
@@ -208,7 +216,7 @@ struct ldr_client {
 	uint64_t id;
 	char path[108];
 	struct ldr_attachment *atts;
-	nng_aio *sync_aios[8];
+	struct sync_call *sync_calls; /* every synchronous call in flight, cancelled on disconnect */
 	pthread_t flusher;
 	pthread_cond_t flush_cond;
 	bool flusher_running;
@@ -312,9 +320,8 @@ static void on_pipe_rem(nng_pipe p, nng_pipe_ev ev, void *arg)
 
 	pthread_mutex_lock(&c->lock);
 	c->disconnected = true;
-	for (size_t i = 0; i < ARRAY_SIZE(c->sync_aios); i++)
-		if (c->sync_aios[i])
-			nng_aio_cancel(c->sync_aios[i]);
+	for (struct sync_call *sc = c->sync_calls; sc; sc = sc->next)
+		nng_aio_cancel(sc->aio);
 	for (struct ldr_attachment *a = c->atts; a; a = a->next) {
 		for (int i = 0; i < a->inflight; i++)
 			if (a->reqs[i].open && a->reqs[i].state != REQ_IDLE)
@@ -368,7 +375,7 @@ static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loade
 	nng_aio *aio = NULL;
 	nng_msg *msg;
 	Loaderd__Reply *rep;
-	size_t slot = 0;
+	struct sync_call sc = { .next = NULL };
 	int rv, r;
 
 	pthread_mutex_lock(&c->lock);
@@ -387,11 +394,14 @@ static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loade
 	r = pack_msg(req, &msg);
 	if (r < 0)
 		goto out;
+	/* registered, however many run at once: on_pipe_rem() cancels them all */
+	sc.aio = aio;
 	pthread_mutex_lock(&c->lock);
-	for (slot = 0; slot < ARRAY_SIZE(c->sync_aios) && c->sync_aios[slot]; slot++)
-		;
-	if (slot < ARRAY_SIZE(c->sync_aios))
-		c->sync_aios[slot] = aio;
+	sc.next = c->sync_calls;
+	sc.pprev = &c->sync_calls;
+	if (c->sync_calls)
+		c->sync_calls->pprev = &sc.next;
+	c->sync_calls = &sc;
 	pthread_mutex_unlock(&c->lock);
 
 	nng_aio_set_msg(aio, msg);
@@ -408,8 +418,9 @@ static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loade
 		rv = nng_aio_result(aio);
 	}
 	pthread_mutex_lock(&c->lock);
-	if (slot < ARRAY_SIZE(c->sync_aios))
-		c->sync_aios[slot] = NULL;
+	*sc.pprev = sc.next;
+	if (sc.next)
+		sc.next->pprev = sc.pprev;
 	bool disc = c->disconnected;
 	pthread_mutex_unlock(&c->lock);
 	if (rv != 0) {
@@ -465,13 +476,54 @@ static int call(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Repl
 	return call_timeout(c, req, out, expect, CALL_TIMEOUT_MS);
 }
 
+static struct ldr_client *client_alloc(pid_t self, const char *path)
+{
+	struct ldr_client *c = calloc(1, sizeof(*c));
+	pthread_condattr_t ca;
+
+	if (!c)
+		return NULL;
+	c->pid = self;
+	atomic_init(&c->refs, 1);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->cond, &ca);
+	pthread_cond_init(&c->flush_cond, &ca);
+	pthread_condattr_destroy(&ca);
+	snprintf(c->path, sizeof(c->path), "%s", path);
+	return c;
+}
+
+static void client_free(struct ldr_client *c)
+{
+	pthread_cond_destroy(&c->flush_cond);
+	pthread_cond_destroy(&c->cond);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
+/*
+ * Close the socket of a client that was never handed out, as ldr_close()
+ * does: nng 1.5.2 can block in nng_close() forever. Returns true, and frees
+ * @c, when the close finished; else @c is left to the close still going on
+ * in the background (its pipe callback points at it) and to the exit.
+ */
+static bool client_drop(struct ldr_client *c)
+{
+	if (!nng_close_within(c->sock, CLOSE_WAIT_MS))
+		return false;
+	client_free(c);
+	return true;
+}
+
 int ldr_connect(struct ldr_client **out, const char *socket_path, const char *client_name)
 {
 	struct ldr_client *c;
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
 	Loaderd__Hello hello = LOADERD__HELLO__INIT;
 	Loaderd__Reply *rep;
-	char url[128], name[64];
+	char url[128], name[64], path[sizeof(c->path)];
 	int rv, r;
 
 	/* nng keeps process-wide state and panics when a forked child uses it
@@ -482,24 +534,13 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 		               "from it, and nng cannot start again in a forked child: connect before "
 		               "forking only in the process that uses the connection, or start workers "
 		               "with spawn", (int)first);
-	c = calloc(1, sizeof(*c));
+	if (ldr_socket_path(path, sizeof(path), socket_path) < 0)
+		return set_err(-ENAMETOOLONG, "socket path too long");
+	c = client_alloc(self, path);
 	if (!c)
 		return set_err(-ENOMEM, "out of memory");
-	c->pid = self;
-	atomic_init(&c->refs, 1);
-	pthread_condattr_t ca;
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&c->cond, &ca);
-	pthread_cond_init(&c->flush_cond, &ca);
-	pthread_condattr_destroy(&ca);
-	if (ldr_socket_path(c->path, sizeof(c->path), socket_path) < 0) {
-		free(c);
-		return set_err(-ENAMETOOLONG, "socket path too long");
-	}
 	if ((rv = client_open_socket(c)) != 0) {
-		free(c);
+		client_free(c);
 		return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
 	}
 	snprintf(url, sizeof(url), "ipc://%s", c->path);
@@ -513,30 +554,32 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	req.hello = &hello;
 	/* A Hello that goes unanswered for a few seconds is retried on a fresh
 	 * connection: the daemon replaces a listener that nng 1.5.2 wedged
-	 * (see daemon/server.c), and a connection queued on the old one is lost. */
+	 * (see daemon/server.c), and a connection queued on the old one is lost.
+	 * Every close here is bounded (client_drop()), as in ldr_close(). */
 	for (int attempt = 0;; attempt++) {
 		if ((rv = nng_dial(c->sock, url, &c->dialer, 0)) != 0) {
 			r = set_err(nng_to_errno(rv) == LDR_EDISCONNECTED ? -ECONNREFUSED : nng_to_errno(rv),
 			            "cannot connect to loaderd at %s: %s", c->path, nng_strerror(rv));
-			nng_close(c->sock);
-			free(c);
+			client_drop(c);
 			return r;
 		}
 		r = call_timeout(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, HELLO_TIMEOUT_MS);
 		if (r != -ETIMEDOUT || attempt == HELLO_ATTEMPTS - 1)
 			break;
-		nng_close(c->sock);
-		c->disconnected = false;
+		/* go on with a fresh client: one whose close did not finish is
+		 * left to it (its pipe callback may still run) */
+		client_drop(c);
+		if (!(c = client_alloc(self, path)))
+			return set_err(-ENOMEM, "out of memory");
 		if ((rv = client_open_socket(c)) != 0) {
-			free(c);
+			client_free(c);
 			return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
 		}
 	}
 	if (r < 0) {
 		if (r == -EPROTONOSUPPORT)
 			r = LDR_EVERSION;
-		nng_close(c->sock);
-		free(c);
+		client_drop(c);
 		return r;
 	}
 	c->id = rep->hello->client_id;
@@ -696,10 +739,7 @@ static void client_unref(struct ldr_client *c)
 {
 	if (atomic_fetch_sub(&c->refs, 1) != 1)
 		return;
-	pthread_cond_destroy(&c->flush_cond);
-	pthread_cond_destroy(&c->cond);
-	pthread_mutex_destroy(&c->lock);
-	free(c);
+	client_free(c);
 }
 
 static void att_unref(struct ldr_attachment *a)
@@ -1087,8 +1127,14 @@ static void req_cb(void *arg)
 	if (r->is_watch) {
 		watch_reply(a, rep, rv);
 	} else if (r->is_release) {
-		if (rep && rep->body_case == LOADERD__REPLY__BODY_ERROR && !a->detached && !a->err) {
-			/* a refused release is a bug of ours, not the trainer's: keep going */
+		if (rep && rep->body_case == LOADERD__REPLY__BODY_ERROR && !a->detached) {
+			/* a refused release is a bug of ours (or the pipeline was
+			 * dropped with force), not the trainer's: keep going, but
+			 * let it be seen (ldr_attachment_release_refused()) */
+			a->rel_refused++;
+			snprintf(a->rel_msg, sizeof(a->rel_msg), "%s",
+			         rep->error->message && *rep->error->message ? rep->error->message
+			                 : error_name(rep->error->code > 0 ? -rep->error->code : -EIO));
 		}
 		if (a->nrel && !a->detached && !c->disconnected && rv == 0)
 			req_send(a, r, 0);
@@ -1168,10 +1214,52 @@ static void want_top_up(struct ldr_attachment *a)
 	}
 }
 
-int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *opts,
+/*
+ * The caller's options as this library knows them: the fields that lie
+ * wholly within @in->size bytes (0: LDR_ATTACH_OPTS_SIZE_V1), the others 0
+ * (their defaults). Fields this library does not know must be 0.
+ */
+static int read_attach_opts(const struct ldr_attach_opts *in, struct ldr_attach_opts *o)
+{
+	size_t n;
+
+	memset(o, 0, sizeof(*o));
+	if (!in)
+		return 0;
+	n = in->size ? in->size : LDR_ATTACH_OPTS_SIZE_V1;
+	if (n < sizeof(in->size))
+		return set_err(-EINVAL, "ldr_attach_opts.size %zu is below the smallest layout", n);
+	if (n > sizeof(*o)) {
+		const unsigned char *extra = (const unsigned char *)in + sizeof(*o);
+		for (size_t i = 0; i < n - sizeof(*o); i++)
+			if (extra[i])
+				return set_err(-E2BIG, "ldr_attach_opts of %zu bytes sets options beyond the %zu "
+				               "bytes this libloader (%s) knows", n, sizeof(*o), LOADERD_VERSION);
+	}
+#define OPT(f)                                                                          \
+	do {                                                                            \
+		if (n >= offsetof(struct ldr_attach_opts, f) + sizeof(o->f))             \
+			o->f = in->f;                                                   \
+	} while (0)
+	OPT(mode);
+	OPT(rank);
+	OPT(world_size);
+	OPT(has_start);
+	OPT(start_epoch);
+	OPT(start_batch);
+	OPT(inflight);
+	OPT(device_kind);
+	OPT(device_index);
+#undef OPT
+	o->size = sizeof(*o);
+	return 0;
+}
+
+int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *user_opts,
                struct ldr_attachment **out)
 {
-	static const struct ldr_attach_opts defaults = { 0 };
+	struct ldr_attach_opts opts_buf;
+	const struct ldr_attach_opts *opts = &opts_buf;
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
 	Loaderd__Attach at = LOADERD__ATTACH__INIT;
 	Loaderd__Reply *rep;
@@ -1182,8 +1270,8 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	char err[512];
 
 	CHECK_PID(c);
-	if (!opts)
-		opts = &defaults;
+	if ((r = read_attach_opts(user_opts, &opts_buf)) < 0)
+		return r;
 	if (!pipeline || strlen(pipeline) > LDR_NAME_MAX)
 		return set_err(-EINVAL, "invalid pipeline name");
 	if (opts->inflight > MAX_INFLIGHT)
@@ -1197,8 +1285,6 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	at.start_batch = opts->start_batch;
 	at.credits = opts->inflight ? opts->inflight : 4;
 	at.device_kind = (uint32_t)opts->device_kind;
-	/* device_kind sits in what was the padding of the older, smaller struct,
-	 * so it reads 0 for callers built before it; device_index does not */
 	at.device_index = opts->device_kind != LDR_DEVICE_HOST ? opts->device_index : 0;
 	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
 	req.attach = &at;
@@ -1358,6 +1444,19 @@ fail:
 fail_rep:
 	loaderd__reply__free_unpacked(rep, NULL);
 	return r;
+}
+
+uint64_t ldr_attachment_release_refused(const struct ldr_attachment *a, char *msg, size_t size)
+{
+	struct ldr_client *c = a->c;
+	uint64_t n;
+
+	pthread_mutex_lock(&c->lock);
+	n = a->rel_refused;
+	if (msg && size)
+		snprintf(msg, size, "%s", a->rel_msg);
+	pthread_mutex_unlock(&c->lock);
+	return n;
 }
 
 int ldr_attachment_nfields(const struct ldr_attachment *a)

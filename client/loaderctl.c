@@ -35,7 +35,6 @@
 
 #define PROG "loaderctl"
 #define SPEC_MAX (16u << 20) /* largest spec file we read */
-#define INFLIGHT_MAX 1024u
 
 #define EXIT_USAGE 2
 
@@ -880,7 +879,7 @@ out:
 static int cmd_consume(struct ctl *ctl, int argc, char **argv)
 {
 	const char *pipeline = argv[0];
-	struct ldr_attach_opts opts = { 0 };
+	struct ldr_attach_opts opts = LDR_ATTACH_OPTS_INIT;
 	struct consume_result res = { 0 };
 	struct ldr_client *client = NULL;
 	struct ldr_attachment *att = NULL;
@@ -1127,7 +1126,7 @@ static void print_help(FILE *f)
 	        "                      (without --batches/--epochs: read until the pipeline ends)\n"
 	        "  --dump FILE         write every field of every batch, in order, as raw C-order\n"
 	        "                      bytes ('-' = stdout; the report then goes to stderr)\n"
-	        "  --inflight K        requests kept in flight (default: the library's, 4)\n"
+	        "  --inflight K        batches asked for or waiting, 1..%d (default: the library's, 4)\n"
 	        "  --timeout MS        fail when no batch arrives within MS ms (default: wait)\n"
 	        "  --device D          where batches are delivered: cpu (default, host memory)\n"
 	        "                      or cuda:N (GPU N; a daemon that cannot serve it says why;\n"
@@ -1135,7 +1134,7 @@ static void print_help(FILE *f)
 	        "  -v, --verbose       one line per batch: epoch, batch index, rows, bytes\n"
 	        "\n"
 	        "The checksum is zlib's CRC-32 of exactly the bytes --dump writes.\n"
-	        "Exit status: 0 success, 1 failure, 2 usage error.\n");
+	        "Exit status: 0 success, 1 failure, 2 usage error.\n", LDR_INFLIGHT_MAX);
 }
 
 static int cmd_help(struct ctl *ctl, int argc, char **argv)
@@ -1228,7 +1227,7 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 		ctl->dump = arg;
 		break;
 	case OPT_INFLIGHT:
-		ctl->inflight = (uint32_t)arg_u64("inflight count", arg, 1, INFLIGHT_MAX);
+		ctl->inflight = (uint32_t)arg_u64("inflight count", arg, 1, LDR_INFLIGHT_MAX);
 		break;
 	case OPT_TIMEOUT:
 		ctl->timeout_ms = (int)arg_u64("timeout", arg, 0, INT_MAX);

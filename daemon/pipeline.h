@@ -8,6 +8,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "loader/loader.h"
 #include "spec.h"
 
 struct engine;
@@ -17,7 +18,7 @@ struct cuda_device_info;
 struct cuda_dslab;
 
 #define FD_TOKEN_BYTES 16
-#define ATTACH_MAX_CREDITS 64
+#define ATTACH_MAX_CREDITS LDR_INFLIGHT_MAX /* what libloader may ask for */
 
 /* A parked Next request. The server owns it; the engine queues it. */
 struct pending {

@@ -6,12 +6,17 @@
  * stays mapped and unchanged, end of stream, timeouts, a handle used in a
  * forked child answers LDR_EFORKED without touching nng, writable
  * (copy-on-write) batches, a trainer holding every slot, and a clean error
- * when the daemon goes away. tests/test-keep.c checks copy-on-write and kept
+ * when the daemon goes away (every synchronous call in flight, however many,
+ * returns), versioned attach options, and a refused release being counted.
+ * tests/test-keep.c checks copy-on-write and kept
  * batches in depth.
  */
 #undef NDEBUG
 #include <assert.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <time.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,7 +122,7 @@ static void test_stream_and_lifetime(struct ldr_client *c)
 static void test_timeout_and_errors(struct ldr_client *c)
 {
 	struct ldr_attachment *a;
-	struct ldr_attach_opts o = { .mode = LDR_MODE_BROADCAST };
+	struct ldr_attach_opts o = { .size = sizeof(o), .mode = LDR_MODE_BROADCAST };
 	struct ldr_batch *b;
 	char spec[512];
 
@@ -179,6 +184,91 @@ static void test_hoarding(struct ldr_client *c)
 	assert(ldr_drop_pipeline(c, "hoard", 0) == 0);
 }
 
+/* ldr_attach_opts is versioned by its size: fields beyond it are not read. */
+static void test_opts_size(struct ldr_client *c)
+{
+	struct ldr_attach_opts o = LDR_ATTACH_OPTS_INIT, *small;
+	struct ldr_attachment *a;
+	unsigned char big[sizeof(o) + 16];
+	int idx;
+
+	create(c, "opts", 4, 0);
+	assert(o.size == sizeof(o));
+	o.inflight = LDR_INFLIGHT_MAX + 1;
+	assert(ldr_attach(c, "opts", &o, &a) == -EINVAL);
+	assert(strstr(ldr_client_error(c), "inflight"));
+	o.size = 0; /* 0: the first layout, which has inflight */
+	assert(ldr_attach(c, "opts", &o, &a) == -EINVAL);
+	o.size = 4;
+	assert(ldr_attach(c, "opts", &o, &a) == -EINVAL);
+
+	/* a caller of the layout before the device fields: a CUDA device and
+	 * an impossible window past its size are not read, the defaults are */
+	o.size = offsetof(struct ldr_attach_opts, device_kind);
+	o.inflight = 8;
+	o.device_kind = LDR_DEVICE_CUDA;
+	o.device_index = 7;
+	assert(ldr_attach(c, "opts", &o, &a) == 0);
+	assert(ldr_attachment_device(a, &idx) == LDR_DEVICE_HOST && idx == -1);
+	assert(ldr_detach(a) == 0);
+
+	/* an older, smaller struct, exactly its size (ASan sees a read past it) */
+	o.size = offsetof(struct ldr_attach_opts, inflight);
+	o.mode = LDR_MODE_BROADCAST;
+	small = malloc(o.size);
+	assert(small);
+	memcpy(small, &o, o.size);
+	assert(ldr_attach(c, "opts", small, &a) == 0);
+	assert(ldr_attachment_device(a, NULL) == LDR_DEVICE_HOST);
+	assert(ldr_detach(a) == 0);
+	free(small);
+
+	/* a newer, larger struct: fine while what this library does not know is 0 */
+	memset(big, 0, sizeof(big));
+	o = (struct ldr_attach_opts)LDR_ATTACH_OPTS_INIT;
+	o.size = sizeof(big);
+	memcpy(big, &o, sizeof(o));
+	assert(ldr_attach(c, "opts", (struct ldr_attach_opts *)(void *)big, &a) == 0);
+	assert(ldr_detach(a) == 0);
+	big[sizeof(o) + 3] = 1;
+	assert(ldr_attach(c, "opts", (struct ldr_attach_opts *)(void *)big, &a) == -E2BIG);
+	assert(ldr_drop_pipeline(c, "opts", 0) == 0);
+}
+
+/* A release the daemon refuses is counted and its message kept. */
+static void test_refused_release(struct ldr_client *c)
+{
+	struct ldr_attachment *a;
+	struct ldr_batch *b, *b2;
+	char msg[256];
+	uint64_t n = 0;
+	int r;
+
+	create(c, "refuse", 4, 0);
+	assert(ldr_attach(c, "refuse", NULL, &a) == 0);
+	assert(ldr_next(a, 10000, &b) == 0);
+	ldr_release(b);
+	assert(ldr_next(a, 10000, &b) == 0);
+	assert(ldr_attachment_release_refused(a, msg, sizeof(msg)) == 0 && msg[0] == '\0');
+	/* the pipeline goes from under the attachment: its lease is no more */
+	assert(ldr_drop_pipeline(c, "refuse", 1) == 0);
+	for (int i = 0; i < 100; i++) {
+		r = ldr_next(a, 5000, &b2);
+		if (r != 0)
+			break;
+		ldr_release(b2);
+	}
+	assert(r < 0);
+	ldr_release(b);
+	for (int i = 0; i < 500 && (n = ldr_attachment_release_refused(a, msg, sizeof(msg))) == 0; i++)
+		usleep(10000);
+	if (n != 1)
+		fprintf(stderr, "refused releases: %llu\n", (unsigned long long)n);
+	assert(n == 1);
+	assert(msg[0] != '\0');
+	ldr_detach(a);
+}
+
 static void test_fork(struct ldr_client *c)
 {
 	struct ldr_attachment *a;
@@ -227,18 +317,94 @@ static void test_fork(struct ldr_client *c)
 	assert(ldr_detach(a) == 0);
 }
 
+#define NSYNC 12
+
+struct sync_calls {
+	struct ldr_client *c;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int started, done;
+	int result[NSYNC];
+};
+
+static struct sync_calls sync_calls = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.cond = PTHREAD_COND_INITIALIZER,
+};
+
+static void *sync_call_main(void *arg)
+{
+	int i = (int)(intptr_t)arg, r;
+	char *json = NULL;
+
+	pthread_mutex_lock(&sync_calls.lock);
+	sync_calls.started++;
+	pthread_cond_broadcast(&sync_calls.cond);
+	pthread_mutex_unlock(&sync_calls.lock);
+	if (i < 2) {
+		/* a request larger than the socket's buffer: the stopped daemon
+		 * never reads it, so the requests after it wait in nng's queue,
+		 * which a lost connection does not fail by itself */
+		static char big[2][1 << 20];
+		memset(big[i], ' ', sizeof(big[i]) - 1);
+		memcpy(big[i], "{\"name\": \"x\"}", 13);
+		r = ldr_create_pipeline(sync_calls.c, big[i], 0, NULL, 0);
+	} else {
+		r = ldr_status_json(sync_calls.c, &json);
+		if (r == 0)
+			ldr_free(json);
+	}
+	pthread_mutex_lock(&sync_calls.lock);
+	sync_calls.result[i] = r;
+	sync_calls.done++;
+	pthread_cond_broadcast(&sync_calls.cond);
+	pthread_mutex_unlock(&sync_calls.lock);
+	return NULL;
+}
+
 static void test_daemon_gone(struct ldr_client *c)
 {
 	struct ldr_attachment *a;
 	struct ldr_batch *b;
+	pthread_t t[NSYNC];
+	struct timespec deadline;
 	int status, r;
 
 	create(c, "gone", 5, 0);
 	assert(ldr_attach(c, "gone", NULL, &a) == 0);
 	assert(ldr_next(a, 10000, &b) == 0);
 	ldr_release(b);
+	/* more synchronous calls than any fixed registry (libloader had 8):
+	 * every one waits on a stopped daemon, and every one returns once the
+	 * daemon is gone (libloader cancels them; nng fails only those sent) */
+	kill(daemon_pid, SIGSTOP);
+	assert(waitpid(daemon_pid, &status, WUNTRACED) == daemon_pid && WIFSTOPPED(status));
+	sync_calls.c = c;
+	for (int i = 0; i < NSYNC; i++)
+		assert(pthread_create(&t[i], NULL, sync_call_main, (void *)(intptr_t)i) == 0);
+	pthread_mutex_lock(&sync_calls.lock);
+	while (sync_calls.started < NSYNC)
+		pthread_cond_wait(&sync_calls.cond, &sync_calls.lock);
+	pthread_mutex_unlock(&sync_calls.lock);
+	usleep(500000); /* into their calls, answered by nobody */
+	assert(sync_calls.done == 0);
 	kill(daemon_pid, SIGKILL);
 	assert(waitpid(daemon_pid, &status, 0) == daemon_pid);
+	/* far less than the calls' own timeout (60 s) */
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += 20;
+	pthread_mutex_lock(&sync_calls.lock);
+	while (sync_calls.done < NSYNC &&
+	       pthread_cond_timedwait(&sync_calls.cond, &sync_calls.lock, &deadline) == 0)
+		;
+	if (sync_calls.done != NSYNC)
+		fprintf(stderr, "%d of %d synchronous calls returned\n", sync_calls.done, NSYNC);
+	assert(sync_calls.done == NSYNC);
+	pthread_mutex_unlock(&sync_calls.lock);
+	for (int i = 0; i < NSYNC; i++) {
+		assert(pthread_join(t[i], NULL) == 0);
+		assert(sync_calls.result[i] == LDR_EDISCONNECTED);
+	}
 	/* batches already here may still come out; then a clean error */
 	for (int i = 0; i < 100; i++) {
 		r = ldr_next(a, 5000, &b);
@@ -266,6 +432,8 @@ int main(int argc, char **argv)
 	test_stream_and_lifetime(c);
 	test_timeout_and_errors(c);
 	test_hoarding(c);
+	test_opts_size(c);
+	test_refused_release(c);
 	test_fork(c);
 	test_daemon_gone(c);
 	ldr_close(c);

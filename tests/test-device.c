@@ -209,7 +209,7 @@ static struct ldr_client *connect_as(const char *name)
 static struct ldr_attachment *attach(struct ldr_client *c, const char *pipeline, enum ldr_mode mode,
                                      uint32_t rank, uint32_t world, enum ldr_device_kind kind, int index)
 {
-	struct ldr_attach_opts o = { .mode = mode, .rank = rank, .world_size = world,
+	struct ldr_attach_opts o = { .size = sizeof(o), .mode = mode, .rank = rank, .world_size = world,
 	                             .device_kind = kind, .device_index = index };
 	struct ldr_attachment *a;
 	int r, got;
@@ -622,7 +622,7 @@ static void test_killed_client(void)
 static void test_no_such_device(void)
 {
 	struct ldr_client *c = connect_as("errors");
-	struct ldr_attach_opts o = { .device_kind = LDR_DEVICE_CUDA };
+	struct ldr_attach_opts o = { .size = sizeof(o), .device_kind = LDR_DEVICE_CUDA };
 	struct ldr_attachment *a;
 	struct ldr_batch *b;
 	char want[96];

@@ -359,7 +359,7 @@ static void test_release_after_close(void)
 static void test_cuda_no_keep(struct ldr_client *c)
 {
 	struct ldr_attachment *a;
-	struct ldr_attach_opts o = { .device_kind = LDR_DEVICE_CUDA, .device_index = 0 };
+	struct ldr_attach_opts o = { .size = sizeof(o), .device_kind = LDR_DEVICE_CUDA, .device_index = 0 };
 	struct ldr_batch *held[NSLOTS], *b;
 	uint32_t share;
 	int r;
@@ -412,8 +412,8 @@ static void test_revoke(void)
 {
 	struct ldr_client *c0, *c1;
 	struct ldr_attachment *a0, *a1;
-	struct ldr_attach_opts o0 = { .mode = LDR_MODE_PARTITION, .rank = 0, .world_size = 2 };
-	struct ldr_attach_opts o1 = { .mode = LDR_MODE_PARTITION, .rank = 1, .world_size = 2 };
+	struct ldr_attach_opts o0 = { .size = sizeof(o0), .mode = LDR_MODE_PARTITION, .rank = 0, .world_size = 2 };
+	struct ldr_attach_opts o1 = { .size = sizeof(o1), .mode = LDR_MODE_PARTITION, .rank = 1, .world_size = 2 };
 	static struct ldr_batch *held[40];
 	struct ldr_batch *b;
 	double t;

@@ -50,6 +50,12 @@ extern "C" {
 #define LDR_NAME_MAX 63
 /** Most dimensions of one field (batch dimension included). */
 #define LDR_MAX_DIMS 8
+/**
+ * Most batches one attachment may have asked for or waiting here
+ * (ldr_attach_opts.inflight). The daemon's limit (ATTACH_MAX_CREDITS) is
+ * this constant; loaderctl and the Python package use it too.
+ */
+#define LDR_INFLIGHT_MAX 64
 
 /** End of stream: a finite pipeline has delivered its last batch. */
 #define LDR_EOF (-4095)
@@ -111,18 +117,37 @@ struct ldr_field {
 	size_t nbytes;            /**< bytes of this field in this batch */
 };
 
-/** Options of ldr_attach(); zero-initialise, then set what you need. */
+/**
+ * Options of ldr_attach(). Versioned by its leading @c size: set it to
+ * sizeof(struct ldr_attach_opts) (LDR_ATTACH_OPTS_INIT does), then set what
+ * you need; every other field defaults to 0, which means its default.
+ *
+ * libloader reads only the fields that lie wholly within @c size bytes: a
+ * caller built against an older, smaller layout gets the defaults for the
+ * fields added since, and fields added later go at the end. @c size 0 (a
+ * struct zero-initialised or set by designated initialisers without it)
+ * means LDR_ATTACH_OPTS_SIZE_V1, the layout below, so such callers keep
+ * working when fields are added. A @c size larger than this library knows is
+ * accepted when the bytes beyond its layout are all 0, else ldr_attach()
+ * fails with -E2BIG; a @c size below sizeof(size_t) fails with -EINVAL.
+ */
 struct ldr_attach_opts {
+	size_t size;              /**< sizeof(struct ldr_attach_opts) as the caller knows it, or 0 */
 	enum ldr_mode mode;       /**< default broadcast */
 	uint32_t rank;            /**< partition: this client's rank */
 	uint32_t world_size;      /**< partition: number of ranks (0 = 1) */
 	int has_start;            /**< partition: start at start_epoch/batch */
 	uint64_t start_epoch;
 	uint64_t start_batch;
-	uint32_t inflight;        /**< window: batches asked for or waiting here (0 = 4, most 64) */
+	uint32_t inflight;        /**< window: batches asked for or waiting here (0 = 4, most LDR_INFLIGHT_MAX) */
 	enum ldr_device_kind device_kind; /**< LDR_DEVICE_HOST = 0 (default), LDR_DEVICE_CUDA = 1 */
 	int device_index;         /**< CUDA: the N of cuda:N */
 };
+
+/** Size of the first versioned layout (every field up to device_index); what size 0 means. */
+#define LDR_ATTACH_OPTS_SIZE_V1 (offsetof(struct ldr_attach_opts, device_index) + sizeof(int))
+/** Initialiser of struct ldr_attach_opts: the size set, every option its default. */
+#define LDR_ATTACH_OPTS_INIT { .size = sizeof(struct ldr_attach_opts) }
 
 /** Name of an error code (negative errno or LDR_E*). Never NULL. */
 LDR_EXPORT const char *ldr_strerror(int err);
@@ -137,14 +162,14 @@ LDR_EXPORT const char *ldr_mode_name(enum ldr_mode mode);
 LDR_EXPORT int ldr_mode_from_name(const char *name);
 
 /**
- * Resolve the daemon's socket path as DESIGN.md says: @p explicit_path, else
+ * Resolve the daemon's socket path (README.md, "Running the daemon", last paragraph): @p explicit_path, else
  * $LOADERD_SOCKET, else $RUNTIME_DIRECTORY/loaderd.sock, else
  * $XDG_RUNTIME_DIR/loaderd.sock, else /run/loaderd/loaderd.sock.
  * Returns the length written, or -ENAMETOOLONG.
  */
 LDR_EXPORT int ldr_socket_path(char *buf, size_t size, const char *explicit_path);
 
-/** Version strings of libloader and of the nng and protobuf-c it runs on. */
+/** Version of libloader ("0.1.0"); ldr_nng_version() and ldr_protobuf_c_version() name the libraries it runs on. */
 LDR_EXPORT const char *ldr_version(void);
 /** Version of the nng library loaded at run time. */
 LDR_EXPORT const char *ldr_nng_version(void);
@@ -201,6 +226,20 @@ LDR_EXPORT int ldr_attach(struct ldr_client *client, const char *pipeline,
  * last batch is released. NULL is fine.
  */
 LDR_EXPORT int ldr_detach(struct ldr_attachment *att);
+
+/**
+ * ldr_attachment_release_refused() - releases of this attachment's leases
+ * that the daemon refused since the attach, and its message for the last.
+ *
+ * libloader sends only leases it holds, so a refusal is a bug of libloader
+ * (or of the daemon) unless the pipeline was dropped with force meanwhile;
+ * the batch is released on this side all the same, and the stream goes on.
+ * @param msg receives the daemon's message for the last refusal ("" when
+ *        none), NUL-terminated and truncated to @p size; may be NULL
+ * Return: the number of refused Release requests.
+ */
+LDR_EXPORT uint64_t ldr_attachment_release_refused(const struct ldr_attachment *att, char *msg,
+                                                   size_t size);
 
 /** Fields per batch of this attachment. */
 LDR_EXPORT int ldr_attachment_nfields(const struct ldr_attachment *att);

@@ -58,9 +58,10 @@ if a.get("spec"):
         sys.exit(3)
     out["created"] = r == 1
 if a.get("batches"):
-    # struct ldr_attach_opts begins with mode, rank, world_size (uint32 each)
+    # struct ldr_attach_opts begins with size (a size_t; 0 = the first
+    # layout), then mode, rank, world_size (uint32 each)
     opts = (ctypes.c_uint32 * 64)()
-    opts[0], opts[1], opts[2] = a.get("mode", 0), a.get("rank", 0), a.get("world", 1)
+    opts[2], opts[3], opts[4] = a.get("mode", 0), a.get("rank", 0), a.get("world", 1)
     att = P()
     r = lib.ldr_attach(c, a["name"].encode(), ctypes.byref(opts), ctypes.byref(att))
     if r != 0:

@@ -26,6 +26,7 @@ LDR_EDISCONNECTED = -4093
 LDR_EVERSION = -4092
 LDR_NAME_MAX = 63
 LDR_MAX_DIMS = 8
+LDR_INFLIGHT_MAX = 64  # most batches in one window; tests/python/test_abi.py checks it
 
 MODES = {"broadcast": 0, "partition": 1, "dynamic": 2}
 
@@ -59,8 +60,12 @@ class ldr_field(ctypes.Structure):
     ]
 
 
+# The mirrors above and below must match include/loader/loader.h:
+# tests/python/test_abi.py compares them with the C compiler's layout.
 class ldr_attach_opts(ctypes.Structure):
+    """struct ldr_attach_opts; a new one has ``size`` set to its sizeof."""
     _fields_ = [
+        ("size", ctypes.c_size_t),         # versions the struct: sizeof as we know it
         ("mode", ctypes.c_int),
         ("rank", ctypes.c_uint32),
         ("world_size", ctypes.c_uint32),
@@ -72,6 +77,11 @@ class ldr_attach_opts(ctypes.Structure):
         ("device_index", ctypes.c_int),
     ]
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.size:
+            self.size = ctypes.sizeof(ldr_attach_opts)
+
 
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
@@ -80,6 +90,7 @@ _SIGNATURES = {
     "ldr_strerror": (ctypes.c_char_p, [ctypes.c_int]),
     "ldr_version": (ctypes.c_char_p, []),
     "ldr_nng_version": (ctypes.c_char_p, []),
+    "ldr_protobuf_c_version": (ctypes.c_char_p, []),
     "ldr_socket_path": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p]),
     "ldr_connect": (ctypes.c_int, [_PP, ctypes.c_char_p, ctypes.c_char_p]),
     "ldr_close": (None, [_P]),
@@ -116,6 +127,7 @@ _SIGNATURES = {
     "ldr_attachment_held": (ctypes.c_uint32, [_P]),
     "ldr_attachment_kept": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64),
                                            ctypes.POINTER(ctypes.c_uint64)]),
+    "ldr_attachment_release_refused": (ctypes.c_uint64, [_P, ctypes.c_char_p, ctypes.c_size_t]),
 }
 
 _lock = threading.Lock()
