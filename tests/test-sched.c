@@ -50,7 +50,8 @@ static void on_deliver(void *userdata, struct pending *p, const struct delivery 
 	r->answered = true;
 	r->kind = d->kind;
 	r->n = d->kind == DELIVER_BATCH ? d->nbatches : 0;
-	memcpy(r->b, d->batches, r->n * sizeof(r->b[0]));
+	if (r->n)
+		memcpy(r->b, d->batches, r->n * sizeof(r->b[0]));
 	r->share = d->share;
 	r->upto = d->upto_seq;
 	r->count = d->count;
