@@ -30,22 +30,6 @@
 #define SEQ 16
 #define NTOK (SEQ * 100 + 1)
 
-static char tok_path[128];
-
-static void write_tokens(void)
-{
-	FILE *f;
-	uint16_t t;
-
-	snprintf(tok_path, sizeof(tok_path), "%s/t.bin", dir);
-	f = fopen(tok_path, "wb");
-	assert(f);
-	for (int i = 0; i < NTOK; i++) {
-		t = (uint16_t)i;
-		assert(fwrite(&t, sizeof(t), 1, f) == 1);
-	}
-	fclose(f);
-}
 
 static void create(struct ldr_client *c, const char *name, int batch, int epochs)
 {
@@ -54,7 +38,7 @@ static void create(struct ldr_client *c, const char *name, int batch, int epochs
 	snprintf(spec, sizeof(spec),
 	         "{\"name\": \"%s\", \"source\": {\"kind\": \"tokens\", \"path\": \"%s\", \"seq_len\": %d},"
 	         " \"batch_size\": %d, \"epochs\": %d, \"prefetch\": 4}",
-	         name, tok_path, SEQ, batch, epochs);
+	         name, token_file, SEQ, batch, epochs);
 	assert(ldr_create_pipeline(c, spec, 0, NULL, 0) == 1);
 }
 
@@ -129,7 +113,7 @@ static void test_timeout_and_errors(struct ldr_client *c)
 	/* min_clients 2 and one client: nothing comes */
 	snprintf(spec, sizeof(spec),
 	         "{\"name\": \"held\", \"source\": {\"kind\": \"tokens\", \"path\": \"%s\", \"seq_len\": %d},"
-	         " \"min_clients\": 2}", tok_path, SEQ);
+	         " \"min_clients\": 2}", token_file, SEQ);
 	assert(ldr_create_pipeline(c, spec, 0, NULL, 0) == 1);
 	assert(ldr_create_pipeline(c, spec, 1, NULL, 0) == 0); /* exist_ok, same spec */
 	assert(ldr_create_pipeline(c, spec, 0, NULL, 0) == -EEXIST);
@@ -426,7 +410,7 @@ int main(int argc, char **argv)
 	}
 	signal(SIGPIPE, SIG_IGN);
 	start_daemon(argv[1], "client");
-	write_tokens();
+	write_tokens_n(NTOK);
 	assert(ldr_connect(&c, sock_path, "test-client") == 0);
 	assert(ldr_client_id(c) > 0);
 	test_stream_and_lifetime(c);
@@ -437,7 +421,7 @@ int main(int argc, char **argv)
 	test_fork(c);
 	test_daemon_gone(c);
 	ldr_close(c);
-	unlink(tok_path);
+	unlink(token_file);
 	unlink(sock_path);
 	unlink(fd_path);
 	rmdir(dir);

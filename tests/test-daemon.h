@@ -4,6 +4,7 @@
 
 #include <assert.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,4 +42,22 @@ static __attribute__((unused)) void stop_daemon(void)
 	assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 	assert(access(sock_path, F_OK) != 0);
 	rmdir(dir);
+}
+
+/* The tokens 0, 1, 2 ... (uint16) in @dir/t.bin, so a batch names its place. */
+static char token_file[128];
+
+static __attribute__((unused)) void write_tokens_n(int ntok)
+{
+	FILE *f;
+	uint16_t t;
+
+	snprintf(token_file, sizeof(token_file), "%s/t.bin", dir);
+	f = fopen(token_file, "wb");
+	assert(f);
+	for (int i = 0; i < ntok; i++) {
+		t = (uint16_t)i;
+		assert(fwrite(&t, sizeof(t), 1, f) == 1);
+	}
+	fclose(f);
 }

@@ -32,22 +32,6 @@
 #define B 8                    /* rows per batch: 32 KiB per field */
 #define NSLOTS 8
 
-static char tok_path[128];
-
-static void write_tokens(void)
-{
-	FILE *f;
-	uint16_t t;
-
-	snprintf(tok_path, sizeof(tok_path), "%s/t.bin", dir);
-	f = fopen(tok_path, "wb");
-	assert(f);
-	for (int i = 0; i < NTOK; i++) {
-		t = (uint16_t)i;
-		assert(fwrite(&t, sizeof(t), 1, f) == 1);
-	}
-	fclose(f);
-}
 
 static void create(struct ldr_client *c, const char *name, const char *extra)
 {
@@ -56,7 +40,7 @@ static void create(struct ldr_client *c, const char *name, const char *extra)
 	snprintf(spec, sizeof(spec),
 	         "{\"name\": \"%s\", \"source\": {\"kind\": \"tokens\", \"path\": \"%s\", \"seq_len\": %d},"
 	         " \"batch_size\": %d, \"epochs\": 0, \"prefetch\": %d%s}",
-	         name, tok_path, SEQ, B, NSLOTS, extra ? extra : "");
+	         name, token_file, SEQ, B, NSLOTS, extra ? extra : "");
 	assert(ldr_create_pipeline(c, spec, 0, NULL, 0) == 1);
 }
 
@@ -495,7 +479,7 @@ int main(int argc, char **argv)
 	}
 	signal(SIGPIPE, SIG_IGN);
 	start_daemon(argv[1], "keep");
-	write_tokens();
+	write_tokens_n(NTOK);
 	assert(ldr_connect(&c, sock_path, "test-keep") == 0);
 	test_write_release();
 	test_keep_many(c);
@@ -506,7 +490,7 @@ int main(int argc, char **argv)
 	test_cuda_no_keep(c);
 	test_revoke();
 	ldr_close(c);
-	unlink(tok_path);
+	unlink(token_file);
 	stop_daemon();
 	printf("test-keep: ok\n");
 	return 0;
