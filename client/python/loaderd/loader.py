@@ -511,8 +511,8 @@ class DataLoader:
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 seconds (0 or None: wait forever)")
         self.timeout = timeout if timeout else None
-        if inflight is not None and not 1 <= inflight <= 64:
-            raise ValueError("inflight must be in 1..64")
+        if inflight is not None and not 1 <= inflight <= _lib.LDR_INFLIGHT_MAX:
+            raise ValueError(f"inflight must be in 1..{_lib.LDR_INFLIGHT_MAX}")
         self._inflight = inflight
 
         # mode, rank, world: a private stream (partition rank 0 of 1) unless
