@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* wedged - the listening fds of replaced (wedged) nng listeners, whose
- * backlogs the daemon empties (server.c, heal_listener()) */
+ * backlogs the daemon empties (nngfix.c, heal_listener()) */
 #pragma once
 
 #define WEDGED_MAX 16

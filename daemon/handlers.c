@@ -1,0 +1,396 @@
+/* SPDX-License-Identifier: MIT */
+/* handlers - one function per request of docs/protocol.md
+ *
+ * A CUDA attach first loads the driver and a device's context on libuv's pool
+ * (attach_work), so a slow cuInit parks only that request.
+ */
+#include "server-private.h"
+
+/* --- requests ----------------------------------------------------------- */
+
+static void handle_hello(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Hello *h)
+{
+	Loaderd__Reply rep = LOADERD__REPLY__INIT;
+	Loaderd__HelloReply hr = LOADERD__HELLO_REPLY__INIT;
+	char msg[128];
+
+	if (h->protocol != LDR_PROTOCOL_VERSION) {
+		snprintf(msg, sizeof(msg), "protocol version %u is not supported (loaderd %s speaks %d)",
+		         h->protocol, LOADERD_VERSION, LDR_PROTOCOL_VERSION);
+		reply_error(srv, c, EPROTONOSUPPORT, msg);
+		return;
+	}
+	snprintf(cl->name, sizeof(cl->name), "%s", h->client_name);
+	for (char *p = cl->name; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
+	cl->hello = true;
+	hr.protocol = LDR_PROTOCOL_VERSION;
+	hr.daemon_version = (char *)LOADERD_VERSION;
+	hr.client_id = cl->id;
+	rep.body_case = LOADERD__REPLY__BODY_HELLO;
+	rep.hello = &hr;
+	send_reply(srv, c, &rep);
+}
+
+static void handle_create(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__CreatePipeline *m)
+{
+	Loaderd__Reply rep = LOADERD__REPLY__INIT;
+	Loaderd__CreatePipelineReply cr = LOADERD__CREATE_PIPELINE_REPLY__INIT;
+	struct spec *spec;
+	char err[1024], name[LDR_NAME_MAX + 1];
+	int r;
+
+	r = spec_parse(&spec, m->spec_json, err, sizeof(err));
+	if (r < 0) {
+		reply_error(srv, c, -r, err);
+		return;
+	}
+	snprintf(name, sizeof(name), "%s", spec->name);
+	/* the pipeline is this connection's: it lingers once the connection
+	 * closes and nobody reads it (docs/spec.md, "Lifetime") */
+	r = engine_create(srv->engine, spec, cl->uid, cl->id, m->exist_ok, err, sizeof(err));
+	if (r < 0) {
+		reply_error(srv, c, -r, err);
+		return;
+	}
+	if (r)
+		log_info("client %" PRIu64 " (pid %d) created pipeline %s", cl->id, cl->pid, name);
+	cr.name = name;
+	cr.created = r == 1;
+	rep.body_case = LOADERD__REPLY__BODY_CREATE;
+	rep.create = &cr;
+	send_reply(srv, c, &rep);
+}
+
+static void handle_drop(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__DropPipeline *m)
+{
+	char err[256] = "";
+	int r;
+
+	r = engine_drop(srv->engine, m->name, cl->uid, m->force, err, sizeof(err));
+	if (r < 0) {
+		reply_error(srv, c, -r, err);
+		return;
+	}
+	/* attachments of a dropped pipeline stay until their clients detach */
+	reply_ok(srv, c);
+}
+
+/*
+ * The rest of an Attach, once the device part is known: @r and @dinfo are
+ * cuda_attach_device()'s answer (0 host, 1 CUDA, < 0 the error in @cuda_err).
+ */
+static void attach_finish(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Attach *m,
+                          int r, const struct cuda_device_info *dinfo, const char *cuda_err)
+{
+	Loaderd__Reply rep = LOADERD__REPLY__INIT;
+	Loaderd__AttachReply ar = LOADERD__ATTACH_REPLY__INIT;
+	Loaderd__Field fields[SOURCE_MAX_FIELDS], *fptrs[SOURCE_MAX_FIELDS];
+	int64_t shapes[SOURCE_MAX_FIELDS][LDR_MAX_DIMS];
+	struct attach_params p = {
+		.mode = (int)m->mode, .rank = m->rank, .world = m->world_size,
+		.has_start = m->has_start, .start_epoch = m->start_epoch, .start_batch = m->start_batch,
+		.credits = m->credits, .client_id = cl->id, .uid = cl->uid,
+	};
+	struct attachment *a;
+	struct attach_info info;
+	char err[512] = "";
+
+	if (r < 0) {
+		reply_error(srv, c, -r, cuda_err);
+		return;
+	}
+	if (cl->natts >= MAX_ATTACH_PER_CLIENT) {
+		snprintf(err, sizeof(err), "too many attachments on one connection (most %d)", MAX_ATTACH_PER_CLIENT);
+		reply_error(srv, c, EMFILE, err);
+		return;
+	}
+	p.cuda = r == 1 ? dinfo : NULL;
+	r = engine_attach(srv->engine, m->pipeline, &p, &a, err, sizeof(err));
+	if (r < 0) {
+		reply_error(srv, c, -r, err);
+		return;
+	}
+	cl->atts[cl->natts++] = a;
+	attachment_get_info(a, &info);
+	for (size_t f = 0; f < info.nfields; f++) {
+		const struct field_desc *fd = &info.fields[f];
+		fields[f] = (Loaderd__Field)LOADERD__FIELD__INIT;
+		fields[f].name = (char *)fd->name;
+		fields[f].dtype = (uint32_t)fd->dtype;
+		for (int d = 0; d < fd->ndim; d++)
+			shapes[f][d] = fd->shape[d];
+		fields[f].n_sample_shape = (size_t)fd->ndim;
+		fields[f].sample_shape = shapes[f];
+		fields[f].offset = info.field_offsets[f];
+		fields[f].sample_bytes = fd->sample_bytes;
+		fptrs[f] = &fields[f];
+	}
+	ar.attach_id = info.id;
+	ar.fd_token.data = info.token;
+	ar.fd_token.len = sizeof(info.token);
+	ar.slab_bytes = info.slab_bytes;
+	ar.slot_bytes = info.slot_bytes;
+	ar.nslots = info.nslots;
+	ar.n_fields = info.nfields;
+	ar.fields = fptrs;
+	ar.batch_size = info.batch_size;
+	ar.batches_per_epoch = info.batches_per_epoch;
+	ar.epochs = info.epochs;
+	ar.samples = info.samples;
+	ar.start_epoch = info.start_epoch;
+	ar.start_batch = info.start_batch;
+	ar.share = info.share;
+	ar.fd_path = srv->fdpath;
+	if (info.dslab) {
+		ar.device_kind = LDR_DEVICE_CUDA;
+		ar.device_index = info.dslab->device;
+		ar.device_memory = (uint32_t)info.dslab->kind;
+		ar.device_slab_bytes = info.dslab->bytes;
+		ar.device_slot_stride = info.dslab->slot_stride;
+		if (info.dslab->kind == CUDA_MEM_IPC) {
+			ar.device_ipc_handle.data = (uint8_t *)info.dslab->ipc_handle;
+			ar.device_ipc_handle.len = sizeof(info.dslab->ipc_handle);
+		}
+		ar.device_name = (char *)info.dslab->device_name;
+	}
+	rep.body_case = LOADERD__REPLY__BODY_ATTACH;
+	rep.attach = &ar;
+	if (info.dslab)
+		log_info("client %" PRIu64 " (pid %d) attached to %s as %s on cuda:%d", cl->id, cl->pid,
+		         m->pipeline, mode_name((int)m->mode), info.dslab->device);
+	else
+		log_info("client %" PRIu64 " (pid %d) attached to %s as %s", cl->id, cl->pid, m->pipeline,
+		         mode_name((int)m->mode));
+	send_reply(srv, c, &rep);
+}
+
+/*
+ * A CUDA attach before the driver and the device are up: cuInit (seconds on a
+ * GPU without persistence mode) and the device's primary context run on a
+ * thread of libuv's pool while the loop serves everyone else; the request's
+ * context stays parked until then.
+ */
+struct attach_job {
+	uv_work_t work;
+	struct server *srv;
+	struct sctx *c;
+	uint64_t client_id;
+	Loaderd__Attach m;        /* its pipeline name is ours */
+	struct cuda_device_info dinfo;
+	int r;
+	char err[512];
+};
+
+static void attach_work(uv_work_t *w)
+{
+	struct attach_job *j = w->data;
+
+	j->r = cuda_attach_prepare(j->m.device_kind, j->m.device_index, &j->dinfo, j->err, sizeof(j->err));
+}
+
+static void attach_after(uv_work_t *w, int status)
+{
+	struct attach_job *j = w->data;
+	struct server *srv = j->srv;
+	struct client *cl;
+
+	srv->attach_jobs--;
+	for (cl = srv->clients; cl && cl->id != j->client_id; cl = cl->next)
+		;
+	if (srv->stopping)
+		reply_error(srv, j->c, ESHUTDOWN, "daemon is shutting down");
+	else if (!cl) /* gone meanwhile: the reply goes nowhere, the context is free again */
+		reply_error(srv, j->c, ECONNRESET, "client gone");
+	else
+		attach_finish(srv, j->c, cl, &j->m, j->r, &j->dinfo, j->err);
+	free(j->m.pipeline);
+	free(j);
+}
+
+static void handle_attach(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Attach *m)
+{
+	struct cuda_device_info dinfo;
+	struct attach_job *j;
+	char err[512] = "";
+	int r;
+
+	if (!cuda_attach_ready(m->device_kind, m->device_index) && (j = calloc(1, sizeof(*j)))) {
+		j->work.data = j;
+		j->srv = srv;
+		j->c = c;
+		j->client_id = cl->id;
+		j->m = *m;
+		j->m.pipeline = strdup(m->pipeline ? m->pipeline : "");
+		if (j->m.pipeline && uv_queue_work(srv->loop, &j->work, attach_work, attach_after) == 0) {
+			c->state = CTX_PARKED;
+			c->answered = true;
+			srv->attach_jobs++;
+			return;
+		}
+		free(j->m.pipeline);
+		free(j);
+	}
+	r = cuda_attach_device(m->device_kind, m->device_index, &dinfo, err, sizeof(err));
+	attach_finish(srv, c, cl, m, r, &dinfo, err);
+}
+
+/* The attachment @id of @cl, or NULL after answering the request with ENOENT. */
+static struct attachment *att_or_reply(struct server *srv, struct sctx *c, struct client *cl,
+                                       uint64_t id, unsigned *index)
+{
+	struct attachment *a = client_att(cl, id, index);
+	char err[96] = "";
+
+	if (!a) {
+		snprintf(err, sizeof(err), "no attachment %" PRIu64 " on this connection", id);
+		reply_error(srv, c, ENOENT, err);
+	}
+	return a;
+}
+
+static bool releases_fit(struct server *srv, struct sctx *c, size_t n)
+{
+	if (n <= MAX_RELEASES)
+		return true;
+	reply_error(srv, c, E2BIG, "too many releases in one request");
+	return false;
+}
+
+static void handle_next(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Next *m)
+{
+	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, NULL);
+	char err[256] = "";
+	int r;
+
+	if (!a || !releases_fit(srv, c, m->n_releases) || !releases_fit(srv, c, m->n_returned))
+		return;
+	c->state = CTX_PARKED;
+	c->answered = true;
+	c->pending.max = m->max_batches;
+	r = attachment_next(a, &c->pending, &(struct next_req){ .releases = m->releases,
+		.nreleases = m->n_releases, .watch = m->watch, .has_return = m->has_return,
+		.return_from = m->return_from, .returned = m->returned, .nreturned = m->n_returned },
+		err, sizeof(err));
+	if (r < 0)
+		reply_error(srv, c, -r, err);
+}
+
+static void handle_release(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Release *m)
+{
+	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, NULL);
+	char err[256] = "";
+	int r;
+
+	if (!a || !releases_fit(srv, c, m->n_leases))
+		return;
+	r = attachment_next(a, NULL, &(struct next_req){ .releases = m->leases, .nreleases = m->n_leases },
+	                    err, sizeof(err));
+	if (r < 0)
+		reply_error(srv, c, -r, err);
+	else
+		reply_ok(srv, c);
+}
+
+static void handle_detach(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Detach *m)
+{
+	unsigned i;
+	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, &i);
+
+	if (!a)
+		return;
+	client_remove_att(cl, i);
+	attachment_detach(a);
+	reply_ok(srv, c);
+}
+
+static json_t *status_json(struct server *srv, const struct client *self)
+{
+	json_t *cuda = cuda_status_json();
+
+	/* "cuda": absent until a client asked for a device; then the driver (or
+	 * why there is none) and each device's copy engine */
+	if (cuda)
+		json_object_set_new(cuda, "devices", engine_cuda_json(srv->engine));
+	return json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:o, s:o, s:o*}",
+		"version", LOADERD_VERSION,
+		"protocol", LDR_PROTOCOL_VERSION,
+		"pid", (int)getpid(),
+		"uptime_s", (json_int_t)((uv_now(srv->loop) - srv->started_ms) / 1000),
+		"socket", srv->path,
+		"workers", (int)engine_workers(srv->engine),
+		"memory_limit", (json_int_t)engine_memory_limit(srv->engine),
+		"memory_used", (json_int_t)engine_memory_used(srv->engine),
+		"pipelines", engine_pipelines_json(srv->engine),
+		"clients", clients_json(srv, self),
+		"cuda", cuda);
+}
+
+void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
+{
+	struct client *cl = client_get(srv, nng_msg_get_pipe(msg));
+	Loaderd__Request *req;
+
+	if (!cl) {
+		/* its connection is gone already: nobody to answer */
+		nng_msg_free(msg);
+		return;
+	}
+	req = loaderd__request__unpack(NULL, nng_msg_len(msg), nng_msg_body(msg));
+	nng_msg_free(msg);
+	if (!req) {
+		log_warn("client %" PRIu64 " (pid %d): malformed request", cl->id, cl->pid);
+		reply_error(srv, c, EPROTO, "malformed request: not a loaderd.Request message");
+		return;
+	}
+	if (!cl->hello && req->body_case != LOADERD__REQUEST__BODY_HELLO) {
+		reply_error(srv, c, EPROTO, "protocol error: the first request must be Hello");
+		goto out;
+	}
+	if (srv->stopping) {
+		reply_error(srv, c, ESHUTDOWN, "daemon is shutting down");
+		goto out;
+	}
+	switch (req->body_case) {
+	case LOADERD__REQUEST__BODY_HELLO:
+		handle_hello(srv, c, cl, req->hello);
+		break;
+	case LOADERD__REQUEST__BODY_CREATE:
+		handle_create(srv, c, cl, req->create);
+		break;
+	case LOADERD__REQUEST__BODY_DROP:
+		handle_drop(srv, c, cl, req->drop);
+		break;
+	case LOADERD__REQUEST__BODY_LIST:
+		reply_json(srv, c, json_pack("{s:o}", "pipelines", engine_pipelines_json(srv->engine)));
+		break;
+	case LOADERD__REQUEST__BODY_STATUS:
+		reply_json(srv, c, status_json(srv, cl));
+		break;
+	case LOADERD__REQUEST__BODY_ATTACH:
+		handle_attach(srv, c, cl, req->attach);
+		break;
+	case LOADERD__REQUEST__BODY_NEXT:
+		handle_next(srv, c, cl, req->next);
+		break;
+	case LOADERD__REQUEST__BODY_RELEASE:
+		handle_release(srv, c, cl, req->release);
+		break;
+	case LOADERD__REQUEST__BODY_DETACH:
+		handle_detach(srv, c, cl, req->detach);
+		break;
+	default:
+		reply_error(srv, c, EPROTO, "malformed request: empty or unknown request type");
+		break;
+	}
+out:
+	loaderd__request__free_unpacked(req, NULL);
+}
+
+int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, uint64_t *size,
+                     int *dev_fd, uint64_t *dev_size)
+{
+	struct server *srv = userdata;
+	return engine_take_token(srv->engine, token, uid, fd, size, dev_fd, dev_size);
+}

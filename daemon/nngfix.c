@@ -1,0 +1,292 @@
+/* SPDX-License-Identifier: MIT */
+/* nngfix - every workaround for nng 1.5.2 (Debian 12) bugs in the daemon
+ *
+ * nng issue #1518 (fixed in 1.6): a peer that hangs up in the middle of the SP
+ * handshake stops the ipc listener from accepting; the watchdog (probe_main)
+ * asks the daemon's own socket every 2 s with a hand-framed SP handshake and
+ * Hello, and heal_listener() binds a new listener over the path when it is not
+ * answered. nng_close() of a REQ socket can block nng's reaper for good, so the
+ * probe uses a plain AF_UNIX socket. A reply racing a killed client's close can
+ * wedge the reaper too: the dead-pid sweep (on_sweep_timer) releases clients
+ * whose process is gone. The bounded close lives in common/nngclose.c, shared
+ * with libloader. A newer nng deletes this file and those calls.
+ */
+#include "server-private.h"
+
+/* nng 1.5.2 never frees the connections queued on a wedged listener. */
+static bool nng_leaks_memory;
+
+bool server_nng_leaked(void)
+{
+	return nng_leaks_memory;
+}
+
+/*
+ * Is a daemon listening on @path, and does its nng listener answer? Asked with
+ * a complete SP handshake over a plain AF_UNIX socket: the 8-byte header of a
+ * REQ peer out, a REP peer's back, within @timeout_ms, then a clean close.
+ * Never a bare connect(): nng 1.5.2's ipc listener stops accepting after a
+ * peer that hangs up in the middle of the handshake (nng issue #1518, fixed in
+ * 1.6), so a bare probe would break the very daemon it finds. And never an nng
+ * socket of our own: nng_close() of a REQ socket can block for good in 1.5.2,
+ * and in the daemon it blocks nng's one reaper thread, after which no
+ * connection is ever reaped (clients that went away stay listed, stop hangs).
+ * Return: 0 answered; -ECONNREFUSED nobody listens; -EIO no handshake.
+ */
+static bool recv_all(int fd, void *buf, size_t len)
+{
+	size_t n = 0;
+
+	while (n < len) {
+		ssize_t r = recv(fd, (char *)buf + n, len - n, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return false;
+		n += (size_t)r;
+	}
+	return true;
+}
+
+/*
+ * With @hello, also one request through the whole daemon: a Hello framed as
+ * nng's ipc transport frames a REQ message (type 1, 64-bit big-endian length,
+ * the 32-bit request id with its top bit set, the body), answered with the
+ * same request id. A listener wedged by #1518 can still complete the
+ * transport handshake while its pipe never reaches the socket.
+ */
+static int sp_probe(const char *path, int timeout_ms, bool hello)
+{
+	static const uint8_t req_hdr[8] = { 0, 'S', 'P', 0, 0x00, 0x30, 0, 0 }; /* REQ0 */
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000 };
+	uint8_t got[8];
+	int fd, e;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -EIO;
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -EIO;
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		e = errno;
+		close(fd);
+		return e == ECONNREFUSED || e == ENOENT ? -ECONNREFUSED : -EIO;
+	}
+	if (send(fd, req_hdr, sizeof(req_hdr), MSG_NOSIGNAL) != (ssize_t)sizeof(req_hdr)) {
+		close(fd);
+		return -EIO;
+	}
+	/* a REP peer: 0 'S' 'P' 0, protocol 0x31 */
+	if (!recv_all(fd, got, sizeof(got)) || memcmp(got, "\0SP\0", 4) || got[4] != 0x00 || got[5] != 0x31) {
+		close(fd);
+		return -EIO;
+	}
+	if (hello) {
+		Loaderd__Request req = LOADERD__REQUEST__INIT;
+		Loaderd__Hello h = LOADERD__HELLO__INIT;
+		uint8_t msg[128], head[9];
+		size_t len;
+		uint64_t rlen;
+		bool ok;
+
+		h.protocol = LDR_PROTOCOL_VERSION;
+		h.client_name = "loaderd-watchdog";
+		req.body_case = LOADERD__REQUEST__BODY_HELLO;
+		req.hello = &h;
+		len = loaderd__request__pack(&req, msg + 13);
+		msg[0] = 1;
+		for (int i = 0; i < 8; i++)
+			msg[1 + i] = (uint8_t)((uint64_t)(len + 4) >> (56 - 8 * i));
+		memcpy(msg + 9, "\x80\x00\x00\x01", 4); /* request id 1, top bit set */
+		ok = send(fd, msg, 13 + len, MSG_NOSIGNAL) == (ssize_t)(13 + len) && recv_all(fd, head, sizeof(head)) &&
+		     head[0] == 1;
+		rlen = 0;
+		for (int i = 0; ok && i < 8; i++)
+			rlen = rlen << 8 | head[1 + i];
+		ok = ok && rlen >= 4 && rlen <= sizeof(msg) && recv_all(fd, msg, (size_t)rlen) &&
+		     !memcmp(msg, "\x80\x00\x00\x01", 4);
+		if (!ok) {
+			close(fd);
+			return -EIO;
+		}
+	}
+	close(fd);
+	return 0;
+}
+
+int socket_probe(const char *path)
+{
+	return sp_probe(path, PROBE_WAIT_MS, false);
+}
+
+/*
+ * Listen on @path: bind a fresh listener under a temporary name, then rename
+ * it over the public path, so that clients never see the path missing.
+ */
+int listener_start(struct server *srv, nng_listener *out, char *err, size_t errlen)
+{
+	char tmp[128], url[160];
+	nng_listener l;
+	int rv;
+
+	snprintf(tmp, sizeof(tmp), "%s.%u", srv->path, srv->heals);
+	unlink(tmp);
+	snprintf(url, sizeof(url), "ipc://%s", tmp);
+	if ((rv = nng_listener_create(&l, srv->sock, url)) != 0 ||
+	    (rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, 0660)) != 0 ||
+	    (rv = nng_listener_start(l, 0)) != 0) {
+		snprintf(err, errlen, "cannot listen on %s: %s", srv->path, nng_strerror(rv));
+		return -EADDRNOTAVAIL;
+	}
+	chmod(tmp, 0660);
+	if (rename(tmp, srv->path) < 0) {
+		int e = errno;
+		snprintf(err, errlen, "cannot move %s to %s: %s", tmp, srv->path, strerror(e));
+		nng_listener_close(l);
+		return -e;
+	}
+	*out = l;
+	return 0;
+}
+
+/* An SP handshake with our own socket, answered within PROBE_WAIT_MS. */
+static bool probe_once(struct server *srv)
+{
+	return sp_probe(srv->path, PROBE_WAIT_MS, true) == 0;
+}
+
+/*
+ * The listener watchdog. nng 1.5.2 (Debian 12's) stops accepting on an ipc
+ * listener after a peer hangs up in the middle of the SP handshake (nng issue
+ * #1518, fixed in 1.6): a trainer killed while it connects would leave the
+ * daemon deaf to every new client. So a thread checks every PROBE_EVERY_MS that
+ * a handshake with our own socket completes; when one does not, the loop
+ * starts a fresh listener and renames it over the path. Connected clients keep
+ * their connections. Probes cost one connection each, no request.
+ */
+void *probe_main(void *arg)
+{
+	struct server *srv = arg;
+	struct timespec deadline;
+
+	pthread_mutex_lock(&srv->probe_lock);
+	while (!srv->probe_stop) {
+		clock_gettime(CLOCK_MONOTONIC, &deadline);
+		deadline.tv_sec += PROBE_EVERY_MS / 1000;
+		while (!srv->probe_stop &&
+		       pthread_cond_timedwait(&srv->probe_cond, &srv->probe_lock, &deadline) != ETIMEDOUT)
+			;
+		if (srv->probe_stop)
+			break;
+		pthread_mutex_unlock(&srv->probe_lock);
+		bool ok = probe_once(srv);
+		pthread_mutex_lock(&srv->probe_lock);
+		if (!ok && !srv->probe_stop) {
+			struct event *ev = calloc(1, sizeof(*ev));
+			if (ev) {
+				ev->type = EV_HEAL;
+				push_event(srv, ev);
+			}
+		}
+	}
+	pthread_mutex_unlock(&srv->probe_lock);
+	return NULL;
+}
+
+/* The fd of our current nng listener: the unix socket bound to its name. */
+static int find_listen_fd(struct server *srv)
+{
+	char want[128];
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int found = -1;
+
+	snprintf(want, sizeof(want), "%s.%u", srv->path, srv->heals);
+	if (!d)
+		return -1;
+	while ((e = readdir(d))) {
+		struct sockaddr_un sa;
+		socklen_t len = sizeof(sa);
+		int fd = atoi(e->d_name), acc = 0;
+		socklen_t alen = sizeof(acc);
+		if (fd <= 2 || fd == dirfd(d))
+			continue;
+		memset(&sa, 0, sizeof(sa));
+		if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0 || sa.sun_family != AF_UNIX)
+			continue;
+		if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &alen) < 0 || !acc)
+			continue;
+		if (strcmp(sa.sun_path, want) == 0) {
+			found = fd;
+			break;
+		}
+	}
+	closedir(d);
+	return found;
+}
+
+static void on_drain_timer(uv_timer_t *t)
+{
+	struct server *srv = t->data;
+
+	wedged_drain(&srv->wedged);
+}
+
+void heal_listener(struct server *srv)
+{
+	char err[256] = "";
+	nng_listener l;
+	int old_fd;
+
+	if (srv->stopping)
+		return;
+	old_fd = find_listen_fd(srv);
+	srv->heals++;
+	nng_leaks_memory = true;
+	if (listener_start(srv, &l, err, sizeof(err)) < 0) {
+		log_err("listener on %s does not accept; replacing it failed: %s", srv->path, err);
+		return;
+	}
+	/* The wedged one keeps its connected clients, so it stays open; but nng
+	 * polls its unaccepted backlog in a busy loop, so empty that backlog now
+	 * and shortly after (new peers reach the new socket only). */
+	wedged_add(&srv->wedged, old_fd);
+	srv->listener = l;
+	wedged_drain(&srv->wedged);
+	uv_timer_start(&srv->drain_timer, on_drain_timer, 1000, 0);
+	log_warn("listener on %s stopped accepting (a peer hung up during the handshake); replaced it", srv->path);
+}
+
+/*
+ * Clients whose process is gone while nng still reports their connection
+ * open. nng 1.5.2 can wedge its one reaper thread (a reply racing the close of
+ * a killed client's connection), after which no connection is ever reported
+ * closed: such a client would keep its leases, and hold a broadcast pipeline
+ * back, for good. A client whose pid (SO_PEERCRED) has been gone in two
+ * sweeps a second apart is released as if it had disconnected; a connection
+ * nng does report closed in the meantime is released the normal way.
+ */
+void on_sweep_timer(uv_timer_t *t)
+{
+	struct server *srv = t->data;
+	struct client *cl, *next;
+
+	if (srv->stopping)
+		return;
+	for (cl = srv->clients; cl; cl = next) {
+		next = cl->next;
+		if (cl->pid <= 0 || cl->pid == getpid() || kill(cl->pid, 0) == 0 || errno != ESRCH) {
+			cl->gone_seen = 0;
+			continue;
+		}
+		if (++cl->gone_seen < 2)
+			continue;
+		log_warn("client %" PRIu64 " (pid %d) exited but its connection was never reported closed "
+		         "(nng); releasing it", cl->id, cl->pid);
+		client_free(srv, cl);
+	}
+}

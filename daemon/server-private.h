@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT */
+/* server-private - what the server's files share: contexts, clients, the server */
+#pragma once
+
+#include <errno.h>
+#include <signal.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "config.h"
+#include "cudadev.h"
+#include "fdchan.h"
+#include "nngclose.h"
+#include "loader.pb-c.h"
+#include "log.h"
+#include "pipeline.h"
+#include "server.h"
+#include "source.h"
+#include "wedged.h"
+
+#define RECV_TARGET 16
+#define MAX_CLIENTS 512
+#define MAX_ATTACH_PER_CLIENT 16
+#define STOP_CUDA_WAITS 50        /* x 100 ms */
+#define MAX_RELEASES 4096
+#define MAX_MSG_BYTES (1 << 20)
+#define STOP_FLUSH_MS 100
+#define CLOSE_WAIT_MS 2000
+#define PROBE_EVERY_MS 2000
+#define PROBE_WAIT_MS 2000
+
+enum ev_type { EV_CTX, EV_PIPE_ADD, EV_PIPE_REM, EV_HEAL };
+
+struct event {
+	struct event *next;
+	enum ev_type type;
+	uint32_t pipe;
+};
+
+enum ctx_state { CTX_IDLE, CTX_RECV, CTX_PARKED, CTX_SEND };
+
+struct sctx {
+	struct event ev;          /* embedded: a completion needs no allocation */
+	struct pending pending;
+	struct sctx *all_next;
+	struct sctx *free_next;
+	struct server *srv;
+	nng_ctx ctx;
+	nng_aio *aio;
+	enum ctx_state state;
+	bool answered;            /* loop only: the request was answered or parked */
+};
+
+struct client {
+	struct client *next;
+	uint32_t pipe;
+	uint64_t id;
+	int pid;
+	uid_t uid;
+	char name[64];
+	bool hello;
+	uint64_t since_ms;
+	struct attachment *atts[MAX_ATTACH_PER_CLIENT];
+	unsigned natts;
+	unsigned gone_seen;       /* sweeps that found its process gone */
+};
+
+struct server {
+	uv_loop_t *loop;
+	uv_async_t async;
+	uv_timer_t stop_timer;
+	unsigned attach_jobs;     /* CUDA attaches waiting for the driver (attach_work) */
+	unsigned stop_waits;
+	bool stop_flushed;
+	nng_socket sock;
+	nng_listener listener;
+	bool sock_open;
+	struct fdchan *fdchan;
+	struct engine *engine;
+	char path[108];
+	char fdpath[112];
+	pthread_mutex_t lock;
+	struct event *ev_head, *ev_tail;
+	struct sctx *all;
+	struct sctx *idle;
+	atomic_uint nrecv;          /* contexts waiting for a request */
+	atomic_bool closing;        /* nng callbacks must not start new work */
+	unsigned nctx;
+	struct client *clients;
+	unsigned nclients;
+	uint64_t client_ctr;
+	uint64_t started_ms;
+	bool stopping;
+	/* the listener watchdog, see probe_main() */
+	pthread_t prober;
+	bool prober_running;
+	pthread_mutex_t probe_lock;
+	pthread_cond_t probe_cond;
+	bool probe_stop;
+	unsigned heals;
+	struct wedged wedged;     /* replaced listeners' fds, still nng's */
+	uv_timer_t drain_timer;
+	uv_timer_t sweep_timer;
+	void (*stop_done)(void *);
+	void *stop_userdata;
+	unsigned pending_closes;
+};
+
+/* rpc.c */
+void push_event(struct server *srv, struct event *ev);
+void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg);
+void sctx_drop_msg(struct sctx *c);
+void post_receivers(struct server *srv);
+void sctx_idle(struct server *srv, struct sctx *c);
+void send_reply(struct server *srv, struct sctx *c, const Loaderd__Reply *rep);
+void reply_error(struct server *srv, struct sctx *c, int code, const char *msg);
+void reply_ok(struct server *srv, struct sctx *c);
+void reply_json(struct server *srv, struct sctx *c, json_t *obj);
+void on_deliver(void *userdata, struct pending *p, const struct delivery *d);
+
+/* session.c */
+struct client *client_find(struct server *srv, uint32_t pipe);
+struct client *client_get(struct server *srv, nng_pipe p);
+void client_remove_att(struct client *cl, unsigned i);
+void client_free(struct server *srv, struct client *cl);
+struct attachment *client_att(struct client *cl, uint64_t id, unsigned *index);
+json_t *clients_json(struct server *srv, const struct client *self);
+
+/* handlers.c */
+void handle_request(struct server *srv, struct sctx *c, nng_msg *msg);
+int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, uint64_t *size,
+              int *dev_fd, uint64_t *dev_size);
+
+/* nngfix.c */
+int socket_probe(const char *path);
+int listener_start(struct server *srv, nng_listener *out, char *err, size_t errlen);
+void *probe_main(void *arg);
+void heal_listener(struct server *srv);
+void on_sweep_timer(uv_timer_t *t);
