@@ -250,7 +250,7 @@ static void on_accept(uv_poll_t *p, int status, int events)
 	}
 }
 
-int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path,
+int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path, unsigned mode, int gid,
                fdchan_lookup_fn lookup, void *userdata, char *err, size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -275,7 +275,8 @@ int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path,
 		goto fail;
 	if (bind(ch->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		goto fail;
-	if (chmod(ch->path, 0660) < 0 || listen(ch->fd, 128) < 0) {
+	if (chmod(ch->path, mode) < 0 || (gid >= 0 && chown(ch->path, (uid_t)-1, (gid_t)gid) < 0) ||
+	    listen(ch->fd, 128) < 0) {
 		r = -errno;
 		unlink(ch->path);
 		errno = -r;

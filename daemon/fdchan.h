@@ -15,7 +15,8 @@ typedef int (*fdchan_lookup_fn)(void *userdata, const uint8_t *token, uid_t uid,
 
 struct fdchan;
 
-int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path,
+/* Listen on @path with @mode, and group @gid unless it is -1. */
+int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path, unsigned mode, int gid,
                fdchan_lookup_fn lookup, void *userdata, char *err, size_t errlen);
 /* Close the listener and every connection, unlink the path; frees itself
  * once libuv closed the handles. */

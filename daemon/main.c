@@ -260,6 +260,8 @@ int main(int argc, char **argv)
 	sc.socket_path = path;
 	sc.workers = d.cfg.workers ? d.cfg.workers : (unsigned)(ncpu > 0 ? ncpu : 1);
 	sc.memory_limit = d.cfg.memory_limit;
+	sc.socket_mode = d.cfg.has_socket_mode ? d.cfg.socket_mode : 0660;
+	sc.socket_gid = d.cfg.has_socket_group ? (int)d.cfg.socket_gid : -1;
 	if (!sc.memory_limit) {
 		long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
 		sc.memory_limit = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize / 2 : 1ull << 30;

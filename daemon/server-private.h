@@ -93,6 +93,8 @@ struct server {
 	struct fdchan *fdchan;
 	struct engine *engine;
 	char path[108];
+	unsigned sock_mode;       /* of both sockets (settings socket_mode) */
+	int sock_gid;             /* -1: the daemon's group */
 	char fdpath[112];
 	pthread_mutex_t lock;
 	struct event *ev_head, *ev_tail;

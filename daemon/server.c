@@ -136,6 +136,8 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 		return -ENAMETOOLONG;
 	}
 	sockpath_fdchan(srv->fdpath, sizeof(srv->fdpath), srv->path);
+	srv->sock_mode = cfg->socket_mode ? cfg->socket_mode : 0660;
+	srv->sock_gid = cfg->socket_gid;
 
 	r = sock_claim_path(srv->path, socket_probe, err, errlen);
 	if (r < 0) {
@@ -159,7 +161,8 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 		srv->engine = NULL;
 		goto fail_handles;
 	}
-	r = fdchan_new(&srv->fdchan, loop, srv->fdpath, fd_lookup, srv, err, errlen);
+	r = fdchan_new(&srv->fdchan, loop, srv->fdpath, srv->sock_mode, srv->sock_gid, fd_lookup, srv,
+	               err, errlen);
 	if (r < 0)
 		goto fail_engine;
 

@@ -13,6 +13,8 @@ struct server_config {
 	const char *socket_path;
 	unsigned workers;
 	uint64_t memory_limit;
+	unsigned socket_mode;     /* both sockets' mode (0: 0660) */
+	int socket_gid;           /* chown both sockets to this group, -1: leave it */
 };
 
 /**

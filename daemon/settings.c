@@ -4,6 +4,7 @@
  * The file is JSON, like the specs it carries:
  *   {"socket": "/run/loaderd/loaderd.sock", "workers": 8,
  *    "memory_limit": "8G", "log_level": "info", "linger": 5,
+ *    "socket_mode": "0660", "socket_group": "loaderd",
  *    "pipelines": [SPEC, ...]}
  * Drop-ins in conf.d/ beside the file (*.json, in name order) are read after
  * it: their values replace the file's, their pipelines are added. Command-line
@@ -11,6 +12,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <grp.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +99,43 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 				goto out;
 			}
 			cfg->log_level = lvl;
+		} else if (strcmp(key, "socket_mode") == 0) {
+			const char *t = json_is_string(v) ? json_string_value(v) : "";
+			char *end;
+			unsigned long m = strtoul(t, &end, 8);
+			if (!*t || *end || m > 0777 || strspn(t, "01234567") != strlen(t)) {
+				snprintf(err, errlen, "%s: socket_mode: must be an octal mode in a string, "
+				         "like \"0660\"", path);
+				goto out;
+			}
+			if (!(m & 0600)) {
+				snprintf(err, errlen, "%s: socket_mode: %s leaves the daemon's own user out "
+				         "(it must keep 0600)", path, t);
+				goto out;
+			}
+			cfg->has_socket_mode = true;
+			cfg->socket_mode = (unsigned)m;
+		} else if (strcmp(key, "socket_group") == 0) {
+			struct group *g = NULL;
+			if (json_is_string(v) && *json_string_value(v))
+				g = getgrnam(json_string_value(v));
+			else if (json_is_integer(v) && json_integer_value(v) >= 0)
+				g = getgrgid((gid_t)json_integer_value(v));
+			else {
+				snprintf(err, errlen, "%s: socket_group: must be a group name or a gid", path);
+				goto out;
+			}
+			if (!g) {
+				char id[64];
+				if (json_is_string(v))
+					snprintf(id, sizeof(id), "%s", json_string_value(v));
+				else
+					snprintf(id, sizeof(id), "%lld", (long long)json_integer_value(v));
+				snprintf(err, errlen, "%s: socket_group: no group %s on this machine", path, id);
+				goto out;
+			}
+			cfg->has_socket_group = true;
+			cfg->socket_gid = (unsigned)g->gr_gid;
 		} else if (strcmp(key, "linger") == 0) {
 			double secs = json_is_number(v) ? json_number_value(v) : -1;
 			if (!(secs >= 0) || secs > SETTINGS_LINGER_MAX_S) {
@@ -171,6 +210,14 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		cfg->memory_limit = file.memory_limit;
 	if (file.log_level && (!keep_set || !cfg->log_level))
 		cfg->log_level = file.log_level;
+	if (file.has_socket_mode) {
+		cfg->has_socket_mode = true;
+		cfg->socket_mode = file.socket_mode;
+	}
+	if (file.has_socket_group) {
+		cfg->has_socket_group = true;
+		cfg->socket_gid = file.socket_gid;
+	}
 	if (file.has_linger) {
 		cfg->has_linger = true;
 		cfg->linger_ms = file.linger_ms;

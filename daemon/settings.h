@@ -12,6 +12,10 @@ struct settings {
 	unsigned workers;         /* 0 = online CPUs */
 	uint64_t memory_limit;    /* 0 = half of physical memory */
 	int log_level;
+	bool has_socket_mode;     /* "socket_mode" was given */
+	unsigned socket_mode;     /* of both sockets, default 0660 */
+	bool has_socket_group;    /* "socket_group" was given */
+	unsigned socket_gid;      /* both sockets are chowned to it */
 	bool has_linger;          /* "linger" was given */
 	uint64_t linger_ms;       /* an unused client pipeline stays this long */
 	json_t *pipelines;        /* array of specs, or NULL */

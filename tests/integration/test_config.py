@@ -108,3 +108,44 @@ def test_conf_d_dropins(daemon, workdir):
     write_config(os.path.join(workdir, "conf.d", "30-bad.json"), {"wrokers": 1})
     err = run_daemon_expect_failure(["--config", cfg, "--socket", os.path.join(workdir, "x.sock")])
     assert "30-bad.json" in err and 'unknown key "wrokers"' in err, err
+
+
+def test_socket_mode_and_group(daemon, workdir):
+    """socket_mode and socket_group apply to both sockets, before their paths
+    appear; the default stays 0660 and the daemon's group."""
+    import grp
+    import stat
+    gid = grp.getgrnam("nogroup").gr_gid
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"socket_mode": "0600", "socket_group": "nogroup"})
+    d = daemon("--config", cfg)
+    for path in (d.socket, d.fds_socket):
+        st = os.stat(path)
+        assert stat.S_ISSOCK(st.st_mode)
+        assert stat.S_IMODE(st.st_mode) == 0o600, (path, oct(st.st_mode))
+        assert st.st_gid == gid, (path, st.st_gid)
+    tok = os.path.join(workdir, "t.bin")
+    random_tokens(tok, 32 * 20 + 1, "uint16", seed=6)
+    d.create(token_spec("m", tok, 32, "uint16", batch_size=4))
+    assert d.consume("m").json["batches"] == 5     # the fd channel works too
+    d.stop()
+
+    d2 = daemon(socket=os.path.join(workdir, "plain.sock"))
+    for path in (d2.socket, d2.fds_socket):
+        st = os.stat(path)
+        assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.getgid(), (path, oct(st.st_mode))
+
+
+def test_bad_socket_mode_and_group(workdir):
+    cfg = os.path.join(workdir, "c.json")
+    sock = os.path.join(workdir, "s.sock")
+    for body, needle in (('{"socket_mode": "0999"}', 'socket_mode: must be an octal mode'),
+                         ('{"socket_mode": 660}', 'socket_mode: must be an octal mode'),
+                         ('{"socket_mode": "0066"}', "leaves the daemon's own user out"),
+                         ('{"socket_group": "no-such-group-x"}', "socket_group: no group no-such-group-x"),
+                         ('{"socket_group": []}', "socket_group: must be a group name or a gid")):
+        with open(cfg, "w") as f:
+            f.write(body)
+        err = run_daemon_expect_failure(["--config", cfg, "--socket", sock])
+        assert cfg in err and needle in err, (body, err)
+        assert not os.path.exists(sock)
