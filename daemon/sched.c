@@ -108,6 +108,21 @@ static void stream_reclaim(struct stream *s, struct batch *b)
 	slot_unref(s->pl, slot);
 }
 
+/* Batches handed back to a dynamic stream that nobody reads any more cannot
+ * be rebuilt (the stream is past them) and would hold their slots until a
+ * dynamic client came back: when a reader needs slots, they go. Dynamic
+ * streams promise no fixed assignment; a later dynamic client misses them. */
+static void pipeline_drop_orphan_returns(struct pipeline *pl, uint32_t need)
+{
+	for (struct stream *s = pl->streams; s && pl->nfree < need; s = s->next)
+		while (!s->dead && !s->natts && s->nreturned && pl->nfree < need) {
+			struct slot *slot = s->returned[--s->nreturned].slot;
+			s->reclaimed++;
+			pl->reclaimed++;
+			slot_unref(pl, slot);
+		}
+}
+
 /* Free as many slots as the streams below their quota can use, from the
  * streams above theirs: streams nobody reads first, then the most above. */
 static void pipeline_reclaim(struct pipeline *pl)
@@ -138,9 +153,10 @@ static void pipeline_reclaim(struct pipeline *pl)
 			}
 		}
 		if (!victim)
-			return;
+			break;
 		stream_reclaim(victim, vb);
 	}
+	pipeline_drop_orphan_returns(pl, need);
 }
 
 /* Ask every attachment above its share to hand back what its trainer has

@@ -249,6 +249,50 @@ static void test_reclaim(void)
 	settle();
 }
 
+/*
+ * Dynamic returns nobody reads: client A's window holds 6 batches, B
+ * attaches, A hands 5 back (they wait on the dynamic stream for whoever asks),
+ * then both leave. A partition rank that comes later must still get every
+ * slot of the pipeline: the orphaned returns give theirs up.
+ */
+static void test_orphan_returns(void)
+{
+	struct attachment *da, *db, *pt;
+	struct req w, n[6], np[8];
+	char err[256] = "";
+	uint64_t ret[5];
+
+	create("orph", 8);
+	da = attach("orph", LDR_MODE_DYNAMIC, 0, 1);
+	assert(watch(da, &w, false, 0, NULL, 0, err) == 0);
+	for (int i = 0; i < 6; i++)
+		assert(next(da, &n[i], 1, NULL, 0) == 0);
+	for (int i = 0; i < 6; i++) {
+		wait_answer(&n[i]);
+		assert(n[i].kind == DELIVER_BATCH && n[i].n == 1);
+	}
+	db = attach("orph", LDR_MODE_DYNAMIC, 0, 1);
+	settle();
+	assert(w.answered && w.kind == DELIVER_REVOKE && w.share == 4 && w.upto == 6);
+	for (int i = 0; i < 5; i++)
+		ret[i] = n[1 + i].b[0].lease;
+	assert(watch(da, &w, true, 1, ret, 5, err) == 0);
+	attachment_detach(da);
+	attachment_detach(db);
+	settle();
+
+	pt = attach("orph", LDR_MODE_PARTITION, 0, 1);
+	for (int i = 0; i < 8; i++) {
+		assert(next(pt, &np[i], 1, NULL, 0) == 0);
+		wait_answer(&np[i]);
+		assert(np[i].kind == DELIVER_BATCH && np[i].b[0].index == (uint64_t)i);
+	}
+	assert(attachment_leases(pt) == 8);
+	attachment_detach(pt);
+	assert(engine_drop(eng, "orph", getuid(), true, err, sizeof(err)) == 0);
+	settle();
+}
+
 /* One stream per slot at most: the attach after that is refused, by name. */
 static void test_streams_above_slots_refused(void)
 {
@@ -283,6 +327,7 @@ int main(void)
 	test_revoke_partition();
 	test_reclaim();
 	test_streams_above_slots_refused();
+	test_orphan_returns();
 
 	engine_shutdown(eng);
 	eng = engine_free(eng);
