@@ -8,6 +8,11 @@
 
 #include "loader/loader.h"
 
+/*
+ * The kinds of source. Each is parsed, opened and read by its own source_ops
+ * (source-private.h; image_folder and webdataset share source-images.c), and
+ * the kind table in source.c names them.
+ */
 enum source_kind {
 	SOURCE_TOKENS,
 	SOURCE_NPY,
@@ -40,6 +45,7 @@ struct transform {
 struct spec {
 	char name[LDR_NAME_MAX + 1];
 	enum source_kind kind;
+	/* the kind's own settings, filled in by its parse hooks */
 	struct {
 		char *path;           /* tokens */
 		int dtype;            /* tokens: uint16, uint32 or int32 */
@@ -91,11 +97,12 @@ int spec_parse(struct spec **out, const char *text, char *err, size_t errlen);
 /* Same, from an already parsed object (a pipeline of the config file). */
 int spec_from_json(struct spec **out, json_t *obj, char *err, size_t errlen);
 struct spec *spec_free(struct spec *spec);
-/* The source is image_folder or webdataset (transforms, output...). */
+/* The source is image_folder or webdataset (transforms, output...); source-images.c. */
 bool spec_is_image(const struct spec *spec);
 /*
  * The size of an image of @h x @w after resize @t, as torchvision computes it
- * (an integer size is the shorter side: long = int(size * long / short)).
+ * (an integer size is the shorter side: long = int(size * long / short));
+ * source-images.c.
  */
 void transform_resize_dims(const struct transform *t, uint32_t h, uint32_t w, uint64_t *oh,
 			   uint64_t *ow);
@@ -112,7 +119,8 @@ bool spec_equal(const struct spec *a, const struct spec *b);
  */
 size_t spec_diff(const struct spec *want, const struct spec *have, char *buf, size_t len);
 /*
- * The field name of an npy path: its file stem (basename without ".npy").
+ * The field name of an npy path: its file stem (basename without ".npy");
+ * source-npy.c.
  * Return: the length, or -EINVAL when it is empty or longer than LDR_NAME_MAX.
  */
 int spec_npy_stem(const char *path, char buf[LDR_NAME_MAX + 1]);

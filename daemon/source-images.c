@@ -1,0 +1,594 @@
+/* SPDX-License-Identifier: MIT */
+/* source-images - image_folder and webdataset: decoded, transformed images */
+
+/*
+ * Both kinds list their files once at open (imageset), then each read decodes
+ * one file (image) and resamples it straight into the batch slot (imageop). A
+ * sample's random crop and flip come from (seed, epoch, index) only.
+ *
+ * Their spec adds the top-level keys transforms, output, on_error and decode;
+ * the transforms must fix the output size, computed here once per spec.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "image.h"
+#include "imageop.h"
+#include "imageset.h"
+#include "source-private.h"
+
+struct images_source {
+	struct source base;
+	struct imageset *images;
+	struct imageop *op;
+	bool on_error_fail;
+};
+
+/* ---- the spec: source ---- */
+
+static int parse_image_folder(struct spec *spec, json_t *src, char *err, size_t errlen)
+{
+	static const char *const keys[] = { "kind", "path", NULL };
+	const char *key = spec_unknown_key(src, keys);
+
+	if (key)
+		return spec_fail(err, errlen, "unknown key \"source.%s\"", key);
+	return spec_required_path(src, &spec->source.root, err, errlen);
+}
+
+static int parse_webdataset(struct spec *spec, json_t *src, char *err, size_t errlen)
+{
+	static const char *const keys[] = { "kind", "urls", NULL };
+	const char *key = spec_unknown_key(src, keys);
+	char msg[256];
+	json_t *arr;
+	size_t n;
+
+	if (key)
+		return spec_fail(err, errlen, "unknown key \"source.%s\"", key);
+	arr = json_object_get(src, "urls");
+	if (!arr)
+		return spec_fail(err, errlen, "source.urls: is required");
+	n = json_is_string(arr) ? 1 : json_is_array(arr) ? json_array_size(arr) : 0;
+	if (n < 1 || n > SPEC_URLS_MAX)
+		return spec_fail(err, errlen,
+				 "source.urls: must be a string or an array of 1..%d strings (paths of .tar shards, brace patterns allowed)",
+				 SPEC_URLS_MAX);
+	spec->source.urls = calloc(n, sizeof(*spec->source.urls));
+	if (!spec->source.urls)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const char *s = spec_plain_string(json_is_string(arr) ? arr : json_array_get(arr, i));
+		long cnt;
+
+		if (!s)
+			return spec_fail(err, errlen, "source.urls[%zu]: must be a non-empty string", i);
+		cnt = brace_expand(s, NULL, msg, sizeof(msg));
+		if (cnt < 0)
+			return cnt == -ENOMEM ? -ENOMEM
+					      : spec_fail(err, errlen, "source.urls[%zu]: %s", i, msg);
+		spec->source.urls[i] = strdup(s);
+		if (!spec->source.urls[i])
+			return -ENOMEM;
+		spec->source.nurls = i + 1;
+	}
+	return 0;
+}
+
+static int images_parse(struct spec *spec, json_t *src, char *err, size_t errlen)
+{
+	if (spec->kind == SOURCE_IMAGE_FOLDER)
+		return parse_image_folder(spec, src, err, errlen);
+	return parse_webdataset(spec, src, err, errlen);
+}
+
+static json_t *images_json(const struct spec *spec)
+{
+	json_t *urls;
+
+	if (spec->kind == SOURCE_IMAGE_FOLDER)
+		return json_pack("{s:s, s:s}", "kind", "image_folder", "path", spec->source.root);
+	urls = spec_strings_json(spec->source.urls, spec->source.nurls);
+	return urls ? json_pack("{s:s, s:o}", "kind", "webdataset", "urls", urls) : NULL;
+}
+
+/* ---- the spec: transforms, output, on_error, decode ---- */
+
+/* [a, b] with lo < a <= b <= hi (hi may be INFINITY); absent keeps *out. */
+static int get_range(json_t *op, const char *key, size_t i, double lo, double hi,
+		     const char *what, double out[2], char *err, size_t errlen)
+{
+	json_t *v = json_object_get(op, key);
+	double a, b;
+
+	if (!v)
+		return 0;
+	if (!json_is_array(v) || json_array_size(v) != 2 ||
+	    !spec_get_number(json_array_get(v, 0), &a) || !spec_get_number(json_array_get(v, 1), &b) ||
+	    !(a > lo) || !(a <= b) || !(b <= hi))
+		return spec_fail(err, errlen, "transforms[%zu].%s: must be %s", i, key, what);
+	out[0] = a;
+	out[1] = b;
+	return 0;
+}
+
+/* size: an integer, or [h, w] (@pair_only: an integer means [s, s]). */
+static int get_size(json_t *op, size_t i, bool shorter_side, uint32_t size[2], char *err,
+		    size_t errlen)
+{
+	json_t *v = json_object_get(op, "size");
+	json_int_t h, w;
+
+	if (!v)
+		return spec_fail(err, errlen, "transforms[%zu].size: is required", i);
+	if (json_is_integer(v)) {
+		h = json_integer_value(v);
+		w = shorter_side ? 0 : h;
+		if (h < 1 || h > SPEC_IMAGE_SIZE_MAX)
+			goto bad;
+	} else if (json_is_array(v) && json_array_size(v) == 2 &&
+		   json_is_integer(json_array_get(v, 0)) && json_is_integer(json_array_get(v, 1))) {
+		h = json_integer_value(json_array_get(v, 0));
+		w = json_integer_value(json_array_get(v, 1));
+		if (h < 1 || h > SPEC_IMAGE_SIZE_MAX || w < 1 || w > SPEC_IMAGE_SIZE_MAX)
+			goto bad;
+	} else {
+		goto bad;
+	}
+	size[0] = (uint32_t)h;
+	size[1] = (uint32_t)w;
+	return 0;
+bad:
+	return spec_fail(err, errlen, "transforms[%zu].size: must be an integer in 1..%d or [height, width]%s",
+			 i, SPEC_IMAGE_SIZE_MAX,
+			 shorter_side ? " (an integer is the shorter side)" : "");
+}
+
+/* normalize's mean or std: 1 or 3 numbers (one per channel, R G B). */
+static int get_channels(json_t *op, const char *key, size_t i, bool positive, double out[3],
+			char *err, size_t errlen)
+{
+	json_t *v = json_object_get(op, key);
+	size_t n = json_is_array(v) ? json_array_size(v) : 0;
+
+	if (!v)
+		return spec_fail(err, errlen, "transforms[%zu].%s: is required", i, key);
+	if (n != 1 && n != 3)
+		goto bad;
+	for (size_t c = 0; c < 3; c++) {
+		double d;
+
+		if (!spec_get_number(json_array_get(v, n == 1 ? 0 : c), &d) || !isfinite(d) ||
+		    (positive && !(d > 0)) || fabs(d) > 1e30)
+			goto bad;
+		out[c] = d;
+	}
+	return 0;
+bad:
+	return spec_fail(err, errlen, "transforms[%zu].%s: must be an array of 1 or 3 %snumbers", i, key,
+			 positive ? "positive " : "");
+}
+
+static int parse_transform(struct transform *t, json_t *op, size_t i, char *err, size_t errlen)
+{
+	static const char *const rrc_keys[] = { "op", "size", "scale", "ratio", NULL };
+	static const char *const size_keys[] = { "op", "size", NULL };
+	static const char *const flip_keys[] = { "op", "p", NULL };
+	static const char *const norm_keys[] = { "op", "mean", "std", NULL };
+	const char *const *keys;
+	const char *name, *key;
+	json_t *v;
+	int r;
+
+	if (!json_is_object(op))
+		return spec_fail(err, errlen, "transforms[%zu]: must be an object with an \"op\"", i);
+	v = json_object_get(op, "op");
+	if (!v)
+		return spec_fail(err, errlen, "transforms[%zu].op: is required", i);
+	name = json_is_string(v) ? json_string_value(v) : "";
+	if (strcmp(name, "random_resized_crop") == 0) {
+		t->op = TRANSFORM_RANDOM_RESIZED_CROP;
+		keys = rrc_keys;
+	} else if (strcmp(name, "resize") == 0) {
+		t->op = TRANSFORM_RESIZE;
+		keys = size_keys;
+	} else if (strcmp(name, "center_crop") == 0) {
+		t->op = TRANSFORM_CENTER_CROP;
+		keys = size_keys;
+	} else if (strcmp(name, "horizontal_flip") == 0) {
+		t->op = TRANSFORM_HORIZONTAL_FLIP;
+		keys = flip_keys;
+	} else if (strcmp(name, "normalize") == 0) {
+		t->op = TRANSFORM_NORMALIZE;
+		keys = norm_keys;
+	} else {
+		return spec_fail(err, errlen,
+				 "transforms[%zu].op: must be one of random_resized_crop, resize, center_crop, horizontal_flip, normalize",
+				 i);
+	}
+	key = spec_unknown_key(op, keys);
+	if (key)
+		return spec_fail(err, errlen, "unknown key \"transforms[%zu].%s\"", i, key);
+
+	switch (t->op) {
+	case TRANSFORM_RANDOM_RESIZED_CROP:
+		r = get_size(op, i, false, t->size, err, errlen);
+		if (r < 0)
+			return r;
+		t->scale[0] = 0.08;
+		t->scale[1] = 1.0;
+		r = get_range(op, "scale", i, 0, 1, "[min, max] with 0 < min <= max <= 1", t->scale,
+			      err, errlen);
+		if (r < 0)
+			return r;
+		t->ratio[0] = 3.0 / 4.0;
+		t->ratio[1] = 4.0 / 3.0;
+		return get_range(op, "ratio", i, 0, 1000,
+				 "[min, max] with 0 < min <= max <= 1000", t->ratio, err, errlen);
+	case TRANSFORM_RESIZE:
+		return get_size(op, i, true, t->size, err, errlen);
+	case TRANSFORM_CENTER_CROP:
+		return get_size(op, i, false, t->size, err, errlen);
+	case TRANSFORM_HORIZONTAL_FLIP:
+		t->p = 0.5;
+		v = json_object_get(op, "p");
+		if (v && (!spec_get_number(v, &t->p) || !(t->p >= 0 && t->p <= 1)))
+			return spec_fail(err, errlen, "transforms[%zu].p: must be a number in [0, 1]", i);
+		return 0;
+	case TRANSFORM_NORMALIZE:
+		r = get_channels(op, "mean", i, false, t->mean, err, errlen);
+		if (r < 0)
+			return r;
+		return get_channels(op, "std", i, true, t->std, err, errlen);
+	}
+	return 0;
+}
+
+void transform_resize_dims(const struct transform *t, uint32_t h, uint32_t w, uint64_t *oh,
+			   uint64_t *ow)
+{
+	uint64_t shorter, longer, nlong;
+
+	if (t->size[1]) {
+		*oh = t->size[0];
+		*ow = t->size[1];
+		return;
+	}
+	/* torchvision: new_long = int(size * long / short), in double */
+	shorter = w <= h ? w : h;
+	longer = w <= h ? h : w;
+	nlong = (uint64_t)((double)((uint64_t)t->size[0] * longer) / (double)shorter);
+	if (w <= h) {
+		*ow = t->size[0];
+		*oh = nlong;
+	} else {
+		*oh = t->size[0];
+		*ow = nlong;
+	}
+}
+
+/*
+ * The output size after the transforms, from what each one fixes: a crop or an
+ * exact resize fixes both sides; resizing the shorter side keeps the size
+ * unknown unless it was known before.
+ */
+static int image_output_size(struct spec *spec, char *err, size_t errlen)
+{
+	bool known = false;
+	uint64_t h = 0, w = 0;
+
+	for (size_t i = 0; i < spec->ntransforms; i++) {
+		const struct transform *t = &spec->transforms[i];
+
+		switch (t->op) {
+		case TRANSFORM_RANDOM_RESIZED_CROP:
+		case TRANSFORM_CENTER_CROP:
+			known = true;
+			h = t->size[0];
+			w = t->size[1];
+			break;
+		case TRANSFORM_RESIZE:
+			if (t->size[1]) {
+				known = true;
+				h = t->size[0];
+				w = t->size[1];
+			} else if (known) {
+				transform_resize_dims(t, (uint32_t)h, (uint32_t)w, &h, &w);
+				if (h < 1 || w < 1 || h > SPEC_IMAGE_SIZE_MAX || w > SPEC_IMAGE_SIZE_MAX)
+					return spec_fail(err, errlen,
+							 "transforms[%zu].size: the image would be %llux%llu, more than %d on a side",
+							 i, (unsigned long long)h, (unsigned long long)w,
+							 SPEC_IMAGE_SIZE_MAX);
+			}
+			break;
+		default:
+			break;
+		}
+	}
+	if (!known)
+		return spec_fail(err, errlen,
+				 "transforms: the output image size depends on each image; end with random_resized_crop, center_crop or resize to [height, width] so that every sample has the same shape");
+	if (h * w * 3 * 4 > (256u << 20))
+		return spec_fail(err, errlen, "transforms: output images of %llux%llu are too large",
+				 (unsigned long long)h, (unsigned long long)w);
+	spec->image_h = (uint32_t)h;
+	spec->image_w = (uint32_t)w;
+	return 0;
+}
+
+static int parse_image_options(struct spec *spec, json_t *obj, char *err, size_t errlen)
+{
+	static const char *const out_keys[] = { "dtype", "layout", NULL };
+	static const char *const dec_keys[] = { "dct_scaling", NULL };
+	json_t *v, *arr;
+	const char *s, *key;
+	int normalize_at = -1;
+	int r;
+
+	arr = json_object_get(obj, "transforms");
+	if (arr) {
+		if (!json_is_array(arr) || json_array_size(arr) > SPEC_TRANSFORMS_MAX)
+			return spec_fail(err, errlen,
+					 "transforms: must be an array of at most %d transforms",
+					 SPEC_TRANSFORMS_MAX);
+		for (size_t i = 0; i < json_array_size(arr); i++) {
+			r = parse_transform(&spec->transforms[i], json_array_get(arr, i), i, err,
+					    errlen);
+			if (r < 0)
+				return r;
+			spec->ntransforms = i + 1;
+			if (spec->transforms[i].op == TRANSFORM_NORMALIZE) {
+				if (normalize_at >= 0)
+					return spec_fail(err, errlen,
+							 "transforms[%zu]: normalize may appear once (also transforms[%d])",
+							 i, normalize_at);
+				normalize_at = (int)i;
+			}
+		}
+	}
+
+	spec->image_dtype = LDR_DTYPE_FLOAT32;
+	spec->image_nhwc = false;
+	v = json_object_get(obj, "output");
+	if (v) {
+		json_t *d, *l;
+
+		if (!json_is_object(v))
+			return spec_fail(err, errlen, "output: must be an object");
+		key = spec_unknown_key(v, out_keys);
+		if (key)
+			return spec_fail(err, errlen, "unknown key \"output.%s\"", key);
+		d = json_object_get(v, "dtype");
+		if (d) {
+			s = json_is_string(d) ? json_string_value(d) : "";
+			if (strcmp(s, "uint8") == 0)
+				spec->image_dtype = LDR_DTYPE_UINT8;
+			else if (strcmp(s, "float16") == 0)
+				spec->image_dtype = LDR_DTYPE_FLOAT16;
+			else if (strcmp(s, "bfloat16") == 0)
+				spec->image_dtype = LDR_DTYPE_BFLOAT16;
+			else if (strcmp(s, "float32") == 0)
+				spec->image_dtype = LDR_DTYPE_FLOAT32;
+			else
+				return spec_fail(err, errlen,
+						 "output.dtype: must be one of uint8, float16, bfloat16, float32");
+		}
+		l = json_object_get(v, "layout");
+		if (l) {
+			s = json_is_string(l) ? json_string_value(l) : "";
+			if (strcmp(s, "NHWC") == 0)
+				spec->image_nhwc = true;
+			else if (strcmp(s, "NCHW") != 0)
+				return spec_fail(err, errlen, "output.layout: must be NCHW or NHWC");
+		}
+	}
+	if (normalize_at >= 0 && spec->image_dtype == LDR_DTYPE_UINT8)
+		return spec_fail(err, errlen,
+				 "transforms[%d]: normalize needs output.dtype float16, bfloat16 or float32, not uint8",
+				 normalize_at);
+
+	spec->on_error_fail = false;
+	v = json_object_get(obj, "on_error");
+	if (v) {
+		s = json_is_string(v) ? json_string_value(v) : "";
+		if (strcmp(s, "fail") == 0)
+			spec->on_error_fail = true;
+		else if (strcmp(s, "skip") != 0)
+			return spec_fail(err, errlen, "on_error: must be skip or fail");
+	}
+
+	spec->dct_scaling = true;
+	v = json_object_get(obj, "decode");
+	if (v) {
+		json_t *b;
+
+		if (!json_is_object(v))
+			return spec_fail(err, errlen, "decode: must be an object");
+		key = spec_unknown_key(v, dec_keys);
+		if (key)
+			return spec_fail(err, errlen, "unknown key \"decode.%s\"", key);
+		b = json_object_get(v, "dct_scaling");
+		if (b && !json_is_boolean(b))
+			return spec_fail(err, errlen, "decode.dct_scaling: must be true or false");
+		if (b)
+			spec->dct_scaling = json_is_true(b);
+	}
+	return image_output_size(spec, err, errlen);
+}
+
+static json_t *transform_json(const struct transform *t)
+{
+	switch (t->op) {
+	case TRANSFORM_RANDOM_RESIZED_CROP:
+		return json_pack("{s:s, s:[I,I], s:[f,f], s:[f,f]}", "op", "random_resized_crop",
+				 "size", (json_int_t)t->size[0], (json_int_t)t->size[1],
+				 "scale", t->scale[0], t->scale[1], "ratio", t->ratio[0], t->ratio[1]);
+	case TRANSFORM_RESIZE:
+		if (!t->size[1])
+			return json_pack("{s:s, s:I}", "op", "resize", "size", (json_int_t)t->size[0]);
+		return json_pack("{s:s, s:[I,I]}", "op", "resize", "size", (json_int_t)t->size[0],
+				 (json_int_t)t->size[1]);
+	case TRANSFORM_CENTER_CROP:
+		return json_pack("{s:s, s:[I,I]}", "op", "center_crop", "size",
+				 (json_int_t)t->size[0], (json_int_t)t->size[1]);
+	case TRANSFORM_HORIZONTAL_FLIP:
+		return json_pack("{s:s, s:f}", "op", "horizontal_flip", "p", t->p);
+	case TRANSFORM_NORMALIZE:
+		return json_pack("{s:s, s:[f,f,f], s:[f,f,f]}", "op", "normalize",
+				 "mean", t->mean[0], t->mean[1], t->mean[2],
+				 "std", t->std[0], t->std[1], t->std[2]);
+	}
+	return NULL;
+}
+
+/* Add the image keys (transforms, output, on_error, decode) to @obj. */
+static int image_options_json(const struct spec *spec, json_t *obj)
+{
+	json_t *arr = json_array();
+
+	if (!arr)
+		return -ENOMEM;
+	for (size_t i = 0; i < spec->ntransforms; i++) {
+		if (json_array_append_new(arr, transform_json(&spec->transforms[i])) < 0) {
+			json_decref(arr);
+			return -ENOMEM;
+		}
+	}
+	if (json_object_set_new(obj, "transforms", arr) < 0 ||
+	    json_object_set_new(obj, "output",
+				json_pack("{s:s, s:s}", "dtype", dtype_name(spec->image_dtype),
+					  "layout", spec->image_nhwc ? "NHWC" : "NCHW")) < 0 ||
+	    json_object_set_new(obj, "on_error",
+				json_string(spec->on_error_fail ? "fail" : "skip")) < 0 ||
+	    json_object_set_new(obj, "decode",
+				json_pack("{s:b}", "dct_scaling", spec->dct_scaling)) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+bool spec_is_image(const struct spec *spec)
+{
+	return spec->kind == SOURCE_IMAGE_FOLDER || spec->kind == SOURCE_WEBDATASET;
+}
+
+/* ---- the dataset ---- */
+
+static int images_open(struct source *base, const struct spec *spec, char *err, size_t errlen)
+{
+	struct images_source *src = (struct images_source *)base;
+	struct field_desc *img = &src->base.fields[0], *lab = &src->base.fields[1];
+	uint32_t h = spec->image_h, w = spec->image_w;
+	int r;
+
+	if (spec->kind == SOURCE_IMAGE_FOLDER)
+		r = imageset_open_folder(&src->images, &base->who, spec->source.root, err, errlen);
+	else
+		r = imageset_open_webdataset(&src->images, &base->who, spec->source.urls, spec->source.nurls,
+					     err, errlen);
+	if (r < 0)
+		return r;
+	src->op = malloc(sizeof(*src->op));
+	if (!src->op)
+		return -ENOMEM;
+	imageop_init(src->op, spec);
+	src->on_error_fail = spec->on_error_fail;
+	src->base.nsamples = imageset_count(src->images);
+	src->base.nfields = 2;
+
+	snprintf(img->name, sizeof(img->name), "image");
+	img->dtype = spec->image_dtype;
+	img->ndim = 3;
+	img->shape[0] = spec->image_nhwc ? h : 3;
+	img->shape[1] = spec->image_nhwc ? w : h;
+	img->shape[2] = spec->image_nhwc ? 3 : w;
+	img->sample_bytes = (size_t)3 * h * w * dtype_size(spec->image_dtype);
+
+	snprintf(lab->name, sizeof(lab->name), "label");
+	lab->dtype = LDR_DTYPE_INT64;
+	lab->ndim = 0;
+	lab->sample_bytes = sizeof(int64_t);
+	return 0;
+}
+
+/* Decode and transform sample @j into @dsts. */
+static int image_sample(struct images_source *src, const struct sample_ctx *ctx, uint64_t j,
+			void *const *dsts, char *err, size_t errlen)
+{
+	struct image_scratch *s = image_scratch_get();
+	const struct imageop *op = src->op;
+	struct imageop_plan plan;
+	struct image_info info;
+	char msg[384], what[320];
+	size_t len = 0;
+	int64_t label = 0;
+	int r;
+
+	if (!s)
+		return errfmt(-ENOMEM, err, errlen, "out of memory for the image decoder");
+	r = imageset_read(src->images, j, &s->file, &s->file_cap, &len, &label, err, errlen);
+	if (r < 0)
+		return r;
+	r = image_probe(s, s->file, len, &info, msg, sizeof(msg));
+	if (r == 0)
+		r = imageop_plan(op, info.width, info.height,
+				 imageop_key(ctx ? ctx->seed : 0, ctx ? ctx->epoch : 0, j), &plan,
+				 msg, sizeof(msg));
+	if (r == 0)
+		r = imageop_decode_run(op, s, &plan, s->file, len, &info, dsts[0], msg, sizeof(msg));
+	if (r < 0) {
+		imageset_describe(src->images, j, what, sizeof(what));
+		return errfmt(r, err, errlen, "%s: %s", what, msg);
+	}
+	memcpy(dsts[1], &label, sizeof(label));
+	return 0;
+}
+
+static int images_read(struct source *base, const struct sample_ctx *ctx, uint64_t idx,
+		       void *const *dsts, char *err, size_t errlen)
+{
+	struct images_source *src = (struct images_source *)base;
+	uint64_t n = src->base.nsamples, j = idx;
+	char last[512];
+
+	for (uint64_t tries = 0; tries < n; tries++) {
+		int r = image_sample(src, ctx, j, dsts, err, errlen);
+
+		if (r == 0)
+			return 0;
+		if (r == -ENOMEM || src->on_error_fail)
+			return r;
+		atomic_fetch_add_explicit(&src->base.skipped, 1, memory_order_relaxed);
+		j = j + 1 == n ? 0 : j + 1;
+	}
+	snprintf(last, sizeof(last), "%s", err ? err : "");
+	return errfmt(-EINVAL, err, errlen, "no sample could be decoded (the last error: %s)", last);
+}
+
+static void images_close(struct source *base)
+{
+	struct images_source *src = (struct images_source *)base;
+
+	imageset_free(src->images);
+	free(src->op);
+}
+
+static const char *const image_options[] = { "transforms", "output", "on_error", "decode", NULL };
+
+const struct source_ops source_images_ops = {
+	.parse = images_parse,
+	.options = image_options,
+	.options_for = "image sources (image_folder, webdataset)",
+	.parse_options = parse_image_options,
+	.source_json = images_json,
+	.options_json = image_options_json,
+	.size = sizeof(struct images_source),
+	.open = images_open,
+	.read = images_read,
+	.close = images_close,
+};
