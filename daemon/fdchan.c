@@ -47,6 +47,7 @@ struct fdchan {
 	int closing;
 };
 
+/* Both sockets' stale-path claim; why here and not in nngfix.c: fdchan.h. */
 int sock_claim_path(const char *path, int (*probe)(const char *path), char *err, size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -90,8 +91,9 @@ int sock_claim_path(const char *path, int (*probe)(const char *path), char *err,
 		return r;
 	}
 	if (unlink(path) < 0 && errno != ENOENT) {
-		snprintf(err, errlen, "cannot remove stale socket %s: %s", path, strerror(errno));
-		return -errno;
+		r = -errno; /* read before snprintf(), which may set errno */
+		snprintf(err, errlen, "cannot remove stale socket %s: %s", path, strerror(-r));
+		return r;
 	}
 	log_notice("replaced stale socket %s", path);
 	return 0;

@@ -23,7 +23,15 @@ int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path, unsigned 
 void fdchan_close(struct fdchan *ch);
 
 /* Replace @path if it is a stale socket; -EADDRINUSE if someone listens,
- * -EEXIST if it is not a socket. Shared with the nng endpoint. @probe, if
- * set, tells whether someone listens (0) or not (-ECONNREFUSED); the default
- * is a plain connect(). */
+ * -EEXIST if it is not a socket. @probe, if set, tells whether someone
+ * listens (0) or not (-ECONNREFUSED); the default is a plain connect().
+ *
+ * Used by both sockets: fdchan_new() for the fd channel (a plain connect)
+ * and server_new() for the nng endpoint (with socket_probe(), nngfix.c). It
+ * lives here, not in nngfix.c: claiming a path left by a killed daemon is no
+ * nng workaround (the endpoint's listener is renamed over the path, so nng
+ * would never refuse a live daemon's path nor replace a stale one itself),
+ * and the fd channel, which does not use nng, needs it even once a newer nng
+ * deletes nngfix.c. Only the probe, the SP handshake instead of a bare
+ * connect() that nng 1.5.2's listener does not survive, is nng's. */
 int sock_claim_path(const char *path, int (*probe)(const char *path), char *err, size_t errlen);
