@@ -26,6 +26,7 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+#include "creds.h"
 #include "imageset.h"
 #include "source.h"
 #include "spec.h"
@@ -105,6 +106,7 @@ static int plain_one(struct plain *p, uint64_t i)
 int main(int argc, char **argv)
 {
 	char err[512];
+	struct creds self;
 	struct plain p = { .cap = 1 << 20 };
 	struct spec *spec;
 	struct source *src;
@@ -122,10 +124,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: images-decode ROOT SPEC.json [SECONDS]\n");
 		return 2;
 	}
+	creds_self(&self);
 	p.file = malloc(p.cap);
 	p.pix = malloc(4096 * 4096 * 3);
 	p.tj = tjInitDecompress();
-	if (imageset_open_folder(&p.set, argv[1], err, sizeof(err)) < 0) {
+	if (imageset_open_folder(&p.set, &self, argv[1], err, sizeof(err)) < 0) {
 		fprintf(stderr, "images-decode: %s\n", err);
 		return 1;
 	}

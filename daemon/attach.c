@@ -93,6 +93,10 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		snprintf(err, errlen, "no pipeline named '%s'", name);
 		return -ENOENT;
 	}
+	if (p->who && !pipeline_may_use(pl, p->who)) {
+		pipeline_owned_error(pl, err, errlen);
+		return -EACCES;
+	}
 	if (pl->failed) {
 		snprintf(err, errlen, "pipeline '%s' failed: %s", name, pl->error);
 		return -EIO;

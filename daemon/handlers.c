@@ -33,14 +33,26 @@ static void handle_hello(struct server *srv, struct sctx *c, struct client *cl, 
 	send_reply(srv, c, &rep);
 }
 
+/* The client as a principal: an admin is root, the daemon's own user, or a
+ * member of the config's admin_group (its groups as its process had them when
+ * it connected). */
+static void who_is(const struct server *srv, const struct client *cl, struct principal *p)
+{
+	p->creds = cl->creds;
+	p->admin = cl->uid == 0 || cl->uid == geteuid() ||
+	           (srv->admin_gid >= 0 && creds_in_group(&cl->creds, (gid_t)srv->admin_gid));
+}
+
 static void handle_create(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__CreatePipeline *m)
 {
 	Loaderd__Reply rep = LOADERD__REPLY__INIT;
 	Loaderd__CreatePipelineReply cr = LOADERD__CREATE_PIPELINE_REPLY__INIT;
 	struct spec *spec;
 	char err[1024], name[LDR_NAME_MAX + 1];
+	struct principal who;
 	int r;
 
+	who_is(srv, cl, &who);
 	r = spec_parse(&spec, m->spec_json, err, sizeof(err));
 	if (r < 0) {
 		reply_error(srv, c, -r, err);
@@ -49,7 +61,7 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 	snprintf(name, sizeof(name), "%s", spec->name);
 	/* the pipeline is this connection's: it lingers once the connection
 	 * closes and nobody reads it (docs/spec.md, "Lifetime") */
-	r = engine_create(srv->engine, spec, cl->uid, cl->id, m->exist_ok, err, sizeof(err));
+	r = engine_create(srv->engine, spec, &who, cl->id, m->exist_ok, err, sizeof(err));
 	if (r < 0) {
 		reply_error(srv, c, -r, err);
 		return;
@@ -66,9 +78,11 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 static void handle_drop(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__DropPipeline *m)
 {
 	char err[256] = "";
+	struct principal who;
 	int r;
 
-	r = engine_drop(srv->engine, m->name, cl->uid, m->force, err, sizeof(err));
+	who_is(srv, cl, &who);
+	r = engine_drop(srv->engine, m->name, &who, m->force, err, sizeof(err));
 	if (r < 0) {
 		reply_error(srv, c, -r, err);
 		return;
@@ -95,8 +109,11 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	};
 	struct attachment *a;
 	struct attach_info info;
+	struct principal who;
 	char err[512] = "";
 
+	who_is(srv, cl, &who);
+	p.who = &who;
 	if (r < 0) {
 		reply_error(srv, c, -r, cuda_err);
 		return;
@@ -305,9 +322,33 @@ static void handle_detach(struct server *srv, struct sctx *c, struct client *cl,
 	reply_ok(srv, c);
 }
 
+/* Is a client of clients_json() one @who may see: its own user's, or one
+ * attached to a pipeline @who may use? */
+static bool client_visible(struct server *srv, json_t *c, const struct principal *who)
+{
+	json_t *a;
+	size_t i;
+
+	if (who->admin || json_integer_value(json_object_get(c, "uid")) == (json_int_t)who->creds.uid)
+		return true;
+	json_array_foreach(json_object_get(c, "attachments"), i, a) {
+		const char *name = json_string_value(json_object_get(a, "pipeline"));
+		if (name && engine_may_use(srv->engine, name, who))
+			return true;
+	}
+	return false;
+}
+
 static json_t *status_json(struct server *srv, const struct client *self)
 {
 	json_t *cuda = cuda_status_json();
+	json_t *clients = clients_json(srv, self);
+	struct principal who;
+
+	who_is(srv, self, &who);
+	for (size_t i = json_array_size(clients); i-- > 0;)
+		if (!client_visible(srv, json_array_get(clients, i), &who))
+			json_array_remove(clients, i);
 
 	/* "cuda": absent until a client asked for a device; then the driver (or
 	 * why there is none) and each device's copy engine */
@@ -322,8 +363,8 @@ static json_t *status_json(struct server *srv, const struct client *self)
 		"workers", (int)engine_workers(srv->engine),
 		"memory_limit", (json_int_t)engine_memory_limit(srv->engine),
 		"memory_used", (json_int_t)engine_memory_used(srv->engine),
-		"pipelines", engine_pipelines_json(srv->engine),
-		"clients", clients_json(srv, self),
+		"pipelines", engine_pipelines_json(srv->engine, &who),
+		"clients", clients,
 		"cuda", cuda);
 }
 
@@ -362,9 +403,12 @@ void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
 	case LOADERD__REQUEST__BODY_DROP:
 		handle_drop(srv, c, cl, req->drop);
 		break;
-	case LOADERD__REQUEST__BODY_LIST:
-		reply_json(srv, c, json_pack("{s:o}", "pipelines", engine_pipelines_json(srv->engine)));
+	case LOADERD__REQUEST__BODY_LIST: {
+		struct principal who;
+		who_is(srv, cl, &who);
+		reply_json(srv, c, json_pack("{s:o}", "pipelines", engine_pipelines_json(srv->engine, &who)));
 		break;
+	}
 	case LOADERD__REQUEST__BODY_STATUS:
 		reply_json(srv, c, status_json(srv, cl));
 		break;

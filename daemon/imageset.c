@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "creds.h"
 #include "imageset.h"
 #include "tar.h"
 
@@ -44,6 +45,7 @@ struct image_entry {
 };
 
 struct imageset {
+	struct creds who;             /* files are opened with these (creds.h) */
 	bool folder;
 	char *root;
 	struct image_entry *v;
@@ -149,6 +151,7 @@ struct walk_dir {
 };
 
 struct walk {
+	const struct creds *who;
 	const char *root;
 	struct walk_dir *dirs;
 	size_t n, cap;
@@ -159,15 +162,13 @@ static int cmp_dir(const void *a, const void *b)
 	return strcmp(((const struct walk_dir *)a)->rel, ((const struct walk_dir *)b)->rel);
 }
 
-static bool is_dir(const char *path, const struct dirent *de)
+static bool is_dir(const struct creds *who, const char *path, const struct dirent *de)
 {
-	struct stat st;
-
 	if (de->d_type == DT_DIR)
 		return true;
 	if (de->d_type != DT_LNK && de->d_type != DT_UNKNOWN)
 		return false;
-	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+	return ds_is_dir(who, path);
 }
 
 /* Record folder @rel (under the root) and walk its subfolders. */
@@ -200,9 +201,9 @@ static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_
 	d->rel = strdup(rel);
 	if (!d->rel)
 		return -ENOMEM;
-	dir = opendir(path);
+	dir = ds_opendir(w->who, path, err, errlen);
 	if (!dir)
-		return errfmt(-errno, err, errlen, "%s: %s", path, strerror(errno));
+		return -errno;
 	while ((errno = 0, de = readdir(dir))) {
 		const char *dot;
 
@@ -217,7 +218,7 @@ static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_
 			r = errfmt(-ENAMETOOLONG, err, errlen, "%s/%s: path too long", w->root, sub);
 			break;
 		}
-		if (is_dir(path, de)) {
+		if (is_dir(w->who, path, de)) {
 			r = walk_dir(w, sub, depth + 1, err, errlen);
 			if (r < 0)
 				break;
@@ -236,7 +237,8 @@ static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_
 	return r;
 }
 
-int imageset_open_folder(struct imageset **out, const char *root, char *err, size_t errlen)
+int imageset_open_folder(struct imageset **out, const struct creds *who, const char *root,
+			 char *err, size_t errlen)
 {
 	struct imageset *set = calloc(1, sizeof(*set));
 	struct strvec classes = { 0 };
@@ -247,15 +249,17 @@ int imageset_open_folder(struct imageset **out, const char *root, char *err, siz
 
 	if (!set)
 		return -ENOMEM;
+	set->who = *who;
+	w.who = &set->who;
 	set->folder = true;
 	set->root = strdup(root);
 	if (!set->root) {
 		r = -ENOMEM;
 		goto out;
 	}
-	dir = opendir(root);
+	dir = ds_opendir(who, root, err, errlen);
 	if (!dir) {
-		r = errfmt(-errno, err, errlen, "%s: %s", root, strerror(errno));
+		r = -errno;
 		goto out;
 	}
 	while ((errno = 0, de = readdir(dir))) {
@@ -265,7 +269,7 @@ int imageset_open_folder(struct imageset **out, const char *root, char *err, siz
 			continue;
 		if ((size_t)snprintf(path, sizeof(path), "%s/%s", root, de->d_name) >= sizeof(path))
 			continue;
-		if (is_dir(path, de) && (r = strvec_add(&classes, de->d_name)) < 0)
+		if (is_dir(who, path, de) && (r = strvec_add(&classes, de->d_name)) < 0)
 			goto out;
 	}
 	if (errno) {
@@ -444,8 +448,8 @@ static int index_entry(void *userdata, const struct tar_entry *e, char *err, siz
 	return 0;
 }
 
-int imageset_open_webdataset(struct imageset **out, char *const *urls, size_t nurls, char *err,
-			     size_t errlen)
+int imageset_open_webdataset(struct imageset **out, const struct creds *who, char *const *urls,
+			     size_t nurls, char *err, size_t errlen)
 {
 	struct imageset *set = calloc(1, sizeof(*set));
 	struct indexer *ix = NULL;
@@ -453,6 +457,7 @@ int imageset_open_webdataset(struct imageset **out, char *const *urls, size_t nu
 
 	if (!set)
 		return -ENOMEM;
+	set->who = *who;
 	for (size_t u = 0; u < nurls; u++) {
 		char **v = NULL;
 		long n = brace_expand(urls[u], &v, err, errlen);
@@ -489,11 +494,11 @@ int imageset_open_webdataset(struct imageset **out, char *const *urls, size_t nu
 	ix->set = set;
 	for (size_t s = 0; s < set->nshards; s++) {
 		const char *path = set->shards[s];
-		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		int fd = ds_open(who, path, O_RDONLY, err, errlen);
 		struct stat st;
 
 		if (fd < 0) {
-			r = errfmt(-errno, err, errlen, "%s: %s", path, strerror(errno));
+			r = fd;
 			goto out;
 		}
 		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -615,9 +620,9 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 	if (set->folder) {
 		struct stat st;
 
-		fd = open(what, O_RDONLY | O_CLOEXEC);
+		fd = ds_open(&set->who, what, O_RDONLY, err, errlen);
 		if (fd < 0)
-			return errfmt(-errno, err, errlen, "%s: %s", what, strerror(errno));
+			return fd;
 		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
 			close(fd);
 			return errfmt(-EINVAL, err, errlen, "%s: not a regular file", what);
@@ -650,10 +655,9 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 		return errfmt(r, err, errlen, "%s: out of memory", what);
 	fd = set->fds[e->shard];
 	if (fd < 0) {
-		fd = open(set->shards[e->shard], O_RDONLY | O_CLOEXEC);
+		fd = ds_open(&set->who, set->shards[e->shard], O_RDONLY, err, errlen);
 		if (fd < 0)
-			return errfmt(-errno, err, errlen, "%s: %s", set->shards[e->shard],
-				    strerror(errno));
+			return fd;
 	}
 	r = read_at(fd, *buf, (size_t)e->size, e->offset, what, err, errlen);
 	if (fd != set->fds[e->shard])

@@ -5,10 +5,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct creds;
 struct imageset;
 
 /**
  * imageset_open_folder() - list an ImageFolder tree once.
+ * @who: whose permissions the tree and its files are read with (creds.h),
+ *       here and in imageset_read()
  * @root: a folder whose subfolders are the classes
  *
  * As torchvision's ImageFolder: classes are the subfolders of @root sorted by
@@ -17,10 +20,12 @@ struct imageset;
  * .jpg, .jpeg and .png files (any case) count.
  * Return: 0, or a negative errno with @err naming the path.
  */
-int imageset_open_folder(struct imageset **out, const char *root, char *err, size_t errlen);
+int imageset_open_folder(struct imageset **out, const struct creds *who, const char *root,
+			 char *err, size_t errlen);
 
 /**
  * imageset_open_webdataset() - index WebDataset tar shards once.
+ * @who: whose permissions the shards are read with
  * @urls: shard paths or brace patterns ("train-{0000..0099}.tar"), in order
  *
  * Members group into samples by key, as the webdataset library does: the
@@ -30,8 +35,8 @@ int imageset_open_folder(struct imageset **out, const char *root, char *err, siz
  * here). Keys without an image are not samples.
  * Return: 0, or a negative errno with @err naming the shard.
  */
-int imageset_open_webdataset(struct imageset **out, char *const *urls, size_t nurls, char *err,
-			     size_t errlen);
+int imageset_open_webdataset(struct imageset **out, const struct creds *who, char *const *urls,
+			     size_t nurls, char *err, size_t errlen);
 struct imageset *imageset_free(struct imageset *set);
 
 uint64_t imageset_count(const struct imageset *set);

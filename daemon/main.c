@@ -16,6 +16,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "creds.h"
 #include "log.h"
 #include "notify.h"
 #include "pipeline.h"
@@ -97,8 +98,12 @@ static int create_pipelines(struct daemon *d, bool reload)
 			spec_free(spec);
 			r = -EINVAL;
 		}
-		if (r == 0)
-			r = engine_create(server_engine(d->srv), spec, getuid(), 0, true, err, sizeof(err));
+		if (r == 0) {
+			/* the config's pipelines are the daemon's, read with its rights */
+			struct principal self;
+			principal_daemon(&self);
+			r = engine_create(server_engine(d->srv), spec, &self, 0, true, err, sizeof(err));
+		}
 		if (r < 0) {
 			log_err("%s: pipelines[%zu]: %s", d->cfg.path, i, err);
 			failed++;
@@ -130,6 +135,16 @@ static void on_watchdog(uv_timer_t *t)
 	notify_send("WATCHDOG=1");
 }
 
+static bool roots_equal(char *const *a, char *const *b)
+{
+	size_t i = 0;
+
+	for (; a && b && a[i] && b[i]; i++)
+		if (strcmp(a[i], b[i]) != 0)
+			return false;
+	return (!a || !a[i]) && (!b || !b[i]);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct daemon *d = h->data;
@@ -152,6 +167,11 @@ static void on_signal(uv_signal_t *h, int signum)
 		d->cfg.pipelines = fresh.pipelines ? json_incref(fresh.pipelines) : NULL;
 		d->cfg.has_linger = fresh.has_linger;
 		d->cfg.linger_ms = fresh.linger_ms;
+		server_set_access(d->srv, fresh.has_admin_group ? (int)fresh.admin_gid : -1,
+		                  fresh.max_conn_per_uid ? fresh.max_conn_per_uid
+		                                         : SETTINGS_CONN_PER_UID_DEFAULT);
+		if (!roots_equal(d->cfg.dataset_roots, fresh.dataset_roots))
+			log_warn("reload: dataset_roots changed: they take effect when loaderd restarts");
 		settings_clear(&fresh);
 		engine_set_linger(server_engine(d->srv), linger_ms(&d->cfg));
 		create_pipelines(d, true);
@@ -262,11 +282,19 @@ int main(int argc, char **argv)
 	sc.memory_limit = d.cfg.memory_limit;
 	sc.socket_mode = d.cfg.has_socket_mode ? d.cfg.socket_mode : 0660;
 	sc.socket_gid = d.cfg.has_socket_group ? (int)d.cfg.socket_gid : -1;
+	sc.admin_gid = d.cfg.has_admin_group ? (int)d.cfg.admin_gid : -1;
+	sc.max_conn_per_uid = d.cfg.max_conn_per_uid ? d.cfg.max_conn_per_uid
+	                                             : SETTINGS_CONN_PER_UID_DEFAULT;
 	if (!sc.memory_limit) {
 		long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
 		sc.memory_limit = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize / 2 : 1ull << 30;
 	}
 
+	if (ds_set_roots(d.cfg.dataset_roots, err, sizeof(err)) < 0) {
+		fprintf(stderr, "loaderd: %s\n", err);
+		settings_clear(&d.cfg);
+		return 1;
+	}
 	signal(SIGPIPE, SIG_IGN);
 	uv_loop_init(&d.loop);
 	r = server_new(&d.srv, &d.loop, &sc, err, sizeof(err));
@@ -278,6 +306,7 @@ int main(int argc, char **argv)
 		if ((r = uv_loop_close(&d.loop)) < 0)
 			log_warn("loop closed with handles left: %s", uv_strerror(r));
 		settings_clear(&d.cfg);
+		ds_clear_roots();
 		return 1;
 	}
 	engine_set_linger(server_engine(d.srv), linger_ms(&d.cfg));
@@ -308,6 +337,7 @@ int main(int argc, char **argv)
 	if (r < 0)
 		log_warn("loop closed with handles left: %s", uv_strerror(r));
 	settings_clear(&d.cfg);
+	ds_clear_roots();
 	log_notice("stopped");
 	if (server_nng_leaked()) {
 		/* what nng keeps of a replaced listener is not ours to free, and

@@ -151,6 +151,9 @@ struct pipeline {
 	struct source *src;
 	struct slab *slab;
 	uid_t owner;
+	struct creds owner_creds; /* the creator's: its files are read with them */
+	int access;               /* enum spec_access, DEFAULT resolved */
+	gid_t group;              /* for SPEC_ACCESS_GROUP */
 	uint32_t nslots;
 	uint64_t slot_bytes;
 	uint64_t row_bytes;
@@ -270,3 +273,8 @@ void pipeline_lifetime(struct pipeline *pl);
 uint64_t pipeline_linger_ms(const struct pipeline *pl);
 /* From engine_free(): close the linger timer. */
 void registry_close(struct engine *eng);
+
+/* registry.c: may @who attach to, join or see @pl (its access, docs/security.md)? */
+bool pipeline_may_use(const struct pipeline *pl, const struct principal *who);
+/* "pipeline 'x' belongs to alice (uid 1001), access owner" into @err. */
+void pipeline_owned_error(const struct pipeline *pl, char *err, size_t errlen);

@@ -8,6 +8,8 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "creds.h"
+
 #include "loader/loader.h"
 #include "spec.h"
 
@@ -63,6 +65,17 @@ struct engine_ops {
 	void (*deliver)(void *userdata, struct pending *p, const struct delivery *d);
 };
 
+/* Who asks (docs/security.md): a client's credentials, and whether it is an
+ * admin (root, the daemon's own user, a member of the config's admin_group),
+ * who may do everything. */
+struct principal {
+	struct creds creds;
+	bool admin;
+};
+
+/* The daemon itself (the config's pipelines): its own credentials, admin. */
+void principal_daemon(struct principal *p);
+
 struct attach_params {
 	int mode;             /* enum ldr_mode */
 	uint32_t rank;
@@ -73,6 +86,7 @@ struct attach_params {
 	uint32_t credits;
 	uint64_t client_id;
 	uid_t uid;
+	const struct principal *who; /* checked against the pipeline's access */
 	const struct cuda_device_info *cuda; /* CUDA delivery on that device, NULL host */
 };
 
@@ -120,22 +134,29 @@ uint64_t engine_memory_used(const struct engine *eng);
 /**
  * engine_create() - create a pipeline.
  * @spec: taken over by the engine, also on failure
+ * @who: the creator, its owner: the spec's files are read with its
+ *       credentials; a name another user's pipeline has, that @who may not
+ *       use, is an error naming the owner (-EACCES)
  * @client: the creating client's id, whose connection holds the pipeline
  *          (engine_client_gone()); 0 for the config: persistent
  * Return: 1 created, 0 an identical pipeline existed (@exist_ok; @client then
  * holds it too), or a negative errno with @err naming the reason.
  */
-int engine_create(struct engine *eng, struct spec *spec, uid_t owner, uint64_t client,
-                  bool exist_ok, char *err, size_t errlen);
+int engine_create(struct engine *eng, struct spec *spec, const struct principal *who,
+                  uint64_t client, bool exist_ok, char *err, size_t errlen);
 /* A client's connection closed: the pipelines it held may start to linger. */
 void engine_client_gone(struct engine *eng, uint64_t client);
 /* How long an unused pipeline without "ttl" stays (config key linger). */
 void engine_set_linger(struct engine *eng, uint64_t ms);
-int engine_drop(struct engine *eng, const char *name, uid_t uid, bool force,
+/* Its owner and the admins may drop a pipeline (-EPERM naming the owner). */
+int engine_drop(struct engine *eng, const char *name, const struct principal *who, bool force,
                 char *err, size_t errlen);
 bool engine_has(struct engine *eng, const char *name);
-/* {"name", "state", "slots_total", ...} of every pipeline. */
-json_t *engine_pipelines_json(struct engine *eng);
+/* {"name", "state", "slots_total", ...} of every pipeline @who may use; of the
+ * others only {"name", "owner", "access"}. */
+json_t *engine_pipelines_json(struct engine *eng, const struct principal *who);
+/* May @who use (attach to, join, see) the pipeline @name? false if none. */
+bool engine_may_use(struct engine *eng, const char *name, const struct principal *who);
 
 int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
                   struct attachment **out, char *err, size_t errlen);

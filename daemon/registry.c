@@ -263,14 +263,14 @@ static int pipeline_join(struct pipeline *pl, const struct spec *spec, uint64_t 
  * dropped and the name created afresh, instead of an error for the rest of
  * the linger. Return: true when @old was dropped.
  */
-static bool lingering_gives_way(struct pipeline *old, const struct spec *spec, uid_t uid,
-                                uint64_t client, bool exist_ok)
+static bool lingering_gives_way(struct pipeline *old, const struct spec *spec,
+                                const struct principal *who, uint64_t client, bool exist_ok)
 {
 	struct engine *eng = old->eng;
 	char diff[512], why[640];
 	size_t n;
 
-	if (old->persist || !old->unused || !client || (uid != 0 && uid != old->owner))
+	if (old->persist || !old->unused || !client || (!who->admin && who->creds.uid != old->owner))
 		return false;
 	n = spec_diff(spec, old->spec, diff, sizeof(diff));
 	if (n == 0 && exist_ok)
@@ -291,8 +291,67 @@ static void owner_lookup(struct pipeline *pl)
 		snprintf(pl->owner_name, sizeof(pl->owner_name), "%s", res->pw_name);
 }
 
-int engine_create(struct engine *eng, struct spec *spec, uid_t owner, uint64_t client,
-                  bool exist_ok, char *err, size_t errlen)
+static const char *access_name(int access)
+{
+	switch (access) {
+	case SPEC_ACCESS_ALL: return "all";
+	case SPEC_ACCESS_GROUP: return "group";
+	default: return "owner";
+	}
+}
+
+void principal_daemon(struct principal *p)
+{
+	creds_self(&p->creds);
+	p->admin = true;
+}
+
+bool pipeline_may_use(const struct pipeline *pl, const struct principal *who)
+{
+	if (who->admin || who->creds.uid == pl->owner)
+		return true;
+	switch (pl->access) {
+	case SPEC_ACCESS_ALL: return true;
+	case SPEC_ACCESS_GROUP: return creds_in_group(&who->creds, pl->group);
+	default: return false;
+	}
+}
+
+void pipeline_owned_error(const struct pipeline *pl, char *err, size_t errlen)
+{
+	char user[128];
+
+	creds_user_name(pl->owner, user, sizeof(user));
+	snprintf(err, errlen, "pipeline '%s' belongs to %s, access %s", pl->spec->name, user,
+	         access_name(pl->access));
+}
+
+bool engine_may_use(struct engine *eng, const char *name, const struct principal *who)
+{
+	struct pipeline *pl = engine_find(eng, name);
+
+	return pl && pipeline_may_use(pl, who);
+}
+
+/* The spec's "access" and "group" for a pipeline @who creates. */
+static int access_init(struct pipeline *pl, const struct spec *spec, const struct principal *who,
+                       uint64_t client, char *err, size_t errlen)
+{
+	pl->access = spec->access;
+	if (pl->access == SPEC_ACCESS_DEFAULT)
+		pl->access = client ? SPEC_ACCESS_OWNER : SPEC_ACCESS_ALL;
+	pl->group = spec->has_group ? (gid_t)spec->group : who->creds.gid;
+	if (spec->has_group && !who->admin && !creds_in_group(&who->creds, pl->group)) {
+		char user[128];
+		snprintf(err, errlen, "spec: group: %s is not in group %u",
+		         creds_user_name(who->creds.uid, user, sizeof(user)), (unsigned)pl->group);
+		return -EPERM;
+	}
+	return 0;
+}
+
+int engine_create(struct engine *eng, struct spec *spec, const struct principal *who,
+                  uint64_t client, bool exist_ok, char *err, size_t errlen)
 {
 	struct pipeline *pl, *old;
 	struct sampler smp;
@@ -305,7 +364,15 @@ int engine_create(struct engine *eng, struct spec *spec, uid_t owner, uint64_t c
 		return -ESHUTDOWN;
 	}
 	old = engine_find(eng, spec->name);
-	if (old && lingering_gives_way(old, spec, owner, client, exist_ok)) {
+	if (old && !pipeline_may_use(old, who)) {
+		/* another user's: say whose, so the job that finds its name taken
+		 * knows what happened */
+		pipeline_owned_error(old, err, errlen);
+		snprintf(err + strlen(err), errlen - strlen(err), "; use another name");
+		spec_free(spec);
+		return -EACCES;
+	}
+	if (old && lingering_gives_way(old, spec, who, client, exist_ok)) {
 		old = NULL;
 	} else if (old) {
 		char diff[640];
@@ -329,16 +396,19 @@ int engine_create(struct engine *eng, struct spec *spec, uid_t owner, uint64_t c
 	}
 	pl->eng = eng;
 	pl->spec = spec;
-	pl->owner = owner;
+	pl->owner = who->creds.uid;
+	pl->owner_creds = who->creds;
 	pl->created_by = client;
 	pl->persist = !client || spec->persist;
 	pl->has_ttl = spec->has_ttl;
 	pl->ttl_ms = spec->ttl_ms;
+	if ((r = access_init(pl, spec, who, client, err, errlen)) < 0)
+		goto fail;
 	if (holder_add(pl, client) < 0) {
 		r = -ENOMEM;
 		goto fail;
 	}
-	r = source_open(&pl->src, spec, err, errlen);
+	r = source_open_as(&pl->src, spec, &pl->owner_creds, err, errlen);
 	if (r < 0)
 		goto fail;
 	pl->nfields = source_nfields(pl->src);
@@ -428,7 +498,8 @@ void pipeline_fail(struct pipeline *pl, int err, const char *msg)
 	(void)err;
 	pipeline_dispatch(pl);
 }
-int engine_drop(struct engine *eng, const char *name, uid_t uid, bool force, char *err, size_t errlen)
+int engine_drop(struct engine *eng, const char *name, const struct principal *who, bool force,
+                char *err, size_t errlen)
 {
 	struct pipeline *pl = engine_find(eng, name);
 
@@ -436,8 +507,11 @@ int engine_drop(struct engine *eng, const char *name, uid_t uid, bool force, cha
 		snprintf(err, errlen, "no pipeline named '%s'", name);
 		return -ENOENT;
 	}
-	if (uid != 0 && uid != getuid() && uid != pl->owner) {
-		snprintf(err, errlen, "pipeline '%s' belongs to uid %u", name, (unsigned)pl->owner);
+	/* access lets others read it, never drop it: that is its owner's (and
+	 * an admin's) decision */
+	if (!who->admin && who->creds.uid != pl->owner) {
+		pipeline_owned_error(pl, err, errlen);
+		snprintf(err + strlen(err), errlen - strlen(err), ": only its owner or an admin may drop it");
 		return -EPERM;
 	}
 	if (pl->natts && !force) {

@@ -23,6 +23,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "creds.h"
 #include "cudadev.h"
 #include "fdchan.h"
 #include "nngclose.h"
@@ -72,6 +73,7 @@ struct client {
 	uint64_t id;
 	int pid;
 	uid_t uid;
+	struct creds creds;       /* uid, gid and groups of the peer at connect time */
 	char name[64];
 	bool hello;
 	uint64_t since_ms;
@@ -95,6 +97,8 @@ struct server {
 	char path[108];
 	unsigned sock_mode;       /* of both sockets (settings socket_mode) */
 	int sock_gid;             /* -1: the daemon's group */
+	int admin_gid;            /* settings admin_group, -1: none */
+	unsigned max_conn_per_uid; /* settings max_connections_per_uid */
 	char fdpath[112];
 	pthread_mutex_t lock;
 	struct event *ev_head, *ev_tail;

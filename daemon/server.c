@@ -138,6 +138,8 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	sockpath_fdchan(srv->fdpath, sizeof(srv->fdpath), srv->path);
 	srv->sock_mode = cfg->socket_mode ? cfg->socket_mode : 0660;
 	srv->sock_gid = cfg->socket_gid;
+	srv->admin_gid = cfg->admin_gid;
+	srv->max_conn_per_uid = cfg->max_conn_per_uid ? cfg->max_conn_per_uid : MAX_CLIENTS;
 
 	r = sock_claim_path(srv->path, socket_probe, err, errlen);
 	if (r < 0) {
@@ -213,6 +215,12 @@ fail_handles:
 	uv_close((uv_handle_t *)&srv->drain_timer, on_handle_closed);
 	uv_close((uv_handle_t *)&srv->async, on_handle_closed);
 	return r;
+}
+
+void server_set_access(struct server *srv, int admin_gid, unsigned max_conn_per_uid)
+{
+	srv->admin_gid = admin_gid;
+	srv->max_conn_per_uid = max_conn_per_uid ? max_conn_per_uid : MAX_CLIENTS;
 }
 
 struct engine *server_engine(struct server *srv)

@@ -15,6 +15,8 @@ struct server_config {
 	uint64_t memory_limit;
 	unsigned socket_mode;     /* both sockets' mode (0: 0660) */
 	int socket_gid;           /* chown both sockets to this group, -1: leave it */
+	int admin_gid;            /* its members are admins (besides root and us), -1: none */
+	unsigned max_conn_per_uid; /* connections one uid may hold (0: the default) */
 };
 
 /**
@@ -29,6 +31,9 @@ struct server_config {
 int server_new(struct server **out, uv_loop_t *loop, const struct server_config *cfg,
                char *err, size_t errlen);
 struct engine *server_engine(struct server *srv);
+/* Reload: the admin group (-1: none) and the per-uid connection quota (0: the
+ * default) for the connections and requests from now on. */
+void server_set_access(struct server *srv, int admin_gid, unsigned max_conn_per_uid);
 /* Tell clients, stop listening, free everything, remove the sockets; @done
  * runs on the loop once all of it is finished. */
 void server_stop(struct server *srv, void (*done)(void *), void *userdata);

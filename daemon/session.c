@@ -26,13 +26,14 @@ struct client *client_get(struct server *srv, nng_pipe p)
 {
 	uint32_t id = (uint32_t)nng_pipe_id(p);
 	struct client *cl = client_find(srv, id);
-	uint64_t pid = 0, uid = (uint64_t)-1;
+	uint64_t pid = 0, uid = (uint64_t)-1, gid = (uint64_t)-1;
 
 	if (cl)
 		return cl;
 	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) != 0)
 		return NULL;
 	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid);
+	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_GID, &gid);
 	if (srv->stopping || srv->nclients >= MAX_CLIENTS) {
 		log_warn("refusing a connection from pid %d: %s", (int)pid,
 		         srv->stopping ? "shutting down" : "too many clients");
@@ -46,6 +47,7 @@ struct client *client_get(struct server *srv, nng_pipe p)
 	cl->id = ++srv->client_ctr;
 	cl->pid = (int)pid;
 	cl->uid = (uid_t)uid;
+	creds_of_peer(&cl->creds, cl->pid, (uid_t)uid, (gid_t)gid);
 	cl->since_ms = uv_now(srv->loop);
 	cl->next = srv->clients;
 	srv->clients = cl;

@@ -5,6 +5,8 @@
  *   {"socket": "/run/loaderd/loaderd.sock", "workers": 8,
  *    "memory_limit": "8G", "log_level": "info", "linger": 5,
  *    "socket_mode": "0660", "socket_group": "loaderd",
+ *    "admin_group": "loaderd-admin", "max_connections_per_uid": 64,
+ *    "dataset_roots": ["/data", "/scratch/datasets"],
  *    "pipelines": [SPEC, ...]}
  * Drop-ins in conf.d/ beside the file (*.json, in name order) are read after
  * it: their values replace the file's, their pipelines are added. Command-line
@@ -12,6 +14,8 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <grp.h>
 #include <math.h>
 #include <stdio.h>
@@ -49,6 +53,84 @@ int settings_parse_size(const char *text, uint64_t *out)
 		return -ERANGE;
 	*out = (uint64_t)v;
 	return 0;
+}
+
+/* A group by name or gid, for socket_group and admin_group. */
+static int parse_group(const char *path, const char *key, json_t *v, unsigned *gid,
+                       char *err, size_t errlen)
+{
+	struct group *g = NULL;
+	char id[64];
+
+	if (json_is_string(v) && *json_string_value(v))
+		g = getgrnam(json_string_value(v));
+	else if (json_is_integer(v) && json_integer_value(v) >= 0)
+		g = getgrgid((gid_t)json_integer_value(v));
+	else {
+		snprintf(err, errlen, "%s: %s: must be a group name or a gid", path, key);
+		return -EINVAL;
+	}
+	if (!g) {
+		if (json_is_string(v))
+			snprintf(id, sizeof(id), "%s", json_string_value(v));
+		else
+			snprintf(id, sizeof(id), "%lld", (long long)json_integer_value(v));
+		snprintf(err, errlen, "%s: %s: no group %s on this machine", path, key, id);
+		return -EINVAL;
+	}
+	*gid = (unsigned)g->gr_gid;
+	return 0;
+}
+
+static void free_roots(char **roots)
+{
+	for (size_t i = 0; roots && roots[i]; i++)
+		free(roots[i]);
+	free(roots);
+}
+
+/* "dataset_roots": absolute directories, resolved once (realpath), so that a
+ * dataset path is checked against what the root really is. */
+static int parse_roots(const char *path, json_t *v, char ***out, char *err, size_t errlen)
+{
+	size_t n = json_is_array(v) ? json_array_size(v) : 0;
+	char **roots;
+
+	if (!json_is_array(v) || n == 0) {
+		snprintf(err, errlen, "%s: dataset_roots: must be a non-empty array of absolute "
+		         "directory paths", path);
+		return -EINVAL;
+	}
+	roots = calloc(n + 1, sizeof(*roots));
+	if (!roots)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		json_t *e = json_array_get(v, i);
+		const char *t = json_is_string(e) ? json_string_value(e) : NULL;
+		char real[PATH_MAX];
+		struct stat st;
+
+		if (!t || t[0] != '/') {
+			snprintf(err, errlen, "%s: dataset_roots[%zu]: must be an absolute directory path",
+			         path, i);
+			goto fail;
+		}
+		if (!realpath(t, real) || stat(real, &st) < 0) {
+			snprintf(err, errlen, "%s: dataset_roots[%zu]: %s: %s", path, i, t, strerror(errno));
+			goto fail;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			snprintf(err, errlen, "%s: dataset_roots[%zu]: %s: not a directory", path, i, t);
+			goto fail;
+		}
+		if (!(roots[i] = strdup(real)))
+			goto fail;
+	}
+	*out = roots;
+	return 0;
+fail:
+	free_roots(roots);
+	return -EINVAL;
 }
 
 /* One file into @cfg: its values replace what is there; its pipelines are
@@ -116,26 +198,27 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 			cfg->has_socket_mode = true;
 			cfg->socket_mode = (unsigned)m;
 		} else if (strcmp(key, "socket_group") == 0) {
-			struct group *g = NULL;
-			if (json_is_string(v) && *json_string_value(v))
-				g = getgrnam(json_string_value(v));
-			else if (json_is_integer(v) && json_integer_value(v) >= 0)
-				g = getgrgid((gid_t)json_integer_value(v));
-			else {
-				snprintf(err, errlen, "%s: socket_group: must be a group name or a gid", path);
+			if (parse_group(path, key, v, &cfg->socket_gid, err, errlen) < 0)
 				goto out;
-			}
-			if (!g) {
-				char id[64];
-				if (json_is_string(v))
-					snprintf(id, sizeof(id), "%s", json_string_value(v));
-				else
-					snprintf(id, sizeof(id), "%lld", (long long)json_integer_value(v));
-				snprintf(err, errlen, "%s: socket_group: no group %s on this machine", path, id);
-				goto out;
-			}
 			cfg->has_socket_group = true;
-			cfg->socket_gid = (unsigned)g->gr_gid;
+		} else if (strcmp(key, "admin_group") == 0) {
+			if (parse_group(path, key, v, &cfg->admin_gid, err, errlen) < 0)
+				goto out;
+			cfg->has_admin_group = true;
+		} else if (strcmp(key, "max_connections_per_uid") == 0) {
+			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+			    json_integer_value(v) > SETTINGS_CONN_MAX) {
+				snprintf(err, errlen, "%s: max_connections_per_uid: must be an integer in 1..%d",
+				         path, SETTINGS_CONN_MAX);
+				goto out;
+			}
+			cfg->max_conn_per_uid = (unsigned)json_integer_value(v);
+		} else if (strcmp(key, "dataset_roots") == 0) {
+			char **roots = NULL;
+			if (parse_roots(path, v, &roots, err, errlen) < 0)
+				goto out;
+			free_roots(cfg->dataset_roots);
+			cfg->dataset_roots = roots;
 		} else if (strcmp(key, "linger") == 0) {
 			double secs = json_is_number(v) ? json_number_value(v) : -1;
 			if (!(secs >= 0) || secs > SETTINGS_LINGER_MAX_S) {
@@ -222,6 +305,17 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		cfg->has_linger = true;
 		cfg->linger_ms = file.linger_ms;
 	}
+	if (file.has_admin_group) {
+		cfg->has_admin_group = true;
+		cfg->admin_gid = file.admin_gid;
+	}
+	if (file.max_conn_per_uid)
+		cfg->max_conn_per_uid = file.max_conn_per_uid;
+	if (file.dataset_roots) {
+		free_roots(cfg->dataset_roots);
+		cfg->dataset_roots = file.dataset_roots;
+		file.dataset_roots = NULL;
+	}
 	json_decref(cfg->pipelines);
 	cfg->pipelines = file.pipelines;
 	file.pipelines = NULL;
@@ -235,6 +329,7 @@ void settings_clear(struct settings *cfg)
 {
 	free(cfg->path);
 	free(cfg->socket_path);
+	free_roots(cfg->dataset_roots);
 	json_decref(cfg->pipelines);
 	memset(cfg, 0, sizeof(*cfg));
 }

@@ -18,8 +18,18 @@ struct settings {
 	unsigned socket_gid;      /* both sockets are chowned to it */
 	bool has_linger;          /* "linger" was given */
 	uint64_t linger_ms;       /* an unused client pipeline stays this long */
+	bool has_admin_group;     /* "admin_group" was given */
+	unsigned admin_gid;       /* its members may do what root may */
+	unsigned max_conn_per_uid; /* connections one uid may hold; 0 = default */
+	char **dataset_roots;     /* NULL-terminated, or NULL: datasets anywhere */
 	json_t *pipelines;        /* array of specs, or NULL */
 };
+
+/* Connections one uid may hold without "max_connections_per_uid": well below
+ * the daemon's global limit (MAX_CLIENTS, 512), so one user cannot lock the
+ * others out. */
+#define SETTINGS_CONN_PER_UID_DEFAULT 64
+#define SETTINGS_CONN_MAX 512
 
 /* The linger without a "linger" key: 5 s. */
 #define SETTINGS_LINGER_DEFAULT_MS 5000

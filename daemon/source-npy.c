@@ -298,8 +298,8 @@ static int npy_dtype(const char *path, const char *descr, char *err, size_t errl
 	return errfmt(-EINVAL, err, errlen, "%s: dtype '%s' is not supported", path, descr);
 }
 
-static int npy_open_one(struct npy_file *file, struct field_desc *f, uint64_t *nrows,
-			char *err, size_t errlen)
+static int npy_open_one(const struct source *base, struct npy_file *file, struct field_desc *f,
+			uint64_t *nrows, char *err, size_t errlen)
 {
 	const char *path = file->path;
 	unsigned char pre[12];
@@ -308,7 +308,7 @@ static int npy_open_one(struct npy_file *file, struct field_desc *f, uint64_t *n
 	char *text;
 	int dtype, r;
 
-	r = source_open_file(&src->base, path, &file->fd, &size, err, errlen);
+	r = source_open_file(base, path, &file->fd, &size, err, errlen);
 	if (r < 0)
 		return r;
 	if (size < 10)
@@ -412,7 +412,7 @@ static int npy_open(struct source *base, const struct spec *spec, char *err, siz
 				return errfmt(-EINVAL, err, errlen,
 					    "%s: field name \"%s\" is already used by %s",
 					    file->path, f->name, src->files[j].path);
-		r = npy_open_one(file, f, &nrows, err, errlen);
+		r = npy_open_one(base, file, f, &nrows, err, errlen);
 		if (r < 0)
 			return r;
 		if (i == 0)

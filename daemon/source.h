@@ -36,6 +36,11 @@ struct sample_ctx {
  * Return: 0, -EINVAL (bad file), -ENOENT... with @err set.
  */
 int source_open(struct source **out, const struct spec *spec, char *err, size_t errlen);
+/* The same, reading every file with @who's permissions (creds.h): the
+ * pipeline's creator's. source_open() reads as the daemon. */
+struct creds;
+int source_open_as(struct source **out, const struct spec *spec, const struct creds *who,
+		   char *err, size_t errlen);
 struct source *source_free(struct source *src);
 
 uint64_t source_nsamples(const struct source *src);

@@ -14,6 +14,7 @@
  * found through the kind table.
  */
 #include <errno.h>
+#include <grp.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,12 +33,12 @@
 
 /*
  * The top-level keys of every spec, each parsed by one of the steps in
- * spec_fill() and, unless it is a lifetime key, written back by
+ * spec_fill() and, unless it is a lifetime or access key, written back by
  * spec_build_json(). A source kind's own keys are in its source_ops.
  */
 static const char *const generic_keys[] = { "name", "source", "batch_size", "shuffle", "seed",
 					    "drop_last", "epochs", "prefetch", "min_clients",
-					    "persist", "ttl", NULL };
+					    "persist", "ttl", "access", "group", NULL };
 
 int spec_fail(char *err, size_t errlen, const char *fmt, ...)
 {
@@ -346,11 +347,51 @@ static int parse_lifetime(struct spec *spec, json_t *obj, char *err, size_t errl
 	return 0;
 }
 
+/*
+ * access and group: who besides the owner may use the pipeline
+ * (docs/security.md). Left out of the canonical form, as the lifetime keys;
+ * whether the creator belongs to the group is the engine's to check.
+ */
+static int parse_access(struct spec *spec, json_t *obj, char *err, size_t errlen)
+{
+	static const char *const names[] = { [SPEC_ACCESS_OWNER] = "owner",
+					     [SPEC_ACCESS_GROUP] = "group", [SPEC_ACCESS_ALL] = "all" };
+	json_t *v = json_object_get(obj, "access"), *g = json_object_get(obj, "group");
+	struct group gr, *res = NULL;
+	char buf[4096];
+
+	if (v) {
+		const char *t = json_is_string(v) ? json_string_value(v) : "";
+		for (int i = SPEC_ACCESS_OWNER; i <= SPEC_ACCESS_ALL; i++)
+			if (strcmp(t, names[i]) == 0)
+				spec->access = i;
+		if (spec->access == SPEC_ACCESS_DEFAULT)
+			return spec_fail(err, errlen, "access: must be one of \"owner\", \"group\", \"all\"");
+	}
+	if (!g)
+		return 0;
+	if (spec->access != SPEC_ACCESS_GROUP)
+		return spec_fail(err, errlen, "group: only with \"access\": \"group\"");
+	if (json_is_string(g) && *json_string_value(g)) {
+		if (getgrnam_r(json_string_value(g), &gr, buf, sizeof(buf), &res) != 0 || !res)
+			return spec_fail(err, errlen, "group: no group %s on this machine",
+					 json_string_value(g));
+		spec->group = (unsigned)res->gr_gid;
+	} else if (json_is_integer(g) && json_integer_value(g) >= 0 &&
+		   json_integer_value(g) < (json_int_t)UINT32_MAX) {
+		spec->group = (unsigned)json_integer_value(g);
+	} else {
+		return spec_fail(err, errlen, "group: must be a group name or a gid");
+	}
+	spec->has_group = true;
+	return 0;
+}
+
 typedef int spec_step(struct spec *spec, json_t *obj, char *err, size_t errlen);
 
 /* A new generic key: in generic_keys, parsed by one of these, in spec_build_json(). */
 static spec_step *const spec_steps[] = {
-	check_keys, parse_name, parse_source, parse_sampling, parse_lifetime,
+	check_keys, parse_name, parse_source, parse_sampling, parse_lifetime, parse_access,
 };
 
 static int spec_fill(struct spec *spec, json_t *obj, char *err, size_t errlen)

@@ -78,10 +78,24 @@ struct spec {
 	bool has_persist;             /* "persist" was given */
 	bool has_ttl;                 /* "ttl" was given */
 	uint64_t ttl_ms;              /* unused this long before it is dropped */
+	/* who may use it (docs/security.md): not part of the canonical form
+	 * either; the creator's spec decides */
+	int access;                   /* enum spec_access */
+	bool has_group;               /* "group" was given */
+	unsigned group;               /* its gid, for "access": "group" */
 	json_t *json;                 /* the spec with every default filled in */
 };
 
 #define SPEC_TTL_MAX_S 31536000   /* a year */
+
+/* "access": who besides its owner and the admins may attach to a pipeline,
+ * see it in status and join it by name. */
+enum spec_access {
+	SPEC_ACCESS_DEFAULT,      /* not given: owner (a client's), all (the config's) */
+	SPEC_ACCESS_OWNER,
+	SPEC_ACCESS_GROUP,        /* members of "group", default the creator's gid */
+	SPEC_ACCESS_ALL,
+};
 
 /**
  * spec_parse() - parse and validate a spec.

@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* status - the JSON that `loaderctl status` and `pipelines` show */
+#include <grp.h>
+
 #include "pipeline-private.h"
 
 static const char *pipeline_state(const struct pipeline *pl)
@@ -115,15 +117,45 @@ json_t *engine_cuda_json(struct engine *eng)
 	return cuda_devices_json(eng->cuda);
 }
 
-json_t *engine_pipelines_json(struct engine *eng)
+static const char *const access_names[] = {
+	[SPEC_ACCESS_DEFAULT] = "owner", [SPEC_ACCESS_OWNER] = "owner",
+	[SPEC_ACCESS_GROUP] = "group", [SPEC_ACCESS_ALL] = "all",
+};
+
+/* "access" and, for group access, "group" (gid and name). */
+static void access_json(const struct pipeline *pl, json_t *o)
+{
+	json_object_set_new(o, "access", json_string(access_names[pl->access]));
+	if (pl->access == SPEC_ACCESS_GROUP) {
+		struct group gr, *res = NULL;
+		char buf[1024];
+		const char *name = getgrgid_r(pl->group, &gr, buf, sizeof(buf), &res) == 0 && res
+		                   ? res->gr_name : NULL;
+		json_object_set_new(o, "group", json_pack("{s:I, s:s?}", "gid", (json_int_t)pl->group,
+		                                          "name", name));
+	}
+}
+
+json_t *engine_pipelines_json(struct engine *eng, const struct principal *who)
 {
 	json_t *arr = json_array();
 
-	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
-		if (!pl->dropped) {
-			json_t *o = pipeline_json(pl);
+	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next) {
+		json_t *o;
+		if (pl->dropped)
+			continue;
+		if (pipeline_may_use(pl, who)) {
+			o = pipeline_json(pl);
 			lifetime_json(pl, o);
-			json_array_append_new(arr, o);
+		} else {
+			/* another user's private pipeline: that it exists and whose
+			 * (its name is taken), nothing of its data or its clients */
+			o = json_pack("{s:s}", "name", pl->spec->name);
+			json_object_set_new(o, "owner", json_pack("{s:I, s:s?}", "uid", (json_int_t)pl->owner,
+				"user", pl->owner_name[0] ? pl->owner_name : NULL));
 		}
+		access_json(pl, o);
+		json_array_append_new(arr, o);
+	}
 	return arr;
 }

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
+#include "creds.h"
 #include "workers.h"
 
 struct workers {
@@ -27,6 +28,9 @@ static void *worker_main(void *arg)
 {
 	struct workers *w = arg;
 
+	/* dataset files are opened with their pipeline's owner's credentials;
+	 * keep them across samples (creds.h) */
+	creds_thread_sticky();
 	for (;;) {
 		struct work *work;
 

@@ -40,6 +40,7 @@ struct req {
 
 static uv_loop_t loop;
 static struct engine *eng;
+static struct principal daemon_self; /* principal_daemon() in main */
 
 static void on_deliver(void *userdata, struct pending *p, const struct delivery *d)
 {
@@ -118,7 +119,7 @@ static void create(const char *name, uint32_t prefetch)
 	         " \"dtype\": \"uint16\", \"seq_len\": %d}, \"batch_size\": 2, \"prefetch\": %u,"
 	         " \"shuffle\": false, \"epochs\": 0}", name, SEQ, prefetch);
 	assert(spec_parse(&spec, text, err, sizeof(err)) == 0);
-	assert(engine_create(eng, spec, getuid(), 0, false, err, sizeof(err)) == 1);
+	assert(engine_create(eng, spec, &daemon_self, 0, false, err, sizeof(err)) == 1);
 }
 
 static uint32_t status_share(struct attachment *a)
@@ -195,7 +196,7 @@ static void test_revoke_partition(void)
 	attachment_detach(r0);
 	attachment_detach(r1);
 	assert(w.answered && w.kind == DELIVER_ERROR); /* the parked watch ends with the detach */
-	assert(engine_drop(eng, "rv", getuid(), true, err, sizeof(err)) == 0);
+	assert(engine_drop(eng, "rv", &daemon_self, true, err, sizeof(err)) == 0);
 	settle();
 }
 
@@ -245,7 +246,7 @@ static void test_reclaim(void)
 	munmap((void *)base, size);
 	attachment_detach(pt);
 	attachment_detach(bc);
-	assert(engine_drop(eng, "rc", getuid(), true, err, sizeof(err)) == 0);
+	assert(engine_drop(eng, "rc", &daemon_self, true, err, sizeof(err)) == 0);
 	settle();
 }
 
@@ -289,7 +290,7 @@ static void test_orphan_returns(void)
 	}
 	assert(attachment_leases(pt) == 8);
 	attachment_detach(pt);
-	assert(engine_drop(eng, "orph", getuid(), true, err, sizeof(err)) == 0);
+	assert(engine_drop(eng, "orph", &daemon_self, true, err, sizeof(err)) == 0);
 	settle();
 }
 
@@ -308,7 +309,7 @@ static void test_streams_above_slots_refused(void)
 	assert(strstr(err, "has 4 slots and 4 streams") && strstr(err, "prefetch of at least 5"));
 	for (int i = 0; i < 4; i++)
 		attachment_detach(a[i]);
-	assert(engine_drop(eng, "few", getuid(), true, err, sizeof(err)) == 0);
+	assert(engine_drop(eng, "few", &daemon_self, true, err, sizeof(err)) == 0);
 	settle();
 }
 
@@ -317,6 +318,7 @@ int main(void)
 	static const struct engine_ops ops = { .deliver = on_deliver };
 	FILE *f = fopen("/tmp/test-sched.bin", "wb");
 	uint16_t t[NTOK];
+	principal_daemon(&daemon_self);
 
 	for (int i = 0; i < NTOK; i++)
 		t[i] = (uint16_t)i;

@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: MIT */
+/* creds - whose permissions a dataset is read with
+ *
+ * A client's credentials come from its socket (the peer's uid, gid and pid)
+ * and its process's supplementary groups at connect time. Every path a spec
+ * names is opened through ds_open()/ds_opendir() with the credentials of the
+ * client that created the pipeline: the calling thread takes them as its
+ * filesystem credentials (setfsuid, setfsgid, and the thread's own group
+ * list), opens, and (on any thread but a worker) takes the daemon's back.
+ * docs/security.md says why this mechanism and what the daemon needs for it.
+ */
+#pragma once
+
+#include <dirent.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define CREDS_MAX_GROUPS 64
+
+struct creds {
+	uid_t uid;
+	gid_t gid;
+	unsigned ngroups;           /* supplementary groups, gid excluded */
+	gid_t groups[CREDS_MAX_GROUPS];
+};
+
+/* The daemon's own credentials. */
+void creds_self(struct creds *c);
+/* A peer's: @uid and @gid from its socket, the groups of @pid read from
+ * /proc/PID/status (only where that process still has @uid; none else). */
+void creds_of_peer(struct creds *c, int pid, uid_t uid, gid_t gid);
+bool creds_in_group(const struct creds *c, gid_t gid);
+/* "alice (uid 1001)", or "uid 1001" when the uid has no name. */
+const char *creds_user_name(uid_t uid, char *buf, size_t len);
+
+/* Worker threads keep the last credentials they took (the next sample is
+ * most likely the same pipeline's): call once at the thread's start. */
+void creds_thread_sticky(void);
+
+/*
+ * The dataset roots of the config (NULL-terminated absolute, resolved paths;
+ * NULL: datasets anywhere). Set once, before any worker runs; a path must then
+ * lie beneath one of them, resolved without leaving it (.., symlinks, /proc
+ * magic links).
+ */
+int ds_set_roots(char *const *roots, char *err, size_t errlen);
+void ds_clear_roots(void);
+
+/**
+ * ds_open() - open a dataset path as @who.
+ * @flags: O_RDONLY and the like (O_CLOEXEC is added)
+ * @err: on failure, names the path and the user, e.g. "/data/x.bin: Permission
+ *       denied (as bob, uid 1002)"
+ *
+ * Anything but a regular file or a directory is refused before it is opened
+ * for reading (a FIFO would block). Returns the fd, or -errno with @err set.
+ */
+int ds_open(const struct creds *who, const char *path, int flags, char *err, size_t errlen);
+/* The same for a directory listing; NULL with errno and @err set. */
+DIR *ds_opendir(const struct creds *who, const char *path, char *err, size_t errlen);
+/* Is @path a directory @who can reach? (false with no error else) */
+bool ds_is_dir(const struct creds *who, const char *path);
