@@ -13,26 +13,17 @@ import json
 import os
 import socket
 import struct
+import sys
 import zlib
 
 import numpy as np
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(os.path.dirname(TESTS_DIR))
-BUILD_DIR = os.environ.get("LOADERD_BUILD") or os.path.join(REPO_ROOT, "build")
-LOADERD = os.path.join(BUILD_DIR, "daemon", "loaderd")
-LOADERCTL = os.path.join(BUILD_DIR, "client", "loaderctl")
+sys.path.insert(0, os.path.join(os.path.dirname(TESTS_DIR), "pyharness"))
 
-SANITIZER_MARKERS = ("AddressSanitizer", "LeakSanitizer", "runtime error:",
-                     "ThreadSanitizer", "UndefinedBehaviorSanitizer")
-
-
-def sanitizer_report(text):
-    """The first sanitizer marker found in @text, or None."""
-    for marker in SANITIZER_MARKERS:
-        if marker in text:
-            return marker
-    return None
+# the build under test and the sanitizer markers: the one harness's
+from loaderd_harness import (BUILD_DIR, LOADERCTL, LOADERD, REPO_ROOT,  # noqa: E402,F401
+                             SANITIZER_MARKERS, sanitizer_report)
 
 
 def crc(data):
