@@ -6,9 +6,14 @@
  * The peer's uid (SO_PEERCRED) must be the attaching client's. Connections are
  * non-blocking and polled by the loop; one that says nothing within a few
  * seconds is closed, so a stuck client cannot hold the loop or a descriptor.
+ * One uid holds at most MAX_CONNS_PER_UID of the MAX_CONNS connections (root
+ * and the daemon's own user aside), and when all are taken the uid holding
+ * the most gives its oldest up to another uid's new one: idle connections of
+ * one user cannot keep the others from their fds.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +27,8 @@
 
 #define CONN_TIMEOUT_MS 5000
 #define MAX_CONNS 256
+#define MAX_CONNS_PER_UID 32
+#define REFUSAL_LOG_MS 1000       /* one warning a second about refusals */
 
 struct conn {
 	struct conn *next;
@@ -29,6 +36,7 @@ struct conn {
 	uv_poll_t poll;
 	uv_timer_t timer;
 	int fd;
+	uid_t uid;
 	int closing;
 	size_t got;
 	struct fdchan_request req;
@@ -43,6 +51,7 @@ struct fdchan {
 	void *userdata;
 	struct conn *conns;
 	unsigned nconns;
+	uint64_t refused, refused_logged_ms;
 	int pending_closes;
 	int closing;
 };
@@ -219,6 +228,52 @@ static void on_conn_timeout(uv_timer_t *t)
 	conn_close(c);
 }
 
+/* @uid's connections; *oldest receives the oldest (the list is newest first). */
+static unsigned conns_of(const struct fdchan *ch, uid_t uid, struct conn **oldest)
+{
+	unsigned n = 0;
+
+	for (struct conn *c = ch->conns; c; c = c->next)
+		if (c->uid == uid) {
+			n++;
+			*oldest = c;
+		}
+	return n;
+}
+
+/* Channel full: the oldest connection of the uid that holds the most, if that
+ * uid holds more than @uid does (@n). */
+static struct conn *evictable(const struct fdchan *ch, uid_t uid, unsigned n)
+{
+	struct conn *best = NULL, *oldest = NULL;
+	unsigned most = n + 1;
+
+	for (struct conn *c = ch->conns; c; c = c->next) {
+		unsigned k;
+		if (c->uid == uid)
+			continue;
+		k = conns_of(ch, c->uid, &oldest);
+		if (k > most) {
+			most = k;
+			best = oldest;
+		}
+	}
+	return best;
+}
+
+static void refuse(struct fdchan *ch, int fd, const struct ucred *cred, const char *why)
+{
+	uint64_t now = uv_now(ch->loop);
+
+	ch->refused++;
+	if (now - ch->refused_logged_ms >= REFUSAL_LOG_MS || !ch->refused_logged_ms) {
+		log_warn("fd channel: refusing a connection of uid %u (pid %d): %s (%" PRIu64
+		         " refused so far)", (unsigned)cred->uid, (int)cred->pid, why, ch->refused);
+		ch->refused_logged_ms = now ? now : 1;
+	}
+	close(fd);
+}
+
 static void on_accept(uv_poll_t *p, int status, int events)
 {
 	struct fdchan *ch = p->data;
@@ -234,13 +289,33 @@ static void on_accept(uv_poll_t *p, int status, int events)
 				log_warn("fd channel: accept: %s", strerror(errno));
 			return;
 		}
-		if (ch->nconns >= MAX_CONNS || !(c = calloc(1, sizeof(*c)))) {
-			log_warn("fd channel: too many connections, refusing one");
-			close(fd);
+		struct ucred cred = { .pid = 0, .uid = (uid_t)-1 };
+		socklen_t clen = sizeof(cred);
+		struct conn *mine = NULL, *victim;
+		unsigned n;
+
+		getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen);
+		n = conns_of(ch, cred.uid, &mine);
+		if (n >= MAX_CONNS_PER_UID && cred.uid != 0 && cred.uid != geteuid()) {
+			refuse(ch, fd, &cred, "too many connections of that uid");
+			continue;
+		}
+		if (ch->nconns >= MAX_CONNS) {
+			if (!(victim = evictable(ch, cred.uid, n))) {
+				refuse(ch, fd, &cred, "too many connections");
+				continue;
+			}
+			log_debug("fd channel: closing an idle connection of uid %u for uid %u",
+			          (unsigned)victim->uid, (unsigned)cred.uid);
+			conn_close(victim);
+		}
+		if (!(c = calloc(1, sizeof(*c)))) {
+			refuse(ch, fd, &cred, "out of memory");
 			continue;
 		}
 		c->ch = ch;
 		c->fd = fd;
+		c->uid = cred.uid;
 		uv_poll_init(ch->loop, &c->poll, fd);
 		uv_timer_init(ch->loop, &c->timer);
 		c->poll.data = c->timer.data = c;

@@ -32,6 +32,7 @@
 /* fdchan.c's CONN_TIMEOUT_MS and MAX_CONNS */
 #define CONN_TIMEOUT_MS 5000
 #define MAX_CONNS 256
+#define MAX_CONNS_PER_UID 32    /* root's and the daemon's own aside */
 
 static uv_loop_t loop;
 static char dir[64];
@@ -699,7 +700,12 @@ static void test_idle(void)
 		close(fd);
 	}
 	log = capture_end();
-	assert(strcmp(log, "loaderd: warning: fd channel: too many connections, refusing one\n") == 0);
+	{
+		char want[256];
+		snprintf(want, sizeof(want), "loaderd: warning: fd channel: refusing a connection of uid %u "
+		         "(pid %d): too many connections (1 refused so far)\n", (unsigned)getuid(), (int)getpid());
+		assert(strcmp(log, want) == 0);
+	}
 
 	/* one idle peer leaves: its place serves a real request, while the rest wait */
 	close(idle[0]);
@@ -764,6 +770,91 @@ static void test_idle(void)
 	}
 	printf("silent peers closed after %llu ms, at most %d at once: ok\n", (unsigned long long)elapsed,
 	       MAX_CONNS);
+}
+
+/* ---- 4b. one uid's share of the connections ---- */
+
+/* A child as @uid opens @n silent connections and exits with how many of
+ * them the daemon closed within 500 ms (while the parent's loop runs). */
+static int child_idle(const char *path, uid_t uid, int n)
+{
+	pid_t pid = fork();
+	int ws;
+
+	assert(pid >= 0);
+	if (pid == 0) {
+		int fds[MAX_CONNS_PER_UID + 8], closed = 0;
+		if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
+			_exit(100);
+		for (int i = 0; i < n; i++)
+			if ((fds[i] = try_connect(path)) < 0)
+				_exit(101);
+		usleep(500 * 1000);
+		for (int i = 0; i < n; i++) {
+			char b;
+			if (is_readable(fds[i]) && recv(fds[i], &b, 1, MSG_DONTWAIT) == 0)
+				closed++;
+		}
+		_exit(closed);
+	}
+	for (int i = 0; i < 10000; i++) {
+		pid_t r = waitpid(pid, &ws, WNOHANG);
+		assert(r >= 0);
+		if (r == pid) {
+			assert(WIFEXITED(ws));
+			return WEXITSTATUS(ws);
+		}
+		pump(1);
+	}
+	assert(!"child did not exit");
+	return -1;
+}
+
+static void test_uid_share(void)
+{
+	static int idle[MAX_CONNS];
+	struct fdchan *ch;
+	char path[128];
+	const char *log;
+	int closed;
+
+	if (getuid() != 0) {
+		printf("one uid's share of the connections: skipped (needs root)\n");
+		return;
+	}
+	assert(chmod(dir, 0711) == 0); /* the children may reach the socket */
+	sockpath(path, sizeof(path), "u.fds");
+	ch = open_chan(path, 0666, -1);
+	/* one uid: MAX_CONNS_PER_UID held, the next one refused */
+	capture_begin();
+	closed = child_idle(path, 4243, MAX_CONNS_PER_UID + 1);
+	log = capture_end();
+	if (closed != 1)
+		fprintf(stderr, "child: %d closed\n%s", closed, log);
+	assert(closed == 1);
+	assert(strstr(log, "fd channel: refusing a connection of uid 4243 (pid ") &&
+	       strstr(log, "): too many connections of that uid (1 refused so far)\n"));
+	pump(20);
+	/* full of root's idle connections: another uid's new one takes the
+	 * place of root's oldest, not a refusal */
+	for (int i = 0; i < MAX_CONNS; i++) {
+		idle[i] = client_connect(path);
+		uv_run(&loop, UV_RUN_NOWAIT);
+	}
+	pump(50);
+	assert(child_idle(path, 4244, 1) == 0);
+	pump(20);
+	{
+		char b;
+		assert(is_readable(idle[0]) && recv(idle[0], &b, 1, MSG_DONTWAIT) == 0);
+		for (int i = 1; i < MAX_CONNS; i++)
+			assert(!is_readable(idle[i]));
+	}
+	for (int i = 0; i < MAX_CONNS; i++)
+		close(idle[i]);
+	close_chan(ch, path);
+	assert(chmod(dir, 0700) == 0);
+	printf("one uid's share of the connections: ok\n");
 }
 
 /* ---- 5. claiming the path: stale, live, not a socket ---- */
@@ -983,6 +1074,7 @@ int main(void)
 	test_malformed();
 	test_peer_uid();
 	test_idle();
+	test_uid_share();
 	test_claim();
 	test_new();
 
