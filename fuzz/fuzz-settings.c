@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/* fuzz-settings - settings_load() of any config file, then its pipelines' specs
+ *
+ * The input is the whole config file, written to a private directory (no
+ * conf.d/ beside it) and loaded as the daemon loads it at start and on
+ * SIGHUP: with values already set (keep_set), then every pipeline of the
+ * file through spec_from_json(). settings_parse_size() gets the input as a
+ * size string too.
+ */
+#include "fuzz.h"
+
+#include "settings.h"
+#include "spec.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct settings cfg = { 0 };
+	char path[128], err[1024];
+	char *text = fuzz_cstr(data, size);
+	uint64_t bytes;
+	json_t *v;
+	size_t i;
+
+	if (!text)
+		return 0;
+	(void)settings_parse_size(text, &bytes);
+	free(text);
+
+	fuzz_file("loaderd.json", data, size, path, sizeof(path));
+	cfg.workers = 2;
+	cfg.socket_path = strdup("/run/loaderd/fuzz.sock");
+	if (settings_load(&cfg, path, size & 1, err, sizeof(err)) == 0) {
+		json_array_foreach(cfg.pipelines, i, v) {
+			struct spec *spec = NULL;
+			if (spec_from_json(&spec, v, err, sizeof(err)) == 0)
+				spec_free(spec);
+		}
+	} else if (!err[0]) {
+		fprintf(stderr, "settings_load failed without a message\n");
+		abort();
+	}
+	settings_clear(&cfg);
+	return 0;
+}
