@@ -125,14 +125,27 @@ const char *error_name(int err)
 	}
 }
 
+int verrfmt(int r, char *err, size_t errlen, const char *prefix, const char *fmt, va_list ap)
+{
+	int n = 0;
+
+	if (!err || !errlen)
+		return r;
+	if (prefix) {
+		n = snprintf(err, errlen, "%s", prefix);
+		if (n < 0 || (size_t)n >= errlen)
+			n = 0;
+	}
+	vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+	return r;
+}
+
 int errfmt(int r, char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
+	va_start(ap, fmt);
+	verrfmt(r, err, errlen, NULL, fmt, ap);
+	va_end(ap);
 	return r;
 }

@@ -2,6 +2,7 @@
 /* common - small helpers shared by the daemon and libloader */
 #pragma once
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,9 +22,42 @@ int sockpath_resolve(char *buf, size_t size, const char *explicit_path);
 /* Path of the fd channel that belongs to the nng socket at @sock. */
 int sockpath_fdchan(char *buf, size_t size, const char *sock);
 
-/* Format an error message into @err (if any) and return @r: the one way
- * modules report what was wrong with untrusted input. */
+/*
+ * The one error idiom of the internal code (daemon/, common/, client/'s
+ * helpers):
+ *
+ * Every function that takes `char *err, size_t errlen` and returns a negative
+ * errno has written a sentence into err that names what was wrong (the key,
+ * the file, the pipeline, the value). errfmt() returns its first argument so
+ * the two happen in one statement:
+ *
+ *	return errfmt(-EINVAL, err, errlen, "batch_size: must be in 1..%d", max);
+ *	r = errfmt(-ENOMEM, err, errlen, "attach: out of memory"); goto fail;
+ *
+ * A function that returns what a callee returned passes the callee's sentence
+ * through untouched, or replaces it whole; it never returns a negative errno
+ * over a message of its own that is half written. err may be NULL (errlen 0):
+ * the caller wants the errno only. A prefix helper (spec.c's spec_fail(),
+ * settings.c's settings_fail()) is errfmt with a fixed "spec: " or "FILE: "
+ * in front, through verrfmt(), and nothing more.
+ *
+ * The caller sets err to "" before the call. An err still empty after a
+ * negative return means the callee broke this rule, or ran out of memory so
+ * deep that it had nothing to add; the caller then says strerror(-r) in its
+ * place (reply_error(), loaderd's main()), never an empty message. On success
+ * err is left as it was and means nothing.
+ *
+ * The public API (include/loader/loader.h) takes no err buffers: it is the
+ * boundary where this idiom ends. libloader's internal helpers (devmap.c)
+ * fill a buffer this way; the ldr_* function that called them
+ * hands the sentence to the thread's last error (set_err() in
+ * client/libloader.c), which ldr_client_error() reads.
+ */
 int errfmt(int r, char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* errfmt with @prefix (may be NULL) written before the sentence, for the
+ * prefix helpers; a prefix that does not fit is left out. */
+int verrfmt(int r, char *err, size_t errlen, const char *prefix, const char *fmt, va_list ap)
+	__attribute__((format(printf, 5, 0)));
 
 /* Error names for negative errno and LDR_E* codes. */
 const char *error_name(int err);

@@ -84,58 +84,48 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	struct attachment *a;
 	struct stream *s;
 	uint32_t world = p->world ? p->world : 1;
+	int r;
 
-	if (eng->shutdown) {
-		snprintf(err, errlen, "daemon is shutting down");
-		return -ESHUTDOWN;
-	}
-	if (!pl) {
-		snprintf(err, errlen, "no pipeline named '%s'", name);
-		return -ENOENT;
-	}
+	if (eng->shutdown)
+		return errfmt(-ESHUTDOWN, err, errlen, "daemon is shutting down");
+	if (!pl)
+		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
 	if (p->who && !pipeline_may_use(pl, p->who)) {
 		pipeline_owned_error(pl, err, errlen);
 		return -EACCES;
 	}
-	if (pl->failed) {
-		snprintf(err, errlen, "pipeline '%s' failed: %s", name, pl->error);
-		return -EIO;
-	}
-	if (p->mode < 0 || p->mode > LDR_MODE_DYNAMIC) {
-		snprintf(err, errlen, "attach: unknown mode %d", p->mode);
-		return -EINVAL;
-	}
-	if (p->mode != LDR_MODE_PARTITION && (p->rank || world != 1 || p->has_start)) {
-		snprintf(err, errlen, "attach: rank, world_size and start apply to partition mode only");
-		return -EINVAL;
-	}
-	if (world > 1u << 20 || p->rank >= world) {
-		snprintf(err, errlen, "attach: rank %u out of range for world_size %u", p->rank, world);
-		return -EINVAL;
-	}
-	if (p->credits > ATTACH_MAX_CREDITS) {
-		snprintf(err, errlen, "attach: credits %u above the limit of %d", p->credits, ATTACH_MAX_CREDITS);
-		return -EINVAL;
-	}
+	if (pl->failed)
+		return errfmt(-EIO, err, errlen, "pipeline '%s' failed: %s", name, pl->error);
+	if (p->mode < 0 || p->mode > LDR_MODE_DYNAMIC)
+		return errfmt(-EINVAL, err, errlen, "attach: unknown mode %d", p->mode);
+	if (p->mode != LDR_MODE_PARTITION && (p->rank || world != 1 || p->has_start))
+		return errfmt(-EINVAL, err, errlen,
+		              "attach: rank, world_size and start apply to partition mode only");
+	if (world > 1u << 20 || p->rank >= world)
+		return errfmt(-EINVAL, err, errlen,
+		              "attach: rank %u out of range for world_size %u", p->rank, world);
+	if (p->credits > ATTACH_MAX_CREDITS)
+		return errfmt(-EINVAL, err, errlen,
+		              "attach: credits %u above the limit of %d", p->credits, ATTACH_MAX_CREDITS);
 	struct stream *shared = p->mode == LDR_MODE_PARTITION ? NULL : pl->shared[p->mode];
 	uint32_t active = pipeline_active_streams(pl);
-	if ((!shared || !shared->natts) && active >= pl->nslots) {
-		snprintf(err, errlen, "attach: pipeline '%s' has %u slots and %u streams read it already "
-		         "(one per partition rank, one for its broadcast and one for its dynamic clients): "
-		         "each stream needs a slot of its own; create the pipeline with a prefetch of at "
-		         "least %u", name, pl->nslots, active, active + 1);
-		return -ENOSPC;
-	}
+	if ((!shared || !shared->natts) && active >= pl->nslots)
+		return errfmt(-ENOSPC, err, errlen,
+		              "attach: pipeline '%s' has %u slots and %u streams read it already "
+		              "(one per partition rank, one for its broadcast and one for its dynamic clients): "
+		              "each stream needs a slot of its own; create the pipeline with a prefetch of at "
+		              "least %u", name, pl->nslots, active, active + 1);
 	a = calloc(1, sizeof(*a));
 	if (!a)
-		return -ENOMEM;
+		return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
 	if (getrandom(a->token, sizeof(a->token), 0) != sizeof(a->token)) {
-		snprintf(err, errlen, "attach: no random bytes for the fd-channel token: %s", strerror(errno));
+		r = errfmt(-EAGAIN, err, errlen, "attach: no random bytes for the fd-channel token: %s",
+		           strerror(errno));
 		free(a);
-		return -EAGAIN;
+		return r;
 	}
 	if (p->cuda) {
-		int r = devcopy_get(pl, p->cuda, &a->dev, err, errlen);
+		r = devcopy_get(pl, p->cuda, &a->dev, err, errlen);
 		if (r < 0) {
 			free(a);
 			return r;
@@ -145,16 +135,13 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		s = stream_new(pl, p->mode, p->rank, world);
 		if (!s) {
 			att_free_unattached(a);
-			return -ENOMEM;
+			return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
 		}
 		if (s->bpe == 0) {
-			snprintf(err, errlen, "attach: rank %u of %u gets no batch (%" PRIu64 " samples, batch_size %u)",
-			         p->rank, world, s->sampler.nsamples, pl->spec->batch_size);
-			s->dead = true;
-			pl->nstreams--;
-			stream_maybe_free(s);
-			att_free_unattached(a);
-			return -EINVAL;
+			r = errfmt(-EINVAL, err, errlen,
+			           "attach: rank %u of %u gets no batch (%" PRIu64 " samples, batch_size %u)",
+			           p->rank, world, s->sampler.nsamples, pl->spec->batch_size);
+			goto drop_stream;
 		}
 		uint64_t start = 0;
 		if (p->has_start) {
@@ -162,15 +149,11 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 			    __builtin_mul_overflow(p->start_epoch, s->bpe, &start) ||
 			    __builtin_add_overflow(start, p->start_batch, &start) ||
 			    start > s->end_seq) {
-				snprintf(err, errlen,
-				         "attach: start (epoch %" PRIu64 ", batch %" PRIu64 ") is outside the stream "
-				         "(%" PRIu64 " batches per epoch, %" PRIu64 " epochs)",
-				         p->start_epoch, p->start_batch, s->bpe, pl->spec->epochs);
-				s->dead = true;
-				pl->nstreams--;
-				stream_maybe_free(s);
-				att_free_unattached(a);
-				return -EINVAL;
+				r = errfmt(-EINVAL, err, errlen,
+				           "attach: start (epoch %" PRIu64 ", batch %" PRIu64 ") is outside the stream "
+				           "(%" PRIu64 " batches per epoch, %" PRIu64 " epochs)",
+				           p->start_epoch, p->start_batch, s->bpe, pl->spec->epochs);
+				goto drop_stream;
 			}
 		}
 		s->next_produce = s->head_seq = s->cursor = start;
@@ -181,7 +164,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 			s = stream_new(pl, p->mode, 0, 1);
 			if (!s) {
 				att_free_unattached(a);
-				return -ENOMEM;
+				return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
 			}
 			pl->shared[p->mode] = s;
 		}
@@ -211,6 +194,14 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	pipeline_lifetime(pl);
 	pipeline_update(pl);
 	return 0;
+
+drop_stream:
+	/* a partition stream made for this attachment alone, refused */
+	s->dead = true;
+	pl->nstreams--;
+	stream_maybe_free(s);
+	att_free_unattached(a);
+	return r;
 }
 
 void attachment_detach(struct attachment *a)
@@ -322,25 +313,22 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 	size_t n = rq->nreturned;
 	bool rewind = a->deliver_no == a->revoke_upto;
 
-	if (!a->revoking) {
-		snprintf(err, errlen, "return: no Revoke is out on attachment %" PRIu64, a->id);
-		return -EPROTO;
-	}
+	if (!a->revoking)
+		return errfmt(-EPROTO, err, errlen,
+		              "return: no Revoke is out on attachment %" PRIu64, a->id);
 	a->revoking = false;
 	a->rv_dno = UINT64_MAX; /* refused: the next watch is sent the Revoke again */
-	if (n > a->nleases || rq->return_from + n != a->revoke_upto) {
-		snprintf(err, errlen, "return: %zu deliveries from %" PRIu64 " do not end at %" PRIu64
-		         ", where the Revoke was sent", n, rq->return_from, a->revoke_upto);
-		return -EPROTO;
-	}
+	if (n > a->nleases || rq->return_from + n != a->revoke_upto)
+		return errfmt(-EPROTO, err, errlen,
+		              "return: %zu deliveries from %" PRIu64 " do not end at %" PRIu64
+		              ", where the Revoke was sent", n, rq->return_from, a->revoke_upto);
 	for (size_t i = 0; i < n; i++) {
 		struct lease **pp = att_find_lease(a, rq->returned[i]);
 		if (!pp || (*pp)->dseq != rq->return_from + i ||
-		    (s->mode != LDR_MODE_DYNAMIC && rewind && (*pp)->seq != a->cursor - n + i)) {
-			snprintf(err, errlen, "return: lease %" PRIu64 " is not delivery %" PRIu64
-			         " of attachment %" PRIu64, rq->returned[i], rq->return_from + i, a->id);
-			return -EPROTO;
-		}
+		    (s->mode != LDR_MODE_DYNAMIC && rewind && (*pp)->seq != a->cursor - n + i))
+			return errfmt(-EPROTO, err, errlen,
+			              "return: lease %" PRIu64 " is not delivery %" PRIu64
+			              " of attachment %" PRIu64, rq->returned[i], rq->return_from + i, a->id);
 	}
 	for (size_t i = 0; i < n; i++) {
 		struct lease **pp = att_find_lease(a, rq->returned[i]);
@@ -398,16 +386,15 @@ int attachment_next(struct attachment *a, struct pending *p, const struct next_r
 	struct pipeline *pl = a->pl;
 	int r = 0;
 
-	if (!pl) {
-		snprintf(err, errlen, "%s", a->dead ? a->dead_msg : "detached");
-		return a->dead ? -ENOENT : -ECANCELED;
-	}
+	if (!pl)
+		return errfmt(a->dead ? -ENOENT : -ECANCELED, err, errlen, "%s",
+		              a->dead ? a->dead_msg : "detached");
 	for (size_t i = 0; i < rq->nreleases; i++) {
 		struct lease **pp = att_find_lease(a, rq->releases[i]);
 		if (!pp) {
-			snprintf(err, errlen, "release: no lease %" PRIu64 " on attachment %" PRIu64,
-			         rq->releases[i], a->id);
-			r = -ENOENT;
+			r = errfmt(-ENOENT, err, errlen,
+			           "release: no lease %" PRIu64 " on attachment %" PRIu64,
+			           rq->releases[i], a->id);
 			continue;
 		}
 		struct lease *l = *pp;
@@ -423,8 +410,8 @@ int attachment_next(struct attachment *a, struct pending *p, const struct next_r
 		p = NULL;
 	if (p && rq->watch) {
 		if (a->watch) {
-			snprintf(err, errlen, "attachment %" PRIu64 " has a watch parked already", a->id);
-			r = -EAGAIN;
+			r = errfmt(-EAGAIN, err, errlen,
+			           "attachment %" PRIu64 " has a watch parked already", a->id);
 		} else {
 			p->att = a;
 			p->next = NULL;
@@ -432,9 +419,9 @@ int attachment_next(struct attachment *a, struct pending *p, const struct next_r
 		}
 	} else if (p) {
 		if (a->npending >= a->credits) {
-			snprintf(err, errlen, "too many requests in flight: %u (credits %u)", a->npending + 1,
-			         a->credits);
-			r = -EAGAIN;
+			r = errfmt(-EAGAIN, err, errlen,
+			           "too many requests in flight: %u (credits %u)", a->npending + 1,
+			           a->credits);
 		} else {
 			att_queue(a, p);
 		}

@@ -18,12 +18,29 @@
 #include <sys/stat.h>
 #include <grp.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "settings.h"
+#include "common.h"
 #include "log.h"
+#include "settings.h"
+
+/* errfmt with the file's name in front ("PATH: "), and -EINVAL: every
+ * settings error names the file it is in (common.h, the error idiom). */
+__attribute__((format(printf, 4, 5)))
+static int settings_fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
+{
+	char prefix[4096 + 3];
+	va_list ap;
+
+	snprintf(prefix, sizeof(prefix), "%s: ", path);
+	va_start(ap, fmt);
+	verrfmt(-EINVAL, err, errlen, prefix, fmt, ap);
+	va_end(ap);
+	return -EINVAL;
+}
 
 int settings_parse_size(const char *text, uint64_t *out)
 {
@@ -67,16 +84,14 @@ static int parse_group(const char *path, const char *key, json_t *v, unsigned *g
 	else if (json_is_integer(v) && json_integer_value(v) >= 0)
 		g = getgrgid((gid_t)json_integer_value(v));
 	else {
-		snprintf(err, errlen, "%s: %s: must be a group name or a gid", path, key);
-		return -EINVAL;
+		return settings_fail(err, errlen, path, "%s: must be a group name or a gid", key);
 	}
 	if (!g) {
 		if (json_is_string(v))
 			snprintf(id, sizeof(id), "%s", json_string_value(v));
 		else
 			snprintf(id, sizeof(id), "%lld", (long long)json_integer_value(v));
-		snprintf(err, errlen, "%s: %s: no group %s on this machine", path, key, id);
-		return -EINVAL;
+		return settings_fail(err, errlen, path, "%s: no group %s on this machine", key, id);
 	}
 	*gid = (unsigned)g->gr_gid;
 	return 0;
@@ -95,15 +110,14 @@ static int parse_roots(const char *path, json_t *v, char ***out, char *err, size
 {
 	size_t n = json_is_array(v) ? json_array_size(v) : 0;
 	char **roots;
+	int r;
 
-	if (!json_is_array(v) || n == 0) {
-		snprintf(err, errlen, "%s: dataset_roots: must be a non-empty array of absolute "
-		         "directory paths", path);
-		return -EINVAL;
-	}
+	if (!json_is_array(v) || n == 0)
+		return settings_fail(err, errlen, path, "dataset_roots: must be a non-empty array of "
+		                     "absolute directory paths");
 	roots = calloc(n + 1, sizeof(*roots));
 	if (!roots)
-		return -ENOMEM;
+		return errfmt(-ENOMEM, err, errlen, "%s: dataset_roots: out of memory", path);
 	for (size_t i = 0; i < n; i++) {
 		json_t *e = json_array_get(v, i);
 		const char *t = json_is_string(e) ? json_string_value(e) : NULL;
@@ -111,26 +125,30 @@ static int parse_roots(const char *path, json_t *v, char ***out, char *err, size
 		struct stat st;
 
 		if (!t || t[0] != '/') {
-			snprintf(err, errlen, "%s: dataset_roots[%zu]: must be an absolute directory path",
-			         path, i);
+			r = settings_fail(err, errlen, path,
+			                  "dataset_roots[%zu]: must be an absolute directory path", i);
 			goto fail;
 		}
 		if (!realpath(t, real) || stat(real, &st) < 0) {
-			snprintf(err, errlen, "%s: dataset_roots[%zu]: %s: %s", path, i, t, strerror(errno));
+			r = settings_fail(err, errlen, path,
+			                  "dataset_roots[%zu]: %s: %s", i, t, strerror(errno));
 			goto fail;
 		}
 		if (!S_ISDIR(st.st_mode)) {
-			snprintf(err, errlen, "%s: dataset_roots[%zu]: %s: not a directory", path, i, t);
+			r = settings_fail(err, errlen, path,
+			                  "dataset_roots[%zu]: %s: not a directory", i, t);
 			goto fail;
 		}
-		if (!(roots[i] = strdup(real)))
+		if (!(roots[i] = strdup(real))) {
+			r = errfmt(-ENOMEM, err, errlen, "%s: dataset_roots: out of memory", path);
 			goto fail;
+		}
 	}
 	*out = roots;
 	return 0;
 fail:
 	free_roots(roots);
-	return -EINVAL;
+	return r;
 }
 
 /* One file into @cfg: its values replace what is there; its pipelines are
@@ -143,25 +161,30 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 	int r = -EINVAL;
 
 	root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-	if (!root) {
-		snprintf(err, errlen, "%s: line %d, column %d: %s", path, jerr.line, jerr.column, jerr.text);
-		return -EINVAL;
-	}
+	if (!root)
+		return settings_fail(err, errlen, path,
+		                     "line %d, column %d: %s", jerr.line, jerr.column, jerr.text);
 	if (!json_is_object(root)) {
-		snprintf(err, errlen, "%s: must be a JSON object", path);
+		r = settings_fail(err, errlen, path, "must be a JSON object");
 		goto out;
 	}
 	json_object_foreach(root, key, v) {
 		if (strcmp(key, "socket") == 0) {
 			if (!json_is_string(v) || !*json_string_value(v)) {
-				snprintf(err, errlen, "%s: socket: must be a non-empty string", path);
+				r = settings_fail(err, errlen, path,
+				                  "socket: must be a non-empty string");
 				goto out;
 			}
 			free(cfg->socket_path);
 			cfg->socket_path = strdup(json_string_value(v));
+			if (!cfg->socket_path) {
+				r = errfmt(-ENOMEM, err, errlen, "%s: socket: out of memory", path);
+				goto out;
+			}
 		} else if (strcmp(key, "workers") == 0) {
 			if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1024) {
-				snprintf(err, errlen, "%s: workers: must be an integer in 1..1024", path);
+				r = settings_fail(err, errlen, path,
+				                  "workers: must be an integer in 1..1024");
 				goto out;
 			}
 			cfg->workers = (unsigned)json_integer_value(v);
@@ -170,14 +193,16 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 			if (json_is_integer(v) && json_integer_value(v) > 0)
 				size = (uint64_t)json_integer_value(v);
 			else if (!json_is_string(v) || settings_parse_size(json_string_value(v), &size) < 0 || !size) {
-				snprintf(err, errlen, "%s: memory_limit: must be bytes or a size like \"8G\"", path);
+				r = settings_fail(err, errlen, path,
+				                  "memory_limit: must be bytes or a size like \"8G\"");
 				goto out;
 			}
 			cfg->memory_limit = size;
 		} else if (strcmp(key, "log_level") == 0) {
 			int lvl = json_is_string(v) ? log_level_from_name(json_string_value(v)) : -EINVAL;
 			if (lvl < 0) {
-				snprintf(err, errlen, "%s: log_level: must be one of error, warning, notice, info, debug", path);
+				r = settings_fail(err, errlen, path,
+				                  "log_level: must be one of error, warning, notice, info, debug");
 				goto out;
 			}
 			cfg->log_level = lvl;
@@ -186,58 +211,63 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 			char *end;
 			unsigned long m = strtoul(t, &end, 8);
 			if (!*t || *end || m > 0777 || strspn(t, "01234567") != strlen(t)) {
-				snprintf(err, errlen, "%s: socket_mode: must be an octal mode in a string, "
-				         "like \"0660\"", path);
+				r = settings_fail(err, errlen, path,
+				                  "socket_mode: must be an octal mode in a string, "
+				                  "like \"0660\"");
 				goto out;
 			}
 			if (!(m & 0600)) {
-				snprintf(err, errlen, "%s: socket_mode: %s leaves the daemon's own user out "
-				         "(it must keep 0600)", path, t);
+				r = settings_fail(err, errlen, path,
+				                  "socket_mode: %s leaves the daemon's own user out "
+				                  "(it must keep 0600)", t);
 				goto out;
 			}
 			cfg->has_socket_mode = true;
 			cfg->socket_mode = (unsigned)m;
 		} else if (strcmp(key, "socket_group") == 0) {
-			if (parse_group(path, key, v, &cfg->socket_gid, err, errlen) < 0)
+			if ((r = parse_group(path, key, v, &cfg->socket_gid, err, errlen)) < 0)
 				goto out;
 			cfg->has_socket_group = true;
 		} else if (strcmp(key, "admin_group") == 0) {
-			if (parse_group(path, key, v, &cfg->admin_gid, err, errlen) < 0)
+			if ((r = parse_group(path, key, v, &cfg->admin_gid, err, errlen)) < 0)
 				goto out;
 			cfg->has_admin_group = true;
 		} else if (strcmp(key, "max_connections_per_uid") == 0) {
 			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
 			    json_integer_value(v) > SETTINGS_CONN_MAX) {
-				snprintf(err, errlen, "%s: max_connections_per_uid: must be an integer in 1..%d",
-				         path, SETTINGS_CONN_MAX);
+				r = settings_fail(err, errlen, path,
+				                  "max_connections_per_uid: must be an integer in 1..%d",
+				                  SETTINGS_CONN_MAX);
 				goto out;
 			}
 			cfg->max_conn_per_uid = (unsigned)json_integer_value(v);
 		} else if (strcmp(key, "dataset_roots") == 0) {
 			char **roots = NULL;
-			if (parse_roots(path, v, &roots, err, errlen) < 0)
+			if ((r = parse_roots(path, v, &roots, err, errlen)) < 0)
 				goto out;
 			free_roots(cfg->dataset_roots);
 			cfg->dataset_roots = roots;
 		} else if (strcmp(key, "linger") == 0) {
 			double secs = json_is_number(v) ? json_number_value(v) : -1;
 			if (!(secs >= 0) || secs > SETTINGS_LINGER_MAX_S) {
-				snprintf(err, errlen, "%s: linger: must be a number of seconds in 0..%d", path,
-				         SETTINGS_LINGER_MAX_S);
+				r = settings_fail(err, errlen, path,
+				                  "linger: must be a number of seconds in 0..%d",
+				                  SETTINGS_LINGER_MAX_S);
 				goto out;
 			}
 			cfg->has_linger = true;
 			cfg->linger_ms = (uint64_t)llround(secs * 1000.0);
 		} else if (strcmp(key, "pipelines") == 0) {
 			if (!json_is_array(v)) {
-				snprintf(err, errlen, "%s: pipelines: must be an array of pipeline specs", path);
+				r = settings_fail(err, errlen, path,
+				                  "pipelines: must be an array of pipeline specs");
 				goto out;
 			}
 			if (!cfg->pipelines)
 				cfg->pipelines = json_array();
 			json_array_extend(cfg->pipelines, v);
 		} else {
-			snprintf(err, errlen, "%s: unknown key \"%s\"", path, key);
+			r = settings_fail(err, errlen, path, "unknown key \"%s\"", key);
 			goto out;
 		}
 	}

@@ -40,18 +40,15 @@ static const char *const generic_keys[] = { "name", "source", "batch_size", "shu
 					    "drop_last", "epochs", "prefetch", "min_clients",
 					    "persist", "ttl", "access", "group", NULL };
 
+/* errfmt with "spec: " in front, and always -EINVAL: every spec error is
+ * one of the client's input (common.h, the error idiom). */
 int spec_fail(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
-	if (err && errlen) {
-		int n = snprintf(err, errlen, "spec: ");
-		if (n < 0 || (size_t)n >= errlen)
-			n = 0;
-		va_start(ap, fmt);
-		vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
-		va_end(ap);
-	}
+	va_start(ap, fmt);
+	verrfmt(-EINVAL, err, errlen, "spec: ", fmt, ap);
+	va_end(ap);
 	return -EINVAL;
 }
 
@@ -417,11 +414,11 @@ int spec_from_json(struct spec **out, json_t *obj, char *err, size_t errlen)
 		err[0] = '\0';
 	spec = calloc(1, sizeof(*spec));
 	if (!spec)
-		return -ENOMEM;
+		return errfmt(-ENOMEM, err, errlen, "spec: out of memory");
 	r = spec_fill(spec, obj, err, errlen);
 	if (r < 0) {
-		if (r == -ENOMEM && err && errlen)
-			snprintf(err, errlen, "spec: out of memory");
+		if (r == -ENOMEM)
+			errfmt(r, err, errlen, "spec: out of memory");
 		spec_free(spec);
 		return r;
 	}
