@@ -25,6 +25,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "creds.h"
 
 static struct creds self;
@@ -193,16 +194,23 @@ int ds_set_roots(char *const *paths, char *err, size_t errlen)
 	if (!n)
 		return 0;
 	if (!(roots = calloc(n, sizeof(*roots))))
-		return -ENOMEM;
+		return errfmt(-ENOMEM, err, errlen, "dataset_roots: out of memory");
 	for (size_t i = 0; i < n; i++) {
 		int fd = open(paths[i], O_PATH | O_DIRECTORY | O_CLOEXEC);
+		int r;
+
 		if (fd < 0) {
 			int e = errno;
-			snprintf(err, errlen, "dataset_roots: %s: %s", paths[i], strerror(e));
+			r = errfmt(-e, err, errlen, "dataset_roots: %s: %s", paths[i], strerror(e));
 			ds_clear_roots();
-			return -e;
+			return r;
 		}
 		roots[nroots].path = strdup(paths[i]);
+		if (!roots[nroots].path) {
+			close(fd);
+			ds_clear_roots();
+			return errfmt(-ENOMEM, err, errlen, "dataset_roots: out of memory");
+		}
 		roots[nroots].len = strlen(paths[i]);
 		while (roots[nroots].len > 1 && paths[i][roots[nroots].len - 1] == '/')
 			roots[nroots].len--;
@@ -259,12 +267,10 @@ static int open_as(const struct creds *who, const char *path, int flags, char *e
 	struct stat st;
 	int fd, r;
 
-	if ((r = take(who)) < 0) {
-		snprintf(err, errlen, "%s: the daemon (uid %u) cannot read files as %s: it needs "
-		         "CAP_SETUID and CAP_SETGID (docs/security.md)", path, (unsigned)geteuid(),
-		         creds_user_name(who->uid, name, sizeof(name)));
-		return r;
-	}
+	if ((r = take(who)) < 0)
+		return errfmt(r, err, errlen, "%s: the daemon (uid %u) cannot read files as %s: it needs "
+		              "CAP_SETUID and CAP_SETGID (docs/security.md)", path, (unsigned)geteuid(),
+		              creds_user_name(who->uid, name, sizeof(name)));
 	/* O_NONBLOCK: a FIFO must not block the open; O_NOCTTY: nor a tty adopt us */
 	fd = open_beneath(path, flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, &in);
 	r = fd;
@@ -277,26 +283,25 @@ static int open_as(const struct creds *who, const char *path, int flags, char *e
 			close(fd);
 		if (nroots && !in) {
 			roots_list(list, sizeof(list));
-			snprintf(err, errlen, "%s: outside this daemon's dataset_roots (%s)", path, list);
-		} else if (r == -EXDEV) {
-			snprintf(err, errlen, "%s: leaves the dataset root %s (through .., a symlink or a "
-			         "/proc link)", path, in ? in->path : "");
-		} else if (r == -ELOOP) {
-			snprintf(err, errlen, "%s: a symlink loop or a /proc magic link (refused)", path);
-		} else if (r == -EACCES || r == -EPERM) {
-			snprintf(err, errlen, "%s: %s (as %s)", path, strerror(-r),
-			         creds_user_name(who->uid, name, sizeof(name)));
-		} else {
-			snprintf(err, errlen, "%s: %s", path, strerror(-r));
+			return errfmt(r, err, errlen, "%s: outside this daemon's dataset_roots (%s)",
+			              path, list);
 		}
-		return r;
+		if (r == -EXDEV)
+			return errfmt(r, err, errlen, "%s: leaves the dataset root %s (through .., a "
+			              "symlink or a /proc link)", path, in ? in->path : "");
+		if (r == -ELOOP)
+			return errfmt(r, err, errlen, "%s: a symlink loop or a /proc magic link (refused)",
+			              path);
+		if (r == -EACCES || r == -EPERM)
+			return errfmt(r, err, errlen, "%s: %s (as %s)", path, strerror(-r),
+			              creds_user_name(who->uid, name, sizeof(name)));
+		return errfmt(r, err, errlen, "%s: %s", path, strerror(-r));
 	}
 	if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
 		close(fd);
-		snprintf(err, errlen, "%s: not a regular file (a %s)", path,
-		         S_ISFIFO(st.st_mode) ? "FIFO" : S_ISSOCK(st.st_mode) ? "socket" :
-		         S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "device" : "special file");
-		return -EINVAL;
+		return errfmt(-EINVAL, err, errlen, "%s: not a regular file (a %s)", path,
+		              S_ISFIFO(st.st_mode) ? "FIFO" : S_ISSOCK(st.st_mode) ? "socket" :
+		              S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "device" : "special file");
 	}
 	if (!(flags & O_NONBLOCK))
 		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "config.h"
 #include "cudadev.h"
 #include "loader/loader.h"
@@ -70,10 +71,8 @@ int cuda_attach_device(uint32_t kind, int32_t index, struct cuda_device_info *in
 
 	if (kind == LDR_DEVICE_HOST)
 		return 0;
-	if (kind != LDR_DEVICE_CUDA) {
-		snprintf(err, errsize, "unknown device kind %u (0 host, 1 cuda)", kind);
-		return -EINVAL;
-	}
+	if (kind != LDR_DEVICE_CUDA)
+		return errfmt(-EINVAL, err, errsize, "unknown device kind %u (0 host, 1 cuda)", kind);
 	r = cuda_attach_check(index, info, err, errsize);
 	if (r < 0)
 		return r;
@@ -561,22 +560,18 @@ static int engine_get(struct cuda_devices *d, const struct cuda_device_info *inf
 	CUresult r;
 	int ret;
 
-	if (info->index < 0 || info->index >= CUDA_MAX_DEVICES) {
-		snprintf(err, errsize, "cuda:%d: this loaderd serves devices 0 to %d", info->index,
-		         CUDA_MAX_DEVICES - 1);
-		return -ENXIO;
-	}
-	if (d->stopping) {
-		snprintf(err, errsize, "daemon is shutting down");
-		return -ESHUTDOWN;
-	}
+	if (info->index < 0 || info->index >= CUDA_MAX_DEVICES)
+		return errfmt(-ENXIO, err, errsize, "cuda:%d: this loaderd serves devices 0 to %d",
+		              info->index, CUDA_MAX_DEVICES - 1);
+	if (d->stopping)
+		return errfmt(-ESHUTDOWN, err, errsize, "daemon is shutting down");
 	if ((e = d->eng[info->index])) {
 		*out = e;
 		return 0;
 	}
 	e = calloc(1, sizeof(*e));
 	if (!e)
-		return -ENOMEM;
+		return errfmt(-ENOMEM, err, errsize, "cuda:%d: out of memory", info->index);
 	e->d = d;
 	e->device = info->index;
 	snprintf(e->name, sizeof(e->name), "%s", info->name);
@@ -603,7 +598,8 @@ static int engine_get(struct cuda_devices *d, const struct cuda_device_info *inf
 	}
 	ret = -pthread_create(&e->thread, NULL, engine_main, e);
 	if (ret < 0) {
-		snprintf(err, errsize, "cuda:%d: cannot start the copy engine: %s", info->index, strerror(-ret));
+		errfmt(ret, err, errsize, "cuda:%d: cannot start the copy engine: %s", info->index,
+		       strerror(-ret));
 		g_drv->StreamDestroy(e->stream);
 		g_drv->DevicePrimaryCtxRelease(e->dev);
 		free(e);
@@ -694,15 +690,12 @@ static int dslab_sized(const struct cuda_device_info *info, uint64_t slot_bytes,
 	struct cuda_dslab *s;
 	int r = cuda_slab_layout(slot_bytes, nslots, gmin, grec, &l);
 
-	if (r < 0) {
-		snprintf(err, errsize, "cuda:%d: cannot size a device slab of %u slots of %" PRIu64 " bytes",
-		         info->index, nslots, slot_bytes);
-		return r;
-	}
-	if (!(s = calloc(1, sizeof(*s)))) {
-		snprintf(err, errsize, "cuda:%d: out of memory", info->index);
-		return -ENOMEM;
-	}
+	if (r < 0)
+		return errfmt(r, err, errsize,
+		              "cuda:%d: cannot size a device slab of %u slots of %" PRIu64 " bytes",
+		              info->index, nslots, slot_bytes);
+	if (!(s = calloc(1, sizeof(*s))))
+		return errfmt(-ENOMEM, err, errsize, "cuda:%d: out of memory", info->index);
 	s->device = info->index;
 	s->fd = -1;
 	s->bytes = l.slab_bytes;
@@ -866,8 +859,8 @@ struct json_t *cuda_devices_json(const struct cuda_devices *d)
 int cuda_dslab_new(struct cuda_devices *d, const struct cuda_device_info *info, uint64_t slot_bytes,
                    uint32_t nslots, struct cuda_dslab **out, char *err, size_t errsize)
 {
-	snprintf(err, errsize, "this loaderd was built without CUDA support: host delivery only");
-	return -ENOTSUP;
+	return errfmt(-ENOTSUP, err, errsize,
+	              "this loaderd was built without CUDA support: host delivery only");
 }
 
 void cuda_dslab_free(struct cuda_devices *d, struct cuda_dslab *s)

@@ -150,15 +150,14 @@ int devcopy_get(struct pipeline *pl, const struct cuda_device_info *info, struct
 		}
 	if (!eng->cuda) {
 		r = cuda_devices_new(&eng->cuda, eng->loop);
-		if (r < 0) {
-			snprintf(err, errlen, "cuda:%d: cannot start the copy engines: %s", info->index, strerror(-r));
-			return r;
-		}
+		if (r < 0)
+			return errfmt(r, err, errlen,
+			              "cuda:%d: cannot start the copy engines: %s", info->index, strerror(-r));
 	}
 	dc = calloc(1, sizeof(*dc));
 	if (!dc || !(dc->state = calloc(pl->nslots, 1))) {
 		free(dc);
-		return -ENOMEM;
+		return errfmt(-ENOMEM, err, errlen, "cuda:%d: out of memory", info->index);
 	}
 	r = cuda_dslab_new(eng->cuda, info, pl->slot_bytes, pl->nslots, &dc->ds, err, errlen);
 	if (r < 0) {

@@ -22,6 +22,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "fdchan.h"
 #include "log.h"
 
@@ -63,21 +64,17 @@ int sock_claim_path(const char *path, int (*probe)(const char *path), char *err,
 	struct stat st;
 	int fd, r;
 
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		snprintf(err, errlen, "socket path too long (most %zu bytes): %s", sizeof(sa.sun_path) - 1, path);
-		return -ENAMETOOLONG;
-	}
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return errfmt(-ENAMETOOLONG, err, errlen,
+		              "socket path too long (most %zu bytes): %s", sizeof(sa.sun_path) - 1, path);
 	if (lstat(path, &st) < 0) {
 		if (errno == ENOENT)
 			return 0;
 		r = -errno;
-		snprintf(err, errlen, "cannot use socket path %s: %s", path, strerror(-r));
-		return r;
+		return errfmt(r, err, errlen, "cannot use socket path %s: %s", path, strerror(-r));
 	}
-	if (!S_ISSOCK(st.st_mode)) {
-		snprintf(err, errlen, "%s exists and is not a socket", path);
-		return -EEXIST;
-	}
+	if (!S_ISSOCK(st.st_mode))
+		return errfmt(-EEXIST, err, errlen, "%s exists and is not a socket", path);
 	if (probe) {
 		r = probe(path);
 	} else {
@@ -85,24 +82,19 @@ int sock_claim_path(const char *path, int (*probe)(const char *path), char *err,
 		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (fd < 0) {
 			r = -errno;
-			snprintf(err, errlen, "cannot check %s: socket: %s", path, strerror(-r));
-			return r;
+			return errfmt(r, err, errlen, "cannot check %s: socket: %s", path, strerror(-r));
 		}
 		r = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ? 0 : -errno;
 		close(fd);
 	}
-	if (r == 0) {
-		snprintf(err, errlen, "another loaderd is already listening on %s", path);
-		return -EADDRINUSE;
-	}
-	if (r != -ECONNREFUSED) {
-		snprintf(err, errlen, "cannot check %s: %s", path, strerror(-r));
-		return r;
-	}
+	if (r == 0)
+		return errfmt(-EADDRINUSE, err, errlen,
+		              "another loaderd is already listening on %s", path);
+	if (r != -ECONNREFUSED)
+		return errfmt(r, err, errlen, "cannot check %s: %s", path, strerror(-r));
 	if (unlink(path) < 0 && errno != ENOENT) {
-		r = -errno; /* read before snprintf(), which may set errno */
-		snprintf(err, errlen, "cannot remove stale socket %s: %s", path, strerror(-r));
-		return r;
+		r = -errno; /* read before errfmt(), which may set errno */
+		return errfmt(r, err, errlen, "cannot remove stale socket %s: %s", path, strerror(-r));
 	}
 	log_notice("replaced stale socket %s", path);
 	return 0;
@@ -338,10 +330,8 @@ int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path, unsigned 
 	if (r < 0)
 		return r;
 	ch = calloc(1, sizeof(*ch));
-	if (!ch) {
-		snprintf(err, errlen, "cannot listen on %s: out of memory", path);
-		return -ENOMEM;
-	}
+	if (!ch)
+		return errfmt(-ENOMEM, err, errlen, "cannot listen on %s: out of memory", path);
 	ch->loop = loop;
 	ch->lookup = lookup;
 	ch->userdata = userdata;
@@ -366,8 +356,7 @@ int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path, unsigned 
 	return 0;
 
 fail:
-	r = -errno;
-	snprintf(err, errlen, "cannot listen on %s: %s", path, strerror(errno));
+	r = errfmt(-errno, err, errlen, "cannot listen on %s: %s", path, strerror(errno));
 	if (ch->fd >= 0)
 		close(ch->fd);
 	free(ch);

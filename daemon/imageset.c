@@ -277,8 +277,8 @@ int imageset_open_folder(struct imageset **out, const struct creds *who, const c
 		goto out;
 	}
 	if (classes.n == 0) {
-		r = errfmt(-EINVAL, err, errlen, "%s: no class folders (an image_folder root holds one folder per class)",
-			 root);
+		r = errfmt(-EINVAL, err, errlen,
+		           "%s: no class folders (an image_folder root holds one folder per class)", root);
 		goto out;
 	}
 	qsort(classes.v, classes.n, sizeof(classes.v[0]), cmp_str);
@@ -529,7 +529,7 @@ out:
 	free(ix);
 	if (r < 0) {
 		if (r == -ENOMEM && err && errlen && !err[0])
-			snprintf(err, errlen, "webdataset: out of memory");
+			errfmt(r, err, errlen, "webdataset: out of memory");
 		imageset_free(set);
 		return r;
 	}

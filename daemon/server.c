@@ -121,19 +121,17 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	int r;
 
 	srv = calloc(1, sizeof(*srv));
-	if (!srv) {
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
+	if (!srv)
+		return errfmt(-ENOMEM, err, errlen, "out of memory");
 	srv->loop = loop;
 	srv->started_ms = uv_now(loop);
 	wedged_init(&srv->wedged);
 	server_init_locks(srv);
 	if (snprintf(srv->path, sizeof(srv->path), "%s", cfg->socket_path) >= (int)sizeof(srv->path) - 5) {
-		snprintf(err, errlen, "socket path too long (most %zu bytes): %s", sizeof(srv->path) - 6,
-		         cfg->socket_path);
+		r = errfmt(-ENAMETOOLONG, err, errlen, "socket path too long (most %zu bytes): %s",
+		           sizeof(srv->path) - 6, cfg->socket_path);
 		server_free(srv);
-		return -ENAMETOOLONG;
+		return r;
 	}
 	sockpath_fdchan(srv->fdpath, sizeof(srv->fdpath), srv->path);
 	srv->sock_mode = cfg->socket_mode ? cfg->socket_mode : 0660;
@@ -148,7 +146,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	}
 	r = uv_async_init(loop, &srv->async, on_async);
 	if (r < 0) {
-		snprintf(err, errlen, "cannot set up the event loop: %s", uv_strerror(r));
+		errfmt(r, err, errlen, "cannot set up the event loop: %s", uv_strerror(r));
 		server_free(srv);
 		return r;
 	}
@@ -159,7 +157,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	srv->sweep_timer.data = srv;
 	r = engine_new(&srv->engine, loop, cfg->workers, cfg->memory_limit, &ops, srv);
 	if (r < 0) {
-		snprintf(err, errlen, "cannot start %u workers: %s", cfg->workers, strerror(-r));
+		errfmt(r, err, errlen, "cannot start %u workers: %s", cfg->workers, strerror(-r));
 		srv->engine = NULL;
 		goto fail_handles;
 	}
@@ -169,8 +167,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 		goto fail_engine;
 
 	if ((r = nng_rep0_open(&srv->sock)) != 0) {
-		snprintf(err, errlen, "nng: cannot open socket: %s", nng_strerror(r));
-		r = -EIO;
+		r = errfmt(-EIO, err, errlen, "nng: cannot open socket: %s", nng_strerror(r));
 		goto fail_fdchan;
 	}
 	srv->sock_open = true;

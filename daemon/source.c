@@ -116,13 +116,13 @@ int source_open_as(struct source **out, const struct spec *spec, const struct cr
 		return errfmt(-EINVAL, err, errlen, "unknown source kind %d", (int)spec->kind);
 	src = calloc(1, ops->size);
 	if (!src)
-		return -ENOMEM;
+		return errfmt(-ENOMEM, err, errlen, "source: out of memory");
 	src->ops = ops;
 	src->who = *who;
 	r = ops->open(src, spec, err, errlen);
 	if (r < 0) {
 		if (r == -ENOMEM && err && errlen && !err[0])
-			snprintf(err, errlen, "source: out of memory");
+			errfmt(r, err, errlen, "source: out of memory");
 		source_free(src);
 		return r;
 	}
