@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "config.h"
 #include "cudadrv.h"
 #include "devmap.h"
@@ -69,8 +70,7 @@ static int fail(struct devmap *m, const char *what, CUresult r, char *err, size_
 	char msg[384];
 	int ret = cuda_driver_error(m->drv, what, r, msg, sizeof(msg));
 
-	snprintf(err, errsize, "cuda:%d: cannot map the device slab: %s", m->device, msg);
-	return ret;
+	return errfmt(ret, err, errsize, "cuda:%d: cannot map the device slab: %s", m->device, msg);
 }
 
 int devmap_open(struct devmap **out, int device, uint32_t kind, int fd, uint64_t size,
@@ -93,9 +93,9 @@ int devmap_open(struct devmap **out, int device, uint32_t kind, int fd, uint64_t
 	    (kind != DEVMAP_VMM && kind != DEVMAP_IPC) || !size) {
 		if (fd >= 0)
 			close(fd);
-		snprintf(err, errsize, "attach reply: malformed device slab (memory kind %u, %zu handle bytes)",
-		         kind, ipclen);
-		return -EPROTO;
+		return errfmt(-EPROTO, err, errsize,
+		              "attach reply: malformed device slab (memory kind %u, %zu handle bytes)",
+		              kind, ipclen);
 	}
 	if (kind == DEVMAP_VMM && (ret = cuda_driver_require(drv, true, err, errsize)) < 0) {
 		close(fd);
@@ -105,7 +105,7 @@ int devmap_open(struct devmap **out, int device, uint32_t kind, int fd, uint64_t
 	if (!m) {
 		if (fd >= 0)
 			close(fd);
-		return -ENOMEM;
+		return errfmt(-ENOMEM, err, errsize, "cuda:%d: out of memory", device);
 	}
 	m->drv = drv;
 	m->device = device;
@@ -270,8 +270,8 @@ int devmap_open(struct devmap **out, int device, uint32_t kind, int fd, uint64_t
 	*out = NULL;
 	if (fd >= 0)
 		close(fd);
-	snprintf(err, errsize, "this libloader was built without CUDA support: host delivery only");
-	return -ENOTSUP;
+	return errfmt(-ENOTSUP, err, errsize,
+	              "this libloader was built without CUDA support: host delivery only");
 }
 
 void devmap_close(struct devmap *m)

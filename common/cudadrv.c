@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "config.h"
 #include "cudadrv.h"
 
@@ -121,17 +122,14 @@ static int driver_fail(struct cuda_driver *drv, const char *what, CUresult r, ch
 {
 	char desc[256];
 
-	if ((int)r == 34) {
-		snprintf(err, errsize, "the CUDA driver at %s is the toolkit's stub library, not a real driver "
-		         "(CUDA_ERROR_STUB_LIBRARY from %s)", drv->path, what);
-		return -ENODEV;
-	}
+	if ((int)r == 34)
+		return errfmt(-ENODEV, err, errsize,
+		              "the CUDA driver at %s is the toolkit's stub library, not a real driver "
+		              "(CUDA_ERROR_STUB_LIBRARY from %s)", drv->path, what);
 	describe_result(drv, r, desc, sizeof(desc));
 	if ((int)r == 100)
-		snprintf(err, errsize, "no CUDA device: %s: %s", what, desc);
-	else
-		snprintf(err, errsize, "CUDA driver %s: %s: %s", drv->path, what, desc);
-	return result_errno(r);
+		return errfmt(result_errno(r), err, errsize, "no CUDA device: %s: %s", what, desc);
+	return errfmt(result_errno(r), err, errsize, "CUDA driver %s: %s: %s", drv->path, what, desc);
 }
 
 /* Resolve @name through cuGetProcAddress, else dlsym(@dlname). */
@@ -189,10 +187,8 @@ int cuda_driver_open(struct cuda_driver **out, const char *path, char *err, size
 	if (!path || !*path)
 		path = CUDA_DRIVER_LIBRARY;
 	drv = calloc(1, sizeof(*drv));
-	if (!drv) {
-		snprintf(err, errsize, "out of memory");
-		return -ENOMEM;
-	}
+	if (!drv)
+		return errfmt(-ENOMEM, err, errsize, "out of memory");
 	snprintf(drv->path, sizeof(drv->path), "%s", path);
 	dlerror();
 	drv->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -203,9 +199,9 @@ int cuda_driver_open(struct cuda_driver **out, const char *path, char *err, size
 			e = "dlopen failed";
 		/* glibc's message starts with the path; say it once either way */
 		if (!strncmp(e, path, strlen(path)))
-			snprintf(err, errsize, "CUDA driver not found: %s", e);
+			errfmt(-ENODEV, err, errsize, "CUDA driver not found: %s", e);
 		else
-			snprintf(err, errsize, "CUDA driver not found: %s: %s", path, e);
+			errfmt(-ENODEV, err, errsize, "CUDA driver not found: %s: %s", path, e);
 		cuda_driver_free(drv);
 		return -ENODEV;
 	}
@@ -266,8 +262,8 @@ int cuda_driver_open(struct cuda_driver **out, const char *path, char *err, size
 	RESOLVE(drv, MemUnmap, "cuMemUnmap", NULL);
 	RESOLVE(drv, MemSetAccess, "cuMemSetAccess", NULL);
 	if (!drv->Init || !drv->DeviceGetCount || !drv->DeviceGet) {
-		snprintf(err, errsize, "%s is not a CUDA driver: it lacks %s", drv->path,
-		         !drv->Init ? "cuInit" : !drv->DeviceGetCount ? "cuDeviceGetCount" : "cuDeviceGet");
+		errfmt(-ENODEV, err, errsize, "%s is not a CUDA driver: it lacks %s", drv->path,
+		       !drv->Init ? "cuInit" : !drv->DeviceGetCount ? "cuDeviceGetCount" : "cuDeviceGet");
 		cuda_driver_free(drv);
 		return -ENODEV;
 	}
@@ -294,23 +290,19 @@ int cuda_driver_device(struct cuda_driver *drv, int index, struct cuda_device_in
 	memset(info, 0, sizeof(*info));
 	info->index = index;
 	info->driver_version = drv->driver_version;
-	if (index < 0) {
-		snprintf(err, errsize, "cuda:%d: a device index is not negative", index);
-		return -EINVAL;
-	}
+	if (index < 0)
+		return errfmt(-EINVAL, err, errsize, "cuda:%d: a device index is not negative", index);
 	r = drv->DeviceGetCount(&count);
 	if (r != CUDA_SUCCESS)
 		return driver_fail(drv, "cuDeviceGetCount", r, err, errsize);
 	info->count = count;
-	if (count == 0) {
-		snprintf(err, errsize, "no CUDA device: the driver at %s reports 0 devices", drv->path);
-		return -ENODEV;
-	}
-	if (index >= count) {
-		snprintf(err, errsize, "cuda:%d requested, %d device%s present", index, count,
-		         count == 1 ? "" : "s");
-		return -ENXIO;
-	}
+	if (count == 0)
+		return errfmt(-ENODEV, err, errsize,
+		              "no CUDA device: the driver at %s reports 0 devices", drv->path);
+	if (index >= count)
+		return errfmt(-ENXIO, err, errsize,
+		              "cuda:%d requested, %d device%s present", index, count,
+		              count == 1 ? "" : "s");
 	r = drv->DeviceGet(&dev, index);
 	if (r != CUDA_SUCCESS)
 		return driver_fail(drv, "cuDeviceGet", r, err, errsize);
@@ -356,8 +348,7 @@ int cuda_driver_error(struct cuda_driver *drv, const char *what, int result, cha
 	char desc[256];
 
 	describe_result(drv, (CUresult)result, desc, sizeof(desc));
-	snprintf(err, errsize, "%s: %s", what, desc);
-	return result_errno((CUresult)result);
+	return errfmt(result_errno((CUresult)result), err, errsize, "%s: %s", what, desc);
 }
 
 int cuda_driver_require(struct cuda_driver *drv, bool vmm, char *err, size_t errsize)
@@ -387,10 +378,9 @@ int cuda_driver_require(struct cuda_driver *drv, bool vmm, char *err, size_t err
 		if (need[i].vmm && !vmm)
 			continue;
 		memcpy(&fn, (const char *)drv + need[i].off, sizeof(fn));
-		if (!fn) {
-			snprintf(err, errsize, "the CUDA driver at %s lacks %s", drv->path, need[i].name);
-			return -ENOTSUP;
-		}
+		if (!fn)
+			return errfmt(-ENOTSUP, err, errsize,
+			              "the CUDA driver at %s lacks %s", drv->path, need[i].name);
 	}
 	return 0;
 }
@@ -435,8 +425,7 @@ void cuda_event_pool_clear(struct cuda_driver *drv, struct cuda_event_pool *p)
 
 int cuda_driver_error(struct cuda_driver *drv, const char *what, int result, char *err, size_t errsize)
 {
-	snprintf(err, errsize, "%s: CUresult %d", what, result);
-	return -EIO;
+	return errfmt(-EIO, err, errsize, "%s: CUresult %d", what, result);
 }
 
 struct cuda_driver {
@@ -446,9 +435,9 @@ struct cuda_driver {
 int cuda_driver_open(struct cuda_driver **out, const char *path, char *err, size_t errsize)
 {
 	*out = NULL;
-	snprintf(err, errsize, "this loaderd was built without CUDA support (-Dcuda=disabled or no cuda.h): "
-	         "host delivery only");
-	return -ENOTSUP;
+	return errfmt(-ENOTSUP, err, errsize,
+	              "this loaderd was built without CUDA support (-Dcuda=disabled or no cuda.h): "
+	              "host delivery only");
 }
 
 struct cuda_driver *cuda_driver_free(struct cuda_driver *drv)
@@ -466,8 +455,8 @@ int cuda_driver_device(struct cuda_driver *drv, int index, struct cuda_device_in
                        char *err, size_t errsize)
 {
 	memset(info, 0, sizeof(*info));
-	snprintf(err, errsize, "this loaderd was built without CUDA support: host delivery only");
-	return -ENOTSUP;
+	return errfmt(-ENOTSUP, err, errsize,
+	              "this loaderd was built without CUDA support: host delivery only");
 }
 
 #endif /* HAVE_CUDA */
@@ -500,7 +489,7 @@ int cuda_driver_process(struct cuda_driver **out, char *err, size_t errsize, boo
 	}
 	*out = g_drv;
 	if (g_ret < 0)
-		snprintf(err, errsize, "%s", g_err);
+		return errfmt(g_ret, err, errsize, "%s", g_err);
 	return g_ret;
 }
 
