@@ -110,15 +110,33 @@ int image_scratch_grow(void *p, size_t *cap, size_t need)
 }
 
 /*
+ * A new TurboJPEG handle, as every file gets one. libjpeg keeps the Huffman
+ * and quantization tables of the files it read in its decompressor (for
+ * abbreviated datastreams), and libjpeg-turbo fills the Huffman slots still
+ * empty with the standard tables at its first decode. A file that uses a
+ * table it does not define would otherwise decode with the tables the
+ * thread's previous file left there, or fail on a fresh thread ("Huffman
+ * table 0x01 was not defined"): whether a sample decodes, and its pixels,
+ * would depend on which worker decoded what before it (found by
+ * fuzz/fuzz-image.c; fuzz/regress/image/). A handle costs two small
+ * allocations, little next to a decode.
+ */
+static int tj_fresh(struct image_scratch *s)
+{
+	if (s->tj)
+		tjDestroy(s->tj);
+	s->tj = tjInitDecompress();
+	return s->tj ? 0 : -ENOMEM;
+}
+
+/*
  * After a failed tjDecompressHeader3() libjpeg-turbo 2.1 leaves the handle in
  * the middle of a header, and the next call would go on parsing the next
  * file from there: start over with a new handle.
  */
 static int tj_reset(struct image_scratch *s)
 {
-	tjDestroy(s->tj);
-	s->tj = tjInitDecompress();
-	return s->tj ? -EINVAL : -ENOMEM;
+	return tj_fresh(s) < 0 ? -ENOMEM : -EINVAL;
 }
 
 /* ---- probing ---- */
@@ -139,7 +157,7 @@ int image_probe(struct image_scratch *s, const uint8_t *data, size_t len, struct
 	if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
 		int w, h, subsamp, cs;
 
-		if (!s->tj && !(s->tj = tjInitDecompress()))
+		if (tj_fresh(s) < 0)
 			return errfmt(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
 		if (len > (size_t)0xffffffffu)
 			return errfmt(-EINVAL, err, errlen, "JPEG file too large");
@@ -240,6 +258,10 @@ static void cmyk_to_rgb(uint8_t *pix, size_t px)
 	}
 }
 
+static int jpeg_decode_region(struct image_scratch *s, const uint8_t *data, size_t len,
+			      const struct image_info *info, int num, int denom, int x0, int y0,
+			      int x1, int y1, struct image_region *got, char *err, size_t errlen);
+
 static int jpeg_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 		       const struct image_info *info, int num, int denom, char *err, size_t errlen)
 {
@@ -247,6 +269,8 @@ static int jpeg_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 	int w, h, pf = cmyk ? TJPF_CMYK : TJPF_RGB;
 	size_t px;
 
+	if (tj_fresh(s) < 0)
+		return errfmt(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
 	image_scaled_size(info, num, denom, &w, &h);
 	px = (size_t)w * (size_t)h;
 	if (image_scratch_grow(&s->pix, &s->pix_cap, px * (cmyk ? 4 : 3)) < 0)
@@ -255,11 +279,28 @@ static int jpeg_decode(struct image_scratch *s, const uint8_t *data, size_t len,
 			  TJFLAG_LIMITSCANS) < 0) {
 		const char *msg = tjGetErrorStr2(s->tj);
 
+		struct image_region got;
+
 		/* A warning leaves a whole image; only a truncated one is refused. */
 		if (tjGetErrorCode(s->tj) != TJERR_WARNING || strstr(msg, "Premature end")) {
 			errfmt(-EINVAL, err, errlen, "JPEG: %s", msg);
 			return tj_reset(s);
 		}
+		/*
+		 * But once a warning was emitted, TurboJPEG reports every later
+		 * error as a warning too (tjGetErrorCode() says TJERR_WARNING
+		 * whenever one was seen), and a fatal one ("Huffman table 0x01
+		 * was not defined" after "extraneous bytes") leaves the rest of
+		 * s->pix as it was: the thread's previous image, or
+		 * uninitialized memory, handed out as this sample (found by
+		 * fuzz/fuzz-image.c; fuzz/regress/image/). Decode it again with
+		 * the libjpeg API, whose error_exit tells the two apart: the
+		 * whole image as a region is the same pixels (image.h), and a
+		 * file that only warns costs this second decode, a clean one
+		 * nothing.
+		 */
+		return jpeg_decode_region(s, data, len, info, num, denom, 0, 0, w, h, &got, err,
+					  errlen);
 	}
 	if (cmyk)
 		cmyk_to_rgb(s->pix, px);
@@ -340,7 +381,8 @@ static void jdec_free(void *p)
 
 static struct jdec *jdec_get(struct image_scratch *s)
 {
-	struct jdec *j = s->dj;
+	/* volatile: live across the setjmp below (-Wclobbered) */
+	struct jdec *volatile j = s->dj;
 
 	if (j)
 		return j;
@@ -494,11 +536,19 @@ static int jpeg_region_body(struct image_scratch *s, struct jdec *j, const uint8
 	return 0;
 }
 
+/* A new decompressor for every file, that no table of the thread's previous
+ * file is used for this one (tj_fresh()). */
+static void jdec_renew(struct image_scratch *s)
+{
+	jdec_free(s->dj);
+	s->dj = NULL;
+}
+
 static int jpeg_decode_region(struct image_scratch *s, const uint8_t *data, size_t len,
 			      const struct image_info *info, int num, int denom, int x0, int y0,
 			      int x1, int y1, struct image_region *got, char *err, size_t errlen)
 {
-	struct jdec *j = jdec_get(s);
+	struct jdec *j = (jdec_renew(s), jdec_get(s));
 
 	if (!j)
 		return errfmt(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
