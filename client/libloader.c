@@ -552,9 +552,10 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	hello.client_name = (char *)client_name;
 	req.body_case = LOADERD__REQUEST__BODY_HELLO;
 	req.hello = &hello;
-	/* A Hello that goes unanswered for a few seconds is retried on a fresh
-	 * connection: the daemon replaces a listener that nng 1.5.2 wedged
-	 * (see daemon/server.c), and a connection queued on the old one is lost.
+	/* A Hello that goes unanswered for a few seconds, or whose connection
+	 * the daemon cut, is retried on a fresh connection: the daemon replaces
+	 * a listener that nng 1.5.2 wedged (daemon/nngfix.c), and cuts the
+	 * connections queued on the old one, which are lost.
 	 * Every close here is bounded (client_drop()), as in ldr_close(). */
 	for (int attempt = 0;; attempt++) {
 		if ((rv = nng_dial(c->sock, url, &c->dialer, 0)) != 0) {
@@ -564,7 +565,7 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 			return r;
 		}
 		r = call_timeout(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, HELLO_TIMEOUT_MS);
-		if (r != -ETIMEDOUT || attempt == HELLO_ATTEMPTS - 1)
+		if ((r != -ETIMEDOUT && r != LDR_EDISCONNECTED) || attempt == HELLO_ATTEMPTS - 1)
 			break;
 		/* go on with a fresh client: one whose close did not finish is
 		 * left to it (its pipe callback may still run) */

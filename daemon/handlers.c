@@ -12,8 +12,15 @@ static void handle_hello(struct server *srv, struct sctx *c, struct client *cl, 
 {
 	Loaderd__Reply rep = LOADERD__REPLY__INIT;
 	Loaderd__HelloReply hr = LOADERD__HELLO_REPLY__INIT;
-	char msg[128];
+	char msg[160];
 
+	if (cl->refused) {
+		/* over a connection quota (session.c): the client prints why, then
+		 * closes; sessions_tick() closes it if it does not */
+		client_refusal(srv, cl, msg, sizeof(msg));
+		reply_error(srv, c, EUSERS, msg);
+		return;
+	}
 	if (h->protocol != LDR_PROTOCOL_VERSION) {
 		snprintf(msg, sizeof(msg), "protocol version %u is not supported (loaderd %s speaks %d)",
 		         h->protocol, LOADERD_VERSION, LDR_PROTOCOL_VERSION);

@@ -3,9 +3,11 @@
  *
  * nng issue #1518 (fixed in 1.6): a peer that hangs up in the middle of the SP
  * handshake stops the ipc listener from accepting; the watchdog (probe_main)
- * asks the daemon's own socket every 2 s with a hand-framed SP handshake and
- * Hello, and heal_listener() binds a new listener over the path when it is not
- * answered. nng_close() of a REQ socket can block nng's reaper for good, so the
+ * asks the daemon's own socket twice a second with a hand-framed SP handshake
+ * and Hello, and heal_listener() binds a new listener over the path when the
+ * connection never reaches the socket or the Hello is not answered; it cuts the
+ * connections the old one holds, and close_old_listeners() frees what nng
+ * 1.5.2 never frees of it (its fds) once its clients are gone. nng_close() of a REQ socket can block nng's reaper for good, so the
  * probe uses a plain AF_UNIX socket. A reply racing a killed client's close can
  * wedge the reaper too: the dead-pid sweep (on_sweep_timer) releases clients
  * whose process is gone. The bounded close lives in common/nngclose.c, shared
@@ -55,12 +57,13 @@ static bool recv_all(int fd, void *buf, size_t len)
  * same request id. A listener wedged by #1518 can still complete the
  * transport handshake while its pipe never reaches the socket.
  */
-static int sp_probe(const char *path, int timeout_ms, bool hello)
+static int sp_probe(const char *path, int timeout_ms, bool hello, atomic_uint *added)
 {
 	static const uint8_t req_hdr[8] = { 0, 'S', 'P', 0, 0x00, 0x30, 0, 0 }; /* REQ0 */
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timeval tv = { .tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000 };
 	uint8_t got[8];
+	unsigned before = added ? atomic_load(added) : 0;
 	int fd, e;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
@@ -84,6 +87,17 @@ static int sp_probe(const char *path, int timeout_ms, bool hello)
 	if (!recv_all(fd, got, sizeof(got)) || memcmp(got, "\0SP\0", 4) || got[4] != 0x00 || got[5] != 0x31) {
 		close(fd);
 		return -EIO;
+	}
+	/* A wedged listener completes the transport handshake but never hands
+	 * the connection to the socket: nng's ADD_POST (rpc.c) comes within
+	 * moments on a healthy one, on nng's thread, whatever the loop does. So
+	 * a wedge is known in PROBE_ADD_WAIT_MS, not PROBE_WAIT_MS. */
+	for (int waited = 0; added && atomic_load(added) == before; waited += 5) {
+		if (waited >= PROBE_ADD_WAIT_MS) {
+			close(fd);
+			return -EIO;
+		}
+		usleep(5000);
 	}
 	if (hello) {
 		Loaderd__Request req = LOADERD__REQUEST__INIT;
@@ -120,7 +134,7 @@ static int sp_probe(const char *path, int timeout_ms, bool hello)
 
 int socket_probe(const char *path)
 {
-	return sp_probe(path, PROBE_WAIT_MS, false);
+	return sp_probe(path, PROBE_WAIT_MS, false, NULL);
 }
 
 /*
@@ -162,10 +176,11 @@ int listener_start(struct server *srv, nng_listener *out, char *err, size_t errl
 	return 0;
 }
 
-/* An SP handshake with our own socket, answered within PROBE_WAIT_MS. */
+/* An SP handshake with our own socket whose connection reaches the socket
+ * within PROBE_ADD_WAIT_MS and whose Hello is answered within PROBE_WAIT_MS. */
 static bool probe_once(struct server *srv)
 {
-	return sp_probe(srv->path, PROBE_WAIT_MS, true) == 0;
+	return sp_probe(srv->path, PROBE_WAIT_MS, true, &srv->self_pipes) == 0;
 }
 
 /*
@@ -175,7 +190,7 @@ static bool probe_once(struct server *srv)
  * daemon deaf to every new client. So a thread checks every PROBE_EVERY_MS that
  * a handshake with our own socket completes; when one does not, the loop
  * starts a fresh listener and renames it over the path. Connected clients keep
- * their connections. Probes cost one connection each, no request.
+ * their connections. Probes cost one connection and one Hello each.
  */
 void *probe_main(void *arg)
 {
@@ -186,6 +201,11 @@ void *probe_main(void *arg)
 	while (!srv->probe_stop) {
 		clock_gettime(CLOCK_MONOTONIC, &deadline);
 		deadline.tv_sec += PROBE_EVERY_MS / 1000;
+		deadline.tv_nsec += PROBE_EVERY_MS % 1000 * 1000000L;
+		if (deadline.tv_nsec >= 1000000000L) {
+			deadline.tv_sec++;
+			deadline.tv_nsec -= 1000000000L;
+		}
 		while (!srv->probe_stop &&
 		       pthread_cond_timedwait(&srv->probe_cond, &srv->probe_lock, &deadline) != ETIMEDOUT)
 			;
@@ -206,15 +226,21 @@ void *probe_main(void *arg)
 	return NULL;
 }
 
-/* The fd of our current nng listener: the unix socket bound to its name. */
-static int find_listen_fd(struct server *srv)
+/*
+ * Our AF_UNIX sockets bound to <path>.<gen> (a listener's name before its
+ * rename, which the connections it accepted carry too): their fds into @fds
+ * (at most @max), how many there are in all into *@count; -1 where the
+ * listening one is not found, else its fd.
+ */
+static int named_fds(struct server *srv, unsigned gen, int *fds, unsigned max, unsigned *count)
 {
 	char want[128];
 	DIR *d = opendir("/proc/self/fd");
 	struct dirent *e;
-	int found = -1;
+	int listening = -1;
 
-	snprintf(want, sizeof(want), "%s.%u", srv->path, srv->heals);
+	*count = 0;
+	snprintf(want, sizeof(want), "%s.%u", srv->path, gen);
 	if (!d)
 		return -1;
 	while ((e = readdir(d))) {
@@ -225,19 +251,63 @@ static int find_listen_fd(struct server *srv)
 		if (fd <= 2 || fd == dirfd(d))
 			continue;
 		memset(&sa, 0, sizeof(sa));
-		if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0 || sa.sun_family != AF_UNIX)
+		if (getsockname(fd, (struct sockaddr *)&sa, &len) < 0 || sa.sun_family != AF_UNIX ||
+		    strcmp(sa.sun_path, want) != 0)
 			continue;
-		if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &alen) < 0 || !acc)
+		if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &alen) == 0 && acc) {
+			listening = fd;
 			continue;
-		if (strcmp(sa.sun_path, want) == 0) {
-			found = fd;
-			break;
 		}
+		if (*count < max)
+			fds[*count] = fd;
+		++*count;
 	}
 	closedir(d);
-	return found;
+	return listening;
 }
 
+/* The fd of our current nng listener: the unix socket bound to its name. */
+static int find_listen_fd(struct server *srv)
+{
+	unsigned n;
+
+	return named_fds(srv, srv->heals, NULL, 0, &n);
+}
+
+#define STUCK_MAX 1024
+
+/*
+ * The connections a wedged listener took and will never hand to the socket:
+ * those bound to its name whose peer is no client of ours on it (a client's
+ * pid is the peer's of its connection; the watchdog's own are never kept).
+ * A shutdown (never a close: nng owns the fd) tells each peer at once, and
+ * libloader retries a Hello cut so on a fresh connection, which reaches the
+ * new listener: a trainer that connected during a wedge waits for the heal,
+ * not for its Hello timeout.
+ */
+static unsigned shutdown_stuck(struct server *srv, unsigned gen, uint32_t listener)
+{
+	int *fds = malloc(STUCK_MAX * sizeof(int));
+	unsigned n = 0, done = 0;
+
+	if (!fds)
+		return 0;
+	named_fds(srv, gen, fds, STUCK_MAX, &n);
+	for (unsigned i = 0; i < n && i < STUCK_MAX; i++) {
+		struct ucred uc;
+		socklen_t len = sizeof(uc);
+		bool client = false;
+
+		if (getsockopt(fds[i], SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
+			continue;
+		for (struct client *cl = srv->clients; cl && !client; cl = cl->next)
+			client = cl->listener == listener && cl->pid == uc.pid && uc.pid != getpid();
+		if (!client && shutdown(fds[i], SHUT_RDWR) == 0)
+			done++;
+	}
+	free(fds);
+	return done;
+}
 static void on_drain_timer(uv_timer_t *t)
 {
 	struct server *srv = t->data;
@@ -245,29 +315,122 @@ static void on_drain_timer(uv_timer_t *t)
 	wedged_drain(&srv->wedged);
 }
 
+static void forget_old(struct server *srv, unsigned i)
+{
+	memmove(&srv->old[i], &srv->old[i + 1], (srv->nold - i - 1) * sizeof(srv->old[0]));
+	srv->nold--;
+}
+
+/* Stop draining @fd: nng is about to close it, and the number may be reused. */
+static void wedged_remove(struct wedged *w, int fd)
+{
+	struct wedged keep;
+
+	wedged_init(&keep);
+	for (unsigned i = 0; i < w->n; i++) {
+		int f = w->fd[(w->head + i) % WEDGED_MAX];
+		if (f != fd)
+			wedged_add(&keep, f);
+	}
+	*w = keep;
+}
+
+/*
+ * A replaced listener whose last client has been gone for 1 s is closed. nng
+ * 1.5.2 never frees what a wedged one holds, though: a connection it took but
+ * never handed to the socket keeps the listener's endpoint referenced, so
+ * neither its listening socket nor those connections are ever closed, even by
+ * nng_listener_close() (one fd each, a flood piled them up, two or more per
+ * heal). So a second later, what still carries its name is ours to close:
+ * nng shut those down in nng_listener_close() and will not touch them again.
+ * A listener that was not wedged after all (a false alarm) was freed by nng
+ * in that second; a number it freed that was reused since is bound to
+ * another name or none, so it is left alone.
+ */
+static void close_old_listeners(struct server *srv)
+{
+	uint64_t now = uv_now(srv->loop);
+
+	for (unsigned i = 0; i < srv->nold;) {
+		struct old_listener *o = &srv->old[i];
+		uint32_t id = (uint32_t)nng_listener_id(o->l);
+		bool used = false;
+
+		if (o->closed_ms) {
+			unsigned n = 0, left;
+			int *fds, lfd;
+			if (now - o->closed_ms < 1000) {
+				i++;
+				continue;
+			}
+			fds = malloc(STUCK_MAX * sizeof(int));
+			lfd = named_fds(srv, o->gen, fds, fds ? STUCK_MAX : 0, &n);
+			left = n;
+			if (lfd >= 0)
+				close(lfd);
+			for (unsigned k = 0; fds && k < n && k < STUCK_MAX; k++)
+				close(fds[k]);
+			if (left > STUCK_MAX) {
+				/* more next time */
+				o->closed_ms = now;
+				free(fds);
+				i++;
+				continue;
+			}
+			free(fds);
+			log_debug("replaced listener %u: closed %u connections and %s nng left open", id, n,
+			          lfd >= 0 ? "its socket" : "no socket");
+			forget_old(srv, i);
+			continue;
+		}
+		for (struct client *cl = srv->clients; cl && !used; cl = cl->next)
+			used = cl->listener == id;
+		if (used || !o->idle_ms) {
+			o->idle_ms = used ? 0 : now;
+			i++;
+			continue;
+		}
+		if (now - o->idle_ms < 1000) {
+			i++;
+			continue;
+		}
+		wedged_remove(&srv->wedged, o->fd);
+		nng_listener_close(o->l);
+		o->closed_ms = now;
+		i++;
+	}
+}
+
 void heal_listener(struct server *srv)
 {
 	char err[256] = "";
 	nng_listener l;
+	unsigned gen, cut;
 	int old_fd;
 
 	if (srv->stopping)
 		return;
 	old_fd = find_listen_fd(srv);
-	srv->heals++;
+	gen = srv->heals++;
 	nng_leaks_memory = true;
 	if (listener_start(srv, &l, err, sizeof(err)) < 0) {
 		log_err("listener on %s does not accept; replacing it failed: %s", srv->path, err);
 		return;
 	}
-	/* The wedged one keeps its connected clients, so it stays open; but nng
-	 * polls its unaccepted backlog in a busy loop, so empty that backlog now
-	 * and shortly after (new peers reach the new socket only). */
+	/* The wedged one keeps its connected clients, so it stays open until
+	 * they are gone (close_old_listeners); but nng polls its unaccepted
+	 * backlog in a busy loop, so empty that backlog now and shortly after
+	 * (new peers reach the new socket only). */
+	if (srv->nold == WEDGED_MAX)
+		forget_old(srv, 0); /* the oldest: wedged_add() forgets its fd too */
+	srv->old[srv->nold++] = (struct old_listener){ .l = srv->listener, .fd = old_fd, .gen = gen };
 	wedged_add(&srv->wedged, old_fd);
+	cut = shutdown_stuck(srv, gen, (uint32_t)nng_listener_id(srv->listener));
 	srv->listener = l;
 	wedged_drain(&srv->wedged);
 	uv_timer_start(&srv->drain_timer, on_drain_timer, 1000, 0);
-	log_warn("listener on %s stopped accepting (a peer hung up during the handshake); replaced it", srv->path);
+	log_warn("listener on %s stopped accepting (a peer hung up during the handshake); replaced it"
+	         "%s", srv->path, cut ? ", and told the connections it held to retry" : "");
 }
 
 /*
@@ -286,6 +449,8 @@ void on_sweep_timer(uv_timer_t *t)
 
 	if (srv->stopping)
 		return;
+	sessions_tick(srv);
+	close_old_listeners(srv);
 	for (cl = srv->clients; cl; cl = next) {
 		next = cl->next;
 		if (cl->pid <= 0 || cl->pid == getpid() || kill(cl->pid, 0) == 0 || errno != ESRCH) {

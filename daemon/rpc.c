@@ -45,6 +45,13 @@ void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg)
 	struct server *srv = arg;
 	struct event *ev = calloc(1, sizeof(*ev));
 
+	if (type == NNG_PIPE_EV_ADD_POST) {
+		uint64_t pid = 0;
+		/* the watchdog's probe sees its connection reach the socket here,
+		 * on nng's thread, however busy the loop is (nngfix.c) */
+		if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) == 0 && pid == (uint64_t)getpid())
+			atomic_fetch_add(&srv->self_pipes, 1);
+	}
 	if (!ev)
 		return;
 	ev->type = type == NNG_PIPE_EV_ADD_POST ? EV_PIPE_ADD : EV_PIPE_REM;

@@ -42,8 +42,13 @@
 #define MAX_MSG_BYTES (1 << 20)
 #define STOP_FLUSH_MS 100
 #define CLOSE_WAIT_MS 2000
-#define PROBE_EVERY_MS 2000
+#define PROBE_EVERY_MS 500
 #define PROBE_WAIT_MS 2000
+#define PROBE_ADD_WAIT_MS 500      /* a probe's connection reaches the socket within this */
+#define REFUSED_OPEN_MAX 64       /* refused connections kept open for their answer */
+#define REFUSED_CLOSE_MS 1000     /* a refused connection still open is closed after this */
+#define REFUSAL_BURST_MS 5000     /* refusals closer than this are one burst, one log line */
+#define REFUSAL_UIDS 8
 
 enum ev_type { EV_CTX, EV_PIPE_ADD, EV_PIPE_REM, EV_HEAL };
 
@@ -76,6 +81,9 @@ struct client {
 	struct creds creds;       /* uid, gid and groups of the peer at connect time */
 	char name[64];
 	bool hello;
+	bool refused;             /* over a quota: its Hello gets the refusal, then it is closed */
+	bool refused_all;         /* ... the global MAX_CLIENTS, not its uid's */
+	uint32_t listener;        /* the nng listener it came through (heal_listener) */
 	uint64_t since_ms;
 	struct attachment *atts[MAX_ATTACH_PER_CLIENT];
 	unsigned natts;
@@ -108,7 +116,15 @@ struct server {
 	atomic_bool closing;        /* nng callbacks must not start new work */
 	unsigned nctx;
 	struct client *clients;
-	unsigned nclients;
+	unsigned nclients;        /* every session, refused ones too */
+	unsigned nrefused;        /* sessions refused, waiting for their close */
+	uint64_t refused_total;   /* connections refused since the start */
+	struct refusal_burst {    /* one log line per burst of refusals (session.c) */
+		uid_t uid;            /* (uid_t)-1: the global MAX_CLIENTS */
+		unsigned count;
+		uint64_t first_ms, last_ms;
+	} bursts[REFUSAL_UIDS];
+	unsigned nbursts;
 	uint64_t client_ctr;
 	uint64_t started_ms;
 	bool stopping;
@@ -120,6 +136,15 @@ struct server {
 	bool probe_stop;
 	unsigned heals;
 	struct wedged wedged;     /* replaced listeners' fds, still nng's */
+	struct old_listener {     /* replaced listeners, closed once no client uses them */
+		nng_listener l;
+		int fd;               /* its listening socket, -1: not found */
+		unsigned gen;         /* it was bound to <path>.<gen> */
+		uint64_t idle_ms;     /* since when no client used it (0: one does) */
+		uint64_t closed_ms;   /* nng_listener_close()d then (0: not yet) */
+	} old[WEDGED_MAX];
+	unsigned nold;
+	atomic_uint self_pipes;   /* connections from our own pid nng added (the probes) */
 	uv_timer_t drain_timer;
 	uv_timer_t sweep_timer;
 	void (*stop_done)(void *);
@@ -146,6 +171,8 @@ void client_remove_att(struct client *cl, unsigned i);
 void client_free(struct server *srv, struct client *cl);
 struct attachment *client_att(struct client *cl, uint64_t id, unsigned *index);
 json_t *clients_json(struct server *srv, const struct client *self);
+void sessions_tick(struct server *srv);
+void client_refusal(const struct server *srv, const struct client *cl, char *buf, size_t len);
 
 /* handlers.c */
 void handle_request(struct server *srv, struct sctx *c, nng_msg *msg);

@@ -16,6 +16,94 @@ struct client *client_find(struct server *srv, uint32_t pipe)
 	return NULL;
 }
 
+/* --- quotas ------------------------------------------------------------- */
+
+/*
+ * Connections are a quota per uid (max_connections_per_uid), inside the
+ * global MAX_CLIENTS: one user's 512 connections would lock every other user
+ * out. A connection over a quota is still accepted, so that its client learns
+ * why: its session is marked refused, its Hello is answered with EUSERS and
+ * the message below (ldr_connect() returns it, loaderd.Error carries it), and
+ * the daemon closes it REFUSED_CLOSE_MS later if the client has not. The
+ * close comes that late so that it never races the answer going out (nng
+ * 1.5.2 can lose its reaper to a close racing a reply, nngfix.c). At most
+ * REFUSED_OPEN_MAX refused connections wait so; more are closed at once,
+ * unanswered. Root and the daemon's own uid (the watchdog's probes) have no
+ * quota of their own, only MAX_CLIENTS.
+ */
+static unsigned uid_connections(const struct server *srv, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct client *cl = srv->clients; cl; cl = cl->next)
+		if (cl->uid == uid && !cl->refused)
+			n++;
+	return n;
+}
+
+/* One warning when a burst of refusals starts, one notice with the count when
+ * it ends (sessions_tick): a flood never writes a line per connection. */
+static void refusal_logged(struct server *srv, uid_t uid, int pid, unsigned held)
+{
+	uint64_t now = uv_now(srv->loop);
+	struct refusal_burst *b = NULL;
+
+	srv->refused_total++;
+	for (unsigned i = 0; i < srv->nbursts; i++)
+		if (srv->bursts[i].uid == uid)
+			b = &srv->bursts[i];
+	if (b) {
+		b->count++;
+		b->last_ms = now;
+		return;
+	}
+	if (srv->nbursts < REFUSAL_UIDS)
+		b = &srv->bursts[srv->nbursts++];
+	else
+		b = &srv->bursts[REFUSAL_UIDS - 1]; /* a ninth uid at once: counted as the eighth's */
+	if (uid == (uid_t)-1)
+		log_warn("refusing connections: %u clients connected (the most, %d); "
+		         "refusals are counted until they stop", held, MAX_CLIENTS);
+	else
+		log_warn("refusing connections from uid %u (pid %d and others): it holds %u "
+		         "(max_connections_per_uid %u); refusals are counted until they stop",
+		         (unsigned)uid, pid, held, srv->max_conn_per_uid);
+	*b = (struct refusal_burst){ .uid = uid, .count = 1, .first_ms = now, .last_ms = now };
+}
+
+/* The end of bursts; refused connections their client did not close. */
+void sessions_tick(struct server *srv)
+{
+	uint64_t now = uv_now(srv->loop);
+	struct client *cl, *next;
+
+	for (unsigned i = 0; i < srv->nbursts;) {
+		struct refusal_burst *b = &srv->bursts[i];
+		if (now - b->last_ms < REFUSAL_BURST_MS) {
+			i++;
+			continue;
+		}
+		if (b->uid == (uid_t)-1)
+			log_notice("refused %u connections in %.1f s (too many clients)", b->count,
+			           (double)(b->last_ms - b->first_ms) / 1000.0);
+		else
+			log_notice("refused %u connections from uid %u in %.1f s (max_connections_per_uid %u)",
+			           b->count, (unsigned)b->uid, (double)(b->last_ms - b->first_ms) / 1000.0,
+			           srv->max_conn_per_uid);
+		*b = srv->bursts[--srv->nbursts];
+	}
+	for (cl = srv->clients; cl && srv->nrefused; cl = next) {
+		next = cl->next;
+		if (cl->refused && now - cl->since_ms >= REFUSED_CLOSE_MS) {
+			nng_pipe p = NNG_PIPE_INITIALIZER;
+			memcpy(&p, &cl->pipe, sizeof(cl->pipe));
+			nng_pipe_close(p);
+			/* its REM_POST, if nng still sends one, finds no session */
+			client_free(srv, cl);
+		}
+	}
+}
+
 /*
  * nng may hand us a pipe's first message before its ADD_POST event, and its
  * ADD_POST after its REM_POST: the callbacks run on different threads. So a
@@ -27,6 +115,8 @@ struct client *client_get(struct server *srv, nng_pipe p)
 	uint32_t id = (uint32_t)nng_pipe_id(p);
 	struct client *cl = client_find(srv, id);
 	uint64_t pid = 0, uid = (uint64_t)-1, gid = (uint64_t)-1;
+	unsigned admitted = srv->nclients - srv->nrefused, held = 0;
+	bool refuse = false, global = false;
 
 	if (cl)
 		return cl;
@@ -34,11 +124,25 @@ struct client *client_get(struct server *srv, nng_pipe p)
 		return NULL;
 	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid);
 	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_GID, &gid);
-	if (srv->stopping || srv->nclients >= MAX_CLIENTS) {
-		log_warn("refusing a connection from pid %d: %s", (int)pid,
-		         srv->stopping ? "shutting down" : "too many clients");
+	if (srv->stopping) {
+		log_warn("refusing a connection from pid %d: shutting down", (int)pid);
 		nng_pipe_close(p);
 		return NULL;
+	}
+	if (admitted >= MAX_CLIENTS) {
+		refuse = global = true;
+		held = admitted;
+	} else if ((uid_t)uid != 0 && (uid_t)uid != geteuid()) {
+		held = uid_connections(srv, (uid_t)uid);
+		refuse = held >= srv->max_conn_per_uid;
+	}
+	if (refuse) {
+		refusal_logged(srv, global ? (uid_t)-1 : (uid_t)uid, (int)pid, held);
+		if (srv->nrefused >= REFUSED_OPEN_MAX) {
+			/* enough are waiting for their answer: this one learns nothing */
+			nng_pipe_close(p);
+			return NULL;
+		}
 	}
 	cl = calloc(1, sizeof(*cl));
 	if (!cl)
@@ -47,13 +151,31 @@ struct client *client_get(struct server *srv, nng_pipe p)
 	cl->id = ++srv->client_ctr;
 	cl->pid = (int)pid;
 	cl->uid = (uid_t)uid;
+	cl->refused = refuse;
+	cl->refused_all = global;
+	cl->listener = (uint32_t)nng_listener_id(nng_pipe_listener(p));
 	creds_of_peer(&cl->creds, cl->pid, (uid_t)uid, (gid_t)gid);
 	cl->since_ms = uv_now(srv->loop);
 	cl->next = srv->clients;
 	srv->clients = cl;
 	srv->nclients++;
-	log_debug("client %" PRIu64 " (pid %d, uid %u) connected", cl->id, cl->pid, (unsigned)cl->uid);
+	if (refuse)
+		srv->nrefused++;
+	log_debug("client %" PRIu64 " (pid %d, uid %u) connected%s", cl->id, cl->pid, (unsigned)cl->uid,
+	          refuse ? ", refused" : "");
 	return cl;
+}
+
+/* The refusal a refused session's Hello gets (handle_hello). */
+void client_refusal(const struct server *srv, const struct client *cl, char *buf, size_t len)
+{
+	if (cl->refused_all)
+		snprintf(buf, len, "loaderd: too many connections (%d, the most it serves); "
+		         "try again later", MAX_CLIENTS);
+	else
+		snprintf(buf, len, "loaderd: too many connections from uid %u "
+		         "(max_connections_per_uid %u); close some", (unsigned)cl->uid,
+		         srv->max_conn_per_uid);
 }
 
 void client_remove_att(struct client *cl, unsigned i)
@@ -72,6 +194,8 @@ void client_free(struct server *srv, struct client *cl)
 			break;
 		}
 	srv->nclients--;
+	if (cl->refused)
+		srv->nrefused--;
 	while (cl->natts) {
 		struct attachment *a = cl->atts[cl->natts - 1];
 		leases += attachment_leases(a);
@@ -79,7 +203,9 @@ void client_free(struct server *srv, struct client *cl)
 		attachment_detach(a);
 	}
 	engine_client_gone(srv->engine, cl->id);
-	log_msg(cl->pid == getpid() ? LOG_DEBUG : LOG_INFO,
+	/* the watchdog's probes, refused connections and those that never said
+	 * Hello (a flood of them) go to the debug log only */
+	log_msg(cl->pid == getpid() || cl->refused || !cl->hello ? LOG_DEBUG : LOG_INFO,
 	        "client %" PRIu64 " (pid %d) disconnected%s", cl->id, cl->pid,
 	        leases ? ", its leases were released" : "");
 	free(cl);
@@ -103,7 +229,7 @@ json_t *clients_json(struct server *srv, const struct client *self)
 
 	for (struct client *cl = srv->clients; cl; cl = cl->next) {
 		/* the caller, and the watchdog's probes (our own pid) */
-		if (cl == self || cl->pid == getpid())
+		if (cl == self || cl->pid == getpid() || cl->refused)
 			continue;
 		json_t *atts = json_array();
 		json_t *last = NULL;
@@ -116,10 +242,11 @@ json_t *clients_json(struct server *srv, const struct client *self)
 			last = a;
 			json_array_append_new(atts, a);
 		}
-		json_array_append_new(arr, json_pack("{s:I, s:i, s:I, s:s, s:O, s:O, s:I, s:I, s:I, s:o}",
+		json_array_append_new(arr, json_pack("{s:I, s:i, s:I, s:I, s:s, s:O, s:O, s:I, s:I, s:I, s:o}",
 			"id", (json_int_t)cl->id,
 			"pid", cl->pid,
 			"uid", (json_int_t)cl->uid,
+			"uid_connections", (json_int_t)uid_connections(srv, cl->uid),
 			"name", cl->name,
 			"pipeline", last ? json_object_get(last, "pipeline") : json_null(),
 			"mode", last ? json_object_get(last, "mode") : json_null(),
