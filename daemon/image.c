@@ -155,7 +155,13 @@ int image_probe(struct image_scratch *s, const uint8_t *data, size_t len, struct
 	if (len == 0)
 		return errfmt(-EINVAL, err, errlen, "empty file");
 	if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
-		int w, h, subsamp, cs;
+		/* 0: libjpeg-turbo 2.1's tjDecompressHeader3() returns 0 without
+		 * setting them for a datastream that ends before a frame header
+		 * (a "tables-only" one, an EOI, or EOF, which libjpeg takes for
+		 * one), and they were read uninitialized: a size off the stack, a
+		 * probe that came out differently from one call to the next
+		 * (found by fuzz/fuzz-image.c; fuzz/regress/image/) */
+		int w = 0, h = 0, subsamp = -1, cs = -1;
 
 		if (tj_fresh(s) < 0)
 			return errfmt(-ENOMEM, err, errlen, "out of memory for the JPEG decoder");
@@ -165,6 +171,9 @@ int image_probe(struct image_scratch *s, const uint8_t *data, size_t len, struct
 			errfmt(-EINVAL, err, errlen, "bad JPEG header: %s", tjGetErrorStr2(s->tj));
 			return tj_reset(s);
 		}
+		if (w < 1 || h < 1)
+			return errfmt(-EINVAL, err, errlen, "bad JPEG header: no image (no frame "
+				      "header before the end of the file)");
 		info->format = IMAGE_JPEG;
 		info->width = w;
 		info->height = h;
