@@ -68,6 +68,16 @@ static void deadline_after(struct timespec *ts, int ms);
 static void *flusher_main(void *arg);
 static void want_top_up(struct ldr_attachment *a);
 
+/*
+ * set_err() - the thread's last error, which ldr_client_error() returns.
+ *
+ * The public API's end of the error idiom of common/common.h. Helpers
+ * below the API (devmap.c, cudadrv.c) take `char *err, size_t errlen` and
+ * fill it with errfmt(), as the daemon's code does; the ldr_* function that
+ * called one hands that sentence on with set_err(r, "%s", err). Like
+ * errfmt(), it returns @err, so a failure is reported and returned in one
+ * statement: a failure an ldr_* function returns goes through it.
+ */
 static int set_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int set_err(int err, const char *fmt, ...)
 {
@@ -392,8 +402,10 @@ static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loade
 	}
 	nng_aio_set_timeout(aio, timeout_ms);
 	r = pack_msg(req, &msg);
-	if (r < 0)
+	if (r < 0) {
+		r = set_err(r, "out of memory");
 		goto out;
+	}
 	/* registered, however many run at once: on_pipe_rem() cancels them all */
 	sc.aio = aio;
 	pthread_mutex_lock(&c->lock);
@@ -1395,8 +1407,10 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	for (uint32_t i = 0; i < a->nslots; i++)
 		a->slotaddr[i] = a->base + (uint64_t)i * a->slot_bytes;
 	for (int i = 0; i < a->inflight; i++)
-		if ((r = req_open(c, &a->reqs[i], a, false)) < 0)
+		if ((r = req_open(c, &a->reqs[i], a, false)) < 0) {
+			r = set_err(r, "cannot open request contexts");
 			goto fail;
+		}
 	if ((r = req_open(c, &a->relreq, a, true)) < 0) {
 		r = set_err(r < 0 ? r : -ENOMEM, "cannot open request contexts");
 		goto fail;
@@ -2009,7 +2023,7 @@ int ldr_batch_field(const struct ldr_batch *b, int i, struct ldr_field *out)
 	const struct afield *f;
 
 	if (i < 0 || i >= a->nfields)
-		return -EINVAL;
+		return set_err(-EINVAL, "field %d: the batch has %d fields", i, a->nfields);
 	f = &a->fields[i];
 	out->name = f->name;
 	out->dtype = f->dtype;

@@ -153,22 +153,24 @@ int listener_start(struct server *srv, nng_listener *out, char *err, size_t errl
 	if ((rv = nng_listener_create(&l, srv->sock, url)) != 0 ||
 	    (rv = nng_listener_set_int(l, NNG_OPT_IPC_PERMISSIONS, (int)srv->sock_mode)) != 0 ||
 	    (rv = nng_listener_start(l, 0)) != 0) {
-		snprintf(err, errlen, "cannot listen on %s: %s", srv->path, nng_strerror(rv));
-		return -EADDRNOTAVAIL;
+		return errfmt(-EADDRNOTAVAIL, err, errlen, "cannot listen on %s: %s", srv->path,
+		              nng_strerror(rv));
 	}
 	/* mode and group before the path is public: nobody else ever sees it open */
 	if (chmod(tmp, srv->sock_mode) < 0 ||
 	    (srv->sock_gid >= 0 && chown(tmp, (uid_t)-1, (gid_t)srv->sock_gid) < 0)) {
 		int e = errno;
-		snprintf(err, errlen, "cannot set the mode %04o%s of %s: %s", srv->sock_mode,
-		         srv->sock_gid >= 0 ? " and group" : "", srv->path, strerror(e));
+
+		errfmt(-e, err, errlen, "cannot set the mode %04o%s of %s: %s", srv->sock_mode,
+		       srv->sock_gid >= 0 ? " and group" : "", srv->path, strerror(e));
 		nng_listener_close(l);
 		unlink(tmp);
 		return -e;
 	}
 	if (rename(tmp, srv->path) < 0) {
 		int e = errno;
-		snprintf(err, errlen, "cannot move %s to %s: %s", tmp, srv->path, strerror(e));
+
+		errfmt(-e, err, errlen, "cannot move %s to %s: %s", tmp, srv->path, strerror(e));
 		nng_listener_close(l);
 		return -e;
 	}

@@ -9,9 +9,15 @@
  *
  * All functions return 0 (or a non-negative count) on success and a negative
  * errno value, or one of the LDR_E* codes below, on failure; ldr_strerror()
- * names it. When the daemon refused a request, ldr_client_error() holds the
- * daemon's own message. Handles are opaque. A client may be used from several
- * threads, one attachment from one thread at a time.
+ * names it. A failed call also leaves a sentence that says what was wrong in
+ * the calling thread's last error, which ldr_client_error() returns: the
+ * daemon's own message when the daemon refused a request, else libloader's
+ * (the socket path, the connection, a device slab it could not map). No
+ * ldr_* function takes an error buffer: inside the library (and the daemon)
+ * an error is a negative errno returned with a message buffer filled
+ * (common/common.h in the source tree), and each ldr_* function hands that
+ * message on to the thread's last error. Handles are opaque. A client may be
+ * used from several threads, one attachment from one thread at a time.
  *
  * A handle used in a process forked after it was created returns
  * LDR_EFORKED and touches nothing (nng is not fork-safe). nng cannot start
@@ -186,7 +192,8 @@ LDR_EXPORT int ldr_connect(struct ldr_client **out, const char *socket_path,
                            const char *client_name);
 /** Detach everything, close the connection, free the client. NULL is fine. */
 LDR_EXPORT void ldr_close(struct ldr_client *client);
-/** The daemon's message for the last failed call of this thread, or "". */
+/** The message of this thread's last failed call (the daemon's, or libloader's
+ * own), or "" if none failed yet. A successful call leaves it as it was. */
 LDR_EXPORT const char *ldr_client_error(const struct ldr_client *client);
 /** Id the daemon gave this connection (as `loaderctl clients` shows it). */
 LDR_EXPORT uint64_t ldr_client_id(const struct ldr_client *client);
