@@ -483,6 +483,17 @@ static int jpeg_region_body(struct image_scratch *s, struct jdec *j, const uint8
 	 */
 	mx = 2 * ((align + 7) / 8) + 1;
 	my = 2 * ((valign + 7) / 8) + 1;
+	/*
+	 * A progressive file whose scans leave coefficients out (a corrupt
+	 * or truncated scan) gets libjpeg's block smoothing, which estimates
+	 * them from the neighbouring blocks, two each side; a cropped decode
+	 * takes its left and right edge for the image's and smooths the
+	 * blocks there differently (found by fuzz/fuzz-image.c;
+	 * fuzz/regress/image/). Two iMCUs more each side keep them out of
+	 * the window; rows skipped above still have their coefficients.
+	 */
+	if (d->progressive_mode)
+		mx += 2 * align;
 	xo = (JDIMENSION)x0 > mx ? (JDIMENSION)x0 - mx : 0;
 	cw = ((JDIMENSION)x1 + mx < W ? (JDIMENSION)x1 + mx : W) - xo;
 	if (xo > 0 || cw < W)
