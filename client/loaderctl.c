@@ -58,6 +58,7 @@ enum opt_id {
 	OPT_DUMP,
 	OPT_INFLIGHT,
 	OPT_TIMEOUT,
+	OPT_DELAY,
 	OPT_DEVICE,
 };
 
@@ -84,6 +85,7 @@ struct ctl {
 	const char *dump;
 	uint32_t inflight;
 	int timeout_ms;
+	unsigned delay_ms;
 	bool verbose;
 	enum ldr_device_kind device_kind;
 	int device_index;
@@ -187,7 +189,10 @@ static int connect_daemon(struct ctl *ctl, const char *verb, struct ldr_client *
 	if (r < 0) {
 		if (ldr_socket_path(path, sizeof(path), ctl->socket) < 0)
 			snprintf(path, sizeof(path), "%s", ctl->socket ? ctl->socket : "?");
-		warnx("%s: cannot connect to loaderd at %s: %s", verb, path, ldr_strerror(r));
+		/* over a quota the daemon's own sentence says which and what to do */
+		const char *msg = r == -EUSERS ? ldr_client_error(NULL) : NULL;
+		warnx("%s: cannot connect to loaderd at %s: %s", verb, path,
+		      msg && *msg ? msg : ldr_strerror(r));
 		return EXIT_FAILURE;
 	}
 	return 0;
@@ -821,9 +826,11 @@ static int consume_loop(struct ctl *ctl, struct ldr_client *client, struct ldr_a
 			break;
 		}
 		if (r == -ETIMEDOUT) {
-			warnx("consume: no batch within %d ms (after %" PRIu64 " batches)",
-			      ctl->timeout_ms, res->batches);
-			r = -ETIMEDOUT;
+			/* --timeout ran out, or the daemon detached a stopped client:
+			 * the library's message says which */
+			const char *msg = ldr_client_error(client);
+			warnx("consume: %s (after %" PRIu64 " batches)",
+			      msg && *msg ? msg : ldr_strerror(r), res->batches);
 			goto out;
 		}
 		if (r < 0) {
@@ -869,6 +876,13 @@ static int consume_loop(struct ctl *ctl, struct ldr_client *client, struct ldr_a
 		res->batches++;
 		res->samples += ldr_batch_rows(b);
 		res->bytes += nbytes;
+		if (ctl->delay_ms) {
+			/* a trainer's step: the batch is held meanwhile */
+			struct timespec ts = { .tv_sec = ctl->delay_ms / 1000,
+			                       .tv_nsec = (long)(ctl->delay_ms % 1000) * 1000000L };
+			while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+				;
+		}
 		ldr_release(b);
 	}
 out:
@@ -1060,6 +1074,7 @@ static const struct option consume_options[] = {
 	{ "dump", required_argument, NULL, OPT_DUMP },
 	{ "inflight", required_argument, NULL, OPT_INFLIGHT },
 	{ "timeout", required_argument, NULL, OPT_TIMEOUT },
+	{ "delay", required_argument, NULL, OPT_DELAY },
 	{ "verbose", no_argument, NULL, OPT_VERBOSE },
 	{ "device", required_argument, NULL, OPT_DEVICE },
 	{ NULL, 0, NULL, 0 },
@@ -1076,7 +1091,7 @@ static const struct verb verbs[] = {
 	  "read batches, report throughput and a CRC-32 of their bytes",
 	  "NAME [--mode M] [--rank R --world-size W] [--start-epoch E --start-batch B]\n"
 	  "          [--batches N | --epochs E] [--dump FILE] [--inflight K] [--timeout MS]\n"
-	  "          [--device cpu|cuda:N] [--verbose]",
+	  "          [--delay MS] [--device cpu|cuda:N] [--verbose]",
 	  consume_options },
 	{ "help", 0, 0, cmd_help, "show this help", "", no_options },
 };
@@ -1128,6 +1143,8 @@ static void print_help(FILE *f)
 	        "                      bytes ('-' = stdout; the report then goes to stderr)\n"
 	        "  --inflight K        batches asked for or waiting, 1..%d (default: the library's, 4)\n"
 	        "  --timeout MS        fail when no batch arrives within MS ms (default: wait)\n"
+	        "  --delay MS          hold each batch MS ms before releasing it, as a\n"
+	        "                      trainer's step would (default 0)\n"
 	        "  --device D          where batches are delivered: cpu (default, host memory)\n"
 	        "                      or cuda:N (GPU N; a daemon that cannot serve it says why;\n"
 	        "                      the checksum and --dump read each batch's host copy)\n"
@@ -1231,6 +1248,9 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 		break;
 	case OPT_TIMEOUT:
 		ctl->timeout_ms = (int)arg_u64("timeout", arg, 0, INT_MAX);
+		break;
+	case OPT_DELAY:
+		ctl->delay_ms = (unsigned)arg_u64("delay", arg, 0, 3600000);
 		break;
 	case OPT_DEVICE: {
 		uint64_t v;

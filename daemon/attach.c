@@ -26,6 +26,8 @@ void att_disconnect(struct attachment *a, int err, const char *msg)
 
 	if (!pl)
 		return;
+	if (pl->held_by == a)
+		pl->held_by = NULL;
 	att_fail_pending(a, err, msg);
 	while (a->leases) {
 		struct lease *l = a->leases;
@@ -176,6 +178,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	a->id = ++eng->att_ctr;
 	a->client_id = p->client_id;
 	a->uid = p->uid;
+	a->pid = p->pid;
 	a->mode = p->mode;
 	a->rank = p->rank;
 	a->world = world;
@@ -285,6 +288,8 @@ json_t *attachment_json(const struct attachment *a)
 		json_object_set_new(o, "revokes", json_integer((json_int_t)a->revokes));
 		json_object_set_new(o, "returned", json_integer((json_int_t)a->returned));
 	}
+	if (a->mode == LDR_MODE_BROADCAST)
+		json_object_set_new(o, "skipped", json_integer((json_int_t)a->skipped));
 	if (a->dead)
 		json_object_set_new(o, "error", json_string(a->dead_msg));
 	return o;
@@ -387,7 +392,7 @@ int attachment_next(struct attachment *a, struct pending *p, const struct next_r
 	int r = 0;
 
 	if (!pl)
-		return errfmt(a->dead ? -ENOENT : -ECANCELED, err, errlen, "%s",
+		return errfmt(a->dead ? -(a->dead_err ? a->dead_err : ENOENT) : -ECANCELED, err, errlen, "%s",
 		              a->dead ? a->dead_msg : "detached");
 	for (size_t i = 0; i < rq->nreleases; i++) {
 		struct lease **pp = att_find_lease(a, rq->releases[i]);

@@ -87,7 +87,9 @@ static void answer_batches(struct attachment *a, struct pending *p,
  * Revoke is out (the deliveries it would hand back must stay the newest). */
 static bool att_has_room(const struct attachment *a)
 {
-	return !a->revoking && a->nleases < att_share(a);
+	/* one set aside ("slow_clients": "skip", slow.c) holds one batch at most
+	 * until it reads again: a stopped client keeps only that slot */
+	return !a->revoking && a->nleases < att_share(a) && !(a->skip_hold && a->nleases);
 }
 
 static void dyn_unlink(struct stream *s, struct pending **pp, struct pending *prev)

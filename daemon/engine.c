@@ -44,6 +44,7 @@ int engine_new(struct engine **out, uv_loop_t *loop, unsigned nworkers, uint64_t
 	eng->ops = *ops;
 	eng->userdata = userdata;
 	eng->memory_limit = memory_limit;
+	eng->slow_timeout_ms = ENGINE_SLOW_TIMEOUT_DEFAULT_MS;
 	pthread_mutex_init(&eng->done_lock, NULL);
 	r = workers_new(&eng->workers, nworkers);
 	if (r < 0) {

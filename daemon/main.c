@@ -92,11 +92,10 @@ static int create_pipelines(struct daemon *d, bool reload)
 		int r = spec_from_json(&spec, spec_json, err, sizeof(err));
 		/* the config's pipelines persist, always */
 		if (r == 0 && (spec->has_ttl || (spec->has_persist && !spec->persist))) {
-			snprintf(err, sizeof(err), "%s: pipelines of the config persist always (persist and "
-			         "ttl are for pipelines that clients create)",
-			         spec->has_ttl ? "ttl" : "persist: false");
+			r = errfmt(-EINVAL, err, sizeof(err), "%s: pipelines of the config persist always "
+			           "(persist and ttl are for pipelines that clients create)",
+			           spec->has_ttl ? "ttl" : "persist: false");
 			spec_free(spec);
-			r = -EINVAL;
 		}
 		if (r == 0) {
 			/* the config's pipelines are the daemon's, read with its rights */
@@ -151,6 +150,7 @@ static void on_signal(uv_signal_t *h, int signum)
 
 	if (signum == SIGHUP) {
 		struct settings fresh = { 0 };
+		uint64_t fresh_slow_ms;
 		char err[1024];
 		if (!d->cfg.path) {
 			log_notice("SIGHUP: no config file to reload");
@@ -167,6 +167,7 @@ static void on_signal(uv_signal_t *h, int signum)
 		d->cfg.pipelines = fresh.pipelines ? json_incref(fresh.pipelines) : NULL;
 		d->cfg.has_linger = fresh.has_linger;
 		d->cfg.linger_ms = fresh.linger_ms;
+		fresh_slow_ms = fresh.has_slow_timeout ? fresh.slow_timeout_ms : ENGINE_SLOW_TIMEOUT_DEFAULT_MS;
 		server_set_access(d->srv, fresh.has_admin_group ? (int)fresh.admin_gid : -1,
 		                  fresh.max_conn_per_uid ? fresh.max_conn_per_uid
 		                                         : SETTINGS_CONN_PER_UID_DEFAULT);
@@ -174,6 +175,7 @@ static void on_signal(uv_signal_t *h, int signum)
 			log_warn("reload: dataset_roots changed: they take effect when loaderd restarts");
 		settings_clear(&fresh);
 		engine_set_linger(server_engine(d->srv), linger_ms(&d->cfg));
+		engine_set_slow_timeout(server_engine(d->srv), fresh_slow_ms);
 		create_pipelines(d, true);
 		log_notice("reloaded %s", d->cfg.path);
 		notify_send("READY=1\nSTATUS=serving");
@@ -310,6 +312,8 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	engine_set_linger(server_engine(d.srv), linger_ms(&d.cfg));
+	engine_set_slow_timeout(server_engine(d.srv), d.cfg.has_slow_timeout ? d.cfg.slow_timeout_ms
+	                                              : ENGINE_SLOW_TIMEOUT_DEFAULT_MS);
 	if (create_pipelines(&d, false) < 0)
 		log_warn("some pipelines of %s were not created", d.cfg.path);
 	uv_signal_init(&d.loop, &d.sigterm);

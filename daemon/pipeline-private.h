@@ -118,6 +118,7 @@ struct attachment {
 	uint64_t id;
 	uint64_t client_id;
 	uid_t uid;
+	int pid;                  /* the client's, for the log */
 	int mode;
 	uint32_t rank, world;
 	uint32_t credits;
@@ -140,8 +141,16 @@ struct attachment {
 	uint8_t token[FD_TOKEN_BYTES];
 	bool token_valid;
 	uint64_t token_expiry;
-	bool dead;                /* pipeline gone: answer with an error */
+	bool dead;                /* pipeline gone or detached: answer with an error */
+	int dead_err;             /* that error's errno (0: ENOENT) */
 	char dead_msg[160];
+	/* slow.c: while it holds its broadcast stream back */
+	uint64_t slow_since;      /* ms of its last progress */
+	uint64_t slow_delivered;  /* delivered and nleases then */
+	size_t slow_nleases;
+	uint32_t slow_npending;
+	bool skip_hold;           /* set aside: nothing delivered, cursor follows the others */
+	uint64_t skipped;         /* batches skipped for it ("slow_clients": "skip") */
 };
 
 struct pipeline {
@@ -180,6 +189,12 @@ struct pipeline {
 	char error[512];
 	uint64_t blocked_since;   /* broadcast held back by a slow client, ms */
 	uint64_t backpressure_ms;
+	/* slow.c: the broadcast client that holds the stream back, or NULL */
+	struct attachment *held_by;
+	uint64_t held_lag;
+	bool held_logged;
+	uint64_t slow_timeout_ms; /* spec slow_client_timeout, else the daemon's */
+	uint64_t slow_detached;   /* clients detached for it */
 	/* lifetime (registry.c): in use while attached or while a connection
 	 * that created it (or found it with exist_ok) is open; then it lingers */
 	bool persist;             /* kept until dropped: config, "persist": true */
@@ -230,6 +245,8 @@ struct engine {
 	struct cuda_devices *cuda; /* copy engines, from the first CUDA attach */
 	uint64_t linger_ms;       /* how long an unused scoped pipeline stays (registry.c) */
 	uv_timer_t *linger_timer; /* armed for the next pipeline to expire, or NULL */
+	uint64_t slow_timeout_ms; /* the daemon's slow_client_timeout */
+	uv_timer_t *slow_timer;   /* slow.c: runs while a pipeline is held back */
 	bool shutdown;
 };
 
@@ -278,3 +295,8 @@ void registry_close(struct engine *eng);
 bool pipeline_may_use(const struct pipeline *pl, const struct principal *who);
 /* "pipeline 'x' belongs to alice (uid 1001), access owner" into @err. */
 void pipeline_owned_error(const struct pipeline *pl, char *err, size_t errlen);
+
+/* slow.c: a broadcast client that holds its stream back (docs/spec.md) */
+void pipeline_check_slow(struct pipeline *pl);
+json_t *pipeline_slow_json(const struct pipeline *pl);
+void slow_close(struct engine *eng);

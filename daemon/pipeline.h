@@ -86,6 +86,7 @@ struct attach_params {
 	uint32_t credits;
 	uint64_t client_id;
 	uid_t uid;
+	int pid;              /* the client's, for the log */
 	const struct principal *who; /* checked against the pipeline's access */
 	const struct cuda_device_info *cuda; /* CUDA delivery on that device, NULL host */
 };
@@ -148,6 +149,10 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 void engine_client_gone(struct engine *eng, uint64_t client);
 /* How long an unused pipeline without "ttl" stays (config key linger). */
 void engine_set_linger(struct engine *eng, uint64_t ms);
+/* How long a broadcast stream waits for a stopped client without
+ * "slow_client_timeout" (config key of that name; docs/spec.md). */
+void engine_set_slow_timeout(struct engine *eng, uint64_t ms);
+#define ENGINE_SLOW_TIMEOUT_DEFAULT_MS 60000
 /* Its owner and the admins may drop a pipeline (-EPERM naming the owner). */
 int engine_drop(struct engine *eng, const char *name, const struct principal *who, bool force,
                 char *err, size_t errlen);

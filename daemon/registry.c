@@ -220,6 +220,12 @@ void engine_set_linger(struct engine *eng, uint64_t ms)
 	linger_arm(eng);
 }
 
+/* For the pipelines created from now on: a running one keeps its own. */
+void engine_set_slow_timeout(struct engine *eng, uint64_t ms)
+{
+	eng->slow_timeout_ms = ms;
+}
+
 static void on_timer_closed(uv_handle_t *h)
 {
 	free(h);
@@ -227,6 +233,7 @@ static void on_timer_closed(uv_handle_t *h)
 
 void registry_close(struct engine *eng)
 {
+	slow_close(eng);
 	if (eng->linger_timer) {
 		uv_close((uv_handle_t *)eng->linger_timer, on_timer_closed);
 		eng->linger_timer = NULL;
@@ -402,6 +409,7 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 	pl->persist = !client || spec->persist;
 	pl->has_ttl = spec->has_ttl;
 	pl->ttl_ms = spec->ttl_ms;
+	pl->slow_timeout_ms = spec->has_slow_timeout ? spec->slow_timeout_ms : eng->slow_timeout_ms;
 	if ((r = access_init(pl, spec, who, client, err, errlen)) < 0)
 		goto fail;
 	if (holder_add(pl, client) < 0) {

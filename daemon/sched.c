@@ -229,4 +229,5 @@ void pipeline_update(struct pipeline *pl)
 	pipeline_dispatch(pl);
 	pipeline_pump(pl);
 	pipeline_dispatch(pl);
+	pipeline_check_slow(pl);
 }

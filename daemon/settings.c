@@ -6,6 +6,7 @@
  *    "memory_limit": "8G", "log_level": "info", "linger": 5,
  *    "socket_mode": "0660", "socket_group": "loaderd",
  *    "admin_group": "loaderd-admin", "max_connections_per_uid": 64,
+ *    "slow_client_timeout": 60,
  *    "dataset_roots": ["/data", "/scratch/datasets"],
  *    "pipelines": [SPEC, ...]}
  * Drop-ins in conf.d/ beside the file (*.json, in name order) are read after
@@ -228,6 +229,15 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 			if ((r = parse_group(path, key, v, &cfg->socket_gid, err, errlen)) < 0)
 				goto out;
 			cfg->has_socket_group = true;
+		} else if (strcmp(key, "slow_client_timeout") == 0) {
+			double secs = json_is_number(v) ? json_number_value(v) : -1;
+			if (!(secs >= 0.1) || secs > 86400) {
+				r = settings_fail(err, errlen, path, "slow_client_timeout: must be a number of "
+				                  "seconds in 0.1..86400");
+				goto out;
+			}
+			cfg->has_slow_timeout = true;
+			cfg->slow_timeout_ms = (uint64_t)llround(secs * 1000.0);
 		} else if (strcmp(key, "admin_group") == 0) {
 			if ((r = parse_group(path, key, v, &cfg->admin_gid, err, errlen)) < 0)
 				goto out;
@@ -334,6 +344,10 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 	if (file.has_linger) {
 		cfg->has_linger = true;
 		cfg->linger_ms = file.linger_ms;
+	}
+	if (file.has_slow_timeout) {
+		cfg->has_slow_timeout = true;
+		cfg->slow_timeout_ms = file.slow_timeout_ms;
 	}
 	if (file.has_admin_group) {
 		cfg->has_admin_group = true;

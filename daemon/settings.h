@@ -18,6 +18,8 @@ struct settings {
 	unsigned socket_gid;      /* both sockets are chowned to it */
 	bool has_linger;          /* "linger" was given */
 	uint64_t linger_ms;       /* an unused client pipeline stays this long */
+	bool has_slow_timeout;    /* "slow_client_timeout" was given */
+	uint64_t slow_timeout_ms; /* a broadcast stream waits this long for a stopped client */
 	bool has_admin_group;     /* "admin_group" was given */
 	unsigned admin_gid;       /* its members may do what root may */
 	unsigned max_conn_per_uid; /* connections one uid may hold; 0 = default */

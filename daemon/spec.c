@@ -38,7 +38,8 @@
  */
 static const char *const generic_keys[] = { "name", "source", "batch_size", "shuffle", "seed",
 					    "drop_last", "epochs", "prefetch", "min_clients",
-					    "persist", "ttl", "access", "group", NULL };
+					    "persist", "ttl", "access", "group", "slow_clients",
+					    "slow_client_timeout", "max_lag", NULL };
 
 /* errfmt with "spec: " in front, and always -EINVAL: every spec error is
  * one of the client's input (common.h, the error idiom). */
@@ -384,11 +385,45 @@ static int parse_access(struct spec *spec, json_t *obj, char *err, size_t errlen
 	return 0;
 }
 
+/*
+ * slow_clients, slow_client_timeout, max_lag: what a stopped broadcast client
+ * does to the others (docs/spec.md, "Slow broadcast clients"). Not part of
+ * the canonical form: the creator's decide.
+ */
+static int parse_slow(struct spec *spec, json_t *obj, char *err, size_t errlen)
+{
+	json_t *v = json_object_get(obj, "slow_clients");
+	double secs;
+	int64_t lag = 0;
+	int r;
+
+	if (v) {
+		const char *t = json_is_string(v) ? json_string_value(v) : "";
+		if (strcmp(t, "skip") != 0 && strcmp(t, "wait") != 0)
+			return spec_fail(err, errlen, "slow_clients: must be \"wait\" or \"skip\"");
+		spec->slow_skip = strcmp(t, "skip") == 0;
+	}
+	if ((v = json_object_get(obj, "slow_client_timeout"))) {
+		if (!spec_get_number(v, &secs) || !(secs >= 0.1) || secs > SPEC_SLOW_TIMEOUT_MAX_S)
+			return spec_fail(err, errlen, "slow_client_timeout: must be a number of seconds "
+					 "in 0.1..%d", SPEC_SLOW_TIMEOUT_MAX_S);
+		spec->has_slow_timeout = true;
+		spec->slow_timeout_ms = (uint64_t)llround(secs * 1000.0);
+	}
+	r = spec_get_int(obj, "max_lag", "max_lag", 1, PREFETCH_MAX, "an integer in 1..1024", &lag,
+			 err, errlen);
+	if (r < 0)
+		return r;
+	spec->max_lag = (uint32_t)lag;
+	return 0;
+}
+
 typedef int spec_step(struct spec *spec, json_t *obj, char *err, size_t errlen);
 
 /* A new generic key: in generic_keys, parsed by one of these, in spec_build_json(). */
 static spec_step *const spec_steps[] = {
 	check_keys, parse_name, parse_source, parse_sampling, parse_lifetime, parse_access,
+	parse_slow,
 };
 
 static int spec_fill(struct spec *spec, json_t *obj, char *err, size_t errlen)

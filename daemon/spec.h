@@ -78,6 +78,12 @@ struct spec {
 	bool has_persist;             /* "persist" was given */
 	bool has_ttl;                 /* "ttl" was given */
 	uint64_t ttl_ms;              /* unused this long before it is dropped */
+	/* a stopped broadcast client (docs/spec.md, "Slow broadcast clients"):
+	 * not part of the canonical form either */
+	bool slow_skip;               /* "slow_clients": "skip" (default "wait") */
+	bool has_slow_timeout;        /* "slow_client_timeout" was given */
+	uint64_t slow_timeout_ms;
+	uint32_t max_lag;             /* 0: the client's share */
 	/* who may use it (docs/security.md): not part of the canonical form
 	 * either; the creator's spec decides */
 	int access;                   /* enum spec_access */
@@ -87,6 +93,7 @@ struct spec {
 };
 
 #define SPEC_TTL_MAX_S 31536000   /* a year */
+#define SPEC_SLOW_TIMEOUT_MAX_S 86400
 
 /* "access": who besides its owner and the admins may attach to a pipeline,
  * see it in status and join it by name. */

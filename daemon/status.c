@@ -147,6 +147,8 @@ json_t *engine_pipelines_json(struct engine *eng, const struct principal *who)
 		if (pipeline_may_use(pl, who)) {
 			o = pipeline_json(pl);
 			lifetime_json(pl, o);
+			json_object_set_new(o, "held_back_by", pipeline_slow_json(pl));
+			json_object_set_new(o, "slow_clients_detached", json_integer((json_int_t)pl->slow_detached));
 		} else {
 			/* another user's private pipeline: that it exists and whose
 			 * (its name is taken), nothing of its data or its clients */

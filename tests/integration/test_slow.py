@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: MIT
+"""A stopped broadcast client (docs/spec.md, "Slow broadcast clients"): one of
+three broadcast consumers is SIGSTOPped mid-stream. Under "wait" the other two
+go on once slow_client_timeout has passed without progress, and the stopped
+one, continued, learns it was detached; under "skip" nobody waits, and the
+stopped one, continued, reads on from where the stream is. The two others'
+streams are whole and exact in both."""
+
+import os
+import re
+import signal
+
+from ldrtest import position_indices, position_tokens, token_spec
+
+SEQ = 8
+BATCH = 4
+NSAMPLES = 240           # 60 batches an epoch, far more than the 8 slots
+
+
+def make_pipeline(d, workdir, **kw):
+    tok = os.path.join(workdir, "pos.bin")
+    position_tokens(tok, NSAMPLES * SEQ + 1)
+    d.create(token_spec("bc", tok, SEQ, "uint32", batch_size=BATCH, min_clients=3, **kw))
+
+
+def start_three(d, *args):
+    """The victim attaches first and is stopped before the stream starts (it
+    waits for min_clients 3); then the two others attach and read."""
+    victim = d.popen_consume("bc", "--mode", "broadcast", *args)
+    d.wait_for(lambda s: any(c["pid"] == victim.pid and c["attachments"] for c in s["clients"]),
+               "the victim attached", timeout=30)
+    victim.signal(signal.SIGSTOP)
+    return victim
+
+
+def whole(res):
+    rows = [BATCH] * (NSAMPLES // BATCH)
+    return position_indices(res.dump, SEQ, rows) == [list(range(i, i + BATCH))
+                                                      for i in range(0, NSAMPLES, BATCH)]
+
+
+def test_wait_detaches_a_stopped_client(daemon, workdir):
+    d = daemon()
+    make_pipeline(d, workdir, slow_client_timeout=1.5)
+    victim = start_three(d)
+    others = [d.popen_consume("bc", "--mode", "broadcast") for _ in range(2)]
+    st = d.wait_for(lambda s: (s["pipelines"][0]["held_back_by"] or {}).get("pid") == victim.pid,
+                    "the stream held back", timeout=30)
+    held = st["pipelines"][0]["held_back_by"]
+    assert held["pid"] == victim.pid and held["lag"] >= 8, held
+    for c in others:                      # they go on, whole
+        res = c.wait(timeout=60, check=True)
+        assert res.json["batches"] == NSAMPLES // BATCH and whole(res)
+    st = d.status()
+    assert st["pipelines"][0]["slow_clients_detached"] == 1
+    assert st["pipelines"][0]["held_back_by"] is None
+    victim.signal(signal.SIGCONT)
+    res = victim.wait(timeout=60)
+    assert res.rc != 0
+    assert "detached: " in res.stderr and "batches behind and no progress for 1.5 s " \
+        "(slow_client_timeout, docs/spec.md)" in res.stderr, res.stderr
+    assert f"client" in d.log() and f"(pid {victim.pid}) detached: " in d.log()
+
+
+def verbose_seqs(stderr, bpe):
+    """Stream positions of each batch, from consume --verbose lines."""
+    out = []
+    for line in stderr.splitlines():
+        m = re.match(r"epoch (\d+) batch (\d+) rows", line)
+        if m:
+            out.append(int(m.group(1)) * bpe + int(m.group(2)))
+    return out
+
+
+def test_skip_serves_a_stopped_client_from_where_the_stream_is(daemon, workdir):
+    d = daemon()
+    make_pipeline(d, workdir, slow_clients="skip", slow_client_timeout=1, epochs=0)
+    bpe = NSAMPLES // BATCH
+    victim = start_three(d, "--batches", 30, "--verbose")
+    others = [d.popen_consume("bc", "--mode", "broadcast", "--batches", 2 * bpe) for _ in range(2)]
+    for c in others:                      # nobody waits: they finish while it is stopped
+        res = c.wait(timeout=60, check=True)
+        assert res.json["batches"] == 2 * bpe
+        assert position_indices(res.dump, SEQ, [BATCH] * 2 * bpe) == \
+            2 * [list(range(i, i + BATCH)) for i in range(0, NSAMPLES, BATCH)]
+    st = d.status()
+    (a,) = [c for c in st["clients"] if c["pid"] == victim.pid]
+    skipped = a["attachments"][0]["skipped"]
+    assert skipped > 0, a
+    assert st["pipelines"][0]["slow_clients_detached"] == 0
+    victim.signal(signal.SIGCONT)
+    res = victim.wait(timeout=60, check=True)
+    seqs = verbose_seqs(res.stderr, bpe)
+    assert len(seqs) == 30 == res.json["batches"]
+    # what its parked requests got before it was set aside (from the start:
+    # they waited for min_clients), then one gap, then on from where the
+    # others had got to when it read again
+    gaps = [j for j in range(1, 30) if seqs[j] != seqs[j - 1] + 1]
+    assert len(gaps) == 1, seqs
+    k = gaps[0]
+    assert seqs[:k] == list(range(k)) and seqs[k:] == list(range(seqs[k], seqs[k] + 30 - k)), seqs
+    assert seqs[k] >= 2 * bpe - 8, seqs       # the others read 2 epochs meanwhile
+    assert 0 < skipped <= seqs[k] - k, (skipped, seqs)
+    # every batch it got is the stream's batch of that position
+    got = position_indices(res.dump, SEQ, [BATCH] * 30)
+    assert got == [list(range((q % bpe) * BATCH, (q % bpe) * BATCH + BATCH)) for q in seqs]
+    assert "batches behind without progress: served from where the stream is" in d.log()
+    assert f"(pid {victim.pid}) reads again, " in d.log()
+
+
+def test_slow_but_live_client_is_never_detached(daemon, workdir):
+    """A client that keeps reading, however slowly, sets the pace: nobody is
+    detached even with a short timeout."""
+    d = daemon()
+    make_pipeline(d, workdir, slow_client_timeout=0.5)
+    slow = d.popen_consume("bc", "--mode", "broadcast", "--batches", 20, "--delay", 100)
+    fast = [d.popen_consume("bc", "--mode", "broadcast") for _ in range(2)]
+    for c in fast:
+        assert whole(c.wait(timeout=120, check=True))
+    res = slow.wait(timeout=120, check=True)
+    assert position_indices(res.dump, SEQ, [BATCH] * 20) == [list(range(i, i + BATCH))
+                                                             for i in range(0, 20 * BATCH, BATCH)]
+    assert d.status()["pipelines"][0]["slow_clients_detached"] == 0
+
+
+def test_slow_client_spec_errors(ld, workdir):
+    tok = os.path.join(workdir, "pos.bin")
+    position_tokens(tok, 100 * SEQ + 1)
+    for bad, msg in (({"slow_clients": "drop"}, 'slow_clients: must be "wait" or "skip"'),
+                     ({"slow_client_timeout": 0}, "slow_client_timeout: must be a number of seconds "
+                                                   "in 0.1..86400"),
+                     ({"max_lag": 0}, "max_lag: must be an integer in 1..1024")):
+        r = ld.create(token_spec("x", tok, SEQ, "uint32", **bad), check=False)
+        assert r.returncode != 0 and msg in r.stderr, (bad, r.stderr)
