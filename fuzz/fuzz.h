@@ -48,22 +48,34 @@ static inline int fuzz_memfd(const uint8_t *data, size_t size)
 	return fd;
 }
 
+static char fuzz_dir_path[64], fuzz_file_path[128];
+
+/* At exit: the one file a target writes, and its directory. */
+static inline void fuzz_dir_remove(void)
+{
+	if (fuzz_file_path[0])
+		unlink(fuzz_file_path);
+	rmdir(fuzz_dir_path);
+}
+
 /*
  * A private directory for the process (under /dev/shm when there is one, so
- * rewriting a file per input costs no disk), made once; removed by nobody:
- * the targets leave one small file in it.
+ * rewriting a file per input costs no disk), made once and removed at exit
+ * with the one file a target writes there (not after a crash: the file is
+ * then the input, also in the crash artifact).
  */
 static inline const char *fuzz_dir(void)
 {
-	static char dir[64];
+	char *dir = fuzz_dir_path;
 
 	if (!dir[0]) {
-		snprintf(dir, sizeof(dir), "%s/loaderd-fuzz-XXXXXX",
+		snprintf(dir, sizeof(fuzz_dir_path), "%s/loaderd-fuzz-XXXXXX",
 			 access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
 		if (!mkdtemp(dir)) {
 			perror("fuzz: mkdtemp");
 			abort();
 		}
+		atexit(fuzz_dir_remove);
 	}
 	return dir;
 }
@@ -75,6 +87,7 @@ static inline void fuzz_file(const char *name, const uint8_t *data, size_t size,
 	FILE *f;
 
 	snprintf(path, pathlen, "%s/%s", fuzz_dir(), name);
+	snprintf(fuzz_file_path, sizeof(fuzz_file_path), "%s", path);
 	f = fopen(path, "wb");
 	if (!f || (size && fwrite(data, 1, size, f) != size) || fclose(f) != 0) {
 		perror(path);
