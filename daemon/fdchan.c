@@ -53,6 +53,10 @@ struct fdchan {
 	struct conn *conns;
 	unsigned nconns;
 	uint64_t refused, refused_logged_ms;
+	/* warnings a peer provokes at will with requests, rate-limited
+	 * (log.h): malformed requests, refused tokens (a silent peer costs a
+	 * connection slot and CONN_TIMEOUT_MS: one line each) */
+	struct log_limit lim_malformed, lim_refused;
 	int pending_closes;
 	int closing;
 };
@@ -170,6 +174,20 @@ static void conn_reply(struct conn *c, int status, int fd, uint64_t size, int de
 		log_debug("fd channel: send failed: %s", strerror(errno));
 }
 
+/* Whether to write this occurrence of a warning a peer can repeat at will;
+ * otherwise it is counted, and the count written once an interval. */
+static bool warn_limited(struct fdchan *ch, struct log_limit *l, const char *what, bool final)
+{
+	uint64_t now = uv_now(ch->loop), span_ms = 0, n;
+
+	if (!final && log_limit_pass(l, now))
+		return true;
+	n = log_limit_due(l, now, final, &span_ms);
+	if (n)
+		log_warn("fd channel: %" PRIu64 " more %s in %.1f s", n, what, (double)span_ms / 1000.0);
+	return false;
+}
+
 static void on_conn_readable(uv_poll_t *p, int status, int events)
 {
 	struct conn *c = p->data;
@@ -195,7 +213,9 @@ static void on_conn_readable(uv_poll_t *p, int status, int events)
 	if (c->got < sizeof(c->req))
 		return;
 	if (c->req.magic != FDCHAN_MAGIC || c->req.version != FDCHAN_VERSION) {
-		log_warn("fd channel: malformed request (magic %08x, version %u)", c->req.magic, c->req.version);
+		if (warn_limited(c->ch, &c->ch->lim_malformed, "malformed requests", false))
+			log_warn("fd channel: malformed request (magic %08x, version %u)", c->req.magic,
+			         c->req.version);
 		conn_reply(c, -EPROTO, -1, 0, -1, 0);
 		conn_close(c);
 		return;
@@ -206,7 +226,7 @@ static void on_conn_readable(uv_poll_t *p, int status, int events)
 		return;
 	}
 	r = ch->lookup(ch->userdata, c->req.token, cred.uid, &fd, &size, &dev_fd, &dev_size);
-	if (r < 0)
+	if (r < 0 && warn_limited(c->ch, &c->ch->lim_refused, "refused tokens", false))
 		log_warn("fd channel: pid %d: token refused: %s", (int)cred.pid, strerror(-r));
 	conn_reply(c, r, fd, size, dev_fd, dev_size);
 	conn_close(c);
@@ -377,6 +397,8 @@ void fdchan_close(struct fdchan *ch)
 	if (!ch)
 		return;
 	ch->closing = 1;
+	warn_limited(ch, &ch->lim_malformed, "malformed requests", true);
+	warn_limited(ch, &ch->lim_refused, "refused tokens", true);
 	unlink(ch->path);
 	while (ch->conns)
 		conn_close(ch->conns);

@@ -388,7 +388,14 @@ void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
 	req = loaderd__request__unpack(NULL, nng_msg_len(msg), nng_msg_body(msg));
 	nng_msg_free(msg);
 	if (!req) {
-		log_warn("client %" PRIu64 " (pid %d): malformed request", cl->id, cl->pid);
+		/* a client may send them at will: the first few, then a count */
+		if (log_limit_pass(&cl->malformed, uv_now(srv->loop)))
+			log_warn("client %" PRIu64 " (pid %d): malformed request%s", cl->id, cl->pid,
+			         cl->malformed.logged == LOG_LIMIT_BURST
+			                 ? " (more of its malformed requests are counted, one line every 10 s)"
+			                 : "");
+		else
+			client_log_summary(srv, cl, false);
 		reply_error(srv, c, EPROTO, "malformed request: not a loaderd.Request message");
 		return;
 	}

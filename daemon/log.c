@@ -52,3 +52,25 @@ void log_msg(int level, const char *fmt, ...)
 		/* nowhere left to report it */
 	}
 }
+
+bool log_limit_pass(struct log_limit *l, uint64_t now_ms)
+{
+	if (l->logged < LOG_LIMIT_BURST) {
+		l->logged++;
+		return true;
+	}
+	if (l->quiet++ == 0)
+		l->quiet_since_ms = now_ms;
+	return false;
+}
+
+uint64_t log_limit_due(struct log_limit *l, uint64_t now_ms, bool final, uint64_t *span_ms)
+{
+	uint64_t n = l->quiet;
+
+	if (!n || (!final && now_ms - l->quiet_since_ms < LOG_LIMIT_INTERVAL_MS))
+		return 0;
+	*span_ms = now_ms - l->quiet_since_ms;
+	l->quiet = 0;
+	return n;
+}

@@ -88,6 +88,7 @@ struct client {
 	struct attachment *atts[MAX_ATTACH_PER_CLIENT];
 	unsigned natts;
 	unsigned gone_seen;       /* sweeps that found its process gone */
+	struct log_limit malformed; /* its malformed requests (client_log_summary) */
 };
 
 struct server {
@@ -169,6 +170,9 @@ struct client *client_find(struct server *srv, uint32_t pipe);
 struct client *client_get(struct server *srv, nng_pipe p);
 void client_remove_att(struct client *cl, unsigned i);
 void client_free(struct server *srv, struct client *cl);
+/* The summary of @cl's malformed requests not logged one by one, if one is
+ * due (log_limit_due()); @final: it goes away. */
+void client_log_summary(struct server *srv, struct client *cl, bool final);
 struct attachment *client_att(struct client *cl, uint64_t id, unsigned *index);
 json_t *clients_json(struct server *srv, const struct client *self);
 void sessions_tick(struct server *srv);

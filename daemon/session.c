@@ -92,6 +92,8 @@ void sessions_tick(struct server *srv)
 			           srv->max_conn_per_uid);
 		*b = srv->bursts[--srv->nbursts];
 	}
+	for (cl = srv->clients; cl; cl = cl->next)
+		client_log_summary(srv, cl, false);
 	for (cl = srv->clients; cl && srv->nrefused; cl = next) {
 		next = cl->next;
 		if (cl->refused && now - cl->since_ms >= REFUSED_CLOSE_MS) {
@@ -183,6 +185,16 @@ void client_remove_att(struct client *cl, unsigned i)
 	cl->atts[i] = cl->atts[--cl->natts];
 }
 
+void client_log_summary(struct server *srv, struct client *cl, bool final)
+{
+	uint64_t span_ms = 0;
+	uint64_t n = log_limit_due(&cl->malformed, uv_now(srv->loop), final, &span_ms);
+
+	if (n)
+		log_warn("client %" PRIu64 " (pid %d): %" PRIu64 " more malformed requests in %.1f s",
+		         cl->id, cl->pid, n, (double)span_ms / 1000.0);
+}
+
 void client_free(struct server *srv, struct client *cl)
 {
 	struct client **pp;
@@ -203,6 +215,7 @@ void client_free(struct server *srv, struct client *cl)
 		attachment_detach(a);
 	}
 	engine_client_gone(srv->engine, cl->id);
+	client_log_summary(srv, cl, true);
 	/* the watchdog's probes, refused connections and those that never said
 	 * Hello (a flood of them) go to the debug log only */
 	log_msg(cl->pid == getpid() || cl->refused || !cl->hello ? LOG_DEBUG : LOG_INFO,

@@ -301,6 +301,36 @@ def test_malformed_protobuf(ld, body):
     serving(ld)
 
 
+def test_malformed_requests_are_rate_limited(ld):
+    """A client that sends malformed requests at will gets its first 5
+    logged one by one, then counts: one summary line an interval and one
+    when it goes (log.h LOG_LIMIT_*), not a line per request (issue 13:
+    83 000 lines for 100 000 messages)."""
+    import re
+    sent = 300
+    raw = RawReq(ld.socket)
+    try:
+        assert raw.hello() == REP_HELLO
+        for _ in range(sent):
+            raw.send_request(b"\xff" * 10)                  # invalid varint tag
+            num, _, _ = pb_top_field(raw.recv_reply())
+            assert num == REP_ERROR
+        pid = os.getpid()
+    finally:
+        raw.close()
+    summary = re.compile(r"client \d+ \(pid %d\): (\d+) more malformed requests in " % pid)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "(pid %d) disconnected" % pid not in ld.log():
+        time.sleep(0.05)
+    log = ld.log()
+    one_by_one = re.findall(r"client \d+ \(pid %d\): malformed request\b(?! *s)" % pid, log)
+    counted = [int(n) for n in summary.findall(log)]
+    assert len(one_by_one) == 5, log[-3000:]
+    assert sum(counted) == sent - 5, log[-3000:]
+    assert 1 <= len(counted) <= 2, log[-3000:]   # at most one an interval, and one at the end
+    serving(ld)
+
+
 def test_malformed_before_hello(ld):
     raw = RawReq(ld.socket)
     try:
