@@ -92,10 +92,8 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		return errfmt(-ESHUTDOWN, err, errlen, "daemon is shutting down");
 	if (!pl)
 		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
-	if (p->who && !pipeline_may_use(pl, p->who)) {
-		pipeline_owned_error(pl, err, errlen);
-		return -EACCES;
-	}
+	if (p->who && !pipeline_may_use(pl, p->who))
+		return pipeline_owned_error(pl, -EACCES, "", err, errlen);
 	if (pl->failed)
 		return errfmt(-EIO, err, errlen, "pipeline '%s' failed: %s", name, pl->error);
 	if (p->mode < 0 || p->mode > LDR_MODE_DYNAMIC)

@@ -293,8 +293,9 @@ void registry_close(struct engine *eng);
 
 /* registry.c: may @who attach to, join or see @pl (its access, docs/security.md)? */
 bool pipeline_may_use(const struct pipeline *pl, const struct principal *who);
-/* "pipeline 'x' belongs to alice (uid 1001), access owner" into @err. */
-void pipeline_owned_error(const struct pipeline *pl, char *err, size_t errlen);
+/* errfmt "pipeline 'x' belongs to alice (uid 1001), access owner" and then
+ * @tail ("" for none) into @err; returns @r. */
+int pipeline_owned_error(const struct pipeline *pl, int r, const char *tail, char *err, size_t errlen);
 
 /* slow.c: a broadcast client that holds its stream back (docs/spec.md) */
 void pipeline_check_slow(struct pipeline *pl);

@@ -324,13 +324,13 @@ bool pipeline_may_use(const struct pipeline *pl, const struct principal *who)
 	}
 }
 
-void pipeline_owned_error(const struct pipeline *pl, char *err, size_t errlen)
+int pipeline_owned_error(const struct pipeline *pl, int r, const char *tail, char *err, size_t errlen)
 {
 	char user[128];
 
 	creds_user_name(pl->owner, user, sizeof(user));
-	snprintf(err, errlen, "pipeline '%s' belongs to %s, access %s", pl->spec->name, user,
-	         access_name(pl->access));
+	return errfmt(r, err, errlen, "pipeline '%s' belongs to %s, access %s%s", pl->spec->name, user,
+	              access_name(pl->access), tail);
 }
 
 bool engine_may_use(struct engine *eng, const char *name, const struct principal *who)
@@ -350,9 +350,8 @@ static int access_init(struct pipeline *pl, const struct spec *spec, const struc
 	pl->group = spec->has_group ? (gid_t)spec->group : who->creds.gid;
 	if (spec->has_group && !who->admin && !creds_in_group(&who->creds, pl->group)) {
 		char user[128];
-		snprintf(err, errlen, "spec: group: %s is not in group %u",
-		         creds_user_name(who->creds.uid, user, sizeof(user)), (unsigned)pl->group);
-		return -EPERM;
+		return errfmt(-EPERM, err, errlen, "spec: group: %s is not in group %u",
+		              creds_user_name(who->creds.uid, user, sizeof(user)), (unsigned)pl->group);
 	}
 	return 0;
 }
@@ -366,18 +365,15 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 	int r;
 
 	if (eng->shutdown) {
-		snprintf(err, errlen, "daemon is shutting down");
 		spec_free(spec);
-		return -ESHUTDOWN;
+		return errfmt(-ESHUTDOWN, err, errlen, "daemon is shutting down");
 	}
 	old = engine_find(eng, spec->name);
 	if (old && !pipeline_may_use(old, who)) {
 		/* another user's: say whose, so the job that finds its name taken
 		 * knows what happened */
-		pipeline_owned_error(old, err, errlen);
-		snprintf(err + strlen(err), errlen - strlen(err), "; use another name");
 		spec_free(spec);
-		return -EACCES;
+		return pipeline_owned_error(old, -EACCES, "; use another name", err, errlen);
 	}
 	if (old && lingering_gives_way(old, spec, who, client, exist_ok)) {
 		old = NULL;
@@ -385,13 +381,16 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 		char diff[640];
 		if (spec_diff(spec, old->spec, diff, sizeof(diff)) == 0) {
 			r = exist_ok ? pipeline_join(old, spec, client) : -EEXIST;
-			snprintf(err, errlen, r == -ENOMEM ? "out of memory" : "pipeline '%s' exists already",
-			         spec->name);
+			/* also the note for 0, "existed" (main.c logs it) */
+			if (r == -ENOMEM)
+				errfmt(r, err, errlen, "out of memory");
+			else
+				errfmt(r, err, errlen, "pipeline '%s' exists already", spec->name);
 		} else {
-			snprintf(err, errlen, "pipeline '%s' exists already with another spec: %s; "
-			         "use another name, or drop it first (loaderctl drop %s)",
-			         spec->name, diff, spec->name);
-			r = -EEXIST;
+			r = errfmt(-EEXIST, err, errlen,
+			           "pipeline '%s' exists already with another spec: %s; "
+			           "use another name, or drop it first (loaderctl drop %s)",
+			           spec->name, diff, spec->name);
 		}
 		spec_free(spec);
 		return r;
@@ -399,7 +398,7 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 	pl = calloc(1, sizeof(*pl));
 	if (!pl) {
 		spec_free(spec);
-		return -ENOMEM;
+		return errfmt(-ENOMEM, err, errlen, "out of memory");
 	}
 	pl->eng = eng;
 	pl->spec = spec;
@@ -413,7 +412,7 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 	if ((r = access_init(pl, spec, who, client, err, errlen)) < 0)
 		goto fail;
 	if (holder_add(pl, client) < 0) {
-		r = -ENOMEM;
+		r = errfmt(-ENOMEM, err, errlen, "out of memory");
 		goto fail;
 	}
 	r = source_open_as(&pl->src, spec, &pl->owner_creds, err, errlen);
@@ -421,8 +420,8 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 		goto fail;
 	pl->nfields = source_nfields(pl->src);
 	if (pl->nfields > SOURCE_MAX_FIELDS) {
-		snprintf(err, errlen, "too many fields: %zu (most %d)", pl->nfields, SOURCE_MAX_FIELDS);
-		r = -EINVAL;
+		r = errfmt(-EINVAL, err, errlen,
+		           "too many fields: %zu (most %d)", pl->nfields, SOURCE_MAX_FIELDS);
 		goto fail;
 	}
 	for (size_t f = 0; f < pl->nfields; f++) {
@@ -433,8 +432,7 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 		pl->row_bytes += fd->sample_bytes;
 		if (__builtin_mul_overflow((uint64_t)spec->batch_size, (uint64_t)fd->sample_bytes, &bytes) ||
 		    bytes > (1ull << 40)) {
-			snprintf(err, errlen, "batch of field '%s' is too large", fd->name);
-			r = -EINVAL;
+			r = errfmt(-EINVAL, err, errlen, "batch of field '%s' is too large", fd->name);
 			goto fail;
 		}
 		off += ALIGN_UP(bytes ? bytes : 1, FIELD_ALIGN);
@@ -445,30 +443,30 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 		.shuffle = spec->shuffle, .drop_last = spec->drop_last, .seed = spec->seed,
 		.rank = 0, .world = 1 };
 	if (sampler_batches_per_epoch(&smp) == 0) {
-		snprintf(err, errlen, "pipeline yields no batch: %" PRIu64 " samples, batch_size %u, drop_last",
-		         smp.nsamples, spec->batch_size);
-		r = -EINVAL;
+		r = errfmt(-EINVAL, err, errlen,
+		           "pipeline yields no batch: %" PRIu64 " samples, batch_size %u, drop_last",
+		           smp.nsamples, spec->batch_size);
 		goto fail;
 	}
 	if (__builtin_mul_overflow(pl->slot_bytes, (uint64_t)pl->nslots, &slab_bytes) ||
 	    slab_bytes > eng->memory_limit - eng->memory_used) {
-		snprintf(err, errlen,
-		         "memory limit: pipeline '%s' needs %" PRIu64 " bytes (%u slots of %" PRIu64
-		         "), %" PRIu64 " of %" PRIu64 " bytes are free (--memory-limit)",
-		         spec->name, pl->slot_bytes * pl->nslots, pl->nslots, pl->slot_bytes,
-		         eng->memory_limit - eng->memory_used, eng->memory_limit);
-		r = -ENOSPC;
+		r = errfmt(-ENOSPC, err, errlen,
+		           "memory limit: pipeline '%s' needs %" PRIu64 " bytes (%u slots of %" PRIu64
+		           "), %" PRIu64 " of %" PRIu64 " bytes are free (--memory-limit)",
+		           spec->name, pl->slot_bytes * pl->nslots, pl->nslots, pl->slot_bytes,
+		           eng->memory_limit - eng->memory_used, eng->memory_limit);
 		goto fail;
 	}
 	r = slab_new(&pl->slab, spec->name, slab_bytes);
 	if (r < 0) {
-		snprintf(err, errlen, "cannot create slab of %" PRIu64 " bytes: %s", slab_bytes, strerror(-r));
+		errfmt(r, err, errlen, "cannot create slab of %" PRIu64 " bytes: %s", slab_bytes,
+		       strerror(-r));
 		goto fail;
 	}
 	pl->slots = calloc(pl->nslots, sizeof(*pl->slots));
 	pl->free_slots = calloc(pl->nslots, sizeof(*pl->free_slots));
 	if (!pl->slots || !pl->free_slots) {
-		r = -ENOMEM;
+		r = errfmt(-ENOMEM, err, errlen, "out of memory");
 		goto fail;
 	}
 	for (uint32_t i = 0; i < pl->nslots; i++) {
@@ -511,21 +509,16 @@ int engine_drop(struct engine *eng, const char *name, const struct principal *wh
 {
 	struct pipeline *pl = engine_find(eng, name);
 
-	if (!pl) {
-		snprintf(err, errlen, "no pipeline named '%s'", name);
-		return -ENOENT;
-	}
+	if (!pl)
+		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
 	/* access lets others read it, never drop it: that is its owner's (and
 	 * an admin's) decision */
-	if (!who->admin && who->creds.uid != pl->owner) {
-		pipeline_owned_error(pl, err, errlen);
-		snprintf(err + strlen(err), errlen - strlen(err), ": only its owner or an admin may drop it");
-		return -EPERM;
-	}
-	if (pl->natts && !force) {
-		snprintf(err, errlen, "pipeline '%s' has %" PRIu64 " clients attached (use force)", name, pl->natts);
-		return -EBUSY;
-	}
+	if (!who->admin && who->creds.uid != pl->owner)
+		return pipeline_owned_error(pl, -EPERM, ": only its owner or an admin may drop it",
+		                            err, errlen);
+	if (pl->natts && !force)
+		return errfmt(-EBUSY, err, errlen,
+		              "pipeline '%s' has %" PRIu64 " clients attached (use force)", name, pl->natts);
 	drop_now(pl, NULL);
 	linger_arm(eng);
 	return 0;

@@ -79,6 +79,7 @@ int source_read_full(int fd, const char *path, void *buf, size_t len, uint64_t o
 
 /* ---- for a parse hook (spec.c); errors read "spec: ..." ---- */
 
+/* errfmt() (common.h) with "spec: " in front; returns -EINVAL. */
 __attribute__((format(printf, 3, 4)))
 int spec_fail(char *err, size_t errlen, const char *fmt, ...);
 /* The first key of @obj not in @keys (NULL-terminated), or NULL. */
