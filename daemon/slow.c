@@ -147,13 +147,14 @@ static void holder_set(struct pipeline *pl, struct attachment *a, uint64_t now)
 		progress_mark(a, now);
 }
 
-static void evict(struct pipeline *pl, struct attachment *a, uint64_t lag, uint64_t idle_ms)
+static void evict(struct pipeline *pl, struct attachment *a, uint64_t lag)
 {
 	char msg[sizeof(a->dead_msg)];
+	uint64_t idle_ms = pl->slow_timeout_ms;   /* the setting, not the tick it was seen at */
 	char secs[32];
 
 	if (idle_ms % 1000)
-		snprintf(secs, sizeof(secs), "%.1f", (double)idle_ms / 1000.0);
+		snprintf(secs, sizeof(secs), "%g", (double)idle_ms / 1000.0);
 	else
 		snprintf(secs, sizeof(secs), "%" PRIu64, idle_ms / 1000);
 	snprintf(msg, sizeof(msg), "detached: %" PRIu64 " batches behind and no progress for %s s "
@@ -249,7 +250,7 @@ void pipeline_check_slow(struct pipeline *pl)
 		return;
 	}
 	if (idle >= pl->slow_timeout_ms) {
-		evict(pl, a, lag, idle);
+		evict(pl, a, lag);
 		pipeline_update(pl);
 		return;
 	}
