@@ -28,6 +28,10 @@ struct images_source {
 	struct imageset *images;
 	struct imageop *op;
 	bool on_error_fail;
+	/* on_error skip: a bit for each sample found bad, so that each bad
+	 * file is read once, not again for every sample whose replacement
+	 * search runs over it (images_read) */
+	_Atomic uint64_t *bad;
 };
 
 /* ---- the spec: source ---- */
@@ -499,6 +503,10 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 	imageop_init(src->op, spec);
 	src->on_error_fail = spec->on_error_fail;
 	src->base.nsamples = imageset_count(src->images);
+	src->bad = calloc((src->base.nsamples + 63) / 64, sizeof(*src->bad));
+	if (!src->bad)
+		return errfmt(-ENOMEM, err, errlen, "out of memory for the bad-sample map of %llu samples",
+			      (unsigned long long)src->base.nsamples);
 	src->base.nfields = 2;
 
 	snprintf(img->name, sizeof(img->name), "image");
@@ -549,23 +557,67 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 	return 0;
 }
 
+/* The first sample in [@j, @n) not known to be bad, or @n. */
+static uint64_t next_unknown(const struct images_source *src, uint64_t j, uint64_t n)
+{
+	while (j < n) {
+		uint64_t w = ~atomic_load_explicit(&src->bad[j >> 6], memory_order_relaxed) &
+			     (~0ull << (j & 63));
+
+		if (w) {
+			uint64_t k = (j & ~63ull) + (uint64_t)__builtin_ctzll(w);
+			return k < n ? k : n;
+		}
+		j = (j | 63) + 1;
+	}
+	return n;
+}
+
+/*
+ * Sample @idx, or with on_error skip the next good one in dataset order
+ * (idx+1, idx+2, ..., wrapping). Which samples are good is a property of
+ * their files, so the replacement is the same whichever worker looks and
+ * whenever; the bad-sample map only spares reading a bad file again (once
+ * found bad, a sample stays bad for the pipeline's life), so a run of k bad
+ * files costs k reads once, not k for every sample that lands on it.
+ * `skipped` counts the samples found bad.
+ */
 static int images_read(struct source *base, const struct sample_ctx *ctx, uint64_t idx,
 		       void *const *dsts, char *err, size_t errlen)
 {
 	struct images_source *src = (struct images_source *)base;
-	uint64_t n = src->base.nsamples, j = idx;
+	uint64_t n = src->base.nsamples, j = idx, seen = 0;
 	char last[512];
+	bool tried = false;
 
-	for (uint64_t tries = 0; tries < n; tries++) {
-		int r = image_sample(src, ctx, j, dsts, err, errlen);
+	while (seen < n) {
+		uint64_t k = next_unknown(src, j, n);
+		uint64_t bit;
+		int r;
 
+		seen += k - j;
+		if (k == n) {
+			j = 0;
+			continue;
+		}
+		if (seen >= n)
+			break;
+		j = k;
+		r = image_sample(src, ctx, j, dsts, err, errlen);
 		if (r == 0)
 			return 0;
 		if (r == -ENOMEM || src->on_error_fail)
 			return r;
-		atomic_fetch_add_explicit(&src->base.skipped, 1, memory_order_relaxed);
+		tried = true;
+		bit = 1ull << (j & 63);
+		if (!(atomic_fetch_or_explicit(&src->bad[j >> 6], bit, memory_order_relaxed) & bit))
+			atomic_fetch_add_explicit(&src->base.skipped, 1, memory_order_relaxed);
+		seen++;
 		j = j + 1 == n ? 0 : j + 1;
 	}
+	if (!tried)
+		return errfmt(-EINVAL, err, errlen, "no sample could be decoded: all %llu are bad",
+			      (unsigned long long)n);
 	snprintf(last, sizeof(last), "%s", err ? err : "");
 	return errfmt(-EINVAL, err, errlen, "no sample could be decoded (the last error: %s)", last);
 }
@@ -576,6 +628,7 @@ static void images_close(struct source *base)
 
 	imageset_free(src->images);
 	free(src->op);
+	free((void *)src->bad);
 }
 
 static const char *const image_options[] = { "transforms", "output", "on_error", "decode", NULL };

@@ -60,11 +60,12 @@ const struct field_desc *source_field(const struct source *src, size_t i);
  * Images: a file that cannot be read or decoded is, with on_error "skip",
  * replaced by the next good sample in dataset order (idx+1, idx+2...,
  * wrapping), transformed as that sample is, and counted (source_skipped());
- * with "fail" it is an error naming the file and the decoder's message.
+ * a sample found bad is not read again while the source lives. With "fail" it is an error naming the file and the decoder's message.
  * Return: 0 or a negative errno with @err set.
  */
 int source_read(struct source *src, const struct sample_ctx *ctx, uint64_t idx, void *const *dsts,
 		char *err, size_t errlen);
 
-/* Bad images replaced by a later one so far (on_error "skip"); 0 for others. */
+/* Distinct samples found bad so far (on_error "skip"), each counted once;
+ * 0 for other sources. */
 uint64_t source_skipped(const struct source *src);
