@@ -23,8 +23,8 @@ int sockpath_resolve(char *buf, size_t size, const char *explicit_path);
 int sockpath_fdchan(char *buf, size_t size, const char *sock);
 
 /*
- * The one error idiom of the internal code (daemon/, common/, client/'s
- * helpers):
+ * The one error idiom of the internal code (daemon/, common/, and libloader's
+ * helpers in client/):
  *
  * Every function that takes `char *err, size_t errlen` and returns a negative
  * errno has written a sentence into err that names what was wrong (the key,
@@ -34,24 +34,27 @@ int sockpath_fdchan(char *buf, size_t size, const char *sock);
  *	return errfmt(-EINVAL, err, errlen, "batch_size: must be in 1..%d", max);
  *	r = errfmt(-ENOMEM, err, errlen, "attach: out of memory"); goto fail;
  *
- * A function that returns what a callee returned passes the callee's sentence
- * through untouched, or replaces it whole; it never returns a negative errno
- * over a message of its own that is half written. err may be NULL (errlen 0):
- * the caller wants the errno only. A prefix helper (spec.c's spec_fail(),
- * settings.c's settings_fail()) is errfmt with a fixed "spec: " or "FILE: "
- * in front, through verrfmt(), and nothing more.
+ * Where cleanup comes before the return, errfmt() comes before the cleanup
+ * (which may change errno) and returns into r. A function that returns what a callee
+ * returned passes the callee's sentence on as it is, or writes its own over
+ * it. err may be NULL with errlen 0: the caller wants the errno only. A
+ * prefix helper (spec.c's spec_fail(), settings.c's settings_fail()) is
+ * errfmt() with "spec: " or "FILE: " in front, through verrfmt(), and
+ * nothing more.
  *
- * The caller sets err to "" before the call. An err still empty after a
- * negative return means the callee broke this rule, or ran out of memory so
- * deep that it had nothing to add; the caller then says strerror(-r) in its
- * place (reply_error(), loaderd's main()), never an empty message. On success
- * err is left as it was and means nothing.
+ * An empty err after a negative return means the callee broke this rule, or
+ * ran out of memory too deep down to say where. A caller that shows err
+ * starts it as "" (or the callee clears it on entry, as spec_parse() and
+ * source_open_as() do), and says strerror(-r) in the place of an empty one
+ * (reply_error(), loaderd's main()), never an empty message. After a
+ * return of 0 or more err means nothing unless the function says otherwise
+ * (engine_create()'s note for a pipeline that existed).
  *
- * The public API (include/loader/loader.h) takes no err buffers: it is the
- * boundary where this idiom ends. libloader's internal helpers (devmap.c)
- * fill a buffer this way; the ldr_* function that called them
- * hands the sentence to the thread's last error (set_err() in
- * client/libloader.c), which ldr_client_error() reads.
+ * The public API (include/loader/loader.h) takes no err buffers: it is
+ * where this idiom ends. libloader's internal helpers (devmap.c, cudadrv.c)
+ * fill a buffer this way; the ldr_* function that called them hands the
+ * sentence to the thread's last error with set_err() (client/libloader.c),
+ * which ldr_client_error() returns.
  */
 int errfmt(int r, char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* errfmt with @prefix (may be NULL) written before the sentence, for the
