@@ -285,7 +285,7 @@ uint64_t devmap_base(const struct devmap *m)
 
 void *devmap_record(struct devmap *m, void *stream, char *err, size_t errsize)
 {
-	snprintf(err, errsize, "built without CUDA support");
+	errfmt(-ENOTSUP, err, errsize, "built without CUDA support");
 	return NULL;
 }
 

@@ -325,7 +325,7 @@ DIR *ds_opendir(const struct creds *who, const char *path, char *err, size_t err
 	if (!(d = fdopendir(fd))) {
 		int e = errno;
 		close(fd);
-		snprintf(err, errlen, "%s: %s", path, strerror(e));
+		errfmt(-e, err, errlen, "%s: %s", path, strerror(e));
 		errno = e;
 	}
 	return d;
