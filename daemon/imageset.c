@@ -32,7 +32,19 @@
 #define WALK_DEPTH_MAX 32
 #define SHARD_FDS_MAX 64              /* more shards: open per read */
 #define CLS_MAX 64
-#define BRACE_MAX 1000000
+#define BRACE_MAX 1000000             /* names one pattern may expand to (counted only) */
+/*
+ * The bounds of what a create may make the daemon index (issue 13: a pattern
+ * naming one shard a million times took 60 s and 2.9 GB): shards, and the
+ * index's memory (40 bytes a sample and its name), checked as it grows so
+ * that a create over them fails at once with the number. 65536 shards is
+ * 6.5x what the largest public webdatasets use (LAION-5B: 10^4 shards of
+ * 10^4 samples each would be 10^8 samples, over the memory bound anyway);
+ * 2 GiB holds an index of ~30 million samples with 30-byte names
+ * (ImageNet-21k has 14 million).
+ */
+#define SHARDS_MAX IMAGESET_SHARDS_MAX
+#define INDEX_BYTES_MAX (2ull << 30)
 
 enum label_state { LABEL_OK, LABEL_MISSING, LABEL_BAD };
 
@@ -56,9 +68,22 @@ struct imageset {
 	char **shards;                /* webdataset: expanded paths */
 	int *fds;                     /* -1: open per read */
 	size_t nshards;
+	size_t nshards_done;          /* indexed so far (messages) */
 };
 
-static int arena_add(struct imageset *set, const char *s, size_t n, uint64_t *off)
+/* The index would take more than INDEX_BYTES_MAX: -E2BIG with the numbers. */
+static int index_too_big(const struct imageset *set, char *err, size_t errlen)
+{
+	return errfmt(-E2BIG, err, errlen,
+		      "%s: index of more than %llu MiB after %llu samples%s%zu%s (the most; split the dataset)",
+		      set->folder ? set->root : "webdataset",
+		      (unsigned long long)(INDEX_BYTES_MAX >> 20), (unsigned long long)set->n,
+		      set->folder ? "" : " of ", set->folder ? 0 : set->nshards_done,
+		      set->folder ? "" : " shards");
+}
+
+static int arena_add(struct imageset *set, const char *s, size_t n, uint64_t *off, char *err,
+		     size_t errlen)
 {
 	if (set->names_len + n + 1 > set->names_cap) {
 		size_t cap = set->names_cap ? set->names_cap * 2 : 4096;
@@ -66,6 +91,8 @@ static int arena_add(struct imageset *set, const char *s, size_t n, uint64_t *of
 
 		while (cap < set->names_len + n + 1)
 			cap *= 2;
+		if (cap + set->cap * sizeof(*set->v) > INDEX_BYTES_MAX)
+			return index_too_big(set, err, errlen);
 		p = realloc(set->names, cap);
 		if (!p)
 			return -ENOMEM;
@@ -88,6 +115,10 @@ static struct image_entry *entry_add(struct imageset *set, char *err, size_t err
 		if (set->n >= SAMPLES_MAX) {
 			errfmt(-E2BIG, err, errlen, "more than %llu samples",
 			     (unsigned long long)SAMPLES_MAX);
+			return NULL;
+		}
+		if (cap * sizeof(*v) + set->names_cap > INDEX_BYTES_MAX) {
+			index_too_big(set, err, errlen);
 			return NULL;
 		}
 		v = realloc(set->v, cap * sizeof(*v));
@@ -310,7 +341,7 @@ int imageset_open_folder(struct imageset **out, const struct creds *who, const c
 					goto out;
 				}
 				e->label = (int64_t)c;
-				r = arena_add(set, rel, (size_t)n, &e->name);
+				r = arena_add(set, rel, (size_t)n, &e->name, err, errlen);
 				if (r < 0)
 					goto out;
 			}
@@ -335,6 +366,189 @@ out:
 	}
 	*out = set;
 	return 0;
+}
+
+/* ---- brace patterns ---- */
+
+struct brace_group {
+	const char *lit;              /* literal text before the group */
+	size_t litlen;
+	bool range;
+	unsigned long long lo, hi;    /* range */
+	int width;                    /* range: zero-padded width, 0 = none */
+	const char *alts;             /* list: "a,b,c" (not NUL-terminated) */
+	size_t altlen;
+	unsigned long long count;
+};
+
+#define BRACE_GROUPS_MAX 16
+
+static bool parse_ull(const char *s, size_t n, unsigned long long *out)
+{
+	unsigned long long v = 0;
+
+	if (n == 0 || n > 18)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return false;
+		v = v * 10 + (unsigned long long)(s[i] - '0');
+	}
+	*out = v;
+	return true;
+}
+
+/* The @k-th alternative of a list group. */
+static void alt_get(const struct brace_group *g, unsigned long long k, const char **s, size_t *n)
+{
+	const char *p = g->alts, *end = g->alts + g->altlen;
+
+	for (;;) {
+		const char *c = memchr(p, ',', (size_t)(end - p));
+
+		if (k == 0) {
+			*s = p;
+			*n = (size_t)((c ? c : end) - p);
+			return;
+		}
+		k--;
+		p = c + 1;
+	}
+}
+
+/* A pattern's groups, literal tail and count of names (checked). */
+struct brace {
+	struct brace_group g[BRACE_GROUPS_MAX];
+	size_t ng;
+	const char *tail;
+	unsigned long long total;
+	size_t maxlen;                /* of a name, with its NUL */
+};
+
+static int brace_parse(const char *pattern, struct brace *br, char *err, size_t errlen)
+{
+	struct brace_group *g = br->g;
+	const char *p = pattern;
+	size_t ng = 0;
+	unsigned long long total = 1;
+
+	for (;;) {
+		const char *open = strpbrk(p, "{}"), *close, *dots;
+
+		if (!open)
+			break;
+		if (*open == '}')
+			return errfmt(-EINVAL, err, errlen, "unbalanced '}' in \"%s\"", pattern);
+		close = strpbrk(open + 1, "{}");
+		if (!close || *close == '{')
+			return errfmt(-EINVAL, err, errlen,
+				    close ? "nested braces are not supported in \"%s\""
+					  : "unbalanced '{' in \"%s\"", pattern);
+		if (ng == BRACE_GROUPS_MAX)
+			return errfmt(-EINVAL, err, errlen, "more than %d brace groups in \"%s\"",
+				    BRACE_GROUPS_MAX, pattern);
+		struct brace_group *b = &g[ng++];
+		memset(b, 0, sizeof(*b));
+		b->lit = p;
+		b->litlen = (size_t)(open - p);
+		dots = strstr(open + 1, "..");
+		if (dots && dots < close) {
+			const char *a = open + 1, *z = dots + 2;
+			size_t an = (size_t)(dots - a), zn = (size_t)(close - z);
+
+			if (!parse_ull(a, an, &b->lo) || !parse_ull(z, zn, &b->hi) || b->lo > b->hi)
+				return errfmt(-EINVAL, err, errlen,
+					    "bad range {%.*s} in \"%s\": want {FIRST..LAST} with 0 <= FIRST <= LAST",
+					    (int)(close - open - 1), open + 1, pattern);
+			b->range = true;
+			if ((an > 1 && a[0] == '0') || (zn > 1 && z[0] == '0'))
+				b->width = (int)(an > zn ? an : zn);
+			b->count = b->hi - b->lo + 1;
+		} else if (memchr(open + 1, ',', (size_t)(close - open - 1))) {
+			b->alts = open + 1;
+			b->altlen = (size_t)(close - open - 1);
+			b->count = 1;
+			for (const char *c = b->alts; c < close; c++)
+				b->count += *c == ',';
+		} else {
+			return errfmt(-EINVAL, err, errlen,
+				    "bad brace group {%.*s} in \"%s\": want {FIRST..LAST} or {a,b,...}",
+				    (int)(close - open - 1), open + 1, pattern);
+		}
+		if (b->count > BRACE_MAX || total * b->count > BRACE_MAX)
+			return errfmt(-EINVAL, err, errlen, "\"%s\" expands to more than %d names",
+				    pattern, BRACE_MAX);
+		total *= b->count;
+		p = close + 1;
+	}
+	br->ng = ng;
+	br->tail = p;
+	br->total = total;
+	br->maxlen = strlen(pattern) + 20 * ng + 1;
+	return 0;
+}
+
+/* Name @i (< br->total) into @s, br->maxlen bytes. */
+static void brace_nth(const struct brace *br, unsigned long long i, char *s)
+{
+	unsigned long long rest = i, div = br->total;
+	char *w = s;
+
+	for (size_t k = 0; k < br->ng; k++) {
+		const struct brace_group *g = &br->g[k];
+		unsigned long long pick;
+
+		div /= g->count;
+		pick = rest / div;
+		rest %= div;
+		memcpy(w, g->lit, g->litlen);
+		w += g->litlen;
+		if (g->range) {
+			w += sprintf(w, "%0*llu", g->width, g->lo + pick);
+		} else {
+			const char *a;
+			size_t n;
+
+			alt_get(g, pick, &a, &n);
+			memcpy(w, a, n);
+			w += n;
+		}
+	}
+	strcpy(w, br->tail);
+}
+
+long brace_expand(const char *pattern, char ***out, char *err, size_t errlen)
+{
+	struct brace br;
+	char **v;
+	int r = brace_parse(pattern, &br, err, errlen);
+
+	if (r < 0)
+		return r;
+	if (!out)
+		return (long)br.total;
+	v = calloc(br.total + 1, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	for (unsigned long long i = 0; i < br.total; i++) {
+		v[i] = malloc(br.maxlen);
+		if (!v[i]) {
+			brace_free(v);
+			return -ENOMEM;
+		}
+		brace_nth(&br, i, v[i]);
+	}
+	*out = v;
+	return (long)br.total;
+}
+
+void brace_free(char **v)
+{
+	if (!v)
+		return;
+	for (char **p = v; *p; p++)
+		free(*p);
+	free(v);
 }
 
 /* ---- webdataset ---- */
@@ -369,7 +583,7 @@ static int indexer_flush(struct indexer *ix, char *err, size_t errlen)
 	e->shard = ix->shard;
 	e->label = ix->label;
 	e->label_state = ix->label_state;
-	return arena_add(ix->set, ix->key, strlen(ix->key), &e->name);
+	return arena_add(ix->set, ix->key, strlen(ix->key), &e->name, err, errlen);
 }
 
 static void parse_cls(struct indexer *ix, const char *text, size_t len)
@@ -448,77 +662,108 @@ static int index_entry(void *userdata, const struct tar_entry *e, char *err, siz
 	return 0;
 }
 
+/* Index shard @s (set->shards[s]) into @set. */
+static int index_shard(struct imageset *set, struct indexer *ix, size_t s, bool keep_fd,
+		       char *err, size_t errlen)
+{
+	const char *path = set->shards[s];
+	int fd = ds_open(&set->who, path, O_RDONLY, err, errlen), r;
+	struct stat st;
+
+	if (fd < 0)
+		return fd;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return errfmt(-EINVAL, err, errlen, "%s: not a regular file", path);
+	}
+	ix->shard = (uint32_t)s;
+	ix->fd = fd;
+	ix->path = path;
+	ix->open = false;
+	r = tar_scan(fd, path, (uint64_t)st.st_size, index_entry, ix, err, errlen);
+	if (r == 0)
+		r = indexer_flush(ix, err, errlen);
+	if (keep_fd && r == 0)
+		set->fds[s] = fd;
+	else
+		close(fd);
+	return r;
+}
+
+long imageset_count_shards(char *const *urls, size_t nurls, char *err, size_t errlen)
+{
+	unsigned long long total = 0;
+
+	for (size_t u = 0; u < nurls; u++) {
+		long n = brace_expand(urls[u], NULL, err, errlen);
+
+		if (n < 0)
+			return n;
+		total += (unsigned long long)n;
+	}
+	if (total > SHARDS_MAX)
+		return errfmt(-E2BIG, err, errlen, "webdataset: %llu shards named, the most is %d",
+			      total, SHARDS_MAX);
+	return (long)total;
+}
+
 int imageset_open_webdataset(struct imageset **out, const struct creds *who, char *const *urls,
 			     size_t nurls, char *err, size_t errlen)
 {
 	struct imageset *set = calloc(1, sizeof(*set));
 	struct indexer *ix = NULL;
+	struct brace *br = NULL;
+	char *name = NULL;
+	long total;
 	int r = 0;
 
 	if (!set)
 		return -ENOMEM;
 	set->who = *who;
-	for (size_t u = 0; u < nurls; u++) {
-		char **v = NULL;
-		long n = brace_expand(urls[u], &v, err, errlen);
-		char **grown;
-
-		if (n < 0) {
-			r = (int)n;
-			goto out;
-		}
-		grown = realloc(set->shards, (set->nshards + (size_t)n) * sizeof(*grown));
-		if (!grown || set->nshards + (size_t)n > BRACE_MAX) {
-			if (grown)
-				set->shards = grown;
-			for (long k = 0; k < n; k++)
-				free(v[k]);
-			free(v);
-			r = grown ? errfmt(-E2BIG, err, errlen, "more than %d shards", BRACE_MAX)
-				  : -ENOMEM;
-			goto out;
-		}
-		set->shards = grown;
-		memcpy(set->shards + set->nshards, v, (size_t)n * sizeof(*v));
-		set->nshards += (size_t)n;
-		free(v); /* the strings now belong to set->shards */
+	/* the count first, from the patterns alone: a create over the bound
+	 * fails before a name is made or a file opened */
+	total = imageset_count_shards(urls, nurls, err, errlen);
+	if (total < 0) {
+		r = (int)total;
+		goto out;
 	}
-	set->fds = malloc(set->nshards * sizeof(*set->fds));
+	set->shards = calloc((size_t)total + 1, sizeof(*set->shards));
+	set->fds = malloc(((size_t)total + 1) * sizeof(*set->fds));
 	ix = calloc(1, sizeof(*ix));
-	if (!set->fds || !ix) {
+	br = malloc(sizeof(*br));
+	if (!set->shards || !set->fds || !ix || !br) {
 		r = -ENOMEM;
 		goto out;
 	}
-	for (size_t s = 0; s < set->nshards; s++)
+	for (long s = 0; s < total; s++)
 		set->fds[s] = -1;
 	ix->set = set;
-	for (size_t s = 0; s < set->nshards; s++) {
-		const char *path = set->shards[s];
-		int fd = ds_open(who, path, O_RDONLY, err, errlen);
-		struct stat st;
-
-		if (fd < 0) {
-			r = fd;
-			goto out;
-		}
-		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-			r = errfmt(-EINVAL, err, errlen, "%s: not a regular file", path);
-			close(fd);
-			goto out;
-		}
-		ix->shard = (uint32_t)s;
-		ix->fd = fd;
-		ix->path = path;
-		ix->open = false;
-		r = tar_scan(fd, path, (uint64_t)st.st_size, index_entry, ix, err, errlen);
-		if (r == 0)
-			r = indexer_flush(ix, err, errlen);
-		if (set->nshards <= SHARD_FDS_MAX && r == 0)
-			set->fds[s] = fd;
-		else
-			close(fd);
+	/* each shard indexed as its name is made: a missing one fails there */
+	for (size_t u = 0; u < nurls; u++) {
+		r = brace_parse(urls[u], br, err, errlen);
 		if (r < 0)
 			goto out;
+		free(name);
+		name = malloc(br->maxlen);
+		if (!name) {
+			r = -ENOMEM;
+			goto out;
+		}
+		for (unsigned long long i = 0; i < br->total; i++) {
+			size_t s = set->nshards;
+
+			brace_nth(br, i, name);
+			set->shards[s] = strdup(name);
+			if (!set->shards[s]) {
+				r = -ENOMEM;
+				goto out;
+			}
+			set->nshards++;
+			r = index_shard(set, ix, s, total <= SHARD_FDS_MAX, err, errlen);
+			if (r < 0)
+				goto out;
+			set->nshards_done = set->nshards;
+		}
 	}
 	if (set->n == 0)
 		r = errfmt(-EINVAL, err, errlen,
@@ -527,6 +772,8 @@ int imageset_open_webdataset(struct imageset **out, const struct creds *who, cha
 			 set->nshards > 1 ? " ..." : "");
 out:
 	free(ix);
+	free(br);
+	free(name);
 	if (r < 0) {
 		if (r == -ENOMEM && err && errlen && !err[0])
 			errfmt(r, err, errlen, "webdataset: out of memory");
@@ -553,6 +800,15 @@ struct imageset *imageset_free(struct imageset *set)
 	free(set->names);
 	free(set);
 	return NULL;
+}
+
+uint64_t imageset_bytes(const struct imageset *set)
+{
+	uint64_t b = sizeof(*set) + set->cap * sizeof(*set->v) + set->names_cap;
+
+	for (size_t s = 0; s < set->nshards; s++)
+		b += sizeof(*set->shards) + sizeof(*set->fds) + strlen(set->shards[s]) + 1;
+	return b;
 }
 
 uint64_t imageset_count(const struct imageset *set)
@@ -669,159 +925,3 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 	return 0;
 }
 
-/* ---- brace patterns ---- */
-
-struct brace_group {
-	const char *lit;              /* literal text before the group */
-	size_t litlen;
-	bool range;
-	unsigned long long lo, hi;    /* range */
-	int width;                    /* range: zero-padded width, 0 = none */
-	const char *alts;             /* list: "a,b,c" (not NUL-terminated) */
-	size_t altlen;
-	unsigned long long count;
-};
-
-#define BRACE_GROUPS_MAX 16
-
-static bool parse_ull(const char *s, size_t n, unsigned long long *out)
-{
-	unsigned long long v = 0;
-
-	if (n == 0 || n > 18)
-		return false;
-	for (size_t i = 0; i < n; i++) {
-		if (s[i] < '0' || s[i] > '9')
-			return false;
-		v = v * 10 + (unsigned long long)(s[i] - '0');
-	}
-	*out = v;
-	return true;
-}
-
-/* The @k-th alternative of a list group. */
-static void alt_get(const struct brace_group *g, unsigned long long k, const char **s, size_t *n)
-{
-	const char *p = g->alts, *end = g->alts + g->altlen;
-
-	for (;;) {
-		const char *c = memchr(p, ',', (size_t)(end - p));
-
-		if (k == 0) {
-			*s = p;
-			*n = (size_t)((c ? c : end) - p);
-			return;
-		}
-		k--;
-		p = c + 1;
-	}
-}
-
-long brace_expand(const char *pattern, char ***out, char *err, size_t errlen)
-{
-	struct brace_group g[BRACE_GROUPS_MAX];
-	const char *p = pattern, *tail;
-	size_t ng = 0, maxlen;
-	unsigned long long total = 1;
-	char **v;
-
-	for (;;) {
-		const char *open = strpbrk(p, "{}"), *close, *dots;
-
-		if (!open)
-			break;
-		if (*open == '}')
-			return errfmt(-EINVAL, err, errlen, "unbalanced '}' in \"%s\"", pattern);
-		close = strpbrk(open + 1, "{}");
-		if (!close || *close == '{')
-			return errfmt(-EINVAL, err, errlen,
-				    close ? "nested braces are not supported in \"%s\""
-					  : "unbalanced '{' in \"%s\"", pattern);
-		if (ng == BRACE_GROUPS_MAX)
-			return errfmt(-EINVAL, err, errlen, "more than %d brace groups in \"%s\"",
-				    BRACE_GROUPS_MAX, pattern);
-		struct brace_group *b = &g[ng++];
-		memset(b, 0, sizeof(*b));
-		b->lit = p;
-		b->litlen = (size_t)(open - p);
-		dots = strstr(open + 1, "..");
-		if (dots && dots < close) {
-			const char *a = open + 1, *z = dots + 2;
-			size_t an = (size_t)(dots - a), zn = (size_t)(close - z);
-
-			if (!parse_ull(a, an, &b->lo) || !parse_ull(z, zn, &b->hi) || b->lo > b->hi)
-				return errfmt(-EINVAL, err, errlen,
-					    "bad range {%.*s} in \"%s\": want {FIRST..LAST} with 0 <= FIRST <= LAST",
-					    (int)(close - open - 1), open + 1, pattern);
-			b->range = true;
-			if ((an > 1 && a[0] == '0') || (zn > 1 && z[0] == '0'))
-				b->width = (int)(an > zn ? an : zn);
-			b->count = b->hi - b->lo + 1;
-		} else if (memchr(open + 1, ',', (size_t)(close - open - 1))) {
-			b->alts = open + 1;
-			b->altlen = (size_t)(close - open - 1);
-			b->count = 1;
-			for (const char *c = b->alts; c < close; c++)
-				b->count += *c == ',';
-		} else {
-			return errfmt(-EINVAL, err, errlen,
-				    "bad brace group {%.*s} in \"%s\": want {FIRST..LAST} or {a,b,...}",
-				    (int)(close - open - 1), open + 1, pattern);
-		}
-		if (b->count > BRACE_MAX || total * b->count > BRACE_MAX)
-			return errfmt(-EINVAL, err, errlen, "\"%s\" expands to more than %d names",
-				    pattern, BRACE_MAX);
-		total *= b->count;
-		p = close + 1;
-	}
-	tail = p;
-	if (!out)
-		return (long)total;
-
-	maxlen = strlen(pattern) + 20 * ng + 1;
-	v = calloc(total + 1, sizeof(*v));
-	if (!v)
-		return -ENOMEM;
-	for (unsigned long long i = 0; i < total; i++) {
-		unsigned long long rest = i, div = total;
-		char *s = malloc(maxlen), *w;
-
-		if (!s) {
-			brace_free(v);
-			return -ENOMEM;
-		}
-		w = s;
-		for (size_t k = 0; k < ng; k++) {
-			unsigned long long pick;
-
-			div /= g[k].count;
-			pick = rest / div;
-			rest %= div;
-			memcpy(w, g[k].lit, g[k].litlen);
-			w += g[k].litlen;
-			if (g[k].range) {
-				w += sprintf(w, "%0*llu", g[k].width, g[k].lo + pick);
-			} else {
-				const char *a;
-				size_t n;
-
-				alt_get(&g[k], pick, &a, &n);
-				memcpy(w, a, n);
-				w += n;
-			}
-		}
-		strcpy(w, tail);
-		v[i] = s;
-	}
-	*out = v;
-	return (long)total;
-}
-
-void brace_free(char **v)
-{
-	if (!v)
-		return;
-	for (char **p = v; *p; p++)
-		free(*p);
-	free(v);
-}

@@ -8,6 +8,8 @@
 struct creds;
 struct imageset;
 
+#define IMAGESET_SHARDS_MAX 65536     /* shards a webdataset may name (imageset.c) */
+
 /**
  * imageset_open_folder() - list an ImageFolder tree once.
  * @who: whose permissions the tree and its files are read with (creds.h),
@@ -71,3 +73,12 @@ void imageset_describe(const struct imageset *set, uint64_t idx, char *buf, size
  */
 long brace_expand(const char *pattern, char ***out, char *err, size_t errlen);
 void brace_free(char **v);
+
+/**
+ * imageset_count_shards() - the shards @urls name, from the patterns alone.
+ * Return: the count, or -EINVAL (a bad pattern) or -E2BIG (more than the
+ * most, "webdataset: 1000000 shards named, the most is 65536") with @err set.
+ */
+long imageset_count_shards(char *const *urls, size_t nurls, char *err, size_t errlen);
+/* The bytes the index takes (samples, names, shard paths). */
+uint64_t imageset_bytes(const struct imageset *set);

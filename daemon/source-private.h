@@ -26,6 +26,7 @@ struct source {
 	size_t nfields;
 	struct field_desc fields[SOURCE_MAX_FIELDS];
 	_Atomic uint64_t skipped;     /* source_skipped() */
+	uint64_t index_bytes;         /* source_index_bytes(), set by open */
 	struct creds who;             /* its files are opened as (creds.h) */
 };
 

@@ -167,3 +167,8 @@ uint64_t source_skipped(const struct source *src)
 {
 	return atomic_load_explicit(&((struct source *)src)->skipped, memory_order_relaxed);
 }
+
+uint64_t source_index_bytes(const struct source *src)
+{
+	return src->index_bytes;
+}

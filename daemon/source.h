@@ -69,3 +69,6 @@ int source_read(struct source *src, const struct sample_ctx *ctx, uint64_t idx, 
 /* Distinct samples found bad so far (on_error "skip"), each counted once;
  * 0 for other sources. */
 uint64_t source_skipped(const struct source *src);
+/* Memory of the source's index of its samples (image sources: the listing
+ * or the tar index and the bad-sample map); 0 for others. */
+uint64_t source_index_bytes(const struct source *src);

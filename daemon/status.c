@@ -55,7 +55,7 @@ static json_t *pipeline_json(struct pipeline *pl)
 			"copying", (json_int_t)dc->inflight,
 			"error", dc->failed ? json_string(dc->error) : json_null()));
 	}
-	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:O}",
+	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:O}",
 		"name", pl->spec->name,
 		"state", pipeline_state(pl),
 		"error", pl->failed ? json_string(pl->error) : json_null(),
@@ -71,6 +71,7 @@ static json_t *pipeline_json(struct pipeline *pl)
 		"batches_produced", (json_int_t)pl->produced,
 		"batches_reclaimed", (json_int_t)pl->reclaimed,
 		"skipped", (json_int_t)source_skipped(pl->src),
+		"index_bytes", (json_int_t)source_index_bytes(pl->src),
 		"backpressure_ms", (json_int_t)(pl->backpressure_ms +
 			(pl->blocked_since ? now - pl->blocked_since : 0)),
 		"fields", fields,

@@ -490,6 +490,33 @@ def test_bad_files_fail(ld, workdir, which, reason):
     assert ld.alive()
 
 
+def test_webdataset_bounds(ld, workdir):
+    """A create whose index would be too large fails at once with the
+    number (issue 13: a million names took a minute and 2.9 GB); a missing
+    shard fails the create there; status shows what an index takes."""
+    ops = [{"op": "center_crop", "size": 16}]
+    spec = image_spec("wbig", {"kind": "webdataset",
+                               "urls": os.path.join(workdir, "shard-{000000..999999}.tar")}, ops)
+    r = ld.create(spec, check=False)
+    assert r.returncode != 0, r.stderr
+    assert "spec: source.urls: 1000000 shards named, the most is 65536" in r.stderr, r.stderr
+    rng = np.random.default_rng(9)
+    with io.BytesIO() as b:
+        Image.fromarray(smooth_image(rng, 20, 20)).save(b, "JPEG")
+        jpg = b.getvalue()
+    p = write_shard_tarfile(os.path.join(workdir, "ok.tar"), [("s0.jpg", jpg), ("s0.cls", b"3")],
+                            tarfile.PAX_FORMAT)
+    missing = os.path.join(workdir, "m-{00000..59999}.tar")
+    r = ld.create(dict(spec, name="wmiss", source={"kind": "webdataset", "urls": [p, missing]}),
+                  check=False)
+    assert r.returncode != 0, r.stderr
+    assert os.path.join(workdir, "m-00000.tar") + ": No such file or directory" in r.stderr, r.stderr
+    ld.create(dict(spec, name="wok", source={"kind": "webdataset", "urls": p}))
+    got = ld.pipeline("wok")["index_bytes"]
+    assert 1024 <= got <= 1 << 20, got        # one sample: a first block of entries and names
+    assert ld.alive()
+
+
 def test_webdataset_bad_members(ld, workdir):
     rng = np.random.default_rng(9)
     with io.BytesIO() as b:
