@@ -50,12 +50,54 @@ static void who_is(const struct server *srv, const struct client *cl, struct pri
 	           (srv->admin_gid >= 0 && creds_in_group(&cl->creds, (gid_t)srv->admin_gid));
 }
 
-static void handle_create(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__CreatePipeline *m)
+/* A create whose files are opened off the loop (engine_create_async()). */
+struct create_ctx {
+	struct server *srv;
+	struct sctx *c;
+	uint64_t client_id;
+	bool parked;              /* handle_create() returned: the answer comes later */
+	bool answered;            /* the answer came before it returned */
+	char name[LDR_NAME_MAX + 1];
+};
+
+static void create_answer(void *userdata, int r, const char *err)
 {
+	struct create_ctx *x = userdata;
+	struct server *srv = x->srv;
 	Loaderd__Reply rep = LOADERD__REPLY__INIT;
 	Loaderd__CreatePipelineReply cr = LOADERD__CREATE_PIPELINE_REPLY__INIT;
+	struct client *cl;
+
+	for (cl = srv->clients; cl && cl->id != x->client_id; cl = cl->next)
+		;
+	if (!cl) {
+		/* gone meanwhile: its hold on what it created goes too, and the
+		 * reply goes nowhere (the context is free again) */
+		if (r >= 0)
+			engine_client_gone(srv->engine, x->client_id);
+		reply_error(srv, x->c, ECONNRESET, "client gone");
+	} else if (r < 0) {
+		reply_error(srv, x->c, -r, err);
+	} else {
+		if (r)
+			log_info("client %" PRIu64 " (pid %d) created pipeline %s", cl->id, cl->pid, x->name);
+		cr.name = x->name;
+		cr.created = r == 1;
+		rep.body_case = LOADERD__REPLY__BODY_CREATE;
+		rep.create = &cr;
+		send_reply(srv, x->c, &rep);
+	}
+	if (x->parked)
+		free(x);
+	else
+		x->answered = true;
+}
+
+static void handle_create(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__CreatePipeline *m)
+{
+	struct create_ctx *x;
 	struct spec *spec;
-	char err[1024], name[LDR_NAME_MAX + 1];
+	char err[1024];
 	struct principal who;
 	int r;
 
@@ -65,21 +107,24 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 		reply_error(srv, c, -r, err);
 		return;
 	}
-	snprintf(name, sizeof(name), "%s", spec->name);
-	/* the pipeline is this connection's: it lingers once the connection
-	 * closes and nobody reads it (docs/spec.md, "Lifetime") */
-	r = engine_create(srv->engine, spec, &who, cl->id, m->exist_ok, err, sizeof(err));
-	if (r < 0) {
-		reply_error(srv, c, -r, err);
+	if (!(x = calloc(1, sizeof(*x)))) {
+		spec_free(spec);
+		reply_error(srv, c, ENOMEM, "out of memory");
 		return;
 	}
-	if (r)
-		log_info("client %" PRIu64 " (pid %d) created pipeline %s", cl->id, cl->pid, name);
-	cr.name = name;
-	cr.created = r == 1;
-	rep.body_case = LOADERD__REPLY__BODY_CREATE;
-	rep.create = &cr;
-	send_reply(srv, c, &rep);
+	*x = (struct create_ctx){ .srv = srv, .c = c, .client_id = cl->id };
+	snprintf(x->name, sizeof(x->name), "%s", spec->name);
+	/* the pipeline is this connection's: it lingers once the connection
+	 * closes and nobody reads it (docs/spec.md, "Lifetime"); its files are
+	 * opened on libuv's pool, as its creator (docs/security.md) */
+	engine_create_async(srv->engine, spec, &who, cl->id, m->exist_ok, create_answer, x);
+	if (x->answered) {
+		free(x);
+		return;
+	}
+	x->parked = true;
+	c->state = CTX_PARKED;
+	c->answered = true;
 }
 
 static void handle_drop(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__DropPipeline *m)

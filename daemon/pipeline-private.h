@@ -247,6 +247,8 @@ struct engine {
 	uv_timer_t *linger_timer; /* armed for the next pipeline to expire, or NULL */
 	uint64_t slow_timeout_ms; /* the daemon's slow_client_timeout */
 	uv_timer_t *slow_timer;   /* slow.c: runs while a pipeline is held back */
+	struct create_req *creating; /* creates whose files are being opened (registry.c) */
+	unsigned ncreating;
 	bool shutdown;
 };
 

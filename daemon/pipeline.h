@@ -145,6 +145,18 @@ uint64_t engine_memory_used(const struct engine *eng);
  */
 int engine_create(struct engine *eng, struct spec *spec, const struct principal *who,
                   uint64_t client, bool exist_ok, char *err, size_t errlen);
+/*
+ * engine_create_async() - engine_create() with the files opened, listed and
+ * indexed on libuv's pool, so the loop serves everyone meanwhile. @cb runs on
+ * the loop with engine_create()'s result and message, maybe before this
+ * returns. Creates of one name wait for the one in flight (DDP ranks: one
+ * indexes, the others join).
+ */
+typedef void (*engine_create_cb)(void *userdata, int r, const char *err);
+void engine_create_async(struct engine *eng, struct spec *spec, const struct principal *who,
+                         uint64_t client, bool exist_ok, engine_create_cb cb, void *userdata);
+/* Creates in flight (the server's stop waits for them, a while). */
+unsigned engine_creating(const struct engine *eng);
 /* A client's connection closed: the pipelines it held may start to linger. */
 void engine_client_gone(struct engine *eng, uint64_t client);
 /* How long an unused pipeline without "ttl" stays (config key linger). */

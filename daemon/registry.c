@@ -356,12 +356,20 @@ static int access_init(struct pipeline *pl, const struct spec *spec, const struc
 	return 0;
 }
 
-int engine_create(struct engine *eng, struct spec *spec, const struct principal *who,
-                  uint64_t client, bool exist_ok, char *err, size_t errlen)
+/*
+ * A create in three steps: create_check() on the loop (the name: another
+ * user's, an identical pipeline to join, a lingering one that gives way),
+ * source_open_as() anywhere (the files: opening, listing and indexing may
+ * take long, so engine_create_async() runs it on libuv's pool), and
+ * create_build() on the loop (slab and slots).
+ *
+ * create_check() returns 1 when the pipeline is to be built, else the
+ * create's result (0 joined, < 0 refused), @spec then freed.
+ */
+static int create_check(struct engine *eng, struct spec *spec, const struct principal *who,
+                        uint64_t client, bool exist_ok, char *err, size_t errlen)
 {
-	struct pipeline *pl, *old;
-	struct sampler smp;
-	uint64_t off = 0, slab_bytes;
+	struct pipeline *old;
 	int r;
 
 	if (eng->shutdown) {
@@ -395,11 +403,25 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 		spec_free(spec);
 		return r;
 	}
+	return 1;
+}
+
+/* Build the pipeline of @spec over @src (NULL: open it here). Takes both. */
+static int create_build(struct engine *eng, struct spec *spec, const struct principal *who,
+                        uint64_t client, struct source *src, char *err, size_t errlen)
+{
+	struct pipeline *pl;
+	struct sampler smp;
+	uint64_t off = 0, slab_bytes;
+	int r;
+
 	pl = calloc(1, sizeof(*pl));
 	if (!pl) {
 		spec_free(spec);
+		source_free(src);
 		return errfmt(-ENOMEM, err, errlen, "out of memory");
 	}
+	pl->src = src;
 	pl->eng = eng;
 	pl->spec = spec;
 	pl->owner = who->creds.uid;
@@ -415,8 +437,7 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 		r = errfmt(-ENOMEM, err, errlen, "out of memory");
 		goto fail;
 	}
-	r = source_open_as(&pl->src, spec, &pl->owner_creds, err, errlen);
-	if (r < 0)
+	if (!pl->src && (r = source_open_as(&pl->src, spec, &pl->owner_creds, err, errlen)) < 0)
 		goto fail;
 	pl->nfields = source_nfields(pl->src);
 	if (pl->nfields > SOURCE_MAX_FIELDS) {
@@ -493,6 +514,139 @@ fail:
 	free(pl->holders);
 	free(pl);
 	return r;
+}
+
+int engine_create(struct engine *eng, struct spec *spec, const struct principal *who,
+                  uint64_t client, bool exist_ok, char *err, size_t errlen)
+{
+	int r = create_check(eng, spec, who, client, exist_ok, err, errlen);
+
+	return r == 1 ? create_build(eng, spec, who, client, NULL, err, errlen) : r;
+}
+
+/* --- creates off the loop ------------------------------------------------ */
+
+struct create_req {
+	struct create_req *next;      /* in eng->creating, or a waiter list */
+	struct create_req *waiters;   /* creates of the same name that came meanwhile */
+	uv_work_t work;
+	struct engine *eng;
+	struct spec *spec;
+	struct principal who;
+	uint64_t client;
+	bool exist_ok;
+	engine_create_cb cb;
+	void *userdata;
+	struct source *src;
+	int r;
+	char err[1024];
+};
+
+static void create_work(uv_work_t *w)
+{
+	struct create_req *q = w->data;
+
+	/* with the owner's file credentials on this pool thread (creds.c) */
+	q->r = source_open_as(&q->src, q->spec, &q->who.creds, q->err, sizeof(q->err));
+}
+
+static void create_start(struct create_req *q);
+
+static void create_done(struct create_req *q)
+{
+	struct create_req *w = q->waiters;
+
+	q->cb(q->userdata, q->r, q->err);
+	free(q);
+	/* the next of the same name: it now finds the pipeline (or opens its own) */
+	while (w) {
+		struct create_req *n = w->next;
+		w->next = NULL;
+		create_start(w);
+		w = n;
+	}
+}
+
+static void create_after(uv_work_t *w, int status)
+{
+	struct create_req *q = w->data, **pp;
+	struct engine *eng = q->eng;
+	int r;
+
+	for (pp = &eng->creating; *pp; pp = &(*pp)->next)
+		if (*pp == q) {
+			*pp = q->next;
+			break;
+		}
+	eng->ncreating--;
+	q->next = NULL;
+	if (q->r < 0 || status < 0) {
+		if (q->r >= 0)
+			q->r = errfmt(-ECANCELED, q->err, sizeof(q->err), "create cancelled");
+		source_free(q->src);
+		spec_free(q->spec);
+	} else if ((r = create_check(eng, q->spec, &q->who, q->client, q->exist_ok, q->err,
+	                             sizeof(q->err))) != 1) {
+		/* the name changed hands meanwhile (a drop, a config reload) */
+		source_free(q->src);
+		q->r = r;
+	} else {
+		q->r = create_build(eng, q->spec, &q->who, q->client, q->src, q->err, sizeof(q->err));
+	}
+	create_done(q);
+}
+
+static void create_start(struct create_req *q)
+{
+	struct engine *eng = q->eng;
+	struct create_req *busy;
+	int r;
+
+	q->err[0] = '\0';
+	r = create_check(eng, q->spec, &q->who, q->client, q->exist_ok, q->err, sizeof(q->err));
+	if (r != 1) {
+		q->r = r;
+		create_done(q);
+		return;
+	}
+	for (busy = eng->creating; busy; busy = busy->next)
+		if (strcmp(busy->spec->name, q->spec->name) == 0) {
+			/* wait for it: DDP ranks create one name at once, and one of
+			 * them indexing the files is enough */
+			q->next = busy->waiters;
+			busy->waiters = q;
+			return;
+		}
+	q->work.data = q;
+	if (uv_queue_work(eng->loop, &q->work, create_work, create_after) < 0) {
+		/* no pool: open here */
+		q->r = create_build(eng, q->spec, &q->who, q->client, NULL, q->err, sizeof(q->err));
+		create_done(q);
+		return;
+	}
+	q->next = eng->creating;
+	eng->creating = q;
+	eng->ncreating++;
+}
+
+void engine_create_async(struct engine *eng, struct spec *spec, const struct principal *who,
+                         uint64_t client, bool exist_ok, engine_create_cb cb, void *userdata)
+{
+	struct create_req *q = calloc(1, sizeof(*q));
+
+	if (!q) {
+		spec_free(spec);
+		cb(userdata, -ENOMEM, "out of memory");
+		return;
+	}
+	*q = (struct create_req){ .eng = eng, .spec = spec, .who = *who, .client = client,
+		.exist_ok = exist_ok, .cb = cb, .userdata = userdata };
+	create_start(q);
+}
+
+unsigned engine_creating(const struct engine *eng)
+{
+	return eng->ncreating;
 }
 void pipeline_fail(struct pipeline *pl, int err, const char *msg)
 {

@@ -249,14 +249,15 @@ static void on_stop_timer(uv_timer_t *t)
 	struct server *srv = t->data;
 	struct event *ev;
 
-	/* a CUDA attach still in cuInit holds a context: wait for it, a while */
-	if (srv->attach_jobs) {
+	/* a CUDA attach still in cuInit, or a create still opening its files,
+	 * holds a context and a pool thread: wait for them, a while */
+	if (srv->attach_jobs || engine_creating(srv->engine)) {
 		if (srv->stop_waits++ < STOP_CUDA_WAITS) {
 			uv_timer_start(&srv->stop_timer, on_stop_timer, 100, 0);
 			return;
 		}
-		log_warn("the CUDA driver did not answer within %d ms; exiting without it",
-		         STOP_CUDA_WAITS * 100);
+		log_warn("%s did not finish within %d ms; exiting without it",
+		         srv->attach_jobs ? "the CUDA driver" : "opening a dataset", STOP_CUDA_WAITS * 100);
 		unlink(srv->path);
 		exit_stopped();
 	}
