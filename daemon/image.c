@@ -109,6 +109,50 @@ int image_scratch_grow(void *p, size_t *cap, size_t need)
 	return 0;
 }
 
+/* The scratch's buffers and their sizes, for image_scratch_trim(). */
+#define SCRATCH_BUFS 7
+
+static void scratch_bufs(struct image_scratch *s, void **bufs[SCRATCH_BUFS],
+			 size_t *caps[SCRATCH_BUFS])
+{
+	bufs[0] = (void **)&s->file, caps[0] = &s->file_cap;
+	bufs[1] = (void **)&s->pix, caps[1] = &s->pix_cap;
+	bufs[2] = (void **)&s->stage[0], caps[2] = &s->stage_cap[0];
+	bufs[3] = (void **)&s->stage[1], caps[3] = &s->stage_cap[1];
+	bufs[4] = (void **)&s->tmp, caps[4] = &s->tmp_cap;
+	bufs[5] = (void **)&s->row, caps[5] = &s->row_cap;
+	bufs[6] = &s->coef, caps[6] = &s->coef_cap;
+}
+
+size_t image_scratch_bytes(const struct image_scratch *s)
+{
+	void **bufs[SCRATCH_BUFS];
+	size_t *caps[SCRATCH_BUFS], total = 0;
+
+	scratch_bufs((struct image_scratch *)s, bufs, caps);
+	for (int i = 0; i < SCRATCH_BUFS; i++)
+		total += *bufs[i] ? *caps[i] : 0;
+	return total;
+}
+
+void image_scratch_trim(struct image_scratch *s)
+{
+	void **bufs[SCRATCH_BUFS];
+	size_t *caps[SCRATCH_BUFS];
+
+	scratch_bufs(s, bufs, caps);
+	while (image_scratch_bytes(s) > IMAGE_SCRATCH_KEEP) {
+		int big = 0;
+
+		for (int i = 1; i < SCRATCH_BUFS; i++)
+			if ((*bufs[i] ? *caps[i] : 0) > (*bufs[big] ? *caps[big] : 0))
+				big = i;
+		free(*bufs[big]);
+		*bufs[big] = NULL;
+		*caps[big] = 0;
+	}
+}
+
 /*
  * A new TurboJPEG handle, as every file gets one. libjpeg keeps the Huffman
  * and quantization tables of the files it read in its decompressor (for

@@ -45,6 +45,21 @@ struct image_scratch *image_scratch_get(void);
 /* Grow *@p to at least @need bytes (contents are not kept). */
 int image_scratch_grow(void *p, size_t *cap, size_t need);
 
+/* What a worker's scratch keeps between samples, at most. */
+#define IMAGE_SCRATCH_KEEP (64u << 20)
+/**
+ * image_scratch_trim() - give back buffers beyond IMAGE_SCRATCH_KEEP.
+ *
+ * After an outsize image (decode.max_pixels allows 192 MiB of pixels, and a
+ * 16 KB PNG may declare them) the buffers it grew would stay with the worker
+ * until it exits, for every pipeline after; this frees the largest ones
+ * until what is left is at most IMAGE_SCRATCH_KEEP. Ordinary images keep
+ * theirs (no reallocation per sample).
+ */
+void image_scratch_trim(struct image_scratch *s);
+/* The bytes the scratch's buffers hold. */
+size_t image_scratch_bytes(const struct image_scratch *s);
+
 /**
  * image_probe() - the format and size of an encoded image, from its header.
  * Return: 0, or -EINVAL with @err set ("empty file", "not a JPEG or PNG

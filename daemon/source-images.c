@@ -28,6 +28,7 @@ struct images_source {
 	struct imageset *images;
 	struct imageop *op;
 	bool on_error_fail;
+	uint64_t max_pixels;          /* decode.max_pixels */
 	/* on_error skip: a bit for each sample found bad, so that each bad
 	 * file is read once, not again for every sample whose replacement
 	 * search runs over it (images_read) */
@@ -336,7 +337,7 @@ static int image_output_size(struct spec *spec, char *err, size_t errlen)
 static int parse_image_options(struct spec *spec, json_t *obj, char *err, size_t errlen)
 {
 	static const char *const out_keys[] = { "dtype", "layout", NULL };
-	static const char *const dec_keys[] = { "dct_scaling", NULL };
+	static const char *const dec_keys[] = { "dct_scaling", "max_pixels", NULL };
 	json_t *v, *arr;
 	const char *s, *key;
 	int normalize_at = -1;
@@ -415,6 +416,7 @@ static int parse_image_options(struct spec *spec, json_t *obj, char *err, size_t
 	}
 
 	spec->dct_scaling = true;
+	spec->max_pixels = SPEC_MAX_PIXELS_DEFAULT;
 	v = json_object_get(obj, "decode");
 	if (v) {
 		json_t *b;
@@ -429,6 +431,13 @@ static int parse_image_options(struct spec *spec, json_t *obj, char *err, size_t
 			return spec_fail(err, errlen, "decode.dct_scaling: must be true or false");
 		if (b)
 			spec->dct_scaling = json_is_true(b);
+		b = json_object_get(v, "max_pixels");
+		if (b && (!json_is_integer(b) || json_integer_value(b) < 1 ||
+			  (uint64_t)json_integer_value(b) > IMAGE_MAX_PIXELS))
+			return spec_fail(err, errlen, "decode.max_pixels: must be an integer in 1..%u",
+					 IMAGE_MAX_PIXELS);
+		if (b)
+			spec->max_pixels = (uint64_t)json_integer_value(b);
 	}
 	return image_output_size(spec, err, errlen);
 }
@@ -478,7 +487,8 @@ static int image_options_json(const struct spec *spec, json_t *obj)
 	    json_object_set_new(obj, "on_error",
 				json_string(spec->on_error_fail ? "fail" : "skip")) < 0 ||
 	    json_object_set_new(obj, "decode",
-				json_pack("{s:b}", "dct_scaling", spec->dct_scaling)) < 0)
+				json_pack("{s:b, s:I}", "dct_scaling", spec->dct_scaling, "max_pixels",
+					  (json_int_t)spec->max_pixels)) < 0)
 		return -ENOMEM;
 	return 0;
 }
@@ -509,6 +519,7 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 		return -ENOMEM;
 	imageop_init(src->op, spec);
 	src->on_error_fail = spec->on_error_fail;
+	src->max_pixels = spec->max_pixels ? spec->max_pixels : SPEC_MAX_PIXELS_DEFAULT;
 	src->base.nsamples = imageset_count(src->images);
 	src->bad = calloc((src->base.nsamples + 63) / 64, sizeof(*src->bad));
 	if (!src->bad)
@@ -552,12 +563,20 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 	if (r < 0)
 		return r;
 	r = image_probe(s, s->file, len, &info, msg, sizeof(msg));
+	if (r == 0 && (uint64_t)info.width * (uint64_t)info.height > src->max_pixels)
+		r = errfmt(-EINVAL, msg, sizeof(msg),
+			   "image of %dx%d (%llu pixels) is larger than decode.max_pixels %llu",
+			   info.width, info.height,
+			   (unsigned long long)info.width * (unsigned long long)info.height,
+			   (unsigned long long)src->max_pixels);
 	if (r == 0)
 		r = imageop_plan(op, info.width, info.height,
 				 imageop_key(ctx ? ctx->seed : 0, ctx ? ctx->epoch : 0, j), &plan,
 				 msg, sizeof(msg));
 	if (r == 0)
 		r = imageop_decode_run(op, s, &plan, s->file, len, &info, dsts[0], msg, sizeof(msg));
+	/* an outsize image's buffers go back now, not when the worker exits */
+	image_scratch_trim(s);
 	if (r < 0) {
 		imageset_describe(src->images, j, what, sizeof(what));
 		return errfmt(r, err, errlen, "%s: %s", what, msg);

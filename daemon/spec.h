@@ -31,6 +31,9 @@ enum transform_op {
 
 #define SPEC_TRANSFORMS_MAX 16
 #define SPEC_IMAGE_SIZE_MAX 16384
+/* decode.max_pixels: default 2^26 (8192 x 8192, 192 MiB of RGB to decode),
+ * at most IMAGE_MAX_PIXELS (image.h) */
+#define SPEC_MAX_PIXELS_DEFAULT (1ull << 26)
 #define SPEC_URLS_MAX 4096
 
 struct transform {
@@ -65,6 +68,7 @@ struct spec {
 	uint32_t image_h, image_w;    /* the fixed output size, from the transforms */
 	bool on_error_fail;           /* on_error: "fail" (default "skip") */
 	bool dct_scaling;             /* decode.dct_scaling, default true */
+	uint64_t max_pixels;          /* decode.max_pixels, default SPEC_MAX_PIXELS_DEFAULT */
 	uint32_t batch_size;          /* default 32 */
 	bool shuffle;                 /* default false */
 	uint64_t seed;                /* default 0 */

@@ -1403,6 +1403,96 @@ static void write_jpeg(const char *path, int w, int h, unsigned seed)
 	free(src);
 }
 
+static uint32_t crc32_of(const uint8_t *p, size_t n)
+{
+	uint32_t c = 0xffffffffu;
+
+	for (size_t i = 0; i < n; i++) {
+		c ^= p[i];
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? (c >> 1) ^ 0xedb88320u : c >> 1;
+	}
+	return ~c;
+}
+
+static void put_be32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+/* A small PNG that declares @w x @h RGB pixels: its IHDR and a short IDAT,
+ * no more (the file of issue 13, 16 KB declaring 2^27 pixels). */
+static void write_png_claiming(const char *path, uint32_t w, uint32_t h)
+{
+	uint8_t f[8 + 25 + 12 + 64] = { 0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n' };
+	uint8_t *c = f + 8;
+
+	put_be32(c, 13);
+	memcpy(c + 4, "IHDR", 4);
+	put_be32(c + 8, w);
+	put_be32(c + 12, h);
+	c[16] = 8, c[17] = 2, c[18] = 0, c[19] = 0, c[20] = 0;
+	put_be32(c + 21, crc32_of(c + 4, 17));
+	c += 25;
+	put_be32(c, 64);
+	memcpy(c + 4, "IDAT", 4);
+	c[8] = 0x78, c[9] = 0x01;               /* a zlib stream that goes on past the file */
+	put_be32(c + 8 + 64, crc32_of(c + 4, 68));
+	write_file(path, f, sizeof(f));
+}
+
+static void test_outsize(void)
+{
+	struct spec *spec;
+	struct source *src;
+	struct image_scratch *s;
+	unsigned char img[3 * 12 * 12];
+	int64_t label;
+	void *dsts[2] = { img, &label };
+	struct sample_ctx ctx = { 3, 0 };
+
+	assert(mkdir(path_of("big"), 0755) == 0);
+	assert(mkdir(path_of("big/a"), 0755) == 0);
+	write_png_claiming(path_of("big/a/0.png"), 10000, 10000);   /* 10^8 pixels */
+	write_png_claiming(path_of("big/a/1.png"), 8000, 4000);     /* 96 MB of RGB */
+	write_jpeg(path_of("big/a/2.jpg"), 30, 20, 1);
+	spec = spec_of("[{\"op\": \"center_crop\", \"size\": 12}]",
+		       ", \"output\": {\"dtype\": \"uint8\", \"layout\": \"NHWC\"}, \"on_error\": \"fail\"");
+	assert(spec->max_pixels == 1u << 26);
+	free(spec->source.root);
+	spec->source.root = strdup(path_of("big"));
+	assert(source_open(&src, spec, err, sizeof(err)) == 0);
+
+	/* over decode.max_pixels: refused from its header, naming file and size */
+	assert(source_read(src, &ctx, 0, dsts, err, sizeof(err)) == -EINVAL);
+	{
+		char want[600];
+		snprintf(want, sizeof(want), "%s: image of 10000x10000 (100000000 pixels) is larger "
+			 "than decode.max_pixels 67108864", path_of("big/a/0.png"));
+		if (strcmp(err, want) != 0) {
+			fprintf(stderr, "got \"%s\"\nwant \"%s\"\n", err, want);
+			abort();
+		}
+	}
+	/* under it, but bad: its 96 MB of scratch go back at once, not at the
+	 * worker's exit (issue 13: 390 MB a worker stayed resident) */
+	assert(source_read(src, &ctx, 1, dsts, err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "big/a/1.png: PNG: "));
+	s = image_scratch_get();
+	assert(s && image_scratch_bytes(s) <= IMAGE_SCRATCH_KEEP);
+	assert(source_read(src, &ctx, 2, dsts, err, sizeof(err)) == 0);
+	assert(image_scratch_bytes(s) > 0 && image_scratch_bytes(s) <= IMAGE_SCRATCH_KEEP);
+	source_free(src);
+
+	/* a lower bound of one's own */
+	spec->max_pixels = 100;
+	assert(source_open(&src, spec, err, sizeof(err)) == 0);
+	assert(source_read(src, &ctx, 2, dsts, err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "big/a/2.jpg: image of 30x20 (600 pixels) is larger than decode.max_pixels 100"));
+	source_free(src);
+	spec_free(spec);
+}
+
 static void test_source(void)
 {
 	struct spec *spec;
@@ -1509,6 +1599,8 @@ static void test_spec(void)
 		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"output\": {\"bogus\": 1}", "unknown key \"output.bogus\"" },
 		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"on_error\": \"ignore\"", "on_error: must be skip or fail" },
 		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"decode\": {\"dct_scaling\": 1}", "decode.dct_scaling: must be true or false" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"decode\": {\"max_pixels\": 0}", "spec: decode.max_pixels: must be an integer in 1..134217728" },
+		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"decode\": {\"max_pixels\": 134217729}", "spec: decode.max_pixels: must be an integer in 1..134217728" },
 		{ "[{\"op\": \"center_crop\", \"size\": 8}]", ", \"decode\": {\"x\": 1}", "unknown key \"decode.x\"" },
 	};
 	struct spec *spec, *again;
@@ -1559,6 +1651,7 @@ static void test_spec(void)
 	assert(spec->transforms[2].mean[2] == 0.5 && spec->transforms[2].std[0] == 0.25);
 	char *dump = json_dumps(spec->json, JSON_COMPACT | JSON_SORT_KEYS);
 	assert(strstr(dump, "\"on_error\":\"skip\"") && strstr(dump, "\"layout\":\"NCHW\""));
+	assert(strstr(dump, "\"decode\":{\"dct_scaling\":true,\"max_pixels\":67108864}"));
 	assert(spec_parse(&again, dump, err, sizeof(err)) == 0 && spec_equal(spec, again));
 	free(dump);
 	spec_free(again);
@@ -1601,6 +1694,7 @@ int main(void)
 	test_tar();
 	test_spec();
 	test_source();
+	test_outsize();
 	rm_rf(dir);
 	printf("test-image: ok\n");
 	return 0;

@@ -551,6 +551,7 @@ def test_webdataset_bad_members(ld, workdir):
     (lambda s: s.update(output={"layout": "HWC"}), "output.layout"),
     (lambda s: s.update(on_error="retry"), "on_error"),
     (lambda s: s.update(decode={"dct_scaling": "no"}), "decode.dct_scaling"),
+    (lambda s: s.update(decode={"max_pixels": 0}), "decode.max_pixels: must be an integer in 1..134217728"),
     (lambda s: s["source"].update(bogus=1), 'unknown key "source.bogus"'),
 ])
 def test_spec_errors(ld, workdir, edit, want):
