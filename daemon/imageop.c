@@ -503,7 +503,13 @@ resize:
 
 #define HALF (1 << (PRECISION_BITS - 1))
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+/*
+ * Not under ASan or TSan: the clones' ifunc resolver runs while the dynamic
+ * linker relocates, before the sanitizer's runtime is up, and the
+ * instrumented resolver crashes there.
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+	!defined(__SANITIZE_THREAD__)
 #define KERNEL __attribute__((target_clones("default", "arch=x86-64-v3")))
 #else
 #define KERNEL
