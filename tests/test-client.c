@@ -371,7 +371,9 @@ static void test_daemon_gone(struct ldr_client *c)
 		pthread_cond_wait(&sync_calls.cond, &sync_calls.lock);
 	pthread_mutex_unlock(&sync_calls.lock);
 	usleep(500000); /* into their calls, answered by nobody */
+	pthread_mutex_lock(&sync_calls.lock);
 	assert(sync_calls.done == 0);
+	pthread_mutex_unlock(&sync_calls.lock);
 	kill(daemon_pid, SIGKILL);
 	assert(waitpid(daemon_pid, &status, 0) == daemon_pid);
 	/* far less than the calls' own timeout (60 s) */
