@@ -171,21 +171,15 @@ static bool portable_only;
 #if defined(__x86_64__) && defined(__GNUC__)
 static bool have_avx2_fma(void)
 {
-	static int have = -1;
-
-	if (have < 0)
-		have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
-	return have && !portable_only;
+	/* no cache: worker threads ask at once, and this is a load */
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !portable_only;
 }
 
 static bool have_avx512(void)
 {
-	static int have = -1;
-
-	if (have < 0)
-		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-		       __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
-	return have && !portable_only;
+	/* no cache: worker threads ask at once, and this is a load */
+	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512vbmi") && !portable_only;
 }
 
 /* Channel c of 8 pixels (bytes 0..15 and 8..23), of 16 (into 32-bit lanes): plain, mirrored. */
@@ -703,11 +697,8 @@ hrow_sse41(const uint8_t *in, uint8_t *out, int ow, const int32_t *xs, const int
 
 static bool have_sse41(void)
 {
-	static int have = -1;
-
-	if (have < 0)
-		have = __builtin_cpu_supports("sse4.1") ? 1 : 0;
-	return have && !portable_only;
+	/* no cache: worker threads ask at once, and this is a load */
+	return __builtin_cpu_supports("sse4.1") && !portable_only;
 }
 #else
 static bool have_sse41(void)
@@ -747,13 +738,10 @@ struct hgroup {
 static bool have_vbmi(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-	static int have = -1;
-
-	if (have < 0)
-		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-		       __builtin_cpu_supports("avx512vl") &&
-		       __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
-	return have && !portable_only;
+	/* no cache: worker threads ask at once, and this is a load */
+	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512vl") &&
+	       __builtin_cpu_supports("avx512vbmi") && !portable_only;
 #else
 	return false;
 #endif
@@ -976,12 +964,9 @@ vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row, si
 
 static bool have_avx512bw(void)
 {
-	static int have = -1;
-
-	if (have < 0)
-		have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-		       __builtin_cpu_supports("avx512vl") ? 1 : 0;
-	return have && !portable_only;
+	/* no cache: worker threads ask at once, and this is a load */
+	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512vl") && !portable_only;
 }
 #else
 static void vrow_avx512(const uint8_t *in, size_t stride, const int32_t *k, uint8_t *row,
