@@ -226,7 +226,7 @@ static void test_refused_release(struct ldr_client *c)
 	struct ldr_batch *b, *b2;
 	char msg[256];
 	uint64_t n = 0;
-	int r;
+	int r, got = 0;
 
 	create(c, "refuse", 4, 0);
 	assert(ldr_attach(c, "refuse", NULL, &a) == 0);
@@ -241,14 +241,20 @@ static void test_refused_release(struct ldr_client *c)
 		if (r != 0)
 			break;
 		ldr_release(b2);
+		got++;
 	}
 	assert(r < 0);
 	ldr_release(b);
+	/* b, and any batch of the window that arrived before the drop (b2):
+	 * their leases are gone, so each Release request carrying them is
+	 * refused; how many requests that takes depends on when the flusher
+	 * sends (one for all, or one each: slower under a sanitizer) */
 	for (int i = 0; i < 500 && (n = ldr_attachment_release_refused(a, msg, sizeof(msg))) == 0; i++)
 		usleep(10000);
-	if (n != 1)
-		fprintf(stderr, "refused releases: %llu\n", (unsigned long long)n);
-	assert(n == 1);
+	if (n < 1 || n > 1 + (uint64_t)got)
+		fprintf(stderr, "refused releases: %llu (%d more batches after the drop)\n",
+		        (unsigned long long)n, got);
+	assert(n >= 1 && n <= 1 + (uint64_t)got);
 	assert(msg[0] != '\0');
 	ldr_detach(a);
 }
