@@ -192,11 +192,29 @@ static void dynamic_dispatch(struct stream *s)
 	}
 }
 
+/* Has a client of @s reached its failed batch (stream.c, job_done())? */
+static bool stream_failed(const struct stream *s)
+{
+	if (s->fail_seq == UINT64_MAX)
+		return false;
+	if (s->mode == LDR_MODE_DYNAMIC)
+		return s->cursor >= s->fail_seq && s->nreturned == 0;
+	for (const struct attachment *a = s->atts; a; a = a->next)
+		if (a->cursor >= s->fail_seq)
+			return true;
+	return false;
+}
+
 static void stream_dispatch(struct stream *s)
 {
 	struct pipeline *pl = s->pl;
 	struct pending *p;
 
+	if (!pl->failed && stream_failed(s)) {
+		/* every batch before it was delivered: now the error, to all */
+		pipeline_fail(pl, s->fail_err, s->fail_msg);
+		return;
+	}
 	if (pl->failed) {
 		for (struct attachment *a = s->atts; a; a = a->next)
 			att_fail_pending(a, EIO, pl->error);

@@ -104,6 +104,9 @@ struct stream {
 	uint32_t nreturned;
 	uint32_t order;           /* creation order in the pipeline (quota remainder) */
 	uint64_t reclaimed;       /* ready batches given back to the pool, to be built again */
+	uint64_t fail_seq;        /* the first batch whose job failed, UINT64_MAX none */
+	int fail_err;
+	char fail_msg[512];
 	bool started;
 	bool dead;
 };

@@ -168,14 +168,21 @@ void job_done(struct job *job)
 	s->jobs--;
 	pl->jobs--;
 	struct batch *b = ring_at(s, job->seq);
-	if (b) {
+	if (b && err && !s->dead && !pl->dropped) {
+		/* The pipeline fails when a client reaches this batch, not now:
+		 * the batches before it are delivered first, whichever job
+		 * failed first (deliver.c, stream_failed()). It stays unready. */
+		if (job->seq < s->fail_seq) {
+			s->fail_seq = job->seq;
+			s->fail_err = err;
+			snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", job->errmsg);
+		}
+	} else if (b) {
 		b->ready = true;
 		pl->produced++;
 		if (!err && !s->dead && !pl->dropped)
 			stream_prefetch_devices(s, b);
 	}
-	if (err && !pl->dropped)
-		pipeline_fail(pl, err, job->errmsg);
 	free(job);
 	if (s->dead) {
 		/* release the ring's references now that no worker writes */
@@ -205,6 +212,7 @@ struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t
 	}
 	s->pl = pl;
 	s->mode = mode;
+	s->fail_seq = UINT64_MAX;
 	s->order = pl->stream_ctr++;
 	s->sampler = (struct sampler){ .nsamples = source_nsamples(pl->src),
 		.batch_size = pl->spec->batch_size, .shuffle = pl->spec->shuffle,

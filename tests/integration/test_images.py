@@ -535,9 +535,15 @@ def test_webdataset_bad_members(ld, workdir):
     res = ld.consume("wbad")
     _, labels = all_images(res.dump, 5, 32, (3, 16, 16), "uint8")
     assert labels.tolist() == [3, 7, 7, 7, 7]
-    ld.create(dict(spec, name="wfail", on_error="fail", batch_size=1))
-    res = ld.consume("wfail", "--timeout", 20000, check=False, timeout=60)
-    assert res.rc != 0 and "bad.tar: s1" in res.stderr and ".cls" in res.stderr, res.describe()
+    # on_error fail: the batches before the first bad one come, then its
+    # error, whichever worker failed first (s1, s2 and s4 are all bad)
+    for k in range(4):
+        ld.create(dict(spec, name=f"wfail{k}", on_error="fail", batch_size=1))
+        res = ld.consume(f"wfail{k}", "--timeout", 20000, check=False, timeout=60)
+        assert res.rc != 0 and "bad.tar: s1" in res.stderr and ".cls" in res.stderr, res.describe()
+        assert len(res.dump) == 3 * 16 * 16 + 8, res.describe()    # exactly batch 0 (s0)
+        _, labels = all_images(res.dump, 1, 1, (3, 16, 16), "uint8")
+        assert labels.tolist() == [3]
 
 
 # ------------------------------------------------------------------- specs
