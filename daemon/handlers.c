@@ -406,7 +406,7 @@ static json_t *status_json(struct server *srv, const struct client *self)
 	 * why there is none) and each device's copy engine */
 	if (cuda)
 		json_object_set_new(cuda, "devices", engine_cuda_json(srv->engine));
-	return json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:o, s:o, s:o*}",
+	return json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:I, s:o, s:o, s:o*}",
 		"version", LOADERD_VERSION,
 		"protocol", LDR_PROTOCOL_VERSION,
 		"pid", (int)getpid(),
@@ -415,6 +415,8 @@ static json_t *status_json(struct server *srv, const struct client *self)
 		"workers", (int)engine_workers(srv->engine),
 		"memory_limit", (json_int_t)engine_memory_limit(srv->engine),
 		"memory_used", (json_int_t)engine_memory_used(srv->engine),
+		/* clients whose close nng 1.5.2 never reported (nngfix.c, the sweep) */
+		"clients_released_by_sweep", (json_int_t)srv->ghosts,
 		"pipelines", engine_pipelines_json(srv->engine, &who),
 		"clients", clients,
 		"cuda", cuda);

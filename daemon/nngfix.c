@@ -461,8 +461,21 @@ void on_sweep_timer(uv_timer_t *t)
 		}
 		if (++cl->gone_seen < 2)
 			continue;
-		log_warn("client %" PRIu64 " (pid %d) exited but its connection was never reported closed "
-		         "(nng); releasing it", cl->id, cl->pid);
+		/* once wedged, nng reports no close again: every client that
+		 * leaves comes here, so one line, then a count every 10 s */
+		srv->ghosts++;
+		if (srv->ghosts == 1)
+			log_warn("client %" PRIu64 " (pid %d) exited but its connection was never reported "
+			         "closed (nng); releasing it, and the next ones without a line each",
+			         cl->id, cl->pid);
+		else
+			srv->ghosts_unlogged++;
 		client_free(srv, cl);
+	}
+	if (srv->ghosts_unlogged && uv_now(srv->loop) - srv->ghosts_logged_ms >= GHOST_LOG_MS) {
+		log_warn("released %" PRIu64 " more clients whose connections nng never reported closed "
+		         "(%" PRIu64 " since the start)", srv->ghosts_unlogged, srv->ghosts);
+		srv->ghosts_unlogged = 0;
+		srv->ghosts_logged_ms = uv_now(srv->loop);
 	}
 }

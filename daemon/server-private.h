@@ -44,6 +44,7 @@
 #define CLOSE_WAIT_MS 2000
 #define PROBE_EVERY_MS 500
 #define PROBE_WAIT_MS 2000
+#define GHOST_LOG_MS 10000
 #define PROBE_ADD_WAIT_MS 500      /* a probe's connection reaches the socket within this */
 #define REFUSED_OPEN_MAX 64       /* refused connections kept open for their answer */
 #define REFUSED_CLOSE_MS 1000     /* a refused connection still open is closed after this */
@@ -148,6 +149,9 @@ struct server {
 	atomic_uint self_pipes;   /* connections from our own pid nng added (the probes) */
 	uv_timer_t drain_timer;
 	uv_timer_t sweep_timer;
+	uint64_t ghosts;          /* clients released by the sweep (nng never said closed) */
+	uint64_t ghosts_unlogged; /* of them, not in the log yet */
+	uint64_t ghosts_logged_ms;
 	void (*stop_done)(void *);
 	void *stop_userdata;
 	unsigned pending_closes;

@@ -16,6 +16,7 @@ sweep released.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,7 +83,11 @@ def main():
     daemon.terminate()
     daemon.wait(timeout=30)
     with open(log_path) as f:
-        swept = sum("never reported closed" in line for line in f)
+        swept = 0
+        for line in f:
+            if "never reported closed" in line:      # the first, then counts every 10 s
+                m = re.search(r"released (\d+) more clients", line)
+                swept += int(m.group(1)) if m else 1
     print(stuck or f"{rounds} rounds, no client stuck; the sweep released {swept} clients nng did not report")
     print(f"daemon log: {log_path}")
     return 1 if stuck else 0
