@@ -48,15 +48,16 @@ int ds_set_roots(char *const *roots, char *err, size_t errlen);
 void ds_clear_roots(void);
 
 /**
- * ds_open() - open a dataset path as @who.
- * @flags: O_RDONLY and the like (O_CLOEXEC is added)
+ * ds_open() - open a dataset file as @who, read-only.
+ * @st: receives its fstat (may be NULL)
  * @err: on failure, names the path and the user, e.g. "/data/x.bin: Permission
  *       denied (as bob, uid 1002)"
  *
- * Anything but a regular file or a directory is refused before it is opened
- * for reading (a FIFO would block). Returns the fd, or -errno with @err set.
+ * Anything but a regular file is refused before it is read (a FIFO would
+ * block: the open is non-blocking). Returns the fd, or -errno with @err set.
  */
-int ds_open(const struct creds *who, const char *path, int flags, char *err, size_t errlen);
+struct stat;
+int ds_open(const struct creds *who, const char *path, struct stat *st, char *err, size_t errlen);
 /* The same for a directory listing; NULL with errno and @err set. */
 DIR *ds_opendir(const struct creds *who, const char *path, char *err, size_t errlen);
 /* Is @path a directory @who can reach? (false with no error else) */

@@ -667,15 +667,11 @@ static int index_shard(struct imageset *set, struct indexer *ix, size_t s, bool 
 		       char *err, size_t errlen)
 {
 	const char *path = set->shards[s];
-	int fd = ds_open(&set->who, path, O_RDONLY, err, errlen), r;
 	struct stat st;
+	int fd = ds_open(&set->who, path, &st, err, errlen), r;
 
 	if (fd < 0)
 		return fd;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return errfmt(-EINVAL, err, errlen, "%s: not a regular file", path);
-	}
 	ix->shard = (uint32_t)s;
 	ix->fd = fd;
 	ix->path = path;
@@ -876,13 +872,10 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 	if (set->folder) {
 		struct stat st;
 
-		fd = ds_open(&set->who, what, O_RDONLY, err, errlen);
+		/* one open, one fstat: per sample, so nothing more */
+		fd = ds_open(&set->who, what, &st, err, errlen);
 		if (fd < 0)
 			return fd;
-		if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-			close(fd);
-			return errfmt(-EINVAL, err, errlen, "%s: not a regular file", what);
-		}
 		if ((uint64_t)st.st_size > IMAGE_FILE_MAX) {
 			close(fd);
 			return errfmt(-EFBIG, err, errlen, "%s: larger than %u MiB", what,
@@ -911,7 +904,7 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 		return errfmt(r, err, errlen, "%s: out of memory", what);
 	fd = set->fds[e->shard];
 	if (fd < 0) {
-		fd = ds_open(&set->who, set->shards[e->shard], O_RDONLY, err, errlen);
+		fd = ds_open(&set->who, set->shards[e->shard], NULL, err, errlen);
 		if (fd < 0)
 			return fd;
 	}

@@ -75,19 +75,10 @@ int source_open_file(const struct source *src, const char *path, int *fd_out, ui
 		     char *err, size_t errlen)
 {
 	struct stat st;
-	int fd = ds_open(&src->who, path, O_RDONLY, err, errlen);
+	int fd = ds_open(&src->who, path, &st, err, errlen);
 
 	if (fd < 0)
 		return fd;
-	if (fstat(fd, &st) < 0) {
-		int r = -errno;
-		close(fd);
-		return errfmt(r, err, errlen, "%s: %s", path, strerror(-r));
-	}
-	if (!S_ISREG(st.st_mode)) {
-		close(fd);
-		return errfmt(-EINVAL, err, errlen, "%s: not a regular file", path);
-	}
 	*fd_out = fd;
 	*size_out = (uint64_t)st.st_size;
 	return 0;
