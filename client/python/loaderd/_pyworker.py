@@ -1,0 +1,277 @@
+# SPDX-License-Identifier: MIT
+"""A worker of a python pipeline, forked by its host (loaderd._pyhost).
+
+It makes its own connection to <socket>.workers (HELLO role WORKER), learns
+the fields' places from WELCOME, then (only now, in the worker) imports
+torch and the user's code and unpickles the dataset. For each TASK it builds
+the rows: seeds the sample (pydataset.sample_seed), runs dataset[idx],
+flattens it, checks each leaf against its field and copies it into the
+slab, in place (one copy, no pickling), then answers DONE, or FAIL with the
+index and the traceback.
+"""
+
+import errno
+import os
+import pickle
+import struct
+import sys
+import traceback
+
+from . import _pywire as W
+from . import pydataset as P
+
+
+class _Fail(Exception):
+    def __init__(self, index, text, status=-errno.EINVAL):
+        self.index, self.text, self.status = index, text, status
+
+
+class Worker:
+    def __init__(self, payload, host_welcome, wid, slab):
+        self.p = payload
+        self.wid = wid
+        self.slab_buf = slab
+        self.nworkers = payload["nworkers"]
+        self.fields = payload["fields"]
+        self.learnt = payload.get("learnt", False)
+        self.setup_error = None
+
+    def connect(self):
+        self.sock = W.connect(self.p["socket"] + ".workers")
+        W.hello(self.sock, W.ROLE_WORKER, self.p["pipeline"], nworkers=self.nworkers,
+                worker_id=self.wid)
+        msg = W.recv(self.sock)
+        if msg is None:
+            raise W.ProtocolError("the daemon closed the connection before WELCOME")
+        W.check_error(msg)
+        if msg[0] != W.WELCOME:
+            raise W.ProtocolError(f"expected WELCOME, got message type {msg[0]}")
+        self.w = W.parse_welcome(msg[1])
+        if self.w["nfields"] != len(self.fields):
+            raise W.ProtocolError(f"WELCOME has {self.w['nfields']} fields, the spec "
+                                  f"{len(self.fields)}")
+
+    def setup(self):
+        """Everything that runs user code; an error here fails every TASK."""
+        import numpy as np
+        self.np = np
+        p = self.p
+        main = p.get("main") or {}
+        try:
+            from multiprocessing import spawn
+            if main.get("name"):
+                spawn._fixup_main_from_name(main["name"])
+            elif main.get("path"):
+                spawn._fixup_main_from_path(main["path"])
+        except Exception:
+            raise RuntimeError("importing the trainer's __main__ (where the dataset's class "
+                               "lives) failed:\n" + traceback.format_exc())
+        try:
+            import torch
+            torch.set_num_threads(1)
+        except ImportError:
+            torch = None
+        ds = p["dataset"]
+        if "pickle" in ds:
+            self.dataset = pickle.loads(ds["pickle"])
+        else:
+            self.dataset = P.resolve(ds["import"])(**(ds.get("args") or {}))
+        self.collate = pickle.loads(p["collate_fn"]) if p.get("collate_fn") else None
+        init = pickle.loads(p["worker_init_fn"]) if p.get("worker_init_fn") else None
+        seed = P.worker_seed(self.w["seed"], self.wid)
+        P._worker_info = P.WorkerInfo(id=self.wid, num_workers=self.nworkers, seed=seed,
+                                      dataset=self.dataset, pipeline=p["pipeline"],
+                                      pid=os.getpid())
+        if torch is not None:
+            from torch.utils.data._utils import worker as tw
+            tw._worker_info = tw.WorkerInfo(id=self.wid, num_workers=self.nworkers, seed=seed,
+                                            dataset=self.dataset)
+        if init is not None:
+            init(self.wid)
+
+    def prepare_views(self):
+        np = self.np
+        self.base = np.frombuffer(self.slab_buf, dtype=np.uint8)
+        self.places = []
+        by_name = {f["name"]: i for i, f in enumerate(self.fields)}
+        self.by_name = by_name
+        for f, (off, sb) in zip(self.fields, self.w["fields"]):
+            dt = P.field_np_dtype(f["dtype"])
+            n = 1
+            for d in f["shape"]:
+                n *= d
+            if n * dt.itemsize != sb:
+                raise W.ProtocolError(f"field {f['name']!r}: WELCOME says {sb} bytes a sample, "
+                                      f"{f['dtype']}{f['shape']} is {n * dt.itemsize}")
+            self.places.append((off, sb, dt, tuple(f["shape"])))
+        self.len_of = {}
+        for i, f in enumerate(self.fields):
+            if f["pad"]:
+                self.len_of[i] = by_name[f["name"] + "_len"]
+
+    def view(self, slot, row, i):
+        off, sb, dt, shape = self.places[i]
+        start = slot * self.w["slot_bytes"] + off + row * sb
+        return self.base[start:start + sb].view(dt).reshape(shape)
+
+    # ----------------------------------------------------------- samples
+
+    def sample(self, epoch, idx):
+        P.seed_all(P.sample_seed(self.w["seed"], epoch, idx))
+        return self.dataset[idx]
+
+    def sample_or_skip(self, epoch, idx):
+        """(sample, its index, skipped): with on_error skip the next index
+        that does not raise replaces a failing one."""
+        try:
+            return self.sample(epoch, idx), idx, 0
+        except Exception as e:
+            if not self.w["on_error"]:
+                raise _Fail(idx, self.exc_text(idx, e))
+            first = (idx, e)
+        n = self.w["nsamples"]
+        j = idx
+        for _ in range(max(0, n - 1)):
+            j = (j + 1) % n
+            try:
+                return self.sample(epoch, j), j, 1
+            except Exception:
+                continue
+        raise _Fail(first[0], "on_error skip: every sample raised; the first: " +
+                    self.exc_text(*first))
+
+    def exc_text(self, idx, e):
+        return (f"dataset[{idx}] raised {type(e).__name__}: {e}\n"
+                f"worker {self.wid} (pid {os.getpid()}) of pipeline {self.p['pipeline']!r}:\n"
+                + traceback.format_exc())
+
+    def leaves(self, idx, sample, batched):
+        try:
+            _, leaves = P.flatten(sample, batched)
+        except P.SampleError as e:
+            raise _Fail(idx, f"dataset[{idx}]: {e}")
+        got = {}
+        for name, x in leaves:
+            if name not in self.by_name:
+                raise _Fail(idx, f"dataset[{idx}]: field {name!r} is not one of the pipeline's "
+                                 f"({', '.join(f['name'] for f in self.fields)})"
+                                 f"{' (learnt from dataset[0])' if self.learnt else ''}")
+            got[name] = x
+        for i, f in enumerate(self.fields):
+            if f["name"] not in got and not self._is_len(f["name"]):
+                raise _Fail(idx, f"dataset[{idx}]: has no field {f['name']!r} (the pipeline's "
+                                 f"fields: {', '.join(g['name'] for g in self.fields)})")
+        return got
+
+    def _is_len(self, name):
+        return name.endswith("_len") and any(f["pad"] and f["name"] + "_len" == name
+                                             for f in self.fields)
+
+    def write(self, idx, got, slot, row, nrows=None):
+        """Write a sample's leaves (@nrows: a collated batch of that many rows
+        from @row)."""
+        for name, x in got.items():
+            i = self.by_name[name]
+            f = self.fields[i]
+            try:
+                dtype, shape = P.leaf_info(name, x)
+            except P.SampleError as e:
+                raise _Fail(idx, f"dataset[{idx}]: {e}")
+            if nrows is None:
+                msg = P.check_leaf(idx, f, dtype, shape, self.learnt)
+                if msg:
+                    raise _Fail(idx, msg)
+                P.write_leaf(self.view(slot, row, i), x, f,
+                             self.view(slot, row, self.len_of[i]) if f["pad"] else None)
+            else:
+                if not shape or shape[0] != nrows:
+                    raise _Fail(idx, f"collate_fn: field {name!r} has shape {list(shape)}, "
+                                     f"its first dimension must be the batch's {nrows} rows")
+                msg = P.check_leaf(idx, f, dtype, shape[1:], self.learnt)
+                if msg:
+                    raise _Fail(idx, "collate_fn output: " + msg)
+                a = P.leaf_array(x, f["dtype"])
+                for r in range(nrows):
+                    P.write_leaf(self.view(slot, row + r, i), a[r], f,
+                                 self.view(slot, row + r, self.len_of[i]) if f["pad"] else None)
+
+    def task(self, body):
+        task_id, epoch, slot, row0, nrows, _ = W.TASK_S.unpack_from(body)
+        idx = struct.unpack_from(f"={nrows}Q", body, W.TASK_S.size)
+        if self.setup_error is not None:
+            raise _Fail(idx[0] if idx else 0, self.setup_error)
+        skipped = 0
+        if self.collate is None:
+            for k, i in enumerate(idx):
+                s, used, sk = self.sample_or_skip(epoch, i)
+                skipped += sk
+                self.write(used, self.leaves(used, s, False), slot, row0 + k)
+        else:
+            samples = []
+            for i in idx:
+                s, used, sk = self.sample_or_skip(epoch, i)
+                skipped += sk
+                samples.append(s)
+            try:
+                out = self.collate(samples)
+            except Exception as e:
+                raise _Fail(idx[0], f"collate_fn raised {type(e).__name__}: {e} (batch of "
+                                    f"dataset[{idx[0]}], ...)\nworker {self.wid} (pid "
+                                    f"{os.getpid()}):\n" + traceback.format_exc())
+            self.write(idx[0], self.leaves(idx[0], out, True), slot, row0, nrows)
+        return task_id, skipped
+
+    def loop(self):
+        while True:
+            msg = W.recv(self.sock)
+            if msg is None:
+                return 0
+            W.check_error(msg)
+            if msg[0] != W.TASK:
+                continue
+            task_id = W.TASK_S.unpack_from(msg[1])[0]
+            try:
+                task_id, skipped = self.task(msg[1])
+            except _Fail as f:
+                W.send(self.sock, W.FAIL, W.FAIL_S.pack(task_id, f.index, f.status, 0) +
+                       W.cut_utf8(f.text, W.MSG_MAX))
+                continue
+            except Exception as e:  # a bug of ours, or the copy itself
+                W.send(self.sock, W.FAIL, W.FAIL_S.pack(task_id, 0, -errno.EIO, 0) +
+                       W.cut_utf8(f"worker {self.wid} (pid {os.getpid()}): {type(e).__name__}: "
+                                  f"{e}\n" + traceback.format_exc(), W.MSG_MAX))
+                continue
+            W.send(self.sock, W.DONE, W.DONE_S.pack(task_id, skipped))
+
+
+def main(payload, host_welcome, wid, addr, slab):
+    w = Worker(payload, host_welcome, wid, slab)
+    try:
+        w.connect()
+    except W.PeerError as e:
+        sys.stderr.write(f"loaderd worker {wid} (pid {os.getpid()}): the daemon refused: {e}\n")
+        return 3
+    except (OSError, W.ProtocolError) as e:
+        sys.stderr.write(f"loaderd worker {wid} (pid {os.getpid()}): {e}\n")
+        return 4
+    try:
+        w.setup()
+        w.prepare_views()
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        text = (f"worker {wid} (pid {os.getpid()}) of pipeline {payload['pipeline']!r} could not "
+                f"start: {type(e).__name__}: {e}\n" + traceback.format_exc())
+        sys.stderr.write("loaderd " + text)
+        w.setup_error = text
+        if not hasattr(w, "np"):
+            import numpy
+            w.np = numpy
+    try:
+        return w.loop()
+    except (OSError, W.ProtocolError) as e:
+        sys.stderr.write(f"loaderd worker {wid} (pid {os.getpid()}): {e}\n")
+        return 4
+    except W.PeerError as e:
+        sys.stderr.write(f"loaderd worker {wid} (pid {os.getpid()}): the daemon says: {e}\n")
+        return 3

@@ -1,0 +1,643 @@
+# SPDX-License-Identifier: MIT
+"""Your own Dataset (docs/python.md, "Your own Dataset"): the pure-Python half.
+
+What the trainer and the workers share, with no daemon and no torch import at
+module level (the workers' host, loaderd._pyhost, must stay clean of torch):
+
+- the seeding function of a sample, sample_seed(seed, epoch, index), and
+  seed_all() that seeds Python's random, numpy's global RNG and torch's;
+- flatten(): a sample (tensor, ndarray, int, float, bool, numpy scalar, or a
+  tuple/list/dict of them, nested) -> its structure (JSON) and its leaves,
+  named as fields ("0", "1.0", "a.b"; a bare leaf is "sample");
+- learn_fields(): fields from a sample (dtype, shape), check_leaf() and
+  write_leaf() (into a field's place in the slab);
+- rebuild(): the batch the trainer gets, as torch's default_collate would
+  have made it (tuple -> list, dict -> dict, a tensor -> the batched tensor);
+- build_spec(): the "python" spec and the host's payload from a Dataset
+  object, or from a spec naming its class by import path;
+- get_worker_info() (loaderd.get_worker_info()).
+"""
+
+import hashlib
+import importlib
+import json
+import os
+import pickle
+import re
+import sys
+
+M64 = (1 << 64) - 1
+SEED_TAG = 0x5059444154415345  # "PYDATASE": keeps sample seeds apart from the permutation's keys
+
+DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "bfloat16", "float32", "float64")
+MAX_FIELDS = 16
+MAX_STRUCTURE = 8192
+BARE = "sample"          # the field name of a sample that is a single leaf
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
+
+_TORCH_DTYPES = {  # torch dtype name (str(dtype) without "torch.") -> field dtype
+    "bool": "bool", "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32",
+    "int64": "int64", "float16": "float16", "bfloat16": "bfloat16", "float32": "float32",
+    "float64": "float64", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+}
+
+
+class SampleError(ValueError):
+    """A sample (or a declared field) that cannot be a loaderd field."""
+
+
+# ------------------------------------------------------------------ seeding
+
+def mix64(z):
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M64
+    return z ^ (z >> 31)
+
+
+def splitmix64(x):
+    return mix64((x + 0x9e3779b97f4a7c15) & M64)
+
+
+def sample_seed(seed, epoch, index):
+    """The 64-bit seed of sample @index in epoch @epoch of a pipeline of
+    spec seed @seed (docs/python.md, "Seeding")."""
+    s = splitmix64((int(seed) & M64) ^ SEED_TAG)
+    s = splitmix64(s ^ (int(epoch) & M64))
+    return splitmix64(s ^ (int(index) & M64))
+
+
+def seed_all(s):
+    """Seed Python's random, numpy's global RNG and torch's default
+    generator (when torch is imported) from the 64-bit seed @s."""
+    import random
+    random.seed(s)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed([s & 0xffffffff, s >> 32])
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(s)
+
+
+class _SavedRNG:
+    """Save and restore the trainer's RNG states around a seeded dataset[0]."""
+
+    def __enter__(self):
+        import random
+        self.py = random.getstate()
+        np = sys.modules.get("numpy")
+        self.np = np.random.get_state() if np is not None else None
+        torch = sys.modules.get("torch")
+        self.torch = torch.get_rng_state() if torch is not None else None
+        return self
+
+    def __exit__(self, *exc):
+        import random
+        random.setstate(self.py)
+        np = sys.modules.get("numpy")
+        if np is not None and self.np is not None:
+            np.random.set_state(self.np)
+        torch = sys.modules.get("torch")
+        if torch is not None and self.torch is not None:
+            torch.set_rng_state(self.torch)
+
+
+# ------------------------------------------------------------ worker info
+
+class WorkerInfo:
+    """loaderd.get_worker_info() in a worker: id, num_workers, seed, dataset,
+    pipeline, pid."""
+
+    __slots__ = ("id", "num_workers", "seed", "dataset", "pipeline", "pid")
+
+    def __init__(self, **kw):
+        for k in self.__slots__:
+            setattr(self, k, kw.get(k))
+
+    def __repr__(self):
+        return (f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, "
+                f"pipeline={self.pipeline!r}, pid={self.pid})")
+
+
+_worker_info = None
+
+
+def get_worker_info():
+    """In a loaderd worker process: its WorkerInfo (id, num_workers, seed,
+    dataset, pipeline, pid). Elsewhere (the trainer): None."""
+    return _worker_info
+
+
+def worker_seed(seed, worker_id):
+    """WorkerInfo.seed (torch's get_worker_info().seed as well)."""
+    return splitmix64(((int(seed) & M64) ^ SEED_TAG) + int(worker_id) & M64)
+
+
+# ------------------------------------------------------------------ leaves
+
+def _torch_mod():
+    return sys.modules.get("torch")
+
+
+def _is_tensor(x):
+    t = _torch_mod()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _describe(x):
+    r = repr(x)
+    if len(r) > 40:
+        r = r[:37] + "..."
+    return f"a {type(x).__module__ + '.' if type(x).__module__ not in ('builtins',) else ''}" \
+           f"{type(x).__qualname__} ({r})"
+
+
+def leaf_info(name, x):
+    """(dtype, shape) of leaf @x of field @name, or SampleError."""
+    import numpy as np
+    if _is_tensor(x):
+        dt = str(x.dtype).replace("torch.", "")
+        if dt not in _TORCH_DTYPES:
+            raise SampleError(f"field {name!r}: a tensor of dtype torch.{dt} cannot be a loaderd "
+                              f"field (dtypes: {', '.join(DTYPES)})")
+        return _TORCH_DTYPES[dt], tuple(int(d) for d in x.shape)
+    if isinstance(x, bool):
+        return "bool", ()
+    if isinstance(x, int):
+        return "int64", ()
+    if isinstance(x, float):
+        return "float64", ()
+    if isinstance(x, (np.ndarray, np.generic)):
+        dt = np.dtype(x.dtype)
+        if dt.name not in DTYPES or dt.byteorder == ">":
+            raise SampleError(f"field {name!r}: a numpy {type(x).__name__} of dtype {dt} cannot be "
+                              f"a loaderd field (dtypes: {', '.join(DTYPES)}); strings and objects "
+                              "are not samples: encode them as numbers in __getitem__")
+        return dt.name, tuple(int(d) for d in np.shape(x))
+    raise SampleError(f"field {name!r}: {_describe(x)} cannot be a loaderd field: a sample is made "
+                      "of tensors, numpy arrays, int, float, bool and numpy scalars (or tuples, "
+                      "lists and dicts of them); encode strings and other objects as numbers in "
+                      "__getitem__, or leave them out")
+
+
+def _check_name(name, where):
+    if not _NAME_RE.match(name):
+        raise SampleError(f"{where}: field name {name!r} is not valid: 1..63 characters of "
+                          "A-Z a-z 0-9 . _ -")
+
+
+def flatten(sample, batched=False):
+    """(structure, [(field name, leaf)]) of @sample. @batched: the output of a
+    collate_fn (containers kept as they are when rebuilt)."""
+    leaves = []
+
+    def walk(x, prefix):
+        def child(key):
+            return f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(x, dict):
+            items = []
+            for k, v in x.items():
+                if not isinstance(k, str):
+                    raise SampleError(f"dict key {k!r}{' in ' + repr(prefix) if prefix else ''}: "
+                                      "dict keys of a sample must be str")
+                if "." in k:
+                    raise SampleError(f"dict key {k!r}: '.' separates nested names; it cannot be "
+                                      "in a key")
+                _check_name(child(k), f"dict key {k!r}")
+                items.append([k, walk(v, child(k))])
+            if not items:
+                raise SampleError(f"{prefix or 'the sample'}: an empty dict has no field")
+            return {"dict": items}
+        if isinstance(x, (tuple, list)) and not _is_tensor(x):
+            if not x:
+                raise SampleError(f"{prefix or 'the sample'}: an empty {type(x).__name__} "
+                                  "has no field")
+            kind = "list" if isinstance(x, list) else "tuple"
+            return {kind: [walk(v, child(i)) for i, v in enumerate(x)]}
+        name = prefix or BARE
+        _check_name(name, "sample")
+        leaves.append((name, x))
+        return {"f": name}
+
+    structure = walk(sample, "")
+    if batched:
+        structure = {"collated": structure}
+    return structure, leaves
+
+
+def learn_fields(sample, batched=False):
+    """(fields, structure) learnt from one sample (or one collated batch of
+    one sample when @batched: the leading dimension 1 is the batch's)."""
+    structure, leaves = flatten(sample, batched)
+    fields = []
+    for name, x in leaves:
+        dtype, shape = leaf_info(name, x)
+        if batched:
+            if not shape or shape[0] != 1:
+                raise SampleError(f"field {name!r}: collate_fn([dataset[0]]) gave shape "
+                                  f"{list(shape)}: a collate_fn's output must have the batch as "
+                                  "its first dimension (1 here)")
+            shape = shape[1:]
+        fields.append({"name": name, "dtype": dtype, "shape": list(shape), "pad": False})
+    return check_fields(fields), structure
+
+
+def check_fields(fields):
+    """Normalise declared fields (a list of {"name", "dtype", "shape", "pad"},
+    or a dict name -> {"dtype", "shape", "pad"}); adds the "<name>_len"
+    field of each pad field when missing."""
+    if isinstance(fields, dict):
+        fields = [dict(v, name=k) for k, v in fields.items()]
+    out = []
+    for i, f in enumerate(fields):
+        if not isinstance(f, dict):
+            raise SampleError(f"fields[{i}]: must be a dict with name, dtype, shape")
+        unknown = set(f) - {"name", "dtype", "shape", "pad"}
+        if unknown:
+            raise SampleError(f"fields[{i}]: unknown key {sorted(unknown)[0]!r}")
+        name = f.get("name")
+        if not isinstance(name, str):
+            raise SampleError(f"fields[{i}]: name is required")
+        _check_name(name, f"fields[{i}]")
+        dtype = f.get("dtype")
+        if dtype not in DTYPES:
+            raise SampleError(f"field {name!r}: dtype must be one of {', '.join(DTYPES)}, "
+                              f"not {dtype!r}")
+        shape = f.get("shape", [])
+        if not isinstance(shape, (list, tuple)) or \
+                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise SampleError(f"field {name!r}: shape must be a list of sizes >= 0, not {shape!r}")
+        pad = bool(f.get("pad", False))
+        if pad and (not shape or shape[0] < 1):
+            raise SampleError(f"field {name!r}: a pad field needs a shape with its maximum "
+                              "length first")
+        out.append({"name": name, "dtype": dtype, "shape": [int(d) for d in shape], "pad": pad})
+    names = [f["name"] for f in out]
+    for f in list(out):
+        if f["pad"] and f["name"] + "_len" not in names:
+            out.append({"name": f["name"] + "_len", "dtype": "int64", "shape": [], "pad": False})
+            names.append(f["name"] + "_len")
+    for f in out:
+        if f["pad"]:
+            ln = next(g for g in out if g["name"] == f["name"] + "_len")
+            if ln["dtype"] != "int64" or ln["shape"] or ln["pad"]:
+                raise SampleError(f"field {ln['name']!r}: the length of pad field {f['name']!r} "
+                                  "must be int64 of shape []")
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise SampleError(f"field {sorted(dup)[0]!r} is declared twice")
+    if not 1 <= len(out) <= MAX_FIELDS:
+        raise SampleError(f"a sample has {len(out)} fields; loaderd takes 1..{MAX_FIELDS} "
+                          "(the '<name>_len' of pad fields count)")
+    return out
+
+
+def structure_from_names(fields):
+    """The structure of declared fields: dotted names nest; a level whose keys
+    are 0..k-1 is a list, else a dict; a lone field "sample" is a bare leaf."""
+    lens = {f["name"] + "_len" for f in fields if f["pad"]}
+    names = [f["name"] for f in fields if f["name"] not in lens]
+    if names == [BARE]:
+        return {"f": BARE}
+    tree = {}
+    for n in names:
+        node = tree
+        parts = n.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise SampleError(f"field {n!r}: {p!r} is a field and a group")
+        if parts[-1] in node:
+            raise SampleError(f"field {n!r}: is a field and a group")
+        node[parts[-1]] = n
+
+    def conv(node):
+        if isinstance(node, str):
+            return {"f": node}
+        keys = list(node)
+        if sorted(keys, key=lambda k: int(k) if k.isdigit() else -1) == \
+                [str(i) for i in range(len(keys))]:
+            return {"list": [conv(node[str(i)]) for i in range(len(keys))]}
+        return {"dict": [[k, conv(node[k])] for k in keys]}
+    return conv(tree)
+
+
+def structure_fields(structure):
+    """The field names of a structure's leaves, in order."""
+    out = []
+
+    def walk(s):
+        if "f" in s:
+            out.append(s["f"])
+        elif "collated" in s:
+            walk(s["collated"])
+        elif "dict" in s:
+            for _, v in s["dict"]:
+                walk(v)
+        else:
+            for v in s.get("list", s.get("tuple", [])):
+                walk(v)
+    walk(structure)
+    return out
+
+
+# ------------------------------------------------------------------ rebuild
+
+def rebuild(structure, batch, pads=()):
+    """The trainer's batch from the fields of @batch (name -> tensor), in the
+    form torch's default_collate gives (tuple -> list), or as a collate_fn
+    made it. A pad field becomes its padded tensor plus its "<name>_len"
+    lengths: a sibling key "<key>_len" in a dict, else the pair
+    [padded, lengths]."""
+    collated = "collated" in structure
+    if collated:
+        structure = structure["collated"]
+
+    def leaf(name):
+        v = batch[name]
+        ln = name + "_len"
+        return v, (batch[ln] if name in pads else None)
+
+    def walk(s):
+        if "f" in s:
+            v, ln = leaf(s["f"])
+            return v if ln is None else [v, ln]
+        if "dict" in s:
+            d = {}
+            for k, sub in s["dict"]:
+                if "f" in sub:
+                    v, ln = leaf(sub["f"])
+                    d[k] = v
+                    if ln is not None and k + "_len" not in d:
+                        d[k + "_len"] = ln
+                else:
+                    d[k] = walk(sub)
+            return d
+        if "tuple" in s:
+            items = [walk(v) for v in s["tuple"]]
+            return tuple(items) if collated else items
+        return [walk(v) for v in s["list"]]
+    return walk(structure)
+
+
+# -------------------------------------------------------- check and write
+
+def field_np_dtype(dtype):
+    import numpy as np
+    return np.dtype("uint16") if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def _can_cast(src, dst):
+    import numpy as np
+    s = "float32" if src == "bfloat16" else src
+    d = "float32" if dst == "bfloat16" else dst
+    return bool(np.can_cast(np.dtype(s), np.dtype(d), casting="same_kind"))
+
+
+def _shape_s(shape):
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def check_leaf(index, field, dtype, shape, learnt):
+    """None when a leaf of @dtype/@shape fits @field, else the message."""
+    fshape = tuple(field["shape"])
+    origin = " (learnt from dataset[0])" if learnt else ""
+    if not _can_cast(dtype, field["dtype"]):
+        return (f"dataset[{index}]: field {field['name']!r} has dtype {dtype}, the pipeline's is "
+                f"{field['dtype']}{origin}; {dtype} cannot be cast to {field['dtype']} (numpy "
+                "casting 'same_kind'): return the same dtype for every sample, or declare "
+                "fields=")
+    if field["pad"]:
+        if len(shape) != len(fshape) or tuple(shape[1:]) != fshape[1:] or shape[0] > fshape[0]:
+            return (f"dataset[{index}]: field {field['name']!r} has shape {_shape_s(shape)}, the "
+                    f"pipeline's is {_shape_s(fshape)} padded along dim 0 (at most {fshape[0]} "
+                    "long, the other dimensions equal)")
+        return None
+    if tuple(shape) != fshape:
+        return (f"dataset[{index}]: field {field['name']!r} has shape {_shape_s(shape)}, the "
+                f"pipeline's is {_shape_s(fshape)}{origin}; every sample must have the same "
+                "shape: resize or crop in __getitem__, or declare the field with \"pad\": true "
+                "and its maximum length for a variable first dimension")
+    return None
+
+
+def leaf_array(x, field_dtype):
+    """@x as a numpy array ready to copy into a field of @field_dtype (for
+    bfloat16: its raw bits as uint16)."""
+    import numpy as np
+    if _is_tensor(x):
+        torch = _torch_mod()
+        x = x.detach()
+        if x.device.type != "cpu":
+            x = x.cpu()
+        if x.dtype == torch.bfloat16:
+            if field_dtype == "bfloat16":
+                return x.contiguous().view(torch.int16).numpy().view(np.uint16)
+            x = x.float()
+        elif field_dtype == "bfloat16":
+            return x.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+        return x.resolve_conj().resolve_neg().numpy() if hasattr(x, "resolve_conj") else x.numpy()
+    if isinstance(x, bool):
+        a = np.asarray(x, dtype=np.bool_)
+    elif isinstance(x, int):
+        a = np.asarray(x, dtype=np.int64)
+    elif isinstance(x, float):
+        a = np.asarray(x, dtype=np.float64)
+    else:
+        a = np.asarray(x)
+    if field_dtype == "bfloat16":
+        torch = _torch_mod()
+        if torch is None:
+            import torch
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(torch.bfloat16)
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return a
+
+
+def write_leaf(dst, x, field, len_dst=None):
+    """Copy leaf @x into @dst (the field's place for one row, a numpy view of
+    the field's full shape); pad fields also write the length into
+    @len_dst (an int64 view of shape ())."""
+    import numpy as np
+    a = leaf_array(x, field["dtype"])
+    if field["pad"]:
+        n = a.shape[0]
+        np.copyto(dst[:n], a, casting="unsafe")
+        if n < dst.shape[0]:
+            dst[n:] = 0
+        len_dst[...] = n
+    else:
+        np.copyto(dst, a, casting="unsafe")
+
+
+def leaf_dtype_shape(name, x):
+    return leaf_info(name, x)
+
+
+# --------------------------------------------------------------- the spec
+
+def _import_path(obj, what):
+    mod = getattr(obj, "__module__", None)
+    qual = getattr(obj, "__qualname__", None)
+    if not mod or not qual:
+        raise TypeError(f"loaderd: the {what} {obj!r} has no module:qualname")
+    return f"{mod}:{qual}"
+
+
+def resolve(path):
+    """The object of an import path "module:qualname"."""
+    if not isinstance(path, str) or ":" not in path:
+        raise ValueError(f"loaderd: {path!r} is not an import path \"module:qualname\"")
+    mod, qual = path.split(":", 1)
+    obj = importlib.import_module(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _dumps(obj, what):
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        raise TypeError(f"loaderd: the {what} cannot be pickled for the worker processes "
+                        f"({type(e).__name__}: {e}); define it at the top level of a module "
+                        "(not a lambda or a local function)") from e
+
+
+def main_info():
+    """How a worker finds the trainer's __main__ (as multiprocessing's spawn
+    does): {"name": module} for `python -m`, {"path": file} for a script."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        return {}
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None) if spec is not None else None
+    if name and name not in ("__main__", "__mp_main__"):
+        if name.endswith(".__main__"):
+            name = name[:-9]
+        return {"name": name}
+    path = getattr(main, "__file__", None)
+    if path and os.path.exists(path):
+        return {"path": os.path.abspath(path)}
+    return {}
+
+
+def is_dataset(obj):
+    return not isinstance(obj, (dict, str, bytes)) and hasattr(obj, "__getitem__") and \
+        hasattr(obj, "__len__")
+
+
+def _sanitize(s):
+    s = re.sub(r"[^a-z0-9-]+", "-", s.lower()).strip("-")
+    return s[:40] or "dataset"
+
+
+def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
+               worker_init_fn=None, fields=None, name=None):
+    """(spec, payload) of a python pipeline: the spec the daemon gets and
+    what the workers' host reads on stdin (only builtin types: the host
+    unpickles no user object)."""
+    nworkers = 1 if not num_workers else int(num_workers)
+    if not 1 <= nworkers <= 256:
+        raise ValueError("num_workers must be in 0..256 (0 means 1: loaderd always builds "
+                         "samples in worker processes)")
+    if isinstance(dataset_or_spec, dict):
+        spec = json.loads(json.dumps(dataset_or_spec))
+        src = spec.setdefault("source", {})
+        path = src.get("dataset")
+        args = src.get("args") or {}
+        if not isinstance(args, dict):
+            raise TypeError("loaderd: source.args must be a dict of keyword arguments")
+        src.setdefault("args", args)
+        ds_payload = {"import": path, "args": args}
+        dataset = None
+        if fields is None and src.get("fields") is not None:
+            fields = src["fields"]
+
+        def get_dataset():
+            nonlocal dataset
+            if dataset is None:
+                dataset = resolve(path)(**args)
+            return dataset
+        if "samples" not in src:
+            src["samples"] = len(get_dataset())
+        src.setdefault("digest", "")
+    else:
+        dataset = dataset_or_spec
+        blob = _dumps(dataset, "dataset")
+        spec = {"source": {"kind": "python",
+                           "dataset": _import_path(type(dataset), "dataset class"),
+                           "args": {}, "digest": hashlib.sha256(blob).hexdigest(),
+                           "samples": len(dataset)}}
+        src = spec["source"]
+        ds_payload = {"pickle": blob}
+
+        def get_dataset():
+            return dataset
+    if name is not None:
+        spec["name"] = name
+    spec.update(overrides)
+    seed = int(spec.get("seed", 0) or 0)
+
+    if collate_fn is None and src.get("collate"):
+        collate_fn = resolve(src["collate"])
+    collate_blob = _dumps(collate_fn, "collate_fn") if collate_fn is not None else None
+    src["collate"] = _import_path(collate_fn, "collate_fn") if collate_fn is not None else ""
+    init_blob = _dumps(worker_init_fn, "worker_init_fn") if worker_init_fn is not None else None
+
+    if fields is not None:
+        fields = check_fields(fields)
+        structure = src.get("structure") or structure_from_names(fields)
+        if collate_fn is not None and "collated" not in structure:
+            structure = {"collated": structure}
+        learnt = False
+    else:
+        ds = get_dataset()
+        if len(ds) < 1:
+            raise ValueError("loaderd: the dataset is empty (len 0)")
+        with _SavedRNG():
+            seed_all(sample_seed(seed, 0, 0))
+            sample = ds[0]
+            if collate_fn is not None:
+                sample = collate_fn([sample])
+        fields, structure = learn_fields(sample, batched=collate_fn is not None)
+        learnt = True
+    have = {f["name"] for f in fields}
+    missing = [n for n in structure_fields(structure) if n not in have]
+    if missing:
+        raise SampleError(f"the structure names field {missing[0]!r}, which is not declared")
+    text = json.dumps(structure)
+    if len(text) > MAX_STRUCTURE:
+        raise SampleError(f"the sample's structure takes {len(text)} bytes of JSON, more than "
+                          f"{MAX_STRUCTURE}: return fewer, larger arrays")
+    src["fields"] = fields
+    src["structure"] = structure
+    src["kind"] = "python"
+    if "name" not in spec:
+        h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+        cls = src["dataset"].rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+        spec["name"] = f"py-{_sanitize(cls)}-{h}"
+    payload = {
+        "version": 1,
+        "sys_path": list(sys.path),
+        "cwd": os.getcwd(),
+        "main": main_info() if _mentions_main(ds_payload, collate_blob, init_blob) else {},
+        "pipeline": spec["name"],
+        "nworkers": nworkers,
+        "dataset": ds_payload,
+        "collate_fn": collate_blob,
+        "worker_init_fn": init_blob,
+        "fields": fields,
+        "learnt": learnt,
+        "structure": structure,
+        "seed": seed,
+    }
+    return spec, payload
+
+
+def _mentions_main(ds_payload, *blobs):
+    for b in (ds_payload.get("pickle"),) + blobs:
+        if b and b"__main__" in b:
+            return True
+    return str(ds_payload.get("import") or "").startswith("__main__:")

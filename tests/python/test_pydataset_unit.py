@@ -1,0 +1,489 @@
+# SPDX-License-Identifier: MIT
+"""Your own Dataset, without the daemon: loaderd.pydataset (flatten, rebuild
+as torch's default_collate, field learning and its refusals, the seeding
+function) and the workers' host and workers (loaderd._pyhost, _pyworker)
+against a fake daemon that speaks daemon/pyw-wire.h on <socket>.workers."""
+
+import os
+import pickle
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import pydatasets as D
+from loaderd import _pywire as W
+from loaderd import pydataset as P
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import default_collate  # noqa: E402
+
+
+# ------------------------------------------------------------ helpers
+
+def batch_of(samples, batched=False):
+    """The fields of @samples as loaderd would fill them: name -> stacked
+    tensor (what the trainer's Batch holds)."""
+    flat = [dict(P.flatten(s)[1]) for s in samples]
+    out = {}
+    for name in flat[0]:
+        arrs = [P.leaf_array(f[name], P.leaf_info(name, f[name])[0]) for f in flat]
+        out[name] = torch.from_numpy(np.stack([np.asarray(a) for a in arrs]))
+    return out
+
+
+def same(a, b):
+    """Structure, types and values equal (tensors: dtype, shape, values)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), (a, b)
+        assert a.dtype == b.dtype and a.shape == b.shape, (a, b)
+        assert torch.equal(a, b), (a, b)
+        return
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, (int, float)):
+        assert a == b
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            same(a[k], b[k])
+    else:
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            same(x, y)
+
+
+# --------------------------------------------------- flatten and rebuild
+
+@pytest.mark.parametrize("cls", [D.DictSamples, D.TupleSamples])
+def test_rebuild_as_default_collate(cls):
+    ds = cls()
+    samples = [ds[i] for i in range(5)]
+    fields, structure = P.learn_fields(samples[0])
+    got = P.rebuild(structure, batch_of(samples))
+    same(got, default_collate(samples))
+
+
+def test_rebuild_bare_tensor_and_names():
+    samples = [torch.full((2,), float(i)) for i in range(3)]
+    fields, structure = P.learn_fields(samples[0])
+    assert [f["name"] for f in fields] == ["sample"]
+    same(P.rebuild(structure, batch_of(samples)), default_collate(samples))
+    st, leaves = P.flatten((1, [2, {"a": 3}], {"b": {"c": 4.0}}))
+    assert [n for n, _ in leaves] == ["0", "1.0", "1.1.a", "2.b.c"]
+
+
+def test_leaf_dtypes():
+    f, _ = P.learn_fields({"i": 1, "f": 1.0, "b": True, "n": np.uint16(3),
+                           "t": torch.zeros(2, dtype=torch.bfloat16), "a": np.zeros((2, 0))})
+    assert [(x["name"], x["dtype"], x["shape"]) for x in f] == [
+        ("i", "int64", []), ("f", "float64", []), ("b", "bool", []), ("n", "uint16", []),
+        ("t", "bfloat16", [2]), ("a", "float64", [2, 0])]
+
+
+@pytest.mark.parametrize("sample,words", [
+    ({"x": np.zeros(2), "name": "s0"}, ["'name'", "str", "encode"]),
+    ((np.zeros(2), None), ["'1'", "NoneType"]),
+    ({1: np.zeros(2)}, ["dict key 1", "str"]),
+    ({"a b": 1}, ["'a b'", "not valid"]),
+    ({"a.b": 1}, ["'a.b'", "nested"]),
+    ({"x": np.array(["a", "b"])}, ["'x'", "dtype <U1"]),
+    ({"x": np.zeros(2, dtype=complex)}, ["'x'", "complex128"]),
+    ({"x": ()}, ["empty tuple"]),
+    ({"x": b"raw"}, ["'x'", "bytes"]),
+])
+def test_refusals(sample, words):
+    with pytest.raises(P.SampleError) as ei:
+        P.learn_fields(sample)
+    for w in words:
+        assert w in str(ei.value), str(ei.value)
+
+
+def test_too_many_fields_and_pad_len():
+    with pytest.raises(P.SampleError, match="1..16"):
+        P.learn_fields({f"k{i}": i for i in range(17)})
+    f = P.check_fields([{"name": "tok", "dtype": "int64", "shape": [8], "pad": True}])
+    assert f[1] == {"name": "tok_len", "dtype": "int64", "shape": [], "pad": False}
+    with pytest.raises(P.SampleError, match="dtype must be one of"):
+        P.check_fields([{"name": "x", "dtype": "int128", "shape": []}])
+    with pytest.raises(P.SampleError, match="maximum length"):
+        P.check_fields([{"name": "x", "dtype": "int8", "shape": [], "pad": True}])
+
+
+def test_structure_from_declared_names():
+    f = P.check_fields([{"name": "0", "dtype": "float32", "shape": [3]},
+                        {"name": "1", "dtype": "int64", "shape": []}])
+    assert P.structure_from_names(f) == {"list": [{"f": "0"}, {"f": "1"}]}
+    f = P.check_fields({"tok": {"dtype": "int64", "shape": [5], "pad": True},
+                        "meta.y": {"dtype": "int64", "shape": []}})
+    st = P.structure_from_names(f)
+    assert st == {"dict": [["tok", {"f": "tok"}], ["meta", {"dict": [["y", {"f": "meta.y"}]]}]]}
+    b = {"tok": torch.zeros(2, 5), "tok_len": torch.tensor([1, 2]), "meta.y": torch.tensor([3, 4])}
+    got = P.rebuild(st, b, {"tok"})
+    assert list(got) == ["tok", "tok_len", "meta"] and got["tok_len"] is b["tok_len"]
+
+
+def test_check_leaf_messages():
+    field = {"name": "image", "dtype": "float32", "shape": [3, 224, 224], "pad": False}
+    msg = P.check_leaf(17, field, "float32", (3, 200, 224), True)
+    assert msg.startswith("dataset[17]: field 'image' has shape (3, 200, 224), the pipeline's is "
+                          "(3, 224, 224) (learnt from dataset[0]);"), msg
+    assert P.check_leaf(1, field, "float64", (3, 224, 224), True) is None  # same_kind
+    assert "cannot be cast" in P.check_leaf(2, {"name": "y", "dtype": "int64", "shape": [],
+                                                "pad": False}, "float32", (), True)
+    pad = {"name": "tok", "dtype": "int64", "shape": [5], "pad": True}
+    assert P.check_leaf(0, pad, "int64", (5,), False) is None
+    assert P.check_leaf(0, pad, "int64", (0,), False) is None
+    assert "at most 5" in P.check_leaf(0, pad, "int64", (6,), False)
+
+
+def test_write_leaf_pad_and_bfloat16():
+    dst = np.full(5, 9, dtype=np.int64)
+    ln = np.zeros((), dtype=np.int64)
+    P.write_leaf(dst, np.array([1, 2], dtype=np.int32), {"name": "t", "dtype": "int64",
+                                                         "shape": [5], "pad": True}, ln)
+    assert dst.tolist() == [1, 2, 0, 0, 0] and int(ln) == 2
+    bits = np.zeros(3, dtype=np.uint16)
+    P.write_leaf(bits, torch.tensor([1.5, -2.0, 3.0]), {"name": "b", "dtype": "bfloat16",
+                                                         "shape": [3], "pad": False})
+    back = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).float()
+    assert back.tolist() == [1.5, -2.0, 3.0]
+
+
+# --------------------------------------------------------------- seeding
+
+def _ref_splitmix(x):
+    m = (1 << 64) - 1
+    z = (x + 0x9e3779b97f4a7c15) & m
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & m
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & m
+    return z ^ (z >> 31)
+
+
+def test_sample_seed_is_the_documented_function():
+    for seed, epoch, idx in [(0, 0, 0), (7, 3, 12345), ((1 << 64) - 1, 1 << 40, 99)]:
+        s = _ref_splitmix(seed ^ 0x5059444154415345)
+        s = _ref_splitmix(s ^ epoch)
+        s = _ref_splitmix(s ^ idx)
+        assert P.sample_seed(seed, epoch, idx) == s
+    assert P.sample_seed(0, 0, 0) == 4980929881311350946  # docs/python.md's example
+    assert len({P.sample_seed(1, e, i) for e in range(4) for i in range(50)}) == 200
+
+
+def test_seed_all_reproduces_a_sample():
+    ds = D.RandomAugment(n=4)
+    outs = []
+    for _ in range(2):
+        P.seed_all(P.sample_seed(5, 2, 3))
+        outs.append(ds[3])
+    same(list(outs[0]), list(outs[1]))
+    P.seed_all(P.sample_seed(5, 3, 3))
+    assert not torch.equal(ds[3][0], outs[0][0])
+
+
+def test_build_spec_learns_seeded_and_keeps_the_trainers_rng():
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    r, n, t = random.random(), np.random.random(), torch.rand(1)
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    ds = D.RandomAugment(n=10)
+    spec, payload = P.build_spec(ds, overrides={"batch_size": 4, "seed": 3}, num_workers=2)
+    assert (random.random(), np.random.random()) == (r, n) and torch.equal(torch.rand(1), t)
+    src = spec["source"]
+    assert src["kind"] == "python" and src["dataset"] == "pydatasets:RandomAugment"
+    assert src["samples"] == 10 and src["collate"] == ""
+    assert src["digest"] == __import__("hashlib").sha256(pickle.dumps(
+        ds, protocol=pickle.HIGHEST_PROTOCOL)).hexdigest()
+    assert [(f["name"], f["dtype"], f["shape"]) for f in src["fields"]] == [
+        ("0", "float32", [3, 24, 24]), ("1", "int64", []), ("2", "float64", [])]
+    assert spec["name"].startswith("py-randomaugment-") and len(spec["name"]) == 27
+    assert payload["nworkers"] == 2 and payload["dataset"]["pickle"]
+    # the same dataset, the same spec and name; another seed, another name
+    spec2, _ = P.build_spec(D.RandomAugment(n=10), overrides={"batch_size": 4, "seed": 3})
+    assert spec2["name"] == spec["name"]
+    spec3, _ = P.build_spec(D.RandomAugment(n=10), overrides={"batch_size": 4, "seed": 4})
+    assert spec3["name"] != spec["name"]
+    # what the worker writes for epoch 0 index 0 is what was learnt from
+    P.seed_all(P.sample_seed(3, 0, 0))
+    assert list(ds[0][0].shape) == [3, 24, 24]
+
+
+def test_build_spec_import_path_collate_and_pickling_errors():
+    spec, payload = P.build_spec({"source": {"kind": "python", "dataset": "pydatasets:Plain",
+                                             "args": {"n": 9}}, "name": "p"},
+                                 overrides={"batch_size": 3}, collate_fn=D.stack_collate)
+    src = spec["source"]
+    assert src["samples"] == 9 and src["digest"] == "" and src["collate"] == \
+        "pydatasets:stack_collate"
+    assert [(f["name"], f["dtype"], f["shape"]) for f in src["fields"]] == [
+        ("0", "float32", [3]), ("1", "int32", [])]
+    assert payload["dataset"] == {"import": "pydatasets:Plain", "args": {"n": 9}}
+    with pytest.raises(TypeError, match="worker_init_fn cannot be pickled"):
+        P.build_spec(D.Plain(), overrides={}, worker_init_fn=lambda w: None)
+    with pytest.raises(P.SampleError, match="'name'"):
+        P.build_spec(D.WithString(), overrides={})
+    with pytest.raises(ValueError, match="num_workers"):
+        P.build_spec(D.Plain(), overrides={}, num_workers=1000)
+
+
+def test_host_imports_no_torch():
+    code = ("import sys, loaderd, loaderd._pyhost, loaderd._pywire; "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+# ------------------------------------------ host and workers, fake daemon
+
+class FakeDaemon:
+    """The daemon's end of <socket>.workers, driven step by step by a test:
+    one slab (a memfd), the host handshake, then TASKs to chosen workers."""
+
+    def __init__(self, workdir, fields, nslots=2, batch_size=4, nsamples=25, seed=0,
+                 on_error=0):
+        self.path = os.path.join(workdir, "ld.sock")
+        self.fields = fields
+        self.places = []
+        off = 0
+        for f in fields:
+            sb = int(np.prod(f["shape"], dtype=np.int64)) * P.field_np_dtype(f["dtype"]).itemsize
+            self.places.append((off, sb))
+            off += (sb * batch_size + 63) // 64 * 64
+        self.slot_bytes = max(64, off)
+        self.nslots, self.batch_size, self.nsamples = nslots, batch_size, nsamples
+        self.seed, self.on_error = seed, on_error
+        self.size = self.slot_bytes * nslots
+        self.fd = os.memfd_create("fake-slab")
+        os.ftruncate(self.fd, self.size)
+        import mmap
+        self.mm = mmap.mmap(self.fd, self.size)
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(self.path + ".workers")
+        self.srv.listen(16)
+        self.srv.settimeout(60)
+        self.workers = {}
+        self.task_id = 0
+
+    def welcome(self, nworkers):
+        body = W.WELCOME_S.pack(0, len(self.fields), self.size, self.slot_bytes, self.nslots,
+                                self.batch_size, self.nsamples, self.seed, self.on_error,
+                                nworkers)
+        return body + b"".join(W.FIELD_S.pack(o, s) for o, s in self.places)
+
+    def accept_host(self):
+        c, _ = self.srv.accept()
+        c.settimeout(60)
+        t, body = W.recv(c)
+        assert t == W.HELLO
+        version, role, nworkers, _, pid, _, name = W.HELLO_S.unpack(body)
+        assert (version, role) == (1, W.ROLE_HOST)
+        self.nworkers, self.host_pid = nworkers, pid
+        self.pipeline = name.rstrip(b"\0").decode()
+        payload = self.welcome(nworkers)
+        hdr = W.HDR.pack(W.MAGIC, W.WELCOME, 0, len(payload))
+        socket.send_fds(c, [hdr + payload], [self.fd])
+        assert W.recv(c) == (W.MAPPED, b"")
+        W.send(c, W.READY)
+        self.host = c
+
+    def accept_worker(self):
+        c, _ = self.srv.accept()
+        c.settimeout(60)
+        t, body = W.recv(c)
+        assert t == W.HELLO
+        version, role, nworkers, wid, pid, _, name = W.HELLO_S.unpack(body)
+        assert (version, role, nworkers) == (1, W.ROLE_WORKER, self.nworkers)
+        W.send(c, W.WELCOME, self.welcome(self.nworkers))
+        self.workers[wid] = (c, pid)
+        return wid, pid
+
+    def task(self, wid, epoch, slot, row0, idx):
+        self.task_id += 1
+        c = self.workers[wid][0]
+        W.send(c, W.TASK, W.TASK_S.pack(self.task_id, epoch, slot, row0, len(idx), 0) +
+               struct.pack(f"={len(idx)}Q", *idx))
+        t, body = W.recv(c)
+        if t == W.DONE:
+            tid, skipped = W.DONE_S.unpack(body)
+            assert tid == self.task_id
+            return "done", skipped
+        assert t == W.FAIL, t
+        tid, index, status, _ = W.FAIL_S.unpack_from(body)
+        assert tid == self.task_id and status < 0
+        return "fail", (index, body[W.FAIL_S.size:].decode())
+
+    def field(self, slot, i, nrows):
+        off, sb = self.places[i]
+        f = self.fields[i]
+        start = slot * self.slot_bytes + off
+        a = np.frombuffer(self.mm, dtype=P.field_np_dtype(f["dtype"]), count=sb * nrows //
+                          P.field_np_dtype(f["dtype"]).itemsize, offset=start)
+        return a.reshape([nrows] + f["shape"]).copy()
+
+    def close(self):
+        for c, _ in self.workers.values():
+            c.close()
+        if getattr(self, "host", None):
+            self.host.close()
+        self.srv.close()
+        self.mm.close()
+        os.close(self.fd)
+
+
+def start_host(fd, ds, overrides=None, **kw):
+    spec, payload = P.build_spec(ds, overrides=dict(overrides or {}), **kw)
+    payload["socket"] = fd.path
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-m", "loaderd._pyhost"], stdin=subprocess.PIPE,
+                            start_new_session=True, env=env)
+    proc.stdin.write(pickle.dumps(payload))
+    proc.stdin.close()
+    return spec, proc
+
+
+def expected(ds, seed, epoch, idx):
+    out = []
+    for i in idx:
+        P.seed_all(P.sample_seed(seed, epoch, i))
+        out.append(ds[i])
+    return out
+
+
+@pytest.fixture
+def fake(workdir):
+    made = []
+
+    def make(ds, nworkers=2, overrides=None, batch_size=4, on_error=0, seed=0, **kw):
+        fields, _ = P.learn_fields(ds[0]) if "fields" not in kw else (P.check_fields(kw["fields"]), 0)
+        if kw.get("collate_fn") is not None:
+            fields, _ = P.learn_fields(kw["collate_fn"]([ds[0]]), batched=True)
+        fd = FakeDaemon(workdir, fields, batch_size=batch_size, nsamples=len(ds), seed=seed,
+                        on_error=on_error)
+        spec, proc = start_host(fd, ds, overrides={"seed": seed, **(overrides or {})},
+                                num_workers=nworkers, **kw)
+        made.append((fd, proc))
+        fd.accept_host()
+        for _ in range(nworkers):
+            fd.accept_worker()
+        fd.proc = proc
+        return fd
+    yield make
+    for fd, proc in made:
+        fd.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("the host did not exit within 10 s of EOF")
+
+
+def test_workers_fill_slots_exactly(fake):
+    ds = D.RandomAugment(n=12)
+    fd = fake(ds, nworkers=2, seed=11)
+    idx = [5, 0, 11, 3]
+    assert fd.task(1, 2, 1, 0, idx[:2]) == ("done", 0)
+    assert fd.task(0, 2, 1, 2, idx[2:]) == ("done", 0)
+    want = expected(ds, 11, 2, idx)
+    got = [fd.field(1, i, 4) for i in range(3)]
+    for r, s in enumerate(want):
+        assert np.array_equal(got[0][r], s[0].numpy())
+        assert got[1][r] == s[1] and got[2][r] == s[2]
+
+
+def test_worker_info_and_init_fn(fake):
+    fd = fake(D.WorkerInfoSamples(), nworkers=2, worker_init_fn=D.init_marker)
+    for wid in (0, 1):
+        assert fd.task(wid, 0, 0, wid, [wid]) == ("done", 0)
+    rows = fd.field(0, 0, 2)
+    assert rows.tolist() == [[0, 0, 0, 1], [1, 1, 1, 1]]
+
+
+def test_exception_reaches_fail_with_traceback(fake):
+    fd = fake(D.Plain(fail={6}), nworkers=1)
+    state, (index, text) = fd.task(0, 0, 0, 0, [4, 6, 7])
+    assert state == "fail" and index == 6
+    assert text.startswith("dataset[6] raised ValueError: bad sample 6\n"), text
+    assert "worker 0 (pid" in text and "Traceback" in text and "pydatasets.py" in text
+    assert fd.task(0, 0, 0, 0, [4]) == ("done", 0)  # the worker goes on
+
+
+def test_skip_replaces_with_next_index(fake):
+    ds = D.Plain(n=10, fail={3, 4, 9})
+    fd = fake(ds, nworkers=1, on_error=1)
+    assert fd.task(0, 1, 0, 0, [3, 9, 2]) == ("done", 2)
+    assert fd.field(0, 1, 3).tolist() == [5, 0, 2]   # 3 -> 5 (4 fails too), 9 -> 0 (wraps)
+    assert np.array_equal(fd.field(0, 0, 3)[0], np.arange(5, 8, dtype=np.float32))
+
+
+def test_bad_shape_names_the_field(fake):
+    fd = fake(D.BadShape(), nworkers=1)
+    state, (index, text) = fd.task(0, 0, 0, 0, [2, 3])
+    assert state == "fail" and index == 3
+    assert text.startswith("dataset[3]: field '0' has shape (4,), the pipeline's is (3,) "
+                           "(learnt from dataset[0])"), text
+
+
+def test_pad_fields(fake):
+    fields = [{"name": "tok", "dtype": "int64", "shape": [6], "pad": True},
+              {"name": "y", "dtype": "int64", "shape": []}]
+    fd = fake(D.VarLen(), nworkers=1, fields=fields)
+    assert fd.task(0, 0, 0, 0, [0, 3, 4]) == ("done", 0)
+    tok, y, ln = (fd.field(0, i, 3) for i in range(3))
+    assert tok.tolist() == [[0, 0, 0, 0, 0, 0], [3, 4, 5, 6, 0, 0], [4, 5, 6, 7, 8, 0]]
+    assert ln.tolist() == [1, 4, 5] and y.tolist() == [0, 3, 4]
+
+
+def test_collate_fn_task(fake):
+    fd = fake(D.Plain(), nworkers=1, collate_fn=D.stack_collate)
+    assert fd.task(0, 0, 1, 0, [1, 2, 3, 4]) == ("done", 0)
+    x, y = fd.field(1, 0, 4), fd.field(1, 1, 4)
+    assert y.tolist() == [1, 2, 3, 4] and x[2].tolist() == [6, 8, 10]
+
+
+def test_dead_worker_is_reported_and_restarted(fake):
+    fd = fake(D.Plain(), nworkers=2)
+    c, pid = fd.workers[1]
+    os.kill(pid, signal.SIGKILL)
+    fd.host.settimeout(20)
+    t, body = W.recv(fd.host)
+    assert t == W.WORKER_EXIT
+    wid, wpid, status, _ = W.WORKER_EXIT_S.unpack(body)
+    assert (wid, wpid) == (1, pid) and os.WIFSIGNALED(status) and \
+        os.WTERMSIG(status) == signal.SIGKILL
+    c.close()
+    wid2, pid2 = fd.accept_worker()
+    assert wid2 == 1 and pid2 != pid
+    assert fd.task(1, 0, 0, 0, [7]) == ("done", 0)
+
+
+def test_host_exits_on_eof_and_kills_workers(fake):
+    fd = fake(D.Plain(), nworkers=2)
+    pids = [p for _, p in fd.workers.values()]
+    fd.host.close()
+    fd.host = None
+    assert fd.proc.wait(timeout=10) == 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and
+                 open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+        if not alive:
+            break
+        time.sleep(0.05)
+    assert not alive
+
+
+def test_setup_failure_fails_tasks(fake, workdir):
+    fd = fake(D.Plain(), nworkers=1, worker_init_fn=D.raise_in_init)
+    state, (index, text) = fd.task(0, 0, 0, 0, [2])
+    assert state == "fail" and index == 2 and "could not start" in text and "init boom" in text
