@@ -13,7 +13,23 @@ is found). Documentation: docs/python.md.
 from ._lib import library_path
 from .errors import Disconnected, Error, ForkedError, InvalidSpec, NotFound, Timeout
 from ._cuda import CudaArray
-from .loader import Batch, Client, DataLoader
+from .pydataset import get_worker_info
+
+# loader.py (DataLoader, Client, Batch) imports torch: it is imported at first
+# use, so that `python -m loaderd._pyhost`, the zygote of a python pipeline's
+# workers (docs/python.md, "Your own Dataset"), starts without torch.
+_LAZY = {"Batch", "Client", "DataLoader"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from . import loader
+        return getattr(loader, name)
+    raise AttributeError(f"module 'loaderd' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _LAZY)
 
 __version__ = "0.1.0"
 
@@ -27,4 +43,4 @@ def version():
 
 
 __all__ = ["Batch", "Client", "CudaArray", "DataLoader", "Disconnected", "Error", "ForkedError",
-           "InvalidSpec", "NotFound", "Timeout", "library_path", "version"]
+           "InvalidSpec", "NotFound", "Timeout", "get_worker_info", "library_path", "version"]

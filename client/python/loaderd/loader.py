@@ -25,13 +25,16 @@ import ctypes
 import errno
 import json
 import os
+import pickle
+import subprocess
+import sys
 import time
 import warnings
 import weakref
 
 import numpy as np
 
-from . import _cuda, _lib
+from . import _cuda, _lib, pydataset
 from .errors import Error, ForkedError, InvalidSpec, from_code
 
 try:  # torch is optional: without it batches are numpy arrays
@@ -495,8 +498,23 @@ class DataLoader:
     def __init__(self, pipeline_or_spec, batch_size=None, shuffle=None, seed=None,
                  drop_last=None, mode=None, rank=None, world_size=None, socket=None,
                  timeout=None, device="cpu", as_numpy=False, progress=False, epochs=None,
-                 inflight=None, name=None, **torch_compat):
+                 inflight=None, name=None, on_error=None, fields=None, **torch_compat):
+        # your own Dataset (docs/python.md, "Your own Dataset"): a map-style
+        # Dataset object, or a spec whose source.kind is "python"
+        self._py = pydataset.is_dataset(pipeline_or_spec) or (
+            isinstance(pipeline_or_spec, dict) and
+            isinstance(pipeline_or_spec.get("source"), dict) and
+            pipeline_or_spec["source"].get("kind") == "python")
+        py_args = {}
+        if self._py:
+            for k in ("num_workers", "collate_fn", "worker_init_fn"):
+                py_args[k] = torch_compat.pop(k, None)
+        elif fields is not None:
+            raise TypeError("loaderd.DataLoader: fields= is for your own Dataset (a Dataset "
+                            "object or a spec of source kind \"python\")")
         _torch_compat(torch_compat)
+        self._host = None        # the workers' host this loader spawned (python source)
+        self._structure = None   # python source: how a batch is rebuilt from its fields
         self._cuda = _cuda.parse_device(device)
         if not as_numpy and _torch is None:
             as_numpy = True  # no torch here: numpy arrays (CudaArray on a GPU)
@@ -545,8 +563,11 @@ class DataLoader:
         self._closed = False
         overrides = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
                                        ("seed", seed), ("drop_last", drop_last),
-                                       ("epochs", epochs)) if v is not None}
-        if isinstance(pipeline_or_spec, dict):
+                                       ("epochs", epochs), ("on_error", on_error))
+                     if v is not None}
+        if self._py:
+            self._create_python(pipeline_or_spec, overrides, fields, py_args, socket)
+        elif isinstance(pipeline_or_spec, dict):
             spec = dict(pipeline_or_spec)
             spec.update(overrides)
             spec.setdefault("epochs", 0)  # endless: each `for` is one epoch
@@ -566,8 +587,9 @@ class DataLoader:
                     raise InvalidSpec(-errno.EINVAL, f"pipeline {pipeline_or_spec!r} exists with "
                                       f"other settings: " + ", ".join(bad), "attach")
         else:
-            raise TypeError("loaderd.DataLoader takes a pipeline name (str) or a spec (dict), "
-                            f"not {type(pipeline_or_spec).__name__}")
+            raise TypeError("loaderd.DataLoader takes a pipeline name (str), a spec (dict) or a "
+                            "map-style Dataset (with __getitem__ and __len__), not "
+                            f"{type(pipeline_or_spec).__name__}")
 
         self._fields = None     # [(name, typestr, dtype name)] from the first batch
         self._fstruct = _lib.ldr_field()
@@ -583,14 +605,79 @@ class DataLoader:
         info = cl.pipeline(self.pipeline)
         self.slots_total = int(info.get("slots_total", 0))
         self.dataset = _Dataset(self.pipeline, int(info.get("samples", 0)))
+        if self._py and pydataset.is_dataset(pipeline_or_spec):
+            self.dataset = pipeline_or_spec  # as torch's loader.dataset
         self._attach(None if self._shared else (0, 0))
         if _Lease._release_fn is None:
             _Lease._release_after_fn = _lib.lib().ldr_release_after
             _Lease._release_fn = _lib.lib().ldr_release
 
+    # ------------------------------------------------------ python source
+
+    def _create_python(self, ds, overrides, fields, py_args, socket):
+        """Build the spec of a python pipeline, create it (exist_ok) and, when
+        this loader created it, spawn its workers' host."""
+        spec, payload = pydataset.build_spec(
+            ds, overrides=overrides, num_workers=py_args.get("num_workers"),
+            collate_fn=py_args.get("collate_fn"), worker_init_fn=py_args.get("worker_init_fn"),
+            fields=fields)
+        spec.setdefault("epochs", 0)  # endless: each `for` is one epoch
+        self.spec = spec
+        src = spec["source"]
+        self._structure = src["structure"]
+        self._pads = {f["name"] for f in src["fields"] if f["pad"]}
+        cl = Client.__new__(Client)
+        cl._c = self._client
+        self.pipeline, self.created = cl.create_pipeline(spec, exist_ok=True)
+        if not self.created:
+            return  # another trainer's host serves it
+        buf = ctypes.create_string_buffer(4096)
+        sarg = self._client.socket_arg
+        r = _lib.lib().ldr_socket_path(buf, ctypes.sizeof(buf), sarg.encode() if sarg else None)
+        if r < 0:
+            raise _err(r, "socket path")
+        payload["socket"] = os.path.abspath(buf.value.decode())
+        payload["pipeline"] = self.pipeline
+        self._host = _spawn_host(payload)
+
+    def _out(self, b):
+        """The batch as the trainer gets it: a python pipeline's structure
+        rebuilt (as torch's default_collate), else the Batch."""
+        if b is None or self._structure is None:
+            return b
+        return pydataset.rebuild(self._structure, b, self._pads)
+
+    def _attach_python(self, start):
+        """Attach, waiting while the pipeline's Python workers start (the
+        daemon refuses with EAGAIN until they are ready)."""
+        limit = self.timeout or 120.0
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                return self._attach_once(start)
+            except Error as e:
+                if e.code != -errno.EAGAIN:
+                    raise
+                host = self._host
+                if host is not None and host.poll() is not None:
+                    raise Error(-errno.ECHILD, f"the Python workers' host of pipeline "
+                                f"{self.pipeline!r} exited with status {host.returncode} before "
+                                "its workers started (its messages are on this process's "
+                                "stderr)", "attach") from None
+                if time.monotonic() >= deadline:
+                    raise from_code(-errno.ETIMEDOUT, f"pipeline {self.pipeline!r}: its Python "
+                                    f"workers did not start within {limit:g} s ({e.message})",
+                                    "attach") from None
+                time.sleep(0.1)
+
     # --------------------------------------------------------- attachment
 
     def _attach(self, start):
+        if self._py:
+            return self._attach_python(start)
+        return self._attach_once(start)
+
+    def _attach_once(self, start):
         # detach the old attachment now: batches of it still alive stay valid
         # (kept by libloader, or frozen here), but no longer hold their slots
         old, self._att = self._att, None
@@ -766,7 +853,7 @@ class DataLoader:
                     return
                 self._advance(b)
                 last = b.index + 1 >= self._att.batches_per_epoch
-                yield b
+                yield self._out(b)
                 b = None
                 if last:
                     return
@@ -797,7 +884,7 @@ class DataLoader:
                     return
                 self._advance(b)
                 last = b.index + 1 >= self._att.batches_per_epoch
-                yield b
+                yield self._out(b)
                 b = None
                 if last:
                     return
@@ -848,7 +935,7 @@ class DataLoader:
             if outside:
                 self._want = self._pos
         self._warn_kept(2)
-        return b
+        return self._out(b)
 
     def _warn_kept(self, stacklevel):
         """Once per loader: batches copied out of their slots because the
@@ -963,6 +1050,23 @@ class DataLoader:
     def __repr__(self):
         return (f"<loaderd.DataLoader {self.pipeline!r} mode {self.mode} rank {self.rank}/"
                 f"{self.world_size} batches/epoch {len(self)}>")
+
+
+def _spawn_host(payload):
+    """Start `python -m loaderd._pyhost` (a fresh interpreter, this user) in
+    its own session, the payload on its stdin; stdout/stderr are ours."""
+    env = dict(os.environ)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"]
+                                      if env.get("PYTHONPATH") else "")
+    proc = subprocess.Popen([sys.executable, "-m", "loaderd._pyhost"], stdin=subprocess.PIPE,
+                            start_new_session=True, env=env)
+    try:
+        proc.stdin.write(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    return proc
 
 
 class _Dataset:
