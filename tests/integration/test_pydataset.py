@@ -1,0 +1,282 @@
+# SPDX-License-Identifier: MIT
+"""Your own Dataset end to end (issue 12, docs/python.md "Your own Dataset"):
+a "python" pipeline built by the trainer's worker processes (loaderd._pyhost
+and the workers it forks) into the real daemon's slots.
+
+Each trainer runs as its own /usr/bin/python3 process (a script written to the
+test's directory, printing one JSON line), with the loaderd package of this
+checkout and the libloader of the build under test (ASan runtime preloaded in
+a sanitizer build). The datasets are tests/pyharness/pydatasets.py.
+"""
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+from ldrtest import BUILD_DIR, REPO_ROOT, sanitizer_report
+
+PYDIR = os.path.join(REPO_ROOT, "client", "python")
+HARNESS = os.path.join(REPO_ROOT, "tests", "pyharness")
+
+pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+
+def _env():
+    lib = os.path.join(BUILD_DIR, "client", "libloader.so")
+    env = dict(os.environ, PYTHONPATH=PYDIR + os.pathsep + HARNESS, LOADERD_LIBRARY=lib)
+    for k in ("RANK", "WORLD_SIZE", "LOADERD_SOCKET"):
+        env.pop(k, None)
+    out = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+    if "libasan" in out:
+        pre = [subprocess.run(["gcc", f"-print-file-name={n}"], capture_output=True,
+                              text=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
+        env["LD_PRELOAD"] = ":".join(pre)
+        env["ASAN_OPTIONS"] = "detect_leaks=0"
+    return env
+
+
+PRELUDE = textwrap.dedent("""
+    import hashlib, json, os, signal, sys, time
+    import numpy as np
+    import loaderd
+    import pydatasets as D
+    SOCK = sys.argv[1]
+
+    def digest(batch):
+        leaves = []
+        def walk(x):
+            if isinstance(x, dict):
+                for k in x:
+                    walk(x[k])
+            elif isinstance(x, (list, tuple)):
+                for v in x:
+                    walk(v)
+            else:
+                leaves.append(np.ascontiguousarray(x.numpy() if hasattr(x, "numpy") else x))
+        walk(batch)
+        h = hashlib.sha256()
+        for a in leaves:
+            h.update(str((a.dtype.str, a.shape)).encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
+
+    def drop(name):
+        c = loaderd.Client(SOCK)
+        c.drop_pipeline(name, force=True)
+        c.close()
+
+    def out(**kw):
+        print("RESULT " + json.dumps(kw), flush=True)
+""")
+
+
+def trainer(ld, body, timeout=240, check=True):
+    """Run PRELUDE + @body as a trainer against daemon @ld; its RESULT dict."""
+    ld._spec_no += 1
+    path = os.path.join(ld.dir, f"trainer{ld._spec_no}.py")
+    with open(path, "w") as f:
+        f.write(PRELUDE + textwrap.dedent(body))
+    r = subprocess.run(["/usr/bin/python3", path, ld.socket], capture_output=True, text=True,
+                       env=_env(), timeout=timeout, cwd=ld.dir)
+    m = sanitizer_report(r.stderr)
+    assert m is None, f"the trainer printed a {m} report:\n{r.stderr}"
+    res = [line[7:] for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    if check:
+        assert r.returncode == 0 and res, (f"trainer failed (exit {r.returncode}):\n"
+                                           f"stdout: {r.stdout[-3000:]}\nstderr: "
+                                           f"{r.stderr[-6000:]}\ndaemon log:\n{ld.log()[-4000:]}")
+    return json.loads(res[-1]) if res else None, r
+
+
+# ------------------------------------------- (a) workers and resume, exact
+
+AUGMENT = """
+    ds = D.RandomAugment(n=40)
+    kw = dict(batch_size=5, shuffle=True, seed=3, socket=SOCK, timeout=120)
+    dl = loaderd.DataLoader(ds, num_workers={workers}, **kw)
+    name = dl.pipeline
+    stream = [digest(b) for b in dl] + [digest(b) for b in dl]    # epochs 0 and 1
+    resumed = []
+    if {resume}:
+        dl.close()
+        drop(name)
+        dl = loaderd.DataLoader(ds, num_workers={workers}, **kw)
+        for k, b in enumerate(dl):
+            resumed.append(digest(b))
+            if k == 2:
+                state = dl.state_dict()
+                break
+        dl.close()
+        dl2 = loaderd.DataLoader(ds, num_workers={workers}, **kw)   # finds the pipeline
+        assert not dl2.created
+        dl2.load_state_dict(state)
+        resumed += [digest(b) for b in dl2]          # the rest of epoch 0
+        resumed += [digest(b) for b in dl2]          # epoch 1
+        dl2.close()
+    else:
+        dl.close()
+    drop(name)
+    out(name=name, stream=stream, resumed=resumed, nbatches=len(stream))
+"""
+
+
+def test_random_transforms_identical_across_workers_and_resume(ld):
+    runs = {}
+    for workers in (1, 2, 4):
+        res, _ = trainer(ld, AUGMENT.format(workers=workers, resume=workers == 2))
+        runs[workers] = res
+    ref = runs[1]["stream"]
+    assert runs[1]["nbatches"] == 16 and len(set(ref)) == 16
+    assert runs[2]["stream"] == ref, "2 workers built other bytes than 1"
+    assert runs[4]["stream"] == ref, "4 workers built other bytes than 1"
+    assert runs[2]["resumed"] == ref, "the resumed stream differs"
+    assert runs[1]["name"].startswith("py-randomaugment-")
+
+
+# --------------------------------------------------- (b) errors and skip
+
+def test_exception_reaches_the_trainer(ld):
+    res, r = trainer(ld, """
+        dl = loaderd.DataLoader(D.Plain(n=12, fail={6}), batch_size=4, socket=SOCK,
+                                num_workers=2, epochs=1, timeout=60, as_numpy=True)
+        try:
+            for b in dl:
+                pass
+            out(raised=None)
+        except loaderd.Error as e:
+            out(raised=type(e).__name__, text=str(e))
+    """)
+    assert res["raised"] is not None, "the epoch ended without the dataset's exception"
+    text = res["text"]
+    assert "dataset[6] raised ValueError: bad sample 6" in text, text
+    assert "Traceback" in text and "pydatasets.py" in text and "worker " in text, text
+
+
+def test_on_error_skip_counts(ld):
+    res, _ = trainer(ld, """
+        dl = loaderd.DataLoader(D.Plain(n=12, fail={6}), batch_size=4, socket=SOCK,
+                                num_workers=1, epochs=1, timeout=60, as_numpy=True,
+                                on_error="skip")
+        labels = [int(v) for x, y in dl for v in y]
+        st = [p for p in loaderd.Client(SOCK).status()["pipelines"] if p["name"] == dl.pipeline]
+        out(labels=labels, skipped=st[0].get("skipped"), spec_on_error=dl.spec.get("on_error"))
+    """)
+    assert res["labels"] == [0, 1, 2, 3, 4, 5, 7, 7, 8, 9, 10, 11]
+    assert res["skipped"] == 1, res
+
+
+# ------------------------------------------ (c) a worker killed mid-epoch
+
+def test_sigkill_worker_mid_epoch(ld):
+    res, _ = trainer(ld, """
+        def workers_of(pid):
+            kids = []
+            for d in os.listdir("/proc"):
+                if d.isdigit():
+                    try:
+                        with open(f"/proc/{d}/stat") as f:
+                            st = f.read().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    if int(st[1]) == pid and st[0] != "Z":
+                        kids.append(int(d))
+            return kids
+
+        n = 160
+        dl = loaderd.DataLoader(D.Plain(n=n, sleep=0.01), batch_size=4, socket=SOCK,
+                                num_workers=2, epochs=1, timeout=60, as_numpy=True)
+        xs, ys, killed = [], [], None
+        for k, (x, y) in enumerate(dl):
+            xs.append(x.copy()); ys.append(y.copy())
+            if k == 5:
+                kids = workers_of(dl._host.pid)
+                killed = kids[0]
+                os.kill(killed, signal.SIGKILL)
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        ok_x = bool(np.array_equal(x, np.stack([np.arange(i, i + 3, dtype=np.float32)
+                                                for i in range(n)])))
+        time.sleep(0.5)
+        out(labels=y.tolist(), ok_x=ok_x, killed=killed, now=workers_of(dl._host.pid))
+    """)
+    assert res["killed"], "no worker found to kill"
+    assert res["labels"] == list(range(160)) and res["ok_x"]
+    assert res["killed"] not in res["now"] and len(res["now"]) == 2, res["now"]
+
+
+# ----------------------------------- (d) dicts and tuples as default_collate
+
+@pytest.mark.parametrize("cls", ["DictSamples", "TupleSamples"])
+def test_rebuilt_as_default_collate(ld, cls):
+    res, _ = trainer(ld, f"""
+        import torch
+        from torch.utils.data import default_collate
+        ds = D.{cls}(n=30)
+        dl = loaderd.DataLoader(ds, batch_size=8, socket=SOCK, num_workers=2, epochs=1,
+                                timeout=60)
+
+        def same(a, b):
+            if isinstance(a, torch.Tensor):
+                return isinstance(b, torch.Tensor) and a.dtype == b.dtype and \\
+                    a.shape == b.shape and bool(torch.equal(a, b))
+            if type(a) is not type(b):
+                return False
+            if isinstance(a, dict):
+                return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        bad, nb = [], 0
+        for k, b in enumerate(dl):
+            want = default_collate([ds[i] for i in range(8 * k, min(30, 8 * k + 8))])
+            if not same(b, want):
+                bad.append([k, repr(b)[:500], repr(want)[:500]])
+            nb += 1
+        out(bad=bad, nb=nb)
+    """)
+    assert res["nb"] == 4 and not res["bad"], res["bad"]
+
+
+# --------------------------------------- (e) broadcast, decoded once
+
+def test_broadcast_decodes_once(ld):
+    counts = os.path.join(ld.dir, "counts")
+    os.mkdir(counts)
+    body = f"""
+        spec = {{"name": "bc", "source": {{"kind": "python", "dataset": "pydatasets:Counting",
+                                          "args": {{"n": 48, "count_dir": {counts!r},
+                                                   "sleep": 0.002}}}},
+                "batch_size": 6, "min_clients": 2, "epochs": 1}}
+        dl = loaderd.DataLoader(spec, socket=SOCK, mode="broadcast", num_workers=2, timeout=120)
+        stream = [digest(b) for b in dl]
+        st = [p for p in loaderd.Client(SOCK).status()["pipelines"] if p["name"] == "bc"]
+        out(stream=stream, created=dl.created, status=st[0] if st else None)
+    """
+    ld._spec_no += 1
+    paths = []
+    for i in range(2):
+        p = os.path.join(ld.dir, f"bc{i}.py")
+        with open(p, "w") as f:
+            f.write(PRELUDE + textwrap.dedent(body))
+        paths.append(p)
+    procs = [subprocess.Popen(["/usr/bin/python3", p, ld.socket], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env(), cwd=ld.dir)
+             for p in paths]
+    results = []
+    for pr in procs:
+        o, e = pr.communicate(timeout=240)
+        assert pr.returncode == 0, f"trainer failed:\n{o[-2000:]}\n{e[-4000:]}\n{ld.log()[-3000:]}"
+        results.append(json.loads([line for line in o.splitlines()
+                                   if line.startswith("RESULT ")][-1][7:]))
+    assert sorted(r["created"] for r in results) == [False, True]
+    assert results[0]["stream"] == results[1]["stream"] and len(results[0]["stream"]) == 8
+    built = []
+    trainers = {str(pr.pid) for pr in procs}   # each learnt the fields from dataset[0]
+    for fn in os.listdir(counts):
+        if fn not in trainers:
+            with open(os.path.join(counts, fn)) as f:
+                built += [int(v) for v in f.read().split()]
+    assert sorted(built) == list(range(48)), sorted(built)
+    st = [r["status"] for r in results if r["created"]][0]
+    assert st["python"]["samples_built"] == 48, st
