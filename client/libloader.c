@@ -59,7 +59,7 @@
 #define CLOSE_WAIT_MS 2000
 #define HELLO_ATTEMPTS 4
 #define FLUSH_DELAY_MS 2
-static __thread char tls_err[512];
+static __thread char tls_err[16384]; /* a Python worker's traceback fits */
 /* The process that first used nng through this library. */
 static _Atomic pid_t nng_pid;
 
@@ -180,7 +180,7 @@ struct ldr_attachment {
 	int arrived;              /* deliveries received, not yet taken */
 	bool ended;
 	int err;
-	char errmsg[256];
+	char errmsg[16384];       /* the daemon's last error: may hold a traceback */
 	uint64_t *rel;
 	size_t nrel, relcap;
 	bool detached;
@@ -570,15 +570,21 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	 * connections queued on the old one, which are lost.
 	 * Every close here is bounded (client_drop()), as in ldr_close(). */
 	for (int attempt = 0;; attempt++) {
+		bool last = attempt == HELLO_ATTEMPTS - 1;
 		if ((rv = nng_dial(c->sock, url, &c->dialer, 0)) != 0) {
-			r = set_err(nng_to_errno(rv) == LDR_EDISCONNECTED ? -ECONNREFUSED : nng_to_errno(rv),
-			            "cannot connect to loaderd at %s: %s", c->path, nng_strerror(rv));
-			client_drop(c);
-			return r;
+			/* a handshake the daemon cut (ECONNSHUT: the listener it
+			 * replaces held this connection) is retried as a cut Hello is */
+			if (nng_to_errno(rv) != LDR_EDISCONNECTED || last) {
+				r = set_err(nng_to_errno(rv) == LDR_EDISCONNECTED ? -ECONNREFUSED : nng_to_errno(rv),
+				            "cannot connect to loaderd at %s: %s", c->path, nng_strerror(rv));
+				client_drop(c);
+				return r;
+			}
+		} else {
+			r = call_timeout(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, HELLO_TIMEOUT_MS);
+			if ((r != -ETIMEDOUT && r != LDR_EDISCONNECTED) || last)
+				break;
 		}
-		r = call_timeout(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, HELLO_TIMEOUT_MS);
-		if ((r != -ETIMEDOUT && r != LDR_EDISCONNECTED) || attempt == HELLO_ATTEMPTS - 1)
-			break;
 		/* go on with a fresh client: one whose close did not finish is
 		 * left to it (its pipe callback may still run) */
 		client_drop(c);
@@ -1092,7 +1098,11 @@ static void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int
 		a->watching = false; /* detached, shutting down...: not sent again */
 		if (code != ECANCELED && code != ESHUTDOWN && !a->detached && !a->err) {
 			a->err = code > 0 && code < 4096 ? -code : -EIO;
-			snprintf(a->errmsg, sizeof(a->errmsg), "the daemon refused this client's watch: %s",
+			/* a failed pipeline or a detach reaches the watch first:
+			 * its message as the daemon wrote it; only a refusal of
+			 * the watch itself says so */
+			snprintf(a->errmsg, sizeof(a->errmsg), "%s%s",
+			         code == EINVAL || code == EPROTO ? "the daemon refused this client's watch: " : "",
 			         rep->error->message && *rep->error->message ? rep->error->message
 			                                                     : error_name(a->err));
 		}

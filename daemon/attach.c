@@ -96,6 +96,10 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		return pipeline_owned_error(pl, -EACCES, "", err, errlen);
 	if (pl->failed)
 		return errfmt(-EIO, err, errlen, "pipeline '%s' failed: %s", name, pl->error);
+	if (!pyw_ready(pl))
+		/* before the seal a client could map the slab writable (pyworkers.c) */
+		return errfmt(-EAGAIN, err, errlen, "pipeline '%s': its Python workers are starting "
+		              "(%s); attach again in a moment", name, pyw_state(pl));
 	if (p->mode < 0 || p->mode > LDR_MODE_DYNAMIC)
 		return errfmt(-EINVAL, err, errlen, "attach: unknown mode %d", p->mode);
 	if (p->mode != LDR_MODE_PARTITION && (p->rank || world != 1 || p->has_start))
@@ -446,6 +450,8 @@ int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, int *
 			return -ETIMEDOUT;
 		if (uid != a->uid && uid != 0)
 			return -EPERM;
+		if (!a->pl->slab->sealed)
+			return -EAGAIN;
 		*fd = a->pl->slab->ro_fd;
 		*size = a->pl->slab->size;
 		*dev_fd = -1;

@@ -24,6 +24,8 @@
 #include "cudadev.h"
 #include "log.h"
 #include "pipeline.h"
+#include "pyw-wire.h"
+#include "pyworkers.h"
 #include "sampler.h"
 #include "slab.h"
 #include "source.h"
@@ -106,7 +108,7 @@ struct stream {
 	uint64_t reclaimed;       /* ready batches given back to the pool, to be built again */
 	uint64_t fail_seq;        /* the first batch whose job failed, UINT64_MAX none */
 	int fail_err;
-	char fail_msg[512];
+	char fail_msg[PYW_MSG_MAX + 512];
 	bool started;
 	bool dead;
 };
@@ -162,6 +164,7 @@ struct pipeline {
 	struct spec *spec;
 	struct source *src;
 	struct slab *slab;
+	struct pyw_pipeline *py;   /* python sources: their workers (pyworkers.c), else NULL */
 	uid_t owner;
 	struct creds owner_creds; /* the creator's: its files are read with them */
 	int access;               /* enum spec_access, DEFAULT resolved */
@@ -189,7 +192,7 @@ struct pipeline {
 	uint64_t natts;
 	bool failed;
 	bool dropped;
-	char error[512];
+	char error[PYW_MSG_MAX + 512];
 	uint64_t blocked_since;   /* broadcast held back by a slow client, ms */
 	uint64_t backpressure_ms;
 	/* slow.c: the broadcast client that holds the stream back, or NULL */
@@ -223,7 +226,7 @@ struct job {
 	uint8_t *base;
 	atomic_uint remaining;
 	atomic_int err;
-	char errmsg[512];
+	char errmsg[PYW_MSG_MAX + 512]; /* a Python traceback fits */
 	unsigned ntasks;
 	struct task {
 		struct work work;
@@ -252,6 +255,7 @@ struct engine {
 	uv_timer_t *slow_timer;   /* slow.c: runs while a pipeline is held back */
 	struct create_req *creating; /* creates whose files are being opened (registry.c) */
 	unsigned ncreating;
+	struct pyw_server *pyw;   /* the Python workers' socket, NULL without a server */
 	bool shutdown;
 };
 

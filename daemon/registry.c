@@ -54,6 +54,7 @@ void pipeline_free(struct pipeline *pl)
 		free(dc->state);
 		free(dc);
 	}
+	pyw_pipeline_free(pl);
 	source_free(pl->src);
 	/* a pinned slab is unmapped only after its engine unregistered it */
 	if (pl->host_pinned)
@@ -113,6 +114,12 @@ static void drop_now(struct pipeline *pl, const char *why)
 		}
 	pl->dropped = true;
 	log_info("pipeline %s dropped%s%s", pl->spec->name, why ? ": " : "", why ? why : "");
+	if (pl->py) {
+		/* end its workers' jobs; the count held here keeps it until then */
+		pl->jobs++;
+		pyw_pipeline_dropped(pl);
+		pl->jobs--;
+	}
 	pipeline_maybe_free(pl);
 }
 
@@ -478,7 +485,11 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 		           eng->memory_limit - eng->memory_used, eng->memory_limit);
 		goto fail;
 	}
-	r = slab_new(&pl->slab, spec->name, slab_bytes);
+	/* a python pipeline's slab is sealed once its worker host mapped it */
+	if (source_external(pl->src))
+		r = slab_new_unsealed(&pl->slab, spec->name, slab_bytes);
+	else
+		r = slab_new(&pl->slab, spec->name, slab_bytes);
 	if (r < 0) {
 		errfmt(r, err, errlen, "cannot create slab of %" PRIu64 " bytes: %s", slab_bytes,
 		       strerror(-r));
@@ -494,6 +505,8 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 		pl->slots[i].idx = i;
 		pl->free_slots[pl->nfree++] = pl->nslots - 1 - i;
 	}
+	if (source_external(pl->src) && (r = pyw_pipeline_new(pl, err, errlen)) < 0)
+		goto fail;
 	eng->memory_used += slab_bytes;
 	pl->created_ms = uv_now(eng->loop);
 	owner_lookup(pl);

@@ -30,6 +30,7 @@
 #include "loader.pb-c.h"
 #include "log.h"
 #include "pipeline.h"
+#include "pyworkers.h"
 #include "server.h"
 #include "source.h"
 #include "wedged.h"
@@ -103,6 +104,7 @@ struct server {
 	nng_listener listener;
 	bool sock_open;
 	struct fdchan *fdchan;
+	struct pyw_server *pyw;   /* <socket>.workers, NULL when the path is too long */
 	struct engine *engine;
 	char path[108];
 	unsigned sock_mode;       /* of both sockets (settings socket_mode) */

@@ -165,6 +165,16 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 	               err, errlen);
 	if (r < 0)
 		goto fail_engine;
+	{
+		char pywpath[sizeof(srv->path) + 16];
+		char perr[256];
+		snprintf(pywpath, sizeof(pywpath), "%s.workers", srv->path);
+		if (pyw_server_new(&srv->pyw, loop, srv->engine, pywpath, srv->sock_mode, srv->sock_gid,
+		                   perr, sizeof(perr)) < 0) {
+			log_warn("no python pipelines: %s", perr);
+			srv->pyw = NULL;
+		}
+	}
 
 	if ((r = nng_rep0_open(&srv->sock)) != 0) {
 		r = errfmt(-EIO, err, errlen, "nng: cannot open socket: %s", nng_strerror(r));
@@ -197,6 +207,8 @@ fail_sock:
 		free(c);
 	}
 fail_fdchan:
+	pyw_server_close(srv->pyw);
+	srv->pyw = NULL;
 	fdchan_close(srv->fdchan);
 	srv->fdchan = NULL;
 fail_engine:
@@ -328,6 +340,8 @@ void server_stop(struct server *srv, void (*done)(void *), void *userdata)
 		srv->prober_running = false;
 	}
 	nng_listener_close(srv->listener);
+	pyw_server_close(srv->pyw);
+	srv->pyw = NULL;
 	fdchan_close(srv->fdchan);
 	srv->fdchan = NULL;
 	engine_shutdown(srv->engine);

@@ -8,6 +8,7 @@
  * into a batch another client reads.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +17,22 @@
 
 #include "slab.h"
 
-int slab_new(struct slab **out, const char *name, size_t size)
+int slab_seal(struct slab *slab)
+{
+	/* From here on only the mappings made so far write: no descriptor of
+	 * the file, the reopened ones included, can be mapped writable and
+	 * shared or written. Private writable mappings (a client's
+	 * copy-on-write view) still work. */
+	if (fcntl(slab->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0)
+		/* Linux < 5.1: no slab we could not keep clients from writing */
+		return errno == EINVAL ? -ENOTSUP : -errno;
+	if (fcntl(slab->fd, F_ADD_SEALS, F_SEAL_SEAL) < 0)
+		return -errno;
+	slab->sealed = true;
+	return 0;
+}
+
+static int slab_make(struct slab **out, const char *name, size_t size, bool seal)
 {
 	char mname[80], path[64];
 	struct slab *slab;
@@ -44,17 +60,10 @@ int slab_new(struct slab **out, const char *name, size_t size)
 	slab->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
 	if (slab->base == MAP_FAILED)
 		goto fail_errno;
-	/* From here on only this mapping writes: no descriptor of the file, the
-	 * reopened ones included, can be mapped writable and shared or written.
-	 * Private writable mappings (a client's copy-on-write view) still work. */
-	if (fcntl(slab->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) < 0) {
-		/* Linux < 5.1: no slab we could not keep clients from writing */
-		r = errno == EINVAL ? -ENOTSUP : -errno;
+	if (seal && (r = slab_seal(slab)) < 0) {
 		slab_free(slab);
 		return r;
 	}
-	if (fcntl(slab->fd, F_ADD_SEALS, F_SEAL_SEAL) < 0)
-		goto fail_errno;
 	*out = slab;
 	return 0;
 
@@ -62,6 +71,16 @@ fail_errno:
 	r = -errno;
 	slab_free(slab);
 	return r;
+}
+
+int slab_new(struct slab **out, const char *name, size_t size)
+{
+	return slab_make(out, name, size, true);
+}
+
+int slab_new_unsealed(struct slab **out, const char *name, size_t size)
+{
+	return slab_make(out, name, size, false);
 }
 
 struct slab *slab_free(struct slab *slab)

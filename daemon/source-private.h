@@ -53,6 +53,8 @@ struct source_ops {
 		    void *const *dsts, char *err, size_t errlen);
 	/* Release what open got, also after a failed open. */
 	void (*close)(struct source *src);
+	/* Built outside the daemon (python: pyworkers.c); read is never called. */
+	bool external;
 };
 
 struct source_kind_entry {
@@ -61,7 +63,8 @@ struct source_kind_entry {
 	const struct source_ops *ops;
 };
 
-extern const struct source_ops source_tokens_ops, source_npy_ops, source_images_ops;
+extern const struct source_ops source_tokens_ops, source_npy_ops, source_images_ops,
+	source_python_ops;
 
 /* The kind table (source.c), in the order spec errors list the names. */
 extern const struct source_kind_entry source_kinds[];

@@ -29,6 +29,7 @@ const struct source_kind_entry source_kinds[] = {
 	{ "npy", SOURCE_NPY, &source_npy_ops },
 	{ "image_folder", SOURCE_IMAGE_FOLDER, &source_images_ops },
 	{ "webdataset", SOURCE_WEBDATASET, &source_images_ops },
+	{ "python", SOURCE_PYTHON, &source_python_ops },
 };
 const size_t source_nkinds = ARRAY_SIZE(source_kinds);
 
@@ -157,6 +158,16 @@ int source_read(struct source *src, const struct sample_ctx *ctx, uint64_t idx, 
 uint64_t source_skipped(const struct source *src)
 {
 	return atomic_load_explicit(&((struct source *)src)->skipped, memory_order_relaxed);
+}
+
+bool source_external(const struct source *src)
+{
+	return src->ops->external;
+}
+
+void source_add_skipped(struct source *src, uint64_t n)
+{
+	atomic_fetch_add_explicit(&src->skipped, n, memory_order_relaxed);
 }
 
 uint64_t source_index_bytes(const struct source *src)

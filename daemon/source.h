@@ -2,6 +2,7 @@
 /* source - where samples come from: token files, .npy arrays, images */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -72,3 +73,8 @@ uint64_t source_skipped(const struct source *src);
 /* Memory of the source's index of its samples (image sources: the listing
  * or the tar index and the bad-sample map); 0 for others. */
 uint64_t source_index_bytes(const struct source *src);
+/* Its batches are built outside the daemon (python: pyworkers.c), never
+ * with source_read(). */
+bool source_external(const struct source *src);
+/* Count @n samples skipped by an external builder. */
+void source_add_skipped(struct source *src, uint64_t n);

@@ -494,6 +494,7 @@ struct spec *spec_free(struct spec *spec)
 	for (size_t i = 0; i < spec->source.nurls; i++)
 		free(spec->source.urls[i]);
 	free(spec->source.urls);
+	json_decref(spec->source.py);
 	json_decref(spec->json);
 	free(spec);
 	return NULL;

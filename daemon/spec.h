@@ -18,6 +18,7 @@ enum source_kind {
 	SOURCE_NPY,
 	SOURCE_IMAGE_FOLDER,
 	SOURCE_WEBDATASET,
+	SOURCE_PYTHON,           /* a user's torch Dataset, built by its Python workers */
 };
 
 /* Image transforms, applied in order (docs/spec.md, "Image pipelines"). */
@@ -59,6 +60,8 @@ struct spec {
 		char *root;           /* image_folder */
 		char **urls;          /* webdataset: shard paths or brace patterns */
 		size_t nurls;         /* webdataset */
+		json_t *py;           /* python: the canonical source object */
+		bool py_collate;      /* python: a collate_fn builds whole batches */
 	} source;
 	/* image sources only */
 	struct transform transforms[SPEC_TRANSFORMS_MAX];

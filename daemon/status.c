@@ -8,6 +8,8 @@ static const char *pipeline_state(const struct pipeline *pl)
 {
 	if (pl->failed)
 		return "failed";
+	if (!pyw_ready(pl))
+		return "starting";
 	bool any = false, done = true;
 	for (struct stream *s = pl->streams; s; s = s->next) {
 		if (s->dead)
@@ -55,7 +57,7 @@ static json_t *pipeline_json(struct pipeline *pl)
 			"copying", (json_int_t)dc->inflight,
 			"error", dc->failed ? json_string(dc->error) : json_null()));
 	}
-	return json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:O}",
+	json_t *o = json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:O}",
 		"name", pl->spec->name,
 		"state", pipeline_state(pl),
 		"error", pl->failed ? json_string(pl->error) : json_null(),
@@ -77,6 +79,9 @@ static json_t *pipeline_json(struct pipeline *pl)
 		"fields", fields,
 		"devices", devices,
 		"spec", pl->spec->json);
+	if (o && pl->py)
+		json_object_set_new(o, "python", pyw_status(pl));
+	return o;
 }
 
 /* A duration in ms as a JSON number of seconds: whole seconds an integer. */

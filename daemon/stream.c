@@ -106,7 +106,10 @@ int stream_start_batch(struct stream *s)
 	/* Several batches are in flight anyway; split one only when it is big
 	 * enough to pay for the extra wake-ups (they cost more than small copies). */
 	ntasks = (uint32_t)(((uint64_t)rows * pl->row_bytes + TASK_MIN_BYTES - 1) / TASK_MIN_BYTES);
-	if (ntasks > nworkers)
+	if (pl->py)
+		/* Python workers: one task per worker, or the whole batch for a collate_fn */
+		ntasks = pl->spec->source.py_collate ? 1 : pyw_nworkers(pl);
+	if (ntasks > nworkers && !pl->py)
 		ntasks = nworkers;
 	if (ntasks > rows)
 		ntasks = rows;
@@ -153,6 +156,10 @@ int stream_start_batch(struct stream *s)
 		job->tasks[i].job = job;
 		job->tasks[i].begin = (uint32_t)((uint64_t)rows * i / ntasks);
 		job->tasks[i].end = (uint32_t)((uint64_t)rows * (i + 1) / ntasks);
+	}
+	if (pl->py) {
+		pyw_submit(job);
+		return 0;
 	}
 	for (uint32_t i = 0; i < ntasks; i++)
 		workers_submit(eng->workers, &job->tasks[i].work);

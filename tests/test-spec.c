@@ -275,9 +275,62 @@ static void test_diff(void)
 	spec_free(npy);
 }
 
+#define PYSRC(extra) "\"source\": {\"kind\": \"python\", \"dataset\": \"mypkg.data:DS\", " \
+	"\"samples\": 10, \"fields\": [{\"name\": \"image\", \"dtype\": \"float32\", " \
+	"\"shape\": [3, 4]}, {\"name\": \"label\", \"dtype\": \"int64\", \"shape\": []}]" extra "}"
+
+static void test_python(void)
+{
+	struct spec *s = ok("{\"name\": \"p\", " PYSRC("") "}");
+	char *text = json_dumps(s->json, JSON_SORT_KEYS | JSON_COMPACT);
+
+	/* every default in the canonical form, on_error "fail" for this kind */
+	assert(strstr(text, "\"on_error\":\"fail\""));
+	assert(strstr(text, "\"source\":{\"args\":{},\"collate\":\"\",\"dataset\":\"mypkg.data:DS\","
+			    "\"digest\":\"\",\"fields\":[{\"dtype\":\"float32\",\"name\":\"image\","
+			    "\"pad\":false,\"shape\":[3,4]},{\"dtype\":\"int64\",\"name\":\"label\","
+			    "\"pad\":false,\"shape\":[]}],\"kind\":\"python\",\"samples\":10,"
+			    "\"structure\":null}"));
+	assert(!s->source.py_collate);
+	free(text);
+	spec_free(s);
+	s = ok("{\"name\": \"p\", \"on_error\": \"skip\", " PYSRC(", \"collate\": \"m:f\", "
+	       "\"structure\": {\"t\": [\"image\", \"label\"]}, \"args\": {\"root\": \"/d\"}") "}");
+	assert(s->source.py_collate && !s->on_error_fail);
+	spec_free(s);
+	/* a spec of another kind does not take the python keys */
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"samples\": 1}}",
+	    "source.dataset: must name the Dataset class as \"module:QualName\"");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"nocolon\"}}",
+	    "source.dataset: must name");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"a:B\"}}",
+	    "source.samples: is required (len(dataset))");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"a:B\", \"samples\": 3}}",
+	    "source.fields: is required");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"a:B\", \"samples\": 3, "
+	    "\"fields\": [{\"name\": \"x\", \"dtype\": \"str\", \"shape\": []}]}}",
+	    "source.fields[0].dtype: must be one of bool");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"a:B\", \"samples\": 3, "
+	    "\"fields\": [{\"name\": \"x\", \"dtype\": \"int8\", \"shape\": [0]}]}}",
+	    "source.fields[0].shape[0]: must be an integer in 1..");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"a:B\", \"samples\": 3, "
+	    "\"fields\": [{\"name\": \"x\", \"dtype\": \"int8\", \"shape\": [4]}, "
+	    "{\"name\": \"x\", \"dtype\": \"int8\", \"shape\": []}]}}",
+	    "source.fields[1].name: \"x\" is already used by source.fields[0]");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"a:B\", \"samples\": 3, "
+	    "\"fields\": [{\"name\": \"tok\", \"dtype\": \"int64\", \"shape\": [16], \"pad\": true}]}}",
+	    "source.fields[0]: \"pad\": true needs a field \"tok_len\" (int64, shape [])");
+	bad("{\"name\": \"p\", \"on_error\": \"retry\", " PYSRC("") "}", "on_error: must be fail or skip");
+	bad("{\"name\": \"p\", \"transforms\": [], " PYSRC("") "}", "transforms: only for");
+	spec_free(ok("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"a:B\", "
+		     "\"samples\": 3, \"fields\": [{\"name\": \"tok\", \"dtype\": \"int64\", \"shape\": [16], "
+		     "\"pad\": true}, {\"name\": \"tok_len\", \"dtype\": \"int64\", \"shape\": []}]}}"));
+}
+
 int main(void)
 {
 	test_defaults();
+	test_python();
 	test_errors();
 	test_equal();
 	test_lifetime();
