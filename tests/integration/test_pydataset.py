@@ -186,6 +186,8 @@ def test_sigkill_worker_mid_epoch(ld):
                         kids.append(int(d))
             return kids
 
+        import warnings   # a rebuilt batch must give its slot back when dropped, not at GC
+        warnings.filterwarnings("error", message=".*kept more batches")
         n = 160
         dl = loaderd.DataLoader(D.Plain(n=n, sleep=0.01), batch_size=4, socket=SOCK,
                                 num_workers=2, epochs=1, timeout=60, as_numpy=True)
@@ -280,3 +282,86 @@ def test_broadcast_decodes_once(ld):
     assert sorted(built) == list(range(48)), sorted(built)
     st = [r["status"] for r in results if r["created"]][0]
     assert st["python"]["samples_built"] == 48, st
+
+
+# ------------------------- collate_fn, pad fields, worker info, __main__
+
+def test_collate_fn_pad_and_worker_info(ld):
+    res, _ = trainer(ld, """
+        import torch
+        dl = loaderd.DataLoader(D.Plain(n=10), batch_size=4, socket=SOCK, num_workers=1,
+                                epochs=1, timeout=60, collate_fn=D.stack_collate)
+        col = [(x.tolist(), y.tolist(), str(y.dtype), type(b).__name__)
+               for b in dl for x, y in [b]]
+        fields = [{"name": "tok", "dtype": "int64", "shape": [6], "pad": True},
+                  {"name": "y", "dtype": "int64", "shape": []}]
+        dl2 = loaderd.DataLoader(D.VarLen(n=7), batch_size=7, socket=SOCK, num_workers=1,
+                                 epochs=1, timeout=60, fields=fields)
+        pad = [{k: v.tolist() for k, v in b.items()} for b in dl2]
+        dl3 = loaderd.DataLoader(D.WorkerInfoSamples(n=8), batch_size=1, socket=SOCK,
+                                 num_workers=2, epochs=1, timeout=60,
+                                 worker_init_fn=D.init_marker)
+        info = sorted({tuple(b[0].tolist()) for b in dl3})
+        host = dl3._host
+        drop(dl3.pipeline)
+        out(col=col, pad=pad, info=info, host_rc=host.wait(timeout=20))
+    """)
+    col = res["col"]
+    assert [c[1] for c in col] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert col[0][0][1] == [2.0, 4.0, 6.0] and col[0][2] == "torch.int32"
+    assert col[0][3] == "tuple"  # a collate_fn's output keeps its own structure
+    assert res["pad"] == [{"tok": [[0, 0, 0, 0, 0, 0], [1, 2, 0, 0, 0, 0], [2, 3, 4, 0, 0, 0],
+                                   [3, 4, 5, 6, 0, 0], [4, 5, 6, 7, 8, 0], [5, 0, 0, 0, 0, 0],
+                                   [6, 7, 0, 0, 0, 0]],
+                           "tok_len": [1, 2, 3, 4, 5, 1, 2], "y": list(range(7))}]
+    # [torch's id, loaderd's id, worker_init_fn's id, torch threads] of each worker
+    assert [list(t) for t in res["info"]] == [[0, 0, 0, 1], [1, 1, 1, 1]]
+    assert res["host_rc"] == 0, "the host did not exit 0 after the pipeline was dropped"
+
+
+MAIN_SCRIPT = """
+import sys
+import numpy as np
+import torch
+import loaderd
+
+
+class Squares(torch.utils.data.Dataset):       # defined in the trainer's __main__
+    def __len__(self):
+        return 9
+
+    def __getitem__(self, i):
+        return {"x": torch.tensor([i, i * i]), "r": torch.rand(2)}
+
+
+if __name__ == "__main__":
+    dl = loaderd.DataLoader(Squares(), batch_size=3, socket=sys.argv[1], num_workers=2,
+                            epochs=1, timeout=60)
+    xs = [b["x"].tolist() for b in dl]
+    print("RESULT", xs, flush=True)
+"""
+
+
+def test_dataset_class_in_main(ld):
+    path = os.path.join(ld.dir, "main_trainer.py")
+    with open(path, "w") as f:
+        f.write(MAIN_SCRIPT)
+    r = subprocess.run(["/usr/bin/python3", path, ld.socket], capture_output=True, text=True,
+                       env=_env(), timeout=240, cwd=ld.dir)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-5000:]
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    assert line == "RESULT " + str([[[i, i * i] for i in range(j, j + 3)] for j in (0, 3, 6)])
+
+
+def test_worker_setup_failure_reaches_the_trainer(ld):
+    res, _ = trainer(ld, """
+        dl = loaderd.DataLoader(D.Plain(n=8), batch_size=4, socket=SOCK, num_workers=1,
+                                epochs=1, timeout=60, worker_init_fn=D.raise_in_init)
+        try:
+            n = len(list(dl))
+            out(raised=None, n=n)
+        except loaderd.Error as e:
+            out(raised=type(e).__name__, text=str(e))
+    """)
+    assert res["raised"], res
+    assert "could not start" in res["text"] and "RuntimeError: init boom" in res["text"], res

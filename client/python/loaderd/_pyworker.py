@@ -26,6 +26,22 @@ class _Fail(Exception):
         self.index, self.text, self.status = index, text, status
 
 
+def _exc_text(what, e, wid, pipeline):
+    tb = e.__traceback__
+    own = (__file__, P.__file__)
+    while tb is not None and tb.tb_frame.f_code.co_filename in own:
+        tb = tb.tb_next
+    where = ""
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    if frames:
+        last = frames[-1]
+        where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+    msg = str(e)
+    return (f"{what} {type(e).__name__}: {msg}{where}\n"
+            f"worker {wid} (pid {os.getpid()}) of pipeline {pipeline!r}:\n"
+            + "".join(traceback.format_exception(type(e), e, tb)))
+
+
 class Worker:
     def __init__(self, payload, host_welcome, wid, slab):
         self.p = payload
@@ -141,9 +157,12 @@ class Worker:
                     self.exc_text(*first))
 
     def exc_text(self, idx, e):
-        return (f"dataset[{idx}] raised {type(e).__name__}: {e}\n"
-                f"worker {self.wid} (pid {os.getpid()}) of pipeline {self.p['pipeline']!r}:\n"
-                + traceback.format_exc())
+        """'dataset[IDX] raised TYPE: MSG (at FILE:LINE in FUNC)', the worker,
+        then the traceback from the dataset's frame on (loaderd's own frames
+        left out): the first line says what and where even when cut."""
+        return _exc_text(f"dataset[{idx}] raised", e, self.wid, self.p["pipeline"])
+
+
 
     def leaves(self, idx, sample, batched):
         try:
@@ -215,9 +234,9 @@ class Worker:
             try:
                 out = self.collate(samples)
             except Exception as e:
-                raise _Fail(idx[0], f"collate_fn raised {type(e).__name__}: {e} (batch of "
-                                    f"dataset[{idx[0]}], ...)\nworker {self.wid} (pid "
-                                    f"{os.getpid()}):\n" + traceback.format_exc())
+                raise _Fail(idx[0], _exc_text(f"collate_fn of the batch of dataset[{idx[0]}], "
+                                              f"... ({nrows} rows) raised", e, self.wid,
+                                              self.p["pipeline"]))
             self.write(idx[0], self.leaves(idx[0], out, True), slot, row0, nrows)
         return task_id, skipped
 

@@ -1052,6 +1052,15 @@ class DataLoader:
                 f"{self.world_size} batches/epoch {len(self)}>")
 
 
+class _HostProcess(subprocess.Popen):
+    """The workers' host outlives its loader by design (it lives as long as
+    the pipeline): no ResourceWarning when the Popen is collected while it
+    runs (subprocess still reaps it later)."""
+
+    def __del__(self, _maxsize=sys.maxsize, _warn=None):
+        super().__del__(_maxsize, lambda *a, **k: None)
+
+
 def _spawn_host(payload):
     """Start `python -m loaderd._pyhost` (a fresh interpreter, this user) in
     its own session, the payload on its stdin; stdout/stderr are ours."""
@@ -1059,8 +1068,8 @@ def _spawn_host(payload):
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"]
                                       if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen([sys.executable, "-m", "loaderd._pyhost"], stdin=subprocess.PIPE,
-                            start_new_session=True, env=env)
+    proc = _HostProcess([sys.executable, "-m", "loaderd._pyhost"], stdin=subprocess.PIPE,
+                        start_new_session=True, env=env)
     try:
         proc.stdin.write(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
         proc.stdin.close()
