@@ -96,6 +96,8 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		return pipeline_owned_error(pl, -EACCES, "", err, errlen);
 	if (pl->failed)
 		return errfmt(-EIO, err, errlen, "pipeline '%s' failed: %s", name, pl->error);
+	if ((r = holds_may_attach(eng, p->uid, err, errlen)) < 0)
+		return r;
 	if (!pyw_ready(pl))
 		/* before the seal a client could map the slab writable (pyworkers.c) */
 		return errfmt(-EAGAIN, err, errlen, "pipeline '%s': its Python workers are starting "
@@ -437,9 +439,11 @@ int attachment_next(struct attachment *a, struct pending *p, const struct next_r
 	return r;
 }
 
-int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, int *fd, uint64_t *size,
-                      int *dev_fd, uint64_t *dev_size)
+int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, pid_t pid, int *fd,
+                      uint64_t *size, int *dev_fd, uint64_t *dev_size)
 {
+	int r;
+
 	uint64_t now = uv_now(eng->loop);
 
 	for (struct attachment *a = eng->atts; a; a = a->all_next) {
@@ -452,7 +456,8 @@ int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, int *
 			return -EPERM;
 		if (!a->pl->slab->sealed)
 			return -EAGAIN;
-		*fd = a->pl->slab->ro_fd;
+		if ((r = holds_hand_out(a->pl, pid, uid, fd)) < 0)
+			return r;
 		*size = a->pl->slab->size;
 		*dev_fd = -1;
 		*dev_size = 0;

@@ -196,6 +196,7 @@ static void on_conn_readable(uv_poll_t *p, int status, int events)
 	socklen_t len = sizeof(cred);
 	ssize_t n;
 	int fd = -1, dev_fd = -1, r;
+	bool fd_close = false;
 	uint64_t size = 0, dev_size = 0;
 
 	if (status < 0) {
@@ -225,10 +226,13 @@ static void on_conn_readable(uv_poll_t *p, int status, int events)
 		conn_close(c);
 		return;
 	}
-	r = ch->lookup(ch->userdata, c->req.token, cred.uid, &fd, &size, &dev_fd, &dev_size);
+	r = ch->lookup(ch->userdata, c->req.token, cred.uid, cred.pid, &fd, &fd_close, &size, &dev_fd,
+	               &dev_size);
 	if (r < 0 && warn_limited(c->ch, &c->ch->lim_refused, "refused tokens", false))
 		log_warn("fd channel: pid %d: token refused: %s", (int)cred.pid, strerror(-r));
 	conn_reply(c, r, fd, size, dev_fd, dev_size);
+	if (r == 0 && fd_close)
+		close(fd);
 	conn_close(c);
 }
 

@@ -2,16 +2,19 @@
 /* fdchan - hands slab fds to clients over AF_UNIX with SCM_RIGHTS */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <uv.h>
 
 #include "fdchan-wire.h"
 
-/* Resolves a token for a peer of @uid: 0 with the fd (kept by the callee) and,
- * for a CUDA attachment with a VMM device slab, its fd (else -1). */
-typedef int (*fdchan_lookup_fn)(void *userdata, const uint8_t *token, uid_t uid,
-                                int *fd, uint64_t *size, int *dev_fd, uint64_t *dev_size);
+/* Resolves a token for a peer of @uid and @pid: 0 with the fd (closed by the
+ * channel once sent if *@fd_close is set, else kept by the callee) and, for a
+ * CUDA attachment with a VMM device slab, its fd (else -1; the callee's). */
+typedef int (*fdchan_lookup_fn)(void *userdata, const uint8_t *token, uid_t uid, pid_t pid,
+                                int *fd, bool *fd_close, uint64_t *size, int *dev_fd,
+                                uint64_t *dev_size);
 
 struct fdchan;
 

@@ -406,7 +406,8 @@ static json_t *status_json(struct server *srv, const struct client *self)
 	 * why there is none) and each device's copy engine */
 	if (cuda)
 		json_object_set_new(cuda, "devices", engine_cuda_json(srv->engine));
-	return json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:I, s:o, s:o, s:o*}",
+	json_t *held = engine_holds_json(srv->engine); /* first: it lets released slabs go */
+	json_t *o = json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:I, s:o, s:I, s:I, s:o, s:o, s:o*}",
 		"version", LOADERD_VERSION,
 		"protocol", LDR_PROTOCOL_VERSION,
 		"pid", (int)getpid(),
@@ -415,11 +416,16 @@ static json_t *status_json(struct server *srv, const struct client *self)
 		"workers", (int)engine_workers(srv->engine),
 		"memory_limit", (json_int_t)engine_memory_limit(srv->engine),
 		"memory_used", (json_int_t)engine_memory_used(srv->engine),
+		/* dropped pipelines' slabs that clients still map: part of memory_used */
+		"memory_held_after_drop", (json_int_t)engine_memory_held(srv->engine),
+		"held_after_drop", held,
+		"max_held_after_drop", (json_int_t)holds_max_held(srv->engine),
 		/* clients whose close nng 1.5.2 never reported (nngfix.c, the sweep) */
 		"clients_released_by_sweep", (json_int_t)srv->ghosts,
 		"pipelines", engine_pipelines_json(srv->engine, &who),
 		"clients", clients,
 		"cuda", cuda);
+	return o;
 }
 
 void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
@@ -493,9 +499,10 @@ out:
 	loaderd__request__free_unpacked(req, NULL);
 }
 
-int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, uint64_t *size,
-                     int *dev_fd, uint64_t *dev_size)
+int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, pid_t pid, int *fd, bool *fd_close,
+              uint64_t *size, int *dev_fd, uint64_t *dev_size)
 {
 	struct server *srv = userdata;
-	return engine_take_token(srv->engine, token, uid, fd, size, dev_fd, dev_size);
+	*fd_close = true; /* a fresh description per hand-out: the client's hold (holds.c) */
+	return engine_take_token(srv->engine, token, uid, pid, fd, size, dev_fd, dev_size);
 }

@@ -59,7 +59,10 @@ static void usage(FILE *f)
 		"Pipelines a client creates belong to its job: once no client reads one and the\n"
 		"connection that created it is closed, it lingers (config key linger, default\n"
 		"5 s; a spec's ttl) and is dropped. A spec with \"persist\": true, `loaderctl\n"
-		"create` and the config's pipelines stay until dropped (docs/spec.md).\n"
+		"create` and the config's pipelines stay until dropped (docs/spec.md). A dropped\n"
+		"pipeline's slab stays in the memory limit while clients still map it; a uid\n"
+		"that maps more such memory than max_held_after_drop (config key, default a\n"
+		"quarter of the limit) may not attach meanwhile (docs/security.md).\n"
 		"\n"
 		"GPU delivery: the CUDA driver is loaded on the first client that asks for a\n"
 		"device (cuda:N), from $LOADERD_CUDA_LIBRARY, else libcuda.so.1; without one,\n"
@@ -151,6 +154,7 @@ static void on_signal(uv_signal_t *h, int signum)
 	if (signum == SIGHUP) {
 		struct settings fresh = { 0 };
 		uint64_t fresh_slow_ms;
+		uint64_t fresh_max_held;
 		char err[1024];
 		if (!d->cfg.path) {
 			log_notice("SIGHUP: no config file to reload");
@@ -168,6 +172,7 @@ static void on_signal(uv_signal_t *h, int signum)
 		d->cfg.has_linger = fresh.has_linger;
 		d->cfg.linger_ms = fresh.linger_ms;
 		fresh_slow_ms = fresh.has_slow_timeout ? fresh.slow_timeout_ms : ENGINE_SLOW_TIMEOUT_DEFAULT_MS;
+		fresh_max_held = fresh.max_held_after_drop;
 		server_set_access(d->srv, fresh.has_admin_group ? (int)fresh.admin_gid : -1,
 		                  fresh.max_conn_per_uid ? fresh.max_conn_per_uid
 		                                         : SETTINGS_CONN_PER_UID_DEFAULT);
@@ -176,6 +181,7 @@ static void on_signal(uv_signal_t *h, int signum)
 		settings_clear(&fresh);
 		engine_set_linger(server_engine(d->srv), linger_ms(&d->cfg));
 		engine_set_slow_timeout(server_engine(d->srv), fresh_slow_ms);
+		engine_set_max_held(server_engine(d->srv), fresh_max_held);
 		create_pipelines(d, true);
 		log_notice("reloaded %s", d->cfg.path);
 		notify_send("READY=1\nSTATUS=serving");
@@ -287,6 +293,7 @@ int main(int argc, char **argv)
 	sc.admin_gid = d.cfg.has_admin_group ? (int)d.cfg.admin_gid : -1;
 	sc.max_conn_per_uid = d.cfg.max_conn_per_uid ? d.cfg.max_conn_per_uid
 	                                             : SETTINGS_CONN_PER_UID_DEFAULT;
+	sc.max_held_after_drop = d.cfg.max_held_after_drop;
 	if (!sc.memory_limit) {
 		long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
 		sc.memory_limit = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize / 2 : 1ull << 30;

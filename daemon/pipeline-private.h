@@ -213,6 +213,7 @@ struct pipeline {
 	uint64_t *holders;        /* client ids whose connections hold it */
 	uint32_t nholders, holders_cap;
 	char owner_name[64];      /* the owner's user name, "" if unknown */
+	struct hold *holds;       /* holds.c: processes given its slab fd */
 };
 
 struct job {
@@ -256,6 +257,12 @@ struct engine {
 	struct create_req *creating; /* creates whose files are being opened (registry.c) */
 	unsigned ncreating;
 	struct pyw_server *pyw;   /* the Python workers' socket, NULL without a server */
+	/* holds.c: slabs of dropped pipelines that clients still map */
+	struct held_slab *held;
+	uint64_t memory_held;     /* their bytes, part of memory_used */
+	uint64_t max_held;        /* max_held_after_drop per uid, 0 = memory_limit / 4 */
+	uint64_t hold_ctr;
+	uv_timer_t *hold_timer;
 	bool shutdown;
 };
 
@@ -305,6 +312,23 @@ bool pipeline_may_use(const struct pipeline *pl, const struct principal *who);
 /* errfmt "pipeline 'x' belongs to alice (uid 1001), access owner" and then
  * @tail ("" for none) into @err; returns @r. */
 int pipeline_owned_error(const struct pipeline *pl, int r, const char *tail, char *err, size_t errlen);
+
+/* holds.c (docs/security.md, "Memory that clients hold") */
+/* A fresh fd of @pl's slab for @pid of @uid, its hold recorded; the caller's. */
+int holds_hand_out(struct pipeline *pl, pid_t pid, uid_t uid, int *fd);
+/* @pl is freed: keep its slab's bytes in the budget while it is held (true). */
+bool holds_retain(struct pipeline *pl);
+/* Forget @pl's holds (it is freed, its slab not kept). */
+void holds_forget(struct pipeline *pl);
+/* Test the kept slabs' holds; give the released ones back to the budget. */
+void holds_check(struct engine *eng);
+/* "; N bytes are held by slabs of dropped pipelines still mapped by uid U
+ * (pid P)" for a refused create, or "" when nothing is held. */
+void holds_explain(struct engine *eng, char *buf, size_t len);
+/* -ENOSPC when @uid holds more than max_held_after_drop. */
+int holds_may_attach(struct engine *eng, uid_t uid, char *err, size_t errlen);
+uint64_t holds_max_held(const struct engine *eng);
+void holds_close(struct engine *eng);
 
 /* slow.c: a broadcast client that holds its stream back (docs/spec.md) */
 void pipeline_check_slow(struct pipeline *pl);

@@ -197,11 +197,20 @@ int attachment_next(struct attachment *att, struct pending *p, const struct next
 /**
  * engine_take_token() - redeem a one-time fd-channel token.
  * @uid: the peer's uid, which must be the attaching client's
- * Return: 0 with the slab's read-only fd (still the engine's) and size, and
- * for a CUDA attachment whose device slab is VMM its exported fd and size
- * (else -1 and 0).
+ * @pid: the peer's pid: it holds the slab from now on (holds.c)
+ * Return: 0 with a read-only fd of the slab (the caller's: close it once
+ * sent) and its size, and for a CUDA attachment whose device slab is VMM its
+ * exported fd and size (else -1 and 0; still the engine's).
  */
-int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid,
+int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, pid_t pid,
                       int *fd, uint64_t *size, int *dev_fd, uint64_t *dev_size);
+/* Bytes of dropped pipelines' slabs that clients still map: part of
+ * memory_used until they let them go (holds.c). */
+uint64_t engine_memory_held(const struct engine *eng);
+/* [{"uid", "bytes", "pids", "pipelines"}, ...]: who holds them. */
+json_t *engine_holds_json(struct engine *eng);
+/* max_held_after_drop: above it a uid may not attach; 0 = memory_limit / 4. */
+void engine_set_max_held(struct engine *eng, uint64_t bytes);
+uint64_t holds_max_held(const struct engine *eng);
 /* The copy engines' state for status (an empty object before any CUDA attach). */
 json_t *engine_cuda_json(struct engine *eng);

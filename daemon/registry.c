@@ -55,6 +55,7 @@ void pipeline_free(struct pipeline *pl)
 		free(dc);
 	}
 	pyw_pipeline_free(pl);
+	holds_forget(pl);
 	source_free(pl->src);
 	/* a pinned slab is unmapped only after its engine unregistered it */
 	if (pl->host_pinned)
@@ -80,7 +81,9 @@ void pipeline_maybe_free(struct pipeline *pl)
 			*pp = pl->next;
 			break;
 		}
-	eng->memory_used -= pl->slab ? pl->slab->size : 0;
+	/* a slab that clients still map stays in the budget (holds.c) */
+	if (pl->slab && !holds_retain(pl))
+		eng->memory_used -= pl->slab->size;
 	pipeline_free(pl);
 }
 
@@ -241,6 +244,7 @@ static void on_timer_closed(uv_handle_t *h)
 void registry_close(struct engine *eng)
 {
 	slow_close(eng);
+	holds_close(eng);
 	if (eng->linger_timer) {
 		uv_close((uv_handle_t *)eng->linger_timer, on_timer_closed);
 		eng->linger_timer = NULL;
@@ -476,13 +480,18 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 		           smp.nsamples, spec->batch_size);
 		goto fail;
 	}
+	if (!__builtin_mul_overflow(pl->slot_bytes, (uint64_t)pl->nslots, &slab_bytes) &&
+	    slab_bytes > eng->memory_limit - eng->memory_used && eng->held)
+		holds_check(eng); /* some held slab may be let go by now */
 	if (__builtin_mul_overflow(pl->slot_bytes, (uint64_t)pl->nslots, &slab_bytes) ||
 	    slab_bytes > eng->memory_limit - eng->memory_used) {
+		char held[512];
+		holds_explain(eng, held, sizeof(held));
 		r = errfmt(-ENOSPC, err, errlen,
 		           "memory limit: pipeline '%s' needs %" PRIu64 " bytes (%u slots of %" PRIu64
-		           "), %" PRIu64 " of %" PRIu64 " bytes are free (--memory-limit)",
+		           "), %" PRIu64 " of %" PRIu64 " bytes are free (--memory-limit)%s",
 		           spec->name, pl->slot_bytes * pl->nslots, pl->nslots, pl->slot_bytes,
-		           eng->memory_limit - eng->memory_used, eng->memory_limit);
+		           eng->memory_limit - eng->memory_used, eng->memory_limit, held);
 		goto fail;
 	}
 	/* a python pipeline's slab is sealed once its worker host mapped it */

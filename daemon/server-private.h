@@ -186,8 +186,8 @@ void client_refusal(const struct server *srv, const struct client *cl, char *buf
 
 /* handlers.c */
 void handle_request(struct server *srv, struct sctx *c, nng_msg *msg);
-int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, uint64_t *size,
-              int *dev_fd, uint64_t *dev_size);
+int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, pid_t pid, int *fd, bool *fd_close,
+              uint64_t *size, int *dev_fd, uint64_t *dev_size);
 
 /* nngfix.c */
 int socket_probe(const char *path);

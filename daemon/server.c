@@ -161,6 +161,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 		srv->engine = NULL;
 		goto fail_handles;
 	}
+	engine_set_max_held(srv->engine, cfg->max_held_after_drop);
 	r = fdchan_new(&srv->fdchan, loop, srv->fdpath, srv->sock_mode, srv->sock_gid, fd_lookup, srv,
 	               err, errlen);
 	if (r < 0)

@@ -17,6 +17,8 @@ struct server_config {
 	int socket_gid;           /* chown both sockets to this group, -1: leave it */
 	int admin_gid;            /* its members are admins (besides root and us), -1: none */
 	unsigned max_conn_per_uid; /* connections one uid may hold (0: the default) */
+	uint64_t max_held_after_drop; /* slab bytes of dropped pipelines one uid may hold
+	                               * mapped and still attach (0: memory_limit / 4) */
 };
 
 /**

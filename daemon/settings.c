@@ -6,7 +6,7 @@
  *    "memory_limit": "8G", "log_level": "info", "linger": 5,
  *    "socket_mode": "0660", "socket_group": "loaderd",
  *    "admin_group": "loaderd-admin", "max_connections_per_uid": 64,
- *    "slow_client_timeout": 60,
+ *    "slow_client_timeout": 60, "max_held_after_drop": "2G",
  *    "dataset_roots": ["/data", "/scratch/datasets"],
  *    "pipelines": [SPEC, ...]}
  * Drop-ins in conf.d/ beside the file (*.json, in name order) are read after
@@ -199,6 +199,16 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 				goto out;
 			}
 			cfg->memory_limit = size;
+		} else if (strcmp(key, "max_held_after_drop") == 0) {
+			uint64_t size = 0;
+			if (json_is_integer(v) && json_integer_value(v) > 0)
+				size = (uint64_t)json_integer_value(v);
+			else if (!json_is_string(v) || settings_parse_size(json_string_value(v), &size) < 0 || !size) {
+				r = settings_fail(err, errlen, path,
+				                  "max_held_after_drop: must be bytes or a size like \"1G\"");
+				goto out;
+			}
+			cfg->max_held_after_drop = size;
 		} else if (strcmp(key, "log_level") == 0) {
 			int lvl = json_is_string(v) ? log_level_from_name(json_string_value(v)) : -EINVAL;
 			if (lvl < 0) {
@@ -355,6 +365,8 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 	}
 	if (file.max_conn_per_uid)
 		cfg->max_conn_per_uid = file.max_conn_per_uid;
+	if (file.max_held_after_drop)
+		cfg->max_held_after_drop = file.max_held_after_drop;
 	if (file.dataset_roots) {
 		free_roots(cfg->dataset_roots);
 		cfg->dataset_roots = file.dataset_roots;

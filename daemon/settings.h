@@ -23,6 +23,7 @@ struct settings {
 	bool has_admin_group;     /* "admin_group" was given */
 	unsigned admin_gid;       /* its members may do what root may */
 	unsigned max_conn_per_uid; /* connections one uid may hold; 0 = default */
+	uint64_t max_held_after_drop; /* held slab bytes above which a uid may not attach; 0 = default */
 	char **dataset_roots;     /* NULL-terminated, or NULL: datasets anywhere */
 	json_t *pipelines;        /* array of specs, or NULL */
 };

@@ -130,9 +130,11 @@ static struct {
 static int userdata_mark;
 
 /* As engine_take_token(): one use, the owner's uid or root, else refused. */
-static int lookup(void *userdata, const uint8_t *token, uid_t uid, int *fd, uint64_t *size, int *dev_fd,
-                  uint64_t *dev_size)
+static int lookup(void *userdata, const uint8_t *token, uid_t uid, pid_t pid, int *fd, bool *fd_close,
+                  uint64_t *size, int *dev_fd, uint64_t *dev_size)
 {
+	(void)pid;
+	*fd_close = false;
 	L.calls++;
 	L.last_uid = uid;
 	L.last_userdata = userdata;
