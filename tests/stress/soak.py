@@ -249,6 +249,8 @@ def client_main(cfg):
 
     try:
         n = read_loop(L, _lib, cfg, att, bp, held, data, out, release_one, bpe, msg, rec, read)
+        while held:
+            release_one()
     except Suspect:
         for b, e, i, want in held:
             L.ldr_release(b)
@@ -261,8 +263,6 @@ def client_main(cfg):
                 out(EXIT_MISMATCH, f"ERR next {r} {msg()}")
             L.ldr_release(bp.value)
         out(EXIT_MISMATCH, "200 batches and no detach")
-    while held:
-        release_one()
     L.ldr_detach(att)
     L.ldr_close(cl)
     out(EXIT_OK, f"END {n}")
@@ -553,6 +553,7 @@ class Soak:
         errpath = os.path.join(self.dir, f"c{cid}.err")
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--client", json.dumps(cfg)],
                                 stdout=subprocess.DEVNULL, stderr=open(errpath, "w"), env=self.client_env)
+        self.dead.pop(proc.pid, None)      # a pid used again
         self.clients[proc.pid] = dict(id=cid, proc=proc, p=p, mode=mode, cfg=cfg, err=errpath,
                                       killed=False, stopped_until=None, was_stopped=False)
         self.stats["clients started"] += 1
@@ -724,7 +725,7 @@ class Soak:
                 by_pipe[a["pipeline"]].append(a)
             if c.get("attachments"):
                 pid = c.get("pid")
-                if pid in self.dead and now - self.dead[pid] > GRACE_S:
+                if pid in self.dead and pid not in self.clients and now - self.dead[pid] > GRACE_S:
                     self.violate(f"client {c['id']} (pid {pid}) gone {now - self.dead[pid]:.0f} s ago "
                                  f"still has attachments, {c['leases']} leases")
         pnames = {p["name"] for p in self.pipelines}
