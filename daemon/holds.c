@@ -25,12 +25,17 @@
  * against each uid that holds them: above max_held_after_drop that uid may not
  * attach until it lets go.
  *
- * Without OFD locks (Linux < 3.15) or when the reopen fails, the hold is the
- * pid's: live while /proc/PID exists.
+ * The lock is the peer's own description, so the peer can lift it: a lock
+ * gone while its process runs is checked in /proc/PID/maps and /proc/PID/fd,
+ * and a process that still has the file keeps its hold, decided by /proc from
+ * then on. So is a hold without a lock (Linux < 3.15, or the reopen failed);
+ * where that /proc is not the daemon's to read, such a hold lasts while the
+ * process exists.
  */
+#include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "pipeline-private.h"
 
@@ -54,28 +59,87 @@ struct held_slab {
 	struct hold *holds;
 };
 
-static bool hold_live(int fd, const struct hold *h)
+/*
+ * Whether @pid has a descriptor or a mapping of the file @st: 1 yes, 0 no (or
+ * no such process), -1 cannot tell (its /proc is not ours to read).
+ */
+static int pid_has_file(pid_t pid, const struct stat *st)
 {
-	if (!h->lock_off) {
-		char path[32];
-		snprintf(path, sizeof(path), "/proc/%d", (int)h->pid);
-		return access(path, F_OK) == 0;
+	char path[64], line[512];
+	bool found = false;
+	DIR *dir;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+	if (!(f = fopen(path, "re")))
+		return errno == ENOENT ? 0 : -1;
+	while (!found && fgets(line, sizeof(line), f)) {
+		unsigned maj, min;
+		unsigned long long ino;
+		if (sscanf(line, "%*s %*s %*s %x:%x %llu", &maj, &min, &ino) == 3 &&
+		    ino == (unsigned long long)st->st_ino && makedev(maj, min) == st->st_dev)
+			found = true;
 	}
-	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET,
-		.l_start = (off_t)h->lock_off, .l_len = 1 };
-	if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
-		return true; /* cannot tell: keep it */
-	return fl.l_type != F_UNLCK;
+	fclose(f);
+	if (found)
+		return 1;
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	if (!(dir = opendir(path)))
+		return errno == ENOENT ? 0 : -1;
+	for (struct dirent *e; !found && (e = readdir(dir));) {
+		struct stat fst;
+		if (e->d_name[0] != '.' && fstatat(dirfd(dir), e->d_name, &fst, 0) == 0 &&
+		    fst.st_ino == st->st_ino && fst.st_dev == st->st_dev)
+			found = true;
+	}
+	closedir(dir);
+	return found;
+}
+
+/*
+ * Is @h live on the file @fd (@st)? Its lock says so; a lock gone while its
+ * process still runs is checked in /proc: the lock is the peer's own
+ * description, which it can unlock, so a peer that lifted it but still has
+ * the file keeps its hold (from then on its pid's /proc decides).
+ */
+static bool hold_live(int fd, const struct stat *st, struct hold *h)
+{
+	int r;
+
+	if (h->lock_off) {
+		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET,
+			.l_start = (off_t)h->lock_off, .l_len = 1 };
+		if (fcntl(fd, F_OFD_GETLK, &fl) < 0 || fl.l_type != F_UNLCK)
+			return true; /* held, or cannot tell: keep it */
+		if (pid_has_file(h->pid, st) != 1)
+			return false;
+		log_warn("pid %d (uid %u) lifted its hold's lock but still has the slab: it holds it "
+		         "while it has it", (int)h->pid, (unsigned)h->uid);
+		h->lock_off = 0;
+		return true;
+	}
+	/* no lock: the process's files, or, where they are not ours to read, its life */
+	r = pid_has_file(h->pid, st);
+	if (r >= 0)
+		return r == 1;
+	char path[32];
+	snprintf(path, sizeof(path), "/proc/%d", (int)h->pid);
+	return access(path, F_OK) == 0;
 }
 
 /* Drop the holds on @fd that ended; return how many are left. */
 static unsigned holds_prune(struct hold **list, int fd)
 {
+	struct stat st;
 	unsigned n = 0;
 
+	if (!*list)
+		return 0;
+	if (fstat(fd, &st) < 0)
+		return 1; /* cannot tell: keep them */
 	for (struct hold **pp = list; *pp;) {
 		struct hold *h = *pp;
-		if (hold_live(fd, h)) {
+		if (hold_live(fd, &st, h)) {
 			n++;
 			pp = &h->next;
 		} else {

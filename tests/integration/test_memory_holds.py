@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -46,6 +47,10 @@ HOLDER = textwrap.dedent("""
         os.close(kept)
     elif keep == "none":
         os.close(kept)
+    elif keep == "unlock":
+        # lift the daemon's lock on this description (l_type F_UNLCK, whole file)
+        import fcntl, struct
+        fcntl.fcntl(kept, fcntl.F_OFD_SETLK, struct.pack("hhxxxxqqixxxx", fcntl.F_UNLCK, 0, 0, 0, 0))
     del b
     dl.close()
     print("holding", flush=True)
@@ -200,3 +205,22 @@ def test_max_held_after_drop_config(daemon, workdir):
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
     assert (f"{cfg}: max_held_after_drop: must be bytes or a size like \"1G\"") in r.stderr, r.stderr
+
+
+def test_lifted_lock_still_counts(setup):
+    """A holder that lifts its hold's lock but keeps the fd still holds: /proc
+    says it has the file."""
+    d, big = setup
+    d.create(big("a"))
+    slab = _slab(d, "a")
+    h = Holder(d, "a", "unlock")
+    d.ctl("drop", "a")
+    time.sleep(2.5)             # the 1 s timer ran
+    st = d.status()
+    assert st["memory_held_after_drop"] == slab
+    assert st["held_after_drop"][0]["pids"] == [h.pid]
+    assert (f"pid {h.pid} (uid {os.getuid()}) lifted its hold's lock but still has the slab: "
+            f"it holds it while it has it") in d.log()
+    assert d.create(big("b"), check=False).returncode != 0
+    h.exit()
+    d.create(big("b"))
