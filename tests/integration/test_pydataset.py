@@ -235,9 +235,13 @@ def test_rebuilt_as_default_collate(ld, cls):
             if not same(b, want):
                 bad.append([k, repr(b)[:500], repr(want)[:500]])
             nb += 1
-        out(bad=bad, nb=nb)
+        # a trainer attaching by name rebuilds the same way (the spec's structure)
+        by_name = loaderd.DataLoader(dl.pipeline, socket=SOCK, timeout=60)
+        first = next(iter(by_name))
+        out(bad=bad, nb=nb, by_name=same(first, default_collate([ds[i] for i in range(8)])))
     """)
     assert res["nb"] == 4 and not res["bad"], res["bad"]
+    assert res["by_name"], "a loader attached by name did not rebuild the samples"
 
 
 # --------------------------------------- (e) broadcast, decoded once

@@ -15,12 +15,10 @@ workers (SIGTERM, SIGKILL after 2 s) and exits.
 """
 
 import ctypes
-import errno
 import os
 import pickle
 import select
 import signal
-import struct
 import sys
 import time
 
@@ -168,6 +166,12 @@ class Host:
             what = (f"exit {os.WEXITSTATUS(status)}" if os.WIFEXITED(status) else
                     f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"status {status}")
             delay = RESTART_DELAY if n >= RESTART_FAST else 0.0
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+                # the daemon closed the worker's connection: the pipeline is
+                # going away, and the host's EOF follows; restart quietly
+                # only if it does not
+                self.due[wid] = time.monotonic() + max(delay, 0.5)
+                continue
             _log(f"worker {wid} (pid {pid}) ended ({what}); restarting it"
                  + (f" in {delay:.0f} s ({n} deaths in a row)" if delay else ""))
             self.due[wid] = time.monotonic() + delay

@@ -603,6 +603,14 @@ class DataLoader:
         cl = Client.__new__(Client)
         cl._c = self._client
         info = cl.pipeline(self.pipeline)
+        src = (info.get("spec") or {}).get("source") or {}
+        if not self._py and src.get("kind") == "python":
+            # attached by name: rebuild as its creator does (the daemon keeps
+            # the structure), and wait for its workers as well
+            self._py = True
+            self._structure = src.get("structure") or \
+                pydataset.structure_from_names(src.get("fields") or [])
+            self._pads = {f["name"] for f in src.get("fields") or [] if f.get("pad")}
         self.slots_total = int(info.get("slots_total", 0))
         self.dataset = _Dataset(self.pipeline, int(info.get("samples", 0)))
         if self._py and pydataset.is_dataset(pipeline_or_spec):
