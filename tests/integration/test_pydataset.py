@@ -300,7 +300,8 @@ def test_collate_fn_pad_and_worker_info(ld):
         fields = [{"name": "tok", "dtype": "int64", "shape": [6], "pad": True},
                   {"name": "y", "dtype": "int64", "shape": []}]
         dl2 = loaderd.DataLoader(D.VarLen(n=7), batch_size=7, socket=SOCK, num_workers=1,
-                                 epochs=1, timeout=60, fields=fields)
+                                 epochs=1, timeout=60, fields=fields, pipeline_name="varlen")
+        assert dl2.pipeline == "varlen"
         pad = [{k: v.tolist() for k, v in b.items()} for b in dl2]
         dl3 = loaderd.DataLoader(D.WorkerInfoSamples(n=8), batch_size=1, socket=SOCK,
                                  num_workers=2, epochs=1, timeout=60,

@@ -498,7 +498,8 @@ class DataLoader:
     def __init__(self, pipeline_or_spec, batch_size=None, shuffle=None, seed=None,
                  drop_last=None, mode=None, rank=None, world_size=None, socket=None,
                  timeout=None, device="cpu", as_numpy=False, progress=False, epochs=None,
-                 inflight=None, name=None, on_error=None, fields=None, **torch_compat):
+                 inflight=None, name=None, on_error=None, fields=None, pipeline_name=None,
+                 **torch_compat):
         # your own Dataset (docs/python.md, "Your own Dataset"): a map-style
         # Dataset object, or a spec whose source.kind is "python"
         self._py = pydataset.is_dataset(pipeline_or_spec) or (
@@ -509,9 +510,9 @@ class DataLoader:
         if self._py:
             for k in ("num_workers", "collate_fn", "worker_init_fn"):
                 py_args[k] = torch_compat.pop(k, None)
-        elif fields is not None:
-            raise TypeError("loaderd.DataLoader: fields= is for your own Dataset (a Dataset "
-                            "object or a spec of source kind \"python\")")
+        elif fields is not None or pipeline_name is not None:
+            raise TypeError("loaderd.DataLoader: fields= and pipeline_name= are for your own "
+                            "Dataset (a Dataset object or a spec of source kind \"python\")")
         _torch_compat(torch_compat)
         self._host = None        # the workers' host this loader spawned (python source)
         self._structure = None   # python source: how a batch is rebuilt from its fields
@@ -566,7 +567,7 @@ class DataLoader:
                                        ("epochs", epochs), ("on_error", on_error))
                      if v is not None}
         if self._py:
-            self._create_python(pipeline_or_spec, overrides, fields, py_args, socket)
+            self._create_python(pipeline_or_spec, overrides, fields, py_args, pipeline_name)
         elif isinstance(pipeline_or_spec, dict):
             spec = dict(pipeline_or_spec)
             spec.update(overrides)
@@ -622,13 +623,13 @@ class DataLoader:
 
     # ------------------------------------------------------ python source
 
-    def _create_python(self, ds, overrides, fields, py_args, socket):
+    def _create_python(self, ds, overrides, fields, py_args, pipeline_name):
         """Build the spec of a python pipeline, create it (exist_ok) and, when
         this loader created it, spawn its workers' host."""
         spec, payload = pydataset.build_spec(
             ds, overrides=overrides, num_workers=py_args.get("num_workers"),
             collate_fn=py_args.get("collate_fn"), worker_init_fn=py_args.get("worker_init_fn"),
-            fields=fields)
+            fields=fields, name=pipeline_name)
         spec.setdefault("epochs", 0)  # endless: each `for` is one epoch
         self.spec = spec
         src = spec["source"]
