@@ -211,7 +211,7 @@ def test_sigkill_worker_mid_epoch(ld):
 
 # ----------------------------------- (d) dicts and tuples as default_collate
 
-@pytest.mark.parametrize("cls", ["DictSamples", "TupleSamples"])
+@pytest.mark.parametrize("cls", ["DictSamples", "TupleSamples", "NamedSamples"])
 def test_rebuilt_as_default_collate(ld, cls):
     res, _ = trainer(ld, f"""
         import torch

@@ -66,6 +66,22 @@ class DictSamples:
                 "nested": {"s": np.int16(i), "f": float(i) / 3}}
 
 
+import collections
+
+Pair = collections.namedtuple("Pair", ["image", "label"])
+
+
+class NamedSamples:
+    def __init__(self, n=10):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return Pair(np.full(2, i, dtype=np.float32), i)
+
+
 class TupleSamples:
     def __init__(self, n=30):
         self.n = n

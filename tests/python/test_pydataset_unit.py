@@ -60,7 +60,7 @@ def same(a, b):
 
 # --------------------------------------------------- flatten and rebuild
 
-@pytest.mark.parametrize("cls", [D.DictSamples, D.TupleSamples])
+@pytest.mark.parametrize("cls", [D.DictSamples, D.TupleSamples, D.NamedSamples])
 def test_rebuild_as_default_collate(cls):
     ds = cls()
     samples = [ds[i] for i in range(5)]

@@ -227,7 +227,10 @@ def flatten(sample, batched=False):
                 raise SampleError(f"{prefix or 'the sample'}: an empty {type(x).__name__} "
                                   "has no field")
             kind = "list" if isinstance(x, list) else "tuple"
-            return {kind: [walk(v, child(i)) for i, v in enumerate(x)]}
+            node = {kind: [walk(v, child(i)) for i, v in enumerate(x)]}
+            if kind == "tuple" and hasattr(type(x), "_fields"):
+                node["type"] = _import_path(type(x), "namedtuple")  # rebuilt as itself
+            return node
         name = prefix or BARE
         _check_name(name, "sample")
         leaves.append((name, x))
@@ -370,6 +373,20 @@ def rebuild(structure, batch, pads=()):
     return _rebuild(structure, batch, pads, collated)
 
 
+_NAMEDTUPLES = {}
+
+
+def _namedtuple(path):
+    """The namedtuple class of @path, or None when it cannot be imported here
+    (the sample is then rebuilt as a list, as a plain tuple is)."""
+    if path not in _NAMEDTUPLES:
+        try:
+            _NAMEDTUPLES[path] = resolve(path)
+        except Exception:
+            _NAMEDTUPLES[path] = None
+    return _NAMEDTUPLES[path]
+
+
 def _rebuild(s, batch, pads, collated):
     f = s.get("f")
     if f is not None:
@@ -389,6 +406,9 @@ def _rebuild(s, batch, pads, collated):
     t = s.get("tuple")
     if t is not None:
         items = [_rebuild(v, batch, pads, collated) for v in t]
+        cls = _namedtuple(s["type"]) if "type" in s else None
+        if cls is not None:
+            return cls(*items)  # default_collate keeps a namedtuple's type
         return tuple(items) if collated else items
     return [_rebuild(v, batch, pads, collated) for v in s["list"]]
 
