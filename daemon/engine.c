@@ -8,6 +8,8 @@
  */
 #include "pipeline-private.h"
 
+#define STOP_WORKERS_MS 5000      /* how long a stop waits for busy worker threads */
+
 static void on_async(uv_async_t *handle)
 {
 	struct engine *eng = handle->data;
@@ -74,13 +76,32 @@ static void on_async_closed(uv_handle_t *h)
 	free(h->data);
 }
 
+static atomic_bool workers_abandoned;
+
+bool engine_workers_abandoned(void)
+{
+	return atomic_load(&workers_abandoned);
+}
+
 struct engine *engine_free(struct engine *eng)
 {
 	if (!eng)
 		return NULL;
 	eng->shutdown = true;
-	/* the workers and copy engines finish what is queued; completions are freed here */
-	eng->workers = workers_free(eng->workers);
+	/* the workers and copy engines finish what is queued; completions are
+	 * freed here. A worker stuck in a read that never returns (a hung
+	 * network or FUSE mount) does not hold the stop: after STOP_WORKERS_MS
+	 * the daemon exits without it, freeing nothing it may still use. */
+	unsigned stuck;
+	if (workers_stop_within(eng->workers, STOP_WORKERS_MS, &stuck) < 0) {
+		log_warn("stopping: %u worker thread%s still reading after %d ms (a dataset file that "
+		         "does not answer: a hung network or FUSE mount?); exiting without %s", stuck,
+		         stuck == 1 ? " is" : "s are", STOP_WORKERS_MS, stuck == 1 ? "it" : "them");
+		atomic_store(&workers_abandoned, true);
+		uv_unref((uv_handle_t *)&eng->async);
+		return NULL;
+	}
+	eng->workers = NULL;
 	cuda_devices_stop(eng->cuda);
 	while (eng->done_head) {
 		struct job *j = eng->done_head;

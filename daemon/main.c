@@ -345,6 +345,12 @@ int main(int argc, char **argv)
 
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 	r = uv_loop_close(&d.loop);
+	if (engine_workers_abandoned()) {
+		/* the engine is left to the stuck threads: nothing to free */
+		log_notice("stopped");
+		fflush(NULL);
+		_exit(0);
+	}
 	if (r < 0)
 		log_warn("loop closed with handles left: %s", uv_strerror(r));
 	settings_clear(&d.cfg);

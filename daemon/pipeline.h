@@ -128,6 +128,9 @@ int engine_new(struct engine **out, uv_loop_t *loop, unsigned nworkers,
 void engine_shutdown(struct engine *eng);
 /* Stop the workers and free everything. Call engine_shutdown() first. */
 struct engine *engine_free(struct engine *eng);
+/* A stop left worker threads stuck in a read (engine_free()): the process
+ * must exit without freeing what they use (main.c does). */
+bool engine_workers_abandoned(void);
 unsigned engine_workers(const struct engine *eng);
 uint64_t engine_memory_limit(const struct engine *eng);
 uint64_t engine_memory_used(const struct engine *eng);

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "creds.h"
 #include "workers.h"
@@ -97,6 +98,46 @@ void workers_submit(struct workers *w, struct work *work)
 unsigned workers_count(const struct workers *w)
 {
 	return w->n;
+}
+
+static void workers_release(struct workers *w)
+{
+	pthread_cond_destroy(&w->cond);
+	pthread_mutex_destroy(&w->lock);
+	free(w->threads);
+	free(w);
+}
+
+int workers_stop_within(struct workers *w, unsigned ms, unsigned *stuck)
+{
+	struct timespec deadline;
+	unsigned left = 0;
+
+	*stuck = 0;
+	if (!w)
+		return 0;
+	pthread_mutex_lock(&w->lock);
+	w->stop = true;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += ms / 1000;
+	deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (deadline.tv_nsec >= 1000000000L) {
+		deadline.tv_sec++;
+		deadline.tv_nsec -= 1000000000L;
+	}
+	for (unsigned i = 0; i < w->n; i++) {
+		if (pthread_timedjoin_np(w->threads[i], NULL, &deadline) != 0)
+			w->threads[left++] = w->threads[i]; /* still running: keep it */
+	}
+	w->n = left;
+	if (left) {
+		*stuck = left;
+		return -ETIMEDOUT;
+	}
+	workers_release(w);
+	return 0;
 }
 
 struct workers *workers_free(struct workers *w)

@@ -14,5 +14,12 @@ int workers_new(struct workers **out, unsigned n);
 /* Queue @work; some worker runs work->fn(work) once. Any thread may call it. */
 void workers_submit(struct workers *w, struct work *work);
 unsigned workers_count(const struct workers *w);
+/*
+ * Run what is queued, then stop, joining the threads for at most @ms: 0 and
+ * @w freed, or -ETIMEDOUT with *@stuck threads still in their work (a read
+ * of a file that does not answer): @w is then left to the process's exit,
+ * and nothing they use may be freed.
+ */
+int workers_stop_within(struct workers *w, unsigned ms, unsigned *stuck);
 /* Run what is queued, then stop and join the threads. NULL is fine. */
 struct workers *workers_free(struct workers *w);

@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: MIT
+"""SIGTERM with worker threads stuck in a read that never returns (issue 13,
+"SIGTERM stops the daemon within a bounded time even with workers stuck in
+I/O"; docs/reliability.md).
+
+A real FUSE file system (python3-fusepy over /dev/fuse, mounted in the test's
+directory, direct_io so that nothing is served from the page cache) serves a
+tokens file whose reads hang once the test says so: the daemon's workers are
+then inside pread() of a file that does not answer, as with a hung NFS or
+FUSE mount. The daemon must still stop on SIGTERM: it waits 5 s for its
+workers, says how many it leaves, removes its sockets and exits (status 0
+once the kernel lets the stuck threads go).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+FS = textwrap.dedent("""
+    import errno, os, stat, sys, time
+    from fusepy import FUSE, Operations, FuseOSError
+    HANG = sys.argv[2]
+    SIZE = 4 << 20
+
+    class Hang(Operations):
+        def getattr(self, path, fh=None):
+            now = time.time()
+            if path == "/":
+                return dict(st_mode=stat.S_IFDIR | 0o755, st_nlink=2, st_ctime=now,
+                            st_mtime=now, st_atime=now)
+            if path == "/t.bin":
+                return dict(st_mode=stat.S_IFREG | 0o644, st_nlink=1, st_size=SIZE,
+                            st_ctime=now, st_mtime=now, st_atime=now)
+            raise FuseOSError(errno.ENOENT)
+        def readdir(self, path, fh):
+            return [".", "..", "t.bin"]
+        def open(self, path, flags):
+            return 0
+        def read(self, path, size, offset, fh):
+            while os.path.exists(HANG):
+                time.sleep(0.1)
+            size = max(0, min(size, SIZE - offset))
+            return bytes((offset + i) % 251 for i in range(size))
+
+    FUSE(Hang(), sys.argv[1], foreground=True, direct_io=True)
+""")
+
+
+@pytest.fixture
+def hung_fs(workdir):
+    try:
+        import fusepy  # noqa: F401
+    except ImportError:
+        pytest.skip("python3-fusepy is not installed (scripts/bootstrap installs it)")
+    if not os.path.exists("/dev/fuse") or not (shutil.which("fusermount") or
+                                               shutil.which("fusermount3")):
+        pytest.skip("no /dev/fuse or no fusermount here")
+    mnt = os.path.join(workdir, "mnt")
+    os.mkdir(mnt)
+    hang = os.path.join(workdir, "hang")
+    script = os.path.join(workdir, "hangfs.py")
+    with open(script, "w") as f:
+        f.write(FS)
+    fs = subprocess.Popen([sys.executable if sys.executable.startswith("/usr/bin") else
+                           "/usr/bin/python3", script, mnt, hang],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(os.path.join(mnt, "t.bin")):
+        if fs.poll() is not None or time.monotonic() > deadline:
+            out = fs.communicate()[0] if fs.poll() is not None else ""
+            fs.kill()
+            pytest.skip(f"cannot mount a FUSE file system here: {out[-500:]}")
+        time.sleep(0.1)
+    yield mnt, hang
+    if os.path.exists(hang):
+        os.unlink(hang)
+    um = shutil.which("fusermount3") or shutil.which("fusermount")
+    subprocess.run([um, "-u", mnt], capture_output=True)
+    try:
+        fs.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        fs.kill()
+        fs.wait()
+
+
+def test_sigterm_with_workers_stuck_in_a_read(daemon, hung_fs):
+    mnt, hang = hung_fs
+    d = daemon()
+    d.create({"name": "hung", "source": {"kind": "tokens", "path": os.path.join(mnt, "t.bin"),
+                                         "seq_len": 4096}, "batch_size": 8, "epochs": 0})
+    # the file reads fine until the test hangs it
+    assert d.consume("hung", "--batches", "4", dump=False).rc == 0
+    with open(hang, "w"):
+        pass
+    c = d.popen_consume("hung", "--batches", "1000000", dump=False)
+    # both workers end up inside pread() of the hung file: nothing more is produced
+    last, since, deadline = None, time.monotonic(), time.monotonic() + 60
+    while time.monotonic() < deadline:
+        n = d.pipeline("hung")["batches_produced"]
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since > 2:
+            break
+        time.sleep(0.2)
+    assert time.monotonic() < deadline, "the pipeline never stopped producing"
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    deadline = t0 + 60
+    while "loaderd: notice: stopped" not in d.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    took = time.monotonic() - t0
+    log = d.log()
+    assert "loaderd: notice: stopped" in log, log
+    assert "worker threads are still reading after 5000 ms (a dataset file that does not " \
+           "answer: a hung network or FUSE mount?); exiting without them" in log, log
+    # the daemon is done: its sockets are gone, a new one could start now
+    for p in (d.socket, d.socket + ".fds", d.socket + ".workers"):
+        assert not os.path.exists(p), p
+    # the kernel lets a thread out of a FUSE read only once the file system
+    # answers (or its connection is aborted): until then the process is a
+    # zombie whose stuck threads hold it; then it is reaped with status 0
+    with open(f"/proc/{d.pid}/status") as f:
+        state = [line.split()[1] for line in f if line.startswith("State:")][0]
+    assert state in ("Z", "S", "D"), state
+    os.unlink(hang)
+    log = d.stop(signal.SIGTERM, timeout=60, reap_first=False)
+    c.proc.kill()
+    c.proc.wait()
+    print(f"stopped {took:.1f} s after SIGTERM (process state then: {state})")
