@@ -256,7 +256,7 @@ def test_build_spec_import_path_collate_and_pickling_errors():
 
 
 def test_host_imports_no_torch():
-    code = ("import sys, loaderd, loaderd._pyhost, loaderd._pywire; "
+    code = ("import sys, loaderd, loaderd._pyhost, loaderd._pywire, loaderd._pyworker; "
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(os.environ), timeout=60)
@@ -509,3 +509,28 @@ def test_setup_failure_fails_tasks(fake, workdir):
     fd = fake(D.Plain(), nworkers=1, worker_init_fn=D.raise_in_init)
     state, (index, text) = fd.task(0, 0, 0, 0, [2])
     assert state == "fail" and index == 2 and "could not start" in text and "init boom" in text
+
+
+def _alive(pids):
+    out = []
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(p)
+        except OSError:
+            pass
+    return out
+
+
+def test_host_sigterm_stops_workers(fake):
+    fd = fake(D.Plain(), nworkers=2)
+    pids = [p for _, p in fd.workers.values()]
+    fd.proc.send_signal(signal.SIGTERM)
+    assert fd.proc.wait(timeout=10) == 0
+    deadline = time.monotonic() + 5
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pids)
+    fd.host.settimeout(5)
+    assert W.recv(fd.host) is None  # the host's connection closed, no WORKER_EXIT for its own stop

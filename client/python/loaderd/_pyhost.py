@@ -194,6 +194,7 @@ class Host:
         signal.signal(signal.SIGTERM, self._signal)
         signal.signal(signal.SIGCHLD, lambda s, f: None)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        from . import _pyworker  # noqa: F401 (stdlib only: imported once, before the forks)
         for wid in range(self.p["nworkers"]):
             self.fork_worker(wid)
         reason = "SIGTERM"

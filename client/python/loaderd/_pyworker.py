@@ -69,6 +69,10 @@ class Worker:
 
     def setup(self):
         """Everything that runs user code; an error here fails every TASK."""
+        # one thread a worker (there are many workers), as torch.set_num_threads(1)
+        # below; before numpy and torch start their pools. A user's value stays.
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")
         import numpy as np
         self.np = np
         p = self.p
