@@ -15,6 +15,7 @@ workers (SIGTERM, SIGKILL after 2 s) and exits.
 """
 
 import ctypes
+import importlib
 import os
 import pickle
 import select
@@ -194,7 +195,8 @@ class Host:
         signal.signal(signal.SIGTERM, self._signal)
         signal.signal(signal.SIGCHLD, lambda s, f: None)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        from . import _pyworker  # noqa: F401 (stdlib only: imported once, before the forks)
+        # the worker code (stdlib only at import) once, before the forks
+        importlib.import_module(__package__ + "._pyworker")
         for wid in range(self.p["nworkers"]):
             self.fork_worker(wid)
         reason = "SIGTERM"
