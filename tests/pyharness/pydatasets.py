@@ -187,3 +187,14 @@ class WorkerInfoSamples:
 
 def raise_in_init(worker_id):
     raise RuntimeError("init boom")
+
+
+class Changing(Plain):
+    """Sample 3 has another structure: a 1-tuple, then a dict."""
+
+    def __getitem__(self, i):
+        if i == 3:
+            return (np.zeros(3, dtype=np.float32),)
+        if i == 4:
+            return {"0": np.zeros(3, dtype=np.float32), "1": 4}
+        return super().__getitem__(i)

@@ -534,3 +534,12 @@ def test_host_sigterm_stops_workers(fake):
     assert not _alive(pids)
     fd.host.settimeout(5)
     assert W.recv(fd.host) is None  # the host's connection closed, no WORKER_EXIT for its own stop
+
+
+def test_other_structure_is_named(fake):
+    fd = fake(D.Changing(), nworkers=1)
+    assert fd.task(0, 0, 0, 0, [0, 1, 2]) == ("done", 0)  # the quick path
+    state, (index, text) = fd.task(0, 0, 0, 0, [2, 3])
+    assert state == "fail" and index == 3 and "has no field '1'" in text, text
+    # a dict with the same names is not the learnt tuple, but its leaves fit
+    assert fd.task(0, 0, 0, 0, [4]) == ("done", 0)

@@ -129,10 +129,74 @@ class Worker:
             if f["pad"]:
                 self.len_of[i] = by_name[f["name"] + "_len"]
 
+        # per field: the (type, dtype, shape) of leaves already checked, so
+        # that a sample like the last ones is copied without the full checks
+        self.ok = [set() for _ in self.fields]
+        self.views = {}
+        st = self.p.get("structure") or {}
+        self.sstruct = None if "collated" in st else st
+
     def view(self, slot, row, i):
-        off, sb, dt, shape = self.places[i]
-        start = slot * self.w["slot_bytes"] + off + row * sb
-        return self.base[start:start + sb].view(dt).reshape(shape)
+        key = (slot, row, i)
+        v = self.views.get(key)
+        if v is None:
+            off, sb, dt, shape = self.places[i]
+            start = slot * self.w["slot_bytes"] + off + row * sb
+            v = self.base[start:start + sb].view(dt).reshape(shape)
+            if len(self.views) < 65536:
+                self.views[key] = v
+        return v
+
+    def match(self, s, x, out):
+        """Append (field, leaf) of sample @x to @out when it has exactly the
+        learnt structure @s (a quick walk, no names checked); False when not
+        (the full flatten then says what differs)."""
+        f = s.get("f")
+        if f is not None:
+            if isinstance(x, (tuple, list, dict)) and not P._is_tensor(x):
+                return False
+            out.append((f, x))
+            return True
+        d = s.get("dict")
+        if d is not None:
+            if type(x) is not dict or len(x) != len(d):
+                return False
+            for k, sub in d:
+                if k not in x or not self.match(sub, x[k], out):
+                    return False
+            return True
+        items = s.get("tuple")
+        if items is None:
+            items = s.get("list")
+        if items is None or not isinstance(x, (tuple, list)) or len(x) != len(items):
+            return False
+        for sub, v in zip(items, x):
+            if not self.match(sub, v, out):
+                return False
+        return True
+
+    def put(self, idx, sample, slot, row):
+        """Write one sample into row @row of slot @slot."""
+        out = []
+        if self.sstruct is None or not self.match(self.sstruct, sample, out):
+            out = list(self.leaves(idx, sample, False).items())  # raises what differs
+        by_name, fields, ok = self.by_name, self.fields, self.ok
+        for name, x in out:
+            i = by_name[name]
+            f = fields[i]
+            key = (type(x), getattr(x, "dtype", None), getattr(x, "shape", None))
+            if key not in ok[i]:
+                try:
+                    dtype, shape = P.leaf_info(name, x)
+                except P.SampleError as e:
+                    raise _Fail(idx, f"dataset[{idx}]: {e}")
+                msg = P.check_leaf(idx, f, dtype, shape, self.learnt)
+                if msg:
+                    raise _Fail(idx, msg)
+                if len(ok[i]) < 256:
+                    ok[i].add(key)
+            P.write_leaf(self.view(slot, row, i), x, f,
+                         self.view(slot, row, self.len_of[i]) if f["pad"] else None)
 
     # ----------------------------------------------------------- samples
 
@@ -228,7 +292,7 @@ class Worker:
             for k, i in enumerate(idx):
                 s, used, sk = self.sample_or_skip(epoch, i)
                 skipped += sk
-                self.write(used, self.leaves(used, s, False), slot, row0 + k)
+                self.put(used, s, slot, row0 + k)
         else:
             samples = []
             for i in idx:
