@@ -455,6 +455,7 @@ class Soak:
     def start_daemon(self):
         self.log_path = os.path.join(self.dir, "loaderd.log")
         self.log = open(self.log_path, "w")
+        self._log_off = self._wedges = 0
         self.daemon = subprocess.Popen([self.loaderd, "--socket", self.sock, "--workers", "2",
                                         "--config", self.cfg, "--memory-limit", "1G"],
                                        stdout=self.log, stderr=subprocess.STDOUT, env=self.daemon_env)
@@ -466,6 +467,18 @@ class Soak:
                 return
             time.sleep(0.1)
         raise SystemExit("soak: loaderd not ready within 60 s:\n" + self.read_log())
+
+    def wedges(self):
+        """Listener replacements the log has told of so far (daemon/nngfix.c:
+        nng 1.5.2 stops accepting after a peer hangs up in the handshake,
+        which the garbage connections do)."""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self._log_off)
+            chunk = fh.read()
+        end = chunk.rfind(b"\n") + 1
+        self._wedges += chunk[:end].count(b"stopped accepting")
+        self._log_off += end
+        return self._wedges
 
     def read_log(self):
         with open(self.log_path, errors="replace") as fh:
@@ -555,7 +568,8 @@ class Soak:
                                 stdout=subprocess.DEVNULL, stderr=open(errpath, "w"), env=self.client_env)
         self.dead.pop(proc.pid, None)      # a pid used again
         self.clients[proc.pid] = dict(id=cid, proc=proc, p=p, mode=mode, cfg=cfg, err=errpath,
-                                      killed=False, stopped_until=None, was_stopped=False)
+                                      killed=False, stopped_until=None, was_stopped=False,
+                                      wedges=self.wedges())
         self.stats["clients started"] += 1
         self.stats[f"started {mode}"] += 1
 
@@ -603,6 +617,15 @@ class Soak:
             return
         if rc == EXIT_OK:
             self.stats["clients done"] += 1
+        elif (rc == EXIT_ERROR and tail.split()[:3] in (["ERR", "connect", str(e)] for e in
+                                                         (-4093, -errno.ECONNREFUSED, -errno.ETIMEDOUT))
+              and self.wedges() > c["wedges"]):
+            # every attempt of ldr_connect() (4) cut by a listener
+            # replacement: possible only while garbage wedges nng again and
+            # again; counted, and a violation without a replacement
+            self.stats["connects lost to listener replacements"] += 1
+            self.say(f"client {cid}: {tail} (listener replaced {self.wedges() - c['wedges']} "
+                     f"times meanwhile)")
         elif rc == EXIT_REFUSED:
             self.stats["attaches refused (ENOSPC)"] += 1
         elif rc == EXIT_DETACHED and mode == "broadcast" and p["slow"]:
