@@ -108,7 +108,7 @@ struct arrived {
 	uint64_t lease, epoch, index;
 	uint32_t slot, rows;
 	int err;
-	char msg[256];
+	char *msg;                /* an error's text (a Python traceback fits), malloc'd */
 };
 
 struct afield {
@@ -793,6 +793,8 @@ static void att_unref(struct ldr_attachment *a)
 	free(a->slotaddr);
 	if (a->fd >= 0)
 		close(a->fd);
+	for (int i = 0; i < MAX_INFLIGHT; i++)
+		free(a->ring[i].msg);
 	free(a->rel);
 	free(a);
 	if (c->pid == getpid())
@@ -951,7 +953,7 @@ static bool store_one(struct ldr_attachment *a, uint64_t seq, int kind, const Lo
 		ar->rows = b->rows;
 	} else if (e) {
 		ar->err = e->code > 0 ? -e->code : -EIO;
-		snprintf(ar->msg, sizeof(ar->msg), "%s", e->message);
+		ar->msg = strdup(e->message ? e->message : "");
 	}
 	a->arrived++;
 	return true;
@@ -1839,7 +1841,9 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 				continue;
 			}
 			/* an error answering this request: report it once, then go on */
-			r = set_err(ar->err, "%s", ar->msg);
+			r = set_err(ar->err, "%s", ar->msg ? ar->msg : error_name(ar->err));
+			free(ar->msg);
+			ar->msg = NULL;
 			if (needs_top_up(a))
 				want_top_up(a);
 			break;

@@ -156,6 +156,23 @@ def test_exception_reaches_the_trainer(ld):
     assert "Traceback" in text and "pydatasets.py" in text and "worker " in text, text
 
 
+def test_whole_traceback_reaches_the_trainer(ld):
+    res, r = trainer(ld, """
+        dl = loaderd.DataLoader(D.Deep(n=12), batch_size=4, socket=SOCK, num_workers=1,
+                                epochs=1, timeout=60, as_numpy=True)
+        try:
+            for b in dl:
+                pass
+            out(raised=None)
+        except loaderd.Error as e:
+            out(raised=type(e).__name__, text=str(e))
+    """)
+    text = res["text"]
+    assert "dataset[5] raised RuntimeError: long xxx" in text, text[:500]
+    assert "x" * 3000 + " END-OF-MESSAGE-5" in text, text[-500:]
+    assert "[Previous line repeated 17 more times]" in text, text  # all 21 frames
+
+
 def test_on_error_skip_counts(ld):
     res, _ = trainer(ld, """
         dl = loaderd.DataLoader(D.Plain(n=12, fail={6}), batch_size=4, socket=SOCK,

@@ -198,3 +198,18 @@ class Changing(Plain):
         if i == 4:
             return {"0": np.zeros(3, dtype=np.float32), "1": 4}
         return super().__getitem__(i)
+
+
+class Deep(Plain):
+    """Sample 5 raises from 20 calls deep, with a 3000-character message:
+    the whole traceback must reach the trainer, not its first 256 bytes."""
+
+    def _deep(self, k, i):
+        if k == 0:
+            raise RuntimeError("long " + "x" * 3000 + f" END-OF-MESSAGE-{i}")
+        return self._deep(k - 1, i)
+
+    def __getitem__(self, i):
+        if i == 5:
+            return self._deep(20, i)
+        return super().__getitem__(i)
