@@ -455,7 +455,20 @@ void on_sweep_timer(uv_timer_t *t)
 	close_old_listeners(srv);
 	for (cl = srv->clients; cl; cl = next) {
 		next = cl->next;
-		if (cl->pid <= 0 || cl->pid == getpid() || kill(cl->pid, 0) == 0 || errno != ESRCH) {
+		/* The watchdog's own probes: kill() cannot tell that they are
+		 * gone, but each closes its connection within a few seconds
+		 * (sp_probe's timeouts). Once nng has wedged, their closes are
+		 * not reported either, and without this their records piled up,
+		 * two a second, each one more for every request's client lookup
+		 * to walk past (tests/stress/churn.py, docs/reliability.md). */
+		if (cl->pid == getpid()) {
+			if (uv_now(srv->loop) - cl->since_ms >= PROBE_GONE_MS) {
+				srv->probes_swept++;
+				client_free(srv, cl);
+			}
+			continue;
+		}
+		if (cl->pid <= 0 || kill(cl->pid, 0) == 0 || errno != ESRCH) {
 			cl->gone_seen = 0;
 			continue;
 		}

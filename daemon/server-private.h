@@ -47,6 +47,7 @@
 #define PROBE_WAIT_MS 2000
 #define GHOST_LOG_MS 10000
 #define PROBE_ADD_WAIT_MS 500      /* a probe's connection reaches the socket within this */
+#define PROBE_GONE_MS 30000        /* a probe's connection is closed by then (the sweep) */
 #define REFUSED_OPEN_MAX 64       /* refused connections kept open for their answer */
 #define REFUSED_CLOSE_MS 1000     /* a refused connection still open is closed after this */
 #define REFUSAL_BURST_MS 5000     /* refusals closer than this are one burst, one log line */
@@ -153,6 +154,7 @@ struct server {
 	uv_timer_t sweep_timer;
 	uint64_t ghosts;          /* clients released by the sweep (nng never said closed) */
 	uint64_t ghosts_unlogged; /* of them, not in the log yet */
+	uint64_t probes_swept;    /* the watchdog's probe records the sweep freed */
 	uint64_t ghosts_logged_ms;
 	void (*stop_done)(void *);
 	void *stop_userdata;
