@@ -18,25 +18,17 @@ static void att_unlink(struct attachment *a)
 }
 
 /* Cut an attachment off its pipeline: leases released, requests answered. */
-void att_disconnect(struct attachment *a, int err, const char *msg)
+void att_leave(struct attachment *a, int err, const char *msg)
 {
 	struct pipeline *pl = a->pl;
 	struct stream *s = a->stream;
 	struct attachment **pp;
 
-	if (!pl)
+	if (!pl || a->left)
 		return;
 	if (pl->held_by == a)
 		pl->held_by = NULL;
 	att_fail_pending(a, err, msg);
-	while (a->leases) {
-		struct lease *l = a->leases;
-		a->leases = l->next;
-		l->slot->leases--;
-		slot_unref(pl, l->slot);
-		free(l);
-	}
-	a->nleases = 0;
 	if (a->dev) {
 		a->dev->natts--;
 		devcopy_maybe_free(a->dev);
@@ -49,6 +41,8 @@ void att_disconnect(struct attachment *a, int err, const char *msg)
 		}
 	s->natts--;
 	pl->natts--;
+	a->left = true;
+	a->stream = NULL;
 	if (s->mode == LDR_MODE_BROADCAST && s->natts == 0) {
 		/* what the last client received is consumed: keep only the rest */
 		while (s->ring_len && s->head_seq < a->cursor && s->ring[s->ring_head].ready &&
@@ -63,10 +57,33 @@ void att_disconnect(struct attachment *a, int err, const char *msg)
 			ring_pop_head(s);
 		stream_maybe_free(s);
 	}
-	a->pl = NULL;
-	a->stream = NULL;
 	pipeline_lifetime(pl);
 }
+
+static void att_release_all(struct attachment *a, struct pipeline *pl)
+{
+	while (a->leases) {
+		struct lease *l = a->leases;
+		a->leases = l->next;
+		l->slot->leases--;
+		slot_unref(pl, l->slot);
+		free(l);
+	}
+	a->nleases = 0;
+}
+
+void att_disconnect(struct attachment *a, int err, const char *msg)
+{
+	struct pipeline *pl = a->pl;
+
+	if (!pl)
+		return;
+	att_release_all(a, pl);   /* first, so that the ring keeps none of them */
+	att_leave(a, err, msg);   /* nothing when it left already (slow.c) */
+	a->pl = NULL;
+	pipeline_lifetime(pl);
+}
+
 /* --- attachments -------------------------------------------------------- */
 
 /* Undo an attachment that never joined a stream. */
@@ -412,6 +429,15 @@ int attachment_next(struct attachment *a, struct pending *p, const struct next_r
 		l->slot->leases--;
 		slot_unref(pl, l->slot);
 		free(l);
+	}
+	if (a->left) {
+		/* Detached for being slow (slow.c), it keeps the slots of the
+		 * batches it still holds until it releases them, detaches or goes:
+		 * its trainer may read them still, delivered before it learnt. */
+		if (!a->nleases)
+			att_disconnect(a, a->dead_err, a->dead_msg);
+		pipeline_update(pl);
+		return errfmt(-(a->dead_err ? a->dead_err : ETIMEDOUT), err, errlen, "%s", a->dead_msg);
 	}
 	if (p)
 		r = 0; /* a bad release is the client's bug; its request still counts */

@@ -155,6 +155,8 @@ struct attachment {
 	size_t slow_nleases;
 	uint32_t slow_npending;
 	bool skip_hold;           /* set aside: nothing delivered, cursor follows the others */
+	bool left;                /* detached for slowness (slow.c): out of its stream, its
+	                           * leases kept until it asks again or goes (att_leave) */
 	uint64_t skipped;         /* batches skipped for it ("slow_clients": "skip") */
 };
 
@@ -295,6 +297,10 @@ int devcopy_get(struct pipeline *pl, const struct cuda_device_info *info, struct
 
 /* attach.c */
 void att_disconnect(struct attachment *a, int err, const char *msg);
+/* Take @a out of its stream (pending requests answered with @err), keeping
+ * its pipeline and its leases: the slots it holds are not rebuilt under a
+ * trainer that may still read them. att_disconnect() ends the rest. */
+void att_leave(struct attachment *a, int err, const char *msg);
 
 /* registry.c */
 struct pipeline *engine_find(struct engine *eng, const char *name);

@@ -163,7 +163,7 @@ static void evict(struct pipeline *pl, struct attachment *a, uint64_t lag)
 	         a->pid, msg);
 	pl->slow_detached++;
 	holder_set(pl, NULL, 0);
-	att_disconnect(a, ETIMEDOUT, msg);
+	att_leave(a, ETIMEDOUT, msg);
 	a->dead = true;
 	a->dead_err = ETIMEDOUT;
 	snprintf(a->dead_msg, sizeof(a->dead_msg), "%s", msg);

@@ -60,6 +60,12 @@ def test_wait_detaches_a_stopped_client(daemon, workdir):
     assert "detached: " in res.stderr and "batches behind and no progress for 1.5 s " \
         "(slow_client_timeout, docs/spec.md)" in res.stderr, res.stderr
     assert f"client" in d.log() and f"(pid {victim.pid}) detached: " in d.log()
+    # what it had been given before it was detached it reads whole: the
+    # slots of the batches it held were not rebuilt under it
+    nb = len(res.dump) // (BATCH * SEQ * 8 * 2)
+    assert nb >= 1 and len(res.dump) == nb * BATCH * SEQ * 16, len(res.dump)
+    assert position_indices(res.dump, SEQ, [BATCH] * nb) == \
+        [list(range(i, i + BATCH)) for i in range(0, nb * BATCH, BATCH)]
 
 
 def verbose_seqs(stderr, bpe):

@@ -178,14 +178,9 @@ def client_main(cfg):
     suspect = []
 
     def out(code, line):
-        if code == EXIT_MISMATCH and mode == "broadcast" and not suspect:
-            # docs/spec.md, "Slow broadcast clients": a client detached for
-            # being stopped may find the slots of what it still had rebuilt
-            # under it, and learns at its next call. So a broadcast
-            # mismatch counts only if no detach follows it.
-            suspect.append(line)
-            rec.write("SUSPECT " + line + "\n")
-            raise Suspect()
+        # a broadcast client detached for being stopped reads what it was
+        # given before whole (docs/spec.md, "Slow broadcast clients"): a
+        # mismatch is one, detach or not
         if suspect:
             line = ("DETACHED-AFTER " if code == EXIT_DETACHED else "") + suspect[0] + " | then: " + line
             if code not in (EXIT_DETACHED, EXIT_MISMATCH):
