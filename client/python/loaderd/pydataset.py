@@ -74,7 +74,9 @@ def seed_all(s):
     random.seed(s)
     np = sys.modules.get("numpy")
     if np is not None:
-        np.random.seed([s & 0xffffffff, s >> 32])
+        # one 32-bit word, as numpy's legacy seeding takes it: 5 us a sample
+        # where a [low, high] array costs 22 (init_by_array)
+        np.random.seed((s ^ (s >> 32)) & 0xffffffff)
     torch = sys.modules.get("torch")
     if torch is not None:
         # what torch.manual_seed(s) does, without its per-call overhead (about
