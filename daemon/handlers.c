@@ -407,7 +407,7 @@ static json_t *status_json(struct server *srv, const struct client *self)
 	if (cuda)
 		json_object_set_new(cuda, "devices", engine_cuda_json(srv->engine));
 	json_t *held = engine_holds_json(srv->engine); /* first: it lets released slabs go */
-	json_t *o = json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:o, s:o, s:o*}",
+	json_t *o = json_pack("{s:s, s:i, s:i, s:I, s:s, s:i, s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:o, s:o, s:o*}",
 		"version", LOADERD_VERSION,
 		"protocol", LDR_PROTOCOL_VERSION,
 		"pid", (int)getpid(),
@@ -423,6 +423,7 @@ static json_t *status_json(struct server *srv, const struct client *self)
 		/* clients whose close nng 1.5.2 never reported (nngfix.c, the sweep) */
 		"clients_released_by_sweep", (json_int_t)srv->ghosts,
 		"probes_released_by_sweep", (json_int_t)srv->probes_swept,
+		"nng_fds_closed_by_sweep", (json_int_t)srv->orphans_closed,
 		"pipelines", engine_pipelines_json(srv->engine, &who),
 		"clients", clients,
 		"cuda", cuda);

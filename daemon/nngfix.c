@@ -435,6 +435,121 @@ void heal_listener(struct server *srv)
 	         "%s", srv->path, cut ? ", and told the connections it held to retry" : "");
 }
 
+#define ORPHAN_AFTER_MS 30000
+
+/* fds that some epoll set of ours watches (nng's and the loop's): /proc's
+ * fdinfo of each eventpoll fd lists them as "tfd: N". */
+static bool *watched_fds(unsigned *max)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	bool *w;
+	int hi = 0;
+
+	if (!d)
+		return NULL;
+	while ((e = readdir(d)))
+		if (atoi(e->d_name) > hi)
+			hi = atoi(e->d_name);
+	w = calloc((size_t)hi + 1, 1);
+	*max = (unsigned)hi + 1;
+	rewinddir(d);
+	while (w && (e = readdir(d))) {
+		char path[300], link[64], line[256];
+		ssize_t n;
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		n = readlink(path, link, sizeof(link) - 1);
+		if (n < 0)
+			continue;
+		link[n] = 0;
+		if (strcmp(link, "anon_inode:[eventpoll]") != 0)
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/fdinfo/%s", e->d_name);
+		if (!(f = fopen(path, "re"))) {
+			free(w);
+			w = NULL; /* unsure: close nothing */
+			break;
+		}
+		while (fgets(line, sizeof(line), f)) {
+			int t;
+			if (sscanf(line, "tfd: %d", &t) == 1 && t >= 0 && t <= hi)
+				w[t] = true;
+		}
+		fclose(f);
+	}
+	closedir(d);
+	return w;
+}
+
+/*
+ * Once nng 1.5.2's reaper has wedged (below), a connection nng closes is
+ * taken off its epoll set and shut down, and its fd waits for the reaper to
+ * close it: never. A wedged daemon so kept one fd per connection closed
+ * after the wedge, its watchdog's probes included (2 a second, idle or not),
+ * until it ran out of them (tests/stress/churn.py, docs/reliability.md).
+ * The wedge is taken as sure when nng has reported no connection closed for
+ * ORPHAN_AFTER_MS: a live reaper reports one every PROBE_EVERY_MS, the
+ * watchdog's probe. From then on an fd accepted by one of our listeners
+ * (bound to its name) that no epoll set watches, in two sweeps a second
+ * apart and still the same socket, is closed here. A live connection is always in nng's
+ * epoll set; nng does not touch a closed one again but in the reaper.
+ */
+static void close_orphans(struct server *srv)
+{
+	uint64_t now = uv_now(srv->loop);
+	struct orphan *seen = srv->orphans, *next;
+	unsigned nseen = srv->norphans, nnext = 0, max = 0, closed = 0;
+	int *fds;
+	bool *w;
+
+	srv->orphans = NULL;
+	srv->norphans = 0;
+	if (!srv->last_rem_ms || now - srv->last_rem_ms < ORPHAN_AFTER_MS) {
+		free(seen);
+		return;
+	}
+	fds = malloc(STUCK_MAX * sizeof(int));
+	next = malloc(STUCK_MAX * sizeof(*next));
+	w = watched_fds(&max);
+	for (unsigned gen = 0; fds && next && w && gen <= srv->heals; gen++) {
+		unsigned n = 0;
+
+		named_fds(srv, gen, fds, STUCK_MAX, &n);
+		for (unsigned k = 0; k < n && k < STUCK_MAX && nnext < STUCK_MAX; k++) {
+			struct stat st;
+			bool again = false;
+
+			if ((unsigned)fds[k] < max && w[fds[k]])
+				continue;
+			if (fstat(fds[k], &st) < 0)
+				continue;
+			for (unsigned i = 0; i < nseen && !again; i++)
+				again = seen[i].fd == fds[k] && seen[i].ino == (uint64_t)st.st_ino;
+			if (again) {
+				close(fds[k]);
+				closed++;
+			} else {
+				next[nnext++] = (struct orphan){ .fd = fds[k], .ino = (uint64_t)st.st_ino };
+			}
+		}
+	}
+	free(fds);
+	free(w);
+	free(seen);
+	srv->orphans = next;
+	srv->norphans = nnext;
+	if (closed) {
+		if (!srv->orphans_closed)
+			log_warn("nng's reaper is wedged: closing the fds of the connections it closed and "
+			         "would never free (%u now; status nng_fds_closed_by_sweep counts them)", closed);
+		srv->orphans_closed += closed;
+	}
+}
+
 /*
  * Clients whose process is gone while nng still reports their connection
  * open. nng 1.5.2 can wedge its one reaper thread (a reply racing the close of
@@ -453,6 +568,7 @@ void on_sweep_timer(uv_timer_t *t)
 		return;
 	sessions_tick(srv);
 	close_old_listeners(srv);
+	close_orphans(srv);
 	for (cl = srv->clients; cl; cl = next) {
 		next = cl->next;
 		/* The watchdog's own probes: kill() cannot tell that they are

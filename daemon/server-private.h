@@ -155,6 +155,10 @@ struct server {
 	uint64_t ghosts;          /* clients released by the sweep (nng never said closed) */
 	uint64_t ghosts_unlogged; /* of them, not in the log yet */
 	uint64_t probes_swept;    /* the watchdog's probe records the sweep freed */
+	uint64_t last_rem_ms;     /* when nng last reported a connection closed */
+	struct orphan { int fd; uint64_t ino; } *orphans; /* close_orphans(): seen once */
+	unsigned norphans;
+	uint64_t orphans_closed;  /* connection fds nng's wedged reaper would never close */
 	uint64_t ghosts_logged_ms;
 	void (*stop_done)(void *);
 	void *stop_userdata;

@@ -78,6 +78,7 @@ static void on_async(uv_async_t *h)
 			break;
 		case EV_PIPE_REM: {
 			struct client *cl = client_find(srv, ev->pipe);
+			srv->last_rem_ms = uv_now(srv->loop); /* nngfix.c: nng's reaper lives */
 			if (cl)
 				client_free(srv, cl);
 			free(ev);
@@ -106,6 +107,7 @@ static void server_free(struct server *srv)
 	pthread_cond_destroy(&srv->probe_cond);
 	pthread_mutex_destroy(&srv->probe_lock);
 	pthread_mutex_destroy(&srv->lock);
+	free(srv->orphans);
 	free(srv);
 }
 
