@@ -10,8 +10,9 @@
  * 1.5.2 never frees of it (its fds) once its clients are gone. nng_close() of a REQ socket can block nng's reaper for good, so the
  * probe uses a plain AF_UNIX socket. A reply racing a killed client's close can
  * wedge the reaper too: the dead-pid sweep (on_sweep_timer) releases clients
- * whose process is gone. The bounded close lives in common/nngclose.c, shared
- * with libloader. A newer nng deletes this file and those calls.
+ * whose process is gone, and once no close has been reported for 30 s it
+ * closes the fds nng closed and left to that reaper (close_orphans). The
+ * bounded close lives in common/nngclose.c, shared with libloader. A newer nng deletes this file and those calls.
  */
 #include "server-private.h"
 

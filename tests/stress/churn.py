@@ -94,7 +94,8 @@ def rss_kib(pid):
 
 
 def threads(pid):
-    """(name, state, wchan) of each thread of @pid."""
+    """(name, state, wchan) of each thread of @pid; for nng's reaper also
+    its syscall (an idle one waits on its condition: futex op 0x189)."""
     out = []
     for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
         base = f"/proc/{pid}/task/{tid}"
@@ -107,8 +108,21 @@ def threads(pid):
             continue
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         state = stat[stat.rindex(")") + 2]
+        if name.startswith("nng:reap"):
+            try:
+                with open(base + "/syscall") as f:
+                    wchan += " syscall " + " ".join(f.read().split()[:4])
+            except OSError:
+                pass
         out.append((name, state, wchan))
     return out
+
+
+def swept(d):
+    """(clients, watchdog probes) the daemon's dead-pid sweep released:
+    non-zero once nng 1.5.2 stopped reporting closed connections."""
+    st = raw_status(d)
+    return st.get("clients_released_by_sweep", 0), st.get("probes_released_by_sweep", 0)
 
 
 def measure(pid):
@@ -117,8 +131,10 @@ def measure(pid):
 
 
 def fmt(m):
+    swept = f" swept {m['swept']}" if m.get("swept") else ""
+    swept += f" probes swept {m['probes']}" if m.get("probes") else ""
     return (f"fds {m['fds']} maps {m['maps']} RSS {m['rss_kib'] / 1024:.1f} MiB "
-            f"threads {m['threads']} {json.dumps(m['fd_kinds'])}")
+            f"threads {m['threads']}{swept} {json.dumps(m['fd_kinds'])}")
 
 
 # ----------------------------------------------------------------- settling
@@ -264,6 +280,7 @@ def run(d, n, cycles, concurrency, rng, slack=16, rss_mib=64, log=print):
         last = fd_count(d.pid)
         time.sleep(1.0)
     base = res["baseline"] = measure(d.pid)
+    base["swept"], base["probes"] = swept(d)
     log(f"baseline (after warm-up, {time.monotonic() - t0:.0f} s): {fmt(base)}")
 
     t0 = time.monotonic()
@@ -271,6 +288,7 @@ def run(d, n, cycles, concurrency, rng, slack=16, rss_mib=64, log=print):
     t1 = time.monotonic()
     settle(d, base["fds"], slack, log=log)
     m = res["consumers"] = measure(d.pid)
+    m["swept"], m["probes"] = swept(d)
     log(f"after {n} SIGKILLed consumers ({t1 - t0:.0f} s, settled in {time.monotonic() - t1:.0f} s"
         f"{f', {failed_early} exited before their kill' if failed_early else ''}): {fmt(m)}")
 
@@ -279,6 +297,7 @@ def run(d, n, cycles, concurrency, rng, slack=16, rss_mib=64, log=print):
     t1 = time.monotonic()
     settle(d, base["fds"], slack, log=log)
     m = res["create_drop"] = measure(d.pid)
+    m["swept"], m["probes"] = swept(d)
     log(f"after {cycles} create/drop cycles ({t1 - t0:.0f} s, settled in "
         f"{time.monotonic() - t1:.0f} s): {fmt(m)}")
 
@@ -290,7 +309,7 @@ def run(d, n, cycles, concurrency, rng, slack=16, rss_mib=64, log=print):
             if m[key] > limit:
                 log(f"LEAK after {phase}: {key} {m[key]} > {limit} (baseline {base[key]})")
                 ok = False
-    if not ok:
+    if not ok or base["swept"] or m["swept"]:
         log("threads (name state wchan): " + ", ".join(f"{a} {b} {c}" for a, b, c in threads(d.pid)))
     return ok, res
 
