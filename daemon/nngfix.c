@@ -509,7 +509,9 @@ static void close_orphans(struct server *srv)
 
 	srv->orphans = NULL;
 	srv->norphans = 0;
-	if (!srv->last_rem_ms || now - srv->last_rem_ms < ORPHAN_AFTER_MS) {
+	/* without the watchdog's probes an idle daemon reports no close either:
+	 * no sign of a wedge then */
+	if (!srv->prober_running || !srv->last_rem_ms || now - srv->last_rem_ms < ORPHAN_AFTER_MS) {
 		free(seen);
 		return;
 	}
