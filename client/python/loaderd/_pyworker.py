@@ -46,6 +46,7 @@ class Worker:
     def __init__(self, payload, host_welcome, wid, slab):
         self.p = payload
         self.wid = wid
+        self._epoch_seed = None   # (epoch, pydataset.epoch_seed()) of the last sample
         self.slab_buf = slab
         self.nworkers = payload["nworkers"]
         self.fields = payload["fields"]
@@ -201,7 +202,10 @@ class Worker:
     # ----------------------------------------------------------- samples
 
     def sample(self, epoch, idx):
-        P.seed_all(P.sample_seed(self.w["seed"], epoch, idx))
+        es = self._epoch_seed
+        if es is None or es[0] != epoch:
+            es = self._epoch_seed = (epoch, P.epoch_seed(self.w["seed"], epoch))
+        P.seed_all(P.sample_seed(self.w["seed"], epoch, idx, es[1]))
         return self.dataset[idx]
 
     def sample_or_skip(self, epoch, idx):

@@ -59,11 +59,17 @@ def splitmix64(x):
     return mix64((x + 0x9e3779b97f4a7c15) & M64)
 
 
-def sample_seed(seed, epoch, index):
-    """The 64-bit seed of sample @index in epoch @epoch of a pipeline of
-    spec seed @seed (docs/python.md, "Seeding")."""
+def epoch_seed(seed, epoch):
+    """What sample_seed() mixes the index into: one value per epoch."""
     s = splitmix64((int(seed) & M64) ^ SEED_TAG)
-    s = splitmix64(s ^ (int(epoch) & M64))
+    return splitmix64(s ^ (int(epoch) & M64))
+
+
+def sample_seed(seed, epoch, index, epoch_value=None):
+    """The 64-bit seed of sample @index in epoch @epoch of a pipeline of
+    spec seed @seed (docs/python.md, "Seeding"); @epoch_value, when given, is
+    epoch_seed(seed, epoch), computed once."""
+    s = epoch_seed(seed, epoch) if epoch_value is None else epoch_value
     return splitmix64(s ^ (int(index) & M64))
 
 
