@@ -57,7 +57,8 @@
 #define CALL_TIMEOUT_MS 60000
 #define HELLO_TIMEOUT_MS 3000
 #define CLOSE_WAIT_MS 2000
-#define HELLO_ATTEMPTS 4
+#define HELLO_ATTEMPTS 4          /* Hellos that time out */
+#define HELLO_CUTS 12             /* connections the daemon cuts (listener replaced), 20 ms more apart each */
 #define FLUSH_DELAY_MS 2
 static __thread char tls_err[16384]; /* a Python worker's traceback fits */
 /* The process that first used nng through this library. */
@@ -569,8 +570,8 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	 * a listener that nng 1.5.2 wedged (daemon/nngfix.c), and cuts the
 	 * connections queued on the old one, which are lost.
 	 * Every close here is bounded (client_drop()), as in ldr_close(). */
-	for (int attempt = 0;; attempt++) {
-		bool last = attempt == HELLO_ATTEMPTS - 1;
+	for (int timeouts = 0, cuts = 0;;) {
+		bool last = timeouts == HELLO_ATTEMPTS - 1 || cuts == HELLO_CUTS - 1;
 		if ((rv = nng_dial(c->sock, url, &c->dialer, 0)) != 0) {
 			/* a handshake the daemon cut (ECONNSHUT: the listener it
 			 * replaces held this connection) is retried as a cut Hello is */
@@ -584,6 +585,14 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 			r = call_timeout(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, HELLO_TIMEOUT_MS);
 			if ((r != -ETIMEDOUT && r != LDR_EDISCONNECTED) || last)
 				break;
+		}
+		if (rv == 0 && r == -ETIMEDOUT) {
+			timeouts++;
+		} else {
+			/* cut: the daemon is replacing a wedged listener; a storm of
+			 * replacements (garbage connections) may cut several in a row */
+			cuts++;
+			usleep(20000u * (unsigned)cuts);
 		}
 		/* go on with a fresh client: one whose close did not finish is
 		 * left to it (its pipe callback may still run) */
