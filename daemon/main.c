@@ -33,6 +33,8 @@ struct daemon {
 	struct server *srv;
 	struct settings cfg;
 	const char *cli_config;
+	bool check_config;            /* --check-config: validate and exit */
+	const char *check_file;       /* its FILE, or NULL: the one loaderd would read */
 };
 
 static void usage(FILE *f)
@@ -50,6 +52,9 @@ static void usage(FILE *f)
 		"  -w, --workers N          worker threads (default: online CPUs)\n"
 		"  -m, --memory-limit SIZE  most memory for batch slots, e.g. 4G (default: half of RAM)\n"
 		"  -l, --log-level LEVEL    error, warning, notice, info (default) or debug\n"
+		"      --check-config[=FILE]  check FILE (default: the config loaderd would\n"
+		"                           read, as above) and its pipelines' specs, say what\n"
+		"                           is wrong or \"ok\", and exit (0 ok, 1 not)\n"
 		"  -h, --help               show this help\n"
 		"  -V, --version            show versions of loaderd and its libraries\n"
 		"\n"
@@ -81,6 +86,60 @@ static void version(void)
 	printf("jansson %s\n", JANSSON_VERSION);
 }
 
+/* Pipeline @i of the config as a spec, checked as the daemon creates it. */
+static int config_spec(json_t *spec_json, struct spec **out, char *err, size_t errlen)
+{
+	struct spec *spec;
+	int r = spec_from_json(&spec, spec_json, err, errlen);
+
+	/* the config's pipelines persist, always */
+	if (r == 0 && (spec->has_ttl || (spec->has_persist && !spec->persist))) {
+		r = errfmt(-EINVAL, err, errlen, "%s: pipelines of the config persist always "
+		           "(persist and ttl are for pipelines that clients create)",
+		           spec->has_ttl ? "ttl" : "persist: false");
+		spec_free(spec);
+	}
+	if (r == 0)
+		*out = spec;
+	return r;
+}
+
+/* --check-config: every error of the file and of its pipelines' specs. */
+static int check_config(const char *file)
+{
+	struct settings cfg = { 0 };
+	char err[1024];
+	size_t i, n = 0, bad = 0;
+	json_t *spec_json;
+
+	if (!file) {
+		fprintf(stderr, "loaderd: --check-config: no config file: none given, $LOADERD_CONFIG "
+		        "unset and no " DEFAULT_CONFIG "\n");
+		return 1;
+	}
+	if (settings_load(&cfg, file, true, err, sizeof(err)) < 0) {
+		fprintf(stderr, "loaderd: %s\n", err);
+		settings_clear(&cfg);
+		return 1;
+	}
+	if (cfg.pipelines)
+		json_array_foreach(cfg.pipelines, i, spec_json) {
+			struct spec *spec = NULL;
+			n++;
+			if (config_spec(spec_json, &spec, err, sizeof(err)) < 0) {
+				fprintf(stderr, "loaderd: %s: pipelines[%zu]: %s\n", cfg.path ? cfg.path : file,
+				        i, err);
+				bad++;
+				continue;
+			}
+			spec_free(spec);
+		}
+	if (!bad)
+		printf("%s: ok: %zu pipeline%s\n", cfg.path ? cfg.path : file, n, n == 1 ? "" : "s");
+	settings_clear(&cfg);
+	return bad ? 1 : 0;
+}
+
 static int create_pipelines(struct daemon *d, bool reload)
 {
 	size_t i;
@@ -90,16 +149,9 @@ static int create_pipelines(struct daemon *d, bool reload)
 	if (!d->cfg.pipelines)
 		return 0;
 	json_array_foreach(d->cfg.pipelines, i, spec_json) {
-		struct spec *spec;
+		struct spec *spec = NULL;
 		char err[1024];
-		int r = spec_from_json(&spec, spec_json, err, sizeof(err));
-		/* the config's pipelines persist, always */
-		if (r == 0 && (spec->has_ttl || (spec->has_persist && !spec->persist))) {
-			r = errfmt(-EINVAL, err, sizeof(err), "%s: pipelines of the config persist always "
-			           "(persist and ttl are for pipelines that clients create)",
-			           spec->has_ttl ? "ttl" : "persist: false");
-			spec_free(spec);
-		}
+		int r = config_spec(spec_json, &spec, err, sizeof(err));
 		if (r == 0) {
 			/* the config's pipelines are the daemon's, read with its rights */
 			struct principal self;
@@ -202,6 +254,7 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
+		{ "check-config", optional_argument, NULL, 'C' },
 		{ 0 },
 	};
 	int c;
@@ -244,6 +297,10 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 		case 'V':
 			version();
 			return 0;
+		case 'C':
+			d->check_config = true;
+			d->check_file = optarg;
+			break;
 		default:
 			usage(stderr);
 			return 2;
@@ -272,6 +329,10 @@ int main(int argc, char **argv)
 	cfgfile = d.cli_config ? d.cli_config : getenv("LOADERD_CONFIG");
 	if (!cfgfile && access(DEFAULT_CONFIG, F_OK) == 0)
 		cfgfile = DEFAULT_CONFIG;
+	if (d.check_config) {
+		settings_clear(&d.cfg);
+		return check_config(d.check_file ? d.check_file : cfgfile);
+	}
 	if (cfgfile && settings_load(&d.cfg, cfgfile, true, err, sizeof(err)) < 0) {
 		fprintf(stderr, "loaderd: %s\n", err);
 		settings_clear(&d.cfg);

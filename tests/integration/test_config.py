@@ -149,3 +149,38 @@ def test_bad_socket_mode_and_group(workdir):
         err = run_daemon_expect_failure(["--config", cfg, "--socket", sock])
         assert cfg in err and needle in err, (body, err)
         assert not os.path.exists(sock)
+
+
+def test_check_config(workdir):
+    """loaderd --check-config[=FILE]: every error of the file and of its
+    pipelines' specs, or ok with the count; exit 0 or 1; nothing started."""
+    def check(*args, env=None):
+        if env is None:
+            env = {k: v for k, v in os.environ.items() if k != "LOADERD_CONFIG"}
+        return subprocess.run([LOADERD, *args], capture_output=True, text=True, timeout=30, env=env)
+
+    good = os.path.join(workdir, "good.json")
+    write_config(good, {"workers": 2, "pipelines": [
+        token_spec("a", "/nonexistent/t.bin", 8, "uint16"),   # files are the create's business
+        token_spec("b", "/nonexistent/t.bin", 8, "uint16", batch_size=4)]})
+    r = check(f"--check-config={good}")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{good}: ok: 2 pipelines\n", "")
+    bad = os.path.join(workdir, "bad.json")
+    write_config(bad, {"pipelines": [
+        token_spec("a", "/t.bin", 8, "uint16"),
+        dict(token_spec("b", "/t.bin", 8, "uint16"), batch_size=0),
+        dict(token_spec("c", "/t.bin", 8, "uint16"), ttl=5)]})
+    r = check("--config", bad, "--check-config")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (
+        f"loaderd: {bad}: pipelines[1]: spec: batch_size: must be an integer in 1..1048576\n"
+        f"loaderd: {bad}: pipelines[2]: ttl: pipelines of the config persist always (persist "
+        "and ttl are for pipelines that clients create)\n"), r.stderr
+    broken = os.path.join(workdir, "broken.json")
+    write_config(broken, {"workers": "x"})
+    r = check(f"--check-config={broken}")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"loaderd: {broken}: workers: must be an integer in 1..1024\n", r.stderr
+    # $LOADERD_CONFIG is the default FILE, as for the daemon
+    r = check("--check-config", env=dict(os.environ, LOADERD_CONFIG=good))
+    assert (r.returncode, r.stdout) == (0, f"{good}: ok: 2 pipelines\n")
