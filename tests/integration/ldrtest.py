@@ -177,6 +177,30 @@ def position_indices(dump, seq_len, rows_per_batch):
     return batches
 
 
+# ------------------------------------------- Python clients as subprocesses
+
+def python_client_env(*pythonpath, base=None):
+    """The environment of a /usr/bin/python3 client process of the build under
+    test: this checkout's loaderd package (then @pythonpath), the build's
+    libloader, no torchrun or socket variables from the test's own, and in a
+    sanitizer build its runtime preloaded (the interpreter is not built with
+    it)."""
+    import subprocess
+    lib = os.path.join(BUILD_DIR, "client", "libloader.so")
+    env = dict(os.environ if base is None else base, LOADERD_LIBRARY=lib,
+               PYTHONPATH=os.pathsep.join([os.path.join(REPO_ROOT, "client", "python"),
+                                           *pythonpath]))
+    for k in ("RANK", "WORLD_SIZE", "LOADERD_SOCKET"):
+        env.pop(k, None)
+    out = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
+    if "libasan" in out:
+        pre = [subprocess.run(["gcc", f"-print-file-name={n}"], capture_output=True,
+                              text=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
+        env["LD_PRELOAD"] = ":".join(pre)
+        env["ASAN_OPTIONS"] = "detect_leaks=0"
+    return env
+
+
 # ------------------------------------------------------ raw nng IPC (REQ)
 
 NNG_PROTO_REQ = 0x30

@@ -20,9 +20,8 @@ import time
 
 import pytest
 
-from ldrtest import BUILD_DIR, REPO_ROOT, random_tokens, token_spec
+from ldrtest import python_client_env, random_tokens, token_spec
 
-PYDIR = os.path.join(REPO_ROOT, "client", "python")
 LIMIT = 8 << 20
 MIB = 1 << 20
 
@@ -65,25 +64,11 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def _env():
-    lib = os.path.join(BUILD_DIR, "client", "libloader.so")
-    env = dict(os.environ, PYTHONPATH=PYDIR, LOADERD_LIBRARY=lib)
-    for k in ("RANK", "WORLD_SIZE", "LOADERD_SOCKET"):
-        env.pop(k, None)
-    out = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
-    if "libasan" in out:
-        pre = [subprocess.run(["gcc", f"-print-file-name={n}"], capture_output=True,
-                              text=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
-        env["LD_PRELOAD"] = ":".join(pre)
-        env["ASAN_OPTIONS"] = "detect_leaks=0"
-    return env
-
-
 class Holder:
     def __init__(self, d, name, keep):
         self.p = subprocess.Popen([sys.executable, "-c", HOLDER, d.socket, name, keep],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=_env())
+                                  stderr=subprocess.PIPE, text=True, env=python_client_env())
         line = self.p.stdout.readline()
         assert line == "holding\n", f"holder: {line!r}\n{self.p.stderr.read()}\n{d.log()[-3000:]}"
         self.pid = self.p.pid

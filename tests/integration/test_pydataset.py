@@ -16,27 +16,12 @@ import textwrap
 
 import pytest
 
-from ldrtest import BUILD_DIR, REPO_ROOT, sanitizer_report
+from ldrtest import REPO_ROOT, python_client_env, sanitizer_report
 
-PYDIR = os.path.join(REPO_ROOT, "client", "python")
 HARNESS = os.path.join(REPO_ROOT, "tests", "pyharness")
 
 pytest.importorskip("torch")
 pytest.importorskip("torchvision")
-
-
-def _env():
-    lib = os.path.join(BUILD_DIR, "client", "libloader.so")
-    env = dict(os.environ, PYTHONPATH=PYDIR + os.pathsep + HARNESS, LOADERD_LIBRARY=lib)
-    for k in ("RANK", "WORLD_SIZE", "LOADERD_SOCKET"):
-        env.pop(k, None)
-    out = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
-    if "libasan" in out:
-        pre = [subprocess.run(["gcc", f"-print-file-name={n}"], capture_output=True,
-                              text=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
-        env["LD_PRELOAD"] = ":".join(pre)
-        env["ASAN_OPTIONS"] = "detect_leaks=0"
-    return env
 
 
 PRELUDE = textwrap.dedent("""
@@ -81,7 +66,7 @@ def trainer(ld, body, timeout=240, check=True):
     with open(path, "w") as f:
         f.write(PRELUDE + textwrap.dedent(body))
     r = subprocess.run(["/usr/bin/python3", path, ld.socket], capture_output=True, text=True,
-                       env=_env(), timeout=timeout, cwd=ld.dir)
+                       env=python_client_env(HARNESS), timeout=timeout, cwd=ld.dir)
     m = sanitizer_report(r.stderr)
     assert m is None, f"the trainer printed a {m} report:\n{r.stderr}"
     res = [line[7:] for line in r.stdout.splitlines() if line.startswith("RESULT ")]
@@ -284,7 +269,7 @@ def test_broadcast_decodes_once(ld):
             f.write(PRELUDE + textwrap.dedent(body))
         paths.append(p)
     procs = [subprocess.Popen(["/usr/bin/python3", p, ld.socket], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=_env(), cwd=ld.dir)
+                              stderr=subprocess.PIPE, text=True, env=python_client_env(HARNESS), cwd=ld.dir)
              for p in paths]
     results = []
     for pr in procs:
@@ -369,7 +354,7 @@ def test_dataset_class_in_main(ld):
     with open(path, "w") as f:
         f.write(MAIN_SCRIPT)
     r = subprocess.run(["/usr/bin/python3", path, ld.socket], capture_output=True, text=True,
-                       env=_env(), timeout=240, cwd=ld.dir)
+                       env=python_client_env(HARNESS), timeout=240, cwd=ld.dir)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-5000:]
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
     assert line == "RESULT " + str([[[i, i * i] for i in range(j, j + 3)] for j in (0, 3, 6)])

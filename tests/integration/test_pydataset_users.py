@@ -14,7 +14,6 @@ import errno
 import fcntl
 import json
 import os
-import struct
 import subprocess
 import textwrap
 import time
@@ -22,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from ldrtest import BUILD_DIR, REPO_ROOT, sanitizer_report
+from ldrtest import python_client_env, sanitizer_report
 from users import open_to_all, shared_config, users  # noqa: F401 (fixture)
 
 pytest.importorskip("torch")
@@ -91,21 +90,6 @@ def env(daemon, workdir, users):
     return d, alice, bob, shared, priv, values
 
 
-def _pyenv():
-    lib = os.path.join(BUILD_DIR, "client", "libloader.so")
-    e = dict(os.environ, LOADERD_LIBRARY=lib,
-             PYTHONPATH=os.path.join(REPO_ROOT, "client", "python"))
-    for k in ("RANK", "WORLD_SIZE", "LOADERD_SOCKET"):
-        e.pop(k, None)
-    out = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
-    if "libasan" in out:
-        pre = [subprocess.run(["gcc", f"-print-file-name={n}"], capture_output=True,
-                              text=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
-        e["LD_PRELOAD"] = ":".join(pre)
-        e["ASAN_OPTIONS"] = "detect_leaks=0"
-    return e
-
-
 def start(user, d, shared, name, body):
     """Run a trainer as @user. Its output goes to files: the workers' host it
     spawns inherits them and may outlive it (a persistent pipeline)."""
@@ -115,7 +99,7 @@ def start(user, d, shared, name, body):
     os.chmod(path, 0o644)
     outs = [open(os.path.join(shared, f"{name}.{k}"), "w+") for k in ("out", "err")]
     p = subprocess.Popen(["/usr/bin/python3", path, d.socket], stdout=outs[0], stderr=outs[1],
-                         text=True, cwd=shared, **user.popen_kwargs(env=_pyenv()))
+                         text=True, cwd=shared, **user.popen_kwargs(env=python_client_env()))
     p.outs = outs
     return p
 

@@ -19,7 +19,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from ldrtest import (LOADERD, crc, random_tokens, sequential_batches, token_dump, token_spec)
+from ldrtest import (LOADERD, crc, python_client_env, random_tokens, sequential_batches, token_dump, token_spec)
 from users import open_to_all, shared_config, users  # noqa: F401 (fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -241,18 +241,6 @@ def test_admin_group_may_drop(daemon, workdir, users):
 
 # ------------------------------------------------------------ slabs
 
-def _asan_env(env):
-    """The Python client under an ASan build needs the runtime preloaded."""
-    lib = os.path.join(BUILD, "client", "libloader.so")
-    out = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout
-    if "libasan" in out:
-        pre = [subprocess.run(["gcc", f"-print-file-name={n}"], capture_output=True,
-                              text=True).stdout.strip() for n in ("libasan.so", "libubsan.so")]
-        env["LD_PRELOAD"] = ":".join(pre)
-        env["ASAN_OPTIONS"] = "detect_leaks=0"
-    return env
-
-
 BOB_WRITES = textwrap.dedent("""
     import errno, mmap, os, sys
     import loaderd
@@ -314,8 +302,7 @@ def test_bob_cannot_write_alices_batches(setup):
     with open(script, "w") as f:
         f.write(BOB_WRITES)
     os.chmod(script, 0o644)
-    env = _asan_env(dict(os.environ, PYTHONPATH=os.path.join(REPO, "client", "python"),
-                         LOADERD_LIBRARY=os.path.join(BUILD, "client", "libloader.so")))
+    env = python_client_env()
     bob_p = subprocess.Popen(["/usr/bin/python3", script, d.socket], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True,
                              **{k: v for k, v in bob.popen_kwargs(env=env).items()})
