@@ -82,14 +82,8 @@ class Host:
         self.sock = W.connect(p["socket"] + ".workers")
         W.hello(self.sock, W.ROLE_HOST, p["pipeline"], nworkers=p["nworkers"])
         fds = []
-        msg = W.recv(self.sock, fds)
         try:
-            if msg is None:
-                raise W.ProtocolError("the daemon closed the connection before WELCOME")
-            W.check_error(msg)
-            if msg[0] != W.WELCOME:
-                raise W.ProtocolError(f"expected WELCOME, got message type {msg[0]}")
-            self.welcome = W.parse_welcome(msg[1])
+            self.welcome = W.parse_welcome(W.expect(self.sock, W.WELCOME, "WELCOME", fds))
             if not fds:
                 raise W.ProtocolError("WELCOME came without the slab's file descriptor")
             self.addr, self.slab = map_shared(fds[0], self.welcome["slab_size"])
@@ -97,12 +91,7 @@ class Host:
             for fd in fds:
                 os.close(fd)
         W.send(self.sock, W.MAPPED)
-        msg = W.recv(self.sock)
-        if msg is None:
-            raise W.ProtocolError("the daemon closed the connection before READY")
-        W.check_error(msg)
-        if msg[0] != W.READY:
-            raise W.ProtocolError(f"expected READY, got message type {msg[0]}")
+        W.expect(self.sock, W.READY, "READY")
 
     # ---------------------------------------------------------- workers
 

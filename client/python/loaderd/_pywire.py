@@ -106,6 +106,18 @@ def check_error(msg):
         raise PeerError(status, body[4:].decode("utf-8", "replace"))
 
 
+def expect(sock, mtype, name, fds=None):
+    """The payload of the next message, which must be of @mtype (@name in
+    errors); PeerError for an ERROR, ProtocolError for EOF or another type."""
+    msg = recv(sock, fds)
+    if msg is None:
+        raise ProtocolError(f"the daemon closed the connection before {name}")
+    check_error(msg)
+    if msg[0] != mtype:
+        raise ProtocolError(f"expected {name}, got message type {msg[0]}")
+    return msg[1]
+
+
 def parse_welcome(body):
     w = WELCOME_S.unpack_from(body)
     keys = ("status", "nfields", "slab_size", "slot_bytes", "nslots", "batch_size", "nsamples",

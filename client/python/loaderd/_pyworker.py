@@ -57,13 +57,7 @@ class Worker:
         self.sock = W.connect(self.p["socket"] + ".workers")
         W.hello(self.sock, W.ROLE_WORKER, self.p["pipeline"], nworkers=self.nworkers,
                 worker_id=self.wid)
-        msg = W.recv(self.sock)
-        if msg is None:
-            raise W.ProtocolError("the daemon closed the connection before WELCOME")
-        W.check_error(msg)
-        if msg[0] != W.WELCOME:
-            raise W.ProtocolError(f"expected WELCOME, got message type {msg[0]}")
-        self.w = W.parse_welcome(msg[1])
+        self.w = W.parse_welcome(W.expect(self.sock, W.WELCOME, "WELCOME"))
         if self.w["nfields"] != len(self.fields):
             raise W.ProtocolError(f"WELCOME has {self.w['nfields']} fields, the spec "
                                   f"{len(self.fields)}")
