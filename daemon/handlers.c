@@ -391,15 +391,15 @@ static bool client_visible(struct server *srv, json_t *c, const struct principal
 	return false;
 }
 
-static json_t *status_json(struct server *srv, const struct client *self)
+/* The Status reply for @who; @self (the connection that asks, or NULL) is
+ * left out of its clients. */
+static json_t *status_json(struct server *srv, const struct client *self, const struct principal *who)
 {
 	json_t *cuda = cuda_status_json();
 	json_t *clients = clients_json(srv, self);
-	struct principal who;
 
-	who_is(srv, self, &who);
 	for (size_t i = json_array_size(clients); i-- > 0;)
-		if (!client_visible(srv, json_array_get(clients, i), &who))
+		if (!client_visible(srv, json_array_get(clients, i), who))
 			json_array_remove(clients, i);
 
 	/* "cuda": absent until a client asked for a device; then the driver (or
@@ -424,10 +424,20 @@ static json_t *status_json(struct server *srv, const struct client *self)
 		"clients_released_by_sweep", (json_int_t)srv->ghosts,
 		"probes_released_by_sweep", (json_int_t)srv->probes_swept,
 		"nng_fds_closed_by_sweep", (json_int_t)srv->orphans_closed,
-		"pipelines", engine_pipelines_json(srv->engine, &who),
+		"pipelines", engine_pipelines_json(srv->engine, who),
 		"clients", clients,
 		"cuda", cuda);
 	return o;
+}
+
+json_t *server_status_json(struct server *srv)
+{
+	/* what root would see: /metrics is for the machine's operators, and
+	 * who may read it is the address's business (docs/security.md) */
+	struct principal self;
+
+	principal_daemon(&self);
+	return status_json(srv, NULL, &self);
 }
 
 void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
@@ -478,9 +488,12 @@ void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
 		reply_json(srv, c, json_pack("{s:o}", "pipelines", engine_pipelines_json(srv->engine, &who)));
 		break;
 	}
-	case LOADERD__REQUEST__BODY_STATUS:
-		reply_json(srv, c, status_json(srv, cl));
+	case LOADERD__REQUEST__BODY_STATUS: {
+		struct principal who;
+		who_is(srv, cl, &who);
+		reply_json(srv, c, status_json(srv, cl, &who));
 		break;
+	}
 	case LOADERD__REQUEST__BODY_ATTACH:
 		handle_attach(srv, c, cl, req->attach);
 		break;

@@ -18,6 +18,7 @@
 #include "config.h"
 #include "creds.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "pipeline.h"
 #include "server.h"
@@ -31,6 +32,7 @@ struct daemon {
 	uv_signal_t sigterm, sigint, sighup;
 	uv_timer_t watchdog;
 	struct server *srv;
+	struct metrics *metrics;      /* /metrics, NULL without metrics_address */
 	struct settings cfg;
 	const char *cli_config;
 	bool check_config;            /* --check-config: validate and exit */
@@ -69,6 +71,10 @@ static void usage(FILE *f)
 		"that maps more such memory than max_held_after_drop (config key, default a\n"
 		"quarter of the limit) may not attach meanwhile (docs/security.md).\n"
 		"\n"
+		"Metrics: with config key metrics_address (\"127.0.0.1:9464\", \"[::1]:9464\" or a\n"
+		"unix socket path) Prometheus metrics are served at http://ADDR/metrics\n"
+		"(docs/metrics.md); read at start only.\n"
+		"\n"
 		"GPU delivery: the CUDA driver is loaded on the first client that asks for a\n"
 		"device (cuda:N), from $LOADERD_CUDA_LIBRARY, else libcuda.so.1; without one,\n"
 		"such clients are told why and host delivery goes on. $LOADERD_CUDA_IPC=1 uses\n"
@@ -84,6 +90,10 @@ static void version(void)
 	printf("nng %s (built with %s)\n", nng_version(), NNG_MAJOR_VERSION == 1 ? "1.x" : "?");
 	printf("protobuf-c %s (built with %s)\n", protobuf_c_version(), PROTOBUF_C_VERSION);
 	printf("jansson %s\n", JANSSON_VERSION);
+	if (metrics_version())
+		printf("libmicrohttpd %s\n", metrics_version());
+	else
+		printf("libmicrohttpd: not built in (no /metrics)\n");
 }
 
 /* Pipeline @i of the config as a spec, checked as the daemon creates it. */
@@ -199,6 +209,34 @@ static bool roots_equal(char *const *a, char *const *b)
 	return (!a || !a[i]) && (!b || !b[i]);
 }
 
+static bool streq_null(const char *a, const char *b)
+{
+	return a && b ? strcmp(a, b) == 0 : a == b;
+}
+
+/* /metrics reads the status as the Status request does. */
+static json_t *metrics_status(void *userdata)
+{
+	return server_status_json(userdata);
+}
+
+/* metrics_address, once the control socket is ours: a second loaderd is
+ * told about the control socket first, not about the port. */
+static int start_metrics(struct daemon *d, const struct server_config *sc, char *err, size_t errlen)
+{
+	struct metrics_addr addr;
+	int r;
+
+	if (!d->cfg.metrics_address)
+		return 0;
+	r = metrics_parse_address(d->cfg.metrics_address, &addr, err, errlen);
+	if (r == 0)
+		r = metrics_new(&d->metrics, &d->loop, &addr, sc->socket_mode, sc->socket_gid, err, errlen);
+	if (r == 0)
+		metrics_set_source(d->metrics, metrics_status, d->srv);
+	return r;
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct daemon *d = h->data;
@@ -230,6 +268,8 @@ static void on_signal(uv_signal_t *h, int signum)
 		                                         : SETTINGS_CONN_PER_UID_DEFAULT);
 		if (!roots_equal(d->cfg.dataset_roots, fresh.dataset_roots))
 			log_warn("reload: dataset_roots changed: they take effect when loaderd restarts");
+		if (!streq_null(d->cfg.metrics_address, fresh.metrics_address))
+			log_warn("reload: metrics_address changed: it takes effect when loaderd restarts");
 		settings_clear(&fresh);
 		engine_set_linger(server_engine(d->srv), linger_ms(&d->cfg));
 		engine_set_slow_timeout(server_engine(d->srv), fresh_slow_ms);
@@ -241,6 +281,8 @@ static void on_signal(uv_signal_t *h, int signum)
 	}
 	log_notice("%s received", strsignal(signum));
 	notify_send("STOPPING=1\nSTATUS=stopping");
+	metrics_close(d->metrics);
+	d->metrics = NULL;
 	server_stop(d->srv, on_stopped, d);
 }
 
@@ -375,6 +417,15 @@ int main(int argc, char **argv)
 		uv_run(&d.loop, UV_RUN_DEFAULT);
 		if ((r = uv_loop_close(&d.loop)) < 0)
 			log_warn("loop closed with handles left: %s", uv_strerror(r));
+		settings_clear(&d.cfg);
+		ds_clear_roots();
+		return 1;
+	}
+	if (start_metrics(&d, &sc, err, sizeof(err)) < 0) {
+		fprintf(stderr, "loaderd: %s\n", err);
+		server_stop(d.srv, NULL, NULL);
+		uv_run(&d.loop, UV_RUN_DEFAULT);
+		uv_loop_close(&d.loop);
 		settings_clear(&d.cfg);
 		ds_clear_roots();
 		return 1;

@@ -42,3 +42,6 @@ void server_stop(struct server *srv, void (*done)(void *), void *userdata);
 /* True once nng was left holding memory we cannot free (a wedged listener was
  * replaced): the process then ends with _exit() and no leak report. */
 bool server_nng_leaked(void);
+/* The Status reply (docs/protocol.md) as an admin sees it, every client in
+ * it; for /metrics (metrics.c). On the loop; the caller owns the reference. */
+struct json_t *server_status_json(struct server *srv);

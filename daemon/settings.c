@@ -8,6 +8,7 @@
  *    "admin_group": "loaderd-admin", "max_connections_per_uid": 64,
  *    "slow_client_timeout": 60, "max_held_after_drop": "2G",
  *    "dataset_roots": ["/data", "/scratch/datasets"],
+ *    "metrics_address": "127.0.0.1:9464",
  *    "pipelines": [SPEC, ...]}
  * Drop-ins in conf.d/ beside the file (*.json, in name order) are read after
  * it: their values replace the file's, their pipelines are added. Command-line
@@ -26,6 +27,7 @@
 
 #include "common.h"
 #include "log.h"
+#include "metrics.h"
 #include "settings.h"
 
 /* errfmt with the file's name in front ("PATH: "), and -EINVAL: every
@@ -277,6 +279,23 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 			}
 			cfg->has_linger = true;
 			cfg->linger_ms = (uint64_t)llround(secs * 1000.0);
+		} else if (strcmp(key, "metrics_address") == 0) {
+			struct metrics_addr addr;
+			char why[512];
+			if (!json_is_string(v) || !*json_string_value(v)) {
+				r = settings_fail(err, errlen, path, "metrics_address: must be a string, "
+				                  "\"HOST:PORT\" or an absolute unix socket path");
+				goto out;
+			}
+			if (metrics_parse_address(json_string_value(v), &addr, why, sizeof(why)) < 0) {
+				r = settings_fail(err, errlen, path, "metrics_address: %s", why);
+				goto out;
+			}
+			free(cfg->metrics_address);
+			if (!(cfg->metrics_address = strdup(json_string_value(v)))) {
+				r = errfmt(-ENOMEM, err, errlen, "%s: metrics_address: out of memory", path);
+				goto out;
+			}
 		} else if (strcmp(key, "pipelines") == 0) {
 			if (!json_is_array(v)) {
 				r = settings_fail(err, errlen, path,
@@ -372,6 +391,11 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		cfg->dataset_roots = file.dataset_roots;
 		file.dataset_roots = NULL;
 	}
+	if (file.metrics_address) {
+		free(cfg->metrics_address);
+		cfg->metrics_address = file.metrics_address;
+		file.metrics_address = NULL;
+	}
 	json_decref(cfg->pipelines);
 	cfg->pipelines = file.pipelines;
 	file.pipelines = NULL;
@@ -385,6 +409,7 @@ void settings_clear(struct settings *cfg)
 {
 	free(cfg->path);
 	free(cfg->socket_path);
+	free(cfg->metrics_address);
 	free_roots(cfg->dataset_roots);
 	json_decref(cfg->pipelines);
 	memset(cfg, 0, sizeof(*cfg));

@@ -26,6 +26,7 @@ struct settings {
 	uint64_t max_held_after_drop; /* held slab bytes above which a uid may not attach; 0 = default */
 	char **dataset_roots;     /* NULL-terminated, or NULL: datasets anywhere */
 	json_t *pipelines;        /* array of specs, or NULL */
+	char *metrics_address;    /* "HOST:PORT" or a unix socket path; NULL: no /metrics */
 };
 
 /* Connections one uid may hold without "max_connections_per_uid": well below

@@ -1,0 +1,455 @@
+/* SPDX-License-Identifier: MIT */
+/* metrics-text - the Status JSON as Prometheus text exposition (format 0.0.4)
+ *
+ * Built from the very JSON that `loaderctl status` shows (server_status_json()),
+ * so the two never disagree and a field added to the status is one table line
+ * here. Families follow Prometheus's naming conventions: the loaderd_ prefix,
+ * base units in the name (_seconds, _bytes), counters end in _total, 0..1
+ * values in _ratio; each family's samples come together after its HELP and
+ * TYPE lines. A family is listed even when nothing has a sample of it yet.
+ *
+ * Labels: pipeline (its name) on pipeline families; on client families the
+ * pipeline, client (the connection's id), client_name (its Hello name), uid
+ * and attachment (its id: one connection may attach a pipeline twice). They
+ * come and go with connections; docs/metrics.md says what that costs.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "metrics.h"
+
+/* A number of the status JSON, by a dotted path ("stats.batches_total");
+ * "a|b": the first of them that is there. NULL when none is a number. */
+static json_t *get_num(json_t *o, const char *paths)
+{
+	char buf[128];
+	char *save = NULL, *alt;
+
+	snprintf(buf, sizeof(buf), "%s", paths);
+	for (alt = strtok_r(buf, "|", &save); alt; alt = strtok_r(NULL, "|", &save)) {
+		json_t *v = o;
+		char *s2 = NULL, *key;
+		for (key = strtok_r(alt, ".", &s2); key && v; key = strtok_r(NULL, ".", &s2))
+			v = json_object_get(v, key);
+		if (json_is_number(v) || json_is_boolean(v))
+			return v;
+	}
+	return NULL;
+}
+
+static void put_value(FILE *f, json_t *v)
+{
+	double d;
+
+	if (json_is_integer(v)) {
+		fprintf(f, " %lld\n", (long long)json_integer_value(v));
+		return;
+	}
+	if (json_is_boolean(v)) {
+		fprintf(f, " %d\n", json_is_true(v));
+		return;
+	}
+	d = json_real_value(v);
+	if (isnan(d))
+		fputs(" NaN\n", f);
+	else if (isinf(d))
+		fputs(d > 0 ? " +Inf\n" : " -Inf\n", f);
+	else
+		fprintf(f, " %.15g\n", d);
+}
+
+/* A label value: backslash, double quote and newline escaped. */
+static void put_escaped(FILE *f, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '\\' || *s == '"')
+			fputc('\\', f);
+		if (*s == '\n') {
+			fputs("\\n", f);
+			continue;
+		}
+		fputc(*s, f);
+	}
+}
+
+static void put_label(FILE *f, bool *first, const char *key, const char *val)
+{
+	fprintf(f, "%s%s=\"", *first ? "" : ",", key);
+	put_escaped(f, val);
+	fputc('"', f);
+	*first = false;
+}
+
+/* name{labels,key="val"} — @labels is preformatted (may be ""), @key may be NULL. */
+static void put_name(FILE *f, const char *name, const char *suffix, const char *labels,
+                     const char *key, const char *val)
+{
+	bool first = !*labels;
+
+	fprintf(f, "%s%s", name, suffix);
+	if (!*labels && !key)
+		return;
+	fprintf(f, "{%s", labels);
+	if (key)
+		put_label(f, &first, key, val);
+	fputc('}', f);
+}
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+struct num_metric {
+	const char *name, *type, *help;
+	const char *path;         /* get_num()'s */
+	double scale;             /* 0: as is; else multiply (ms to s) */
+};
+
+static void put_num(FILE *f, const struct num_metric *nm, const char *labels, json_t *v)
+{
+	put_name(f, nm->name, "", labels, NULL, NULL);
+	if (nm->scale) {
+		json_t *d = json_real(json_number_value(v) * nm->scale);
+		put_value(f, d);
+		json_decref(d);
+	} else {
+		put_value(f, v);
+	}
+}
+
+/* Labels of every object of @arr, preformatted. */
+struct labelled {
+	json_t *obj;
+	char *labels;
+};
+
+static char *pipeline_labels(json_t *pl)
+{
+	char *buf = NULL;
+	size_t len;
+	bool first = true;
+	FILE *f = open_memstream(&buf, &len);
+	const char *name = json_string_value(json_object_get(pl, "name"));
+
+	if (!f)
+		return NULL;
+	put_label(f, &first, "pipeline", name ? name : "");
+	fclose(f);
+	return buf;
+}
+
+static char *attachment_labels(json_t *cl, json_t *att)
+{
+	char *buf = NULL, num[32];
+	size_t len;
+	bool first = true;
+	FILE *f = open_memstream(&buf, &len);
+	const char *pl = json_string_value(json_object_get(att, "pipeline"));
+	const char *name = json_string_value(json_object_get(cl, "name"));
+
+	if (!f)
+		return NULL;
+	put_label(f, &first, "pipeline", pl ? pl : "");
+	snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(json_object_get(cl, "id")));
+	put_label(f, &first, "client", num);
+	put_label(f, &first, "client_name", name ? name : "");
+	snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(json_object_get(cl, "uid")));
+	put_label(f, &first, "uid", num);
+	snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(json_object_get(att, "id")));
+	put_label(f, &first, "attachment", num);
+	fclose(f);
+	return buf;
+}
+
+static void put_nums(FILE *f, const struct num_metric *tab, size_t n, const struct labelled *objs,
+                     size_t nobjs)
+{
+	for (size_t i = 0; i < n; i++) {
+		family(f, tab[i].name, tab[i].type, tab[i].help);
+		for (size_t j = 0; j < nobjs; j++) {
+			json_t *v = get_num(objs[j].obj, tab[i].path);
+			if (v)
+				put_num(f, &tab[i], objs[j].labels, v);
+		}
+	}
+}
+
+static const struct num_metric daemon_metrics[] = {
+	{ "loaderd_uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s", 0 },
+	{ "loaderd_workers", "gauge", "Worker threads of the daemon's pool.", "workers", 0 },
+	{ "loaderd_memory_limit_bytes", "gauge", "Most memory for batch slots (settings memory_limit).",
+	  "memory_limit", 0 },
+	{ "loaderd_memory_used_bytes", "gauge", "Memory of batch slots now, held-after-drop slabs included.",
+	  "memory_used", 0 },
+	{ "loaderd_memory_held_after_drop_bytes", "gauge",
+	  "Slab memory of dropped pipelines that clients still map.", "memory_held_after_drop", 0 },
+};
+
+static const struct num_metric pipeline_metrics[] = {
+	{ "loaderd_pipeline_clients", "gauge", "Attachments reading the pipeline.", "clients", 0 },
+	{ "loaderd_pipeline_slot_bytes", "gauge", "Bytes of one batch slot.", "slot_bytes", 0 },
+	{ "loaderd_pipeline_dataset_samples", "gauge", "Samples in one epoch of the dataset.", "samples", 0 },
+	{ "loaderd_pipeline_batch_size", "gauge", "Samples per batch.", "batch_size", 0 },
+	{ "loaderd_pipeline_batches_per_epoch", "gauge", "Batches in one epoch.", "batches_per_epoch", 0 },
+	{ "loaderd_pipeline_batches_total", "counter", "Batches built.",
+	  "stats.batches_total|batches_produced", 0 },
+	{ "loaderd_pipeline_samples_total", "counter", "Samples built into batches.",
+	  "stats.samples_total", 0 },
+	{ "loaderd_pipeline_bytes_total", "counter", "Bytes of the batches built.", "stats.bytes_total", 0 },
+	{ "loaderd_pipeline_batches_reclaimed_total", "counter",
+	  "Built batches nobody had received, taken back for another stream and built again later.",
+	  "batches_reclaimed", 0 },
+	{ "loaderd_pipeline_skipped_samples_total", "counter",
+	  "Samples skipped as unreadable (the spec's on_error).", "stats.skipped_total|skipped", 0 },
+	{ "loaderd_pipeline_errors_total", "counter", "Errors while building batches.",
+	  "stats.errors_total", 0 },
+	{ "loaderd_pipeline_backpressure_seconds_total", "counter",
+	  "Seconds the pipeline waited for its slowest broadcast reader with every slot full.",
+	  "backpressure_ms", 1e-3 },
+	{ "loaderd_pipeline_slow_clients_detached_total", "counter",
+	  "Clients detached for holding a broadcast back too long.", "slow_clients_detached", 0 },
+	{ "loaderd_pipeline_worker_seconds_total", "counter",
+	  "Worker seconds spent building the pipeline's batches.", "stats.worker_seconds_total", 0 },
+	{ "loaderd_pipeline_workers_busy_ratio", "gauge",
+	  "Worker seconds per second over the pool size, over the last window_s seconds (0..1).",
+	  "stats.workers_busy", 0 },
+	{ "loaderd_pipeline_jobs", "gauge", "Batches being built now.", "stats.jobs", 0 },
+};
+
+static const struct num_metric client_metrics[] = {
+	{ "loaderd_client_batches_total", "counter", "Batches delivered to the attachment.",
+	  "stats.batches_total|delivered", 0 },
+	{ "loaderd_client_samples_total", "counter", "Samples delivered to the attachment.",
+	  "stats.samples_total", 0 },
+	{ "loaderd_client_bytes_total", "counter", "Bytes delivered to the attachment.",
+	  "stats.bytes_total", 0 },
+	{ "loaderd_client_leases", "gauge", "Batches the client holds now (not yet released).", "leases", 0 },
+	{ "loaderd_client_pending_requests", "gauge", "Next requests of the client waiting for a batch.",
+	  "pending", 0 },
+	{ "loaderd_client_lag_batches", "gauge", "Batches ready for the client that it was not given yet.",
+	  "stats.lag_batches", 0 },
+	{ "loaderd_client_starving", "gauge",
+	  "1 while the client waits in ldr_next() and nothing is ready for it.", "stats.starving", 0 },
+	{ "loaderd_client_wait_ratio", "gauge",
+	  "Share of the client's time spent waiting in ldr_next() over the last window_s seconds (0..1).",
+	  "stats.wait_fraction", 0 },
+	{ "loaderd_client_compute_seconds_total", "counter",
+	  "Seconds the client spent between ldr_next() calls (its own work).",
+	  "stats.compute_seconds_total", 0 },
+	{ "loaderd_client_next_calls_total", "counter", "ldr_next() calls the client reported.",
+	  "stats.next_calls_total", 0 },
+};
+
+/* A gauge with one sample per value of @key, 1 for the value @o has, 0 for the
+ * others: an enum (a pipeline's state, what limits it). */
+static void put_enum(FILE *f, const char *name, const char *help, const char *key,
+                     const char *const *values, const struct labelled *objs, size_t nobjs,
+                     const char *path)
+{
+	family(f, name, "gauge", help);
+	for (size_t j = 0; j < nobjs; j++) {
+		json_t *o = objs[j].obj;
+		char buf[64], *save = NULL, *k;
+		const char *now;
+
+		snprintf(buf, sizeof(buf), "%s", path);
+		for (k = strtok_r(buf, ".", &save); k && o; k = strtok_r(NULL, ".", &save))
+			o = json_object_get(o, k);
+		if (!(now = json_string_value(o)))
+			continue;
+		for (size_t v = 0; values[v]; v++) {
+			put_name(f, name, "", objs[j].labels, key, values[v]);
+			fprintf(f, " %d\n", strcmp(now, values[v]) == 0);
+		}
+	}
+}
+
+static const char *const pipeline_states[] = { "starting", "running", "done", "failed", NULL };
+static const char *const limits[] = { "consumers", "workers", "io", "slots", "idle", "done", "failed",
+                                      "starting", NULL };
+static const char *const stages[] = { "read", "decode", "transform", "collate", NULL };
+
+/* Slots by state: ready (built, waiting), leased, free, and filling (the
+ * rest: being built). They sum to the pipeline's slots. */
+static void put_slots(FILE *f, const struct labelled *objs, size_t nobjs)
+{
+	family(f, "loaderd_pipeline_slots", "gauge", "Batch slots of the pipeline, by state "
+	       "(ready, leased, free, filling); they sum to its slots.");
+	for (size_t j = 0; j < nobjs; j++) {
+		json_t *pl = objs[j].obj;
+		json_t *st = json_object_get(pl, "stats");
+		json_int_t total = json_integer_value(json_object_get(pl, "slots_total"));
+		json_int_t in_use = json_integer_value(json_object_get(pl, "slots_in_use"));
+		json_int_t leased = json_integer_value(json_object_get(pl, "slots_leased"));
+		json_int_t ready, free_, filling;
+
+		if (!json_object_get(pl, "slots_total"))
+			continue;
+		if (json_is_integer(json_object_get(st, "slots_ready"))) {
+			ready = json_integer_value(json_object_get(st, "slots_ready"));
+			leased = json_integer_value(json_object_get(st, "slots_leased"));
+			free_ = json_integer_value(json_object_get(st, "slots_free"));
+		} else {
+			/* in use and not leased: built and waiting for a reader */
+			ready = in_use - leased;
+			free_ = total - in_use;
+		}
+		filling = total - ready - leased - free_;
+		put_name(f, "loaderd_pipeline_slots", "", objs[j].labels, "state", "ready");
+		fprintf(f, " %lld\n", (long long)ready);
+		put_name(f, "loaderd_pipeline_slots", "", objs[j].labels, "state", "leased");
+		fprintf(f, " %lld\n", (long long)leased);
+		put_name(f, "loaderd_pipeline_slots", "", objs[j].labels, "state", "free");
+		fprintf(f, " %lld\n", (long long)free_);
+		put_name(f, "loaderd_pipeline_slots", "", objs[j].labels, "state", "filling");
+		fprintf(f, " %lld\n", (long long)(filling > 0 ? filling : 0));
+	}
+}
+
+static void put_stages(FILE *f, const struct labelled *objs, size_t nobjs)
+{
+	family(f, "loaderd_pipeline_stage_seconds_total", "counter",
+	       "Worker seconds spent in each stage of building batches (read, decode, transform, collate).");
+	for (size_t j = 0; j < nobjs; j++) {
+		json_t *st = json_object_get(json_object_get(objs[j].obj, "stats"), "stage_seconds_total");
+		for (size_t s = 0; stages[s]; s++) {
+			json_t *v = json_object_get(st, stages[s]);
+			if (!json_is_number(v))
+				continue;
+			put_name(f, "loaderd_pipeline_stage_seconds_total", "", objs[j].labels, "stage", stages[s]);
+			put_value(f, v);
+		}
+	}
+}
+
+/* loaderd_client_wait_seconds: the client's per-bucket counts made
+ * cumulative, as Prometheus histograms are; +Inf is the sum of every bucket
+ * and _count the same, so the histogram is consistent even if the client's
+ * own count disagreed. */
+static void put_wait_histogram(FILE *f, const struct labelled *objs, size_t nobjs)
+{
+	static const char name[] = "loaderd_client_wait_seconds";
+
+	family(f, name, "histogram", "Time the client waited in ldr_next() for a batch.");
+	for (size_t j = 0; j < nobjs; j++) {
+		json_t *h = json_object_get(json_object_get(objs[j].obj, "stats"), "wait_histogram");
+		json_t *le = json_object_get(h, "le"), *counts = json_object_get(h, "counts");
+		size_t n = json_array_size(le);
+		long long cum = 0;
+		char bound[32];
+
+		if (!json_is_array(le) || json_array_size(counts) != n + 1)
+			continue;
+		for (size_t b = 0; b <= n; b++) {
+			cum += (long long)json_integer_value(json_array_get(counts, b));
+			if (b == n)
+				snprintf(bound, sizeof(bound), "+Inf");
+			else
+				snprintf(bound, sizeof(bound), "%g", json_number_value(json_array_get(le, b)));
+			put_name(f, name, "_bucket", objs[j].labels, "le", bound);
+			fprintf(f, " %lld\n", cum);
+		}
+		put_name(f, name, "_sum", objs[j].labels, NULL, NULL);
+		if (json_is_number(json_object_get(h, "sum_s")))
+			put_value(f, json_object_get(h, "sum_s"));
+		else
+			fputs(" 0\n", f);
+		put_name(f, name, "_count", objs[j].labels, NULL, NULL);
+		fprintf(f, " %lld\n", cum);
+	}
+}
+
+static void put_daemon(FILE *f, json_t *status)
+{
+	const char *version = json_string_value(json_object_get(status, "version"));
+	struct labelled self = { status, "" };
+	char proto[16];
+	bool first = true;
+	static const char *const swept[][2] = {
+		{ "clients", "clients_released_by_sweep" },
+		{ "probes", "probes_released_by_sweep" },
+		{ "nng_fds", "nng_fds_closed_by_sweep" },
+	};
+
+	family(f, "loaderd_build_info", "gauge", "Always 1; the labels say which loaderd runs.");
+	snprintf(proto, sizeof(proto), "%lld", (long long)json_integer_value(json_object_get(status, "protocol")));
+	fputs("loaderd_build_info{", f);
+	put_label(f, &first, "version", version ? version : LOADERD_VERSION);
+	put_label(f, &first, "protocol", proto);
+	fputs("} 1\n", f);
+	put_nums(f, daemon_metrics, sizeof(daemon_metrics) / sizeof(daemon_metrics[0]), &self, 1);
+	family(f, "loaderd_clients", "gauge", "Clients connected (the daemon's own probes not counted).");
+	fprintf(f, "loaderd_clients %zu\n", json_array_size(json_object_get(status, "clients")));
+	family(f, "loaderd_sweep_released_total", "counter", "What the sweep of nng's lost close "
+	       "events released (docs/reliability.md): clients, probes, nng_fds.");
+	for (size_t i = 0; i < sizeof(swept) / sizeof(swept[0]); i++) {
+		json_t *v = json_object_get(status, swept[i][1]);
+		if (!json_is_integer(v))
+			continue;
+		put_name(f, "loaderd_sweep_released_total", "", "", "what", swept[i][0]);
+		put_value(f, v);
+	}
+}
+
+char *metrics_text(json_t *status, size_t *len)
+{
+	json_t *pls = json_object_get(status, "pipelines"), *cls = json_object_get(status, "clients");
+	size_t npl = 0, natt = 0, i, k;
+	struct labelled *pl = calloc(json_array_size(pls) + 1, sizeof(*pl));
+	struct labelled *att;
+	json_t *o, *c, *a;
+	char *buf = NULL;
+	FILE *f;
+
+	size_t atts_max = 1;
+	json_array_foreach(cls, i, c)
+		atts_max += json_array_size(json_object_get(c, "attachments"));
+	att = calloc(atts_max, sizeof(*att));
+	if (!pl || !att)
+		goto out;
+	json_array_foreach(pls, i, o) {
+		/* a pipeline the status only names (another user's) has no data:
+		 * as admin there is none, but say nothing rather than zeros */
+		if (!json_object_get(o, "state"))
+			continue;
+		pl[npl].obj = o;
+		if (!(pl[npl++].labels = pipeline_labels(o)))
+			goto out;
+	}
+	json_array_foreach(cls, i, c)
+		json_array_foreach(json_object_get(c, "attachments"), k, a) {
+			att[natt].obj = a;
+			if (!(att[natt++].labels = attachment_labels(c, a)))
+				goto out;
+		}
+	if (!(f = open_memstream(&buf, len)))
+		goto out;
+	put_daemon(f, status);
+	put_enum(f, "loaderd_pipeline_state", "1 for the state the pipeline is in "
+	         "(starting, running, done, failed), 0 for the others.", "state", pipeline_states, pl, npl,
+	         "state");
+	put_slots(f, pl, npl);
+	put_nums(f, pipeline_metrics, sizeof(pipeline_metrics) / sizeof(pipeline_metrics[0]), pl, npl);
+	put_stages(f, pl, npl);
+	put_enum(f, "loaderd_pipeline_limited_by", "1 for what limits the pipeline's rate now "
+	         "(consumers, workers, io, slots, idle, done, failed, starting), 0 for the others.",
+	         "reason", limits, pl, npl, "stats.limited_by");
+	put_nums(f, client_metrics, sizeof(client_metrics) / sizeof(client_metrics[0]), att, natt);
+	put_wait_histogram(f, att, natt);
+	if (fclose(f) != 0) {
+		free(buf);
+		buf = NULL;
+	}
+out:
+	for (i = 0; pl && i < npl; i++)
+		free(pl[i].labels);
+	for (i = 0; att && i < natt; i++)
+		free(att[i].labels);
+	free(pl);
+	free(att);
+	return buf;
+}

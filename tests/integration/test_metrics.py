@@ -1,0 +1,310 @@
+# SPDX-License-Identifier: MIT
+"""/metrics (settings metrics_address): Prometheus text exposition over TCP
+and over a unix socket, scraped for real and parsed with prometheus_client's
+own parser (Debian's python3-prometheus-client), checked against a known run.
+"""
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ldrtest import LOADERD, python_client_env, random_tokens, token_spec
+
+_VERSION = subprocess.run([LOADERD, "--version"], capture_output=True, text=True).stdout
+pytestmark = pytest.mark.skipif("libmicrohttpd: not built in" in _VERSION,
+                                reason="loaderd built without libmicrohttpd (-Dmetrics)")
+
+# A trainer: reads one epoch of a pipeline, releasing each batch (after
+# sleeping SLEEP seconds: its "compute"), says how many it read, then stays
+# attached until stdin closes.
+TRAINER = textwrap.dedent("""
+    import sys, time
+    import loaderd
+    sock, pipeline, name, sleep_s = sys.argv[1:5]
+    dl = loaderd.DataLoader(pipeline, socket=sock, as_numpy=True, name=name)
+    n = 0
+    for b in dl:
+        time.sleep(float(sleep_s))
+        b.release()
+        n += 1
+    print("consumed", n, flush=True)
+    sys.stdin.readline()
+""")
+
+
+class Trainer:
+    def __init__(self, d, pipeline, name, sleep_s=0.0):
+        self.p = subprocess.Popen([sys.executable, "-c", TRAINER, d.socket, pipeline, name,
+                                   str(sleep_s)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=python_client_env())
+        line = self.p.stdout.readline()
+        assert line.startswith("consumed "), \
+            f"trainer: {line!r}\n{self.p.stderr.read()}\n{d.log()[-3000:]}"
+        self.batches = int(line.split()[1])
+
+    def exit(self):
+        self.p.stdin.close()
+        assert self.p.wait(timeout=30) == 0, self.p.stderr.read()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over AF_UNIX: http.client with the socket connected by hand."""
+
+    def __init__(self, path):
+        super().__init__("localhost", timeout=10)
+        self.unix_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(self.unix_path)
+
+
+def get_unix(path, url="/metrics", method="GET"):
+    c = UnixHTTPConnection(path)
+    try:
+        c.request(method, url)
+        r = c.getresponse()
+        return r.status, r.getheader("Content-Type"), r.read().decode()
+    finally:
+        c.close()
+
+
+def get_tcp(port, url="/metrics"):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{url}", timeout=10) as r:
+        return r.status, r.headers["Content-Type"], r.read().decode()
+
+
+def parse(text):
+    """{family name: family}; every family once, as the format wants."""
+    fams = {}
+    for f in text_string_to_metric_families(text):
+        assert f.name not in fams, f"family {f.name} twice"
+        fams[f.name] = f
+    return fams
+
+
+def samples(fams, family, name=None, **labels):
+    """The samples of @family (sample name @name, default the family's)
+    whose labels include @labels."""
+    f = fams[family]
+    name = name or f.name
+    return [s for s in f.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def value(fams, family, name=None, **labels):
+    got = samples(fams, family, name, **labels)
+    assert len(got) == 1, (family, labels, got)
+    return got[0].value
+
+
+def check_histograms(fams):
+    """Every loaderd_client_wait_seconds series is a valid histogram:
+    cumulative buckets in rising le order, +Inf last and equal to _count."""
+    f = fams["loaderd_client_wait_seconds"]
+    assert f.type == "histogram"
+    series = {}
+    for s in f.samples:
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+        series.setdefault(key, {"buckets": [], "count": None, "sum": None})
+        if s.name.endswith("_bucket"):
+            series[key]["buckets"].append((float(s.labels["le"]), s.value))
+        elif s.name.endswith("_count"):
+            series[key]["count"] = s.value
+        elif s.name.endswith("_sum"):
+            series[key]["sum"] = s.value
+    for key, h in series.items():
+        les = [b[0] for b in h["buckets"]]
+        assert les == sorted(les) and les[-1] == float("inf"), (key, les)
+        counts = [b[1] for b in h["buckets"]]
+        assert counts == sorted(counts), (key, counts)
+        assert counts[-1] == h["count"], key
+        assert h["sum"] is not None and h["sum"] >= 0, key
+    return series
+
+
+@pytest.fixture
+def tokens(workdir):
+    """100 samples of 64 tokens."""
+    tok = os.path.join(workdir, "t.bin")
+    random_tokens(tok, 64 * 100 + 1, "uint16", seed=7)
+    return tok
+
+
+def loaderd_version():
+    return _VERSION.splitlines()[0].split()[1]
+
+
+def test_metrics_over_tcp_match_a_known_run(daemon, workdir, tokens):
+    port = free_port()
+    cfg = os.path.join(workdir, "loaderd.json")
+    # one epoch of 3 batches (and a 10-sample rest, dropped)
+    write_config(cfg, {"metrics_address": f"127.0.0.1:{port}", "pipelines": [
+        token_spec("a", tokens, 64, "uint16", batch_size=30, drop_last=True, prefetch=4)]})
+    d = daemon("--config", cfg)
+
+    code, ctype, text = get_tcp(port)
+    assert code == 200 and ctype == "text/plain; version=0.0.4; charset=utf-8"
+    fams = parse(text)
+    assert fams["loaderd_build_info"].type == "gauge"
+    info = samples(fams, "loaderd_build_info")
+    assert len(info) == 1 and info[0].value == 1
+    assert info[0].labels["version"] == loaderd_version()
+    st = d.status()
+    assert info[0].labels["protocol"] == str(st["protocol"])
+    assert value(fams, "loaderd_workers") == st["workers"] == 2
+    assert value(fams, "loaderd_memory_limit_bytes") == st["memory_limit"]
+    assert value(fams, "loaderd_clients") == 0
+
+    t = Trainer(d, "a", 'trainer "one"')
+    try:
+        assert t.batches == 3
+        # its last Release travels on its own: the daemon has it when the
+        # pipeline is done (every built batch delivered and released)
+        d.wait_for(lambda st: st["pipelines"][0]["state"] == "done" and
+                   st["clients"][0]["leases"] == 0, "the trainer's last release")
+        fams = parse(get_tcp(port)[2])
+        pl = d.pipeline("a")
+        assert value(fams, "loaderd_pipeline_batch_size", pipeline="a") == 30
+        assert value(fams, "loaderd_pipeline_batches_per_epoch", pipeline="a") == 3
+        assert value(fams, "loaderd_pipeline_dataset_samples", pipeline="a") == 100
+        assert value(fams, "loaderd_pipeline_slot_bytes", pipeline="a") == pl["slot_bytes"]
+        assert value(fams, "loaderd_pipeline_clients", pipeline="a") == 1
+        assert value(fams, "loaderd_pipeline_state", pipeline="a", state="done") == 1
+        assert value(fams, "loaderd_pipeline_state", pipeline="a", state="running") == 0
+        # every batch read and released: every slot is free
+        slots = {s.labels["state"]: s.value for s in samples(fams, "loaderd_pipeline_slots",
+                                                              pipeline="a")}
+        assert slots == {"ready": 0, "leased": 0, "filling": 0, "free": pl["slots_total"]}
+        assert pl["slots_total"] == 4
+        assert fams["loaderd_pipeline_batches"].type == "counter"
+        assert value(fams, "loaderd_pipeline_batches", "loaderd_pipeline_batches_total",
+                     pipeline="a") == 3
+
+        assert value(fams, "loaderd_clients") == 1
+        (cl,) = d.status()["clients"]
+        labels = {"pipeline": "a", "client": str(cl["id"]), "client_name": 'trainer "one"',
+                  "uid": str(os.getuid())}
+        assert fams["loaderd_client_batches"].type == "counter"
+        assert value(fams, "loaderd_client_batches", "loaderd_client_batches_total", **labels) == 3
+        assert value(fams, "loaderd_client_leases", **labels) == 0
+        check_histograms(fams)
+    finally:
+        t.exit()
+    fams = parse(get_tcp(port)[2])
+    assert value(fams, "loaderd_clients") == 0
+    assert samples(fams, "loaderd_client_batches", "loaderd_client_batches_total") == []
+
+
+def test_metrics_over_a_unix_socket(daemon, workdir, tokens):
+    path = os.path.join(workdir, "metrics.sock")
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": path, "socket_mode": "0600", "pipelines": [
+        token_spec("u", tokens, 64, "uint16", batch_size=25)]})
+    d = daemon("--config", cfg)
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    code, ctype, text = get_unix(path)
+    assert code == 200 and ctype.startswith("text/plain; version=0.0.4")
+    fams = parse(text)
+    assert value(fams, "loaderd_pipeline_batches_per_epoch", pipeline="u") == 4
+    assert d.consume("u").json["batches"] == 4
+
+    # only GET /metrics
+    code, _, body = get_unix(path, "/")
+    assert code == 404 and body == "not found: loaderd serves only /metrics\n"
+    code, _, body = get_unix(path, "/metrics/x")
+    assert code == 404
+    code, _, body = get_unix(path, "/metrics", method="POST")
+    assert code == 405 and body == "method not allowed: /metrics is read with GET\n"
+    code, _, body = get_unix(path, "/metrics", method="HEAD")
+    assert code == 200 and body == ""
+    d.stop()
+    assert not os.path.exists(path)
+
+
+def test_404_and_405_over_tcp(daemon, workdir):
+    port = free_port()
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": f"127.0.0.1:{port}"})
+    daemon("--config", cfg)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        get_tcp(port, "/")
+    assert e.value.code == 404
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", data=b"x", method="PUT")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 405 and e.value.headers["Allow"] == "GET, HEAD"
+
+
+@pytest.mark.parametrize("addr, needle", [
+    ("127.0.0.1", "no port"),
+    ("127.0.0.1:0", "the port must be a number in 1..65535"),
+    ("127.0.0.1:70000", "the port must be a number in 1..65535"),
+    ("127.0.0.1:94x", "the port must be a number in 1..65535"),
+    (":9464", "no host"),
+    ("::1:9464", "an IPv6 address goes in brackets"),
+    ("[::1:9464", "an IPv6 address needs the form [ADDR]:PORT"),
+    ("no-such-host.invalid:9464", "host no-such-host.invalid:"),
+    ("relative/metrics.sock", "no port"),
+    ("/" + "x" * 120, "socket path too long"),
+    (9464, "metrics_address: must be a string"),
+])
+def test_bad_metrics_address_is_a_settings_error(workdir, addr, needle):
+    cfg = os.path.join(workdir, "c.json")
+    sock = os.path.join(workdir, "s.sock")
+    write_config(cfg, {"metrics_address": addr})
+    for args in (["--config", cfg, "--socket", sock], ["--check-config=" + cfg]):
+        p = subprocess.run([LOADERD] + args, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1, p
+        assert f"{cfg}: metrics_address: " in p.stderr and needle in p.stderr, p.stderr
+    assert not os.path.exists(sock)
+
+
+def test_port_in_use_is_a_clear_startup_error(workdir):
+    cfg = os.path.join(workdir, "c.json")
+    sock = os.path.join(workdir, "s.sock")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        write_config(cfg, {"metrics_address": f"127.0.0.1:{port}"})
+        p = subprocess.run([LOADERD, "--config", cfg, "--socket", sock], capture_output=True,
+                           text=True, timeout=30)
+    assert p.returncode == 1
+    assert f"loaderd: metrics_address 127.0.0.1:{port}: cannot listen: Address already in use" \
+        in p.stderr, p.stderr
+    # the control socket it had bound is gone again
+    assert not os.path.exists(sock)
+
+
+def test_ipv6_and_localhost(daemon, workdir):
+    port = free_port()
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": f"[::1]:{port}"})
+    d = daemon("--config", cfg)
+    with urllib.request.urlopen(f"http://[::1]:{port}/metrics", timeout=10) as r:
+        fams = parse(r.read().decode())
+    assert samples(fams, "loaderd_build_info")[0].labels["version"] == loaderd_version()
+    d.stop()
