@@ -308,3 +308,35 @@ def test_ipv6_and_localhost(daemon, workdir):
         fams = parse(r.read().decode())
     assert samples(fams, "loaderd_build_info")[0].labels["version"] == loaderd_version()
     d.stop()
+
+
+def test_grafana_dashboard_queries_only_exported_metrics(daemon, workdir, tokens):
+    """docs/grafana-dashboard.json is a dashboard whose every query names
+    metrics that /metrics has."""
+    import re
+    from ldrtest import REPO_ROOT
+    with open(os.path.join(REPO_ROOT, "docs", "grafana-dashboard.json")) as f:
+        dash = json.load(f)
+    assert dash["title"] and dash["uid"] and dash["schemaVersion"] >= 36
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = " ".join(p["title"] for p in dash["panels"]).lower()
+    for want in ("stall", "p99", "samples/s", "workers busy", "limited by"):
+        assert want in titles, want
+    port = free_port()
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": f"127.0.0.1:{port}"})
+    daemon("--config", cfg)
+    fams = parse(get_tcp(port)[2])
+    names = set()
+    for f in fams.values():
+        names.add(f.name)
+        if f.type == "counter":
+            names.add(f.name + "_total")
+        if f.type == "histogram":
+            names.update(f.name + s for s in ("_bucket", "_sum", "_count"))
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert exprs
+    for e in exprs:
+        for m in re.findall(r"\bloaderd_[a-z_]+", e):
+            assert m in names, (m, e)
