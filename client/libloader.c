@@ -696,6 +696,36 @@ int ldr_pipelines_json(struct ldr_client *c, char **json_out)
 	return json_call(c, &req, json_out);
 }
 
+int ldr_set(struct ldr_client *c, const char *key, const char *pipeline, const char *value,
+            char **json_out)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Set st = LOADERD__SET__INIT;
+
+	CHECK_PID(c);
+	if (!key || !value || !json_out)
+		return set_err(-EINVAL, "set: no key or value");
+	st.key = (char *)key;
+	st.value = (char *)value;
+	st.pipeline = (char *)(pipeline ? pipeline : "");
+	req.body_case = LOADERD__REQUEST__BODY_SET;
+	req.set = &st;
+	return json_call(c, &req, json_out);
+}
+
+int ldr_reload(struct ldr_client *c, char **json_out)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Reload rl = LOADERD__RELOAD__INIT;
+
+	CHECK_PID(c);
+	if (!json_out)
+		return set_err(-EINVAL, "reload: no json_out");
+	req.body_case = LOADERD__REQUEST__BODY_RELOAD;
+	req.reload = &rl;
+	return json_call(c, &req, json_out);
+}
+
 /* --- attachments -------------------------------------------------------- */
 
 static int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint64_t *size,

@@ -107,6 +107,9 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 
 	if (eng->shutdown)
 		return errfmt(-ESHUTDOWN, err, errlen, "daemon is shutting down");
+	if (!pl && (pl = engine_find_retired(eng, name)) && pl->retired == RETIRE_DRAIN)
+		return errfmt(-ENOENT, err, errlen, "pipeline '%s' was removed from the config by a "
+		              "reload: its clients finish their epoch, no new ones attach", name);
 	if (!pl)
 		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
 	if (p->who && !pipeline_may_use(pl, p->who))
@@ -132,12 +135,12 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		              "attach: credits %u above the limit of %d", p->credits, ATTACH_MAX_CREDITS);
 	struct stream *shared = p->mode == LDR_MODE_PARTITION ? NULL : pl->shared[p->mode];
 	uint32_t active = pipeline_active_streams(pl);
-	if ((!shared || !shared->natts) && active >= pl->nslots)
+	if ((!shared || !shared->natts) && active >= pl->prefetch)
 		return errfmt(-ENOSPC, err, errlen,
 		              "attach: pipeline '%s' has %u slots and %u streams read it already "
 		              "(one per partition rank, one for its broadcast and one for its dynamic clients): "
 		              "each stream needs a slot of its own; create the pipeline with a prefetch of at "
-		              "least %u", name, pl->nslots, active, active + 1);
+		              "least %u", name, pl->prefetch, active, active + 1);
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return errfmt(-ENOMEM, err, errlen, "attach: out of memory");

@@ -31,15 +31,23 @@ static struct pending *att_pop_pending(struct attachment *a)
 	return p;
 }
 
-static void answer_end(struct attachment *a, struct pending *p)
-{
-	struct delivery d = { .kind = DELIVER_END, .seq = a->deliver_no++ };
-	deliver(a->eng, p, &d);
-}
-
 static void answer_error(struct attachment *a, struct pending *p, int err, const char *msg)
 {
 	struct delivery d = { .kind = DELIVER_ERROR, .seq = a->deliver_no++, .err = err, .msg = msg };
+	deliver(a->eng, p, &d);
+}
+
+/* The end of @a's stream: End, or for a pipeline a reload removed, the
+ * error that says so (its clients must not take it for the data's end). */
+static void answer_end(struct attachment *a, struct pending *p)
+{
+	struct delivery d = { .kind = DELIVER_END, .seq = a->deliver_no++ };
+
+	if (a->stream && a->stream->drained) {
+		a->deliver_no--;
+		answer_error(a, p, ENOENT, a->pl->retire_msg);
+		return;
+	}
 	deliver(a->eng, p, &d);
 }
 

@@ -144,3 +144,25 @@ uint64_t engine_memory_used(const struct engine *eng)
 {
 	return eng->memory_used;
 }
+
+uint64_t engine_memory_free(const struct engine *eng)
+{
+	return eng->memory_limit > eng->memory_used ? eng->memory_limit - eng->memory_used : 0;
+}
+
+int engine_set_workers(struct engine *eng, unsigned n, char *err, size_t errlen)
+{
+	int r = workers_resize(eng->workers, n);
+
+	if (r == -EINVAL)
+		return errfmt(r, err, errlen, "workers: %u is out of range (1..%d)", n, WORKERS_MAX);
+	if (r < 0)
+		return errfmt(r, err, errlen, "workers: %u of %u threads run, no more could start: %s",
+		              workers_count(eng->workers), n, strerror(-r));
+	return 0;
+}
+
+void engine_set_memory_limit(struct engine *eng, uint64_t bytes)
+{
+	eng->memory_limit = bytes;
+}

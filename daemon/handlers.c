@@ -43,7 +43,7 @@ static void handle_hello(struct server *srv, struct sctx *c, struct client *cl, 
 /* The client as a principal: an admin is root, the daemon's own user, or a
  * member of the config's admin_group (its groups as its process had them when
  * it connected). */
-static void who_is(const struct server *srv, const struct client *cl, struct principal *p)
+void who_is(const struct server *srv, const struct client *cl, struct principal *p)
 {
 	p->creds = cl->creds;
 	p->admin = cl->uid == 0 || cl->uid == geteuid() ||
@@ -505,6 +505,12 @@ void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
 		break;
 	case LOADERD__REQUEST__BODY_DETACH:
 		handle_detach(srv, c, cl, req->detach);
+		break;
+	case LOADERD__REQUEST__BODY_SET:
+		handle_set(srv, c, cl, req->set);
+		break;
+	case LOADERD__REQUEST__BODY_RELOAD:
+		handle_reload(srv, c, cl);
 		break;
 	default:
 		reply_error(srv, c, EPROTO, "malformed request: empty or unknown request type");

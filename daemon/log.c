@@ -15,7 +15,7 @@
 
 #include "log.h"
 
-int log_max_level = LOG_INFO;
+_Atomic int log_max_level = LOG_INFO;
 
 static const char *const names[] = {
 	[LOG_ERR] = "error", [LOG_WARNING] = "warning", [LOG_NOTICE] = "notice",
@@ -28,6 +28,11 @@ int log_level_from_name(const char *name)
 		if (strcmp(names[i], name) == 0)
 			return i;
 	return -EINVAL;
+}
+
+const char *log_level_name(int level)
+{
+	return level >= LOG_ERR && level <= LOG_DEBUG ? names[level] : "?";
 }
 
 void log_msg(int level, const char *fmt, ...)

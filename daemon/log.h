@@ -7,7 +7,10 @@
 
 enum log_level { LOG_ERR = 3, LOG_WARNING = 4, LOG_NOTICE = 5, LOG_INFO = 6, LOG_DEBUG = 7 };
 
-extern int log_max_level;
+/* Changed live (loaderctl set log-level, a reload) while other threads log. */
+extern _Atomic int log_max_level;
+/* Its name, "info"; "?" for none. */
+const char *log_level_name(int level);
 
 void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Parse "error", "warning", "notice", "info", "debug"; -EINVAL if none. */

@@ -21,6 +21,7 @@
 #include "metrics.h"
 #include "notify.h"
 #include "pipeline.h"
+#include "reload.h"
 #include "server.h"
 #include "settings.h"
 #include "spec.h"
@@ -34,6 +35,7 @@ struct daemon {
 	struct server *srv;
 	struct metrics *metrics;      /* /metrics, NULL without metrics_address */
 	struct settings cfg;
+	struct config_run run;        /* the config as it runs: reload.c */
 	const char *cli_config;
 	bool check_config;            /* --check-config: validate and exit */
 	const char *check_file;       /* its FILE, or NULL: the one loaderd would read */
@@ -60,8 +62,14 @@ static void usage(FILE *f)
 		"  -h, --help               show this help\n"
 		"  -V, --version            show versions of loaderd and its libraries\n"
 		"\n"
-		"Signals: SIGTERM/SIGINT stop cleanly, SIGHUP re-reads the config file and\n"
-		"creates the pipelines it adds. The fd channel listens on PATH.fds.\n"
+		"Signals: SIGTERM/SIGINT stop cleanly. SIGHUP (or `loaderctl reload`) re-reads\n"
+		"the config file and its drop-ins and applies what can change live: workers,\n"
+		"memory_limit, log_level, linger and the rest; pipelines it adds are created,\n"
+		"removed ones drain (their clients finish the epoch), changed ones are replaced\n"
+		"for new attachments. It names the keys that need a restart (socket, dataset_roots,\n"
+		"...) and keeps everything as it is when the file is invalid (docs/config.md).\n"
+		"`loaderctl set` tunes workers, prefetch and log-level at once. The fd channel\n"
+		"listens on PATH.fds.\n"
 		"\n"
 		"Pipelines a client creates belong to its job: once no client reads one and the\n"
 		"connection that created it is closed, it lingers (config key linger, default\n"
@@ -94,24 +102,6 @@ static void version(void)
 		printf("libmicrohttpd %s\n", metrics_version());
 	else
 		printf("libmicrohttpd: not built in (no /metrics)\n");
-}
-
-/* Pipeline @i of the config as a spec, checked as the daemon creates it. */
-static int config_spec(json_t *spec_json, struct spec **out, char *err, size_t errlen)
-{
-	struct spec *spec;
-	int r = spec_from_json(&spec, spec_json, err, errlen);
-
-	/* the config's pipelines persist, always */
-	if (r == 0 && (spec->has_ttl || (spec->has_persist && !spec->persist))) {
-		r = errfmt(-EINVAL, err, errlen, "%s: pipelines of the config persist always "
-		           "(persist and ttl are for pipelines that clients create)",
-		           spec->has_ttl ? "ttl" : "persist: false");
-		spec_free(spec);
-	}
-	if (r == 0)
-		*out = spec;
-	return r;
 }
 
 /* --check-config: every error of the file and of its pipelines' specs. */
@@ -150,40 +140,6 @@ static int check_config(const char *file)
 	return bad ? 1 : 0;
 }
 
-static int create_pipelines(struct daemon *d, bool reload)
-{
-	size_t i;
-	json_t *spec_json;
-	int failed = 0;
-
-	if (!d->cfg.pipelines)
-		return 0;
-	json_array_foreach(d->cfg.pipelines, i, spec_json) {
-		struct spec *spec = NULL;
-		char err[1024];
-		int r = config_spec(spec_json, &spec, err, sizeof(err));
-		if (r == 0) {
-			/* the config's pipelines are the daemon's, read with its rights */
-			struct principal self;
-			principal_daemon(&self);
-			r = engine_create(server_engine(d->srv), spec, &self, 0, true, err, sizeof(err));
-		}
-		if (r < 0) {
-			log_err("%s: pipelines[%zu]: %s", d->cfg.path, i, err);
-			failed++;
-		} else if (r == 0 && !reload) {
-			log_err("%s: pipelines[%zu]: %s", d->cfg.path, i, err);
-			failed++;
-		}
-	}
-	return failed ? -EINVAL : 0;
-}
-
-static uint64_t linger_ms(const struct settings *cfg)
-{
-	return cfg->has_linger ? cfg->linger_ms : SETTINGS_LINGER_DEFAULT_MS;
-}
-
 static void on_stopped(void *userdata)
 {
 	struct daemon *d = userdata;
@@ -197,21 +153,6 @@ static void on_stopped(void *userdata)
 static void on_watchdog(uv_timer_t *t)
 {
 	notify_send("WATCHDOG=1");
-}
-
-static bool roots_equal(char *const *a, char *const *b)
-{
-	size_t i = 0;
-
-	for (; a && b && a[i] && b[i]; i++)
-		if (strcmp(a[i], b[i]) != 0)
-			return false;
-	return (!a || !a[i]) && (!b || !b[i]);
-}
-
-static bool streq_null(const char *a, const char *b)
-{
-	return a && b ? strcmp(a, b) == 0 : a == b;
 }
 
 /* /metrics reads the status as the Status request does. */
@@ -242,41 +183,12 @@ static void on_signal(uv_signal_t *h, int signum)
 	struct daemon *d = h->data;
 
 	if (signum == SIGHUP) {
-		struct settings fresh = { 0 };
-		uint64_t fresh_slow_ms;
-		uint64_t fresh_max_held;
-		char err[1024];
-		if (!d->cfg.path) {
-			log_notice("SIGHUP: no config file to reload");
-			return;
-		}
-		notify_reloading();
-		if (settings_load(&fresh, d->cfg.path, false, err, sizeof(err)) < 0) {
-			log_err("reload: %s (keeping the running settings)", err);
-			settings_clear(&fresh);
-			notify_send("READY=1\nSTATUS=reload failed, serving with the previous settings");
-			return;
-		}
-		json_decref(d->cfg.pipelines);
-		d->cfg.pipelines = fresh.pipelines ? json_incref(fresh.pipelines) : NULL;
-		d->cfg.has_linger = fresh.has_linger;
-		d->cfg.linger_ms = fresh.linger_ms;
-		fresh_slow_ms = fresh.has_slow_timeout ? fresh.slow_timeout_ms : ENGINE_SLOW_TIMEOUT_DEFAULT_MS;
-		fresh_max_held = fresh.max_held_after_drop;
-		server_set_access(d->srv, fresh.has_admin_group ? (int)fresh.admin_gid : -1,
-		                  fresh.max_conn_per_uid ? fresh.max_conn_per_uid
-		                                         : SETTINGS_CONN_PER_UID_DEFAULT);
-		if (!roots_equal(d->cfg.dataset_roots, fresh.dataset_roots))
-			log_warn("reload: dataset_roots changed: they take effect when loaderd restarts");
-		if (!streq_null(d->cfg.metrics_address, fresh.metrics_address))
-			log_warn("reload: metrics_address changed: it takes effect when loaderd restarts");
-		settings_clear(&fresh);
-		engine_set_linger(server_engine(d->srv), linger_ms(&d->cfg));
-		engine_set_slow_timeout(server_engine(d->srv), fresh_slow_ms);
-		engine_set_max_held(server_engine(d->srv), fresh_max_held);
-		create_pipelines(d, true);
-		log_notice("reloaded %s", d->cfg.path);
-		notify_send("READY=1\nSTATUS=serving");
+		json_t *report = NULL;
+		char err[2048];
+		/* what it did or why not is in the log (reload.c); `loaderctl
+		 * reload` gets the same as its reply */
+		if (config_reload(&d->run, "SIGHUP", &report, err, sizeof(err)) == 0)
+			json_decref(report);
 		return;
 	}
 	log_notice("%s received", strsignal(signum));
@@ -355,10 +267,19 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 	return -1;
 }
 
+/* Without --memory-limit or memory_limit: half of the RAM. */
+static uint64_t default_memory_limit(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+
+	return pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize / 2 : 1ull << 30;
+}
+
 int main(int argc, char **argv)
 {
 	struct daemon d = { 0 };
 	struct server_config sc;
+	struct settings cli = { 0 };
 	char path[108], err[1024] = "";
 	const char *cfgfile;
 	long ncpu;
@@ -375,6 +296,11 @@ int main(int argc, char **argv)
 		settings_clear(&d.cfg);
 		return check_config(d.check_file ? d.check_file : cfgfile);
 	}
+	/* what the command line set wins over the file, also on a reload */
+	cli.workers = d.cfg.workers;
+	cli.memory_limit = d.cfg.memory_limit;
+	cli.log_level = d.cfg.log_level;
+	cli.socket_path = d.cfg.socket_path ? (char *)"" : NULL;
 	if (cfgfile && settings_load(&d.cfg, cfgfile, true, err, sizeof(err)) < 0) {
 		fprintf(stderr, "loaderd: %s\n", err);
 		settings_clear(&d.cfg);
@@ -390,17 +316,13 @@ int main(int argc, char **argv)
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	sc.socket_path = path;
 	sc.workers = d.cfg.workers ? d.cfg.workers : (unsigned)(ncpu > 0 ? ncpu : 1);
-	sc.memory_limit = d.cfg.memory_limit;
+	sc.memory_limit = d.cfg.memory_limit ? d.cfg.memory_limit : default_memory_limit();
 	sc.socket_mode = d.cfg.has_socket_mode ? d.cfg.socket_mode : 0660;
 	sc.socket_gid = d.cfg.has_socket_group ? (int)d.cfg.socket_gid : -1;
 	sc.admin_gid = d.cfg.has_admin_group ? (int)d.cfg.admin_gid : -1;
 	sc.max_conn_per_uid = d.cfg.max_conn_per_uid ? d.cfg.max_conn_per_uid
 	                                             : SETTINGS_CONN_PER_UID_DEFAULT;
 	sc.max_held_after_drop = d.cfg.max_held_after_drop;
-	if (!sc.memory_limit) {
-		long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-		sc.memory_limit = pages > 0 && psize > 0 ? (uint64_t)pages * (uint64_t)psize / 2 : 1ull << 30;
-	}
 
 	if (ds_set_roots(d.cfg.dataset_roots, err, sizeof(err)) < 0) {
 		fprintf(stderr, "loaderd: %s\n", err);
@@ -430,10 +352,15 @@ int main(int argc, char **argv)
 		ds_clear_roots();
 		return 1;
 	}
-	engine_set_linger(server_engine(d.srv), linger_ms(&d.cfg));
-	engine_set_slow_timeout(server_engine(d.srv), d.cfg.has_slow_timeout ? d.cfg.slow_timeout_ms
-	                                              : ENGINE_SLOW_TIMEOUT_DEFAULT_MS);
-	if (create_pipelines(&d, false) < 0)
+	if (config_run_init(&d.run, d.srv, &d.cfg, &cli, path, (unsigned)(ncpu > 0 ? ncpu : 1),
+	                    default_memory_limit()) < 0) {
+		fprintf(stderr, "loaderd: out of memory\n");
+		return 1;
+	}
+	engine_set_linger(server_engine(d.srv), d.run.linger_ms);
+	engine_set_slow_timeout(server_engine(d.srv), d.run.slow_ms);
+	server_set_reload(d.srv, config_reload, &d.run);
+	if (d.cfg.pipelines && config_run_pipelines(&d.run, &d.cfg) < 0)
 		log_warn("some pipelines of %s were not created", d.cfg.path);
 	uv_signal_init(&d.loop, &d.sigterm);
 	uv_signal_init(&d.loop, &d.sigint);
@@ -466,6 +393,7 @@ int main(int argc, char **argv)
 	if (r < 0)
 		log_warn("loop closed with handles left: %s", uv_strerror(r));
 	settings_clear(&d.cfg);
+	config_run_clear(&d.run);
 	ds_clear_roots();
 	log_notice("stopped");
 	if (server_nng_leaked()) {

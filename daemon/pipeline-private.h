@@ -105,6 +105,8 @@ struct stream {
 	struct batch *returned;   /* dynamic: batches handed back unread, capacity pl->nslots */
 	uint32_t nreturned;
 	uint32_t order;           /* creation order in the pipeline (quota remainder) */
+	bool drained;             /* end_seq is its pipeline's drain (retire.c): its end
+	                           * is an error naming the reload, not End */
 	uint64_t reclaimed;       /* ready batches given back to the pool, to be built again */
 	uint64_t fail_seq;        /* the first batch whose job failed, UINT64_MAX none */
 	int fail_err;
@@ -171,7 +173,8 @@ struct pipeline {
 	struct creds owner_creds; /* the creator's: its files are read with them */
 	int access;               /* enum spec_access, DEFAULT resolved */
 	gid_t group;              /* for SPEC_ACCESS_GROUP */
-	uint32_t nslots;
+	uint32_t nslots;          /* the slab's slots */
+	uint32_t prefetch;        /* of them, the streams may fill (1..nslots; set prefetch) */
 	uint64_t slot_bytes;
 	uint64_t row_bytes;
 	size_t nfields;
@@ -215,6 +218,10 @@ struct pipeline {
 	uint64_t *holders;        /* client ids whose connections hold it */
 	uint32_t nholders, holders_cap;
 	char owner_name[64];      /* the owner's user name, "" if unknown */
+	/* retire.c: the config's own, and how it leaves on a reload */
+	bool from_config;         /* created (or joined) by the config */
+	int retired;              /* enum retire_kind: no longer found by name */
+	char retire_msg[320];     /* draining: what its clients are told at the end */
 	struct hold *holds;       /* holds.c: processes given its slab fd */
 };
 
@@ -302,8 +309,18 @@ void att_disconnect(struct attachment *a, int err, const char *msg);
  * trainer that may still read them. att_disconnect() ends the rest. */
 void att_leave(struct attachment *a, int err, const char *msg);
 
+/* retire.c: pipelines a reload removed (draining) or replaced */
+enum retire_kind { RETIRE_NONE, RETIRE_DRAIN, RETIRE_REPLACED };
+/* The retired pipeline named @name, for an attach's error; NULL if none. */
+struct pipeline *engine_find_retired(struct engine *eng, const char *name);
+const char *retire_state(const struct pipeline *pl);
+
 /* registry.c */
+/* The pipeline of that name that new attachments and creates find: not
+ * dropped, not retired. */
 struct pipeline *engine_find(struct engine *eng, const char *name);
+/* (Re)arm the linger timer for the earliest expiry, or stop it. */
+void linger_arm(struct engine *eng);
 void pipeline_free(struct pipeline *pl);
 void pipeline_maybe_free(struct pipeline *pl);
 void pipeline_fail(struct pipeline *pl, int err, const char *msg);

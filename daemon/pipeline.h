@@ -134,6 +134,27 @@ bool engine_workers_abandoned(void);
 unsigned engine_workers(const struct engine *eng);
 uint64_t engine_memory_limit(const struct engine *eng);
 uint64_t engine_memory_used(const struct engine *eng);
+/* What a create may still take: the limit less what is used (0 when a
+ * lowered limit is below it). */
+uint64_t engine_memory_free(const struct engine *eng);
+
+/*
+ * Live tuning (loaderctl set, reload; docs/config.md). Each returns 0 or a
+ * negative errno with @err naming the value and the rule it breaks.
+ *
+ * engine_set_workers(): the worker pool grows or shrinks now; a thread that
+ * leaves finishes its task first, nothing queued is lost.
+ * engine_set_memory_limit(): for the creates from now on; slabs already made
+ * stay, so a limit below memory_used frees nothing, it refuses creates until
+ * pipelines are dropped (engine_memory_free() is 0 meanwhile).
+ * engine_set_prefetch(): the slots of @name's slab its streams may fill,
+ * 1..its slots (the slab is one sealed memfd: it cannot grow), at least one
+ * per stream reading it; *@old gets the previous value.
+ */
+int engine_set_workers(struct engine *eng, unsigned n, char *err, size_t errlen);
+void engine_set_memory_limit(struct engine *eng, uint64_t bytes);
+int engine_set_prefetch(struct engine *eng, const char *name, uint32_t n, uint32_t *old,
+                        char *err, size_t errlen);
 
 /**
  * engine_create() - create a pipeline.
@@ -168,6 +189,25 @@ void engine_set_linger(struct engine *eng, uint64_t ms);
  * "slow_client_timeout" (config key of that name; docs/spec.md). */
 void engine_set_slow_timeout(struct engine *eng, uint64_t ms);
 #define ENGINE_SLOW_TIMEOUT_DEFAULT_MS 60000
+/*
+ * The config's pipelines on a reload (retire.c; docs/config.md, "Reload").
+ * engine_config_apply(): @spec (taken) as a pipeline of the config: created
+ * when its name is free, nothing when the config's pipeline of that name has
+ * it already (a client's identical one becomes the config's), and when the
+ * config's has another spec, replaced: the old one serves its attached
+ * clients until they detach, new attachments get the new one (@err then gets
+ * how they differ). @why names the reload in the log. Return: one of
+ * CONFIG_*, or a negative errno with @err naming the reason (a replace that
+ * failed keeps the old pipeline as it was).
+ * engine_config_drain(): every pipeline of the config not named in @keep
+ * (an array of names) drains: no new attachments, its clients finish the
+ * epoch they are in and are then told it was removed; dropped once none is
+ * left. Return: [{"name", "clients"}] of those, new.
+ */
+enum { CONFIG_UNCHANGED, CONFIG_CREATED, CONFIG_REPLACED };
+int engine_config_apply(struct engine *eng, struct spec *spec, const char *why, char *err,
+                        size_t errlen);
+json_t *engine_config_drain(struct engine *eng, json_t *keep, const char *why);
 /* Its owner and the admins may drop a pipeline (-EPERM naming the owner). */
 int engine_drop(struct engine *eng, const char *name, const struct principal *who, bool force,
                 char *err, size_t errlen);

@@ -23,7 +23,7 @@
 struct pipeline *engine_find(struct engine *eng, const char *name)
 {
 	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
-		if (!pl->dropped && strcmp(pl->spec->name, name) == 0)
+		if (!pl->dropped && !pl->retired && strcmp(pl->spec->name, name) == 0)
 			return pl;
 	return NULL;
 }
@@ -128,8 +128,7 @@ static void drop_now(struct pipeline *pl, const char *why)
 
 static void on_linger(uv_timer_t *t);
 
-/* (Re)arm the timer for the earliest expiry, or stop it. */
-static void linger_arm(struct engine *eng)
+void linger_arm(struct engine *eng)
 {
 	uint64_t now = uv_now(eng->loop), next = UINT64_MAX;
 
@@ -261,6 +260,8 @@ static int pipeline_join(struct pipeline *pl, const struct spec *spec, uint64_t 
 
 	if (r < 0)
 		return r;
+	if (!client)
+		pl->from_config = true;
 	if ((!client || spec->persist) && !pl->persist) {
 		pl->persist = true;
 		log_info("pipeline %s persists now (%s)", pl->spec->name,
@@ -439,6 +440,7 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	pl->owner_creds = who->creds;
 	pl->created_by = client;
 	pl->persist = !client || spec->persist;
+	pl->from_config = !client;
 	pl->has_ttl = spec->has_ttl;
 	pl->ttl_ms = spec->ttl_ms;
 	pl->slow_timeout_ms = spec->has_slow_timeout ? spec->slow_timeout_ms : eng->slow_timeout_ms;
@@ -470,7 +472,7 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 		off += ALIGN_UP(bytes ? bytes : 1, FIELD_ALIGN);
 	}
 	pl->slot_bytes = ALIGN_UP(off, SLOT_ALIGN);
-	pl->nslots = spec->prefetch;
+	pl->nslots = pl->prefetch = spec->prefetch;
 	smp = (struct sampler){ .nsamples = source_nsamples(pl->src), .batch_size = spec->batch_size,
 		.shuffle = spec->shuffle, .drop_last = spec->drop_last, .seed = spec->seed,
 		.rank = 0, .world = 1 };
@@ -481,17 +483,17 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 		goto fail;
 	}
 	if (!__builtin_mul_overflow(pl->slot_bytes, (uint64_t)pl->nslots, &slab_bytes) &&
-	    slab_bytes > eng->memory_limit - eng->memory_used && eng->held)
+	    slab_bytes > engine_memory_free(eng) && eng->held)
 		holds_check(eng); /* some held slab may be let go by now */
 	if (__builtin_mul_overflow(pl->slot_bytes, (uint64_t)pl->nslots, &slab_bytes) ||
-	    slab_bytes > eng->memory_limit - eng->memory_used) {
+	    slab_bytes > engine_memory_free(eng)) {
 		char held[512];
 		holds_explain(eng, held, sizeof(held));
 		r = errfmt(-ENOSPC, err, errlen,
 		           "memory limit: pipeline '%s' needs %" PRIu64 " bytes (%u slots of %" PRIu64
 		           "), %" PRIu64 " of %" PRIu64 " bytes are free (--memory-limit)%s",
 		           spec->name, pl->slot_bytes * pl->nslots, pl->nslots, pl->slot_bytes,
-		           eng->memory_limit - eng->memory_used, eng->memory_limit, held);
+		           engine_memory_free(eng), eng->memory_limit, held);
 		goto fail;
 	}
 	/* a python pipeline's slab is sealed once its worker host mapped it */

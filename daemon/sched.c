@@ -24,8 +24,9 @@ uint32_t pipeline_active_streams(const struct pipeline *pl)
 	return n;
 }
 
-/* Slots @s may hold: an equal part for each active stream, the remainder to
- * the oldest streams; a stream nobody reads prefetches only while no other
+/* Slots @s may hold: an equal part of the prefetch (the slab's slots, or
+ * fewer after `loaderctl set prefetch`) for each active stream, the
+ * remainder to the oldest streams; a stream nobody reads prefetches only while no other
  * stream is read. */
 uint32_t stream_quota(const struct stream *s)
 {
@@ -41,8 +42,8 @@ uint32_t stream_quota(const struct stream *s)
 				older++;
 		}
 	if (!s->natts)
-		return n ? 0 : pl->nslots;
-	return pl->nslots / n + (older < pl->nslots % n ? 1 : 0);
+		return n ? 0 : pl->prefetch;
+	return pl->prefetch / n + (older < pl->prefetch % n ? 1 : 0);
 }
 
 uint32_t att_share(const struct attachment *a)
@@ -159,6 +160,20 @@ static void pipeline_reclaim(struct pipeline *pl)
 	pipeline_drop_orphan_returns(pl, need);
 }
 
+/* After `set prefetch` lowered the quotas: the ready batches nobody received
+ * above a stream's quota go back to the pool (also those a Revoke handed
+ * back), so the slots in use fall to the prefetch, not only their growth. */
+static void pipeline_trim(struct pipeline *pl)
+{
+	if (pl->prefetch == pl->nslots)
+		return;
+	for (struct stream *s = pl->streams; s; s = s->next) {
+		struct batch *b;
+		while (!s->dead && s->slots_held > stream_quota(s) && (b = stream_reclaimable(s)))
+			stream_reclaim(s, b);
+	}
+}
+
 /* Ask every attachment above its share to hand back what its trainer has
  * not taken. One Revoke at a time; another only after new deliveries or a
  * smaller share, so a trainer that holds its whole share is not asked again
@@ -198,6 +213,7 @@ static void pipeline_pump(struct pipeline *pl)
 	if (pl->failed || pl->dropped || eng->shutdown)
 		return;
 	pipeline_revoke(pl);
+	pipeline_trim(pl);
 	pipeline_reclaim(pl);
 	/* one batch per stream per round: the free slots go round the streams */
 	while (progress) {
@@ -222,6 +238,32 @@ static void pipeline_pump(struct pipeline *pl)
 		pl->backpressure_ms += now - pl->blocked_since;
 		pl->blocked_since = 0;
 	}
+}
+
+int engine_set_prefetch(struct engine *eng, const char *name, uint32_t n, uint32_t *old,
+                        char *err, size_t errlen)
+{
+	struct pipeline *pl = engine_find(eng, name);
+	uint32_t active;
+
+	if (!pl)
+		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
+	if (n < 1 || n > pl->nslots)
+		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s' has a slab of %u slots, so "
+		              "its prefetch is 1..%u live; a larger one needs a new slab: change "
+		              "\"prefetch\" in its spec and create it again (or reload the config)",
+		              name, pl->nslots, pl->nslots);
+	active = pipeline_active_streams(pl);
+	if (n < active)
+		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s' has %u streams reading it "
+		              "and each needs a slot of its own: at least %u", name, active, active);
+	*old = pl->prefetch;
+	pl->prefetch = n;
+	/* above their new quota, streams give back the ready batches nobody
+	 * received, build nothing more, and attachments above their share are
+	 * sent a Revoke (pipeline_revoke()) */
+	pipeline_update(pl);
+	return 0;
 }
 
 void pipeline_update(struct pipeline *pl)

@@ -112,6 +112,8 @@ struct server {
 	int sock_gid;             /* -1: the daemon's group */
 	int admin_gid;            /* settings admin_group, -1: none */
 	unsigned max_conn_per_uid; /* settings max_connections_per_uid */
+	server_reload_fn reload;  /* the daemon's reload (server_set_reload()), or NULL */
+	void *reload_data;
 	char fdpath[112];
 	pthread_mutex_t lock;
 	struct event *ev_head, *ev_tail;
@@ -194,6 +196,13 @@ void client_refusal(const struct server *srv, const struct client *cl, char *buf
 void handle_request(struct server *srv, struct sctx *c, nng_msg *msg);
 int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, pid_t pid, int *fd, bool *fd_close,
               uint64_t *size, int *dev_fd, uint64_t *dev_size);
+
+/* handlers.c: @cl as a principal (root, our user, admin_group: admin) */
+void who_is(const struct server *srv, const struct client *cl, struct principal *p);
+
+/* admin.c */
+void handle_set(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Set *m);
+void handle_reload(struct server *srv, struct sctx *c, struct client *cl);
 
 /* nngfix.c */
 int socket_probe(const char *path);

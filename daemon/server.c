@@ -235,6 +235,12 @@ void server_set_access(struct server *srv, int admin_gid, unsigned max_conn_per_
 	srv->max_conn_per_uid = max_conn_per_uid ? max_conn_per_uid : MAX_CLIENTS;
 }
 
+void server_set_reload(struct server *srv, server_reload_fn fn, void *userdata)
+{
+	srv->reload = fn;
+	srv->reload_data = userdata;
+}
+
 struct engine *server_engine(struct server *srv)
 {
 	return srv->engine;

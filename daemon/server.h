@@ -3,6 +3,8 @@
 #pragma once
 
 #include <stdbool.h>
+#include <jansson.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -36,6 +38,15 @@ struct engine *server_engine(struct server *srv);
 /* Reload: the admin group (-1: none) and the per-uid connection quota (0: the
  * default) for the connections and requests from now on. */
 void server_set_access(struct server *srv, int admin_gid, unsigned max_conn_per_uid);
+/*
+ * The daemon's reload (reload.c), run for an admin's Reload request: @who
+ * names the asker for the log; 0 with *@report (a JSON object, the
+ * caller's) saying what changed, or a negative errno with @err saying why
+ * nothing did.
+ */
+typedef int (*server_reload_fn)(void *userdata, const char *who, json_t **report, char *err,
+                                size_t errlen);
+void server_set_reload(struct server *srv, server_reload_fn fn, void *userdata);
 /* Tell clients, stop listening, free everything, remove the sockets; @done
  * runs on the loop once all of it is finished. */
 void server_stop(struct server *srv, void (*done)(void *), void *userdata);

@@ -81,6 +81,12 @@ static json_t *pipeline_json(struct pipeline *pl)
 		"spec", pl->spec->json);
 	if (o && pl->py)
 		json_object_set_new(o, "python", pyw_status(pl));
+	/* the slots its streams may fill, slots_total or fewer (set prefetch) */
+	if (o)
+		json_object_set_new(o, "prefetch", json_integer((json_int_t)pl->prefetch));
+	/* a reload removed it ("draining") or made a successor ("replaced") */
+	if (o && pl->retired && !pl->failed)
+		json_object_set_new(o, "state", json_string(retire_state(pl)));
 	return o;
 }
 

@@ -6,6 +6,11 @@
  * size is fixed per process by an environment variable. A plain FIFO under one
  * mutex is enough: a unit of work is a slice of a batch (tens of microseconds or
  * more), so the lock is not contended.
+ *
+ * The pool is resized live (loaderctl set workers, a reload): new threads
+ * take from the same queue; a shrink asks that many threads to leave, each
+ * after the task it runs, so no queued task is lost or run twice. Threads
+ * that left are joined by the next resize or by the stop.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -21,8 +26,13 @@ struct workers {
 	pthread_cond_t cond;
 	struct work *head, *tail;
 	bool stop;
-	unsigned n;
-	pthread_t *threads;
+	unsigned n;               /* the pool's size: threads not asked to leave */
+	unsigned retire;          /* threads asked to leave, not gone yet */
+	pthread_t *threads;       /* every thread not joined yet (nthreads) */
+	unsigned nthreads;
+	pthread_t *gone;          /* threads that left, to join (ngone) */
+	unsigned ngone;
+	unsigned cap;             /* of both arrays */
 };
 
 static void *worker_main(void *arg)
@@ -36,8 +46,15 @@ static void *worker_main(void *arg)
 		struct work *work;
 
 		pthread_mutex_lock(&w->lock);
-		while (!w->head && !w->stop)
+		while (!w->head && !w->stop && !w->retire)
 			pthread_cond_wait(&w->cond, &w->lock);
+		if (w->retire && !w->stop) {
+			/* a shrink: the others take the queue from here */
+			w->retire--;
+			w->gone[w->ngone++] = pthread_self();
+			pthread_mutex_unlock(&w->lock);
+			return NULL;
+		}
 		work = w->head;
 		if (!work) {
 			pthread_mutex_unlock(&w->lock);
@@ -52,34 +69,97 @@ static void *worker_main(void *arg)
 	}
 }
 
+/* Make room for @n threads in both arrays. Under the lock. */
+static int workers_reserve(struct workers *w, unsigned n)
+{
+	pthread_t *t, *g;
+
+	if (n <= w->cap)
+		return 0;
+	if (!(t = realloc(w->threads, n * sizeof(*t))))
+		return -ENOMEM;
+	w->threads = t;
+	if (!(g = realloc(w->gone, n * sizeof(*g))))
+		return -ENOMEM;
+	w->gone = g;
+	w->cap = n;
+	return 0;
+}
+
+/* Start threads until the pool has @n. Under the lock. */
+static int workers_grow(struct workers *w, unsigned n)
+{
+	int r;
+
+	if ((r = workers_reserve(w, w->nthreads + (n - w->n))) < 0)
+		return r;
+	while (w->n < n) {
+		r = pthread_create(&w->threads[w->nthreads], NULL, worker_main, w);
+		if (r)
+			return -r;
+		w->nthreads++;
+		w->n++;
+	}
+	return 0;
+}
+
 int workers_new(struct workers **out, unsigned n)
 {
 	struct workers *w;
 	int r;
 
-	if (n < 1)
+	if (n < 1 || n > WORKERS_MAX)
 		return -EINVAL;
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
-	w->threads = calloc(n, sizeof(*w->threads));
-	if (!w->threads) {
-		free(w);
-		return -ENOMEM;
-	}
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
-	for (unsigned i = 0; i < n; i++) {
-		r = pthread_create(&w->threads[i], NULL, worker_main, w);
-		if (r) {
-			w->n = i;
-			workers_free(w);
-			return -r;
-		}
-		w->n = i + 1;
+	pthread_mutex_lock(&w->lock);
+	r = workers_grow(w, n);
+	pthread_mutex_unlock(&w->lock);
+	if (r < 0) {
+		workers_free(w);
+		return r;
 	}
 	*out = w;
 	return 0;
+}
+
+int workers_resize(struct workers *w, unsigned n)
+{
+	pthread_t gone[64];
+	unsigned ngone = 0;
+	int r = 0;
+
+	if (n < 1 || n > WORKERS_MAX)
+		return -EINVAL;
+	pthread_mutex_lock(&w->lock);
+	/* who left since the last resize: out of the list, joined below */
+	while (w->ngone && ngone < sizeof(gone) / sizeof(gone[0])) {
+		pthread_t t = w->gone[--w->ngone];
+		for (unsigned i = 0; i < w->nthreads; i++)
+			if (pthread_equal(w->threads[i], t)) {
+				w->threads[i] = w->threads[--w->nthreads];
+				break;
+			}
+		gone[ngone++] = t;
+	}
+	if (n > w->n) {
+		/* threads asked to leave and still here stay instead */
+		unsigned keep = w->retire < n - w->n ? w->retire : n - w->n;
+		w->retire -= keep;
+		w->n += keep;
+		r = workers_grow(w, n);
+	} else if (n < w->n) {
+		w->retire += w->n - n;
+		w->n = n;
+		pthread_cond_broadcast(&w->cond);
+	}
+	pthread_mutex_unlock(&w->lock);
+	for (unsigned i = 0; i < ngone; i++)
+		pthread_join(gone[i], NULL);
+	return r;
 }
 
 void workers_submit(struct workers *w, struct work *work)
@@ -105,6 +185,7 @@ static void workers_release(struct workers *w)
 	pthread_cond_destroy(&w->cond);
 	pthread_mutex_destroy(&w->lock);
 	free(w->threads);
+	free(w->gone);
 	free(w);
 }
 
@@ -127,11 +208,11 @@ int workers_stop_within(struct workers *w, unsigned ms, unsigned *stuck)
 		deadline.tv_sec++;
 		deadline.tv_nsec -= 1000000000L;
 	}
-	for (unsigned i = 0; i < w->n; i++) {
+	for (unsigned i = 0; i < w->nthreads; i++) {
 		if (pthread_timedjoin_np(w->threads[i], NULL, &deadline) != 0)
 			w->threads[left++] = w->threads[i]; /* still running: keep it */
 	}
-	w->n = left;
+	w->nthreads = left;
 	if (left) {
 		*stuck = left;
 		return -ETIMEDOUT;
@@ -148,11 +229,8 @@ struct workers *workers_free(struct workers *w)
 	w->stop = true;
 	pthread_cond_broadcast(&w->cond);
 	pthread_mutex_unlock(&w->lock);
-	for (unsigned i = 0; i < w->n; i++)
+	for (unsigned i = 0; i < w->nthreads; i++)
 		pthread_join(w->threads[i], NULL);
-	pthread_cond_destroy(&w->cond);
-	pthread_mutex_destroy(&w->lock);
-	free(w->threads);
-	free(w);
+	workers_release(w);
 	return NULL;
 }

@@ -9,8 +9,19 @@ struct work {
 
 struct workers;
 
-/* Start @n threads (n >= 1). */
+/* Most threads a pool may have (the config's "workers" key, --workers). */
+#define WORKERS_MAX 1024
+
+/* Start @n threads (1..WORKERS_MAX). */
 int workers_new(struct workers **out, unsigned n);
+/*
+ * workers_resize() - make the pool @n threads (1..WORKERS_MAX), now.
+ * A shrink lets the threads that leave finish the task they run; nothing
+ * queued is dropped. The loop thread only (with workers_count()).
+ * Return: 0, -EINVAL out of range, or -errno when fewer threads could be
+ * started (the pool then has what started).
+ */
+int workers_resize(struct workers *w, unsigned n);
 /* Queue @work; some worker runs work->fn(work) once. Any thread may call it. */
 void workers_submit(struct workers *w, struct work *work);
 unsigned workers_count(const struct workers *w);

@@ -256,6 +256,66 @@ static void test_concurrency(unsigned n)
 	printf("%u workers run %u works at once, never more: ok\n", n, n);
 }
 
+/* ---- 3b. resize: grow and shrink with works queued ---- */
+
+/* Submit @nw blocking works to @w, expect @n of them at once, release them
+ * all; every work runs once. */
+static void resize_round(struct workers *w, unsigned n, unsigned nw, struct conc_work *ws,
+                         void (*between)(struct workers *))
+{
+	struct conc c;
+
+	memset(&c, 0, sizeof(c));
+	gate_init(&c.gate);
+	pthread_mutex_init(&c.tlock, NULL);
+	for (unsigned i = 0; i < nw; i++) {
+		ws[i].work.fn = conc_run;
+		ws[i].c = &c;
+		workers_submit(w, &ws[i].work);
+	}
+	assert(gate_await_waiters(&c.gate, n, 10000));
+	usleep(50 * 1000);
+	assert(atomic_load(&c.active) == n);
+	if (between)
+		between(w);
+	gate_open(&c.gate);
+	while (atomic_load(&c.ran) < nw)
+		usleep(1000);
+	usleep(20 * 1000);
+	assert(atomic_load(&c.ran) == nw); /* none twice */
+	assert(atomic_load(&c.timeouts) == 0);
+	pthread_mutex_destroy(&c.tlock);
+	gate_destroy(&c.gate);
+}
+
+static void shrink_to_1(struct workers *w)
+{
+	/* the 6 running works finish; the queue goes on with one thread */
+	assert(workers_resize(w, 1) == 0);
+	assert(workers_count(w) == 1);
+}
+
+static void test_resize(void)
+{
+	struct conc_work ws[64];
+	struct workers *w;
+
+	assert(workers_new(&w, 2) == 0);
+	assert(workers_resize(w, 0) == -EINVAL);
+	assert(workers_resize(w, WORKERS_MAX + 1) == -EINVAL);
+	assert(workers_count(w) == 2);
+	resize_round(w, 2, 8, ws, NULL);
+	assert(workers_resize(w, 6) == 0);
+	assert(workers_count(w) == 6);
+	resize_round(w, 6, 24, ws, shrink_to_1);
+	resize_round(w, 1, 4, ws, NULL);
+	/* shrink and grow again before the leaving threads are joined */
+	assert(workers_resize(w, 4) == 0 && workers_resize(w, 2) == 0 && workers_resize(w, 3) == 0);
+	resize_round(w, 3, 9, ws, NULL);
+	assert(workers_free(w) == NULL);
+	printf("resize 2 -> 6 -> 1 -> 3 with works queued, each run once: ok\n");
+}
+
 /* ---- 4. shutdown with works queued ---- */
 
 struct free_args {
@@ -529,6 +589,7 @@ int main(void)
 	test_concurrency(1);
 	test_concurrency(2);
 	test_concurrency(8);
+	test_resize();
 	test_shutdown_with_queue(1);
 	test_shutdown_with_queue(4);
 	test_loop_completion(1);

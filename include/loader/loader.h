@@ -212,6 +212,29 @@ LDR_EXPORT int ldr_drop_pipeline(struct ldr_client *client, const char *name, in
 LDR_EXPORT int ldr_status_json(struct ldr_client *client, char **json_out);
 /** The pipelines as a JSON object {"pipelines": [...]}; free with ldr_free(). */
 LDR_EXPORT int ldr_pipelines_json(struct ldr_client *client, char **json_out);
+/**
+ * ldr_set() - change one of the daemon's settings now (admins only).
+ * @param key "workers", "log_level", "memory_limit" or "prefetch"
+ * @param pipeline for "prefetch": the pipeline; else NULL
+ * @param value the new value as text: "8", "debug", "4G"
+ * @param json_out on success {"key", "old", "new"[, "pipeline"][, "note"]};
+ *        free with ldr_free()
+ * @return 0, or -EPERM for a client that is not an admin (root, the
+ * daemon's user, the config's admin_group), -EINVAL for an unknown key or a
+ * bad value, -ERANGE for a prefetch above the pipeline's slots; the
+ * daemon's message is ldr_client_error(). docs/config.md.
+ */
+LDR_EXPORT int ldr_set(struct ldr_client *client, const char *key, const char *pipeline,
+                       const char *value, char **json_out);
+/**
+ * ldr_reload() - have the daemon re-read its config file, as SIGHUP does
+ * (admins only).
+ * @param json_out on success what changed: {"file", "changed", "restart_needed",
+ *        "pipelines"} (docs/config.md, "Reload"); free with ldr_free()
+ * @return 0, or -EINVAL for an invalid file (nothing changed; the message,
+ * "FILE: key: why", is ldr_client_error()), -EPERM, -ENOENT without a file.
+ */
+LDR_EXPORT int ldr_reload(struct ldr_client *client, char **json_out);
 /** Free memory returned by this library. */
 LDR_EXPORT void ldr_free(void *ptr);
 

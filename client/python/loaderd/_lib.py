@@ -101,6 +101,8 @@ _SIGNATURES = {
     "ldr_drop_pipeline": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int]),
     "ldr_status_json": (ctypes.c_int, [_P, _PP]),
     "ldr_pipelines_json": (ctypes.c_int, [_P, _PP]),
+    "ldr_set": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _PP]),
+    "ldr_reload": (ctypes.c_int, [_P, _PP]),
     "ldr_free": (None, [_P]),
     "ldr_attach": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ldr_attach_opts), _PP]),
     "ldr_detach": (ctypes.c_int, [_P]),

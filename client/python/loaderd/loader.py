@@ -449,6 +449,20 @@ class Client:
         """The list of pipelines (dicts, each with its canonical 'spec')."""
         return self._json(_lib.lib().ldr_pipelines_json, "pipelines")["pipelines"]
 
+    def set(self, key, value, pipeline=None):
+        """Change a setting of the running daemon now (admins only;
+        docs/config.md): key "workers", "log_level", "memory_limit" or
+        "prefetch" (of `pipeline`). Returns {"key", "old", "new", ...}."""
+        lib = _lib.lib()
+        return self._json(lambda ptr, out: lib.ldr_set(ptr, key.encode(),
+                                                       pipeline.encode() if pipeline else None,
+                                                       str(value).encode(), out), f"set {key}")
+
+    def reload(self):
+        """Have the daemon re-read its config file, as SIGHUP does (admins
+        only); returns what it did (docs/config.md, "Reload")."""
+        return self._json(_lib.lib().ldr_reload, "reload")
+
     def pipeline(self, name):
         for p in self.pipelines():
             if p["name"] == name:

@@ -1,0 +1,384 @@
+/* SPDX-License-Identifier: MIT */
+/* reload - the config as the daemon runs it: at start, on SIGHUP, on `loaderctl reload`
+ *
+ * A reload makes the daemon what a start with the new file would make it, as
+ * far as that can change without a restart (docs/config.md lists which keys
+ * can): the command line still wins over the file, a key the file no longer
+ * has goes back to its default, and values `loaderctl set` changed are set
+ * again from the file. The file and every pipeline spec in it are checked
+ * first; an invalid one changes nothing, and the reply and the log say
+ * "FILE: key: why". The keys that need a restart (the sockets, their mode
+ * and group, dataset_roots, metrics_address) are compared with what the daemon started with
+ * and named on each reload for as long as they differ.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "creds.h"
+#include "log.h"
+#include "notify.h"
+#include "pipeline.h"
+#include "reload.h"
+#include "server.h"
+
+int config_spec(json_t *spec_json, struct spec **out, char *err, size_t errlen)
+{
+	struct spec *spec;
+	int r = spec_from_json(&spec, spec_json, err, errlen);
+
+	/* the config's pipelines persist, always */
+	if (r == 0 && (spec->has_ttl || (spec->has_persist && !spec->persist))) {
+		r = errfmt(-EINVAL, err, errlen, "%s: pipelines of the config persist always "
+		           "(persist and ttl are for pipelines that clients create)",
+		           spec->has_ttl ? "ttl" : "persist: false");
+		spec_free(spec);
+	}
+	if (r == 0)
+		*out = spec;
+	return r;
+}
+
+static char **roots_dup(char *const *roots)
+{
+	size_t n = 0;
+	char **out;
+
+	if (!roots)
+		return NULL;
+	while (roots[n])
+		n++;
+	if (!(out = calloc(n + 1, sizeof(*out))))
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		out[i] = strdup(roots[i]);
+	return out;
+}
+
+static void roots_free(char **roots)
+{
+	for (size_t i = 0; roots && roots[i]; i++)
+		free(roots[i]);
+	free(roots);
+}
+
+static bool roots_equal(char *const *a, char *const *b)
+{
+	size_t i = 0;
+
+	for (; a && b && a[i] && b[i]; i++)
+		if (strcmp(a[i], b[i]) != 0)
+			return false;
+	return (!a || !a[i]) && (!b || !b[i]);
+}
+
+static json_t *roots_json(char *const *roots)
+{
+	json_t *a;
+
+	if (!roots)
+		return json_null();
+	a = json_array();
+	for (size_t i = 0; roots[i]; i++)
+		json_array_append_new(a, json_string(roots[i]));
+	return a;
+}
+
+/* The live settings of @cfg that the daemon keeps nowhere else. */
+static void remember_live(struct config_run *cr, const struct settings *cfg)
+{
+	cr->linger_ms = cfg->has_linger ? cfg->linger_ms : SETTINGS_LINGER_DEFAULT_MS;
+	cr->slow_ms = cfg->has_slow_timeout ? cfg->slow_timeout_ms : ENGINE_SLOW_TIMEOUT_DEFAULT_MS;
+	cr->max_held = cfg->max_held_after_drop;
+	cr->admin_gid = cfg->has_admin_group ? (int)cfg->admin_gid : -1;
+	cr->max_conn = cfg->max_conn_per_uid ? cfg->max_conn_per_uid : SETTINGS_CONN_PER_UID_DEFAULT;
+}
+
+int config_run_init(struct config_run *cr, struct server *srv, const struct settings *cfg,
+                    const struct settings *cli, const char *socket, unsigned default_workers,
+                    uint64_t default_memory_limit)
+{
+	*cr = (struct config_run){
+		.srv = srv,
+		.cli_workers = cli->workers,
+		.cli_memory_limit = cli->memory_limit,
+		.cli_log_level = cli->log_level,
+		.cli_socket = cli->socket_path != NULL,
+		.default_workers = default_workers,
+		.default_memory_limit = default_memory_limit,
+		.socket_mode = cfg->has_socket_mode ? cfg->socket_mode : 0660,
+		.socket_gid = cfg->has_socket_group ? (int)cfg->socket_gid : -1,
+	};
+	snprintf(cr->socket, sizeof(cr->socket), "%s", socket);
+	if ((cfg->path && !(cr->path = strdup(cfg->path))) ||
+	    (cfg->dataset_roots && !(cr->roots = roots_dup(cfg->dataset_roots))) ||
+	    (cfg->metrics_address && !(cr->metrics_address = strdup(cfg->metrics_address))))
+		return -ENOMEM;
+	remember_live(cr, cfg);
+	return 0;
+}
+
+void config_run_clear(struct config_run *cr)
+{
+	free(cr->path);
+	free(cr->metrics_address);
+	roots_free(cr->roots);
+	memset(cr, 0, sizeof(*cr));
+}
+
+int config_run_pipelines(struct config_run *cr, const struct settings *cfg)
+{
+	struct engine *eng = server_engine(cr->srv);
+	size_t i;
+	json_t *spec_json;
+	int failed = 0;
+
+	json_array_foreach(cfg->pipelines, i, spec_json) {
+		struct spec *spec = NULL;
+		char err[1024];
+		int r = config_spec(spec_json, &spec, err, sizeof(err));
+		if (r == 0)
+			r = engine_config_apply(eng, spec, "start", err, sizeof(err));
+		if (r < 0 || r == CONFIG_UNCHANGED) {
+			/* at start, "unchanged" is a name the file has twice */
+			log_err("%s: pipelines[%zu]: %s", cfg->path, i, err);
+			failed++;
+		}
+	}
+	return failed ? -EINVAL : 0;
+}
+
+/* --- a reload ----------------------------------------------------------- */
+
+struct reload_job {
+	struct config_run *cr;
+	const char *who;
+	json_t *changed;          /* [{"key", "old", "new"[, "note"]}] */
+	json_t *restart;          /* [{"key", "running", "file"}] */
+};
+
+/* @key went from @old to @new (both taken): into the report and the log,
+ * unless they are equal. */
+static void change(struct reload_job *j, const char *key, json_t *old, json_t *new, const char *note)
+{
+	char *o, *n;
+
+	if (json_equal(old, new)) {
+		json_decref(old);
+		json_decref(new);
+		return;
+	}
+	o = json_dumps(old, JSON_ENCODE_ANY);
+	n = json_dumps(new, JSON_ENCODE_ANY);
+	log_notice("reload by %s: %s %s -> %s%s%s", j->who, key, o ? o : "?", n ? n : "?",
+	           note ? "; " : "", note ? note : "");
+	free(o);
+	free(n);
+	json_t *e = json_pack("{s:s, s:o, s:o}", "key", key, "old", old, "new", new);
+	if (e && note)
+		json_object_set_new(e, "note", json_string(note));
+	json_array_append_new(j->changed, e);
+}
+
+/* @key differs from what the daemon started with (both taken). */
+static void needs_restart(struct reload_job *j, const char *key, json_t *running, json_t *file)
+{
+	if (json_equal(running, file)) {
+		json_decref(running);
+		json_decref(file);
+		return;
+	}
+	log_warn("reload: %s differs in %s from what loaderd runs with: it takes effect when "
+	         "loaderd restarts", key, j->cr->path);
+	json_array_append_new(j->restart, json_pack("{s:s, s:o, s:o}", "key", key, "running", running,
+	                                            "file", file));
+}
+
+static json_t *secs(uint64_t ms)
+{
+	return ms % 1000 ? json_real((double)ms / 1000.0) : json_integer((json_int_t)(ms / 1000));
+}
+
+static json_t *gid_json(int gid)
+{
+	return gid < 0 ? json_null() : json_integer(gid);
+}
+
+static int apply_settings(struct reload_job *j, const struct settings *f, char *err, size_t errlen)
+{
+	struct config_run *cr = j->cr;
+	struct engine *eng = server_engine(cr->srv);
+	unsigned workers = cr->cli_workers ? cr->cli_workers : f->workers ? f->workers : cr->default_workers;
+	uint64_t limit = cr->cli_memory_limit ? cr->cli_memory_limit
+	               : f->memory_limit ? f->memory_limit : cr->default_memory_limit;
+	int level = cr->cli_log_level ? cr->cli_log_level : f->log_level ? f->log_level : LOG_INFO;
+	unsigned old_workers = engine_workers(eng);
+	uint64_t old_limit = engine_memory_limit(eng), used = engine_memory_used(eng);
+	int old_level = log_max_level, r;
+	char note[256];
+	struct config_run was = *cr;
+
+	if (workers != old_workers && (r = engine_set_workers(eng, workers, err, errlen)) < 0)
+		return r;
+	change(j, "workers", json_integer(old_workers), json_integer(workers), NULL);
+	engine_set_memory_limit(eng, limit);
+	snprintf(note, sizeof(note), "%" PRIu64 " bytes are in use, above the new limit: nothing is "
+	         "freed, creates are refused until pipelines are dropped", used);
+	change(j, "memory_limit", json_integer((json_int_t)old_limit), json_integer((json_int_t)limit),
+	       limit < used ? note : NULL);
+	if (level > old_level)
+		log_max_level = level; /* its own line is seen at the louder level */
+	change(j, "log_level", json_string(log_level_name(old_level)), json_string(log_level_name(level)),
+	       NULL);
+	log_max_level = level;
+
+	remember_live(cr, f);
+	engine_set_linger(eng, cr->linger_ms);
+	change(j, "linger", secs(was.linger_ms), secs(cr->linger_ms), "for pipelines unused from now on");
+	engine_set_slow_timeout(eng, cr->slow_ms);
+	change(j, "slow_client_timeout", secs(was.slow_ms), secs(cr->slow_ms),
+	       "for pipelines created from now on");
+	engine_set_max_held(eng, cr->max_held);
+	change(j, "max_held_after_drop", was.max_held ? json_integer((json_int_t)was.max_held) : json_null(),
+	       cr->max_held ? json_integer((json_int_t)cr->max_held) : json_null(), NULL);
+	server_set_access(cr->srv, cr->admin_gid, cr->max_conn);
+	change(j, "admin_group", gid_json(was.admin_gid), gid_json(cr->admin_gid),
+	       "for requests from now on; members' groups are those of their connection");
+	change(j, "max_connections_per_uid", json_integer(was.max_conn), json_integer(cr->max_conn),
+	       "for connections from now on");
+	return 0;
+}
+
+static void check_restart_keys(struct reload_job *j, const struct settings *f)
+{
+	struct config_run *cr = j->cr;
+	char path[108];
+
+	if (!cr->cli_socket && sockpath_resolve(path, sizeof(path), f->socket_path) == 0)
+		needs_restart(j, "socket", json_string(cr->socket), json_string(path));
+	needs_restart(j, "socket_mode", json_integer(cr->socket_mode),
+	              json_integer(f->has_socket_mode ? f->socket_mode : 0660));
+	needs_restart(j, "socket_group", gid_json(cr->socket_gid),
+	              gid_json(f->has_socket_group ? (int)f->socket_gid : -1));
+	if (!roots_equal(cr->roots, f->dataset_roots))
+		needs_restart(j, "dataset_roots", roots_json(cr->roots), roots_json(f->dataset_roots));
+	needs_restart(j, "metrics_address", cr->metrics_address ? json_string(cr->metrics_address) : json_null(),
+	              f->metrics_address ? json_string(f->metrics_address) : json_null());
+}
+
+/* Every pipeline spec of @f, checked, into @specs (n of them): all or none. */
+static int check_specs(const struct settings *f, struct spec **specs, size_t n, char *err, size_t errlen)
+{
+	json_t *spec_json;
+	size_t i;
+	int r;
+
+	json_array_foreach(f->pipelines, i, spec_json) {
+		char why[1024];
+		if ((r = config_spec(spec_json, &specs[i], why, sizeof(why))) < 0)
+			return errfmt(r, err, errlen, "%s: pipelines[%zu]: %s", f->path, i, why);
+		for (size_t k = 0; k < i; k++)
+			if (strcmp(specs[k]->name, specs[i]->name) == 0)
+				return errfmt(-EINVAL, err, errlen, "%s: pipelines[%zu]: name '%s' is "
+				              "pipelines[%zu]'s already", f->path, i, specs[i]->name, k);
+	}
+	(void)n;
+	return 0;
+}
+
+static json_t *apply_pipelines(struct reload_job *j, const struct settings *f, struct spec **specs,
+                               size_t n)
+{
+	struct engine *eng = server_engine(j->cr->srv);
+	json_t *created = json_array(), *replaced = json_array(), *same = json_array();
+	json_t *failed = json_array(), *keep = json_array();
+	char why[320];
+
+	snprintf(why, sizeof(why), "reload by %s", j->who);
+	for (size_t i = 0; i < n; i++) {
+		char err[1024] = "", name[LDR_NAME_MAX + 1];
+		int r;
+		snprintf(name, sizeof(name), "%s", specs[i]->name);
+		json_array_append_new(keep, json_string(name));
+		r = engine_config_apply(eng, specs[i], why, err, sizeof(err));
+		specs[i] = NULL;
+		if (r == CONFIG_CREATED)
+			json_array_append_new(created, json_string(name));
+		else if (r == CONFIG_UNCHANGED)
+			json_array_append_new(same, json_string(name));
+		else if (r == CONFIG_REPLACED)
+			json_array_append_new(replaced, json_pack("{s:s, s:s}", "name", name, "changed", err));
+		else {
+			log_err("reload: %s: pipelines[%zu]: %s", f->path, i, err);
+			json_array_append_new(failed, json_pack("{s:s, s:s}", "name", name, "error", err));
+		}
+	}
+	json_t *drained = engine_config_drain(eng, keep, why);
+	json_decref(keep);
+	return json_pack("{s:o, s:o, s:o, s:o, s:o}", "created", created, "replaced", replaced,
+	                 "draining", drained, "unchanged", same, "failed", failed);
+}
+
+int config_reload(void *userdata, const char *who, json_t **report, char *err, size_t errlen)
+{
+	struct config_run *cr = userdata;
+	struct settings fresh = { 0 };
+	struct reload_job j = { .cr = cr, .who = who };
+	struct spec **specs = NULL;
+	size_t n = 0;
+	json_t *pipelines;
+	char why[1536];
+	int r;
+
+	if (!cr->path) {
+		log_notice("reload by %s: no config file to reload", who);
+		return errfmt(-ENOENT, err, errlen, "loaderd runs without a config file "
+		              "(--config, $LOADERD_CONFIG, /etc/loaderd/loaderd.json): nothing to reload");
+	}
+	notify_reloading();
+	if ((r = settings_load(&fresh, cr->path, false, why, sizeof(why))) < 0)
+		goto invalid;
+	n = fresh.pipelines ? json_array_size(fresh.pipelines) : 0;
+	if (n && !(specs = calloc(n, sizeof(*specs)))) {
+		r = errfmt(-ENOMEM, why, sizeof(why), "out of memory");
+		goto invalid;
+	}
+	if (n && (r = check_specs(&fresh, specs, n, why, sizeof(why))) < 0)
+		goto invalid;
+
+	j.changed = json_array();
+	j.restart = json_array();
+	if ((r = apply_settings(&j, &fresh, why, sizeof(why))) < 0) {
+		json_decref(j.changed);
+		json_decref(j.restart);
+		goto invalid;
+	}
+	check_restart_keys(&j, &fresh);
+	pipelines = apply_pipelines(&j, &fresh, specs, n);
+	log_notice("reloaded %s (by %s): %zu setting%s changed, %zu need%s a restart; pipelines: "
+	           "%zu created, %zu replaced, %zu draining, %zu failed", cr->path, who,
+	           json_array_size(j.changed), json_array_size(j.changed) == 1 ? "" : "s",
+	           json_array_size(j.restart), json_array_size(j.restart) == 1 ? "s" : "",
+	           json_array_size(json_object_get(pipelines, "created")),
+	           json_array_size(json_object_get(pipelines, "replaced")),
+	           json_array_size(json_object_get(pipelines, "draining")),
+	           json_array_size(json_object_get(pipelines, "failed")));
+	*report = json_pack("{s:s, s:s, s:o, s:o, s:o}", "file", cr->path, "by", who,
+	                    "changed", j.changed, "restart_needed", j.restart, "pipelines", pipelines);
+	free(specs);
+	settings_clear(&fresh);
+	notify_send("READY=1\nSTATUS=serving");
+	return *report ? 0 : errfmt(-ENOMEM, err, errlen, "reload: out of memory for the report");
+
+invalid:
+	for (size_t i = 0; specs && i < n; i++)
+		spec_free(specs[i]);
+	free(specs);
+	settings_clear(&fresh);
+	log_err("reload by %s: %s; the running config is kept", who, why);
+	notify_send("READY=1\nSTATUS=reload failed, serving with the previous config");
+	return errfmt(r, err, errlen, "%s; the running config is kept", why);
+}

@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: MIT */
+/* retire - the config's pipelines on a reload: created, drained, replaced
+ *
+ * A reload makes the engine's config pipelines those of the file, without
+ * cutting off a client that reads one (docs/config.md, "Reload"):
+ *
+ * - a pipeline the file no longer has drains: no new attachments; each
+ *   stream ends at the end of the epoch its clients are in, and the end is
+ *   an error that names the reload (not End: a trainer must not take it for
+ *   the end of its data); once the last client left, it is dropped.
+ * - a pipeline whose spec changed is replaced: the old one is retired (no
+ *   longer found by name, so the new one takes the name) and serves the
+ *   clients attached to it as before until they detach; new attachments get
+ *   the new spec. Both slabs count in the memory limit meanwhile; when the
+ *   new one does not fit, the old one stays as it is and the reload says so.
+ *
+ * A retired pipeline loses "persist" and gets a linger of 0: the linger timer
+ * (registry.c) drops it once no attachment is left, never under a caller.
+ */
+#include "pipeline-private.h"
+
+struct pipeline *engine_find_retired(struct engine *eng, const char *name)
+{
+	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
+		if (!pl->dropped && pl->retired && strcmp(pl->spec->name, name) == 0)
+			return pl;
+	return NULL;
+}
+
+const char *retire_state(const struct pipeline *pl)
+{
+	return pl->retired == RETIRE_DRAIN ? "draining" : pl->retired == RETIRE_REPLACED ? "replaced" : "";
+}
+
+/* The first seq past the epoch @seq is in, or @seq itself at an epoch's
+ * start when @started (the epoch before it was read: it ends there). */
+static uint64_t epoch_end(uint64_t seq, uint64_t bpe, bool started)
+{
+	uint64_t end;
+
+	if (seq % bpe == 0 && started)
+		return seq;
+	if (__builtin_mul_overflow(seq / bpe + 1, bpe, &end))
+		return UINT64_MAX;
+	return end;
+}
+
+/* End each stream of @pl at the epoch its clients are in. */
+static void drain_streams(struct pipeline *pl)
+{
+	for (struct stream *s = pl->streams; s; s = s->next) {
+		uint64_t end = 0;
+		if (s->dead || !s->bpe)
+			continue;
+		if (s->mode == LDR_MODE_DYNAMIC)
+			end = epoch_end(s->cursor, s->bpe, s->cursor > 0);
+		for (struct attachment *a = s->atts; a && s->mode != LDR_MODE_DYNAMIC; a = a->next) {
+			uint64_t e = epoch_end(a->cursor, s->bpe, a->cursor > a->start_seq);
+			if (e > end)
+				end = e;
+		}
+		if (!s->natts && s->mode != LDR_MODE_DYNAMIC)
+			end = s->head_seq; /* nobody reads it: nothing to finish */
+		if (end <= s->end_seq) {
+			s->end_seq = end;
+			s->drained = true;
+		}
+	}
+}
+
+static void retire(struct pipeline *pl, int kind, const char *why)
+{
+	struct engine *eng = pl->eng;
+
+	pl->retired = kind;
+	pl->persist = false;
+	pl->has_ttl = true;
+	pl->ttl_ms = 0;
+	pl->nholders = 0;         /* connections that joined it hold the name, not it */
+	if (kind == RETIRE_DRAIN) {
+		snprintf(pl->retire_msg, sizeof(pl->retire_msg), "pipeline '%s' was removed from the "
+		         "config (%s): it ended with the epoch its clients were in", pl->spec->name, why);
+		drain_streams(pl);
+	}
+	if (!pl->natts && !pl->unused) {
+		pl->unused = true;
+		pl->unused_since = uv_now(eng->loop);
+	} else if (pl->unused) {
+		pl->unused_since = uv_now(eng->loop);
+	}
+	log_notice("pipeline %s %s (%s)%s", pl->spec->name,
+	           kind == RETIRE_DRAIN ? "is draining: removed from the config"
+	                                : "is replaced by a new spec for new attachments",
+	           why, pl->natts ? "" : "; no client reads it: dropped now");
+	linger_arm(eng);
+	pipeline_update(pl);
+}
+
+/* Undo retire() of a replace whose successor could not be created, in the
+ * same loop turn (the linger timer has not run). */
+static void unretire(struct pipeline *pl)
+{
+	pl->retired = RETIRE_NONE;
+	pl->persist = true;
+	pl->has_ttl = false;
+	pl->unused = !pl->natts;
+	linger_arm(pl->eng);
+}
+
+int engine_config_apply(struct engine *eng, struct spec *spec, const char *why, char *err,
+                        size_t errlen)
+{
+	struct pipeline *old = engine_find(eng, spec->name);
+	struct principal self;
+	char diff[512];
+	int r;
+
+	/* the config's pipelines are the daemon's, read with its rights */
+	principal_daemon(&self);
+	if (!old || !old->from_config || spec_diff(spec, old->spec, diff, sizeof(diff)) == 0) {
+		r = engine_create(eng, spec, &self, 0, true, err, errlen);
+		return r < 0 ? r : r == 1 ? CONFIG_CREATED : CONFIG_UNCHANGED;
+	}
+	retire(old, RETIRE_REPLACED, why);
+	r = engine_create(eng, spec, &self, 0, false, err, errlen);
+	if (r < 0) {
+		unretire(old);
+		log_warn("pipeline %s keeps its running spec: the new one could not be created",
+		         old->spec->name);
+		return r;
+	}
+	snprintf(err, errlen, "%s", diff);
+	return CONFIG_REPLACED;
+}
+
+json_t *engine_config_drain(struct engine *eng, json_t *keep, const char *why)
+{
+	json_t *drained = json_array();
+	struct pipeline *pl, *next;
+
+	for (pl = eng->pipelines; pl; pl = next) {
+		size_t i;
+		json_t *v;
+		bool kept = false;
+
+		next = pl->next;
+		if (pl->dropped || pl->retired || !pl->from_config)
+			continue;
+		json_array_foreach(keep, i, v)
+			if (strcmp(json_string_value(v), pl->spec->name) == 0)
+				kept = true;
+		if (kept)
+			continue;
+		json_array_append_new(drained, json_pack("{s:s, s:I}", "name", pl->spec->name,
+		                                         "clients", (json_int_t)pl->natts));
+		retire(pl, RETIRE_DRAIN, why);
+	}
+	return drained;
+}

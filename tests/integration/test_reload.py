@@ -1,0 +1,325 @@
+# SPDX-License-Identifier: MIT
+"""Live tuning and reload (docs/config.md): `loaderctl set`, `loaderctl
+reload` and SIGHUP change the running daemon without cutting off its
+clients, refuse non-admins, and keep everything when the file is invalid."""
+
+import json
+import os
+import re
+import signal
+
+from ldrtest import random_tokens, sequential_batches, token_dump, token_spec
+from users import open_to_all, shared_config, users  # noqa: F401 (fixture)
+
+SEQ = 16
+
+
+def write_config(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
+def tokens(workdir, nsamples, seed, name="t.bin"):
+    path = os.path.join(workdir, name)
+    return path, random_tokens(path, SEQ * nsamples + 1, "uint16", seed=seed)
+
+
+def expected(toks, batch, epochs=1, batches=None):
+    n = (len(toks) - 1) // SEQ
+    b = sequential_batches(n, batch, epochs=epochs)
+    return token_dump(toks, SEQ, b if batches is None else b[:batches])
+
+
+def threads(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def names(st):
+    return sorted(p["name"] for p in st["pipelines"])
+
+
+# ---------------------------------------------------------------- set
+
+def test_set_workers_grows_and_shrinks_while_a_client_streams(daemon, workdir):
+    tok, toks = tokens(workdir, 600, seed=21)
+    d = daemon()                                   # --workers 2
+    d.create(token_spec("w", tok, SEQ, "uint16", batch_size=4, epochs=2))
+    assert d.status()["workers"] == 2
+    base = threads(d.pid)
+    c = d.popen_consume("w", "--delay", "2")
+    prev = 2
+    for n in (8, 1, 5, 2, 12, 3):
+        r = d.ctl("set", "workers", n)
+        note = "\n  (threads that leave finish their task first)" if n < prev else ""
+        assert r.stdout == f"workers: {prev} -> {n}{note}\n"
+        assert d.status()["workers"] == n
+        # the pool really has n threads: the others of the daemon stay
+        d.wait_for(lambda s: threads(d.pid) == base - 2 + n, f"{n} worker threads")
+        prev = n
+    res = c.wait(check=True)
+    assert res.json["batches"] == 2 * 150
+    assert res.dump == expected(toks, 4, epochs=2)
+    log = d.log()
+    assert re.search(r"notice: set workers: 2 -> 8 by root \(uid 0\), pid \d+\n", log), log
+    assert "set workers: 5 -> 2 by root (uid 0), pid" in log
+
+
+def test_set_refuses_bad_values_and_says_why(daemon, workdir):
+    tok, _ = tokens(workdir, 40, seed=22)
+    d = daemon()
+    d.create(token_spec("p", tok, SEQ, "uint16", batch_size=4, prefetch=4))
+    for args, msg in ((("workers", "0"), "loaderctl: set: workers: '0' is not a thread count in 1..1024"),
+                      (("workers", "1025"), "'1025' is not a thread count in 1..1024"),
+                      (("workers", "two"), "'two' is not a thread count"),
+                      (("log-level", "loud"), "log_level: 'loud' is none of error, warning, "
+                                              "notice, info, debug"),
+                      (("memory-limit", "lots"), "'lots' is not a size (bytes, or like 512M, 4G)"),
+                      (("prefetch", "p", "0"), "prefetch: '0' is not a slot count (1 or more)"),
+                      (("prefetch", "p", "5"), "prefetch: pipeline 'p' has a slab of 4 slots, so "
+                                               "its prefetch is 1..4 live"),
+                      (("prefetch", "p", "5"), "a larger one needs a new slab"),
+                      (("prefetch", "nope", "2"), "set: no pipeline named 'nope'")):
+        r = d.ctl("set", *args, check=False)
+        assert r.returncode == 1 and msg in r.stderr, (args, r.stderr)
+    for args in (("colour", "red"), ("workers",), ("workers", "1", "2"), ("prefetch", "4")):
+        r = d.ctl("set", *args, check=False)
+        assert r.returncode == 2 and "Try 'loaderctl --help'" in r.stderr, (args, r.stderr)
+    st = d.status()
+    assert st["workers"] == 2 and d.pipeline("p")["prefetch"] == 4
+
+
+def test_set_memory_limit_applies_to_new_creates(daemon, workdir):
+    tok, _ = tokens(workdir, 40, seed=23)
+    d = daemon(memory_limit="64M")
+    d.create(token_spec("m1", tok, SEQ, "uint16", batch_size=4))
+    used = d.status()["memory_used"]
+    r = d.ctl("--json", "set", "memory-limit", "4K")
+    rep = json.loads(r.stdout)
+    assert rep["key"] == "memory_limit" and rep["old"] == 64 << 20 and rep["new"] == 4096
+    assert rep["note"] == (f"{used} bytes are in use, above the new limit: nothing is freed, "
+                           "creates are refused until pipelines are dropped")
+    assert d.pipeline("m1")["state"] == "running"
+    r = d.create(token_spec("m2", tok, SEQ, "uint16", batch_size=4), check=False)
+    assert r.returncode == 1 and "memory limit: pipeline 'm2' needs" in r.stderr
+    assert "0 of 4096 bytes are free" in r.stderr, r.stderr
+    d.ctl("set", "memory-limit", "64M")
+    d.create(token_spec("m2", tok, SEQ, "uint16", batch_size=4))
+
+
+def test_set_prefetch_caps_the_slots_live(daemon, workdir):
+    tok, toks = tokens(workdir, 400, seed=24)
+    d = daemon()
+    d.create(token_spec("held", tok, SEQ, "uint16", batch_size=4, prefetch=8, epochs=0))
+    # a trainer that holds each batch for long: the stream fills its slots
+    c = d.popen_consume("held", "--delay", "100000")
+    d.wait_for(lambda s: d.pipeline("held")["slots_in_use"] == 8, "8 slots filled")
+    r = d.ctl("set", "prefetch", "held", "3")
+    assert r.stdout == "prefetch of held: 8 -> 3\n"
+    p = d.wait_for(lambda s: d.pipeline("held")["slots_in_use"] == 3, "3 slots in use")
+    p = d.pipeline("held")
+    assert p["prefetch"] == 3 and p["slots_total"] == 8
+    r = d.ctl("set", "prefetch", "held", "8")
+    d.wait_for(lambda s: d.pipeline("held")["slots_in_use"] == 8, "8 slots again")
+    c.signal(signal.SIGTERM)
+    c.wait()
+
+    # while a client streams: every batch once, in order
+    d.create(token_spec("live", tok, SEQ, "uint16", batch_size=4, prefetch=8, epochs=2))
+    c = d.popen_consume("live", "--delay", "2")
+    for n in (2, 6, 1, 8, 4):
+        d.ctl("set", "prefetch", "live", n)
+        assert d.pipeline("live")["prefetch"] == n
+    res = c.wait(check=True)
+    assert res.dump == expected(toks, 4, epochs=2)
+    assert re.search(r"set prefetch of live: 1 -> 8 by root \(uid 0\), pid \d+", d.log())
+
+
+def test_set_log_level_changes_logging_at_once(daemon, workdir):
+    d = daemon()
+    d.ctl("status")
+    assert "debug:" not in d.log()
+    r = d.ctl("set", "log-level", "debug")
+    assert r.stdout == "log_level: info -> debug\n"
+    d.ctl("status")
+    assert re.search(r"debug: client \d+ \(pid \d+, uid 0\) connected", d.log()), d.log()
+    d.ctl("set", "log_level", "warning")
+    log = d.log()
+    assert re.search(r'notice: set log_level: "debug" -> "warning" by root', log), log
+    d.ctl("status")
+    d.ctl("status")
+    assert d.log() == log                          # nothing below warning any more
+    d.ctl("set", "log-level", "info")
+    assert 'set log_level: "warning" -> "info"' in d.log()
+
+
+def test_set_and_reload_are_for_admins(daemon, workdir, users):
+    alice, bob = users
+    open_to_all(workdir)
+    d = daemon("--config", shared_config(workdir))
+    for args in (("set", "workers", "7"), ("reload",)):
+        r = bob.ctl(d, *args)
+        verb = args[0]
+        what = "change settings" if verb == "set" else "reload the config"
+        assert r.returncode == 1, r
+        assert r.stderr == (f"loaderctl: {verb}: only root, loaderd's own user and members of "
+                            f"the config's admin_group may {what} (no admin_group is configured); "
+                            f"ldr-bob (uid {bob.uid}) is none of them (docs/security.md)\n")
+    assert d.status()["workers"] == 2
+    assert "set workers" not in d.log()
+
+    # in the admin_group, bob may; the log names him
+    d2 = daemon("--config", shared_config(workdir, admin_group="ldr-team"))
+    r = bob.ctl(d2, "set", "workers", "3")
+    assert r.returncode == 0 and r.stdout == "workers: 2 -> 3\n", r.stderr
+    assert f"set workers: 2 -> 3 by ldr-bob (uid {bob.uid}), pid" in d2.log()
+    r = bob.run(d2.ctl_cmd("set", "workers", "4"), team=False)
+    assert r.returncode == 1 and "(the admin_group is ldr-team); ldr-bob" in r.stderr, r.stderr
+    assert d2.status()["workers"] == 3
+
+
+# ------------------------------------------------------------- reload
+
+def test_reload_applies_live_settings_and_names_restart_keys(daemon, workdir):
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"workers": 2, "log_level": "info", "linger": 5})
+    d = daemon("--config", cfg, workers=None)
+    write_config(cfg, {"workers": 3, "memory_limit": "64M", "log_level": "notice", "linger": 1.5,
+                       "max_connections_per_uid": 20, "socket_mode": "0600",
+                       "dataset_roots": [workdir]})
+    rep = d.ctl_json("reload")
+    changed = {c["key"]: (c["old"], c["new"]) for c in rep["changed"]}
+    assert changed.pop("memory_limit")[1] == 64 << 20
+    assert changed == {"workers": (2, 3), "log_level": ("info", "notice"), "linger": (5, 1.5),
+                       "max_connections_per_uid": (64, 20)}
+    real = os.path.realpath(workdir)
+    # the command line's --socket wins over the file: not named
+    assert rep["restart_needed"] == [
+        {"key": "socket_mode", "running": 0o660, "file": 0o600},
+        {"key": "dataset_roots", "running": None, "file": [real]}]
+    assert rep["file"] == cfg and rep["pipelines"]["created"] == []
+    st = d.status()
+    assert st["workers"] == 3 and st["memory_limit"] == 64 << 20
+    log = d.log()
+    assert re.search(r"reload by root \(uid 0\), pid \d+: workers 2 -> 3\n", log), log
+    assert f"reload: dataset_roots differs in {cfg} from what loaderd runs with: it takes effect " \
+           "when loaderd restarts" in log
+    r = d.ctl("reload")
+    assert "no setting changed" in r.stdout and "socket_mode: 432 (running), 384 (file)" in r.stdout
+
+    # SIGHUP does the same; a key the file drops goes back to its default
+    write_config(cfg, {"workers": 4})
+    os.kill(d.pid, signal.SIGHUP)
+    d.wait_for(lambda s: s["workers"] == 4, "workers 4 after SIGHUP")
+    assert "reload by SIGHUP: log_level \"notice\" -> \"info\"" in d.log()
+
+    # what the command line set wins over the file, also on a reload
+    d2 = daemon("--config", cfg, workers=5)
+    rep = d2.ctl_json("reload")
+    assert [c["key"] for c in rep["changed"]] == [] and d2.status()["workers"] == 5
+
+
+def test_invalid_file_keeps_the_running_config(daemon, workdir):
+    tok, toks = tokens(workdir, 40, seed=25)
+    cfg = os.path.join(workdir, "loaderd.json")
+    good = {"workers": 2, "pipelines": [token_spec("a", tok, SEQ, "uint16", batch_size=4)]}
+    write_config(cfg, good)
+    d = daemon("--config", cfg, workers=None)
+    os.mkdir(os.path.join(workdir, "conf.d"))
+    drop = os.path.join(workdir, "conf.d", "50-x.json")
+    for body, where, msg in (
+            ('{"workers": 3, "pipelines": [', cfg, "line 1"),
+            ('{"workers": 0}', cfg, "workers: must be an integer in 1..1024"),
+            ('{"workers": 3, "pipelines": [{"name": "z", "source": {"kind": "tokens", "path": "%s"}}]}'
+             % tok, cfg, "pipelines[0]: "),
+            (json.dumps({"workers": 3, "pipelines": [token_spec("y", tok, SEQ, "uint16"),
+                                                     token_spec("y", tok, 8, "uint16")]}),
+             cfg, "pipelines[1]: name 'y' is pipelines[0]'s already"),
+            (None, drop, 'unknown key "wrokers"')):
+        if body is None:
+            write_config(cfg, {"workers": 3})
+            write_config(drop, {"wrokers": 1})
+        else:
+            with open(cfg, "w") as f:
+                f.write(body)
+        r = d.ctl("reload", check=False)
+        assert r.returncode == 1, r.stdout
+        assert r.stderr.startswith(f"loaderctl: reload: {where}: ") and msg in r.stderr, r.stderr
+        assert r.stderr.endswith("; the running config is kept\n"), r.stderr
+        assert f"reload by root (uid 0), pid {r.pid}: {where}: " in d.log()
+    os.kill(d.pid, signal.SIGHUP)
+    d.wait_for(lambda s: 'reload by SIGHUP: ' + drop in d.log(), "the SIGHUP's error in the log")
+    st = d.status()
+    assert st["workers"] == 2 and names(st) == ["a"]
+    assert d.consume("a").dump == expected(toks, 4)
+
+
+def test_reload_creates_drains_and_replaces_pipelines(daemon, workdir):
+    tok, toks = tokens(workdir, 400, seed=26)           # 100 batches of 4 an epoch
+    cfg = os.path.join(workdir, "loaderd.json")
+    spec_a = token_spec("a", tok, SEQ, "uint16", batch_size=4, epochs=0)
+    spec_b = token_spec("b", tok, SEQ, "uint16", batch_size=4, epochs=1)
+    spec_c = token_spec("c", tok, SEQ, "uint16", batch_size=5)
+    write_config(cfg, {"pipelines": [spec_a, spec_b, spec_c]})
+    d = daemon("--config", cfg)
+    ca = d.popen_consume("a", "--delay", "30")        # endless: only the drain ends it
+    cb = d.popen_consume("b", "--delay", "30")
+    d.wait_for(lambda s: len(s["clients"]) == 2 and
+               all(c["attachments"][0]["delivered"] >= 2 for c in s["clients"]), "both reading")
+
+    spec_b2 = dict(spec_b, batch_size=8)
+    spec_d = token_spec("d", tok, SEQ, "uint16", batch_size=10)
+    write_config(cfg, {"pipelines": [spec_b2, spec_c, spec_d]})
+    rep = d.ctl_json("reload")
+    assert rep["pipelines"] == {
+        "created": ["d"], "unchanged": ["c"], "failed": [],
+        "replaced": [{"name": "b", "changed": "batch_size 8 (it has 4)"}],
+        "draining": [{"name": "a", "clients": 1}]}
+    # no new attachments to a drained pipeline; the replaced name is the new spec's
+    r = d.consume("a", check=False)
+    assert r.rc == 1 and "pipeline 'a' was removed from the config by a reload: its clients " \
+                         "finish their epoch, no new ones attach" in r.stderr, r.stderr
+    states = {(p["name"], p["state"], p["batch_size"]) for p in d.status()["pipelines"]}
+    assert ("b", "replaced", 4) in states and ("b", "running", 8) in states
+
+    # the drained one's client ends with the epoch it was in, told why
+    res = ca.wait()
+    assert res.rc == 1
+    assert "pipeline 'a' was removed from the config (reload by root (uid 0), pid" in res.stderr
+    assert "it ended with the epoch its clients were in" in res.stderr
+    epoch = expected(toks, 4)
+    assert len(res.dump) >= len(epoch) and len(res.dump) % len(epoch) == 0, len(res.dump)
+    assert res.dump == expected(toks, 4, epochs=len(res.dump) // len(epoch))
+    # the replaced one's client reads its whole epoch of the old spec
+    assert cb.wait(check=True).dump == epoch
+    # new attachments get the new spec; the old one goes with its last client
+    assert d.consume("b", "--batches", 3).dump == expected(toks, 8, batches=3)
+    d.wait_for(lambda s: names(s) == ["b", "c", "d"], "the retired pipelines dropped")
+    assert d.consume("d").dump == expected(toks, 10)
+    log = d.log()
+    assert "pipeline a is draining: removed from the config (reload by root" in log
+    assert "pipeline b is replaced by a new spec for new attachments" in log
+
+
+def test_python_client_set_and_reload(daemon, workdir):
+    import subprocess
+    from ldrtest import python_client_env
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"workers": 2})
+    d = daemon("--config", cfg, workers=None)
+    write_config(cfg, {"workers": 3})
+    code = ("import json, sys, loaderd\n"
+            "c = loaderd.Client(sys.argv[1])\n"
+            "print(json.dumps([c.set('log_level', 'debug'), c.reload()]))\n"
+            "try:\n"
+            "    c.set('workers', '0')\n"
+            "except loaderd.Error as e:\n"
+            "    print(e)\n")
+    p = subprocess.run(["/usr/bin/python3", "-c", code, d.socket], capture_output=True, text=True,
+                       env=python_client_env(), timeout=60)
+    assert p.returncode == 0, p.stderr
+    first, err = p.stdout.splitlines()
+    s, rep = json.loads(first)
+    assert s == {"key": "log_level", "old": "info", "new": "debug"}
+    assert [(c["key"], c["old"], c["new"]) for c in rep["changed"]] == [
+        ("workers", 2, 3), ("log_level", "debug", "info")]
+    assert "workers: '0' is not a thread count in 1..1024" in err, err
