@@ -60,6 +60,10 @@
 #define HELLO_ATTEMPTS 4          /* Hellos that time out */
 #define HELLO_CUTS 12             /* connections the daemon cuts (listener replaced), 20 ms more apart each */
 #define FLUSH_DELAY_MS 2
+#define RECONNECT_DEFAULT_MS 60000 /* $LOADERD_RECONNECT_TIMEOUT, ldr_client_set_reconnect() */
+#define RECONNECT_MIN_MS 50       /* the dialer's backoff, doubling... */
+#define RECONNECT_MAX_MS 1000     /* ...up to this */
+#define REATTACH_IDLE_MS 5000     /* cancelled requests come back within this */
 static __thread char tls_err[16384]; /* a Python worker's traceback fits */
 /* The process that first used nng through this library. */
 static _Atomic pid_t nng_pid;
@@ -68,6 +72,8 @@ static void req_cb(void *arg);
 static void deadline_after(struct timespec *ts, int ms);
 static void *flusher_main(void *arg);
 static void want_top_up(struct ldr_attachment *a);
+static void reconnect_run(struct ldr_client *c);
+static void top_up(struct ldr_attachment *a);
 
 /*
  * set_err() - the thread's last error, which ldr_client_error() returns.
@@ -134,24 +140,41 @@ struct spare {
 	uint8_t *addr;
 };
 
+/*
+ * One mapping of a daemon's slab (copy-on-write, slabmap.c). Slot i lies at
+ * slotaddr[i]: at base + i * slot bytes until a batch of slot i is kept (its
+ * pages then stay the kept batch's), then in a view of that slot mapped
+ * elsewhere. An attachment re-attached to a restarted daemon maps the new
+ * daemon's slab and retires the old mapping, which stays until the last batch
+ * taken from it is released: the memory of a memfd lives while it is mapped,
+ * so those batches stay readable although their daemon is gone.
+ */
+struct amap {
+	int refs;                 /* under c->lock: the attachment while current + each batch taken from it */
+	uint8_t *base;
+	size_t size;
+	int fd;                   /* the slab's read-only fd, for slot views */
+	uint32_t nslots;
+	uint8_t **slotaddr;
+	struct spare **spare;     /* per slot */
+	void **views;             /* views mapped apart from the slab, unmapped at the end */
+	size_t nviews, viewcap;
+};
+
 struct ldr_attachment {
 	struct ldr_attachment *next;
 	struct ldr_client *c;     /* holds a reference on it */
 	atomic_int refs;          /* the handle + every unreleased batch */
 	uint64_t id;
-	uint8_t *base;
-	size_t size;
 	uint64_t slot_bytes;
 	uint32_t nslots;
-	/* Copy-on-write mapping (slabmap.c). Slot i lies at slotaddr[i]: at
-	 * base + i * slot_bytes until a batch of slot i is kept (its pages then
-	 * stay the kept batch's), then in a view of that slot mapped elsewhere. */
-	int fd;                   /* the slab's read-only fd, for slot views */
+	struct amap *map;         /* the current daemon's slab, under c->lock */
 	bool cow;                 /* slots are whole pages: mapped copy-on-write */
-	uint8_t **slotaddr;       /* under c->lock */
-	struct spare **spare;     /* per slot, under c->lock */
-	void **views;             /* views mapped apart from the slab, unmapped at the end */
-	size_t nviews, viewcap;
+	/* what a re-attach after a daemon restart needs (reconnect_run()) */
+	char pipeline[LDR_NAME_MAX + 1];
+	struct ldr_attach_opts opts;
+	uint64_t pos_epoch, pos_batch; /* the next batch the trainer has not taken */
+	bool lost;                /* the daemon restarted and this attachment could not follow */
 	struct ldr_batch *held_head, *held_tail; /* taken, not kept, not released: oldest first */
 	uint32_t nheld;
 	uint32_t share;           /* leases we may hold, from the daemon; 0 unknown (nslots) */
@@ -202,12 +225,20 @@ struct ldr_batch {
 	struct ldr_attachment *att;
 	uint64_t lease, epoch, index;
 	uint32_t slot, rows;
-	uint8_t *data;            /* the host slot at delivery (a->slotaddr[slot]) */
+	uint8_t *data;            /* the host slot at delivery (map->slotaddr[slot]) */
+	struct amap *map;         /* the mapping it lies in (holds a reference) */
 	struct ldr_batch *prev, *next; /* a->held_head list, under c->lock */
 	bool in_held;
 	bool busy;                /* being kept, c->lock dropped: wait on c->cond */
 	bool keep_failed;         /* ldr_detach could not keep it */
 	int kept;                 /* 0, or how slabmap_keep() kept it */
+};
+
+/* A pipeline this client created: created again after a daemon restart. */
+struct spec_rec {
+	struct spec_rec *next;
+	char name[LDR_NAME_MAX + 1];
+	char *json;
 };
 
 /* A synchronous call in flight (call_timeout()), on its caller's stack. */
@@ -226,7 +257,20 @@ struct ldr_client {
 	bool disconnected;
 	uint64_t id;
 	char path[108];
+	char name[256];           /* the Hello's client name */
 	struct ldr_attachment *atts;
+	/* reconnecting to a restarted daemon (reconnect_run()) */
+	int reconnect_ms;         /* how long to try; 0: never */
+	bool ready;               /* handed out by ldr_connect() */
+	bool closing;             /* ldr_close() has begun */
+	bool reconnecting;        /* the flusher is reconnecting: calls and next() wait */
+	bool reconnect_wanted;    /* the flusher should start */
+	bool daemon_stopping;     /* it said ESHUTDOWN: no more Next until the next one */
+	uint64_t cuts;            /* connections lost so far: a call sees its own cut */
+	uint64_t reconnects;      /* reconnections that succeeded */
+	struct timespec went_at;  /* when the connection went */
+	char gone_msg[1024];      /* why the client is disconnected for good ("" today's message) */
+	struct spec_rec *specs;   /* pipelines this client created, to re-create */
 	struct sync_call *sync_calls; /* every synchronous call in flight, cancelled on disconnect */
 	pthread_t flusher;
 	pthread_cond_t flush_cond;
@@ -329,8 +373,19 @@ static void on_pipe_rem(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
 	struct ldr_client *c = arg;
 
+	(void)p;
+	(void)ev;
 	pthread_mutex_lock(&c->lock);
 	c->disconnected = true;
+	c->cuts++;
+	/* a client in use reconnects (the flusher does it, reconnect_run());
+	 * a connection of the reconnection that goes too just fails its call */
+	if (c->ready && c->reconnect_ms > 0 && !c->closing && c->flusher_running && !c->reconnecting) {
+		c->reconnecting = true;
+		c->reconnect_wanted = true;
+		clock_gettime(CLOCK_MONOTONIC, &c->went_at);
+		pthread_cond_signal(&c->flush_cond);
+	}
 	for (struct sync_call *sc = c->sync_calls; sc; sc = sc->next)
 		nng_aio_cancel(sc->aio);
 	for (struct ldr_attachment *a = c->atts; a; a = a->next) {
@@ -368,32 +423,68 @@ static int reply_error(const Loaderd__Reply *rep)
 
 /*
  * on_pipe_rem() cancels the operations registered when the connection goes;
- * one started just after that would wait for a reconnection that never comes.
+ * one started just after that (on the connection @cut counted) would wait for
+ * a reconnection that it may not see.
  */
-static void cancel_if_disconnected(struct ldr_client *c, nng_aio *aio)
+static void cancel_if_cut(struct ldr_client *c, nng_aio *aio, uint64_t cut)
 {
 	pthread_mutex_lock(&c->lock);
-	if (c->disconnected)
+	if (c->cuts != cut)
 		nng_aio_cancel(aio);
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* Send @req and wait for its reply; *out must be freed with free_unpacked. */
-static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
-                        Loaderd__Reply__BodyCase expect, int timeout_ms)
+/* The error of a client disconnected for good. Called with c->lock held. */
+static int disconnected_err(const struct ldr_client *c)
+{
+	if (c->gone_msg[0])
+		return set_err(LDR_EDISCONNECTED, "%s", c->gone_msg);
+	return set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
+}
+
+/*
+ * Wait while the client reconnects, at most until @deadline (NULL: however
+ * long it takes). Return: 0 connected, LDR_EDISCONNECTED for good, or
+ * -ETIMEDOUT. Called with c->lock held.
+ */
+static int wait_connected(struct ldr_client *c, const struct timespec *deadline)
+{
+	while (c->reconnecting) {
+		if (!deadline)
+			pthread_cond_wait(&c->cond, &c->lock);
+		else if (pthread_cond_timedwait(&c->cond, &c->lock, deadline) == ETIMEDOUT)
+			return -ETIMEDOUT;
+	}
+	return c->disconnected ? disconnected_err(c) : 0;
+}
+
+/*
+ * Send @req and wait for its reply; *out must be freed with free_unpacked.
+ * A call waits while the client reconnects (within @timeout_ms), except the
+ * reconnection's own (@internal), which run while it is disconnected.
+ */
+static int call_gen(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
+                    Loaderd__Reply__BodyCase expect, int timeout_ms, bool internal)
 {
 	nng_ctx ctx;
 	nng_aio *aio = NULL;
 	nng_msg *msg;
 	Loaderd__Reply *rep;
 	struct sync_call sc = { .next = NULL };
+	struct timespec deadline;
+	uint64_t cut;
 	int rv, r;
 
+	deadline_after(&deadline, timeout_ms);
 	pthread_mutex_lock(&c->lock);
-	if (c->disconnected) {
+	if (!internal && (r = wait_connected(c, &deadline)) < 0) {
 		pthread_mutex_unlock(&c->lock);
-		return set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
+		if (r == -ETIMEDOUT)
+			return set_err(r, "the daemon at %s went away and libloader is still reconnecting "
+			               "after %d ms", c->path, timeout_ms);
+		return r;
 	}
+	cut = c->cuts;
 	pthread_mutex_unlock(&c->lock);
 	if ((rv = nng_ctx_open(&ctx, c->sock)) != 0)
 		return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
@@ -419,14 +510,14 @@ static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loade
 
 	nng_aio_set_msg(aio, msg);
 	nng_ctx_send(ctx, aio);
-	cancel_if_disconnected(c, aio);
+	cancel_if_cut(c, aio, cut);
 	nng_aio_wait(aio);
 	rv = nng_aio_result(aio);
 	if (rv != 0) {
 		nng_msg_free(nng_aio_get_msg(aio));
 	} else {
 		nng_ctx_recv(ctx, aio);
-		cancel_if_disconnected(c, aio);
+		cancel_if_cut(c, aio, cut);
 		nng_aio_wait(aio);
 		rv = nng_aio_result(aio);
 	}
@@ -434,7 +525,7 @@ static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loade
 	*sc.pprev = sc.next;
 	if (sc.next)
 		sc.next->pprev = sc.pprev;
-	bool disc = c->disconnected;
+	bool disc = c->cuts != cut;
 	pthread_mutex_unlock(&c->lock);
 	if (rv != 0) {
 		if (disc || rv == NNG_ECLOSED)
@@ -483,13 +574,19 @@ static int client_open_socket(struct ldr_client *c)
 	return 0;
 }
 
+static int call_timeout(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
+                        Loaderd__Reply__BodyCase expect, int timeout_ms)
+{
+	return call_gen(c, req, out, expect, timeout_ms, false);
+}
+
 static int call(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
                 Loaderd__Reply__BodyCase expect)
 {
 	return call_timeout(c, req, out, expect, CALL_TIMEOUT_MS);
 }
 
-static struct ldr_client *client_alloc(pid_t self, const char *path)
+static struct ldr_client *client_alloc(pid_t self, const char *path, const char *name)
 {
 	struct ldr_client *c = calloc(1, sizeof(*c));
 	pthread_condattr_t ca;
@@ -505,11 +602,18 @@ static struct ldr_client *client_alloc(pid_t self, const char *path)
 	pthread_cond_init(&c->flush_cond, &ca);
 	pthread_condattr_destroy(&ca);
 	snprintf(c->path, sizeof(c->path), "%s", path);
+	snprintf(c->name, sizeof(c->name), "%s", name);
 	return c;
 }
 
 static void client_free(struct ldr_client *c)
 {
+	while (c->specs) {
+		struct spec_rec *sr = c->specs;
+		c->specs = sr->next;
+		free(sr->json);
+		free(sr);
+	}
 	pthread_cond_destroy(&c->flush_cond);
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->lock);
@@ -530,14 +634,55 @@ static bool client_drop(struct ldr_client *c)
 	return true;
 }
 
-int ldr_connect(struct ldr_client **out, const char *socket_path, const char *client_name)
+/*
+ * The reconnect time from $LOADERD_RECONNECT_TIMEOUT (seconds, 0 never), else
+ * RECONNECT_DEFAULT_MS; -EINVAL when it is not a number of seconds.
+ */
+static int reconnect_ms_from_env(int *ms)
 {
-	struct ldr_client *c;
+	const char *v = getenv("LOADERD_RECONNECT_TIMEOUT");
+	char *end;
+	double sec;
+
+	*ms = RECONNECT_DEFAULT_MS;
+	if (!v || !*v)
+		return 0;
+	errno = 0;
+	sec = strtod(v, &end);
+	if (errno || end == v || *end || !(sec >= 0) || sec > 86400.0 * 24)
+		return set_err(-EINVAL, "LOADERD_RECONNECT_TIMEOUT='%s' is not a number of seconds from 0 "
+		               "(never reconnect) to 2073600", v);
+	*ms = (int)(sec * 1000 + 0.5);
+	if (sec > 0 && *ms == 0)
+		*ms = 1;
+	return 0;
+}
+
+/* Shake hands on the client's socket; sets c->id. */
+static int hello_call(struct ldr_client *c, int timeout_ms, bool internal)
+{
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
 	Loaderd__Hello hello = LOADERD__HELLO__INIT;
 	Loaderd__Reply *rep;
+	int r;
+
+	hello.protocol = LDR_PROTOCOL_VERSION;
+	hello.client_name = c->name;
+	req.body_case = LOADERD__REQUEST__BODY_HELLO;
+	req.hello = &hello;
+	r = call_gen(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, timeout_ms, internal);
+	if (r < 0)
+		return r == -EPROTONOSUPPORT ? LDR_EVERSION : r;
+	c->id = rep->hello->client_id;
+	loaderd__reply__free_unpacked(rep, NULL);
+	return 0;
+}
+
+int ldr_connect(struct ldr_client **out, const char *socket_path, const char *client_name)
+{
+	struct ldr_client *c;
 	char url[128], name[64], path[sizeof(c->path)];
-	int rv, r;
+	int rv, r, reconnect_ms;
 
 	/* nng keeps process-wide state and panics when a forked child uses it
 	 * (even through a new socket): refuse before touching it. */
@@ -549,7 +694,13 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 		               "with spawn", (int)first);
 	if (ldr_socket_path(path, sizeof(path), socket_path) < 0)
 		return set_err(-ENAMETOOLONG, "socket path too long");
-	c = client_alloc(self, path);
+	if ((r = reconnect_ms_from_env(&reconnect_ms)) < 0)
+		return r;
+	if (!client_name) {
+		snprintf(name, sizeof(name), "pid %d", (int)self);
+		client_name = name;
+	}
+	c = client_alloc(self, path, client_name);
 	if (!c)
 		return set_err(-ENOMEM, "out of memory");
 	if ((rv = client_open_socket(c)) != 0) {
@@ -557,14 +708,6 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 		return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
 	}
 	snprintf(url, sizeof(url), "ipc://%s", c->path);
-	if (!client_name) {
-		snprintf(name, sizeof(name), "pid %d", (int)c->pid);
-		client_name = name;
-	}
-	hello.protocol = LDR_PROTOCOL_VERSION;
-	hello.client_name = (char *)client_name;
-	req.body_case = LOADERD__REQUEST__BODY_HELLO;
-	req.hello = &hello;
 	/* A Hello that goes unanswered for a few seconds, or whose connection
 	 * the daemon cut, is retried on a fresh connection: the daemon replaces
 	 * a listener that nng 1.5.2 wedged (daemon/nngfix.c), and cuts the
@@ -582,7 +725,7 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 				return r;
 			}
 		} else {
-			r = call_timeout(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, HELLO_TIMEOUT_MS);
+			r = hello_call(c, HELLO_TIMEOUT_MS, false);
 			if ((r != -ETIMEDOUT && r != LDR_EDISCONNECTED) || last)
 				break;
 		}
@@ -597,7 +740,7 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 		/* go on with a fresh client: one whose close did not finish is
 		 * left to it (its pipe callback may still run) */
 		client_drop(c);
-		if (!(c = client_alloc(self, path)))
+		if (!(c = client_alloc(self, path, client_name)))
 			return set_err(-ENOMEM, "out of memory");
 		if ((rv = client_open_socket(c)) != 0) {
 			client_free(c);
@@ -605,17 +748,92 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 		}
 	}
 	if (r < 0) {
-		if (r == -EPROTONOSUPPORT)
-			r = LDR_EVERSION;
 		client_drop(c);
 		return r;
 	}
-	c->id = rep->hello->client_id;
-	loaderd__reply__free_unpacked(rep, NULL);
 	if (pthread_create(&c->flusher, NULL, flusher_main, c) == 0)
 		c->flusher_running = true;
+	ldr_client_set_reconnect(c, reconnect_ms);
+	pthread_mutex_lock(&c->lock);
+	c->ready = true;
+	pthread_mutex_unlock(&c->lock);
 	*out = c;
 	return 0;
+}
+
+int ldr_client_set_reconnect(struct ldr_client *c, int timeout_ms)
+{
+	CHECK_PID(c);
+	if (timeout_ms < 0)
+		return set_err(-EINVAL, "reconnect timeout %d ms: must be 0 (never) or more", timeout_ms);
+	pthread_mutex_lock(&c->lock);
+	c->reconnect_ms = timeout_ms;
+	pthread_mutex_unlock(&c->lock);
+	/* the dialer redials by itself: soon when we reconnect, rarely else */
+	nng_dialer_set_ms(c->dialer, NNG_OPT_RECONNMINT, timeout_ms ? RECONNECT_MIN_MS : 1000);
+	nng_dialer_set_ms(c->dialer, NNG_OPT_RECONNMAXT, timeout_ms ? RECONNECT_MAX_MS : 60000);
+	return 0;
+}
+
+int ldr_client_reconnect_timeout(const struct ldr_client *c)
+{
+	return c->reconnect_ms;
+}
+
+uint64_t ldr_client_reconnects(const struct ldr_client *c)
+{
+	struct ldr_client *m = (struct ldr_client *)c;
+	uint64_t n;
+
+	pthread_mutex_lock(&m->lock);
+	n = c->reconnects;
+	pthread_mutex_unlock(&m->lock);
+	return n;
+}
+
+/*
+ * Remember the spec of pipeline @name, created (or found) by this client, so
+ * that reconnect_run() creates it again in a restarted daemon; the newest
+ * spec of a name wins. Without memory it is just not remembered.
+ */
+static void spec_remember(struct ldr_client *c, const char *name, const char *json)
+{
+	struct spec_rec *sr;
+	char *copy = strdup(json);
+
+	if (!copy)
+		return;
+	pthread_mutex_lock(&c->lock);
+	for (sr = c->specs; sr; sr = sr->next)
+		if (strcmp(sr->name, name) == 0)
+			break;
+	if (!sr && (sr = calloc(1, sizeof(*sr)))) {
+		snprintf(sr->name, sizeof(sr->name), "%s", name);
+		sr->next = c->specs;
+		c->specs = sr;
+	}
+	if (sr) {
+		free(sr->json);
+		sr->json = copy;
+	} else {
+		free(copy);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* A dropped pipeline is not created again. */
+static void spec_forget(struct ldr_client *c, const char *name)
+{
+	pthread_mutex_lock(&c->lock);
+	for (struct spec_rec **pp = &c->specs; *pp; pp = &(*pp)->next)
+		if (strcmp((*pp)->name, name) == 0) {
+			struct spec_rec *sr = *pp;
+			*pp = sr->next;
+			free(sr->json);
+			free(sr);
+			break;
+		}
+	pthread_mutex_unlock(&c->lock);
 }
 
 int ldr_create_pipeline(struct ldr_client *c, const char *spec_json, int exist_ok, char *name_out,
@@ -638,6 +856,7 @@ int ldr_create_pipeline(struct ldr_client *c, const char *spec_json, int exist_o
 		return r;
 	if (name_out && name_size)
 		snprintf(name_out, name_size, "%s", rep->create->name);
+	spec_remember(c, rep->create->name, spec_json);
 	r = rep->create->created ? 1 : 0;
 	loaderd__reply__free_unpacked(rep, NULL);
 	return r;
@@ -656,8 +875,11 @@ int ldr_drop_pipeline(struct ldr_client *c, const char *name, int force)
 	req.body_case = LOADERD__REQUEST__BODY_DROP;
 	req.drop = &dp;
 	r = call(c, &req, &rep, LOADERD__REPLY__BODY_OK);
-	if (r == 0)
+	if (r == 0) {
 		loaderd__reply__free_unpacked(rep, NULL);
+		if (name)
+			spec_forget(c, name);
+	}
 	return r;
 }
 
@@ -793,6 +1015,77 @@ static int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_le
 	return slab;
 }
 
+/*
+ * Map the slab (@fd of @size bytes, slots of @slot_bytes): copy-on-write when
+ * @cow, else read-only shared. NULL with errno set when it cannot.
+ */
+static struct amap *amap_open(int fd, size_t size, uint32_t nslots, uint64_t slot_bytes, bool cow)
+{
+	struct amap *m = calloc(1, sizeof(*m));
+	int e;
+
+	if (!m)
+		return NULL;
+	m->refs = 1;
+	m->fd = -1;
+	m->nslots = nslots;
+	if (cow) {
+		m->base = slabmap_map(fd, size, 0);
+	} else {
+		m->base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+		if (m->base == MAP_FAILED)
+			m->base = NULL;
+	}
+	if (!m->base)
+		goto fail;
+	m->size = size;
+	m->slotaddr = calloc(nslots, sizeof(*m->slotaddr));
+	m->spare = calloc(nslots, sizeof(*m->spare));
+	if (!m->slotaddr || !m->spare) {
+		errno = ENOMEM;
+		goto fail;
+	}
+	for (uint32_t i = 0; i < nslots; i++)
+		m->slotaddr[i] = m->base + (uint64_t)i * slot_bytes;
+	m->fd = fd;
+	return m;
+fail:
+	e = errno;
+	if (m->base)
+		munmap(m->base, size);
+	free(m->slotaddr);
+	free(m->spare);
+	free(m);
+	errno = e;
+	return NULL;
+}
+
+static void amap_free(struct amap *m, uint64_t slot_bytes)
+{
+	munmap(m->base, m->size);
+	for (size_t i = 0; i < m->nviews; i++)
+		munmap(m->views[i], slot_bytes);
+	free(m->views);
+	for (uint32_t i = 0; i < m->nslots; i++)
+		while (m->spare[i]) {
+			struct spare *sp = m->spare[i];
+			m->spare[i] = sp->next;
+			free(sp);
+		}
+	free(m->spare);
+	free(m->slotaddr);
+	close(m->fd);
+	free(m);
+}
+
+/* Drop a reference on @m; the last unmaps it. Called with c->lock held
+ * (or by the last user of the attachment). */
+static void amap_put(struct ldr_attachment *a, struct amap *m)
+{
+	if (m && --m->refs == 0)
+		amap_free(m, a->slot_bytes);
+}
+
 static void client_unref(struct ldr_client *c)
 {
 	if (atomic_fetch_sub(&c->refs, 1) != 1)
@@ -816,22 +1109,7 @@ static void att_unref(struct ldr_attachment *a)
 	}
 	devmap_close(a->dev);
 	pthread_cond_destroy(&a->ev_cond);
-	if (a->base)
-		munmap(a->base, a->size);
-	for (size_t i = 0; i < a->nviews; i++)
-		munmap(a->views[i], a->slot_bytes);
-	free(a->views);
-	if (a->spare)
-		for (uint32_t i = 0; i < a->nslots; i++)
-			while (a->spare[i]) {
-				struct spare *sp = a->spare[i];
-				a->spare[i] = sp->next;
-				free(sp);
-			}
-	free(a->spare);
-	free(a->slotaddr);
-	if (a->fd >= 0)
-		close(a->fd);
+	amap_put(a, a->map);
 	for (int i = 0; i < MAX_INFLIGHT; i++)
 		free(a->ring[i].msg);
 	free(a->rel);
@@ -948,7 +1226,7 @@ static void top_up(struct ldr_attachment *a)
 {
 	int half = a->inflight / 2 > 0 ? a->inflight / 2 : 1;
 
-	while (!a->ended && !a->err && !a->detached && !a->c->disconnected) {
+	while (!a->ended && !a->err && !a->detached && !a->c->disconnected && !a->c->daemon_stopping) {
 		int budget = a->inflight - a->arrived - a->requested;
 		int ask = budget;
 		struct req *r = NULL;
@@ -965,6 +1243,23 @@ static void top_up(struct ldr_attachment *a)
 		if (!r || req_send(a, r, (uint32_t)ask) < 0)
 			return;
 	}
+}
+
+/*
+ * A request that failed because the connection went (nng fails it before or
+ * after on_pipe_rem() runs) is not an error of its attachment when the client
+ * reconnects: reattach() asks again. Called with c->lock held.
+ */
+static bool will_reconnect(const struct ldr_client *c)
+{
+	return c->reconnecting || (c->ready && c->reconnect_ms > 0 && !c->closing && c->flusher_running);
+}
+
+static bool lost_with_connection(const struct ldr_client *c, int rv)
+{
+	if (rv != NNG_ECLOSED && rv != NNG_ECANCELED && rv != NNG_ECONNSHUT && rv != NNG_ECONNRESET)
+		return false;
+	return will_reconnect(c);
 }
 
 /* Put one delivery in its place by seq; false if it is out of the window. */
@@ -1000,13 +1295,18 @@ static bool store_one(struct ldr_attachment *a, uint64_t seq, int kind, const Lo
 
 static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
 {
+	if (lost_with_connection(a->c, rv))
+		return; /* reattach() asks again */
 	if (rv != 0 || !rep) {
 		if (!a->err) {
 			a->err = a->c->disconnected || rv == NNG_ECLOSED || rv == NNG_ECANCELED
 			                 ? LDR_EDISCONNECTED : nng_to_errno(rv ? rv : NNG_EPROTO);
-			snprintf(a->errmsg, sizeof(a->errmsg), "%s",
-			         a->err == LDR_EDISCONNECTED ? "disconnected from the daemon"
-			                                     : rep ? "" : "malformed reply from the daemon");
+			if (a->err == LDR_EDISCONNECTED)
+				snprintf(a->errmsg, sizeof(a->errmsg), "disconnected from the daemon at %s",
+				         a->c->path);
+			else
+				snprintf(a->errmsg, sizeof(a->errmsg), "%s",
+				         rep ? "" : "malformed reply from the daemon");
 		}
 		return;
 	}
@@ -1035,6 +1335,13 @@ static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int
 		uint64_t seq = rep->error->seq;
 		if (rep->error->code == ECANCELED && a->detached)
 			return;
+		if (rep->error->code == ESHUTDOWN && will_reconnect(a->c)) {
+			/* a daemon that stops (a restart, an upgrade): nothing is
+			 * asked of it any more, and the attachment follows the
+			 * next one (reattach()) */
+			a->c->daemon_stopping = true;
+			return;
+		}
 		if (seq < a->next_seq || seq - a->next_seq >= MAX_INFLIGHT) {
 			/* an error not tied to a delivery: it stops the attachment */
 			if (!a->err) {
@@ -1060,7 +1367,7 @@ static void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int
 static void discard_unseen(struct ldr_attachment *a, const struct arrived *ar)
 {
 	if (a->cow && ar->slot < a->nslots)
-		slabmap_discard(a->slotaddr[ar->slot], a->slot_bytes, a->fd,
+		slabmap_discard(a->map->slotaddr[ar->slot], a->slot_bytes, a->map->fd,
 		                (uint64_t)ar->slot * a->slot_bytes, NULL);
 }
 
@@ -1233,6 +1540,13 @@ static void *flusher_main(void *arg)
 
 	pthread_mutex_lock(&c->lock);
 	while (!c->flusher_stop) {
+		if (c->reconnect_wanted) {
+			c->reconnect_wanted = false;
+			pthread_mutex_unlock(&c->lock);
+			reconnect_run(c);
+			pthread_mutex_lock(&c->lock);
+			continue;
+		}
 		if (c->topup_wanted) {
 			c->topup_wanted = false;
 			for (struct ldr_attachment *a = c->atts; a; a = a->next)
@@ -1319,6 +1633,43 @@ static int read_attach_opts(const struct ldr_attach_opts *in, struct ldr_attach_
 	return 0;
 }
 
+/*
+ * The layout an attach reply gives (slots, epochs, fields) into @a: a new
+ * attachment's, or the re-attached one's to compare (reattach()).
+ */
+static int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar)
+{
+	a->id = ar->attach_id;
+	a->slot_bytes = ar->slot_bytes;
+	a->nslots = ar->nslots;
+	a->batch_size = ar->batch_size;
+	a->bpe = ar->batches_per_epoch;
+	a->epochs = ar->epochs;
+	a->samples = ar->samples;
+	a->share = ar->share;
+	a->pos_epoch = ar->start_epoch;
+	a->pos_batch = ar->start_batch;
+	if (ar->n_fields > MAX_FIELDS || ar->n_fields == 0)
+		return set_err(-EPROTO, "attach reply has %zu fields", ar->n_fields);
+	a->nfields = (int)ar->n_fields;
+	for (size_t f = 0; f < ar->n_fields; f++) {
+		const Loaderd__Field *fd_ = ar->fields[f];
+		struct afield *af = &a->fields[f];
+		if (fd_->n_sample_shape > LDR_MAX_DIMS - 1 || fd_->dtype >= LDR_DTYPE_COUNT ||
+		    fd_->offset + (uint64_t)a->batch_size * fd_->sample_bytes > a->slot_bytes)
+			return set_err(-EPROTO, "attach reply: field %zu is malformed", f);
+		memset(af, 0, sizeof(*af));
+		snprintf(af->name, sizeof(af->name), "%s", fd_->name);
+		af->dtype = (enum ldr_dtype)fd_->dtype;
+		af->ndim = (int)fd_->n_sample_shape;
+		for (size_t d = 0; d < fd_->n_sample_shape; d++)
+			af->shape[d] = fd_->sample_shape[d];
+		af->offset = fd_->offset;
+		af->sample_bytes = fd_->sample_bytes;
+	}
+	return 0;
+}
+
 int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *user_opts,
                struct ldr_attachment **out)
 {
@@ -1364,39 +1715,13 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	}
 	a->c = c;
 	atomic_fetch_add(&c->refs, 1);
-	a->fd = -1;
 	atomic_init(&a->refs, 1);
 	pthread_cond_init(&a->ev_cond, NULL);
-	a->id = ar->attach_id;
-	a->slot_bytes = ar->slot_bytes;
-	a->nslots = ar->nslots;
-	a->batch_size = ar->batch_size;
-	a->bpe = ar->batches_per_epoch;
-	a->epochs = ar->epochs;
-	a->samples = ar->samples;
 	a->inflight = (int)at.credits;
-	a->share = ar->share;
-	if (ar->n_fields > MAX_FIELDS || ar->n_fields == 0) {
-		r = set_err(-EPROTO, "attach reply has %zu fields", ar->n_fields);
+	snprintf(a->pipeline, sizeof(a->pipeline), "%s", pipeline);
+	a->opts = *opts;
+	if ((r = att_read_reply(a, ar)) < 0)
 		goto fail;
-	}
-	a->nfields = (int)ar->n_fields;
-	for (size_t f = 0; f < ar->n_fields; f++) {
-		const Loaderd__Field *fd_ = ar->fields[f];
-		struct afield *af = &a->fields[f];
-		if (fd_->n_sample_shape > LDR_MAX_DIMS - 1 || fd_->dtype >= LDR_DTYPE_COUNT ||
-		    fd_->offset + (uint64_t)a->batch_size * fd_->sample_bytes > a->slot_bytes) {
-			r = set_err(-EPROTO, "attach reply: field %zu is malformed", f);
-			goto fail;
-		}
-		snprintf(af->name, sizeof(af->name), "%s", fd_->name);
-		af->dtype = (enum ldr_dtype)fd_->dtype;
-		af->ndim = (int)fd_->n_sample_shape;
-		for (size_t d = 0; d < fd_->n_sample_shape; d++)
-			af->shape[d] = fd_->sample_shape[d];
-		af->offset = fd_->offset;
-		af->sample_bytes = fd_->sample_bytes;
-	}
 	fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size);
 	if (fd < 0) {
 		r = fd;
@@ -1432,31 +1757,15 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	} else if (dev_fd >= 0) {
 		close(dev_fd);
 	}
-	a->size = size;
-	a->fd = fd;
 	/* Copy-on-write: the trainer may write into its batches (a written page
 	 * becomes its own, and is discarded before the lease goes back). It
 	 * needs slots of whole pages, as the daemon lays them out (4096 bytes). */
 	a->cow = a->slot_bytes > 0 && a->slot_bytes % slabmap_page() == 0;
-	if (a->cow) {
-		a->base = slabmap_map(fd, size, 0);
-	} else {
-		a->base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
-		if (a->base == MAP_FAILED)
-			a->base = NULL;
-	}
-	if (!a->base) {
+	if (!(a->map = amap_open(fd, size, a->nslots, a->slot_bytes, a->cow))) {
 		r = set_err(-errno, "cannot map the slab: %s", strerror(errno));
+		close(fd);
 		goto fail;
 	}
-	a->slotaddr = calloc(a->nslots, sizeof(*a->slotaddr));
-	a->spare = calloc(a->nslots, sizeof(*a->spare));
-	if (!a->slotaddr || !a->spare) {
-		r = set_err(-ENOMEM, "out of memory");
-		goto fail;
-	}
-	for (uint32_t i = 0; i < a->nslots; i++)
-		a->slotaddr[i] = a->base + (uint64_t)i * a->slot_bytes;
 	for (int i = 0; i < a->inflight; i++)
 		if ((r = req_open(c, &a->reqs[i], a, false)) < 0) {
 			r = set_err(r, "cannot open request contexts");
@@ -1552,9 +1861,15 @@ uint32_t ldr_attachment_batch_size(const struct ldr_attachment *a)
 
 const void *ldr_attachment_slab(const struct ldr_attachment *a, size_t *size)
 {
+	struct ldr_client *c = a->c;
+	const void *base;
+
+	pthread_mutex_lock(&c->lock);
 	if (size)
-		*size = a->size;
-	return a->base;
+		*size = a->map->size;
+	base = a->map->base;
+	pthread_mutex_unlock(&c->lock);
+	return base;
 }
 
 static void deadline_after(struct timespec *ts, int ms)
@@ -1613,7 +1928,7 @@ static void queue_release(struct ldr_attachment *a, uint64_t lease)
 {
 	struct ldr_client *c = a->c;
 
-	if (a->detached)
+	if (a->detached || a->lost)
 		return;
 	if (a->nrel == a->relcap) {
 		size_t cap = a->relcap ? a->relcap * 2 : 16;
@@ -1642,41 +1957,43 @@ static void flush_now(struct ldr_attachment *a)
 }
 
 /* A pristine range of @slot for a new view, or NULL. Called with c->lock held. */
-static uint8_t *spare_pop(struct ldr_attachment *a, uint32_t slot)
+static uint8_t *spare_pop(struct amap *m, uint32_t slot)
 {
-	struct spare *sp = a->spare[slot];
+	struct spare *sp = m->spare[slot];
 	uint8_t *p;
 
 	if (!sp)
 		return NULL;
-	a->spare[slot] = sp->next;
+	m->spare[slot] = sp->next;
 	p = sp->addr;
 	free(sp);
 	return p;
 }
 
 /* Called with c->lock held. Without memory the range just stays mapped. */
-static void spare_push(struct ldr_attachment *a, uint32_t slot, uint8_t *addr)
+static void spare_push(struct amap *m, uint32_t slot, uint8_t *addr)
 {
 	struct spare *sp = malloc(sizeof(*sp));
 
 	if (!sp)
 		return;
 	sp->addr = addr;
-	sp->next = a->spare[slot];
-	a->spare[slot] = sp;
+	sp->next = m->spare[slot];
+	m->spare[slot] = sp;
 }
 
 /*
  * Keep @b: the pages of the fields in @mask become private at the batch's
  * addresses (slabmap_keep), slot b->slot is served from another view from now
  * on, and the lease goes back (@release; ldr_detach drops them all at once).
- * Called with c->lock held, which it drops during the copy; b->busy makes
- * ldr_release() of @b from another thread wait meanwhile.
+ * A batch of a retired mapping (its daemon is gone) has no lease and its slot
+ * no future. Called with c->lock held, which it drops during the copy;
+ * b->busy makes ldr_release() of @b from another thread wait meanwhile.
  */
 static int keep_locked(struct ldr_attachment *a, struct ldr_batch *b, uint64_t mask, bool release)
 {
 	struct ldr_client *c = a->c;
+	struct amap *m = b->map;
 	struct slabmap_range rs[MAX_FIELDS];
 	uint64_t off = (uint64_t)b->slot * a->slot_bytes;
 	uint8_t *view = NULL;
@@ -1694,14 +2011,14 @@ static int keep_locked(struct ldr_attachment *a, struct ldr_batch *b, uint64_t m
 	if (!a->cow)
 		return set_err(-ENOTSUP, "batches of this pipeline cannot be kept: its slots of %" PRIu64
 		               " bytes are not whole pages of %zu bytes", a->slot_bytes, slabmap_page());
-	/* a fresh view needs room in a->views before the lock goes */
-	if (a->nviews == a->viewcap) {
-		size_t cap = a->viewcap ? a->viewcap * 2 : 8;
-		void **v = realloc(a->views, cap * sizeof(*v));
+	/* a fresh view needs room in m->views before the lock goes */
+	if (m->nviews == m->viewcap) {
+		size_t cap = m->viewcap ? m->viewcap * 2 : 8;
+		void **v = realloc(m->views, cap * sizeof(*v));
 		if (!v)
 			return set_err(-ENOMEM, "out of memory");
-		a->views = v;
-		a->viewcap = cap;
+		m->views = v;
+		m->viewcap = cap;
 	}
 	for (int f = 0; f < a->nfields && f < 64; f++)
 		if (mask & (1ULL << f)) {
@@ -1709,15 +2026,16 @@ static int keep_locked(struct ldr_attachment *a, struct ldr_batch *b, uint64_t m
 			rs[n].len = a->fields[f].sample_bytes * b->rows;
 			n++;
 		}
-	/* after detach no batch comes any more: the slot needs no other view */
-	need_view = !a->detached && a->slotaddr[b->slot] == b->data;
+	/* after detach (or a restart) no batch comes any more in this mapping:
+	 * the slot needs no other view */
+	need_view = !a->detached && m == a->map && m->slotaddr[b->slot] == b->data;
 	if (need_view)
-		view = spare_pop(a, b->slot);
+		view = spare_pop(m, b->slot);
 	b->busy = true;
 	pthread_mutex_unlock(&c->lock);
 	how = 0;
 	if (need_view && !view) {
-		view = slabmap_map(a->fd, a->slot_bytes, off);
+		view = slabmap_map(m->fd, a->slot_bytes, off);
 		fresh = view != NULL;
 		if (!view)
 			how = -errno;
@@ -1726,22 +2044,25 @@ static int keep_locked(struct ldr_attachment *a, struct ldr_batch *b, uint64_t m
 		how = slabmap_keep(b->data, a->slot_bytes, rs, n, &copied);
 	pthread_mutex_lock(&c->lock);
 	if (fresh)
-		a->views[a->nviews++] = view;
+		m->views[m->nviews++] = view;
 	b->busy = false;
 	pthread_cond_broadcast(&c->cond);
 	if (how < 0) {
 		if (view)
-			spare_push(a, b->slot, view);
+			spare_push(m, b->slot, view);
 		return set_err(how, "cannot keep the batch (epoch %" PRIu64 ", index %" PRIu64 "): %s",
 		               b->epoch, b->index, strerror(-how));
 	}
-	if (need_view)
-		a->slotaddr[b->slot] = view;
+	/* the daemon may have restarted while the lock was dropped */
+	if (need_view && m == a->map)
+		m->slotaddr[b->slot] = view;
+	else if (need_view)
+		spare_push(m, b->slot, view);
 	b->kept = how;
 	held_del(a, b);
 	a->kept_batches++;
 	a->kept_bytes += copied;
-	if (release)
+	if (release && m == a->map)
 		queue_release(a, b->lease);
 	return 0;
 }
@@ -1849,6 +2170,18 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 	pthread_mutex_lock(&c->lock);
 	for (;;) {
 		struct arrived *ar = &a->ring[a->next_seq % MAX_INFLIGHT];
+		/* the daemon went away: what arrived from it is discarded when
+		 * the attachment follows it (reattach()), so nothing is taken
+		 * meanwhile; wait (within the timeout) */
+		if (c->reconnecting && !a->lost) {
+			r = wait_connected(c, timeout_ms < 0 ? NULL : &deadline);
+			if (r == -ETIMEDOUT) {
+				r = set_err(r, "no batch within %d ms: the daemon at %s went away, and libloader "
+				            "is reconnecting", timeout_ms, c->path);
+				break;
+			}
+			continue;
+		}
 		if (ar->present) {
 			ar->present = false;
 			a->next_seq++;
@@ -1865,8 +2198,16 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 					snprintf(a->errmsg, sizeof(a->errmsg), "batch descriptor out of range");
 					continue;
 				}
-				b->data = a->slotaddr[b->slot];
+				b->data = a->map->slotaddr[b->slot];
+				b->map = a->map;
+				b->map->refs++;
 				held_add(a, b);
+				a->pos_epoch = b->epoch;
+				a->pos_batch = b->index + 1;
+				if (a->pos_batch >= a->bpe) {
+					a->pos_epoch++;
+					a->pos_batch = 0;
+				}
 				if (needs_top_up(a))
 					want_top_up(a);
 				atomic_fetch_add(&a->refs, 1);
@@ -1896,7 +2237,7 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 			break;
 		}
 		if (c->disconnected) {
-			r = set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
+			r = disconnected_err(c);
 			break;
 		}
 		if (a->arrived == 0 && a->nheld >= share_now(a)) {
@@ -1927,8 +2268,9 @@ static void batch_done(struct ldr_batch *b, bool give_lease)
 {
 	struct ldr_attachment *a = b->att;
 	struct ldr_client *c = a->c;
+	struct amap *m = b->map;
 	uint64_t off = (uint64_t)b->slot * a->slot_bytes;
-	bool detached;
+	bool idle;
 	int kept;
 
 	pthread_mutex_lock(&c->lock);
@@ -1936,25 +2278,44 @@ static void batch_done(struct ldr_batch *b, bool give_lease)
 		pthread_cond_wait(&c->cond, &c->lock);
 	held_del(a, b);
 	kept = b->kept;
-	detached = a->detached;
+	/* detached, or from a daemon that is gone (its mapping goes with
+	 * its last batch): no lease to give, no slot to reuse */
+	idle = a->detached || m != a->map;
 	pthread_mutex_unlock(&c->lock);
 	if (kept) {
-		if (slabmap_unkeep(b->data, a->slot_bytes, kept, a->fd, off) == 0) {
+		/* the copy's memory goes now, however long the mapping stays */
+		if (slabmap_unkeep(b->data, a->slot_bytes, kept, m->fd, off) == 0) {
 			pthread_mutex_lock(&c->lock);
-			spare_push(a, b->slot, b->data);
+			spare_push(m, b->slot, b->data);
 			pthread_mutex_unlock(&c->lock);
 		}
 		return;
 	}
-	if (detached)
+	if (idle)
 		return;
 	if (a->cow)
-		slabmap_discard(b->data, a->slot_bytes, a->fd, off, NULL);
+		slabmap_discard(b->data, a->slot_bytes, m->fd, off, NULL);
 	if (give_lease) {
 		pthread_mutex_lock(&c->lock);
-		queue_release(a, b->lease);
+		if (m == a->map)
+			queue_release(a, b->lease);
 		pthread_mutex_unlock(&c->lock);
 	}
+}
+
+/* Free @b, done with: its mapping and attachment lose a reference. */
+static void batch_free(struct ldr_batch *b)
+{
+	struct ldr_attachment *a = b->att;
+	struct ldr_client *c = a->c;
+
+	if (c->pid == getpid()) {
+		pthread_mutex_lock(&c->lock);
+		amap_put(a, b->map);
+		pthread_mutex_unlock(&c->lock);
+	}
+	free(b);
+	att_unref(a);
 }
 
 void ldr_release(struct ldr_batch *b)
@@ -1966,8 +2327,7 @@ void ldr_release(struct ldr_batch *b)
 	a = b->att;
 	if (a->c->pid == getpid())
 		batch_done(b, true);
-	free(b);
-	att_unref(a);
+	batch_free(b);
 }
 
 /* The waiter of a CUDA attachment: leases go back once their events completed. */
@@ -2046,8 +2406,7 @@ void ldr_release_after(struct ldr_batch *b, void *cuda_stream)
 		ldr_release(b);
 		return;
 	}
-	free(b);
-	att_unref(a);
+	batch_free(b);
 }
 
 uint64_t ldr_batch_epoch(const struct ldr_batch *b)
@@ -2141,9 +2500,10 @@ int ldr_detach(struct ldr_attachment *a)
 		}
 		memcpy(tls_err, keep, sizeof(keep));
 	}
-	bool disc = c->disconnected;
+	bool disc = c->disconnected; /* or reconnecting: it went with the old daemon */
+	bool lost = a->lost;
 	pthread_mutex_unlock(&c->lock);
-	if (!disc) {
+	if (!disc && !lost) {
 		det.attach_id = a->id;
 		req.body_case = LOADERD__REQUEST__BODY_DETACH;
 		req.detach = &det;
@@ -2177,6 +2537,12 @@ void ldr_close(struct ldr_client *c)
 		return;
 	if (c->pid != getpid())
 		return; /* nng state of the parent: leave it alone */
+	/* a reconnection going on gives up at its next step */
+	pthread_mutex_lock(&c->lock);
+	c->closing = true;
+	for (struct sync_call *sc = c->sync_calls; sc; sc = sc->next)
+		nng_aio_cancel(sc->aio);
+	pthread_mutex_unlock(&c->lock);
 	while (c->atts)
 		ldr_detach(c->atts);
 	if (c->flusher_running) {
@@ -2192,4 +2558,360 @@ void ldr_close(struct ldr_client *c)
 	/* batches still alive hold their attachments, and these the client:
 	 * the last of them frees it */
 	client_unref(c);
+}
+
+/* --- reconnecting to a restarted daemon ---------------------------------- */
+
+static double ms_since(const struct timespec *t0)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t0->tv_sec) * 1000.0 + (double)(now.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* Tell the daemon we do not use attachment @id after all. */
+static void detach_id(struct ldr_client *c, uint64_t id)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Detach det = LOADERD__DETACH__INIT;
+	Loaderd__Reply *rep;
+	char keep[sizeof(tls_err)];
+
+	det.attach_id = id;
+	req.body_case = LOADERD__REQUEST__BODY_DETACH;
+	req.detach = &det;
+	memcpy(keep, tls_err, sizeof(keep));
+	if (call_gen(c, &req, &rep, LOADERD__REPLY__BODY_OK, CALL_TIMEOUT_MS, true) == 0)
+		loaderd__reply__free_unpacked(rep, NULL);
+	memcpy(tls_err, keep, sizeof(keep));
+}
+
+/* @a cannot follow the daemon: its next() says why from now on. Called with c->lock held. */
+static void att_lose(struct ldr_attachment *a, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void att_lose(struct ldr_attachment *a, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	a->lost = true;
+	a->err = err;
+	va_start(ap, fmt);
+	vsnprintf(a->errmsg, sizeof(a->errmsg), fmt, ap);
+	va_end(ap);
+}
+
+/* Would the re-attached pipeline deliver the same batches into the same layout? */
+static bool same_layout(const struct ldr_attachment *a, const struct ldr_attachment *n)
+{
+	if (a->nfields != n->nfields || a->slot_bytes != n->slot_bytes || a->batch_size != n->batch_size ||
+	    a->bpe != n->bpe || a->epochs != n->epochs || a->samples != n->samples)
+		return false;
+	return memcmp(a->fields, n->fields, sizeof(a->fields[0]) * (size_t)a->nfields) == 0;
+}
+
+/* Wait (bounded) until on_pipe_rem()'s cancellations came back. Called with c->lock held. */
+static void wait_requests_idle(struct ldr_attachment *a)
+{
+	struct timespec deadline;
+
+	deadline_after(&deadline, REATTACH_IDLE_MS);
+	for (;;) {
+		bool busy = a->relreq.state != REQ_IDLE || a->watch.state != REQ_IDLE;
+		for (int i = 0; i < a->inflight; i++)
+			busy = busy || a->reqs[i].state != REQ_IDLE;
+		if (!busy || pthread_cond_timedwait(&a->c->cond, &a->c->lock, &deadline) == ETIMEDOUT)
+			return;
+	}
+}
+
+/*
+ * Start @a again on the new daemon with @n's attachment (its mapping @m): what
+ * arrived from the old daemon and was not taken is dropped (it comes again),
+ * what the trainer holds stays in the old mapping without its leases, which
+ * went with the old daemon. Called with c->lock held.
+ */
+static void att_restart(struct ldr_attachment *a, const struct ldr_attachment *n, struct amap *m)
+{
+	while (a->held_head)
+		held_del(a, a->held_head);
+	for (int i = 0; i < MAX_INFLIGHT; i++) {
+		free(a->ring[i].msg);
+		memset(&a->ring[i], 0, sizeof(a->ring[i]));
+	}
+	a->next_seq = 0;
+	a->arrived = a->outstanding = a->requested = 0;
+	a->nrel = 0;
+	a->rv_pending = a->has_ret = a->watching = false;
+	a->nret = 0;
+	a->ended = false;
+	a->err = 0;
+	a->errmsg[0] = '\0';
+	a->id = n->id;
+	a->share = n->share;
+	a->share_seq = 0;
+	a->nslots = n->nslots;
+	amap_put(a, a->map);
+	a->map = m;
+}
+
+/*
+ * Attach @a again, at the next batch its trainer has not taken: partition
+ * with its start; broadcast as the private stream of identical content
+ * (partition rank 0 of 1) from there; dynamic where the new daemon's dynamic
+ * stream is. @where receives "epoch E batch B". Return: 0 (done, or @a lost
+ * for a reason of its own), LDR_EDISCONNECTED when the new connection went
+ * too (reconnect_run() starts over).
+ */
+static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where, size_t wsize)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Attach at = LOADERD__ATTACH__INIT;
+	Loaderd__Reply *rep;
+	struct ldr_attachment *n;
+	struct amap *m = NULL;
+	uint64_t size = 0, dev_size = 0;
+	int r, fd, dev_fd = -1;
+
+	*where = '\0';
+	pthread_mutex_lock(&c->lock);
+	if (a->detached || a->lost) {
+		pthread_mutex_unlock(&c->lock);
+		return 0;
+	}
+	if (a->dev) {
+		att_lose(a, LDR_EDISCONNECTED, "the daemon at %s restarted, and an attachment in CUDA "
+		         "device memory does not follow it (the device slab was the old daemon's): "
+		         "attach pipeline '%s' again", c->path, a->pipeline);
+		pthread_mutex_unlock(&c->lock);
+		return 0;
+	}
+	wait_requests_idle(a);
+	at.pipeline = a->pipeline;
+	at.mode = (Loaderd__Mode)a->opts.mode;
+	at.rank = a->opts.rank;
+	at.world_size = a->opts.world_size;
+	at.credits = (uint32_t)a->inflight;
+	if (a->opts.mode != LDR_MODE_DYNAMIC) {
+		at.mode = LOADERD__MODE__PARTITION;
+		if (a->opts.mode == LDR_MODE_BROADCAST) {
+			at.rank = 0;
+			at.world_size = 1;
+		}
+		at.has_start = true;
+		at.start_epoch = a->pos_epoch;
+		at.start_batch = a->pos_batch;
+		snprintf(where, wsize, "epoch %" PRIu64 " batch %" PRIu64, a->pos_epoch, a->pos_batch);
+	} else {
+		snprintf(where, wsize, "the dynamic stream's next batch");
+	}
+	pthread_mutex_unlock(&c->lock);
+
+	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
+	req.attach = &at;
+	r = call_gen(c, &req, &rep, LOADERD__REPLY__BODY_ATTACH, CALL_TIMEOUT_MS, true);
+	if (r == LDR_EDISCONNECTED || r == -ETIMEDOUT)
+		return LDR_EDISCONNECTED;
+	if (r < 0) {
+		pthread_mutex_lock(&c->lock);
+		att_lose(a, r, "the daemon at %s restarted, and attaching to pipeline '%s' again at %s "
+		         "failed: %s", c->path, a->pipeline, where, tls_err);
+		pthread_mutex_unlock(&c->lock);
+		return 0;
+	}
+	n = calloc(1, sizeof(*n));
+	if (!n) {
+		r = set_err(-ENOMEM, "out of memory");
+	} else if ((r = att_read_reply(n, rep->attach)) == 0 && !same_layout(a, n)) {
+		r = set_err(-ESTALE, "the pipeline's layout or length changed (%" PRIu64 " batches of %u per "
+		            "epoch, %" PRIu64 " epochs, %d fields; now %" PRIu64 " of %u, %" PRIu64 ", %d)",
+		            a->bpe, a->batch_size, a->epochs, a->nfields, n->bpe, n->batch_size, n->epochs,
+		            n->nfields);
+	} else if (r == 0) {
+		const Loaderd__AttachReply *ar = rep->attach;
+		fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size);
+		if (dev_fd >= 0)
+			close(dev_fd);
+		if (fd < 0) {
+			r = fd;
+		} else if (size != ar->slab_bytes || size < (uint64_t)n->nslots * n->slot_bytes) {
+			close(fd);
+			r = set_err(-EPROTO, "slab size mismatch");
+		} else if (!(m = amap_open(fd, size, n->nslots, n->slot_bytes, a->cow))) {
+			r = set_err(-errno, "cannot map the slab: %s", strerror(errno));
+			close(fd);
+		}
+	}
+	loaderd__reply__free_unpacked(rep, NULL);
+	pthread_mutex_lock(&c->lock);
+	if (r == 0 && a->detached) {
+		pthread_mutex_unlock(&c->lock);
+		detach_id(c, n->id); /* detached meanwhile */
+		amap_free(m, n->slot_bytes);
+		free(n);
+		return 0;
+	}
+	if (r < 0)
+		att_lose(a, r, "the daemon at %s restarted, and pipeline '%s' could not be attached again "
+		         "at %s: %s", c->path, a->pipeline, where, tls_err);
+	else
+		att_restart(a, n, m);
+	pthread_mutex_unlock(&c->lock);
+	if (r < 0 && n && n->id)
+		detach_id(c, n->id);
+	free(n);
+	return 0;
+}
+
+/* Create again each pipeline this client created; a failure shows at attach. */
+static int recreate_pipelines(struct ldr_client *c)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__CreatePipeline cp = LOADERD__CREATE_PIPELINE__INIT;
+	Loaderd__Reply *rep;
+	char name[LDR_NAME_MAX + 1];
+	char *json;
+	int r;
+
+	for (size_t i = 0;; i++) {
+		struct spec_rec *sr;
+		size_t j = 0;
+		pthread_mutex_lock(&c->lock);
+		for (sr = c->specs; sr && j < i; sr = sr->next)
+			j++;
+		json = sr ? strdup(sr->json) : NULL;
+		if (sr)
+			snprintf(name, sizeof(name), "%s", sr->name);
+		pthread_mutex_unlock(&c->lock);
+		if (!sr)
+			return 0;
+		if (!json)
+			continue;
+		cp.spec_json = json;
+		cp.exist_ok = true;
+		req.body_case = LOADERD__REQUEST__BODY_CREATE;
+		req.create = &cp;
+		r = call_gen(c, &req, &rep, LOADERD__REPLY__BODY_CREATE, CALL_TIMEOUT_MS, true);
+		free(json);
+		if (r == LDR_EDISCONNECTED || r == -ETIMEDOUT)
+			return LDR_EDISCONNECTED;
+		if (r < 0)
+			fprintf(stderr, "loaderd: cannot create pipeline '%s' again in the restarted daemon at "
+			        "%s: %s\n", name, c->path, tls_err);
+		else
+			loaderd__reply__free_unpacked(rep, NULL);
+	}
+}
+
+/*
+ * After the Hello on the new connection: pipelines, then attachments. Return 0,
+ * or LDR_EDISCONNECTED when that connection went too.
+ */
+static int restore(struct ldr_client *c, char *report, size_t rsize)
+{
+	struct ldr_attachment **v = NULL;
+	size_t nv = 0, len = 0;
+	char where[96];
+	int r;
+
+	if ((r = recreate_pipelines(c)) < 0)
+		return r;
+	pthread_mutex_lock(&c->lock);
+	for (struct ldr_attachment *a = c->atts; a; a = a->next)
+		nv++;
+	v = calloc(nv ? nv : 1, sizeof(*v));
+	nv = 0;
+	for (struct ldr_attachment *a = c->atts; a && v; a = a->next) {
+		atomic_fetch_add(&a->refs, 1); /* a detach meanwhile does not free it */
+		v[nv++] = a;
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (!v)
+		return LDR_EDISCONNECTED; /* out of memory: try again */
+	report[0] = '\0';
+	for (size_t i = 0; i < nv && r == 0; i++) {
+		r = reattach(c, v[i], where, sizeof(where));
+		pthread_mutex_lock(&c->lock);
+		if (r == 0 && len < rsize && !v[i]->detached)
+			len += (size_t)snprintf(report + len, rsize - len, "; attachment %" PRIu64 " (pipeline '%s') %s%s",
+			                        v[i]->id, v[i]->pipeline, v[i]->lost ? "lost: " : "re-attached at ",
+			                        v[i]->lost ? v[i]->errmsg : where);
+		pthread_mutex_unlock(&c->lock);
+	}
+	for (size_t i = 0; i < nv; i++)
+		att_unref(v[i]);
+	free(v);
+	return r;
+}
+
+/*
+ * The flusher's work when the connection went (on_pipe_rem()): the dialer
+ * redials by itself (every RECONNECT_MIN_MS, doubling up to RECONNECT_MAX_MS);
+ * each Hello waits for its connection. Once one is answered, restore() follows
+ * the new daemon; until c->reconnect_ms passed, when calls and next() fail.
+ */
+static void reconnect_run(struct ldr_client *c)
+{
+	char report[2048], last[512] = "no answer";
+	int pause_ms = RECONNECT_MIN_MS, r;
+	struct timespec t0;
+	double limit;
+
+	pthread_mutex_lock(&c->lock);
+	t0 = c->went_at;
+	limit = c->reconnect_ms;
+	pthread_mutex_unlock(&c->lock);
+	fprintf(stderr, "loaderd: the daemon at %s went away; reconnecting for up to %.3g s\n", c->path,
+	        limit / 1000.0);
+	for (;;) {
+		double left = limit - ms_since(&t0);
+		pthread_mutex_lock(&c->lock);
+		bool closing = c->closing;
+		pthread_mutex_unlock(&c->lock);
+		if (closing || left <= 0)
+			break;
+		r = hello_call(c, left < RECONNECT_MAX_MS ? (int)left + 1 : RECONNECT_MAX_MS, true);
+		if (r == 0 && (r = restore(c, report, sizeof(report))) == 0) {
+			pthread_mutex_lock(&c->lock);
+			c->reconnects++;
+			c->disconnected = false;
+			c->daemon_stopping = false;
+			c->reconnecting = false;
+			for (struct ldr_attachment *a = c->atts; a; a = a->next) {
+				top_up(a);
+				if (a->watch.open && !a->lost && !a->detached && a->share &&
+				    req_send(a, &a->watch, 0) == 0)
+					a->watching = true;
+			}
+			pthread_cond_broadcast(&c->cond);
+			pthread_mutex_unlock(&c->lock);
+			fprintf(stderr, "loaderd: reconnected to the daemon at %s after %.1f s (client id %" PRIu64
+			        ")%s\n", c->path, ms_since(&t0) / 1000.0, c->id, report);
+			return;
+		}
+		if (r != -ETIMEDOUT)
+			snprintf(last, sizeof(last), "%.400s", tls_err);
+		if (r != -ETIMEDOUT && r != LDR_EDISCONNECTED) {
+			/* the daemon answered, and refused: no use trying again */
+			break;
+		}
+		if (r == LDR_EDISCONNECTED) {
+			usleep((useconds_t)pause_ms * 1000u);
+			pause_ms = pause_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS : pause_ms * 2;
+		}
+	}
+	pthread_mutex_lock(&c->lock);
+	bool closing = c->closing;
+	snprintf(c->gone_msg, sizeof(c->gone_msg), "the client is closed");
+	if (!closing)
+		snprintf(c->gone_msg, sizeof(c->gone_msg), "disconnected from the daemon at %s: it went away "
+		         "and libloader could not reconnect within %.3g s (reconnect timeout, "
+		         "LOADERD_RECONNECT_TIMEOUT): %s", c->path, limit / 1000.0, last);
+	c->reconnecting = false;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	if (!closing)
+		fprintf(stderr, "loaderd: %s\n", c->gone_msg);
+	/* no more redials of a daemon we gave up on */
+	nng_dialer_close(c->dialer);
 }

@@ -360,6 +360,11 @@ static void test_daemon_gone(struct ldr_client *c)
 	struct timespec deadline;
 	int status, r;
 
+	/* without reconnecting (0): the daemon going away fails everything
+	 * (tests/integration/test_reconnect.py has the reconnections) */
+	assert(ldr_client_reconnect_timeout(c) == 60000);
+	assert(ldr_client_set_reconnect(c, -1) == -EINVAL);
+	assert(ldr_client_set_reconnect(c, 0) == 0 && ldr_client_reconnect_timeout(c) == 0);
 	create(c, "gone", 5, 0);
 	assert(ldr_attach(c, "gone", NULL, &a) == 0);
 	assert(ldr_next(a, 10000, &b) == 0);

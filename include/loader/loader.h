@@ -195,8 +195,30 @@ LDR_EXPORT void ldr_close(struct ldr_client *client);
 /** The message of this thread's last failed call (the daemon's, or libloader's
  * own), or "" if none failed yet. A successful call leaves it as it was. */
 LDR_EXPORT const char *ldr_client_error(const struct ldr_client *client);
-/** Id the daemon gave this connection (as `loaderctl clients` shows it). */
+/** Id the daemon gave this connection (as `loaderctl clients` shows it); a new one after each reconnection. */
 LDR_EXPORT uint64_t ldr_client_id(const struct ldr_client *client);
+
+/**
+ * ldr_client_set_reconnect() - how long the client reconnects when the daemon
+ * goes away (docs/reliability.md, "Restart without killing training").
+ * @param timeout_ms 0: never (the daemon going away is LDR_EDISCONNECTED at
+ *        once); ldr_connect() sets $LOADERD_RECONNECT_TIMEOUT (seconds), else
+ *        60000
+ *
+ * While the daemon is away the client redials (every 50 ms, doubling up to
+ * 1 s), calls and ldr_next() wait (within their timeouts); once a daemon
+ * answers again on the socket, libloader creates again the pipelines this
+ * client created, attaches every attachment again at the next batch its
+ * trainer has not taken, and says so in one line on stderr. Batches the
+ * trainer holds stay valid until released. After @p timeout_ms without a
+ * daemon every call fails with LDR_EDISCONNECTED, naming the time.
+ * Return: 0, or -EINVAL for a negative @p timeout_ms.
+ */
+LDR_EXPORT int ldr_client_set_reconnect(struct ldr_client *client, int timeout_ms);
+/** The reconnect timeout in milliseconds (0: never). */
+LDR_EXPORT int ldr_client_reconnect_timeout(const struct ldr_client *client);
+/** Reconnections to a restarted daemon that succeeded since ldr_connect(). */
+LDR_EXPORT uint64_t ldr_client_reconnects(const struct ldr_client *client);
 
 /**
  * ldr_create_pipeline() - create a pipeline from a JSON spec (docs/spec.md).

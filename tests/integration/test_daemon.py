@@ -53,11 +53,13 @@ def test_restart_on_same_socket(daemon, workdir):
     assert d2.consume("s").dump == expected
 
 
-def test_sigterm_with_consumers_attached(daemon, workdir):
+def test_sigterm_with_consumers_attached(daemon, workdir, monkeypatch):
     """Shutdown does not wait for clients: a running consumer of an endless
     pipeline and a stopped one are both told, the daemon exits 0 at once,
     and the consumers end (non-zero: their stream did not end) instead of
-    hanging."""
+    hanging. (Not reconnecting, LOADERD_RECONNECT_TIMEOUT=0: reconnecting
+    consumers wait for the next daemon, test_reconnect.py.)"""
+    monkeypatch.setenv("LOADERD_RECONNECT_TIMEOUT", "0")
     d = daemon()
     small_pipeline(d, workdir, epochs=0, prefetch=2)
     running = d.popen_consume("s", dump=False)

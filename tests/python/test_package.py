@@ -480,7 +480,9 @@ def test_daemon_dies_mid_epoch_raises_disconnected(workdir):
     from conftest import Daemon
     d = Daemon(workdir)
     x, y, paths = npy_dataset(workdir)
-    dl = loaderd.DataLoader(npy_spec(paths, epochs=0), socket=d.socket, as_numpy=True)
+    # reconnect_timeout=0: no reconnecting (tests/integration/test_reconnect.py)
+    dl = loaderd.DataLoader(npy_spec(paths, epochs=0), socket=d.socket, as_numpy=True,
+                            reconnect_timeout=0)
     it = iter(dl)
     next(it)
     d.kill9()

@@ -130,6 +130,10 @@ _SIGNATURES = {
     "ldr_attachment_kept": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64),
                                            ctypes.POINTER(ctypes.c_uint64)]),
     "ldr_attachment_release_refused": (ctypes.c_uint64, [_P, ctypes.c_char_p, ctypes.c_size_t]),
+    # reconnecting to a restarted daemon (docs/reliability.md)
+    "ldr_client_set_reconnect": (ctypes.c_int, [_P, ctypes.c_int]),
+    "ldr_client_reconnect_timeout": (ctypes.c_int, [_P]),
+    "ldr_client_reconnects": (ctypes.c_uint64, [_P]),
 }
 
 _lock = threading.Lock()

@@ -59,10 +59,20 @@ def _forked(pid, what):
 
 # ------------------------------------------------------------------ handles
 
+def _reconnect_ms(seconds):
+    """reconnect_timeout= in seconds (0: never reconnect) as libloader's ms."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or \
+            not 0 <= seconds <= 2073600:
+        raise ValueError(f"reconnect_timeout must be a number of seconds from 0 (never "
+                         f"reconnect) to 2073600, not {seconds!r}")
+    ms = int(round(seconds * 1000))
+    return 1 if seconds > 0 and ms == 0 else ms
+
+
 class _Client:
     """Owns one ldr_client* (one connection to the daemon)."""
 
-    def __init__(self, socket=None, name=None):
+    def __init__(self, socket=None, name=None, reconnect_timeout=None):
         self.pid = os.getpid()
         self.ptr = None
         self.closed = False
@@ -76,6 +86,13 @@ class _Client:
             raise _err(r, "connect")
         self.ptr = out.value
         self._close_fn = L.ldr_close
+        if reconnect_timeout is not None:
+            r = L.ldr_client_set_reconnect(self.ptr, _reconnect_ms(reconnect_timeout))
+            if r < 0:
+                raise _err(r, "reconnect_timeout")
+
+    def reconnects(self):
+        return int(_lib.lib().ldr_client_reconnects(self.ptr)) if self.ptr else 0
 
     def check(self):
         if self.pid != os.getpid():
@@ -408,8 +425,13 @@ class Client:
     ``socket``: the daemon's socket path; None resolves it as libloader does
     ($LOADERD_SOCKET, $RUNTIME_DIRECTORY, $XDG_RUNTIME_DIR, /run/loaderd)."""
 
-    def __init__(self, socket=None, name=None):
-        self._c = _Client(socket, name)
+    def __init__(self, socket=None, name=None, reconnect_timeout=None):
+        self._c = _Client(socket, name, reconnect_timeout)
+
+    @property
+    def reconnects(self):
+        """Times this connection followed a restarted daemon."""
+        return self._c.reconnects()
 
     def _ptr(self):
         self._c.check()
@@ -513,7 +535,7 @@ class DataLoader:
                  drop_last=None, mode=None, rank=None, world_size=None, socket=None,
                  timeout=None, device="cpu", as_numpy=False, progress=False, epochs=None,
                  inflight=None, name=None, on_error=None, fields=None, pipeline_name=None,
-                 **torch_compat):
+                 reconnect_timeout=None, **torch_compat):
         # your own Dataset (docs/python.md, "Your own Dataset"): a map-style
         # Dataset object, or a spec whose source.kind is "python"
         self._py = pydataset.is_dataset(pipeline_or_spec) or (
@@ -574,7 +596,9 @@ class DataLoader:
         self._pid = os.getpid()
         self._closed = True
         self._att = None
-        self._client = _Client(socket, name)
+        if reconnect_timeout is not None:
+            _reconnect_ms(reconnect_timeout)  # a bad value fails before connecting
+        self._client = _Client(socket, name, reconnect_timeout)
         self._closed = False
         overrides = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
                                        ("seed", seed), ("drop_last", drop_last),
@@ -726,6 +750,12 @@ class DataLoader:
             raise Error(-errno.EBADF, "the loader is closed", "")
 
     # ------------------------------------------------------------ properties
+
+    @property
+    def reconnects(self):
+        """Times this loader's connection followed a restarted daemon
+        (docs/reliability.md, "Restart without killing training")."""
+        return self._client.reconnects()
 
     def __len__(self):
         """Batches per epoch of this loader's share (per rank in partition;

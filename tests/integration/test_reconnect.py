@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: MIT
+"""Restart without killing training (docs/reliability.md): the daemon is
+SIGKILLed under streaming Python trainers and a new one starts on the same
+socket; libloader reconnects, creates the trainers' own pipelines again,
+re-attaches each attachment at the next batch its trainer has not taken, and
+the trainers finish their epochs with exactly the batches they would have had.
+Also: the reconnect time running out, reconnecting disabled, and a batch held
+across the restart."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from ldrtest import (nsamples_tokens, partition_share, position_tokens, python_client_env,
+                     sanitizer_report, split_batches, token_dump, token_spec)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAINER = os.path.join(HERE, "reconnect_trainer.py")
+L = 16
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f)
+
+
+def wait_file(path, procs, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{what}: a trainer exited {p.returncode} first:\n"
+                                     f"{p.stderr.read().decode(errors='replace')}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def trainer(sock, out, pause_at, *loaders, env=None):
+    os.makedirs(out, exist_ok=True)
+    return subprocess.Popen([sys.executable, TRAINER, sock, out, str(pause_at), *loaders],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env or python_client_env())
+
+
+def finish(p, what):
+    out, err = p.communicate(timeout=120)
+    err = err.decode(errors="replace")
+    assert p.returncode == 0, f"{what} exited {p.returncode}:\n{err}"
+    marker = sanitizer_report(err)
+    assert marker is None, f"{what} printed a {marker} report:\n{err}"
+    return err
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def expected_dump(tok, nsamples, bs, rank=None, world=None):
+    order = list(range(nsamples))
+    if rank is not None:
+        order = partition_share(order, rank, world)
+    return token_dump(tok, L, split_batches(order, bs))
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_restart_under_two_trainers(daemon, workdir, how):
+    """Two trainers: ranks 0 and 1 of a config pipeline (partition), and the
+    second also reads a pipeline it created itself (broadcast). The daemon is
+    SIGKILLed (a crash) or SIGTERMed (systemctl restart: it answers ESHUTDOWN
+    first) while both are mid-epoch, and a new one started on the same socket
+    a second later: both finish with exact contents, say so on stderr, and
+    the batch held across the restart still reads its bytes."""
+    n = 4000
+    tok_path = os.path.join(workdir, "pos.bin")
+    tok = position_tokens(tok_path, n * L + 1)
+    ns = nsamples_tokens(n * L + 1, L)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_json(cfg, {"pipelines": [token_spec("cfg", tok_path, L, "uint32", batch_size=8,
+                                              shuffle=False, prefetch=8, epochs=1,
+                                              output_dtype="int64")]})
+    own = os.path.join(workdir, "own.json")
+    write_json(own, token_spec("own", tok_path, L, "uint32", batch_size=16, shuffle=False,
+                               prefetch=8, epochs=1, output_dtype="int64"))
+    d1 = daemon("--config", cfg)
+    sock = d1.socket
+    ta = trainer(sock, os.path.join(workdir, "a"), 40, "r0:cfg:partition:0:2")
+    tb = trainer(sock, os.path.join(workdir, "b"), 30, "r1:cfg:partition:1:2", f"own:@{own}:broadcast")
+    for t, who in ((ta, "a"), (tb, "b")):
+        wait_file(os.path.join(workdir, who, "paused"), [ta, tb], f"trainer {who} mid-epoch")
+    if how == "SIGKILL":
+        d1.kill9()
+    else:
+        d1.stop(signal.SIGTERM, reap_first=False)
+    for who in ("a", "b"):
+        open(os.path.join(workdir, who, "go"), "w").close()
+    time.sleep(1.0)  # the trainers wait in next() meanwhile
+    daemon("--config", cfg, socket=sock)
+    ea, eb = finish(ta, "trainer a"), finish(tb, "trainer b")
+
+    assert read(os.path.join(workdir, "a", "r0.dump")) == expected_dump(tok, ns, 8, 0, 2)
+    assert read(os.path.join(workdir, "b", "r1.dump")) == expected_dump(tok, ns, 8, 1, 2)
+    assert read(os.path.join(workdir, "b", "own.dump")) == expected_dump(tok, ns, 16)
+    for who, err in (("a", ea), ("b", eb)):
+        held = read(os.path.join(workdir, who, "held.dump"))
+        assert held == read(os.path.join(workdir, who, "held.expected")) and len(held) > 0
+        assert read(os.path.join(workdir, who, "reconnects")) == b"1"
+        assert f"loaderd: the daemon at {sock} went away; reconnecting for up to 60 s" in err, err
+        assert f"loaderd: reconnected to the daemon at {sock} after" in err, err
+    assert "(pipeline 'cfg') re-attached at epoch 0 batch 40" in ea, ea
+    assert "(pipeline 'cfg') re-attached at epoch 0 batch 30" in eb, eb
+    assert "(pipeline 'own') re-attached at epoch 0 batch " in eb, eb
+
+
+def test_reconnect_timeout_expires(daemon, workdir):
+    """No daemon comes back: after the reconnect time next() fails with
+    LDR_EDISCONNECTED naming the time and the socket."""
+    tok_path = os.path.join(workdir, "pos.bin")
+    position_tokens(tok_path, 2000 * L + 1)
+    d1 = daemon()
+    d1.create(token_spec("p", tok_path, L, "uint32", batch_size=8, epochs=1))
+    code = (
+        "import loaderd, sys\n"
+        f"ld = loaderd.DataLoader('p', socket={d1.socket!r}, as_numpy=True, reconnect_timeout=%s)\n"
+        "it = iter(ld); next(it)\n"
+        "print('took', flush=True); sys.stdin.readline()\n"
+        "try:\n"
+        "    for b in it: pass\n"
+        "except loaderd.Error as e:\n"
+        "    print('ERR', e.code, e.message, flush=True)\n")
+    results = {}
+    for setting in ("1.5", "0"):
+        p = subprocess.Popen([sys.executable, "-c", code % setting], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=python_client_env())
+        assert p.stdout.readline() == b"took\n"
+        results[setting] = p
+    d1.kill9()
+    for setting, p in results.items():
+        out, err = p.communicate(b"\n", timeout=60)
+        results[setting] = (out.decode(), err.decode())
+    out, err = results["1.5"]
+    assert out.startswith("ERR -4093 disconnected from the daemon at "
+                          f"{d1.socket}: it went away and libloader could not reconnect within "
+                          "1.5 s (reconnect timeout, LOADERD_RECONNECT_TIMEOUT)"), out + err
+    assert f"loaderd: the daemon at {d1.socket} went away; reconnecting for up to 1.5 s" in err
+    out, err = results["0"]
+    assert out == f"ERR -4093 disconnected from the daemon at {d1.socket}\n", out + err
+    assert "reconnecting" not in err, err
+
+
+def test_reconnect_timeout_setting_is_checked(ld):
+    env = python_client_env()
+    env["LOADERD_RECONNECT_TIMEOUT"] = "soon"
+    r = subprocess.run([sys.executable, "-c", f"import loaderd; loaderd.Client({ld.socket!r})"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode != 0
+    assert ("LOADERD_RECONNECT_TIMEOUT='soon' is not a number of seconds from 0 (never reconnect) "
+            "to 2073600") in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", "import loaderd\n"
+                        f"loaderd.DataLoader('x', socket={ld.socket!r}, reconnect_timeout=-1)"],
+                       capture_output=True, text=True, env=python_client_env())
+    assert "reconnect_timeout must be a number of seconds from 0 (never reconnect) to 2073600, " \
+           "not -1" in r.stderr, r.stderr
