@@ -114,7 +114,7 @@ int main(int argc, char **argv)
 	       c_src = 0;
 	unsigned long long done = 0;
 	const struct field_desc *f0, *f1;
-	struct sample_ctx ctx = { 0, 0 };
+	struct sample_ctx ctx = { .seed = 0 };
 	size_t len, rows = 64, bytes;
 	uint8_t *batch, *labels;
 	char *text;

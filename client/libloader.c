@@ -219,6 +219,14 @@ struct ldr_attachment {
 	pthread_cond_t ev_cond;
 	pthread_t waiter;
 	bool waiter_running, waiter_stop;
+	/* stall accounting (TrainerStats, docs/protocol.md), under c->lock */
+	uint64_t st_wait_ns, st_compute_ns, st_calls;
+	uint64_t st_buckets[WAIT_BUCKETS];
+	uint64_t st_mark;         /* mono ns of the last ldr_next() return, 0 none */
+	uint64_t st_open;         /* this wait so far, over polls that timed out */
+	bool st_waiting;          /* the last return was a timeout: the wait goes on */
+	uint64_t st_sent_ns;      /* when the last report went out */
+	uint64_t st_sent_calls;   /* st_calls then */
 };
 
 struct ldr_batch {
@@ -1152,11 +1160,70 @@ static void req_close(struct req *r)
 }
 
 /* Called with c->lock held. @ask: batches a Next may bring back. */
+/*
+ * The TrainerStats a Next or Release carries: the totals, when a wait ended
+ * since the last report. A Next carries them at most every STATS_EVERY_NS
+ * (the daemon's rates are over seconds); a Release whenever they changed, so
+ * that the trainer's last batch is counted once its lease went back (releases
+ * go out at most every FLUSH_DELAY_MS). Called with c->lock held; NULL when
+ * there is nothing to say.
+ */
+#define STATS_EVERY_NS 100000000u
+static Loaderd__TrainerStats *stats_report(struct ldr_attachment *a, Loaderd__TrainerStats *st,
+                                           bool release)
+{
+	uint64_t now = mono_ns();
+
+	if (a->st_calls == a->st_sent_calls || (!release && now - a->st_sent_ns < STATS_EVERY_NS))
+		return NULL;
+	a->st_sent_ns = now;
+	a->st_sent_calls = a->st_calls;
+	st->wait_ns = a->st_wait_ns;
+	st->compute_ns = a->st_compute_ns;
+	st->calls = a->st_calls;
+	st->n_wait_buckets = WAIT_BUCKETS;
+	st->wait_buckets = a->st_buckets;
+	return st;
+}
+
+/* ldr_next() begins at @t0: the time since the last return was the
+ * trainer's (compute), or still waiting when that return was a timeout. */
+static void stats_enter(struct ldr_attachment *a, uint64_t t0)
+{
+	if (!a->st_mark)
+		return;
+	if (a->st_waiting) {
+		a->st_open += t0 - a->st_mark;
+		a->st_wait_ns += t0 - a->st_mark;
+	} else {
+		a->st_compute_ns += t0 - a->st_mark;
+	}
+}
+
+/* ldr_next() that began at @t0 returns @r. A wait ends with anything but a
+ * timeout: ldr_next with a timeout in a loop (the Python DataLoader polls in
+ * slices) is one wait. */
+static void stats_leave(struct ldr_attachment *a, uint64_t t0, int r)
+{
+	uint64_t t1 = mono_ns();
+
+	a->st_wait_ns += t1 - t0;
+	a->st_open += t1 - t0;
+	a->st_mark = r == 0 || r == -ETIMEDOUT ? t1 : 0;
+	a->st_waiting = r == -ETIMEDOUT;
+	if (a->st_waiting)
+		return;
+	a->st_buckets[wait_bucket(a->st_open)]++;
+	a->st_calls++;
+	a->st_open = 0;
+}
+
 static int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask)
 {
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
 	Loaderd__Next next = LOADERD__NEXT__INIT;
 	Loaderd__Release rel = LOADERD__RELEASE__INIT;
+	Loaderd__TrainerStats st = LOADERD__TRAINER_STATS__INIT;
 	nng_msg *msg;
 	int e;
 
@@ -1176,6 +1243,7 @@ static int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask)
 		rel.attach_id = a->id;
 		rel.n_leases = a->nrel;
 		rel.leases = a->rel;
+		rel.stats = stats_report(a, &st, true);
 		req.body_case = LOADERD__REQUEST__BODY_RELEASE;
 		req.release = &rel;
 	} else {
@@ -1183,6 +1251,7 @@ static int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask)
 		next.n_releases = a->nrel;
 		next.releases = a->rel;
 		next.max_batches = ask;
+		next.stats = stats_report(a, &st, false);
 		req.body_case = LOADERD__REQUEST__BODY_NEXT;
 		req.next = &next;
 	}
@@ -2157,6 +2226,7 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 	struct ldr_client *c = a->c;
 	struct timespec deadline;
 	struct ldr_batch *b;
+	uint64_t t0 = mono_ns();
 	int r = 0;
 
 	CHECK_PID(c);
@@ -2168,6 +2238,7 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 	if (timeout_ms >= 0)
 		deadline_after(&deadline, timeout_ms);
 	pthread_mutex_lock(&c->lock);
+	stats_enter(a, t0);
 	for (;;) {
 		struct arrived *ar = &a->ring[a->next_seq % MAX_INFLIGHT];
 		/* the daemon went away: what arrived from it is discarded when
@@ -2253,6 +2324,7 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 			break;
 		}
 	}
+	stats_leave(a, t0, r);
 	pthread_mutex_unlock(&c->lock);
 	free(b);
 	return r;

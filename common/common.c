@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common.h"
 
@@ -148,4 +149,28 @@ int errfmt(int r, char *err, size_t errlen, const char *fmt, ...)
 	verrfmt(r, err, errlen, NULL, fmt, ap);
 	va_end(ap);
 	return r;
+}
+
+const uint64_t wait_bucket_bound_ns[WAIT_BUCKETS - 1] = {
+	1000, 2000, 5000, 10000, 20000, 50000,
+	100000, 200000, 500000, 1000000, 2000000, 5000000,
+	10000000, 20000000, 50000000, 100000000, 200000000, 500000000,
+	1000000000, 2000000000, 5000000000, 10000000000,
+};
+
+unsigned wait_bucket(uint64_t ns)
+{
+	unsigned i = 0;
+
+	while (i < WAIT_BUCKETS - 1 && ns > wait_bucket_bound_ns[i])
+		i++;
+	return i;
+}
+
+uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }

@@ -82,3 +82,17 @@ static inline uint64_t splitmix64(uint64_t x)
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+/*
+ * Stall accounting (docs/protocol.md, TrainerStats): libloader counts each
+ * ldr_next() wait into one of WAIT_BUCKETS buckets, the first
+ * WAIT_BUCKETS - 1 bounded above by wait_bucket_bound_ns[] (1 us, 2 us,
+ * 5 us, ... 10 s: a 1-2-5 series), the last one unbounded. The daemon reads
+ * percentiles and Prometheus's histogram from them.
+ */
+#define WAIT_BUCKETS 23
+extern const uint64_t wait_bucket_bound_ns[WAIT_BUCKETS - 1];
+/* The bucket of a wait of @ns. */
+unsigned wait_bucket(uint64_t ns);
+/* CLOCK_MONOTONIC in ns. */
+uint64_t mono_ns(void);

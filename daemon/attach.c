@@ -217,6 +217,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	pl->natts++;
 	a->all_next = eng->atts;
 	eng->atts = a;
+	stats_att_init(a);
 	*out = a;
 	pipeline_lifetime(pl);
 	pipeline_update(pl);
@@ -314,6 +315,8 @@ json_t *attachment_json(const struct attachment *a)
 	}
 	if (a->mode == LDR_MODE_BROADCAST)
 		json_object_set_new(o, "skipped", json_integer((json_int_t)a->skipped));
+	if (a->pl)
+		json_object_set_new(o, "stats", stats_att_json(a));
 	if (a->dead)
 		json_object_set_new(o, "error", json_string(a->dead_msg));
 	return o;
@@ -341,6 +344,7 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 	struct stream *s = a->stream;
 	size_t n = rq->nreturned;
 	bool rewind = a->deliver_no == a->revoke_upto;
+	uint64_t returned_rows = 0;
 
 	if (!a->revoking)
 		return errfmt(-EPROTO, err, errlen,
@@ -362,6 +366,7 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 	for (size_t i = 0; i < n; i++) {
 		struct lease **pp = att_find_lease(a, rq->returned[i]);
 		struct lease *l = *pp;
+		returned_rows += l->rows;
 		*pp = l->next;
 		a->nleases--;
 		l->slot->leases--;
@@ -379,6 +384,8 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 		a->deliver_no = rq->return_from;
 		a->delivered -= n;
 		a->returned += n;
+		a->st.samples -= returned_rows;
+		a->st.bytes -= returned_rows * pl->row_bytes;
 	}
 	a->rv_dno = a->deliver_no;
 	return 0;
@@ -418,6 +425,8 @@ int attachment_next(struct attachment *a, struct pending *p, const struct next_r
 	if (!pl)
 		return errfmt(a->dead ? -(a->dead_err ? a->dead_err : ENOENT) : -ECANCELED, err, errlen, "%s",
 		              a->dead ? a->dead_msg : "detached");
+	if (rq->stats)
+		stats_report(a, rq->stats);
 	for (size_t i = 0; i < rq->nreleases; i++) {
 		struct lease **pp = att_find_lease(a, rq->releases[i]);
 		if (!pp) {

@@ -66,6 +66,8 @@ static int lease_batch(struct attachment *a, struct batch *b, struct delivered_b
 	b->slot->refs++;
 	b->slot->leases++;
 	a->delivered++;
+	a->st.samples += b->rows;
+	a->st.bytes += (uint64_t)b->rows * pl->row_bytes;
 	*out = (struct delivered_batch){
 		.seq = a->deliver_no++,
 		.lease = l->id,

@@ -327,9 +327,20 @@ static bool releases_fit(struct server *srv, struct sctx *c, size_t n)
 	return false;
 }
 
+/* The TrainerStats of a Next or Release, or NULL. */
+static const struct trainer_stats *trainer_stats(const Loaderd__TrainerStats *m, struct trainer_stats *st)
+{
+	if (!m)
+		return NULL;
+	*st = (struct trainer_stats){ .wait_ns = m->wait_ns, .compute_ns = m->compute_ns,
+		.calls = m->calls, .buckets = m->wait_buckets, .nbuckets = m->n_wait_buckets };
+	return st;
+}
+
 static void handle_next(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Next *m)
 {
 	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, NULL);
+	struct trainer_stats st;
 	char err[256] = "";
 	int r;
 
@@ -340,8 +351,8 @@ static void handle_next(struct server *srv, struct sctx *c, struct client *cl, c
 	c->pending.max = m->max_batches;
 	r = attachment_next(a, &c->pending, &(struct next_req){ .releases = m->releases,
 		.nreleases = m->n_releases, .watch = m->watch, .has_return = m->has_return,
-		.return_from = m->return_from, .returned = m->returned, .nreturned = m->n_returned },
-		err, sizeof(err));
+		.return_from = m->return_from, .returned = m->returned, .nreturned = m->n_returned,
+		.stats = trainer_stats(m->stats, &st) }, err, sizeof(err));
 	if (r < 0)
 		reply_error(srv, c, -r, err);
 }
@@ -349,13 +360,14 @@ static void handle_next(struct server *srv, struct sctx *c, struct client *cl, c
 static void handle_release(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Release *m)
 {
 	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, NULL);
+	struct trainer_stats st;
 	char err[256] = "";
 	int r;
 
 	if (!a || !releases_fit(srv, c, m->n_leases))
 		return;
-	r = attachment_next(a, NULL, &(struct next_req){ .releases = m->leases, .nreleases = m->n_leases },
-	                    err, sizeof(err));
+	r = attachment_next(a, NULL, &(struct next_req){ .releases = m->leases, .nreleases = m->n_leases,
+		.stats = trainer_stats(m->stats, &st) }, err, sizeof(err));
 	if (r < 0)
 		reply_error(srv, c, -r, err);
 	else

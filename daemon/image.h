@@ -38,6 +38,7 @@ struct image_scratch {
 	size_t row_cap;
 	void *coef;                   /* resampling coefficients and bounds */
 	size_t coef_cap;
+	uint64_t transform_ns;        /* ns imageop_decode_run() last spent transforming */
 };
 
 /* This thread's scratch, or NULL when out of memory. */

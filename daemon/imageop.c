@@ -1337,5 +1337,8 @@ int imageop_decode_run(const struct imageop *op, struct image_scratch *s,
 	r = image_decode_region(s, data, len, info, num, denom, x0, y0, x1, y1, &got, err, errlen);
 	if (r < 0)
 		return r;
-	return imageop_run_region(op, s, plan, s->pix, pw, ph, &got, dst, err, errlen);
+	uint64_t t = mono_ns();
+	r = imageop_run_region(op, s, plan, s->pix, pw, ph, &got, dst, err, errlen);
+	s->transform_ns = mono_ns() - t;
+	return r;
 }

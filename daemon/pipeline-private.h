@@ -36,6 +36,24 @@
 #define TOKEN_TTL_MS 30000
 #define TASK_MIN_BYTES (2u << 20)
 
+/* stats.c: counters at one moment (the live ones, and once-a-second
+ * snapshots; the window is from the oldest snapshot to now) */
+#define STATS_WINDOW_S 5
+#define STATS_SNAPS (STATS_WINDOW_S + 1)
+struct att_counts {
+	uint64_t ms;
+	uint64_t batches, samples, bytes;  /* leased to it (batches: a->delivered) */
+	uint64_t wait_ns, compute_ns, calls; /* its trainer's last report */
+	uint64_t buckets[WAIT_BUCKETS];
+};
+
+struct pl_counts {
+	uint64_t ms;
+	uint64_t batches, samples, bytes;  /* built */
+	uint64_t worker_ns;                /* worker time building them */
+	uint64_t stage_ns[STAGES];
+};
+
 struct slot {
 	uint32_t idx;
 	uint32_t refs;
@@ -160,6 +178,12 @@ struct attachment {
 	bool left;                /* detached for slowness (slow.c): out of its stream, its
 	                           * leases kept until it asks again or goes (att_leave) */
 	uint64_t skipped;         /* batches skipped for it ("slow_clients": "skip") */
+	/* stats.c */
+	struct att_counts st;
+	struct att_counts st_snap[STATS_SNAPS];
+	uint8_t st_nsnap, st_head;
+	bool st_reported;         /* its trainer sent a TrainerStats */
+	uint64_t st_bad_reports;  /* malformed ones, ignored */
 };
 
 struct pipeline {
@@ -223,6 +247,11 @@ struct pipeline {
 	int retired;              /* enum retire_kind: no longer found by name */
 	char retire_msg[320];     /* draining: what its clients are told at the end */
 	struct hold *holds;       /* holds.c: processes given its slab fd */
+	/* stats.c */
+	struct pl_counts st;
+	struct pl_counts st_snap[STATS_SNAPS];
+	uint8_t st_nsnap, st_head;
+	uint64_t job_errors;      /* batches whose build failed */
 };
 
 struct job {
@@ -236,6 +265,8 @@ struct job {
 	uint8_t *base;
 	atomic_uint remaining;
 	atomic_int err;
+	atomic_uint_fast64_t worker_ns;          /* stats.c: its tasks' time */
+	atomic_uint_fast64_t stage_ns[STAGES];
 	char errmsg[PYW_MSG_MAX + 512]; /* a Python traceback fits */
 	unsigned ntasks;
 	struct task {
@@ -272,6 +303,7 @@ struct engine {
 	uint64_t max_held;        /* max_held_after_drop per uid, 0 = memory_limit / 4 */
 	uint64_t hold_ctr;
 	uv_timer_t *hold_timer;
+	uv_timer_t *stats_timer;  /* stats.c: the snapshots' tick */
 	bool shutdown;
 };
 
@@ -352,6 +384,20 @@ void holds_explain(struct engine *eng, char *buf, size_t len);
 int holds_may_attach(struct engine *eng, uid_t uid, char *err, size_t errlen);
 uint64_t holds_max_held(const struct engine *eng);
 void holds_close(struct engine *eng);
+
+/* stats.c (docs/operations.md, "Stall accounting") */
+void stats_att_init(struct attachment *a);
+void stats_pipeline_init(struct pipeline *pl);
+void stats_report(struct attachment *a, const struct trainer_stats *st);
+/* @job's batch was built: count it and its time. */
+void stats_job_done(struct job *job);
+/* A task of @job that began at @begin_ns ends: @stage_ns is what its source
+ * timed per stage; the rest of its time goes to @rest_stage. Worker threads. */
+void stats_task_time(struct job *job, uint64_t begin_ns, const uint64_t *stage_ns, int rest_stage);
+uint64_t stats_att_lag(const struct attachment *a);
+json_t *stats_att_json(const struct attachment *a);
+json_t *stats_pipeline_json(const struct pipeline *pl, const char *state);
+void stats_close(struct engine *eng);
 
 /* slow.c: a broadcast client that holds its stream back (docs/spec.md) */
 void pipeline_check_slow(struct pipeline *pl);

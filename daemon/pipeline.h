@@ -120,6 +120,15 @@ struct next_req {
 	uint64_t return_from;
 	const uint64_t *returned;
 	size_t nreturned;
+	const struct trainer_stats *stats; /* the trainer's report, or NULL */
+};
+
+/* A trainer's TrainerStats (docs/protocol.md, stall accounting): totals since
+ * its attach. */
+struct trainer_stats {
+	uint64_t wait_ns, compute_ns, calls;
+	const uint64_t *buckets;  /* WAIT_BUCKETS of them */
+	size_t nbuckets;
 };
 
 int engine_new(struct engine **out, uv_loop_t *loop, unsigned nworkers,

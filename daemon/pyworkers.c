@@ -82,6 +82,7 @@ struct pyw_conn {
 	int role;
 	uint32_t worker_id;
 	unsigned inflight;
+	uint64_t busy_since;      /* mono ns: it began its first task in flight, or the last one ended */
 	int closing;              /* handles still to close, 0 while open */
 	bool want_write;
 	uint8_t *in;
@@ -204,6 +205,20 @@ static void job_task_over(struct job *job)
 		job_done(job);
 }
 
+/* A task of @job on worker @c ended: its time since the worker began it
+ * (tasks in flight on one worker run one after the other) is the pipeline's
+ * worker time; the Python code's stages are not told apart, so it counts as
+ * transform (docs/operations.md). */
+static void worker_time(struct pyw_conn *c, struct job *job)
+{
+	uint64_t now = mono_ns();
+
+	atomic_fetch_add_explicit(&job->worker_ns, now - c->busy_since, memory_order_relaxed);
+	atomic_fetch_add_explicit(&job->stage_ns[STAGE_TRANSFORM], now - c->busy_since,
+	                          memory_order_relaxed);
+	c->busy_since = now;
+}
+
 static void job_set_error(struct job *job, int err, const char *msg)
 {
 	int zero = 0;
@@ -250,7 +265,8 @@ static void dispatch(struct pyw_pipeline *pp)
 		if (!best)
 			return;
 		best->on = w;
-		w->inflight++;
+		if (w->inflight++ == 0)
+			w->busy_since = mono_ns();
 		if (send_task(w, best) < 0) {
 			conn_close(w); /* its tasks go back to the queue */
 			continue;
@@ -502,6 +518,7 @@ static void on_done(struct pyw_conn *c, const uint8_t *p, size_t len)
 	}
 	job = t->job;
 	task_unlink(pp, t);
+	worker_time(c, job);
 	c->inflight--;
 	pp->samples_built += job->tasks[t->t].end - job->tasks[t->t].begin;
 	if (d.skipped)
@@ -537,6 +554,7 @@ static void on_fail(struct pyw_conn *c, const uint8_t *p, size_t len)
 			msg[i] = ' ';
 	job = t->job;
 	task_unlink(pp, t);
+	worker_time(c, job);
 	c->inflight--;
 	free(t);
 	log_warn("pipeline %s: sample %" PRIu64 " failed in Python worker %u (pid %d): %.200s",

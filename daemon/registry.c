@@ -244,6 +244,7 @@ void registry_close(struct engine *eng)
 {
 	slow_close(eng);
 	holds_close(eng);
+	stats_close(eng);
 	if (eng->linger_timer) {
 		uv_close((uv_handle_t *)eng->linger_timer, on_timer_closed);
 		eng->linger_timer = NULL;
@@ -523,6 +524,7 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	owner_lookup(pl);
 	pl->next = eng->pipelines;
 	eng->pipelines = pl;
+	stats_pipeline_init(pl);
 	log_info("pipeline %s created: %" PRIu64 " samples, %u slots of %" PRIu64 " bytes",
 	         spec->name, smp.nsamples, pl->nslots, pl->slot_bytes);
 	pipeline_lifetime(pl);

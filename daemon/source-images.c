@@ -559,9 +559,13 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 
 	if (!s)
 		return errfmt(-ENOMEM, err, errlen, "out of memory for the image decoder");
+	uint64_t t0 = ctx && ctx->stage_ns ? mono_ns() : 0, t1 = 0;
 	r = imageset_read(src->images, j, &s->file, &s->file_cap, &len, &label, err, errlen);
 	if (r < 0)
 		return r;
+	if (t0)
+		t1 = mono_ns();
+	s->transform_ns = 0;
 	r = image_probe(s, s->file, len, &info, msg, sizeof(msg));
 	if (r == 0 && (uint64_t)info.width * (uint64_t)info.height > src->max_pixels)
 		r = errfmt(-EINVAL, msg, sizeof(msg),
@@ -575,6 +579,14 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 				 msg, sizeof(msg));
 	if (r == 0)
 		r = imageop_decode_run(op, s, &plan, s->file, len, &info, dsts[0], msg, sizeof(msg));
+	if (t0) {
+		/* read: the file; decode: probe, plan, entropy decoding; transform:
+		 * resampling, crop, flip, normalize into the slot */
+		uint64_t t2 = mono_ns();
+		ctx->stage_ns[STAGE_READ] += t1 - t0;
+		ctx->stage_ns[STAGE_DECODE] += (t2 - t1) - s->transform_ns;
+		ctx->stage_ns[STAGE_TRANSFORM] += s->transform_ns;
+	}
 	/* an outsize image's buffers go back now, not when the worker exits */
 	image_scratch_trim(s);
 	if (r < 0) {

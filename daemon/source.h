@@ -28,7 +28,13 @@ struct source;
 struct sample_ctx {
 	uint64_t seed;
 	uint64_t epoch;
+	/* stall accounting: a source that tells its stages apart adds their ns
+	 * here (NULL: do not time); the rest of the task's time is read time */
+	uint64_t *stage_ns;
 };
+
+/* The stages a sample's time is split into (status "stage_seconds_total"). */
+enum { STAGE_READ, STAGE_DECODE, STAGE_TRANSFORM, STAGE_COLLATE, STAGES };
 
 /**
  * source_open() - open the dataset files of a spec and check them.

@@ -87,6 +87,9 @@ static json_t *pipeline_json(struct pipeline *pl)
 	/* a reload removed it ("draining") or made a successor ("replaced") */
 	if (o && pl->retired && !pl->failed)
 		json_object_set_new(o, "state", json_string(retire_state(pl)));
+	if (o)
+		json_object_set_new(o, "stats", stats_pipeline_json(pl,
+			json_string_value(json_object_get(o, "state"))));
 	return o;
 }
 

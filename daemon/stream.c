@@ -64,6 +64,8 @@ static void task_run(struct work *work)
 	struct job *job = t->job;
 	struct pipeline *pl = job->pl;
 	void *dsts[SOURCE_MAX_FIELDS];
+	uint64_t stage_ns[STAGES] = { 0 }, begin = mono_ns();
+	struct sample_ctx ctx = { pl->spec->seed, job->epoch, stage_ns };
 	char err[512];
 
 	for (uint32_t r = t->begin; r < t->end && !atomic_load(&job->err); r++) {
@@ -72,8 +74,7 @@ static void task_run(struct work *work)
 
 		for (size_t f = 0; f < pl->nfields; f++)
 			dsts[f] = job->base + pl->field_off[f] + (uint64_t)r * pl->fields[f].sample_bytes;
-		rc = source_read(pl->src, &(struct sample_ctx){ pl->spec->seed, job->epoch }, idx, dsts,
-				 err, sizeof(err));
+		rc = source_read(pl->src, &ctx, idx, dsts, err, sizeof(err));
 		if (rc < 0) {
 			int zero = 0;
 			if (atomic_compare_exchange_strong(&job->err, &zero, -rc))
@@ -81,6 +82,7 @@ static void task_run(struct work *work)
 			break;
 		}
 	}
+	stats_task_time(job, begin, stage_ns, STAGE_READ);
 	if (atomic_fetch_sub(&job->remaining, 1) == 1) {
 		struct engine *eng = job->eng;
 		pthread_mutex_lock(&eng->done_lock);
@@ -179,6 +181,7 @@ void job_done(struct job *job)
 		/* The pipeline fails when a client reaches this batch, not now:
 		 * the batches before it are delivered first, whichever job
 		 * failed first (deliver.c, stream_failed()). It stays unready. */
+		pl->job_errors++;
 		if (job->seq < s->fail_seq) {
 			s->fail_seq = job->seq;
 			s->fail_err = err;
@@ -187,6 +190,7 @@ void job_done(struct job *job)
 	} else if (b) {
 		b->ready = true;
 		pl->produced++;
+		stats_job_done(job);
 		if (!err && !s->dead && !pl->dropped)
 			stream_prefetch_devices(s, b);
 	}

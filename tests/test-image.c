@@ -1449,7 +1449,7 @@ static void test_outsize(void)
 	unsigned char img[3 * 12 * 12];
 	int64_t label;
 	void *dsts[2] = { img, &label };
-	struct sample_ctx ctx = { 3, 0 };
+	struct sample_ctx ctx = { .seed = 3 };
 
 	assert(mkdir(path_of("big"), 0755) == 0);
 	assert(mkdir(path_of("big/a"), 0755) == 0);
@@ -1501,7 +1501,7 @@ static void test_source(void)
 	unsigned char img[5][3 * 12 * 12], ref[3 * 12 * 12];
 	int64_t label;
 	void *dsts[2];
-	struct sample_ctx ctx = { 3, 0 };
+	struct sample_ctx ctx = { .seed = 3 };
 
 	assert(mkdir(path_of("root"), 0755) == 0);
 	assert(mkdir(path_of("root/b"), 0755) == 0);
