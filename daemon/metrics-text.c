@@ -218,6 +218,9 @@ static const struct num_metric pipeline_metrics[] = {
 	  "Worker seconds per second over the pool size, over the last window_s seconds (0..1).",
 	  "stats.workers_busy", 0 },
 	{ "loaderd_pipeline_jobs", "gauge", "Batches being built now.", "stats.jobs", 0 },
+	{ "loaderd_pipeline_workers", "gauge",
+	  "Workers that build the pipeline's batches: the daemon's pool, or its own Python workers.",
+	  "stats.workers", 0 },
 };
 
 static const struct num_metric client_metrics[] = {
@@ -242,6 +245,8 @@ static const struct num_metric client_metrics[] = {
 	  "stats.compute_seconds_total", 0 },
 	{ "loaderd_client_next_calls_total", "counter", "ldr_next() calls the client reported.",
 	  "stats.next_calls_total", 0 },
+	{ "loaderd_client_bad_reports_total", "counter",
+	  "Stall reports of the client that did not add up, ignored.", "stats.bad_reports", 0 },
 };
 
 /* A gauge with one sample per value of @key, 1 for the value @o has, 0 for the
@@ -273,8 +278,9 @@ static const char *const limits[] = { "consumers", "workers", "io", "slots", "id
                                       "starting", NULL };
 static const char *const stages[] = { "read", "decode", "transform", "collate", NULL };
 
-/* Slots by state: ready (built, waiting), leased, free, and filling (the
- * rest: being built). They sum to the pipeline's slots. */
+/* Slots by state: ready (built, no client holds it), leased, free, and
+ * filling (the rest: being built, the stats' jobs). They sum to the
+ * pipeline's slots. */
 static void put_slots(FILE *f, const struct labelled *objs, size_t nobjs)
 {
 	family(f, "loaderd_pipeline_slots", "gauge", "Batch slots of the pipeline, by state "

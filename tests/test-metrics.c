@@ -22,7 +22,7 @@ static const char status_text[] =
 	"   \"batches_reclaimed\": 0, \"skipped\": 0, \"backpressure_ms\": 1500,"
 	"   \"slow_clients_detached\": 0,"
 	"   \"stats\": {\"batches_total\": 7, \"samples_total\": 70, \"bytes_total\": 28672,"
-	"    \"worker_seconds_total\": 0.5, \"workers_busy\": 0.25, \"jobs\": 1,"
+	"    \"worker_seconds_total\": 0.5, \"workers_busy\": 0.25, \"workers\": 4, \"jobs\": 1,"
 	"    \"stage_seconds_total\": {\"read\": 0.125, \"decode\": 0, \"transform\": 0, \"collate\": 0.375},"
 	"    \"slots_ready\": 3, \"slots_leased\": 2, \"slots_free\": 2,"
 	"    \"errors_total\": 0, \"skipped_total\": 0, \"limited_by\": \"workers\"}},"
@@ -34,7 +34,7 @@ static const char status_text[] =
 	"    \"leases\": 2, \"delivered\": 5, \"pending\": 1,"
 	"    \"stats\": {\"batches_total\": 5, \"samples_total\": 50, \"bytes_total\": 20480,"
 	"     \"wait_fraction\": 0.75, \"wait_seconds_total\": 0.003, \"compute_seconds_total\": 0.001,"
-	"     \"next_calls_total\": 6, \"lag_batches\": 0, \"starving\": true,"
+	"     \"next_calls_total\": 6, \"lag_batches\": 0, \"starving\": true, \"bad_reports\": 0,"
 	"     \"wait_histogram\": {\"le\": [0.001, 0.01, 1], \"counts\": [2, 0, 3, 1],"
 	"      \"sum_s\": 12.5, \"count\": 6}}}]},"
 	"  {\"id\": 4, \"pid\": 98, \"uid\": 1001, \"name\": \"idle\", \"attachments\": []}"
@@ -76,6 +76,7 @@ static void test_text(void)
 	expect_line(t, "loaderd_pipeline_backpressure_seconds_total{pipeline=\"tok\"} 1.5");
 	expect_line(t, "loaderd_pipeline_samples_total{pipeline=\"tok\"} 70");
 	expect_line(t, "loaderd_pipeline_workers_busy_ratio{pipeline=\"tok\"} 0.25");
+	expect_line(t, "loaderd_pipeline_workers{pipeline=\"tok\"} 4");
 	expect_line(t, "loaderd_pipeline_stage_seconds_total{pipeline=\"tok\",stage=\"collate\"} 0.375");
 	expect_line(t, "loaderd_pipeline_limited_by{pipeline=\"tok\",reason=\"workers\"} 1");
 	expect_line(t, "loaderd_pipeline_limited_by{pipeline=\"tok\",reason=\"consumers\"} 0");
@@ -88,6 +89,7 @@ static void test_text(void)
 	expect_line(t, "loaderd_client_leases{" CL "} 2");
 	expect_line(t, "loaderd_client_pending_requests{" CL "} 1");
 	expect_line(t, "loaderd_client_starving{" CL "} 1");
+	expect_line(t, "loaderd_client_bad_reports_total{" CL "} 0");
 	expect_line(t, "loaderd_client_wait_ratio{" CL "} 0.75");
 	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"0.001\"} 2");
 	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"0.01\"} 2");

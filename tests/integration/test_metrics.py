@@ -211,7 +211,21 @@ def test_metrics_over_tcp_match_a_known_run(daemon, workdir, tokens):
         assert fams["loaderd_client_batches"].type == "counter"
         assert value(fams, "loaderd_client_batches", "loaderd_client_batches_total", **labels) == 3
         assert value(fams, "loaderd_client_leases", **labels) == 0
-        check_histograms(fams)
+        # 3 batches of 30 samples, each an input and a target of 64 int64
+        assert value(fams, "loaderd_client_samples", "loaderd_client_samples_total", **labels) == 90
+        assert value(fams, "loaderd_client_bytes", "loaderd_client_bytes_total", **labels) == \
+            90 * 2 * 64 * 8
+        assert value(fams, "loaderd_pipeline_samples", "loaderd_pipeline_samples_total",
+                     pipeline="a") == 90
+        assert value(fams, "loaderd_pipeline_bytes", "loaderd_pipeline_bytes_total",
+                     pipeline="a") == 90 * 2 * 64 * 8
+        assert value(fams, "loaderd_pipeline_jobs", pipeline="a") == 0
+        assert value(fams, "loaderd_pipeline_limited_by", pipeline="a", reason="done") == 1
+        assert sum(s.value for s in samples(fams, "loaderd_pipeline_limited_by", pipeline="a")) == 1
+        (h,) = check_histograms(fams).values()
+        st = d.status()["clients"][0]["attachments"][0]["stats"]
+        assert h["count"] == st["next_calls_total"] > 0
+        assert h["sum"] == pytest.approx(st["wait_seconds_total"], rel=1e-12)
     finally:
         t.exit()
     fams = parse(get_tcp(port)[2])
@@ -326,3 +340,162 @@ def test_ipv6_and_a_host_name(daemon, workdir, host, url_host):
         fams = parse(r.read().decode())
     assert samples(fams, "loaderd_build_info")[0].labels["version"] == loaderd_version()
     d.stop()
+
+
+# A trainer that reads until it is killed: SLEEP seconds of "compute" per
+# batch; it says when it has its first batch.
+STREAMER = textwrap.dedent("""
+    import sys, time
+    import loaderd
+    sock, pipeline, name, sleep_s = sys.argv[1:5]
+    dl = loaderd.DataLoader(pipeline, socket=sock, as_numpy=True, name=name)
+    first = True
+    while True:
+        for b in dl:
+            if first:
+                print("reading", flush=True)
+                first = False
+            time.sleep(float(sleep_s))
+            b.release()
+""")
+
+
+class Streamer:
+    def __init__(self, d, pipeline, name, sleep_s):
+        self.p = subprocess.Popen([sys.executable, "-c", STREAMER, d.socket, pipeline, name,
+                                   str(sleep_s)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=python_client_env())
+        line = self.p.stdout.readline()
+        assert line == "reading\n", f"streamer: {line!r}\n{self.p.stderr.read()}\n{d.log()[-3000:]}"
+
+    def kill(self):
+        self.p.kill()
+        self.p.wait(timeout=30)
+
+
+def att_stats(st, name):
+    (cl,) = [c for c in st["clients"] if c["name"] == name]
+    (a,) = cl["attachments"]
+    return a.get("stats")
+
+
+def scrape_until(port, pred, what, timeout=60.0):
+    """Scrape until @pred(families) holds; the families then."""
+    import time
+    end = time.monotonic() + timeout
+    while True:
+        fams = parse(get_tcp(port)[2])
+        if pred(fams):
+            return fams
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def bucket_quantile(fams, q, **labels):
+    """The upper bound of the bucket where quantile @q of a wait histogram falls."""
+    f = fams["loaderd_client_wait_seconds"]
+    buckets = sorted((float(s.labels["le"]), s.value) for s in f.samples
+                     if s.name.endswith("_bucket")
+                     and all(s.labels.get(k) == v for k, v in labels.items()))
+    total = buckets[-1][1]
+    return next(le for le, n in buckets if n >= q * total)
+
+
+def test_slow_trainer_and_starved_trainer_told_apart(daemon, workdir, tokens):
+    """One worker: a trainer that sleeps 200 ms a batch on a token pipeline,
+    and one that computes nothing on an image pipeline (big PNGs to decode).
+    The first hardly waits, the second mostly waits, and /metrics says so:
+    orderings only, no speed is asserted."""
+    from imgtest import make_folder
+    root = os.path.join(workdir, "img")
+    make_folder(root, ["a", "b"], 4, [(960, 1280)], fmt="PNG", ext=".png")
+    port = free_port()
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": f"127.0.0.1:{port}", "pipelines": [
+        token_spec("fast", tokens, 64, "uint16", batch_size=10, epochs=0),
+        {"name": "heavy", "source": {"kind": "image_folder", "path": root}, "batch_size": 4,
+         "epochs": 0, "decode": {"dct_scaling": False},
+         "transforms": [{"op": "random_resized_crop", "size": 224},
+                        {"op": "horizontal_flip", "p": 0.5}],
+         "output": {"dtype": "float32", "layout": "NCHW"}}]})
+    d = daemon("--config", cfg, workers=1)
+    slow = Streamer(d, "fast", "slow-trainer", 0.2)
+    starved = Streamer(d, "heavy", "starved-trainer", 0)
+    trainers = ("slow-trainer", "starved-trainer")
+
+    def of(fams, family, name, trainer):
+        return value(fams, family, name, client_name=trainer)
+
+    def told_apart(fams):
+        # start-up waits (the first token batches queue behind image jobs
+        # on the one worker) leave the daemon's window after a few seconds
+        calls = [samples(fams, "loaderd_client_next_calls", "loaderd_client_next_calls_total",
+                         client_name=t) for t in trainers]
+        return (all(c and c[0].value >= 12 for c in calls) and
+                samples(fams, "loaderd_pipeline_limited_by", pipeline="fast",
+                        reason="consumers")[0].value == 1 and
+                samples(fams, "loaderd_pipeline_limited_by", pipeline="heavy",
+                        reason="workers")[0].value == 1)
+    try:
+        fams = scrape_until(port, told_apart, "the fast pipeline limited by its consumer and "
+                            "the heavy one by its worker", timeout=120)
+        check_histograms(fams)
+        ratio = {t: of(fams, "loaderd_client_wait_ratio", None, t) for t in trainers}
+        assert ratio["starved-trainer"] > ratio["slow-trainer"], ratio
+        waited = {t: of(fams, "loaderd_client_wait_seconds", "loaderd_client_wait_seconds_sum", t)
+                  for t in trainers}
+        computed = {t: of(fams, "loaderd_client_compute_seconds",
+                          "loaderd_client_compute_seconds_total", t) for t in trainers}
+        assert waited["starved-trainer"] > computed["starved-trainer"], (waited, computed)
+        assert computed["slow-trainer"] > waited["slow-trainer"], (waited, computed)
+        for q in (0.5, 0.99):
+            assert bucket_quantile(fams, q, client_name="slow-trainer") <= \
+                bucket_quantile(fams, q, client_name="starved-trainer"), q
+        assert value(fams, "loaderd_pipeline_workers_busy_ratio", pipeline="heavy") > \
+            value(fams, "loaderd_pipeline_workers_busy_ratio", pipeline="fast")
+        assert value(fams, "loaderd_pipeline_workers", pipeline="heavy") == 1
+        decode = value(fams, "loaderd_pipeline_stage_seconds", "loaderd_pipeline_stage_seconds_total",
+                       pipeline="heavy", stage="decode")
+        assert decode > value(fams, "loaderd_pipeline_stage_seconds",
+                              "loaderd_pipeline_stage_seconds_total", pipeline="fast",
+                              stage="decode") == 0
+        # the histogram counts every ldr_next() the trainer reported
+        for t in trainers:
+            assert of(fams, "loaderd_client_wait_seconds", "loaderd_client_wait_seconds_count", t) \
+                == of(fams, "loaderd_client_next_calls", "loaderd_client_next_calls_total", t)
+            assert of(fams, "loaderd_client_bad_reports", "loaderd_client_bad_reports_total", t) == 0
+    finally:
+        slow.kill()
+        starved.kill()
+
+def test_grafana_dashboard_queries_only_exported_metrics(daemon, workdir, tokens):
+    """docs/grafana-dashboard.json is a dashboard whose every query names
+    metrics that /metrics has."""
+    import re
+    from ldrtest import REPO_ROOT
+    with open(os.path.join(REPO_ROOT, "docs", "grafana-dashboard.json")) as f:
+        dash = json.load(f)
+    assert dash["title"] and dash["uid"] and dash["schemaVersion"] >= 36
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = " ".join(p["title"] for p in dash["panels"]).lower()
+    for want in ("stall", "p99", "samples/s", "workers busy", "limited by"):
+        assert want in titles, want
+    port = free_port()
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": f"127.0.0.1:{port}"})
+    daemon("--config", cfg)
+    fams = parse(get_tcp(port)[2])
+    names = set()
+    for f in fams.values():
+        names.add(f.name)
+        if f.type == "counter":
+            names.add(f.name + "_total")
+        if f.type == "histogram":
+            names.update(f.name + s for s in ("_bucket", "_sum", "_count"))
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert exprs
+    for e in exprs:
+        for m in re.findall(r"\bloaderd_[a-z_]+", e):
+            assert m in names, (m, e)
