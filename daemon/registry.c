@@ -170,9 +170,13 @@ static void on_linger(uv_timer_t *t)
 		if (pl->dropped || pl->persist || !pl->unused ||
 		    pl->unused_since + pipeline_linger_ms(pl) > now)
 			continue;
-		char secs[32], why[64];
+		char secs[32], why[96];
 		fmt_secs(secs, sizeof(secs), pipeline_linger_ms(pl));
-		snprintf(why, sizeof(why), "unused for %s s", secs);
+		if (pl->retired)
+			snprintf(why, sizeof(why), "%s by a reload, and no client reads it any more",
+			         pl->retired == RETIRE_DRAIN ? "removed" : "replaced");
+		else
+			snprintf(why, sizeof(why), "unused for %s s", secs);
 		drop_now(pl, why);
 	}
 	linger_arm(eng);
@@ -689,6 +693,9 @@ int engine_drop(struct engine *eng, const char *name, const struct principal *wh
 {
 	struct pipeline *pl = engine_find(eng, name);
 
+	/* a draining one (removed by a reload) an admin may end at once */
+	if (!pl)
+		pl = engine_find_retired(eng, name);
 	if (!pl)
 		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
 	/* access lets others read it, never drop it: that is its owner's (and

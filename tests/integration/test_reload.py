@@ -298,6 +298,27 @@ def test_reload_creates_drains_and_replaces_pipelines(daemon, workdir):
     log = d.log()
     assert "pipeline a is draining: removed from the config (reload by root" in log
     assert "pipeline b is replaced by a new spec for new attachments" in log
+    assert "pipeline a dropped: removed by a reload, and no client reads it any more" in log
+    assert "pipeline b dropped: replaced by a reload, and no client reads it any more" in log
+
+
+def test_a_draining_pipeline_can_be_dropped_at_once(daemon, workdir):
+    tok, _ = tokens(workdir, 400, seed=27)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"pipelines": [token_spec("e", tok, SEQ, "uint16", batch_size=4, epochs=0)]})
+    d = daemon("--config", cfg)
+    c = d.popen_consume("e", "--delay", "200")     # 100 batches: 20 s an epoch
+    d.wait_for(lambda s: any(a["delivered"] for cl in s["clients"] for a in cl["attachments"]),
+               "the client reading")
+    write_config(cfg, {})
+    assert d.ctl_json("reload")["pipelines"]["draining"] == [{"name": "e", "clients": 1}]
+    assert d.pipeline("e")["state"] == "draining"
+    r = d.ctl("drop", "e", check=False)
+    assert r.returncode == 1 and "pipeline 'e' has 1 clients attached (use force)" in r.stderr
+    d.ctl("drop", "e", "--force")
+    res = c.wait()
+    assert res.rc == 1 and "pipeline 'e' was dropped" in res.stderr, res.stderr
+    assert names(d.status()) == []
 
 
 def test_python_client_set_and_reload(daemon, workdir):
