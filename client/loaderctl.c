@@ -20,6 +20,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@
 
 #include "config.h"
 #include "loader/loader.h"
+#include "term.h"
 
 #define PROG "loaderctl"
 #define SPEC_MAX (16u << 20) /* largest spec file we read */
@@ -60,6 +62,9 @@ enum opt_id {
 	OPT_TIMEOUT,
 	OPT_DELAY,
 	OPT_DEVICE,
+	OPT_INTERVAL = 'd',
+	OPT_ITERATIONS = 'n',
+	OPT_SORT = 257 + 64,
 };
 
 /* Every option of every command lands here; the commands check what applies. */
@@ -89,6 +94,10 @@ struct ctl {
 	bool verbose;
 	enum ldr_device_kind device_kind;
 	int device_index;
+	/* top */
+	double interval;
+	uint64_t iterations;
+	int sort;
 };
 
 struct verb {
@@ -292,7 +301,7 @@ static void fmt_pair(char *buf, size_t n, const json_t *obj, const char *a, cons
 
 /* --------------------------------------------------------- aligned tables */
 
-#define TABLE_COLS 10
+#define TABLE_COLS 16
 #define CELL_MAX 256
 
 struct table {
@@ -319,24 +328,135 @@ static int table_add(struct table *t, const char *const *row)
 	return 0;
 }
 
-static void table_print(const struct table *t)
+/* Lines of text for stdout or for a screen: table rows, the header. */
+struct lines {
+	char *buf;
+	size_t len, cap;
+	unsigned cols;    /* cut each line to this many columns; 0: never */
+	unsigned max;     /* lines kept; 0: all */
+	unsigned n;       /* lines added, kept or not */
+	bool screen;      /* erase the rest of each line; no newline after row max */
+	bool oom;
+};
+
+static void lines_put(struct lines *l, const char *s, size_t n)
+{
+	if (l->oom)
+		return;
+	if (l->cap - l->len < n + 1) {
+		size_t cap = l->cap ? l->cap : 4096;
+		char *p;
+
+		while (cap - l->len < n + 1)
+			cap *= 2;
+		p = realloc(l->buf, cap);
+		if (!p) {
+			l->oom = true;
+			return;
+		}
+		l->buf = p;
+		l->cap = cap;
+	}
+	memcpy(l->buf + l->len, s, n);
+	l->len += n;
+	l->buf[l->len] = '\0';
+}
+
+/* Bytes of the well-formed UTF-8 character at @s (1 for ASCII), 0 if none. */
+static size_t utf8_len(const unsigned char *s)
+{
+	size_t n = s[0] < 0x80 ? 1 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2 :
+	           s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+
+	for (size_t i = 1; i < n; i++)
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+	return n;
+}
+
+/*
+ * One line. Control characters (C0, DEL, C1) and bytes that are not UTF-8
+ * become '?': client names are anyone's bytes, and an escape sequence in one
+ * must not reach the terminal. Cut at @l->cols characters.
+ */
+static void lines_add(struct lines *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void lines_add(struct lines *l, const char *fmt, ...)
+{
+	char line[8192], out[8192];
+	unsigned cols = 0;
+	size_t o = 0;
+	va_list ap;
+
+	l->n++;
+	if (l->max && l->n > l->max)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	for (const unsigned char *p = (const unsigned char *)line; *p && !(l->cols && cols == l->cols);
+	     cols++) {
+		size_t n = utf8_len(p);
+
+		if (n == 0 || *p < 0x20 || *p == 0x7f || (p[0] == 0xc2 && p[1] < 0xa0)) {
+			out[o++] = '?';
+			p += n ? n : 1;
+		} else {
+			memcpy(out + o, p, n);
+			o += n;
+			p += n;
+		}
+	}
+	lines_put(l, out, o);
+	if (l->screen)
+		lines_put(l, "\x1b[K", 3);
+	if (!l->screen || l->n != l->max)
+		lines_put(l, "\n", 1);
+}
+
+/* Write @l to stdout and free it. */
+static int lines_print(struct lines *l)
+{
+	int r = 0;
+
+	if (l->oom) {
+		warnx("out of memory");
+		r = EXIT_FAILURE;
+	} else if (l->len && (fwrite(l->buf, 1, l->len, stdout) != l->len || fflush(stdout) == EOF)) {
+		r = EXIT_FAILURE;
+	}
+	free(l->buf);
+	*l = (struct lines){ 0 };
+	return r;
+}
+
+static void table_lines(const struct table *t, struct lines *l)
 {
 	size_t w[TABLE_COLS] = { 0 };
+	char line[TABLE_COLS * (CELL_MAX + 2)];
 
 	for (size_t r = 0; r < t->nrows; r++)
 		for (int c = 0; c < t->ncols; c++) {
-			size_t l = strlen(t->cells[r][c]);
-			if (l > w[c])
-				w[c] = l;
+			size_t len = strlen(t->cells[r][c]);
+			if (len > w[c])
+				w[c] = len;
 		}
 	for (size_t r = 0; r < t->nrows; r++) {
-		for (int c = 0; c < t->ncols; c++) {
-			if (c + 1 == t->ncols)
-				printf("%s\n", t->cells[r][c]);
-			else
-				printf("%-*s  ", (int)w[c], t->cells[r][c]);
-		}
+		size_t len = 0;
+
+		for (int c = 0; c < t->ncols; c++)
+			len += (size_t)snprintf(line + len, sizeof(line) - len, "%-*s%s",
+			                        c + 1 == t->ncols ? 0 : (int)w[c], t->cells[r][c],
+			                        c + 1 == t->ncols ? "" : "  ");
+		lines_add(l, "%s", line);
 	}
+}
+
+static void table_print(const struct table *t)
+{
+	struct lines l = { 0 };
+
+	table_lines(t, &l);
+	lines_print(&l);
 }
 
 static void table_free(struct table *t)
@@ -387,34 +507,47 @@ static void fmt_lifetime(const json_t *p, char *owner, char *by, char *age, char
 		fmt_duration(expires, n, json_object_get(p, "expires_in_s"));
 }
 
-static int print_pipelines(const json_t *pipelines)
+static void print_pipeline_notes(const json_t *pipelines);
+
+/*
+ * The pipelines with their lifetime. @lifetime_only (in `status`, after the
+ * figures table): only the name, batches produced and the lifetime columns.
+ */
+static int print_pipelines(const json_t *pipelines, bool lifetime_only)
 {
 	static const char *const head[] = { "PIPELINE", "STATE", "SLOTS", "CLIENTS", "PRODUCED",
 		                             "OWNER", "BY", "AGE", "IDLE", "EXPIRES" };
-	struct table t = { .ncols = 10 };
-	size_t i;
-	json_t *p;
+	static const int lifetime_cols[] = { 0, 4, 5, 6, 7, 8, 9 };
+	const int ncols = lifetime_only ? 7 : 10;
+	struct table t = { .ncols = ncols };
 	int r = 0;
 
 	if (!json_is_array(pipelines) || json_array_size(pipelines) == 0) {
-		printf("no pipelines\n");
+		if (!lifetime_only)
+			printf("no pipelines\n");
 		return 0;
 	}
-	r = table_add(&t, head);
-	json_array_foreach(pipelines, i, p) {
+	for (int row = -1; row < (int)json_array_size(pipelines) && r == 0; row++) {
 		char name[CELL_MAX], state[64], slots[128], clients[64], produced[64];
 		char owner[64], by[64], age[64], idle[64], expires[64];
-		const char *row[] = { name, state, slots, clients, produced, owner, by, age, idle, expires };
+		const char *full[] = { name, state, slots, clients, produced, owner, by, age, idle, expires };
+		const char *const *src = row < 0 ? head : full;
+		const char *cells[10];
 
-		if (r < 0)
-			break;
-		fmt_key(name, sizeof(name), p, "name");
-		fmt_key(state, sizeof(state), p, "state");
-		fmt_pair(slots, sizeof(slots), p, "slots_in_use", "slots_total");
-		fmt_key(clients, sizeof(clients), p, "clients");
-		fmt_key(produced, sizeof(produced), p, "batches_produced");
-		fmt_lifetime(p, owner, by, age, idle, expires, sizeof(owner));
-		r = table_add(&t, row);
+		if (row >= 0) {
+			const json_t *p = json_array_get(pipelines, (size_t)row);
+
+
+			fmt_key(name, sizeof(name), p, "name");
+			fmt_key(state, sizeof(state), p, "state");
+			fmt_pair(slots, sizeof(slots), p, "slots_in_use", "slots_total");
+			fmt_key(clients, sizeof(clients), p, "clients");
+			fmt_key(produced, sizeof(produced), p, "batches_produced");
+			fmt_lifetime(p, owner, by, age, idle, expires, sizeof(owner));
+		}
+		for (int c = 0; c < ncols; c++)
+			cells[c] = src[lifetime_only ? lifetime_cols[c] : c];
+		r = table_add(&t, cells);
 	}
 	if (r < 0) {
 		table_free(&t);
@@ -423,6 +556,16 @@ static int print_pipelines(const json_t *pipelines)
 	}
 	table_print(&t);
 	table_free(&t);
+	if (!lifetime_only)
+		print_pipeline_notes(pipelines);
+	return 0;
+}
+
+/* What does not fit a column: device slabs, a failed pipeline's reason. */
+static void print_pipeline_notes(const json_t *pipelines)
+{
+	size_t i;
+	json_t *p;
 
 	/* Device slabs of CUDA clients, one line each. */
 	json_array_foreach(pipelines, i, p) {
@@ -456,60 +599,360 @@ static int print_pipelines(const json_t *pipelines)
 			printf("%s: error: %s\n", name, json_string_value(e));
 		}
 	}
-	return 0;
 }
 
-static int print_clients(const json_t *clients)
-{
-	static const char *const head[] = { "ID", "PID", "NAME", "PIPELINE", "MODE",
-		                             "LEASES", "DELIVERED" };
-	struct table t = { .ncols = 7 };
-	size_t i;
-	json_t *c;
-	int r = 0;
+/* ------------------------------------------------ figures: status and top */
 
-	if (!json_is_array(clients) || json_array_size(clients) == 0) {
-		printf("no clients\n");
+/*
+ * The pipeline and client tables that `status` prints once and `top` keeps
+ * refreshing: what each pipeline produces and what limits it, and how long
+ * each attachment's trainer waits for data (the "stats" objects of status,
+ * docs/protocol.md). A daemon that sends no such figures gets "-" in their
+ * columns. Rows are sorted by one key; ties keep the daemon's order.
+ */
+
+enum sort_key { SORT_WAIT, SORT_RATE, SORT_NAME, SORT_ID, SORT_KEYS };
+
+static const char *const sort_names[SORT_KEYS] = { "wait", "rate", "name", "id" };
+
+static int sort_from_name(const char *s)
+{
+	for (int k = 0; k < SORT_KEYS; k++)
+		if (!strcmp(s, sort_names[k]))
+			return k;
+	return -1;
+}
+
+/* The number at @key of @obj; NaN when it is missing, null or not a number. */
+static double num_at(const json_t *obj, const char *key)
+{
+	const json_t *v = json_is_object(obj) ? json_object_get(obj, key) : NULL;
+
+	return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+/* @v * @scale with about three significant digits: "12345", "45.3", "2.50". */
+static void fmt_num(char *buf, size_t n, double v, double scale)
+{
+	v *= scale;
+	if (isnan(v))
+		snprintf(buf, n, "-");
+	else if (v >= 100 || v == 0)
+		snprintf(buf, n, "%.0f", v);
+	else if (v >= 10)
+		snprintf(buf, n, "%.1f", v);
+	else
+		snprintf(buf, n, "%.2f", v);
+}
+
+/* A fraction as a whole percentage. */
+static void fmt_pct(char *buf, size_t n, double v)
+{
+	if (isnan(v))
+		snprintf(buf, n, "-");
+	else
+		snprintf(buf, n, "%.0f", v * 100);
+}
+
+/* Seconds as "850us", "3.4ms", "120ms", "1.25s". */
+static void fmt_secs(char *buf, size_t n, double v)
+{
+	if (isnan(v))
+		snprintf(buf, n, "-");
+	else if (v < 1e-3)
+		snprintf(buf, n, "%.0fus", v * 1e6);
+	else if (v < 1e-2)
+		snprintf(buf, n, "%.1fms", v * 1e3);
+	else if (v < 1)
+		snprintf(buf, n, "%.0fms", v * 1e3);
+	else
+		snprintf(buf, n, "%.2fs", v);
+}
+
+/* "a/b/c" of three counts, "-" unless all three are there. */
+static void fmt_triple(char *buf, size_t n, const json_t *o, const char *a, const char *b,
+                       const char *c)
+{
+	double x = num_at(o, a), y = num_at(o, b), z = num_at(o, c);
+
+	if (isnan(x) || isnan(y) || isnan(z))
+		snprintf(buf, n, "-");
+	else
+		snprintf(buf, n, "%.0f/%.0f/%.0f", x, y, z);
+}
+
+struct pipe_row {
+	const json_t *p;
+	const char *name;
+	double rate, busy;   /* samples/s, workers busy; NaN: not known */
+};
+
+struct client_row {
+	const json_t *c, *a; /* the client, one of its attachments (NULL: none) */
+	const char *name;
+	json_int_t id;
+	double rate, wait;   /* samples/s, wait fraction; NaN: not known */
+};
+
+/* Bigger first, the unknown last; 0 on a tie. */
+static int cmp_desc(double x, double y)
+{
+	if (isnan(x) || isnan(y))
+		return isnan(x) - isnan(y);
+	return x > y ? -1 : x < y;
+}
+
+static int pipe_cmp(const struct pipe_row *x, const struct pipe_row *y, enum sort_key key)
+{
+	switch (key) {
+	case SORT_WAIT:
+		/* a pipeline's side of a stall: its workers are busy */
+		return cmp_desc(x->busy, y->busy);
+	case SORT_RATE:
+		return cmp_desc(x->rate, y->rate);
+	case SORT_NAME:
+		return strcmp(x->name, y->name);
+	default:
 		return 0;
 	}
-	r = table_add(&t, head);
-	json_array_foreach(clients, i, c) {
-		char id[64], pid[64], name[CELL_MAX], pipeline[CELL_MAX], mode[64], leases[64],
-			delivered[64];
-		const char *row[] = { id, pid, name, pipeline, mode, leases, delivered };
-
-		if (r < 0)
-			break;
-		fmt_key(id, sizeof(id), c, "id");
-		fmt_key(pid, sizeof(pid), c, "pid");
-		fmt_key(name, sizeof(name), c, "name");
-		fmt_key(pipeline, sizeof(pipeline), c, "pipeline");
-		fmt_key(mode, sizeof(mode), c, "mode");
-		fmt_key(leases, sizeof(leases), c, "leases");
-		fmt_key(delivered, sizeof(delivered), c, "delivered");
-		r = table_add(&t, row);
-	}
-	if (r < 0) {
-		table_free(&t);
-		warnx("out of memory");
-		return EXIT_FAILURE;
-	}
-	table_print(&t);
-	table_free(&t);
-	return 0;
 }
 
-static void print_daemon_line(const json_t *st)
+static int client_cmp(const struct client_row *x, const struct client_row *y, enum sort_key key)
 {
-	char version[64], pid[64], socket[CELL_MAX], workers[64], up[64], mem[96];
-	const json_t *v;
+	int r = 0;
+
+	if (key == SORT_WAIT)
+		r = cmp_desc(x->wait, y->wait);
+	else if (key == SORT_RATE)
+		r = cmp_desc(x->rate, y->rate);
+	else if (key == SORT_NAME)
+		r = strcmp(x->name, y->name);
+	return r ? r : (x->id > y->id) - (x->id < y->id);
+}
+
+/* Insertion sorts: a few rows, and stable, so that equal rows keep still. */
+static void pipe_rows_sort(struct pipe_row *v, size_t n, enum sort_key key)
+{
+	for (size_t i = 1; i < n; i++)
+		for (size_t j = i; j > 0 && pipe_cmp(&v[j], &v[j - 1], key) < 0; j--) {
+			struct pipe_row t = v[j];
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+}
+
+static void client_rows_sort(struct client_row *v, size_t n, enum sort_key key)
+{
+	for (size_t i = 1; i < n; i++)
+		for (size_t j = i; j > 0 && client_cmp(&v[j], &v[j - 1], key) < 0; j--) {
+			struct client_row t = v[j];
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+}
+
+static const char *str_at(const json_t *o, const char *key)
+{
+	const char *s = json_string_value(json_object_get(o, key));
+
+	return s ? s : "";
+}
+
+/* The attachments' mode on pipeline @name: one mode, "mixed", or "-". */
+static const char *pipeline_mode(const json_t *clients, const char *name)
+{
+	const char *mode = NULL;
+	const json_t *c, *a;
+	size_t i, k;
+
+	json_array_foreach(clients, i, c)
+		json_array_foreach(json_object_get(c, "attachments"), k, a) {
+			const char *m = str_at(a, "mode");
+
+			if (strcmp(str_at(a, "pipeline"), name))
+				continue;
+			if (mode && strcmp(mode, m))
+				return "mixed";
+			mode = m;
+		}
+	return mode && *mode ? mode : "-";
+}
+
+/* " (per sample: decode 31ms, transform 8.2ms)": the stages that take time. */
+static void fmt_stages(char *buf, size_t n, const json_t *stats)
+{
+	static const char *const stage[] = { "read", "decode", "transform", "collate" };
+	const json_t *ss = json_object_get(stats, "sample_seconds");
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < sizeof(stage) / sizeof(stage[0]) && len < n; i++) {
+		double v = num_at(ss, stage[i]);
+		char t[32];
+
+		if (isnan(v) || v <= 0)
+			continue;
+		fmt_secs(t, sizeof(t), v);
+		len += (size_t)snprintf(buf + len, n - len, "%s%s %s", len ? ", " : " (per sample: ",
+		                        stage[i], t);
+	}
+	if (len && len < n)
+		snprintf(buf + len, n - len, ")");
+}
+
+/*
+ * The pipelines table, then one line per pipeline that says what limits it.
+ * @clients gives each pipeline's mode.
+ */
+static int figures_pipelines(struct lines *l, const json_t *pipelines, const json_t *clients,
+                             enum sort_key key)
+{
+	static const char *const head[] = { "PIPELINE", "STATE", "MODE", "CLIENTS", "SAMPLES/S",
+		                             "MB/S", "BUSY%", "JOBS", "SLOTS R/L/F", "ERR/SKIP",
+		                             "LIMITED BY" };
+	size_t n = json_array_size(pipelines), i;
+	struct table t = { .ncols = 11 };
+	struct pipe_row *rows;
+	json_t *p;
+	int r;
+
+	if (n == 0) {
+		lines_add(l, "no pipelines");
+		return 0;
+	}
+	rows = calloc(n, sizeof(*rows));
+	if (!rows)
+		return -ENOMEM;
+	json_array_foreach(pipelines, i, p) {
+		const json_t *stats = json_object_get(p, "stats");
+
+		rows[i] = (struct pipe_row){ .p = p, .name = str_at(p, "name"),
+			                     .rate = num_at(stats, "samples_per_s"),
+			                     .busy = num_at(stats, "workers_busy") };
+	}
+	pipe_rows_sort(rows, n, key);
+
+	r = table_add(&t, head);
+	for (i = 0; i < n && r == 0; i++) {
+		const json_t *stats = json_object_get(rows[i].p, "stats");
+		char state[64], clients_n[32], rate[32], mbs[32], busy[32], jobs[32], slots[96],
+			errs[160], limited[64];
+		const char *row[] = { rows[i].name, state, pipeline_mode(clients, rows[i].name),
+			              clients_n, rate, mbs, busy, jobs, slots, errs, limited };
+
+		fmt_key(state, sizeof(state), rows[i].p, "state");
+		fmt_key(clients_n, sizeof(clients_n), rows[i].p, "clients");
+		fmt_num(rate, sizeof(rate), num_at(stats, "samples_per_s"), 1);
+		fmt_num(mbs, sizeof(mbs), num_at(stats, "bytes_per_s"), 1e-6);
+		fmt_pct(busy, sizeof(busy), num_at(stats, "workers_busy"));
+		fmt_key(jobs, sizeof(jobs), stats, "jobs");
+		fmt_triple(slots, sizeof(slots), stats, "slots_ready", "slots_leased", "slots_free");
+		fmt_pair(errs, sizeof(errs), stats, "errors_total", "skipped_total");
+		fmt_key(limited, sizeof(limited), stats, "limited_by");
+		r = table_add(&t, row);
+	}
+	if (r == 0) {
+		table_lines(&t, l);
+		for (i = 0; i < n; i++) {
+			const json_t *stats = json_object_get(rows[i].p, "stats");
+			const char *why = json_string_value(json_object_get(stats, "limited_why"));
+			char stages[256];
+
+			fmt_stages(stages, sizeof(stages), stats);
+			if (why && *why)
+				lines_add(l, "%s: %s%s", rows[i].name, why, stages);
+			else if (*stages)
+				lines_add(l, "%s:%s", rows[i].name, stages);
+		}
+	}
+	table_free(&t);
+	free(rows);
+	return r;
+}
+
+/* The clients table: one row per attachment (a client with none: one row). */
+static int figures_clients(struct lines *l, const json_t *clients, enum sort_key key)
+{
+	static const char *const head[] = { "ID", "PID", "NAME", "PIPELINE", "MODE", "BATCH/S",
+		                             "SAMPLES/S", "WAIT%", "P50", "P99", "LAG", "LEASES",
+		                             "DELIVERED", "STARVING" };
+	struct table t = { .ncols = 14 };
+	struct client_row *rows = NULL;
+	size_t n = 0, cap = 0, i, k;
+	const json_t *c, *a;
+	int r = 0;
+
+	if (json_array_size(clients) == 0) {
+		lines_add(l, "no clients");
+		return 0;
+	}
+	json_array_foreach(clients, i, c) {
+		const json_t *atts = json_object_get(c, "attachments");
+		size_t na = json_array_size(atts);
+
+		for (k = 0; k < (na ? na : 1); k++) {
+			const json_t *stats;
+
+			if (n == cap) {
+				void *p = realloc(rows, (cap = cap ? cap * 2 : 16) * sizeof(*rows));
+
+				if (!p) {
+					free(rows);
+					return -ENOMEM;
+				}
+				rows = p;
+			}
+			a = na ? json_array_get(atts, k) : NULL;
+			stats = json_object_get(a, "stats");
+			rows[n++] = (struct client_row){ .c = c, .a = a, .name = str_at(c, "name"),
+				                         .id = json_integer_value(json_object_get(c, "id")),
+				                         .rate = num_at(stats, "samples_per_s"),
+				                         .wait = num_at(stats, "wait_fraction") };
+		}
+	}
+	client_rows_sort(rows, n, key);
+
+	r = table_add(&t, head);
+	for (i = 0; i < n && r == 0; i++) {
+		/* leases, delivered, pipeline and mode: of the attachment when there is one */
+		const json_t *cl = rows[i].c, *at = rows[i].a ? rows[i].a : cl;
+		const json_t *stats = json_object_get(rows[i].a, "stats");
+		char id[32], pid[32], pipeline[CELL_MAX], mode[32], bps[32], sps[32], wait[32],
+			p50[32], p99[32], lag[32], leases[32], delivered[32], starving[32];
+		const char *row[] = { id, pid, rows[i].name, pipeline, mode, bps, sps, wait,
+			              p50, p99, lag, leases, delivered, starving };
+
+		fmt_key(id, sizeof(id), cl, "id");
+		fmt_key(pid, sizeof(pid), cl, "pid");
+		fmt_key(pipeline, sizeof(pipeline), at, "pipeline");
+		fmt_key(mode, sizeof(mode), at, "mode");
+		fmt_num(bps, sizeof(bps), num_at(stats, "batches_per_s"), 1);
+		fmt_num(sps, sizeof(sps), num_at(stats, "samples_per_s"), 1);
+		fmt_pct(wait, sizeof(wait), num_at(stats, "wait_fraction"));
+		fmt_secs(p50, sizeof(p50), num_at(stats, "wait_p50_s"));
+		fmt_secs(p99, sizeof(p99), num_at(stats, "wait_p99_s"));
+		fmt_key(lag, sizeof(lag), stats, "lag_batches");
+		fmt_key(leases, sizeof(leases), at, "leases");
+		fmt_key(delivered, sizeof(delivered), at, "delivered");
+		fmt_key(starving, sizeof(starving), stats, "starving");
+		r = table_add(&t, row);
+	}
+	if (r == 0)
+		table_lines(&t, l);
+	table_free(&t);
+	free(rows);
+	return r;
+}
+
+/* "loaderd 0.1.0  pid 42  up 1h02m03s  workers 4  memory 1.2 GiB / 11.8 GiB" */
+static void fmt_daemon_line(char *buf, size_t n, const json_t *st)
+{
+	char version[64], pid[64], workers[64], up[64], a[32] = "-", b[32] = "-";
+	const json_t *v = json_object_get(st, "uptime_s");
 
 	fmt_key(version, sizeof(version), st, "version");
 	fmt_key(pid, sizeof(pid), st, "pid");
-	fmt_key(socket, sizeof(socket), st, "socket");
 	fmt_key(workers, sizeof(workers), st, "workers");
-
-	v = json_object_get(st, "uptime_s");
 	if (json_is_number(v)) {
 		double s = json_number_value(v);
 		unsigned long long t = s > 0 ? (unsigned long long)s : 0;
@@ -525,21 +968,21 @@ static void print_daemon_line(const json_t *st)
 	} else {
 		snprintf(up, sizeof(up), "-");
 	}
+	if (json_is_number(json_object_get(st, "memory_used")))
+		fmt_bytes(a, sizeof(a), num_at(st, "memory_used"));
+	if (json_is_number(json_object_get(st, "memory_limit")))
+		fmt_bytes(b, sizeof(b), num_at(st, "memory_limit"));
+	snprintf(buf, n, "loaderd %s  pid %s  up %s  workers %s  memory %s / %s", version, pid, up,
+	         workers, a, b);
+}
 
-	{
-		const json_t *used = json_object_get(st, "memory_used");
-		const json_t *lim = json_object_get(st, "memory_limit");
-		char a[32] = "-", b[32] = "-";
+static int print_clients(const json_t *clients)
+{
+	struct lines l = { 0 };
 
-		if (json_is_number(used))
-			fmt_bytes(a, sizeof(a), json_number_value(used));
-		if (json_is_number(lim))
-			fmt_bytes(b, sizeof(b), json_number_value(lim));
-		snprintf(mem, sizeof(mem), "%s / %s", a, b);
-	}
-
-	printf("loaderd %s  pid %s  up %s  workers %s  memory %s  socket %s\n", version, pid, up,
-	       workers, mem, socket);
+	if (figures_clients(&l, clients, SORT_ID) < 0)
+		l.oom = true;
+	return lines_print(&l);
 }
 
 /* "cuda: ..." once a client asked for a GPU: the driver or why there is none, each copy engine. */
@@ -616,13 +1059,30 @@ static int cmd_status(struct ctl *ctl, int argc, char **argv)
 	if (ctl->json)
 		return print_json(st);
 
-	print_daemon_line(st);
-	print_cuda_lines(st);
-	printf("\n");
-	r = print_pipelines(json_object_get(st, "pipelines"));
-	if (!r) {
+	{
+		const json_t *pipelines = json_object_get(st, "pipelines");
+		const json_t *clients = json_object_get(st, "clients");
+		struct lines l = { 0 };
+		char line[512], socket[CELL_MAX];
+
+		fmt_daemon_line(line, sizeof(line), st);
+		fmt_key(socket, sizeof(socket), st, "socket");
+		printf("%s  socket %s\n", line, socket);
+		print_cuda_lines(st);
 		printf("\n");
-		r = print_clients(json_object_get(st, "clients"));
+		if (figures_pipelines(&l, pipelines, clients, SORT_ID) < 0)
+			l.oom = true;
+		r = lines_print(&l);
+		if (!r) {
+			print_pipeline_notes(pipelines);
+			if (json_array_size(pipelines))
+				printf("\n");
+			r = print_pipelines(pipelines, true);
+		}
+		if (!r) {
+			printf("\n");
+			r = print_clients(clients);
+		}
 	}
 	json_decref(st);
 	return r;
@@ -652,7 +1112,7 @@ static int cmd_pipelines(struct ctl *ctl, int argc, char **argv)
 		json_object_set_new(v, "pipelines", json_array());
 	if (ctl->json)
 		return print_json(v);
-	r = print_pipelines(json_object_get(v, "pipelines"));
+	r = print_pipelines(json_object_get(v, "pipelines"), false);
 	json_decref(v);
 	return r;
 }
@@ -675,6 +1135,244 @@ static int cmd_clients(struct ctl *ctl, int argc, char **argv)
 	}
 	r = print_clients(clients);
 	json_decref(st);
+	return r;
+}
+
+/*
+ * `top`: the figures of `status`, redrawn every --interval seconds on the
+ * alternate screen until `q`, over one connection (status requests are
+ * cheap; a new connection per frame would show up in the daemon's churn).
+ * The daemon going away is shown on the screen and retried each frame, so
+ * that top survives a restart. Without a terminal it prints --iterations
+ * frames (default 1) one after the other, as `top -b` does.
+ */
+struct top {
+	struct ctl *ctl;
+	struct ldr_client *client;
+	json_t *st;      /* the last status; NULL when the last request failed */
+	char error[512]; /* why there is none */
+	int sort;        /* enum sort_key */
+};
+
+static void top_fail(struct top *t, const char *what, int err)
+{
+	const char *msg = t->client ? ldr_client_error(t->client) : ldr_client_error(NULL);
+
+	snprintf(t->error, sizeof(t->error), "%s: %s", what, msg && *msg ? msg : ldr_strerror(err));
+	json_decref(t->st);
+	t->st = NULL;
+	ldr_close(t->client);
+	t->client = NULL;
+}
+
+static void top_fetch(struct top *t)
+{
+	json_error_t jerr;
+	char *text = NULL;
+	json_t *v;
+	int r;
+
+	if (!t->client) {
+		r = ldr_connect(&t->client, t->ctl->socket, PROG);
+		if (r < 0) {
+			t->client = NULL;
+			top_fail(t, "cannot connect to loaderd", r);
+			return;
+		}
+	}
+	r = ldr_status_json(t->client, &text);
+	if (r < 0) {
+		top_fail(t, "status", r);
+		return;
+	}
+	v = json_loads(text, 0, &jerr);
+	ldr_free(text);
+	if (!json_is_object(v)) {
+		json_decref(v);
+		top_fail(t, "status", -EPROTO);
+		snprintf(t->error, sizeof(t->error), "status: the daemon sent malformed JSON");
+		return;
+	}
+	json_decref(t->st);
+	t->st = v;
+	t->error[0] = '\0';
+}
+
+/* One frame: the daemon, the sort key and keys, the pipelines, the clients. */
+static void top_frame(const struct top *t, struct lines *l)
+{
+	const json_t *pipelines = json_object_get(t->st, "pipelines");
+	const json_t *clients = json_object_get(t->st, "clients");
+	char line[512] = "loaderd -", clock[16];
+	time_t now = time(NULL);
+	struct tm tm;
+
+	strftime(clock, sizeof(clock), "%H:%M:%S", localtime_r(&now, &tm));
+	if (t->st)
+		fmt_daemon_line(line, sizeof(line), t->st);
+	lines_add(l, "%s  %s", line, clock);
+	lines_add(l, "sort: %s  (keys: w wait, r rate, n name, i id, s next; q quit)  every %gs",
+	          sort_names[t->sort], t->ctl->interval);
+	if (t->error[0])
+		lines_add(l, "%s; retrying every %gs", t->error, t->ctl->interval);
+	if (!t->st)
+		return;
+	lines_add(l, "%s", "");
+	if (figures_pipelines(l, pipelines, clients, t->sort) < 0)
+		l->oom = true;
+	lines_add(l, "%s", "");
+	if (figures_clients(l, clients, t->sort) < 0)
+		l->oom = true;
+}
+
+static void sleep_s(double s)
+{
+	struct timespec ts = { .tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9) };
+
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+/* No terminal: --iterations frames (default 1), a blank line between them. */
+static int top_batch(struct top *t)
+{
+	uint64_t n = t->ctl->iterations ? t->ctl->iterations : 1;
+
+	for (uint64_t i = 0; i < n; i++) {
+		struct lines l = { 0 };
+
+		if (i) {
+			sleep_s(t->ctl->interval);
+			putchar('\n');
+		}
+		top_fetch(t);
+		if (!t->st) {
+			warnx("top: %s", t->error);
+			return EXIT_FAILURE;
+		}
+		top_frame(t, &l);
+		if (lines_print(&l))
+			return EXIT_FAILURE;
+	}
+	return 0;
+}
+
+static int top_draw(const struct top *t, struct term *term)
+{
+	struct lines l = { .cols = term->cols, .max = term->rows, .screen = true };
+	int r;
+
+	lines_put(&l, "\x1b[H", 3);
+	top_frame(t, &l);
+	lines_put(&l, "\x1b[J", 3);
+	r = l.oom ? -ENOMEM : term_write(term, l.buf, l.len);
+	free(l.buf);
+	return r;
+}
+
+/* A key pressed in `top`; false: quit. */
+static bool top_key(struct top *t, char c)
+{
+	switch (c) {
+	case 'q':
+	case 'Q':
+	case 3: /* Ctrl-C */
+		return false;
+	case 'w':
+		t->sort = SORT_WAIT;
+		break;
+	case 'r':
+		t->sort = SORT_RATE;
+		break;
+	case 'n':
+		t->sort = SORT_NAME;
+		break;
+	case 'i':
+		t->sort = SORT_ID;
+		break;
+	case 's':
+	case '>':
+		t->sort = (t->sort + 1) % SORT_KEYS;
+		break;
+	case '<':
+		t->sort = (t->sort + SORT_KEYS - 1) % SORT_KEYS;
+		break;
+	}
+	return true;
+}
+
+static int top_run(struct top *t, struct term *term)
+{
+	uint64_t frames = 0;
+	bool quit = false;
+	int r = 0;
+
+	while (!quit && (!t->ctl->iterations || frames < t->ctl->iterations)) {
+		double next = now_s() + t->ctl->interval;
+		bool redraw = true;
+
+		top_fetch(t);
+		frames++;
+		while (!quit) {
+			char keys[64];
+			double left;
+			int n, sig;
+
+			if (redraw) {
+				r = top_draw(t, term);
+				if (r < 0)
+					return r;
+				redraw = false;
+			}
+			left = next - now_s();
+			if (left <= 0)
+				break;
+			n = term_keys(term, (int)(left * 1000) + 1, keys, sizeof(keys));
+			sig = term_signalled();
+			if (sig & TERM_RESIZED) {
+				term_size(term);
+				redraw = true;
+			}
+			if (n < 0 || (sig & TERM_QUIT)) /* the terminal hung up, or a signal */
+				quit = true;
+			for (int i = 0; i < n && !quit; i++) {
+				quit = !top_key(t, keys[i]);
+				redraw = true;
+			}
+		}
+	}
+	return 0;
+}
+
+static int cmd_top(struct ctl *ctl, int argc, char **argv)
+{
+	struct top t = { .ctl = ctl, .sort = ctl->sort };
+	struct term term;
+	int r;
+
+	if (ctl->json)
+		usage_error("top: --json does not apply; use `" PROG " --json status`");
+	/* a daemon that is not there is an error before the screen changes */
+	r = connect_daemon(ctl, "top", &t.client);
+	if (r)
+		return r;
+	r = term_enter(&term);
+	if (r == -ENOTTY) {
+		r = top_batch(&t);
+	} else if (r < 0) {
+		term_leave(&term);
+		warnx("top: cannot set up the terminal: %s", strerror(-r));
+		r = EXIT_FAILURE;
+	} else {
+		r = top_run(&t, &term);
+		term_leave(&term);
+		if (r < 0) {
+			warnx("top: writing to the terminal: %s", strerror(-r));
+			r = EXIT_FAILURE;
+		}
+	}
+	json_decref(t.st);
+	ldr_close(t.client);
 	return r;
 }
 
@@ -1257,6 +1955,14 @@ static const struct option consume_options[] = {
 	{ NULL, 0, NULL, 0 },
 };
 
+static const struct option top_options[] = {
+	COMMON_OPTIONS,
+	{ "interval", required_argument, NULL, OPT_INTERVAL },
+	{ "iterations", required_argument, NULL, OPT_ITERATIONS },
+	{ "sort", required_argument, NULL, OPT_SORT },
+	{ NULL, 0, NULL, 0 },
+};
+
 static const struct verb verbs[] = {
 	{ "status", 0, 0, cmd_status, "daemon, pipelines and clients", "", no_options },
 	{ "pipelines", 0, 0, cmd_pipelines, "list the pipelines", "", no_options },
@@ -1275,8 +1981,20 @@ static const struct verb verbs[] = {
 	{ "reload", 0, 0, cmd_reload,
 	  "re-read the daemon's config file and apply it, as SIGHUP does (admins only)", "",
 	  no_options },
+	{ "top", 0, 0, cmd_top, "the figures of status, refreshed live; q quits",
+	  "[-d SECS] [-n ITER] [--sort wait|rate|name|id]", top_options },
 	{ "help", 0, 0, cmd_help, "show this help", "", no_options },
 };
+
+/* getopt's short options of a command: the common -s, -j, -h and its own. */
+static const char *short_options(const struct verb *verb)
+{
+	if (verb->options == consume_options)
+		return "s:jhv";
+	if (verb->options == top_options)
+		return "s:jhd:n:";
+	return "s:jh";
+}
 
 static void print_help(FILE *f)
 {
@@ -1331,6 +2049,16 @@ static void print_help(FILE *f)
 	        "                      or cuda:N (GPU N; a daemon that cannot serve it says why;\n"
 	        "                      the checksum and --dump read each batch's host copy)\n"
 	        "  -v, --verbose       one line per batch: epoch, batch index, rows, bytes\n"
+	        "\n"
+	        "top options:\n"
+	        "  -d, --interval SECS seconds between refreshes, 0.1 to 3600 (default 1)\n"
+	        "  -n, --iterations N  stop after N refreshes (default: run until q)\n"
+	        "  --sort KEY          the rows' order: wait (default: the clients that wait\n"
+	        "                      longest for data and the busiest pipelines first),\n"
+	        "                      rate (samples/s), name, or id (the daemon's order)\n"
+	        "  keys: w, r, n, i choose the sort key, s or > the next one, < the one\n"
+	        "  before; q or Ctrl-C quits. Without a terminal top prints N frames\n"
+	        "  (default 1), one after the other.\n"
 	        "\n"
 	        "The checksum is zlib's CRC-32 of exactly the bytes --dump writes.\n"
 	        "\n"
@@ -1451,6 +2179,25 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 	case OPT_DELAY:
 		ctl->delay_ms = (unsigned)arg_u64("delay", arg, 0, 3600000);
 		break;
+	case OPT_INTERVAL: {
+		char *end;
+		double v;
+
+		errno = 0;
+		v = strtod(arg, &end);
+		if (!*arg || *end || errno || !(v >= 0.1 && v <= 3600))
+			usage_error("invalid interval -- '%s' (seconds, 0.1 to 3600)", arg);
+		ctl->interval = v;
+		break;
+	}
+	case OPT_ITERATIONS:
+		ctl->iterations = arg_u64("iteration count", arg, 1, UINT64_MAX);
+		break;
+	case OPT_SORT:
+		ctl->sort = sort_from_name(arg);
+		if (ctl->sort < 0)
+			usage_error("invalid sort key -- '%s' (wait, rate, name or id)", arg);
+		break;
 	case OPT_DEVICE: {
 		uint64_t v;
 
@@ -1482,7 +2229,7 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, OPT_VERSION },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct ctl ctl = { .mode = LDR_MODE_BROADCAST, .timeout_ms = -1 };
+	struct ctl ctl = { .mode = LDR_MODE_BROADCAST, .timeout_ms = -1, .interval = 1 };
 	const struct verb *verb = NULL;
 	int c, nargs;
 
@@ -1505,8 +2252,7 @@ int main(int argc, char **argv)
 	argv += optind;
 	argv[0] = (char *)PROG;
 	optind = 0;
-	while ((c = getopt_long(argc, argv, verb->options == consume_options ? "s:jhv" : "s:jh",
-	                        verb->options, NULL)) != -1)
+	while ((c = getopt_long(argc, argv, short_options(verb), verb->options, NULL)) != -1)
 		handle_option(&ctl, c, optarg);
 
 	nargs = argc - optind;

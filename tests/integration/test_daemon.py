@@ -191,7 +191,8 @@ def test_help_and_version(ld):
     out = r.stdout + r.stderr
     for word in ("--socket", "--json", "status", "pipelines", "clients", "create", "drop", "consume",
                  "--mode", "--rank", "--world-size", "--start-epoch", "--start-batch", "--batches",
-                 "--epochs", "--dump", "--exist-ok", "--force"):
+                 "--epochs", "--dump", "--exist-ok", "--force", "top", "--interval", "--iterations",
+                 "--sort"):
         assert word in out, f"loaderctl --help does not mention {word}"
     version = ld.status()["version"]
     for prog in (LOADERD, LOADERCTL):
