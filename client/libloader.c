@@ -355,7 +355,13 @@ const char *ldr_client_error(const struct ldr_client *client)
 
 uint64_t ldr_client_id(const struct ldr_client *client)
 {
-	return client->id;
+	struct ldr_client *c = (struct ldr_client *)client; /* its lock: a reconnection changes it */
+	uint64_t id;
+
+	pthread_mutex_lock(&c->lock);
+	id = c->id;
+	pthread_mutex_unlock(&c->lock);
+	return id;
 }
 
 static int nng_to_errno(int rv)
@@ -681,7 +687,9 @@ static int hello_call(struct ldr_client *c, int timeout_ms, bool internal)
 	r = call_gen(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, timeout_ms, internal);
 	if (r < 0)
 		return r == -EPROTONOSUPPORT ? LDR_EVERSION : r;
+	pthread_mutex_lock(&c->lock);
 	c->id = rep->hello->client_id;
+	pthread_mutex_unlock(&c->lock);
 	loaderd__reply__free_unpacked(rep, NULL);
 	return 0;
 }
@@ -783,19 +791,25 @@ int ldr_client_set_reconnect(struct ldr_client *c, int timeout_ms)
 	return 0;
 }
 
-int ldr_client_reconnect_timeout(const struct ldr_client *c)
+int ldr_client_reconnect_timeout(const struct ldr_client *client)
 {
-	return c->reconnect_ms;
+	struct ldr_client *c = (struct ldr_client *)client;
+	int ms;
+
+	pthread_mutex_lock(&c->lock);
+	ms = c->reconnect_ms;
+	pthread_mutex_unlock(&c->lock);
+	return ms;
 }
 
-uint64_t ldr_client_reconnects(const struct ldr_client *c)
+uint64_t ldr_client_reconnects(const struct ldr_client *client)
 {
-	struct ldr_client *m = (struct ldr_client *)c;
+	struct ldr_client *c = (struct ldr_client *)client;
 	uint64_t n;
 
-	pthread_mutex_lock(&m->lock);
+	pthread_mutex_lock(&c->lock);
 	n = c->reconnects;
-	pthread_mutex_unlock(&m->lock);
+	pthread_mutex_unlock(&c->lock);
 	return n;
 }
 
@@ -2659,6 +2673,16 @@ static void detach_id(struct ldr_client *c, uint64_t id)
 	memcpy(tls_err, keep, sizeof(keep));
 }
 
+/* Drop what arrived from the old daemon and was not taken. Called with c->lock held. */
+static void ring_clear(struct ldr_attachment *a)
+{
+	for (int i = 0; i < MAX_INFLIGHT; i++) {
+		free(a->ring[i].msg);
+		memset(&a->ring[i], 0, sizeof(a->ring[i]));
+	}
+	a->arrived = 0;
+}
+
 /* @a cannot follow the daemon: its next() says why from now on. Called with c->lock held. */
 static void att_lose(struct ldr_attachment *a, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
@@ -2668,6 +2692,7 @@ static void att_lose(struct ldr_attachment *a, int err, const char *fmt, ...)
 
 	a->lost = true;
 	a->err = err;
+	ring_clear(a); /* the trainer gets the error at its next batch */
 	va_start(ap, fmt);
 	vsnprintf(a->errmsg, sizeof(a->errmsg), fmt, ap);
 	va_end(ap);
@@ -2707,12 +2732,9 @@ static void att_restart(struct ldr_attachment *a, const struct ldr_attachment *n
 {
 	while (a->held_head)
 		held_del(a, a->held_head);
-	for (int i = 0; i < MAX_INFLIGHT; i++) {
-		free(a->ring[i].msg);
-		memset(&a->ring[i], 0, sizeof(a->ring[i]));
-	}
+	ring_clear(a);
 	a->next_seq = 0;
-	a->arrived = a->outstanding = a->requested = 0;
+	a->outstanding = a->requested = 0;
 	a->nrel = 0;
 	a->rv_pending = a->has_ret = a->watching = false;
 	a->nret = 0;

@@ -352,6 +352,53 @@ static void *sync_call_main(void *arg)
 	return NULL;
 }
 
+/*
+ * The daemon SIGKILLed and another started on the same socket: the client
+ * reconnects, creates its pipeline again, and the attachment goes on at its
+ * next batch; the batch held across the restart keeps its bytes.
+ */
+static void test_daemon_restart(struct ldr_client *c, const char *exe)
+{
+	struct ldr_attachment *a;
+	struct ldr_batch *b, *held = NULL;
+	int status, r, n = 0;
+
+	create(c, "rs", 8, 1);
+	assert(ldr_attach(c, "rs", NULL, &a) == 0);
+	for (; n < 5; n++) {
+		assert(ldr_next(a, 10000, &b) == 0 && (int)ldr_batch_index(b) == n);
+		if (n == 4)
+			held = b;
+		else
+			ldr_release(b);
+	}
+	kill(daemon_pid, SIGKILL);
+	assert(waitpid(daemon_pid, &status, 0) == daemon_pid);
+	daemon_pid = fork();
+	assert(daemon_pid >= 0);
+	if (daemon_pid == 0) {
+		execl(exe, exe, "--socket", sock_path, "--workers", "2", "--log-level", "warning", (char *)NULL);
+		_exit(127);
+	}
+	/* next() waits while the client reconnects, then goes on at batch 5 */
+	while ((r = ldr_next(a, 30000, &b)) == 0) {
+		assert((int)ldr_batch_index(b) == n && ldr_batch_epoch(b) == 0);
+		check_batch(b, 8);
+		ldr_release(b);
+		n++;
+	}
+	if (r != LDR_EOF || n != 13)
+		fprintf(stderr, "r=%d (%s) n=%d\n", r, ldr_client_error(c), n);
+	assert(r == LDR_EOF && n == 13);
+	check_batch(held, 8); /* the old daemon's slab, still mapped */
+	assert(ldr_batch_index(held) == 4);
+	ldr_release(held);
+	assert(ldr_client_reconnects(c) == 1); /* a new client id (a new daemon counts from 1 again) */
+	assert(ldr_attachment_release_refused(a, NULL, 0) == 0);
+	assert(ldr_detach(a) == 0);
+	assert(ldr_drop_pipeline(c, "rs", 0) == 0);
+}
+
 static void test_daemon_gone(struct ldr_client *c)
 {
 	struct ldr_attachment *a;
@@ -432,6 +479,7 @@ int main(int argc, char **argv)
 	test_opts_size(c);
 	test_refused_release(c);
 	test_fork(c);
+	test_daemon_restart(c, argv[1]);
 	test_daemon_gone(c);
 	ldr_close(c);
 	unlink(token_file);

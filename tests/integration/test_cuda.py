@@ -162,6 +162,30 @@ def test_fake_driver_consume(daemon, tokens, monkeypatch):
     assert res.rc == 1 and "cuda:1 requested, 1 device present" in res.stderr, res.describe()
 
 
+def test_fake_driver_attachment_does_not_follow_a_restart(daemon, workdir, tokens, monkeypatch):
+    """A restarted daemon (docs/reliability.md, "Restart without killing
+    training"): the client reconnects, but a CUDA attachment does not follow
+    (its device slab was the old daemon's) and says so."""
+    fake = fake_driver()
+    if not fake:
+        pytest.skip("no emulated CUDA driver (loaderd built without CUDA)")
+    monkeypatch.setenv("LOADERD_CUDA_LIBRARY", fake)
+    d1 = daemon()
+    path, tok, n = tokens
+    d1.create(token_spec("p", path, L, "uint16", batch_size=8, epochs=0))
+    c = d1.popen_consume("p", "--device", "cuda:0", "--delay", "20", dump=False)
+    d1.wait_for(lambda st: any(x["pid"] == c.pid and x["delivered"] > 0 for x in st["clients"]),
+                "the CUDA client streaming")
+    d1.kill9()
+    daemon(socket=d1.socket)
+    res = c.wait(timeout=60)
+    assert res.rc == 1, res.describe()
+    assert f"loaderd: reconnected to the daemon at {d1.socket} after" in res.stderr, res.describe()
+    assert (f"(pipeline 'p') lost: the daemon at {d1.socket} restarted, and an attachment in CUDA "
+            "device memory does not follow it (the device slab was the old daemon's): attach "
+            "pipeline 'p' again") in res.stderr, res.describe()
+
+
 def test_slow_cuinit_does_not_stall_other_clients(daemon, workdir, tokens, monkeypatch):
     """cuInit runs off the loop: while a CUDA attach waits for a driver that
     takes 4 s to initialise, host clients are served."""

@@ -60,6 +60,18 @@ def read(path):
         return f.read()
 
 
+def tokens_config(workdir, name, n, **kw):
+    """A position_tokens() file of @n samples and a daemon config with one
+    pipeline @name of it (sequential): (config path, token path, tokens,
+    samples)."""
+    tok_path = os.path.join(workdir, "pos.bin")
+    tok = position_tokens(tok_path, n * L + 1)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_json(cfg, {"pipelines": [token_spec(name, tok_path, L, "uint32", shuffle=False,
+                                              epochs=1, output_dtype="int64", **kw)]})
+    return cfg, tok_path, tok, nsamples_tokens(n * L + 1, L)
+
+
 def expected_dump(tok, nsamples, bs, rank=None, world=None):
     order = list(range(nsamples))
     if rank is not None:
@@ -75,14 +87,7 @@ def test_restart_under_two_trainers(daemon, workdir, how):
     first) while both are mid-epoch, and a new one started on the same socket
     a second later: both finish with exact contents, say so on stderr, and
     the batch held across the restart still reads its bytes."""
-    n = 4000
-    tok_path = os.path.join(workdir, "pos.bin")
-    tok = position_tokens(tok_path, n * L + 1)
-    ns = nsamples_tokens(n * L + 1, L)
-    cfg = os.path.join(workdir, "loaderd.json")
-    write_json(cfg, {"pipelines": [token_spec("cfg", tok_path, L, "uint32", batch_size=8,
-                                              shuffle=False, prefetch=8, epochs=1,
-                                              output_dtype="int64")]})
+    cfg, tok_path, tok, ns = tokens_config(workdir, "cfg", 4000, batch_size=8, prefetch=8)
     own = os.path.join(workdir, "own.json")
     write_json(own, token_spec("own", tok_path, L, "uint32", batch_size=16, shuffle=False,
                                prefetch=8, epochs=1, output_dtype="int64"))
@@ -166,3 +171,21 @@ def test_reconnect_timeout_setting_is_checked(ld):
                        capture_output=True, text=True, env=python_client_env())
     assert "reconnect_timeout must be a number of seconds from 0 (never reconnect) to 2073600, " \
            "not -1" in r.stderr, r.stderr
+
+
+def test_dynamic_starts_again_with_the_new_daemon(daemon, workdir):
+    """Dynamic mode is not exact across a restart (docs/reliability.md): the
+    new daemon's dynamic stream starts again at its first batch. With one
+    client that is exactly the batches it took, then the whole epoch."""
+    cfg, _, tok, ns = tokens_config(workdir, "dyn", 800, batch_size=8)
+    d1 = daemon("--config", cfg)
+    out = os.path.join(workdir, "t")
+    t = trainer(d1.socket, out, 7, "d:dyn:dynamic")
+    wait_file(os.path.join(out, "paused"), [t], "the trainer mid-epoch")
+    d1.kill9()
+    open(os.path.join(out, "go"), "w").close()
+    daemon("--config", cfg, socket=d1.socket)
+    err = finish(t, "the trainer")
+    batches = split_batches(list(range(ns)), 8)
+    assert read(os.path.join(out, "d.dump")) == token_dump(tok, L, batches[:7] + batches)
+    assert "(pipeline 'dyn') re-attached at the dynamic stream's next batch" in err, err

@@ -147,14 +147,20 @@ class _Attachment:
         self.samples_per_epoch = L.ldr_attachment_samples_per_epoch(self.ptr)
         self.epochs = L.ldr_attachment_epochs(self.ptr)
         self.batch_size = L.ldr_attachment_batch_size(self.ptr)
-        size = ctypes.c_size_t()
-        base = L.ldr_attachment_slab(self.ptr, ctypes.byref(size))
-        self.slab = (base or 0, size.value)
         # host: the slab is mapped copy-on-write, batches are writable;
         # device memory is shared by every client on that GPU
         self.writable = device is None
         self._detach_fn = L.ldr_detach
         self._L = L
+
+    @property
+    def slab(self):
+        """(base, size) of the mapped slab: the new daemon's after a restart."""
+        if self.ptr is None:
+            return 0, 0
+        size = ctypes.c_size_t()
+        base = self._L.ldr_attachment_slab(self.ptr, ctypes.byref(size))
+        return base or 0, size.value
 
     # ------------------------------------------------------------ keeping
 
