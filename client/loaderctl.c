@@ -1154,15 +1154,30 @@ struct top {
 	int sort;        /* enum sort_key */
 };
 
+/* Keep why there is no status (@what: NULL when libloader's message says it). */
 static void top_fail(struct top *t, const char *what, int err)
 {
 	const char *msg = t->client ? ldr_client_error(t->client) : ldr_client_error(NULL);
 
-	snprintf(t->error, sizeof(t->error), "%s: %s", what, msg && *msg ? msg : ldr_strerror(err));
+	if (!what && msg && *msg)
+		snprintf(t->error, sizeof(t->error), "%s", msg);
+	else
+		snprintf(t->error, sizeof(t->error), "%s: %s", what ? what : "cannot connect to loaderd",
+		         msg && *msg ? msg : ldr_strerror(err));
 	json_decref(t->st);
 	t->st = NULL;
 	ldr_close(t->client);
 	t->client = NULL;
+}
+
+/*
+ * top redials by itself, once a frame: libloader's own reconnection would
+ * hold a status call (and the keys) for as long as the daemon is away, and
+ * write its line on stderr, over the screen.
+ */
+static void top_no_reconnect(struct top *t)
+{
+	ldr_client_set_reconnect(t->client, 0);
 }
 
 static void top_fetch(struct top *t)
@@ -1176,9 +1191,10 @@ static void top_fetch(struct top *t)
 		r = ldr_connect(&t->client, t->ctl->socket, PROG);
 		if (r < 0) {
 			t->client = NULL;
-			top_fail(t, "cannot connect to loaderd", r);
+			top_fail(t, NULL, r);
 			return;
 		}
+		top_no_reconnect(t);
 	}
 	r = ldr_status_json(t->client, &text);
 	if (r < 0) {
@@ -1356,6 +1372,7 @@ static int cmd_top(struct ctl *ctl, int argc, char **argv)
 	r = connect_daemon(ctl, "top", &t.client);
 	if (r)
 		return r;
+	top_no_reconnect(&t);
 	r = term_enter(&term);
 	if (r == -ENOTTY) {
 		r = top_batch(&t);

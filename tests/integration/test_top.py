@@ -33,6 +33,8 @@ from ldrtest import LOADERCTL, python_client_env, random_tokens, token_spec
 from loaderd_harness import child_env
 
 TMUX = shutil.which("tmux")
+needs_tmux = pytest.mark.skipif(TMUX is None,
+                                reason="tmux is not installed (scripts/bootstrap installs it)")
 COLS, ROWS = 150, 40
 
 PIPE_HEAD = ["PIPELINE", "STATE", "MODE", "CLIENTS", "SAMPLES/S", "MB/S", "BUSY%", "JOBS",
@@ -56,6 +58,9 @@ class Tmux:
     def run(self, *args):
         return subprocess.run([TMUX, "-S", self.sock, "-f", "/dev/null", *args], env=self.env,
                               capture_output=True, text=True, timeout=30, check=True).stdout
+
+    def prompt(self):
+        return self.wait_screen(lambda s: s.rstrip().endswith("$"), "the shell's prompt")
 
     def type(self, text):
         self.run("send-keys", "-t", "t", "-l", text)
@@ -151,7 +156,7 @@ def slow_and_starved(daemon, workdir):
     return d, slow, starved, st
 
 
-@pytest.mark.skipif(TMUX is None, reason="tmux is not installed (scripts/bootstrap installs it)")
+@needs_tmux
 def test_top_tells_a_slow_trainer_from_a_starved_one(daemon, workdir):
     d, slow, starved, st = slow_and_starved(daemon, workdir)
     ids = {c["pid"]: c["id"] for c in st["clients"]}
@@ -159,7 +164,7 @@ def test_top_tells_a_slow_trainer_from_a_starved_one(daemon, workdir):
     term = Tmux(workdir)
     try:
         before, after = os.path.join(workdir, "stty.before"), os.path.join(workdir, "stty.after")
-        term.wait_screen(lambda s: s.rstrip().endswith("$"), "the shell's prompt")
+        term.prompt()
         term.type(f"stty -g > {before}; {LOADERCTL} --socket {d.socket} top -d 0.5; "
                   f"echo EXIT=$?; stty -g > {after}")
         term.key("Enter")
@@ -243,6 +248,35 @@ def test_top_tells_a_slow_trainer_from_a_starved_one(daemon, workdir):
     assert (pipes["images"][-1], pipes["tokens"][-1]) == ("workers", "consumers"), text
     rows = {r["PID"]: r for r in client_rows(text)}
     assert int(rows[str(starved.pid)]["WAIT%"]) > int(rows[str(slow.pid)]["WAIT%"]), text
+
+
+@needs_tmux
+def test_top_shows_the_daemon_away_and_back(daemon, workdir):
+    d = daemon()
+    term = Tmux(workdir)
+    try:
+        term.prompt()
+        term.type(f"{LOADERCTL} --socket {d.socket} top -d 0.2; echo EXIT=$?")
+        term.key("Enter")
+        term.wait_screen(lambda s: f"  pid {d.pid}  up " in s, "top's first frame")
+        d.stop()
+        # the frame after the connection broke: "status: disconnected ...";
+        # each one after: the redial's error
+        s = term.wait_screen(lambda s: "cannot connect to loaderd at" in s, "the daemon away")
+        lines = s.splitlines()
+        assert lines[0].startswith("loaderd -  ") and lines[1].startswith("sort: wait "), s
+        assert lines[2].startswith(f"cannot connect to loaderd at {d.socket}: ") and \
+            lines[2].endswith("; retrying every 0.2s"), s
+        assert "no pipelines" not in s, f"figures shown without a daemon:\n{s}"
+        # a new daemon on the socket: the next frame is its
+        d2 = daemon(socket=d.socket)
+        s = term.wait_screen(lambda s: f"  pid {d2.pid}  up " in s, "the new daemon's frame")
+        assert "retrying" not in s and "no pipelines" in s, s
+        term.key("q")
+        s = term.wait_screen(lambda s: "EXIT=" in s and s.rstrip().endswith("$"), "top's exit")
+        assert "EXIT=0" in s.split(), s
+    finally:
+        term.kill()
 
 
 def test_top_without_a_terminal_and_status(ld, workdir):
