@@ -79,8 +79,9 @@ static void create_answer(void *userdata, int r, const char *err)
 	} else if (r < 0) {
 		reply_error(srv, x->c, -r, err);
 	} else {
-		if (r)
-			log_info("client %" PRIu64 " (pid %d) created pipeline %s", cl->id, cl->pid, x->name);
+		if (r && client_event_pass(srv, cl))
+			log_event(LOG_INFO, "client.create", "client=%" PRIu64 " pid=%d uid=%u pipeline=%s",
+			          cl->id, cl->pid, (unsigned)cl->uid, x->name);
 		cr.name = x->name;
 		cr.created = r == 1;
 		rep.body_case = LOADERD__REPLY__BODY_CREATE;
@@ -226,12 +227,15 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	}
 	rep.body_case = LOADERD__REPLY__BODY_ATTACH;
 	rep.attach = &ar;
-	if (info.dslab)
-		log_info("client %" PRIu64 " (pid %d) attached to %s as %s on cuda:%d", cl->id, cl->pid,
-		         m->pipeline, mode_name((int)m->mode), info.dslab->device);
-	else
-		log_info("client %" PRIu64 " (pid %d) attached to %s as %s", cl->id, cl->pid, m->pipeline,
-		         mode_name((int)m->mode));
+	if (client_event_pass(srv, cl)) {
+		char dev[24] = "cpu";
+		if (info.dslab)
+			snprintf(dev, sizeof(dev), "cuda:%d", info.dslab->device);
+		log_event(LOG_INFO, "client.attach", "client=%" PRIu64 " pid=%d uid=%u pipeline=%s "
+		          "attachment=%" PRIu64 " mode=%s rank=%u world_size=%u device=%s", cl->id, cl->pid,
+		          (unsigned)cl->uid, m->pipeline, ar.attach_id, mode_name((int)m->mode), m->rank,
+		          m->world_size ? m->world_size : 1, dev);
+	}
 	send_reply(srv, c, &rep);
 }
 

@@ -242,8 +242,8 @@ void holds_check(struct engine *eng)
 		*pp = hs->next;
 		eng->memory_used -= hs->size;
 		eng->memory_held -= hs->size;
-		log_info("slab of dropped pipeline %s released: %" PRIu64 " bytes back to the budget",
-		         hs->name, hs->size);
+		log_event(LOG_INFO, "slab.release", "pipeline=%s bytes=%" PRIu64
+		          " why=\"the dropped pipeline's slab is no longer mapped\"", hs->name, hs->size);
 		close(hs->fd);
 		free(hs);
 	}
@@ -279,9 +279,8 @@ bool holds_retain(struct pipeline *pl)
 	hs->next = eng->held;
 	eng->held = hs;
 	eng->memory_held += hs->size;
-	log_info("pipeline %s: its slab of %" PRIu64 " bytes is still mapped by %u process%s: "
-	         "it stays in the budget until they let it go", hs->name, hs->size, n,
-	         n == 1 ? "" : "es");
+	log_event(LOG_INFO, "slab.held", "pipeline=%s bytes=%" PRIu64 " processes=%u why=\"dropped, "
+	          "still mapped: it stays in the budget until they let it go\"", hs->name, hs->size, n);
 	hold_timer_arm(eng);
 	return true;
 

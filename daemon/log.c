@@ -79,3 +79,55 @@ uint64_t log_limit_due(struct log_limit *l, uint64_t now_ms, bool final, uint64_
 	l->quiet = 0;
 	return n;
 }
+
+const char *log_quote(char buf[LOG_QUOTE_MAX], const char *s)
+{
+	size_t n = 0;
+	bool plain = *s != '\0';
+
+	for (const char *p = s; *p && plain; p++)
+		plain = (unsigned char)*p > ' ' && *p != '"' && *p != '=' && *p != '\\' && *p != 0x7f;
+	if (plain && strlen(s) < LOG_QUOTE_MAX) {
+		memcpy(buf, s, strlen(s) + 1);
+		return buf;
+	}
+	buf[n++] = '"';
+	for (const char *p = s; *p && n < LOG_QUOTE_MAX - 3; p++) {
+		unsigned char ch = (unsigned char)*p;
+		if (ch == '"' || ch == '\\') {
+			if (n >= LOG_QUOTE_MAX - 4)
+				break;
+			buf[n++] = '\\';
+		}
+		buf[n++] = ch < ' ' || ch == 0x7f ? ' ' : (char)ch;
+	}
+	buf[n++] = '"';
+	buf[n] = '\0';
+	return buf;
+}
+
+bool log_rate_pass(struct log_rate *r, uint64_t now_ms)
+{
+	if (!r->n || now_ms - r->window_ms >= LOG_RATE_WINDOW_MS) {
+		r->window_ms = now_ms;
+		r->n = 0;
+	}
+	if (r->n < LOG_RATE_EVENTS) {
+		r->n++;
+		return true;
+	}
+	if (r->quiet++ == 0)
+		r->quiet_since_ms = now_ms;
+	return false;
+}
+
+uint64_t log_rate_due(struct log_rate *r, uint64_t now_ms, bool final, uint64_t *span_ms)
+{
+	uint64_t n = r->quiet;
+
+	if (!n || (!final && now_ms - r->window_ms < LOG_RATE_WINDOW_MS))
+		return 0;
+	*span_ms = now_ms - r->quiet_since_ms;
+	r->quiet = 0;
+	return n;
+}

@@ -16,6 +16,23 @@ void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 /* Parse "error", "warning", "notice", "info", "debug"; -EINVAL if none. */
 int log_level_from_name(const char *name);
 
+/*
+ * An event (docs/operations.md, "Logs"): one line, the event's name and then
+ * key=value fields, as logfmt has them:
+ *
+ *	log_event(LOG_INFO, "client.attach", "client=%" PRIu64 " pid=%d pipeline=%s", ...);
+ *	-> loaderd: info: client.attach client=8 pid=6463 pipeline=tok
+ *
+ * A value that may hold spaces, quotes or '=' (names, paths, messages) goes
+ * through log_quote().
+ */
+#define log_event(level, event, ...) log_msg(level, event " " __VA_ARGS__)
+/* @s as a logfmt value in @buf: as it is when it needs no quotes, else in
+ * double quotes with " and \ escaped and control bytes as spaces; cut to
+ * fit. Returns @buf. */
+#define LOG_QUOTE_MAX 512
+const char *log_quote(char buf[LOG_QUOTE_MAX], const char *s);
+
 #define log_err(...) log_msg(LOG_ERR, __VA_ARGS__)
 #define log_warn(...) log_msg(LOG_WARNING, __VA_ARGS__)
 #define log_notice(...) log_msg(LOG_NOTICE, __VA_ARGS__)
@@ -38,6 +55,29 @@ struct log_limit {
 	uint64_t quiet;               /* counted, not written, since the last summary */
 	uint64_t quiet_since_ms;      /* when the first of those came */
 };
+
+/*
+ * The events of one client (its attaches, creates): at most LOG_RATE_EVENTS
+ * written per LOG_RATE_WINDOW_MS; the rest are counted, and log_rate_due()
+ * hands out the count once its window is over (or at the end, @final) for one
+ * summary line. A client that attaches in a loop writes LOG_RATE_EVENTS lines
+ * and a summary every window, however fast it goes. Zero-initialized is
+ * ready. Not thread-safe (the loop's).
+ */
+#define LOG_RATE_EVENTS 20
+#define LOG_RATE_WINDOW_MS 10000
+
+struct log_rate {
+	uint64_t window_ms;           /* when the current window began */
+	uint32_t n;                   /* events written in it */
+	uint64_t quiet;               /* counted, not written, since the last summary */
+	uint64_t quiet_since_ms;
+};
+
+bool log_rate_pass(struct log_rate *r, uint64_t now_ms);
+/* Events not written whose summary is due, and *@span_ms the time they took;
+ * 0 when none is. The count starts over. */
+uint64_t log_rate_due(struct log_rate *r, uint64_t now_ms, bool final, uint64_t *span_ms);
 
 /* Whether to write this occurrence (true) or only count it (false). */
 bool log_limit_pass(struct log_limit *l, uint64_t now_ms);

@@ -116,7 +116,9 @@ static void drop_now(struct pipeline *pl, const char *why)
 			snprintf(a->dead_msg, sizeof(a->dead_msg), "%s", msg);
 		}
 	pl->dropped = true;
-	log_info("pipeline %s dropped%s%s", pl->spec->name, why ? ": " : "", why ? why : "");
+	char q[LOG_QUOTE_MAX];
+	log_event(LOG_INFO, "pipeline.drop", "pipeline=%s why=%s", pl->spec->name,
+	          log_quote(q, why ? why : "dropped"));
 	if (pl->py) {
 		/* end its workers' jobs; the count held here keeps it until then */
 		pl->jobs++;
@@ -269,8 +271,8 @@ static int pipeline_join(struct pipeline *pl, const struct spec *spec, uint64_t 
 		pl->from_config = true;
 	if ((!client || spec->persist) && !pl->persist) {
 		pl->persist = true;
-		log_info("pipeline %s persists now (%s)", pl->spec->name,
-		         client ? "a create asked for persist" : "the config has it");
+		log_event(LOG_INFO, "pipeline.persist", "pipeline=%s why=%s", pl->spec->name,
+		          client ? "\"a create asked for persist\"" : "\"the config has it\"");
 	} else if (!pl->persist && spec->has_ttl && spec->ttl_ms > pipeline_linger_ms(pl)) {
 		pl->has_ttl = true;
 		pl->ttl_ms = spec->ttl_ms;
@@ -529,8 +531,9 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	pl->next = eng->pipelines;
 	eng->pipelines = pl;
 	stats_pipeline_init(pl);
-	log_info("pipeline %s created: %" PRIu64 " samples, %u slots of %" PRIu64 " bytes",
-	         spec->name, smp.nsamples, pl->nslots, pl->slot_bytes);
+	log_event(LOG_INFO, "pipeline.create", "pipeline=%s samples=%" PRIu64 " slots=%u slot_bytes=%"
+	          PRIu64 " owner=%u by=%s", spec->name, smp.nsamples, pl->nslots, pl->slot_bytes,
+	          (unsigned)pl->owner, client ? "client" : "config");
 	pipeline_lifetime(pl);
 	return 1;
 
@@ -684,7 +687,8 @@ void pipeline_fail(struct pipeline *pl, int err, const char *msg)
 		return;
 	pl->failed = true;
 	snprintf(pl->error, sizeof(pl->error), "%s", msg);
-	log_err("pipeline %s failed: %s", pl->spec->name, msg);
+	char q[LOG_QUOTE_MAX];
+	log_event(LOG_ERR, "pipeline.fail", "pipeline=%s error=%s", pl->spec->name, log_quote(q, msg));
 	(void)err;
 	pipeline_dispatch(pl);
 }

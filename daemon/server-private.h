@@ -92,6 +92,7 @@ struct client {
 	unsigned natts;
 	unsigned gone_seen;       /* sweeps that found its process gone */
 	struct log_limit malformed; /* its malformed requests (client_log_summary) */
+	struct log_rate events;   /* its attaches and creates (client_event_pass) */
 };
 
 struct server {
@@ -187,6 +188,9 @@ void client_free(struct server *srv, struct client *cl);
 /* The summary of @cl's malformed requests not logged one by one, if one is
  * due (log_limit_due()); @final: it goes away. */
 void client_log_summary(struct server *srv, struct client *cl, bool final);
+/* Whether to write one more event of @cl (its attaches, creates): at most
+ * LOG_RATE_EVENTS per LOG_RATE_WINDOW_MS, then a summary (log.h). */
+bool client_event_pass(struct server *srv, struct client *cl);
 struct attachment *client_att(struct client *cl, uint64_t id, unsigned *index);
 json_t *clients_json(struct server *srv, const struct client *self);
 void sessions_tick(struct server *srv);

@@ -163,8 +163,8 @@ struct client *client_get(struct server *srv, nng_pipe p)
 	srv->nclients++;
 	if (refuse)
 		srv->nrefused++;
-	log_debug("client %" PRIu64 " (pid %d, uid %u) connected%s", cl->id, cl->pid, (unsigned)cl->uid,
-	          refuse ? ", refused" : "");
+	log_event(LOG_DEBUG, "client.connect", "client=%" PRIu64 " pid=%d uid=%u%s", cl->id, cl->pid,
+	          (unsigned)cl->uid, refuse ? " refused=true" : "");
 	return cl;
 }
 
@@ -193,6 +193,17 @@ void client_log_summary(struct server *srv, struct client *cl, bool final)
 	if (n)
 		log_warn("client %" PRIu64 " (pid %d): %" PRIu64 " more malformed requests in %.1f s",
 		         cl->id, cl->pid, n, (double)span_ms / 1000.0);
+	if ((n = log_rate_due(&cl->events, uv_now(srv->loop), final, &span_ms)))
+		log_event(LOG_NOTICE, "client.quiet", "client=%" PRIu64 " pid=%d events=%" PRIu64
+		          " seconds=%.1f why=\"more than %d events in %d s: counted, not written\"",
+		          cl->id, cl->pid, n, (double)span_ms / 1000.0, LOG_RATE_EVENTS,
+		          LOG_RATE_WINDOW_MS / 1000);
+}
+
+bool client_event_pass(struct server *srv, struct client *cl)
+{
+	client_log_summary(srv, cl, false);
+	return log_rate_pass(&cl->events, uv_now(srv->loop));
 }
 
 void client_free(struct server *srv, struct client *cl)
@@ -218,9 +229,12 @@ void client_free(struct server *srv, struct client *cl)
 	client_log_summary(srv, cl, true);
 	/* the watchdog's probes, refused connections and those that never said
 	 * Hello (a flood of them) go to the debug log only */
-	log_msg(cl->pid == getpid() || cl->refused || !cl->hello ? LOG_DEBUG : LOG_INFO,
-	        "client %" PRIu64 " (pid %d) disconnected%s", cl->id, cl->pid,
-	        leases ? ", its leases were released" : "");
+	char q[LOG_QUOTE_MAX];
+	log_event(cl->pid == getpid() || cl->refused || !cl->hello ? LOG_DEBUG : LOG_INFO,
+	          "client.disconnect", "client=%" PRIu64 " pid=%d uid=%u name=%s leases_released=%zu "
+	          "connected_s=%" PRIu64, cl->id, cl->pid, (unsigned)cl->uid,
+	          log_quote(q, cl->name[0] ? cl->name : "-"), leases,
+	          (uv_now(srv->loop) - cl->since_ms) / 1000);
 	free(cl);
 }
 

@@ -149,7 +149,7 @@ static void holder_set(struct pipeline *pl, struct attachment *a, uint64_t now)
 
 static void evict(struct pipeline *pl, struct attachment *a, uint64_t lag)
 {
-	char msg[sizeof(a->dead_msg)];
+	char msg[sizeof(a->dead_msg)], q[LOG_QUOTE_MAX];
 	uint64_t idle_ms = pl->slow_timeout_ms;   /* the setting, not the tick it was seen at */
 	char secs[32];
 
@@ -159,8 +159,9 @@ static void evict(struct pipeline *pl, struct attachment *a, uint64_t lag)
 		snprintf(secs, sizeof(secs), "%" PRIu64, idle_ms / 1000);
 	snprintf(msg, sizeof(msg), "detached: %" PRIu64 " batches behind and no progress for %s s "
 	         "(slow_client_timeout, docs/spec.md)", lag, secs);
-	log_warn("pipeline %s: client %" PRIu64 " (pid %d) %s", pl->spec->name, a->client_id,
-	         a->pid, msg);
+	log_event(LOG_WARNING, "client.slow_detach", "pipeline=%s client=%" PRIu64 " pid=%d lag=%"
+	          PRIu64 " idle_s=%s why=%s", pl->spec->name, a->client_id, a->pid, lag, secs,
+	          log_quote(q, msg));
 	pl->slow_detached++;
 	holder_set(pl, NULL, 0);
 	att_leave(a, ETIMEDOUT, msg);
@@ -202,8 +203,8 @@ static bool follow_set_aside(struct stream *s, uint64_t now)
 		if (progressed(a)) {
 			a->skip_hold = false;
 			progress_mark(a, now);
-			log_info("pipeline %s: client %" PRIu64 " (pid %d) reads again, %" PRIu64
-			         " batches skipped", s->pl->spec->name, a->client_id, a->pid, a->skipped);
+			log_event(LOG_INFO, "client.slow_resume", "pipeline=%s client=%" PRIu64 " pid=%d "
+			          "skipped=%" PRIu64, s->pl->spec->name, a->client_id, a->pid, a->skipped);
 			continue;
 		}
 		follow(a, others_cursor(s));
@@ -214,9 +215,9 @@ static bool follow_set_aside(struct stream *s, uint64_t now)
 
 static void set_aside(struct stream *s, struct attachment *a, uint64_t lag, uint64_t now)
 {
-	log_notice("pipeline %s: client %" PRIu64 " (pid %d) is %" PRIu64 " batches behind without "
-	           "progress: served from where the stream is once it reads again (slow_clients skip)",
-	           s->pl->spec->name, a->client_id, a->pid, lag);
+	log_event(LOG_NOTICE, "client.slow_skip", "pipeline=%s client=%" PRIu64 " pid=%d lag=%" PRIu64
+	          " why=\"no progress: served from where the stream is once it reads again "
+	          "(slow_clients skip)\"", s->pl->spec->name, a->client_id, a->pid, lag);
 	a->skip_hold = true;
 	progress_mark(a, now);
 	follow(a, others_cursor(s));
@@ -255,9 +256,9 @@ void pipeline_check_slow(struct pipeline *pl)
 		return;
 	}
 	if (idle >= SLOW_LOG_MS && !pl->held_logged) {
-		log_notice("pipeline %s: client %" PRIu64 " (pid %d) holds the broadcast stream back: "
-		           "%" PRIu64 " batches behind, no progress for %.1f s", pl->spec->name,
-		           a->client_id, a->pid, lag, (double)idle / 1000.0);
+		log_event(LOG_NOTICE, "client.slow_hold", "pipeline=%s client=%" PRIu64 " pid=%d lag=%"
+		          PRIu64 " idle_s=%.1f why=\"it holds the broadcast stream back\"",
+		          pl->spec->name, a->client_id, a->pid, lag, (double)idle / 1000.0);
 		pl->held_logged = true;
 	}
 	slow_timer_arm(pl->eng);

@@ -45,7 +45,7 @@ def test_ranks_creating_one_name_get_one_pipeline(daemon, workdir):
         outs.append(json.loads(out))
     assert sorted(o["created"] for o in outs) == [False] * 7 + [True]
     assert {o["name"] for o in outs} == {"wds"}
-    assert d.log().count("pipeline wds created") == 1
+    assert d.log().count("pipeline.create pipeline=wds ") == 1
     p = d.pipeline("wds")
     assert p["samples"] == 20000
     res = d.consume("wds", "--batches", 3)

@@ -189,14 +189,14 @@ def test_script_run_twice_starts_afresh(daemon, workdir):
     assert first["created"] is True
     assert first["batches"] == [[0, 0], [0, 1], [0, 2]]
     wait_gone(d, "job")
-    assert "pipeline job dropped: unused for 0.5 s" in d.log()
+    assert 'pipeline.drop pipeline=job why="unused for 0.5 s"' in d.log()
     assert d.status()["memory_used"] == 0
 
     second = run_trainer(d, workdir, s)
     assert second["created"] is True, "the second run found the first run's pipeline"
     assert second["batches"] == [[0, 0], [0, 1], [0, 2]]
     wait_gone(d, "job")
-    assert d.log().count("pipeline job dropped: unused for 0.5 s") == 2
+    assert d.log().count('pipeline.drop pipeline=job why="unused for 0.5 s"') == 2
 
 
 def test_linger_lets_a_later_rank_attach(daemon, workdir):
@@ -210,10 +210,10 @@ def test_linger_lets_a_later_rank_attach(daemon, workdir):
     # rank 1 attaches by name (no create): the linger kept the pipeline for it
     r1 = run_trainer(d, workdir, None, name="ddp", mode=PARTITION, rank=1, world=2)
     assert r1["batches"] == [[0, 0], [0, 1], [0, 2]]
-    assert "dropped" not in d.log()
+    assert "pipeline.drop" not in d.log()
     # and rank 1's attach started the linger over: gone only after it
     wait_gone(d, "ddp")
-    assert "pipeline ddp dropped: unused for 4 s" in d.log()
+    assert 'pipeline.drop pipeline=ddp why="unused for 4 s"' in d.log()
 
 
 def test_exist_ok_create_during_the_linger_keeps_it(daemon, workdir):
@@ -249,8 +249,8 @@ def test_relaunch_with_another_spec_replaces_a_lingering_pipeline(daemon, workdi
     out = run_trainer(d, workdir, spec(workdir, name="mnist", batch_size=8))
     assert out["created"] is True and out["batches"] == [[0, 0], [0, 1], [0, 2]]
     assert d.pipeline("mnist")["batch_size"] == 8
-    assert ("pipeline mnist dropped: unused, and client %d creates it with another spec: "
-            "batch_size 8 (it has 4)" % out["client_id"]) in d.log()
+    assert ('pipeline.drop pipeline=mnist why="unused, and client %d creates it with another '
+            'spec: batch_size 8 (it has 4)"' % out["client_id"]) in d.log()
 
 
 # ---------------------------------------------------------- persist, ttl
@@ -301,7 +301,7 @@ def test_ttl_is_the_pipelines_own_linger(daemon, workdir):
     run_trainer(d2, workdir, spec(workdir, name="quick", ttl=0.3))
     run_trainer(d2, workdir, spec(workdir, name="slow"))
     wait_gone(d2, "quick")
-    assert "pipeline quick dropped: unused for 0.3 s" in d2.log()
+    assert 'pipeline.drop pipeline=quick why="unused for 0.3 s"' in d2.log()
     p = d2.pipeline("slow")
     assert p["linger_s"] == 60 and p["expires_in_s"] > 30
 

@@ -141,7 +141,7 @@ def test_set_log_level_changes_logging_at_once(daemon, workdir):
     r = d.ctl("set", "log-level", "debug")
     assert r.stdout == "log_level: info -> debug\n"
     d.ctl("status")
-    assert re.search(r"debug: client \d+ \(pid \d+, uid 0\) connected", d.log()), d.log()
+    assert re.search(r"debug: client\.connect client=\d+ pid=\d+ uid=0", d.log()), d.log()
     d.ctl("set", "log_level", "warning")
     log = d.log()
     assert re.search(r'notice: set log_level: "debug" -> "warning" by root', log), log

@@ -59,7 +59,8 @@ def test_wait_detaches_a_stopped_client(daemon, workdir):
     assert res.rc != 0
     assert "detached: " in res.stderr and "batches behind and no progress for 1.5 s " \
         "(slow_client_timeout, docs/spec.md)" in res.stderr, res.stderr
-    assert f"client" in d.log() and f"(pid {victim.pid}) detached: " in d.log()
+    assert re.search(r"client\.slow_detach pipeline=bc client=\d+ pid=%d lag=\d+ idle_s=1\.5 "
+                     r"why=\"detached: " % victim.pid, d.log())
     # what it had been given before it was detached it reads whole: the
     # slots of the batches it held were not rebuilt under it
     nb = len(res.dump) // (BATCH * SEQ * 8 * 2)
@@ -110,8 +111,10 @@ def test_skip_serves_a_stopped_client_from_where_the_stream_is(daemon, workdir):
     # every batch it got is the stream's batch of that position
     got = position_indices(res.dump, SEQ, [BATCH] * 30)
     assert got == [list(range((q % bpe) * BATCH, (q % bpe) * BATCH + BATCH)) for q in seqs]
-    assert "batches behind without progress: served from where the stream is" in d.log()
-    assert f"(pid {victim.pid}) reads again, " in d.log()
+    assert re.search(r"client\.slow_skip pipeline=bc client=\d+ pid=%d lag=\d+ why=\"no "
+                     r"progress: served from where the stream is" % victim.pid, d.log())
+    assert re.search(r"client\.slow_resume pipeline=bc client=\d+ pid=%d skipped=\d+"
+                     % victim.pid, d.log())
 
 
 def test_slow_but_live_client_is_never_detached(daemon, workdir):

@@ -1,0 +1,67 @@
+# SPDX-License-Identifier: MIT
+"""The daemon's log (docs/operations.md, "Logs"): one line per event, the
+event's name and key=value fields (logfmt: values with spaces quoted), and a
+client's own events rate-limited, so that one that attaches in a loop cannot
+flood the journal: LOG_RATE_EVENTS (20) lines a window, then a count."""
+
+import os
+import re
+import subprocess
+import textwrap
+
+from ldrtest import python_client_env, random_tokens, token_spec
+
+ATTACHES = 70
+
+
+def test_events_are_key_value_lines(ld, workdir):
+    tok = os.path.join(workdir, "tok.bin")
+    random_tokens(tok, 64 * 8 + 1)
+    ld.create(token_spec("tok", tok, 8, "uint16", batch_size=4, epochs=1))
+    res = ld.popen_consume("tok", "--mode", "partition", "--rank", "0", "--world-size", "1")
+    res = res.wait(timeout=60, check=True)
+    log = ld.log()
+    m = re.search(r"^loaderd: info: client\.attach client=(\d+) pid=(\d+) uid=%d pipeline=tok "
+                  r"attachment=\d+ mode=partition rank=0 world_size=1 device=cpu$" % os.getuid(),
+                  log, re.M)
+    assert m, log
+    cid, pid = m.group(1), m.group(2)
+    assert re.search(r"^loaderd: info: client\.disconnect client=%s pid=%s uid=%d name=loaderctl "
+                     r"leases_released=\d+ connected_s=\d+$" % (cid, pid, os.getuid()), log, re.M), log
+    assert re.search(r"^loaderd: info: pipeline\.create pipeline=tok samples=64 slots=8 "
+                     r"slot_bytes=\d+ owner=%d by=client$" % os.getuid(), log, re.M), log
+    # every event line: a dotted name, then only key=value fields
+    field = r'[a-z_]+=(?:"(?:[^"\\]|\\.)*"|[^\s"=]+)'
+    for line in log.splitlines():
+        body = line.split(": ", 2)[-1]
+        if re.match(r"[a-z]+\.[a-z_]+ ", body):
+            assert re.fullmatch(r"[a-z]+\.[a-z_]+(?: %s)+" % field, body), line
+
+
+def test_a_client_that_attaches_in_a_loop_is_rate_limited(ld, workdir):
+    """70 attaches and detaches on one connection: 20 attach lines, and the
+    other 50 counted in one client.quiet line when the client goes. Its name,
+    with a space and a quote, comes quoted."""
+    tok = os.path.join(workdir, "tok.bin")
+    random_tokens(tok, 64 * 8 + 1)
+    ld.create(token_spec("tok", tok, 8, "uint16", batch_size=4, epochs=0))
+    code = textwrap.dedent(f"""
+        from loaderd import loader as L
+        c = L._Client({ld.socket!r}, 'flood "x" client')
+        for _ in range({ATTACHES}):
+            a = L._Attachment(c, "tok", "broadcast", 0, 1, None, 4)
+            a.detach()
+        c.close()
+    """)
+    r = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True,
+                       env=python_client_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    gone = re.compile(r'client\.disconnect client=(\d+) pid=\d+ uid=\d+ name="flood \\"x\\" client"')
+    ld.wait_for(lambda s: gone.search(ld.log()), "the client's disconnect", timeout=20)
+    log = ld.log()
+    m = gone.search(log)
+    cid = m.group(1)
+    attaches = re.findall(r"client\.attach client=%s " % cid, log)
+    assert len(attaches) == 20, log[-3000:]
+    quiet = [int(n) for n in re.findall(r"client\.quiet client=%s pid=\d+ events=(\d+) " % cid, log)]
+    assert sum(quiet) == ATTACHES - 20 and len(quiet) >= 1, log[-3000:]
