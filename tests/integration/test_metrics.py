@@ -404,18 +404,20 @@ def bucket_quantile(fams, q, **labels):
 
 def test_slow_trainer_and_starved_trainer_told_apart(daemon, workdir, tokens):
     """One worker: a trainer that sleeps 200 ms a batch on a token pipeline,
-    and one that computes nothing on an image pipeline (big PNGs to decode).
+    and one that computes nothing on an image pipeline (PNGs to decode).
     The first hardly waits, the second mostly waits, and /metrics says so:
     orderings only, no speed is asserted."""
     from imgtest import make_folder
     root = os.path.join(workdir, "img")
-    make_folder(root, ["a", "b"], 4, [(960, 1280)], fmt="PNG", ext=".png")
+    make_folder(root, ["a", "b"], 4, [(480, 640)], fmt="PNG", ext=".png")
     port = free_port()
     cfg = os.path.join(workdir, "loaderd.json")
     write_config(cfg, {"metrics_address": f"127.0.0.1:{port}", "pipelines": [
         token_spec("fast", tokens, 64, "uint16", batch_size=10, epochs=0),
+        # few image jobs queued at once, so the token pipeline's jobs get the
+        # one worker soon even in a sanitizer build
         {"name": "heavy", "source": {"kind": "image_folder", "path": root}, "batch_size": 4,
-         "epochs": 0, "decode": {"dct_scaling": False},
+         "epochs": 0, "prefetch": 4, "decode": {"dct_scaling": False},
          "transforms": [{"op": "random_resized_crop", "size": 224},
                         {"op": "horizontal_flip", "p": 0.5}],
          "output": {"dtype": "float32", "layout": "NCHW"}}]})
