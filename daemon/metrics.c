@@ -162,7 +162,10 @@ static int listen_tcp(struct metrics *m, char *err, size_t errlen)
 	}
 	freeaddrinfo(res);
 	if (fd < 0)
-		return errfmt(-e, err, errlen, "metrics_address %s: cannot listen: %s", m->name, strerror(e));
+		return errfmt(-e, err, errlen, "metrics_address %s: cannot listen: %s%s", m->name, strerror(e),
+		              /* what systemd's RestrictAddressFamilies= answers */
+		              e == EAFNOSUPPORT ? " (loaderd.service allows unix sockets only: "
+		              "use a socket path, or see docs/metrics.md)" : "");
 	m->fd = fd;
 	return 0;
 }

@@ -314,6 +314,39 @@ def test_port_in_use_is_a_clear_startup_error(workdir):
     assert not os.path.exists(sock)
 
 
+def forbid_ip_sockets():
+    """In the child before exec: socket(AF_INET or AF_INET6) fails with
+    EAFNOSUPPORT, by a seccomp filter, as systemd's RestrictAddressFamilies=
+    makes it fail (x86_64 only)."""
+    import ctypes
+    import struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    ld_abs, jeq, ret = 0x20, 0x15, 0x06
+    prog = [(ld_abs, 0, 0, 4), (jeq, 0, 5, 0xC000003E),     # arch x86_64, else allow
+            (ld_abs, 0, 0, 0), (jeq, 0, 3, 41),             # socket(), else allow
+            (ld_abs, 0, 0, 16), (jeq, 2, 0, socket.AF_INET), (jeq, 1, 0, socket.AF_INET6),
+            (ret, 0, 0, 0x7FFF0000),                        # allow
+            (ret, 0, 0, 0x00050000 | 97)]                   # errno EAFNOSUPPORT
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *i) for i in prog))
+    fprog = struct.pack("HxxxxxxP", len(prog), ctypes.addressof(code))
+    fbuf = ctypes.create_string_buffer(fprog)
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, fbuf, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter is x86_64's")
+def test_tcp_forbidden_by_the_unit_says_what_to_do(workdir):
+    cfg = os.path.join(workdir, "c.json")
+    sock = os.path.join(workdir, "s.sock")
+    write_config(cfg, {"metrics_address": "127.0.0.1:9"})
+    p = subprocess.run([LOADERD, "--config", cfg, "--socket", sock], capture_output=True,
+                       text=True, timeout=30, preexec_fn=forbid_ip_sockets)
+    assert p.returncode == 1
+    assert ("loaderd: metrics_address 127.0.0.1:9: cannot listen: Address family not supported "
+            "by protocol (loaderd.service allows unix sockets only: use a socket path, or see "
+            "docs/metrics.md)") in p.stderr, p.stderr
+
+
 def test_a_new_address_on_reload_waits_for_a_restart(daemon, workdir):
     port, other = free_port(), free_port()
     cfg = os.path.join(workdir, "loaderd.json")
