@@ -17,16 +17,19 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 #include <zlib.h>
@@ -1148,10 +1151,23 @@ static int cmd_clients(struct ctl *ctl, int argc, char **argv)
  */
 struct top {
 	struct ctl *ctl;
+	int sort;             /* enum sort_key */
+	/* what the frames show; the main thread's */
+	json_t *st;           /* the last status; NULL when the last request failed */
+	char error[512];      /* why there is none */
+	double waited;        /* seconds the request in flight has taken, when long */
+	/* the status requests: the fetch thread's (without a terminal: the caller's) */
 	struct ldr_client *client;
-	json_t *st;      /* the last status; NULL when the last request failed */
-	char error[512]; /* why there is none */
-	int sort;        /* enum sort_key */
+	json_t *got;
+	char got_error[512];
+	/* the fetch thread; the flags under the lock */
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool want, busy, ready, stop;
+	double since;         /* when the request in flight began */
+	int done[2];          /* the thread writes a byte once got is ready */
+	bool left_behind;     /* stuck in a request when top quit */
 };
 
 /* Keep why there is no status (@what: NULL when libloader's message says it). */
@@ -1160,12 +1176,12 @@ static void top_fail(struct top *t, const char *what, int err)
 	const char *msg = t->client ? ldr_client_error(t->client) : ldr_client_error(NULL);
 
 	if (!what && msg && *msg)
-		snprintf(t->error, sizeof(t->error), "%s", msg);
+		snprintf(t->got_error, sizeof(t->got_error), "%s", msg);
 	else
-		snprintf(t->error, sizeof(t->error), "%s: %s", what ? what : "cannot connect to loaderd",
-		         msg && *msg ? msg : ldr_strerror(err));
-	json_decref(t->st);
-	t->st = NULL;
+		snprintf(t->got_error, sizeof(t->got_error), "%s: %s",
+		         what ? what : "cannot connect to loaderd", msg && *msg ? msg : ldr_strerror(err));
+	json_decref(t->got);
+	t->got = NULL;
 	ldr_close(t->client);
 	t->client = NULL;
 }
@@ -1206,13 +1222,90 @@ static void top_fetch(struct top *t)
 	if (!json_is_object(v)) {
 		json_decref(v);
 		top_fail(t, "status", -EPROTO);
-		snprintf(t->error, sizeof(t->error), "status: the daemon sent malformed JSON");
+		snprintf(t->got_error, sizeof(t->got_error), "status: the daemon sent malformed JSON");
 		return;
 	}
-	json_decref(t->st);
-	t->st = v;
-	t->error[0] = '\0';
+	json_decref(t->got);
+	t->got = v;
+	t->got_error[0] = '\0';
 }
+
+/* What the last request got becomes what the frames show. */
+static void top_take(struct top *t)
+{
+	json_decref(t->st);
+	t->st = t->got;
+	t->got = NULL;
+	memcpy(t->error, t->got_error, sizeof(t->error));
+}
+
+/*
+ * The fetch thread of an interactive top: a stopped daemon (SIGSTOP, a
+ * debugger) answers nothing for up to libloader's call timeout, and the keys
+ * must work meanwhile. One request at a time, when the main thread asks.
+ */
+static void *top_thread(void *arg)
+{
+	struct top *t = arg;
+
+	pthread_mutex_lock(&t->lock);
+	for (;;) {
+		while (!t->want && !t->stop)
+			pthread_cond_wait(&t->cond, &t->lock);
+		if (t->stop)
+			break;
+		t->want = false;
+		t->busy = true;
+		t->since = now_s();
+		pthread_mutex_unlock(&t->lock);
+		top_fetch(t);
+		pthread_mutex_lock(&t->lock);
+		t->busy = false;
+		t->ready = true;
+		if (write(t->done[1], "", 1) < 0) {
+			/* full: the main thread has a byte to read already */
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return NULL;
+}
+
+/*
+ * Ask for a status unless a request is in flight or its answer not taken
+ * yet (the thread writes got only between the two); false then.
+ */
+static bool top_ask(struct top *t)
+{
+	bool asked;
+
+	pthread_mutex_lock(&t->lock);
+	asked = !t->busy && !t->ready;
+	if (asked) {
+		t->want = true;
+		pthread_cond_signal(&t->cond);
+	}
+	pthread_mutex_unlock(&t->lock);
+	return asked;
+}
+
+/* Take a status the thread got, if any; true when there was one. */
+static bool top_collect(struct top *t)
+{
+	char buf[64];
+	bool got;
+
+	while (read(t->done[0], buf, sizeof(buf)) > 0)
+		;
+	pthread_mutex_lock(&t->lock);
+	got = t->ready;
+	if (got)
+		top_take(t);
+	t->ready = false;
+	t->waited = t->busy && now_s() - t->since >= t->ctl->interval ? now_s() - t->since : 0;
+	pthread_mutex_unlock(&t->lock);
+	return got;
+}
+
 
 /* One frame: the daemon, the sort key and keys, the pipelines, the clients. */
 static void top_frame(const struct top *t, struct lines *l)
@@ -1231,6 +1324,9 @@ static void top_frame(const struct top *t, struct lines *l)
 	          sort_names[t->sort], t->ctl->interval);
 	if (t->error[0])
 		lines_add(l, "%s; retrying every %gs", t->error, t->ctl->interval);
+	if (t->waited > 0)
+		lines_add(l, "no answer from loaderd for %.0fs%s", t->waited,
+		          t->st ? "; the figures below are from before" : "");
 	if (!t->st)
 		return;
 	lines_add(l, "%s", "");
@@ -1262,6 +1358,7 @@ static int top_batch(struct top *t)
 			putchar('\n');
 		}
 		top_fetch(t);
+		top_take(t);
 		if (!t->st) {
 			warnx("top: %s", t->error);
 			return EXIT_FAILURE;
@@ -1325,16 +1422,18 @@ static int top_run(struct top *t, struct term *term)
 
 	while (!quit && (!t->ctl->iterations || frames < t->ctl->iterations)) {
 		double next = now_s() + t->ctl->interval;
-		bool redraw = true;
+		/* the answer redraws; a request still in flight: say how long */
+		bool redraw = !top_ask(t);
 
-		top_fetch(t);
 		frames++;
 		while (!quit) {
+			bool done = false;
 			char keys[64];
 			double left;
 			int n, sig;
 
 			if (redraw) {
+				top_collect(t);
 				r = top_draw(t, term);
 				if (r < 0)
 					return r;
@@ -1343,12 +1442,12 @@ static int top_run(struct top *t, struct term *term)
 			left = next - now_s();
 			if (left <= 0)
 				break;
-			n = term_keys(term, (int)(left * 1000) + 1, keys, sizeof(keys));
+			n = term_keys(term, (int)(left * 1000) + 1, t->done[0], &done, keys, sizeof(keys));
 			sig = term_signalled();
-			if (sig & TERM_RESIZED) {
-				term_size(term);
+			if (done || (sig & TERM_RESIZED))
 				redraw = true;
-			}
+			if (sig & TERM_RESIZED)
+				term_size(term);
 			if (n < 0 || (sig & TERM_QUIT)) /* the terminal hung up, or a signal */
 				quit = true;
 			for (int i = 0; i < n && !quit; i++) {
@@ -1360,14 +1459,53 @@ static int top_run(struct top *t, struct term *term)
 	return 0;
 }
 
+/*
+ * Start the fetch thread, run, stop it. A thread stuck in a request to a
+ * daemon that does not answer is left behind: the process exits at once.
+ * Return: 0, 1 for an error it reported, or a negative errno of the terminal.
+ */
+static int top_interactive(struct top *t, struct term *term)
+{
+	bool stuck;
+	int r;
+
+	if (pipe2(t->done, O_CLOEXEC | O_NONBLOCK) < 0) {
+		warnx("top: %s", strerror(errno));
+		return EXIT_FAILURE;
+	}
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->cond, NULL);
+	r = pthread_create(&t->thread, NULL, top_thread, t);
+	if (r) {
+		warnx("top: cannot start a thread: %s", strerror(r));
+		return EXIT_FAILURE;
+	}
+	r = top_run(t, term);
+	pthread_mutex_lock(&t->lock);
+	t->stop = true;
+	stuck = t->busy;
+	pthread_cond_signal(&t->cond);
+	pthread_mutex_unlock(&t->lock);
+	if (stuck) {
+		pthread_detach(t->thread);
+		t->left_behind = true; /* client and got stay the thread's */
+	} else {
+		pthread_join(t->thread, NULL);
+	}
+	return r;
+}
+
 static int cmd_top(struct ctl *ctl, int argc, char **argv)
 {
-	struct top t = { .ctl = ctl, .sort = ctl->sort };
+	/* static: a fetch thread left behind may use it until the process ends */
+	static struct top t;
 	struct term term;
 	int r;
 
 	if (ctl->json)
 		usage_error("top: --json does not apply; use `" PROG " --json status`");
+	t.ctl = ctl;
+	t.sort = ctl->sort;
 	/* a daemon that is not there is an error before the screen changes */
 	r = connect_daemon(ctl, "top", &t.client);
 	if (r)
@@ -1381,7 +1519,7 @@ static int cmd_top(struct ctl *ctl, int argc, char **argv)
 		warnx("top: cannot set up the terminal: %s", strerror(-r));
 		r = EXIT_FAILURE;
 	} else {
-		r = top_run(&t, &term);
+		r = top_interactive(&t, &term);
 		term_leave(&term);
 		if (r < 0) {
 			warnx("top: writing to the terminal: %s", strerror(-r));
@@ -1389,7 +1527,10 @@ static int cmd_top(struct ctl *ctl, int argc, char **argv)
 		}
 	}
 	json_decref(t.st);
-	ldr_close(t.client);
+	if (!t.left_behind) {
+		json_decref(t.got);
+		ldr_close(t.client);
+	}
 	return r;
 }
 

@@ -101,17 +101,19 @@ void term_leave(struct term *t)
 	tcsetattr(t->in, TCSAFLUSH, &t->saved);
 }
 
-int term_keys(struct term *t, int timeout_ms, char *buf, size_t n)
+int term_keys(struct term *t, int timeout_ms, int fd, bool *fd_ready, char *buf, size_t n)
 {
-	struct pollfd pfd = { .fd = t->in, .events = POLLIN };
-	int r = poll(&pfd, 1, timeout_ms);
+	struct pollfd pfd[2] = { { .fd = t->in, .events = POLLIN }, { .fd = fd, .events = POLLIN } };
+	int r = poll(pfd, fd >= 0 ? 2 : 1, timeout_ms);
 	ssize_t got;
 
 	if (r < 0)
 		return errno == EINTR ? 0 : -errno;
-	if (r == 0)
+	if (fd >= 0 && pfd[1].revents)
+		*fd_ready = true;
+	if (!pfd[0].revents)
 		return 0;
-	if (pfd.revents & (POLLHUP | POLLERR | POLLNVAL) && !(pfd.revents & POLLIN))
+	if (pfd[0].revents & (POLLHUP | POLLERR | POLLNVAL) && !(pfd[0].revents & POLLIN))
 		return -EPIPE;
 	got = read(t->in, buf, n);
 	if (got < 0)

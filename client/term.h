@@ -25,10 +25,11 @@ void term_leave(struct term *t);
 /* The window size into @t->rows, @t->cols (24x80 when the tty says 0). */
 void term_size(struct term *t);
 
-/* Wait up to @timeout_ms for keys; the bytes read into @buf. Returns their
- * count, 0 on timeout or a signal (SIGWINCH, SIGTERM: see term_signalled),
- * or a negative errno; -EPIPE when the terminal hung up. */
-int term_keys(struct term *t, int timeout_ms, char *buf, size_t n);
+/* Wait up to @timeout_ms for keys, or for @fd (-1: none) to be readable
+ * (then *@fd_ready is set). Returns the count of key bytes read into @buf, 0
+ * on timeout, @fd or a signal (SIGWINCH, SIGTERM: see term_signalled), or a
+ * negative errno; -EPIPE when the terminal hung up. */
+int term_keys(struct term *t, int timeout_ms, int fd, bool *fd_ready, char *buf, size_t n);
 
 /* Signals seen since the last call: TERM_RESIZED, TERM_QUIT (SIGINT,
  * SIGTERM, SIGHUP). */

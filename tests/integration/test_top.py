@@ -22,6 +22,7 @@ README's screenshot is one).
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -252,6 +253,9 @@ def test_top_tells_a_slow_trainer_from_a_starved_one(daemon, workdir):
 
 @needs_tmux
 def test_top_shows_the_daemon_away_and_back(daemon, workdir):
+    """A daemon that does not answer (stopped), that goes away, that comes
+    back: top says which, its keys work meanwhile, and it quits even while
+    a request hangs."""
     d = daemon()
     term = Tmux(workdir)
     try:
@@ -259,12 +263,26 @@ def test_top_shows_the_daemon_away_and_back(daemon, workdir):
         term.type(f"{LOADERCTL} --socket {d.socket} top -d 0.2; echo EXIT=$?")
         term.key("Enter")
         term.wait_screen(lambda s: f"  pid {d.pid}  up " in s, "top's first frame")
+
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            s = term.wait_screen(lambda s: "no answer from loaderd for " in s, "no answer")
+            assert re.search(r"^no answer from loaderd for \d+s; the figures below are from "
+                             r"before$", s, re.M) and "no pipelines" in s, s
+            term.key("i")
+            term.wait_screen(lambda s: s.splitlines()[1].startswith("sort: id "),
+                             "sort: id while the request hangs")
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+        s = term.wait_screen(lambda s: "no answer" not in s, "the answer")
+        assert s.splitlines()[1].startswith("sort: id "), s
+
         d.stop()
         # the frame after the connection broke: "status: disconnected ...";
         # each one after: the redial's error
         s = term.wait_screen(lambda s: "cannot connect to loaderd at" in s, "the daemon away")
         lines = s.splitlines()
-        assert lines[0].startswith("loaderd -  ") and lines[1].startswith("sort: wait "), s
+        assert lines[0].startswith("loaderd -  ") and lines[1].startswith("sort: id "), s
         assert lines[2].startswith(f"cannot connect to loaderd at {d.socket}: ") and \
             lines[2].endswith("; retrying every 0.2s"), s
         assert "no pipelines" not in s, f"figures shown without a daemon:\n{s}"
@@ -272,9 +290,17 @@ def test_top_shows_the_daemon_away_and_back(daemon, workdir):
         d2 = daemon(socket=d.socket)
         s = term.wait_screen(lambda s: f"  pid {d2.pid}  up " in s, "the new daemon's frame")
         assert "retrying" not in s and "no pipelines" in s, s
-        term.key("q")
-        s = term.wait_screen(lambda s: "EXIT=" in s and s.rstrip().endswith("$"), "top's exit")
-        assert "EXIT=0" in s.split(), s
+
+        # q while a request hangs: top leaves it and exits 0 at once
+        os.kill(d2.pid, signal.SIGSTOP)
+        try:
+            term.wait_screen(lambda s: "no answer from loaderd for " in s, "no answer")
+            term.key("q")
+            s = term.wait_screen(lambda s: "EXIT=" in s and s.rstrip().endswith("$"),
+                                 "top's exit", timeout=10)
+            assert "EXIT=0" in s.split(), s
+        finally:
+            os.kill(d2.pid, signal.SIGCONT)
     finally:
         term.kill()
 
