@@ -64,7 +64,8 @@ def test_unit_file(workdir):
         pytest.skip("systemd's pkg-config file was not found at configure time: no unit built")
     text = open(unit).read()
     for line in ("Type=notify", "WatchdogSec=", "RuntimeDirectory=loaderd", "LimitMEMLOCK=",
-                 "LimitNOFILE=", "ExecReload=/bin/kill -HUP $MAINPID", "NoNewPrivileges=yes"):
+                 "LimitNOFILE=", "ExecReload=/bin/kill -HUP $MAINPID", "NoNewPrivileges=yes",
+                 "Restart=on-failure"):
         assert line in text, line
     assert "@BINDIR@" not in text
     exe = [l for l in text.splitlines() if l.startswith("ExecStart=")][0].split("=", 1)[1]
