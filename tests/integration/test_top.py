@@ -260,6 +260,12 @@ def test_top_shows_the_daemon_away_and_back(daemon, workdir):
     term = Tmux(workdir)
     try:
         term.prompt()
+        # -n: that many frames, then the shell's screen again
+        term.type(f"{LOADERCTL} --socket {d.socket} top -n 3 -d 0.2; echo EXIT1=$?")
+        term.key("Enter")
+        s = term.wait_screen(lambda s: "EXIT1=" in s and s.rstrip().endswith("$"), "top -n 3")
+        assert "EXIT1=0" in s.split() and "sort:" not in s, s
+
         term.type(f"{LOADERCTL} --socket {d.socket} top -d 0.2; echo EXIT=$?")
         term.key("Enter")
         term.wait_screen(lambda s: f"  pid {d.pid}  up " in s, "top's first frame")
@@ -291,11 +297,11 @@ def test_top_shows_the_daemon_away_and_back(daemon, workdir):
         s = term.wait_screen(lambda s: f"  pid {d2.pid}  up " in s, "the new daemon's frame")
         assert "retrying" not in s and "no pipelines" in s, s
 
-        # q while a request hangs: top leaves it and exits 0 at once
+        # Ctrl-C while a request hangs: top leaves it and exits 0 at once
         os.kill(d2.pid, signal.SIGSTOP)
         try:
             term.wait_screen(lambda s: "no answer from loaderd for " in s, "no answer")
-            term.key("q")
+            term.key("C-c")
             s = term.wait_screen(lambda s: "EXIT=" in s and s.rstrip().endswith("$"),
                                  "top's exit", timeout=10)
             assert "EXIT=0" in s.split(), s
