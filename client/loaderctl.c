@@ -1470,13 +1470,16 @@ static int top_interactive(struct top *t, struct term *term)
 	int r;
 
 	if (pipe2(t->done, O_CLOEXEC | O_NONBLOCK) < 0) {
-		warnx("top: %s", strerror(errno));
+		r = errno;
+		term_leave(term); /* the message must reach the main screen */
+		warnx("top: cannot make a pipe: %s", strerror(r));
 		return EXIT_FAILURE;
 	}
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_cond_init(&t->cond, NULL);
 	r = pthread_create(&t->thread, NULL, top_thread, t);
 	if (r) {
+		term_leave(term);
 		warnx("top: cannot start a thread: %s", strerror(r));
 		return EXIT_FAILURE;
 	}
