@@ -2924,6 +2924,13 @@ static int restore(struct ldr_client *c, char *report, size_t rsize)
 		return LDR_EDISCONNECTED; /* out of memory: try again */
 	report[0] = '\0';
 	for (size_t i = 0; i < nv && r == 0; i++) {
+		pthread_mutex_lock(&c->lock);
+		bool closing = c->closing;
+		pthread_mutex_unlock(&c->lock);
+		if (closing) {
+			r = LDR_EDISCONNECTED; /* reconnect_run() ends */
+			break;
+		}
 		r = reattach(c, v[i], where, sizeof(where));
 		pthread_mutex_lock(&c->lock);
 		if (r == 0 && len < rsize && !v[i]->detached)

@@ -121,31 +121,43 @@ def test_restart_under_two_trainers(daemon, workdir, how):
     assert "(pipeline 'own') re-attached at epoch 0 batch " in eb, eb
 
 
+def daemon_with_p(daemon, workdir):
+    """A daemon with pipeline 'p' (2000 samples of position tokens, batches of 8)."""
+    tok_path = os.path.join(workdir, "pos.bin")
+    position_tokens(tok_path, 2000 * L + 1)
+    d = daemon()
+    d.create(token_spec("p", tok_path, L, "uint32", batch_size=8, epochs=1))
+    return d
+
+
+def client_took_one(sock, loader_args, rest):
+    """A Python client that takes one batch of 'p' (DataLoader(..., @loader_args)),
+    says 'took' and, once given a line on stdin, runs @rest (the iterator is
+    `it`, the loader `ld`)."""
+    code = (
+        "import loaderd, sys\n"
+        f"ld = loaderd.DataLoader('p', socket={sock!r}, as_numpy=True, {loader_args})\n"
+        "it = iter(ld); next(it)\n"
+        "print('took', flush=True); sys.stdin.readline()\n" + rest)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=python_client_env())
+    assert p.stdout.readline() == b"took\n"
+    return p
+
+
 def test_reconnect_timeout_expires(daemon, workdir):
     """No daemon comes back: after the reconnect time next() fails with
     LDR_EDISCONNECTED naming the time and the socket."""
-    tok_path = os.path.join(workdir, "pos.bin")
-    position_tokens(tok_path, 2000 * L + 1)
-    d1 = daemon()
-    d1.create(token_spec("p", tok_path, L, "uint32", batch_size=8, epochs=1))
-    code = (
-        "import loaderd, sys\n"
-        f"ld = loaderd.DataLoader('p', socket={d1.socket!r}, as_numpy=True, reconnect_timeout=%s)\n"
-        "it = iter(ld); next(it)\n"
-        "print('took', flush=True); sys.stdin.readline()\n"
-        "try:\n"
-        "    for b in it: pass\n"
-        "except loaderd.Error as e:\n"
-        "    print('ERR', e.code, e.message, flush=True)\n")
-    results = {}
-    for setting in ("1.5", "0"):
-        p = subprocess.Popen([sys.executable, "-c", code % setting], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             env=python_client_env())
-        assert p.stdout.readline() == b"took\n"
-        results[setting] = p
+    d1 = daemon_with_p(daemon, workdir)
+    rest = ("try:\n"
+            "    for b in it: pass\n"
+            "except loaderd.Error as e:\n"
+            "    print('ERR', e.code, e.message, flush=True)\n")
+    procs = {setting: client_took_one(d1.socket, f"reconnect_timeout={setting}", rest)
+             for setting in ("1.5", "0")}
     d1.kill9()
-    for setting, p in results.items():
+    results = {}
+    for setting, p in procs.items():
         out, err = p.communicate(b"\n", timeout=60)
         results[setting] = (out.decode(), err.decode())
     out, err = results["1.5"]
@@ -189,3 +201,21 @@ def test_dynamic_starts_again_with_the_new_daemon(daemon, workdir):
     batches = split_batches(list(range(ns)), 8)
     assert read(os.path.join(out, "d.dump")) == token_dump(tok, L, batches[:7] + batches)
     assert "(pipeline 'dyn') re-attached at the dynamic stream's next batch" in err, err
+
+
+def test_close_while_reconnecting(daemon, workdir):
+    """A loader closed while its client reconnects (for up to 10 minutes
+    here) closes at once: the reconnection gives up."""
+    d1 = daemon_with_p(daemon, workdir)
+    p = client_took_one(d1.socket, "timeout=1, reconnect_timeout=600",
+                        "try:\n"
+                        "    for b in it: pass\n"
+                        "except loaderd.Timeout as e:\n"
+                        "    print('TIMEOUT', e.message, flush=True)\n"
+                        "ld.close()\n"
+                        "print('closed', ld.reconnects, flush=True)\n")
+    d1.kill9()
+    out, err = p.communicate(b"\n", timeout=60)
+    assert p.returncode == 0, err.decode()
+    assert out.decode() == "TIMEOUT no batch within 1 s from pipeline 'p'\nclosed 0\n", \
+        out.decode() + err.decode()

@@ -602,6 +602,7 @@ class DataLoader:
         self._pid = os.getpid()
         self._closed = True
         self._att = None
+        self._reconnects_final = 0
         if reconnect_timeout is not None:
             _reconnect_ms(reconnect_timeout)  # a bad value fails before connecting
         self._client = _Client(socket, name, reconnect_timeout)
@@ -761,7 +762,8 @@ class DataLoader:
     def reconnects(self):
         """Times this loader's connection followed a restarted daemon
         (docs/reliability.md, "Restart without killing training")."""
-        return self._client.reconnects()
+        c = self._client
+        return c.reconnects() if c is not None else self._reconnects_final
 
     def __len__(self):
         """Batches per epoch of this loader's share (per rank in partition;
@@ -1088,6 +1090,7 @@ class DataLoader:
             att.warn_device_batches()
             att.detach()
         if client is not None:
+            self._reconnects_final = client.reconnects()
             client.close()
 
     def __del__(self):
