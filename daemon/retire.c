@@ -45,22 +45,45 @@ static uint64_t epoch_end(uint64_t seq, uint64_t bpe, bool started)
 	return end;
 }
 
-/* End each stream of @pl at the epoch its clients are in. */
+/* Where @s ends: after the epoch its furthest client is in. */
+static uint64_t stream_drain_end(const struct stream *s)
+{
+	uint64_t end = 0;
+
+	if (s->mode == LDR_MODE_DYNAMIC)
+		return epoch_end(s->cursor, s->bpe, s->cursor > 0);
+	if (!s->natts)
+		return s->head_seq; /* nobody reads it: nothing to finish */
+	for (const struct attachment *a = s->atts; a; a = a->next) {
+		uint64_t e = epoch_end(a->cursor, s->bpe, a->cursor > a->start_seq);
+		if (e > end)
+			end = e;
+	}
+	return end;
+}
+
+/* End each stream of @pl at the epoch its clients are in. The partition
+ * streams (the ranks of one job) all end after the same epoch, the furthest
+ * rank's: a rank that stopped an epoch before the others would leave them
+ * waiting in their next collective. */
 static void drain_streams(struct pipeline *pl)
 {
+	uint64_t ranks_epochs = 0;
+
+	for (struct stream *s = pl->streams; s; s = s->next)
+		if (!s->dead && s->bpe && s->mode == LDR_MODE_PARTITION && s->natts) {
+			uint64_t e = stream_drain_end(s) / s->bpe;
+			if (e > ranks_epochs)
+				ranks_epochs = e;
+		}
 	for (struct stream *s = pl->streams; s; s = s->next) {
-		uint64_t end = 0;
+		uint64_t end;
 		if (s->dead || !s->bpe)
 			continue;
-		if (s->mode == LDR_MODE_DYNAMIC)
-			end = epoch_end(s->cursor, s->bpe, s->cursor > 0);
-		for (struct attachment *a = s->atts; a && s->mode != LDR_MODE_DYNAMIC; a = a->next) {
-			uint64_t e = epoch_end(a->cursor, s->bpe, a->cursor > a->start_seq);
-			if (e > end)
-				end = e;
-		}
-		if (!s->natts && s->mode != LDR_MODE_DYNAMIC)
-			end = s->head_seq; /* nobody reads it: nothing to finish */
+		end = stream_drain_end(s);
+		if (s->mode == LDR_MODE_PARTITION && s->natts &&
+		    __builtin_mul_overflow(ranks_epochs, s->bpe, &end))
+			end = UINT64_MAX;
 		if (end <= s->end_seq) {
 			s->end_seq = end;
 			s->drained = true;

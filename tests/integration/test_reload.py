@@ -8,7 +8,7 @@ import os
 import re
 import signal
 
-from ldrtest import random_tokens, sequential_batches, token_dump, token_spec
+from ldrtest import partition_share, random_tokens, sequential_batches, split_batches, token_dump, token_spec
 from users import open_to_all, shared_config, users  # noqa: F401 (fixture)
 
 SEQ = 16
@@ -261,8 +261,8 @@ def test_reload_creates_drains_and_replaces_pipelines(daemon, workdir):
     spec_c = token_spec("c", tok, SEQ, "uint16", batch_size=5)
     write_config(cfg, {"pipelines": [spec_a, spec_b, spec_c]})
     d = daemon("--config", cfg)
-    ca = d.popen_consume("a", "--delay", "30")        # endless: only the drain ends it
-    cb = d.popen_consume("b", "--delay", "30")
+    ca = d.popen_consume("a", "--delay", "80")        # endless: only the drain ends it
+    cb = d.popen_consume("b", "--delay", "80")        # 8 s for its epoch
     d.wait_for(lambda s: len(s["clients"]) == 2 and
                all(c["attachments"][0]["delivered"] >= 2 for c in s["clients"]), "both reading")
 
@@ -300,6 +300,34 @@ def test_reload_creates_drains_and_replaces_pipelines(daemon, workdir):
     assert "pipeline b is replaced by a new spec for new attachments" in log
     assert "pipeline a dropped: removed by a reload, and no client reads it any more" in log
     assert "pipeline b dropped: replaced by a reload, and no client reads it any more" in log
+
+
+def test_drained_partition_ranks_end_after_the_same_epoch(daemon, workdir):
+    tok, toks = tokens(workdir, 400, seed=28)           # 50 batches of 4 a rank an epoch
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"pipelines": [token_spec("p", tok, SEQ, "uint16", batch_size=4, epochs=0)]})
+    d = daemon("--config", cfg)
+    ranks = [d.popen_consume("p", "--mode", "partition", "--rank", r, "--world-size", 2,
+                             "--delay", delay) for r, delay in ((0, 5), (1, 60))]
+
+    def epoch_of(st, c):
+        (a,) = [cl["attachments"][0] for cl in st["clients"] if cl["pid"] == c.pid and cl["attachments"]] or [None]
+        return a["position"]["epoch"] if a and a["delivered"] else None
+    # reload while rank 0 is an epoch ahead of rank 1 (3 s an epoch)
+    d.wait_for(lambda s: epoch_of(s, ranks[0]) and epoch_of(s, ranks[1]) == 0,
+               "rank 0 in a later epoch than rank 1")
+    write_config(cfg, {})
+    assert d.ctl_json("reload")["pipelines"]["draining"] == [{"name": "p", "clients": 2}]
+    dumps = []
+    for r, c in enumerate(ranks):
+        res = c.wait()
+        assert res.rc == 1 and "pipeline 'p' was removed from the config" in res.stderr, res.stderr
+        one = token_dump(toks, SEQ, split_batches(partition_share(list(range(400)), r, 2), 4))
+        assert len(res.dump) % len(one) == 0, len(res.dump)
+        assert res.dump == one * (len(res.dump) // len(one))
+        dumps.append(len(res.dump) // len(one))
+    # the slow rank reads on to the epoch the fast one was in: both as many
+    assert dumps[0] == dumps[1] >= 2, dumps
 
 
 def test_a_draining_pipeline_can_be_dropped_at_once(daemon, workdir):
