@@ -10,6 +10,7 @@
  */
 #include <grp.h>
 
+#include "reload.h"
 #include "server-private.h"
 #include "settings.h"
 #include "workers.h"
@@ -52,14 +53,14 @@ static bool admin_or_reply(struct server *srv, struct sctx *c, const struct clie
 static void changed(struct server *srv, struct sctx *c, const struct client *cl, const char *key,
                     const char *pipeline, json_t *old, json_t *new, const char *note)
 {
-	char who[256], *o = json_dumps(old, JSON_ENCODE_ANY), *n = json_dumps(new, JSON_ENCODE_ANY);
+	char o[LOG_QUOTE_MAX], n[LOG_QUOTE_MAX], q[LOG_QUOTE_MAX], user[128], qn[LOG_QUOTE_MAX];
 	json_t *rep = json_pack("{s:s, s:o, s:o}", "key", key, "old", old, "new", new);
 
-	who_text(cl, who, sizeof(who));
-	log_notice("set %s%s%s: %s -> %s by %s%s%s", key, pipeline ? " of " : "", pipeline ? pipeline : "",
-	           o ? o : "?", n ? n : "?", who, note ? "; " : "", note ? note : "");
-	free(o);
-	free(n);
+	log_event(LOG_NOTICE, "settings.set", "key=%s%s%s old=%s new=%s client=%" PRIu64 " pid=%d "
+	          "uid=%u user=%s%s%s", key, pipeline ? " pipeline=" : "", pipeline ? pipeline : "",
+	          config_log_value(o, old), config_log_value(n, new), cl->id, cl->pid,
+	          (unsigned)cl->uid, log_quote(q, creds_user_name(cl->uid, user, sizeof(user))),
+	          note ? " note=" : "", note ? log_quote(qn, note) : "");
 	if (rep && pipeline)
 		json_object_set_new(rep, "pipeline", json_string(pipeline));
 	if (rep && note)

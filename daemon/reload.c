@@ -151,6 +151,18 @@ int config_run_pipelines(struct config_run *cr, const struct settings *cfg)
 	return failed ? -EINVAL : 0;
 }
 
+const char *config_log_value(char *buf, const json_t *v)
+{
+	char *text;
+
+	if (json_is_string(v))
+		return log_quote(buf, json_string_value(v));
+	text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+	log_quote(buf, text ? text : "?");
+	free(text);
+	return buf;
+}
+
 /* --- a reload ----------------------------------------------------------- */
 
 struct reload_job {
@@ -164,19 +176,16 @@ struct reload_job {
  * unless they are equal. */
 static void change(struct reload_job *j, const char *key, json_t *old, json_t *new, const char *note)
 {
-	char *o, *n;
+	char o[LOG_QUOTE_MAX], n[LOG_QUOTE_MAX], by[LOG_QUOTE_MAX], q[LOG_QUOTE_MAX];
 
 	if (json_equal(old, new)) {
 		json_decref(old);
 		json_decref(new);
 		return;
 	}
-	o = json_dumps(old, JSON_ENCODE_ANY);
-	n = json_dumps(new, JSON_ENCODE_ANY);
-	log_notice("reload by %s: %s %s -> %s%s%s", j->who, key, o ? o : "?", n ? n : "?",
-	           note ? "; " : "", note ? note : "");
-	free(o);
-	free(n);
+	log_event(LOG_NOTICE, "config.change", "key=%s old=%s new=%s by=%s%s%s", key,
+	          config_log_value(o, old), config_log_value(n, new), log_quote(by, j->who),
+	          note ? " note=" : "", note ? log_quote(q, note) : "");
 	json_t *e = json_pack("{s:s, s:o, s:o}", "key", key, "old", old, "new", new);
 	if (e && note)
 		json_object_set_new(e, "note", json_string(note));
@@ -191,8 +200,11 @@ static void needs_restart(struct reload_job *j, const char *key, json_t *running
 		json_decref(file);
 		return;
 	}
-	log_warn("reload: %s differs in %s from what loaderd runs with: it takes effect when "
-	         "loaderd restarts", key, j->cr->path);
+	char r[LOG_QUOTE_MAX], f[LOG_QUOTE_MAX], path[LOG_QUOTE_MAX];
+
+	log_event(LOG_WARNING, "config.restart_needed", "key=%s running=%s file=%s config=%s "
+	          "why=\"it takes effect when loaderd restarts\"", key, config_log_value(r, running),
+	          config_log_value(f, file), log_quote(path, j->cr->path));
 	json_array_append_new(j->restart, json_pack("{s:s, s:o, s:o}", "key", key, "running", running,
 	                                            "file", file));
 }
@@ -255,12 +267,14 @@ static int apply_settings(struct reload_job *j, const struct settings *f, char *
 static void check_restart_keys(struct reload_job *j, const struct settings *f)
 {
 	struct config_run *cr = j->cr;
-	char path[108];
+	char path[108], mode[2][16];
 
 	if (!cr->cli_socket && sockpath_resolve(path, sizeof(path), f->socket_path) == 0)
 		needs_restart(j, "socket", json_string(cr->socket), json_string(path));
-	needs_restart(j, "socket_mode", json_integer(cr->socket_mode),
-	              json_integer(f->has_socket_mode ? f->socket_mode : 0660));
+	snprintf(mode[0], sizeof(mode[0]), "%04o", cr->socket_mode);
+	snprintf(mode[1], sizeof(mode[1]), "%04o", f->has_socket_mode ? f->socket_mode : 0660);
+	/* as the config writes it, "0660" */
+	needs_restart(j, "socket_mode", json_string(mode[0]), json_string(mode[1]));
 	needs_restart(j, "socket_group", gid_json(cr->socket_gid),
 	              gid_json(f->has_socket_group ? (int)f->socket_gid : -1));
 	if (!roots_equal(cr->roots, f->dataset_roots))
@@ -312,7 +326,9 @@ static json_t *apply_pipelines(struct reload_job *j, const struct settings *f, s
 		else if (r == CONFIG_REPLACED)
 			json_array_append_new(replaced, json_pack("{s:s, s:s}", "name", name, "changed", err));
 		else {
-			log_err("reload: %s: pipelines[%zu]: %s", f->path, i, err);
+			char qp[LOG_QUOTE_MAX], qe[LOG_QUOTE_MAX];
+			log_event(LOG_ERR, "config.pipeline_failed", "config=%s index=%zu pipeline=%s error=%s",
+			          log_quote(qp, f->path), i, name, log_quote(qe, err));
 			json_array_append_new(failed, json_pack("{s:s, s:s}", "name", name, "error", err));
 		}
 	}
@@ -330,11 +346,13 @@ int config_reload(void *userdata, const char *who, json_t **report, char *err, s
 	struct spec **specs = NULL;
 	size_t n = 0;
 	json_t *pipelines;
-	char why[1536];
+	char why[1536], qp[LOG_QUOTE_MAX], qw[LOG_QUOTE_MAX], qe[LOG_QUOTE_MAX];
 	int r;
 
 	if (!cr->path) {
-		log_notice("reload by %s: no config file to reload", who);
+		char by[LOG_QUOTE_MAX];
+		log_event(LOG_NOTICE, "config.reload", "by=%s error=\"no config file to reload\"",
+		          log_quote(by, who));
 		return errfmt(-ENOENT, err, errlen, "loaderd runs without a config file "
 		              "(--config, $LOADERD_CONFIG, /etc/loaderd/loaderd.json): nothing to reload");
 	}
@@ -358,10 +376,9 @@ int config_reload(void *userdata, const char *who, json_t **report, char *err, s
 	}
 	check_restart_keys(&j, &fresh);
 	pipelines = apply_pipelines(&j, &fresh, specs, n);
-	log_notice("reloaded %s (by %s): %zu setting%s changed, %zu need%s a restart; pipelines: "
-	           "%zu created, %zu replaced, %zu draining, %zu failed", cr->path, who,
-	           json_array_size(j.changed), json_array_size(j.changed) == 1 ? "" : "s",
-	           json_array_size(j.restart), json_array_size(j.restart) == 1 ? "s" : "",
+	log_event(LOG_NOTICE, "config.reload", "config=%s by=%s changed=%zu restart_needed=%zu "
+	          "created=%zu replaced=%zu draining=%zu failed=%zu", log_quote(qp, cr->path),
+	          log_quote(qw, who), json_array_size(j.changed), json_array_size(j.restart),
 	           json_array_size(json_object_get(pipelines, "created")),
 	           json_array_size(json_object_get(pipelines, "replaced")),
 	           json_array_size(json_object_get(pipelines, "draining")),
@@ -378,7 +395,8 @@ invalid:
 		spec_free(specs[i]);
 	free(specs);
 	settings_clear(&fresh);
-	log_err("reload by %s: %s; the running config is kept", who, why);
+	log_event(LOG_ERR, "config.invalid", "by=%s error=%s kept=\"the running config\"",
+	          log_quote(qw, who), log_quote(qe, why));
 	notify_send("READY=1\nSTATUS=reload failed, serving with the previous config");
 	return errfmt(r, err, errlen, "%s; the running config is kept", why);
 }

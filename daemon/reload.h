@@ -62,3 +62,6 @@ int config_run_pipelines(struct config_run *cr, const struct settings *cfg);
  */
 int config_reload(void *userdata, const char *who, json_t **report, char *err, size_t errlen);
 void config_run_clear(struct config_run *cr);
+/* @v as a logfmt value in @buf (log_quote()): a string as it is, a number
+ * or null as JSON has it. Returns @buf. */
+const char *config_log_value(char *buf, const json_t *v);

@@ -111,10 +111,13 @@ static void retire(struct pipeline *pl, int kind, const char *why)
 	} else if (pl->unused) {
 		pl->unused_since = uv_now(eng->loop);
 	}
-	log_notice("pipeline %s %s (%s)%s", pl->spec->name,
-	           kind == RETIRE_DRAIN ? "is draining: removed from the config"
-	                                : "is replaced by a new spec for new attachments",
-	           why, pl->natts ? "" : "; no client reads it: dropped now");
+	char q[LOG_QUOTE_MAX];
+	if (kind == RETIRE_DRAIN)
+		log_event(LOG_NOTICE, "pipeline.drain", "pipeline=%s clients=%" PRIu64 " why=%s",
+		          pl->spec->name, pl->natts, log_quote(q, why));
+	else
+		log_event(LOG_NOTICE, "pipeline.replace", "pipeline=%s clients=%" PRIu64 " why=%s",
+		          pl->spec->name, pl->natts, log_quote(q, why));
 	linger_arm(eng);
 	pipeline_update(pl);
 }
@@ -148,8 +151,8 @@ int engine_config_apply(struct engine *eng, struct spec *spec, const char *why, 
 	r = engine_create(eng, spec, &self, 0, false, err, errlen);
 	if (r < 0) {
 		unretire(old);
-		log_warn("pipeline %s keeps its running spec: the new one could not be created",
-		         old->spec->name);
+		log_event(LOG_WARNING, "pipeline.keep", "pipeline=%s why=\"its new spec could not be "
+		          "created\"", old->spec->name);
 		return r;
 	}
 	snprintf(err, errlen, "%s", diff);

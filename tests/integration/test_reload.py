@@ -60,8 +60,10 @@ def test_set_workers_grows_and_shrinks_while_a_client_streams(daemon, workdir):
     assert res.json["batches"] == 2 * 150
     assert res.dump == expected(toks, 4, epochs=2)
     log = d.log()
-    assert re.search(r"notice: set workers: 2 -> 8 by root \(uid 0\), pid \d+\n", log), log
-    assert "set workers: 5 -> 2 by root (uid 0), pid" in log
+    assert re.search(r"notice: settings\.set key=workers old=2 new=8 client=\d+ pid=\d+ uid=0 "
+                     r"user=\"root \(uid 0\)\"\n", log), log
+    assert re.search(r"settings\.set key=workers old=5 new=2 client=\d+ pid=\d+ uid=0 user=\"root "
+                     r"\(uid 0\)\" note=\"threads that leave finish their task first\"\n", log), log
 
 
 def test_set_refuses_bad_values_and_says_why(daemon, workdir):
@@ -131,7 +133,8 @@ def test_set_prefetch_caps_the_slots_live(daemon, workdir):
         assert d.pipeline("live")["prefetch"] == n
     res = c.wait(check=True)
     assert res.dump == expected(toks, 4, epochs=2)
-    assert re.search(r"set prefetch of live: 1 -> 8 by root \(uid 0\), pid \d+", d.log())
+    assert re.search(r"settings\.set key=prefetch pipeline=live old=1 new=8 client=\d+ pid=\d+ uid=0",
+                     d.log())
 
 
 def test_set_log_level_changes_logging_at_once(daemon, workdir):
@@ -144,12 +147,12 @@ def test_set_log_level_changes_logging_at_once(daemon, workdir):
     assert re.search(r"debug: client\.connect client=\d+ pid=\d+ uid=0", d.log()), d.log()
     d.ctl("set", "log_level", "warning")
     log = d.log()
-    assert re.search(r'notice: set log_level: "debug" -> "warning" by root', log), log
+    assert re.search(r'notice: settings\.set key=log_level old=debug new=warning client=\d+', log), log
     d.ctl("status")
     d.ctl("status")
     assert d.log() == log                          # nothing below warning any more
     d.ctl("set", "log-level", "info")
-    assert 'set log_level: "warning" -> "info"' in d.log()
+    assert "settings.set key=log_level old=warning new=info" in d.log()
 
 
 def test_set_and_reload_are_for_admins(daemon, workdir, users):
@@ -165,13 +168,14 @@ def test_set_and_reload_are_for_admins(daemon, workdir, users):
                             f"the config's admin_group may {what} (no admin_group is configured); "
                             f"ldr-bob (uid {bob.uid}) is none of them (docs/security.md)\n")
     assert d.status()["workers"] == 2
-    assert "set workers" not in d.log()
+    assert "settings.set" not in d.log()
 
     # in the admin_group, bob may; the log names him
     d2 = daemon("--config", shared_config(workdir, admin_group="ldr-team"))
     r = bob.ctl(d2, "set", "workers", "3")
     assert r.returncode == 0 and r.stdout == "workers: 2 -> 3\n", r.stderr
-    assert f"set workers: 2 -> 3 by ldr-bob (uid {bob.uid}), pid" in d2.log()
+    assert re.search(rf"settings\.set key=workers old=2 new=3 client=\d+ pid=\d+ uid={bob.uid} "
+                     rf"user=\"ldr-bob \(uid {bob.uid}\)\"", d2.log()), d2.log()
     r = bob.run(d2.ctl_cmd("set", "workers", "4"), team=False)
     assert r.returncode == 1 and "(the admin_group is ldr-team); ldr-bob" in r.stderr, r.stderr
     assert d2.status()["workers"] == 3
@@ -194,23 +198,26 @@ def test_reload_applies_live_settings_and_names_restart_keys(daemon, workdir):
     real = os.path.realpath(workdir)
     # the command line's --socket wins over the file: not named
     assert rep["restart_needed"] == [
-        {"key": "socket_mode", "running": 0o660, "file": 0o600},
+        {"key": "socket_mode", "running": "0660", "file": "0600"},
         {"key": "dataset_roots", "running": None, "file": [real]}]
     assert rep["file"] == cfg and rep["pipelines"]["created"] == []
     st = d.status()
     assert st["workers"] == 3 and st["memory_limit"] == 64 << 20
     log = d.log()
-    assert re.search(r"reload by root \(uid 0\), pid \d+: workers 2 -> 3\n", log), log
-    assert f"reload: dataset_roots differs in {cfg} from what loaderd runs with: it takes effect " \
-           "when loaderd restarts" in log
+    assert re.search(r'notice: config\.change key=workers old=2 new=3 by="root \(uid 0\), pid \d+"\n',
+                     log), log
+    assert (f'warning: config.restart_needed key=dataset_roots running=null file="[\\"{real}\\"]" '
+            f'config={cfg} why="it takes effect when loaderd restarts"') in log, log
+    assert re.search(r'notice: config\.reload config=\S+ by="root \(uid 0\), pid \d+" changed=5 '
+                     r'restart_needed=2 created=0 replaced=0 draining=0 failed=0\n', log), log
     r = d.ctl("reload")
-    assert "no setting changed" in r.stdout and "socket_mode: 432 (running), 384 (file)" in r.stdout
+    assert "no setting changed" in r.stdout and "socket_mode: 0660 (running), 0600 (file)" in r.stdout
 
     # SIGHUP does the same; a key the file drops goes back to its default
     write_config(cfg, {"workers": 4})
     os.kill(d.pid, signal.SIGHUP)
     d.wait_for(lambda s: s["workers"] == 4, "workers 4 after SIGHUP")
-    assert "reload by SIGHUP: log_level \"notice\" -> \"info\"" in d.log()
+    assert "config.change key=log_level old=notice new=info by=SIGHUP\n" in d.log()
 
     # what the command line set wins over the file, also on a reload
     d2 = daemon("--config", cfg, workers=5)
@@ -245,9 +252,10 @@ def test_invalid_file_keeps_the_running_config(daemon, workdir):
         assert r.returncode == 1, r.stdout
         assert r.stderr.startswith(f"loaderctl: reload: {where}: ") and msg in r.stderr, r.stderr
         assert r.stderr.endswith("; the running config is kept\n"), r.stderr
-        assert f"reload by root (uid 0), pid {r.pid}: {where}: " in d.log()
+        assert f'error: config.invalid by="root (uid 0), pid {r.pid}" error="{where}: ' in d.log()
     os.kill(d.pid, signal.SIGHUP)
-    d.wait_for(lambda s: 'reload by SIGHUP: ' + drop in d.log(), "the SIGHUP's error in the log")
+    d.wait_for(lambda s: 'config.invalid by=SIGHUP error="' + drop in d.log(),
+               "the SIGHUP's error in the log")
     st = d.status()
     assert st["workers"] == 2 and names(st) == ["a"]
     assert d.consume("a").dump == expected(toks, 4)
@@ -296,10 +304,11 @@ def test_reload_creates_drains_and_replaces_pipelines(daemon, workdir):
     d.wait_for(lambda s: names(s) == ["b", "c", "d"], "the retired pipelines dropped")
     assert d.consume("d").dump == expected(toks, 10)
     log = d.log()
-    assert "pipeline a is draining: removed from the config (reload by root" in log
-    assert "pipeline b is replaced by a new spec for new attachments" in log
-    assert "pipeline a dropped: removed by a reload, and no client reads it any more" in log
-    assert "pipeline b dropped: replaced by a reload, and no client reads it any more" in log
+    assert re.search(r'notice: pipeline\.drain pipeline=a clients=1 why="reload by root \(uid 0\), '
+                     r'pid \d+"\n', log), log
+    assert re.search(r'notice: pipeline\.replace pipeline=b clients=1 why="reload by root', log), log
+    assert 'pipeline.drop pipeline=a why="removed by a reload, and no client reads it any more"' in log
+    assert 'pipeline.drop pipeline=b why="replaced by a reload, and no client reads it any more"' in log
 
 
 def test_drained_partition_ranks_end_after_the_same_epoch(daemon, workdir):
