@@ -320,11 +320,12 @@ int metrics_new(struct metrics **out, uv_loop_t *loop, const struct metrics_addr
 		return r;
 	}
 	/* no MHD_USE_INTERNAL_POLLING_THREAD: external polling, from the loop */
+	/* the logger first, or MHD prints what comes before it to stderr */
 	m->mhd = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, m,
+		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, m,
 		MHD_OPTION_LISTEN_SOCKET, (MHD_socket)m->fd,
 		MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_CONN_LIMIT,
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_CONN_TIMEOUT_S,
-		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, m,
 		MHD_OPTION_END);
 	info = m->mhd ? MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_EPOLL_FD) : NULL;
 	if (!info) {

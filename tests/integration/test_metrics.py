@@ -273,6 +273,45 @@ def test_404_and_405_over_tcp(daemon, workdir):
     assert e.value.code == 405 and e.value.headers["Allow"] == "GET, HEAD"
 
 
+def test_garbage_and_idle_scrapers_leave_the_daemon_serving(daemon, workdir, tokens):
+    port = free_port()
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": f"127.0.0.1:{port}", "pipelines": [
+        token_spec("g", tokens, 64, "uint16", batch_size=25)]})
+    d = daemon("--config", cfg)
+    # not HTTP at all, left open: libmicrohttpd closes it after its idle
+    # timeout; meanwhile everything else goes on
+    garbage = socket.create_connection(("127.0.0.1", port), timeout=30)
+    garbage.sendall(b"\x00\xff garbage\r\n\r\n")
+    # each is answered with an HTTP error
+    for junk, status in ((b"GET /metrics HTTP/9.9\r\n\r\n", b"505"),
+                         (b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", b"400"),
+                         (b"GET " + b"/x" * 20000 + b" HTTP/1.1\r\n\r\n", b"414")):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as c:
+            try:
+                c.sendall(junk)
+                c.shutdown(socket.SHUT_WR)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass  # it answered and closed before the rest was sent
+            reply = b""
+            try:
+                while chunk := c.recv(65536):
+                    reply += chunk
+            except ConnectionResetError:
+                pass
+        assert reply.startswith(b"HTTP/1.1 " + status + b" "), (junk[:40], reply[:80])
+    # more idle connections than it takes: the control socket is not theirs
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(40)]
+    try:
+        assert d.consume("g").json["batches"] == 4
+    finally:
+        for c in idle:
+            c.close()
+    d.wait_for(lambda st: get_tcp(port)[0] == 200, "a scrape once the idle ones are gone")
+    garbage.close()
+    assert d.alive()
+
+
 @pytest.mark.parametrize("addr, needle", [
     ("127.0.0.1", "no port"),
     ("127.0.0.1:0", "the port must be a number in 1..65535"),
