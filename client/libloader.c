@@ -2809,7 +2809,10 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	if (r < 0) {
 		pthread_mutex_lock(&c->lock);
 		att_lose(a, r, "the daemon at %s restarted, and attaching to pipeline '%s' again at %s "
-		         "failed: %s", c->path, a->pipeline, where, tls_err);
+		         "failed: %s%s", c->path, a->pipeline, where, tls_err,
+		         r == -EAGAIN ? " (a pipeline of your own Python Dataset does not follow a restart: "
+		                        "its workers' host ended with the old daemon; create the loader "
+		                        "again)" : "");
 		pthread_mutex_unlock(&c->lock);
 		return 0;
 	}

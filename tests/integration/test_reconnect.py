@@ -185,17 +185,25 @@ def test_reconnect_timeout_setting_is_checked(ld):
            "not -1" in r.stderr, r.stderr
 
 
+def killed_under_one_trainer(daemon, workdir, cfg, pause_at, loader):
+    """A daemon of @cfg, one trainer of @loader that takes @pause_at batches,
+    the daemon SIGKILLed, the trainer let go on (it waits for a daemon):
+    (the dead daemon, the trainer, its output folder)."""
+    d1 = daemon("--config", cfg)
+    out = os.path.join(workdir, "t")
+    t = trainer(d1.socket, out, pause_at, loader)
+    wait_file(os.path.join(out, "paused"), [t], "the trainer mid-epoch")
+    d1.kill9()
+    open(os.path.join(out, "go"), "w").close()
+    return d1, t, out
+
+
 def test_dynamic_starts_again_with_the_new_daemon(daemon, workdir):
     """Dynamic mode is not exact across a restart (docs/reliability.md): the
     new daemon's dynamic stream starts again at its first batch. With one
     client that is exactly the batches it took, then the whole epoch."""
     cfg, _, tok, ns = tokens_config(workdir, "dyn", 800, batch_size=8)
-    d1 = daemon("--config", cfg)
-    out = os.path.join(workdir, "t")
-    t = trainer(d1.socket, out, 7, "d:dyn:dynamic")
-    wait_file(os.path.join(out, "paused"), [t], "the trainer mid-epoch")
-    d1.kill9()
-    open(os.path.join(out, "go"), "w").close()
+    d1, t, out = killed_under_one_trainer(daemon, workdir, cfg, 7, "d:dyn:dynamic")
     daemon("--config", cfg, socket=d1.socket)
     err = finish(t, "the trainer")
     batches = split_batches(list(range(ns)), 8)
@@ -219,3 +227,20 @@ def test_close_while_reconnecting(daemon, workdir):
     assert p.returncode == 0, err.decode()
     assert out.decode() == "TIMEOUT no batch within 1 s from pipeline 'p'\nclosed 0\n", \
         out.decode() + err.decode()
+
+
+def test_changed_pipeline_is_not_followed(daemon, workdir):
+    """The new daemon's pipeline of that name has other batches (its config
+    changed): the attachment does not go on with another stream, it fails
+    saying what changed."""
+    cfg, tok_path, _, _ = tokens_config(workdir, "cfg", 2000, batch_size=8)
+    d1, t, out = killed_under_one_trainer(daemon, workdir, cfg, 3, "r0:cfg:partition:0:1")
+    write_json(cfg, {"pipelines": [token_spec("cfg", tok_path, L, "uint32", shuffle=False, epochs=1,
+                                              output_dtype="int64", batch_size=16)]})
+    daemon("--config", cfg, socket=d1.socket)
+    _, err = t.communicate(timeout=120)
+    err = err.decode(errors="replace")
+    assert t.returncode == 1, err
+    assert (f"next: the daemon at {d1.socket} restarted, and pipeline 'cfg' could not be attached "
+            "again at epoch 0 batch 3: the pipeline's layout or length changed (250 batches of 8 "
+            "per epoch, 1 epochs, 2 fields; now 125 of 16, 1, 2)") in err, err
