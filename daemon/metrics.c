@@ -77,8 +77,9 @@ int metrics_parse_address(const char *text, struct metrics_addr *out, char *err,
 	              "so without /metrics (meson -Dmetrics=enabled)");
 #endif
 	if (text[0] == '/') {
-		if (strlen(text) >= sizeof(a.path))
-			return addr_fail(text, err, errlen, "socket path too long (most 107 bytes)");
+		/* the path and ".new" (listen_unix()) fit in sun_path */
+		if (strlen(text) + 4 >= sizeof(a.path))
+			return addr_fail(text, err, errlen, "socket path too long (most 103 bytes)");
 		a.is_unix = true;
 		snprintf(a.path, sizeof(a.path), "%s", text);
 		*out = a;
@@ -171,7 +172,9 @@ static int listen_tcp(struct metrics *m, char *err, size_t errlen)
 }
 
 /* A unix listening socket at @a's path, with the control socket's mode and
- * group; a stale socket file is replaced, a live one is an error. */
+ * group, set under a temporary name before it is renamed to the path (so
+ * nobody ever finds it open wider); a stale socket file is replaced, a live
+ * one is an error. */
 static int listen_unix(struct metrics *m, unsigned mode, int gid, char *err, size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -180,14 +183,17 @@ static int listen_unix(struct metrics *m, unsigned mode, int gid, char *err, siz
 
 	if ((r = sock_claim_path(m->addr.path, NULL, why, sizeof(why))) < 0)
 		return errfmt(r, err, errlen, "metrics_address %s: %s", m->name, why);
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", m->addr.path);
+	if (snprintf(sa.sun_path, sizeof(sa.sun_path), "%s.new", m->addr.path) >= (int)sizeof(sa.sun_path))
+		return errfmt(-ENAMETOOLONG, err, errlen, "metrics_address %s: socket path too long "
+		              "(most %zu bytes)", m->name, sizeof(sa.sun_path) - 5);
+	unlink(sa.sun_path);
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		goto fail;
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		goto fail_fd;
 	if (chmod(sa.sun_path, mode) < 0 || (gid >= 0 && chown(sa.sun_path, (uid_t)-1, (gid_t)gid) < 0) ||
-	    listen(fd, 64) < 0) {
+	    listen(fd, 64) < 0 || rename(sa.sun_path, m->addr.path) < 0) {
 		r = errno;
 		unlink(sa.sun_path);
 		errno = r;

@@ -135,6 +135,16 @@ static void test_addresses(void)
 	assert(metrics_parse_address("localhost:65535", &a, err, sizeof(err)) == 0);
 	assert(metrics_parse_address("/run/loaderd/m.sock", &a, err, sizeof(err)) == 0);
 	assert(a.is_unix && strcmp(a.path, "/run/loaderd/m.sock") == 0);
+	{
+		char path[110];
+		memset(path, 'x', sizeof(path));
+		path[0] = '/';
+		path[103] = '\0';
+		assert(metrics_parse_address(path, &a, err, sizeof(err)) == 0);
+		path[103] = 'x';
+		path[104] = '\0';
+		expect_addr_error(path, "socket path too long (most 103 bytes)");
+	}
 	expect_addr_error("127.0.0.1", "no port");
 	expect_addr_error("127.0.0.1:", "the port must be a number in 1..65535");
 	expect_addr_error("127.0.0.1:+80", "the port must be a number in 1..65535");
