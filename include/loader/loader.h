@@ -307,7 +307,9 @@ LDR_EXPORT uint32_t ldr_attachment_batch_size(const struct ldr_attachment *att);
  * Base address and size of the mapped slab (copy-on-write). Slot i lies at
  * base + i * slot bytes until a batch in slot i is kept: its copy then stays
  * there and the slot's later batches are mapped elsewhere, so take a batch's
- * addresses from ldr_batch_field(), never from the slab.
+ * addresses from ldr_batch_field(), never from the slab. After a
+ * reconnection (ldr_client_set_reconnect()) it is the new daemon's slab; the
+ * batches still held from the old one stay where they were until released.
  */
 LDR_EXPORT const void *ldr_attachment_slab(const struct ldr_attachment *att, size_t *size);
 /**
