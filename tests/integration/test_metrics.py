@@ -4,6 +4,7 @@ and over a unix socket, scraped for real and parsed with prometheus_client's
 own parser (Debian's python3-prometheus-client), checked against a known run.
 """
 
+import errno
 import http.client
 import json
 import os
@@ -19,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ldrtest import LOADERD, python_client_env, random_tokens, token_spec
+from users import open_to_all, users  # noqa: F401 (the fixture)
 
 _VERSION = subprocess.run([LOADERD, "--version"], capture_output=True, text=True).stdout
 pytestmark = pytest.mark.skipif("libmicrohttpd: not built in" in _VERSION,
@@ -257,6 +259,40 @@ def test_metrics_over_a_unix_socket(daemon, workdir, tokens):
     assert code == 200 and body == ""
     d.stop()
     assert not os.path.exists(path)
+
+
+SCRAPE_AS = textwrap.dedent("""
+    import socket, sys
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sys.argv[1])
+    except OSError as e:
+        print("refused", e.errno)
+        sys.exit(0)
+    s.sendall(b"GET /metrics HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    print(data.split(b"\\r\\n")[0].decode())
+""")
+
+
+def test_a_unix_socket_keeps_the_metrics_to_its_group(daemon, workdir, users):
+    """socket_group and socket_mode make /metrics as private as the
+    control socket: the group's members read it, other users cannot connect."""
+    alice, bob = users
+    open_to_all(workdir)
+    path = os.path.join(workdir, "metrics.sock")
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": path, "socket_group": alice.team.gr_name})
+    daemon("--config", cfg)
+    st = os.stat(path)
+    assert st.st_mode & 0o777 == 0o660 and st.st_gid == alice.team.gr_gid
+    for user, team, want in ((alice, True, "HTTP/1.1 200 OK"), (bob, True, "HTTP/1.1 200 OK"),
+                             (alice, False, f"refused {errno.EACCES}"),
+                             (bob, False, f"refused {errno.EACCES}")):
+        r = user.run([sys.executable, "-c", SCRAPE_AS, path], team=team, check=True)
+        assert r.stdout.strip() == want, (user.name, team, r.stdout, r.stderr)
 
 
 def test_404_and_405_over_tcp(daemon, workdir):
