@@ -381,3 +381,15 @@ def test_python_client_set_and_reload(daemon, workdir):
     assert [(c["key"], c["old"], c["new"]) for c in rep["changed"]] == [
         ("workers", 2, 3), ("log_level", "debug", "info")]
     assert "workers: '0' is not a thread count in 1..1024" in err, err
+
+
+def test_reload_without_a_config_file_says_so(daemon, workdir):
+    d = daemon()
+    r = d.ctl("reload", check=False)
+    assert r.returncode == 1
+    assert r.stderr == ("loaderctl: reload: loaderd runs without a config file (--config, "
+                        "$LOADERD_CONFIG, /etc/loaderd/loaderd.json): nothing to reload\n")
+    os.kill(d.pid, signal.SIGHUP)
+    d.wait_for(lambda s: 'config.reload by=SIGHUP error="no config file to reload"' in d.log(),
+               "the SIGHUP's note")
+    assert d.status()["workers"] == 2
