@@ -438,12 +438,13 @@ static int reply_error(const Loaderd__Reply *rep)
 /*
  * on_pipe_rem() cancels the operations registered when the connection goes;
  * one started just after that (on the connection @cut counted) would wait for
- * a reconnection that it may not see.
+ * a reconnection that it may not see. A reconnection's own call (@internal)
+ * started as ldr_close() began is cancelled as those in flight were.
  */
-static void cancel_if_cut(struct ldr_client *c, nng_aio *aio, uint64_t cut)
+static void cancel_if_cut(struct ldr_client *c, nng_aio *aio, uint64_t cut, bool internal)
 {
 	pthread_mutex_lock(&c->lock);
-	if (c->cuts != cut)
+	if (c->cuts != cut || (internal && c->closing))
 		nng_aio_cancel(aio);
 	pthread_mutex_unlock(&c->lock);
 }
@@ -524,14 +525,14 @@ static int call_gen(struct ldr_client *c, const Loaderd__Request *req, Loaderd__
 
 	nng_aio_set_msg(aio, msg);
 	nng_ctx_send(ctx, aio);
-	cancel_if_cut(c, aio, cut);
+	cancel_if_cut(c, aio, cut, internal);
 	nng_aio_wait(aio);
 	rv = nng_aio_result(aio);
 	if (rv != 0) {
 		nng_msg_free(nng_aio_get_msg(aio));
 	} else {
 		nng_ctx_recv(ctx, aio);
-		cancel_if_cut(c, aio, cut);
+		cancel_if_cut(c, aio, cut, internal);
 		nng_aio_wait(aio);
 		rv = nng_aio_result(aio);
 	}
@@ -2628,6 +2629,7 @@ void ldr_close(struct ldr_client *c)
 	c->closing = true;
 	for (struct sync_call *sc = c->sync_calls; sc; sc = sc->next)
 		nng_aio_cancel(sc->aio);
+	pthread_cond_broadcast(&c->flush_cond);
 	pthread_mutex_unlock(&c->lock);
 	while (c->atts)
 		ldr_detach(c->atts);
@@ -2948,6 +2950,18 @@ static int restore(struct ldr_client *c, char *report, size_t rsize)
 	return r;
 }
 
+/* Wait @ms between attempts, or until ldr_close() begins. */
+static void reconnect_pause(struct ldr_client *c, int ms)
+{
+	struct timespec deadline;
+
+	deadline_after(&deadline, ms);
+	pthread_mutex_lock(&c->lock);
+	while (!c->closing && pthread_cond_timedwait(&c->flush_cond, &c->lock, &deadline) != ETIMEDOUT)
+		;
+	pthread_mutex_unlock(&c->lock);
+}
+
 /*
  * The flusher's work when the connection went (on_pipe_rem()): the dialer
  * redials by itself (every RECONNECT_MIN_MS, doubling up to RECONNECT_MAX_MS);
@@ -3000,7 +3014,7 @@ static void reconnect_run(struct ldr_client *c)
 			break;
 		}
 		if (r == LDR_EDISCONNECTED) {
-			usleep((useconds_t)pause_ms * 1000u);
+			reconnect_pause(c, pause_ms);
 			pause_ms = pause_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS : pause_ms * 2;
 		}
 	}
