@@ -38,6 +38,9 @@ static void stats_timer_arm(struct engine *eng)
 	t->data = eng;
 	eng->stats_timer = t;
 	uv_timer_start(t, on_stats_tick, STATS_TICK_MS, STATS_TICK_MS);
+	/* it never keeps the loop running: a stop that leaves stuck workers
+	 * behind does not close it (engine_free()) */
+	uv_unref((uv_handle_t *)t);
 }
 
 static void att_snapshot(struct attachment *a, uint64_t now)
