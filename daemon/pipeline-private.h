@@ -252,6 +252,7 @@ struct pipeline {
 	struct pl_counts st_snap[STATS_SNAPS];
 	uint8_t st_nsnap, st_head;
 	uint64_t job_errors;      /* batches whose build failed */
+	struct work_queue queue;  /* its tasks, in turn with other pipelines' (workers.h) */
 };
 
 struct job {
@@ -392,8 +393,9 @@ void stats_report(struct attachment *a, const struct trainer_stats *st);
 /* @job's batch was built: count it and its time. */
 void stats_job_done(struct job *job);
 /* A task of @job that began at @begin_ns ends: @stage_ns is what its source
- * timed per stage; the rest of its time goes to @rest_stage. Worker threads. */
-void stats_task_time(struct job *job, uint64_t begin_ns, const uint64_t *stage_ns, int rest_stage);
+ * timed per stage; the rest of its time goes to @rest_stage. Worker threads.
+ * Returns the task's ns. */
+uint64_t stats_task_time(struct job *job, uint64_t begin_ns, const uint64_t *stage_ns, int rest_stage);
 uint64_t stats_att_lag(const struct attachment *a);
 json_t *stats_att_json(const struct attachment *a);
 json_t *stats_pipeline_json(const struct pipeline *pl, const char *state);

@@ -158,7 +158,7 @@ void stats_job_done(struct job *job)
 		pl->st.stage_ns[i] += atomic_load_explicit(&job->stage_ns[i], memory_order_relaxed);
 }
 
-void stats_task_time(struct job *job, uint64_t begin_ns, const uint64_t *stage_ns, int rest_stage)
+uint64_t stats_task_time(struct job *job, uint64_t begin_ns, const uint64_t *stage_ns, int rest_stage)
 {
 	uint64_t total = mono_ns() - begin_ns, split = 0;
 
@@ -171,6 +171,7 @@ void stats_task_time(struct job *job, uint64_t begin_ns, const uint64_t *stage_n
 	if (total > split)
 		atomic_fetch_add_explicit(&job->stage_ns[rest_stage], total - split,
 		                          memory_order_relaxed);
+	return total;
 }
 
 /* --- the JSON ------------------------------------------------------------ */

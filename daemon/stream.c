@@ -82,7 +82,8 @@ static void task_run(struct work *work)
 			break;
 		}
 	}
-	stats_task_time(job, begin, stage_ns, STAGE_READ);
+	/* before the completion below: the pipeline may go once its job is done */
+	workers_queue_cost(&pl->queue, stats_task_time(job, begin, stage_ns, STAGE_READ));
 	if (atomic_fetch_sub(&job->remaining, 1) == 1) {
 		struct engine *eng = job->eng;
 		pthread_mutex_lock(&eng->done_lock);
@@ -155,6 +156,7 @@ int stream_start_batch(struct stream *s)
 	atomic_init(&job->err, 0);
 	for (uint32_t i = 0; i < ntasks; i++) {
 		job->tasks[i].work.fn = task_run;
+		job->tasks[i].work.queue = &pl->queue;
 		job->tasks[i].job = job;
 		job->tasks[i].begin = (uint32_t)((uint64_t)rows * i / ntasks);
 		job->tasks[i].end = (uint32_t)((uint64_t)rows * (i + 1) / ntasks);

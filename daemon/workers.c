@@ -3,9 +3,13 @@
  *
  * Decoding and copying run here, not in libuv's shared threadpool: that pool is
  * sized for file system calls and shared with every uv_queue_work user, and its
- * size is fixed per process by an environment variable. A plain FIFO under one
- * mutex is enough: a unit of work is a slice of a batch (tens of microseconds or
+ * size is fixed per process by an environment variable. Queues under one mutex
+ * are enough: a unit of work is a slice of a batch (tens of microseconds or
  * more), so the lock is not contended.
+ *
+ * Works wait in queues (struct work_queue: one per pipeline, and the pool's
+ * own); a free worker takes the first work of the queue with the least
+ * worker time so far (workers.h), so pipelines share the pool by time.
  *
  * The pool is resized live (loaderctl set workers, a reload): new threads
  * take from the same queue; a shrink asks that many threads to leave, each
@@ -24,7 +28,9 @@
 struct workers {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	struct work *head, *tail;
+	struct work_queue own;    /* works without a queue of their own */
+	struct work_queue *first; /* queues with works, in the order they came */
+	uint64_t vclock;          /* vtime of the queue served last */
 	bool stop;
 	unsigned n;               /* the pool's size: threads not asked to leave */
 	unsigned retire;          /* threads asked to leave, not gone yet */
@@ -34,6 +40,42 @@ struct workers {
 	unsigned ngone;
 	unsigned cap;             /* of both arrays */
 };
+
+/* The next work in turn: the first of the queue that had the least worker
+ * time, or NULL when none is queued. Under the lock. */
+static struct work *take(struct workers *w)
+{
+	struct work_queue **pp = NULL, *q;
+	uint64_t cost;
+	struct work *work;
+
+	for (struct work_queue **p = &w->first; *p; p = &(*p)->next)
+		if (!pp || (*p)->vtime < (*pp)->vtime)
+			pp = p;
+	if (!pp)
+		return NULL;
+	q = *pp;
+	work = q->head;
+	q->head = work->next;
+	if (!q->head)
+		q->tail = NULL;
+	cost = atomic_load_explicit(&q->cost_ns, memory_order_relaxed);
+	q->vtime += cost ? cost : 1;
+	w->vclock = q->vtime;
+	if (!q->head) {
+		*pp = q->next;
+		q->next = NULL;
+		q->linked = 0;
+	}
+	return work;
+}
+
+void workers_queue_cost(struct work_queue *q, uint64_t ns)
+{
+	uint64_t old = atomic_load_explicit(&q->cost_ns, memory_order_relaxed);
+
+	atomic_store_explicit(&q->cost_ns, old ? old - old / 8 + ns / 8 : ns, memory_order_relaxed);
+}
 
 static void *worker_main(void *arg)
 {
@@ -46,7 +88,7 @@ static void *worker_main(void *arg)
 		struct work *work;
 
 		pthread_mutex_lock(&w->lock);
-		while (!w->head && !w->stop && !w->retire)
+		while (!w->first && !w->stop && !w->retire)
 			pthread_cond_wait(&w->cond, &w->lock);
 		if (w->retire && !w->stop) {
 			/* a shrink: the others take the queue from here */
@@ -55,14 +97,10 @@ static void *worker_main(void *arg)
 			pthread_mutex_unlock(&w->lock);
 			return NULL;
 		}
-		work = w->head;
-		if (!work) {
+		if (!(work = take(w))) {
 			pthread_mutex_unlock(&w->lock);
 			return NULL;
 		}
-		w->head = work->next;
-		if (!w->head)
-			w->tail = NULL;
 		pthread_mutex_unlock(&w->lock);
 		work->next = NULL;
 		work->fn(work);
@@ -164,13 +202,26 @@ int workers_resize(struct workers *w, unsigned n)
 
 void workers_submit(struct workers *w, struct work *work)
 {
+	struct work_queue *q = work->queue ? work->queue : &w->own;
+
 	work->next = NULL;
 	pthread_mutex_lock(&w->lock);
-	if (w->tail)
-		w->tail->next = work;
+	if (q->tail)
+		q->tail->next = work;
 	else
-		w->head = work;
-	w->tail = work;
+		q->head = work;
+	q->tail = work;
+	if (!q->linked) {
+		struct work_queue **p = &w->first;
+		/* a queue that was idle does not get the time it did not use */
+		if (q->vtime < w->vclock)
+			q->vtime = w->vclock;
+		q->linked = 1;
+		q->next = NULL;
+		while (*p)
+			p = &(*p)->next;
+		*p = q;
+	}
 	pthread_cond_signal(&w->cond);
 	pthread_mutex_unlock(&w->lock);
 }

@@ -225,7 +225,7 @@ static void conc_run(struct work *w)
 static void test_concurrency(unsigned n)
 {
 	struct conc c;
-	struct conc_work ws[64];
+	struct conc_work ws[64] = { 0 };
 	unsigned nw = 4 * n;
 	struct workers *w;
 
@@ -581,6 +581,79 @@ static void test_loop_completion(unsigned n)
 	       "(%llu ms): ok\n", n, NTOTAL, NSUBMITTERS, (unsigned long long)(now_ms() - t0));
 }
 
+/* ---- queues share the pool ---- */
+
+/* One worker, held by a blocker while queue a gets 4 works, queue b 3 and
+ * the pool's own queue 1, none with a known cost: they take turns, a0 b0 c0
+ * a1 b1 a2 b2 a3, not a's first. */
+static void test_queues_take_turns(void)
+{
+	static struct work_queue qa, qb;
+	struct seq_work ws[8];
+	static const unsigned want[8] = { 0, 4, 7, 1, 5, 2, 6, 3 };
+	struct work_queue *queue_of[8] = { &qa, &qa, &qa, &qa, &qb, &qb, &qb, NULL };
+	unsigned log[8];
+	atomic_uint pos = 0, ran = 0;
+	struct block_work blocker;
+	struct gate gate;
+	struct workers *w;
+
+	gate_init(&gate);
+	assert(workers_new(&w, 1) == 0);
+	blocker = (struct block_work){ .work.fn = block_run, .gate = &gate, .ran = &ran };
+	workers_submit(w, &blocker.work);
+	assert(gate_await_waiters(&gate, 1, 10000));
+	for (unsigned i = 0; i < 8; i++) {
+		ws[i] = (struct seq_work){ .work.fn = seq_run, .work.queue = queue_of[i], .id = i,
+			.log = log, .pos = &pos };
+		workers_submit(w, &ws[i].work);
+	}
+	gate_open(&gate);
+	assert(workers_free(w) == NULL);
+	assert(atomic_load(&pos) == 8 && !blocker.timed_out);
+	for (unsigned i = 0; i < 8; i++)
+		assert(log[i] == want[i]);
+	/* drained, out of the ring: the same queues serve a new pool */
+	assert(!qa.head && !qa.linked && !qb.head && !qb.linked);
+	gate_destroy(&gate);
+	printf("queues take turns, one work each: ok\n");
+}
+
+/* Queue a's works cost 1000 times b's: once a had a turn, b's works all run
+ * before a's next one (fair by time, not by turns). */
+static void test_queues_share_by_time(void)
+{
+	static struct work_queue qa, qb;
+	struct seq_work ws[8];
+	static const unsigned want[8] = { 0, 4, 5, 6, 7, 1, 2, 3 };
+	unsigned log[8];
+	atomic_uint pos = 0, ran = 0;
+	struct block_work blocker;
+	struct gate gate;
+	struct workers *w;
+
+	workers_queue_cost(&qa, 1000000);
+	workers_queue_cost(&qb, 1000);
+	gate_init(&gate);
+	assert(workers_new(&w, 1) == 0);
+	blocker = (struct block_work){ .work.fn = block_run, .gate = &gate, .ran = &ran };
+	workers_submit(w, &blocker.work);
+	assert(gate_await_waiters(&gate, 1, 10000));
+	for (unsigned i = 0; i < 8; i++) {
+		ws[i] = (struct seq_work){ .work.fn = seq_run, .work.queue = i < 4 ? &qa : &qb,
+			.id = i, .log = log, .pos = &pos };
+		workers_submit(w, &ws[i].work);
+	}
+	gate_open(&gate);
+	assert(workers_free(w) == NULL);
+	assert(atomic_load(&pos) == 8);
+	for (unsigned i = 0; i < 8; i++)
+		assert(log[i] == want[i]);
+	assert(qa.vtime >= 4 * 1000000 && qb.vtime < 1000000);
+	gate_destroy(&gate);
+	printf("queues share the pool by time: ok\n");
+}
+
 int main(void)
 {
 	alarm(100); /* a hang fails here, before meson's timeout */
@@ -594,6 +667,8 @@ int main(void)
 	test_shutdown_with_queue(4);
 	test_loop_completion(1);
 	test_loop_completion(4);
+	test_queues_take_turns();
+	test_queues_share_by_time();
 	printf("ok\n");
 	return 0;
 }

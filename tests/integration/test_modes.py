@@ -222,7 +222,9 @@ def test_broadcast_late_joiner_starts_at_oldest_held_batch(ld, workdir):
     tok = random_tokens(path, n * L + 1, "uint16", seed=7)
     ld.create(token_spec("late", path, L, "uint16", batch_size=bs, prefetch=4, epochs=0))
     bpe = 100
-    a = ld.popen_consume("late", "--batches", 1000, "--timeout", 60000)
+    # --delay: A holds each batch 2 ms, so it holds leases whenever status looks
+    # (without it A could read its 1000 tiny batches between two looks)
+    a = ld.popen_consume("late", "--batches", 1000, "--timeout", 60000, "--delay", 2)
     ld.wait_for(lambda s: any(c["pid"] == a.pid and c["leases"] >= 1 for c in s["clients"]),
                 "A holds a lease")
     a.signal(signal.SIGSTOP)
