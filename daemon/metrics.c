@@ -16,6 +16,7 @@
  * the key is refused at load, saying so.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -39,6 +40,13 @@
 #define METRICS_CONN_LIMIT 32      /* scrapers at once; more are refused by MHD */
 #define METRICS_CONN_TIMEOUT_S 10  /* an idle keep-alive connection is closed */
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+/* A scrape whose text took at least this long to build is served again,
+ * as it is, for METRICS_REUSE_FACTOR times that long: however often
+ * scrapers ask, building the text takes at most about 1/factor of the loop
+ * (a status of thousands of attachments takes tens of ms). Small statuses
+ * are built afresh at every scrape. */
+#define METRICS_REUSE_MIN_NS 5000000ull
+#define METRICS_REUSE_FACTOR 10
 
 #if HAVE_MICROHTTPD
 struct metrics {
@@ -51,6 +59,9 @@ struct metrics {
 	char name[300];           /* the address as the log and errors say it */
 	metrics_status_fn status;
 	void *userdata;
+	char *last;               /* the last text, while it is reused */
+	size_t last_len;
+	uint64_t last_until_ns;   /* uv_hrtime() until which it is */
 	int pending_closes;
 };
 #endif
@@ -239,6 +250,22 @@ static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned code, 
 	return respond(conn, code, body, strlen(body), "text/plain; charset=utf-8", allow);
 }
 
+/* Keep a copy of @text for reuse if it took long to build (METRICS_REUSE_*). */
+static void keep_if_costly(struct metrics *m, const char *text, size_t len, uint64_t start)
+{
+	uint64_t now = uv_hrtime(), took = now - start;
+
+	free(m->last);
+	m->last = NULL;
+	if (took < METRICS_REUSE_MIN_NS || !(m->last = malloc(len ? len : 1)))
+		return;
+	memcpy(m->last, text, len);
+	m->last_len = len;
+	m->last_until_ns = now + METRICS_REUSE_FACTOR * took;
+	log_debug("metrics: the text took %" PRIu64 " ms to build: served as it is for %" PRIu64 " ms",
+	          took / 1000000, METRICS_REUSE_FACTOR * took / 1000000);
+}
+
 /* Every request, on the loop (MHD_run() runs from on_poll/on_timer). */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
@@ -246,6 +273,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 {
 	struct metrics *m = cls;
 	json_t *status;
+	uint64_t start;
 	char *text;
 	size_t len;
 
@@ -257,11 +285,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		                    NULL);
 	if (!m->status)
 		return respond_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "loaderd is starting\n", NULL);
+	start = uv_hrtime();
+	if (m->last && start < m->last_until_ns) {
+		text = malloc(m->last_len ? m->last_len : 1);
+		if (!text)
+			return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", NULL);
+		memcpy(text, m->last, m->last_len);
+		return respond(conn, MHD_HTTP_OK, text, m->last_len, METRICS_CONTENT_TYPE, NULL);
+	}
 	status = m->status(m->userdata);
 	text = status ? metrics_text(status, &len) : NULL;
 	json_decref(status);
 	if (!text)
 		return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n", NULL);
+	keep_if_costly(m, text, len, start);
 	return respond(conn, MHD_HTTP_OK, text, len, METRICS_CONTENT_TYPE, NULL);
 }
 
@@ -372,6 +409,7 @@ static void on_closed(uv_handle_t *h)
 	MHD_stop_daemon(m->mhd);
 	if (m->addr.is_unix)
 		unlink(m->addr.path);
+	free(m->last);
 	free(m);
 }
 
