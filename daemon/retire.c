@@ -139,14 +139,20 @@ int engine_config_apply(struct engine *eng, struct spec *spec, const char *why, 
 	struct pipeline *old = engine_find(eng, spec->name);
 	struct principal self;
 	char diff[512];
+	size_t nd = 0;
 	int r;
 
 	/* the config's pipelines are the daemon's, read with its rights */
 	principal_daemon(&self);
-	if (!old || !old->from_config || spec_diff(spec, old->spec, diff, sizeof(diff)) == 0) {
+	if (old && old->from_config)
+		nd = spec_diff(spec, old->spec, diff, sizeof(diff));
+	/* a failed one is made anew: the reload may follow a fix of its files */
+	if (!old || !old->from_config || (nd == 0 && !old->failed)) {
 		r = engine_create(eng, spec, &self, 0, true, err, errlen);
 		return r < 0 ? r : r == 1 ? CONFIG_CREATED : CONFIG_UNCHANGED;
 	}
+	if (nd == 0)
+		snprintf(diff, sizeof(diff), "it had failed: %.480s", old->error);
 	retire(old, RETIRE_REPLACED, why);
 	r = engine_create(eng, spec, &self, 0, false, err, errlen);
 	if (r < 0) {

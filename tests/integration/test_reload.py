@@ -393,3 +393,22 @@ def test_reload_without_a_config_file_says_so(daemon, workdir):
     d.wait_for(lambda s: 'config.reload by=SIGHUP error="no config file to reload"' in d.log(),
                "the SIGHUP's note")
     assert d.status()["workers"] == 2
+
+
+def test_reload_makes_a_failed_config_pipeline_anew(daemon, workdir):
+    tok, toks = tokens(workdir, 400, seed=29)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"pipelines": [token_spec("f", tok, SEQ, "uint16", batch_size=4, prefetch=2)]})
+    d = daemon("--config", cfg)
+    os.truncate(tok, SEQ * 2 * 40)                      # cut before anyone read it
+    res = d.consume("f", "--timeout", 20000, check=False)
+    assert res.rc == 1 and "truncated" in res.stderr, res.stderr
+    d.wait_for(lambda s: d.pipeline("f")["state"] == "failed", "f failed")
+    toks.tofile(tok)                                    # the file fixed
+    rep = d.ctl_json("reload")
+    (rp,) = rep["pipelines"]["replaced"]
+    assert rp["name"] == "f" and rp["changed"].startswith("it had failed: ") and \
+        "truncated" in rp["changed"], rp
+    assert d.consume("f").dump == expected(toks, 4)
+    d.wait_for(lambda s: [(x["name"], x["state"]) for x in s["pipelines"]] == [("f", "done")],
+               "only the new f")
