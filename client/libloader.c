@@ -2749,6 +2749,11 @@ static void att_restart(struct ldr_attachment *a, const struct ldr_attachment *n
 	a->nslots = n->nslots;
 	amap_put(a, a->map);
 	a->map = m;
+	/* TrainerStats are totals since the attach: the new daemon's start at 0
+	 * (a wait in progress goes on, and is its) */
+	a->st_wait_ns = a->st_compute_ns = a->st_calls = 0;
+	memset(a->st_buckets, 0, sizeof(a->st_buckets));
+	a->st_sent_ns = a->st_sent_calls = 0;
 }
 
 /*
