@@ -123,6 +123,16 @@ static int check_config(const char *file)
 		settings_clear(&cfg);
 		return 1;
 	}
+	/* what the daemon resolves only at start (metrics_new()): a reload
+	 * checks the syntax alone, to keep the resolver off the loop */
+	if (cfg.metrics_address) {
+		struct metrics_addr addr;
+		if (metrics_parse_address(cfg.metrics_address, &addr, err, sizeof(err)) < 0 ||
+		    metrics_resolve_address(&addr, err, sizeof(err)) < 0) {
+			fprintf(stderr, "loaderd: %s: metrics_address: %s\n", cfg.path ? cfg.path : file, err);
+			bad++;
+		}
+	}
 	if (cfg.pipelines)
 		json_array_foreach(cfg.pipelines, i, spec_json) {
 			struct spec *spec = NULL;

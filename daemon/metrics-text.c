@@ -8,9 +8,10 @@
  * values in _ratio; each family's samples come together after its HELP and
  * TYPE lines. A family is listed even when nothing has a sample of it yet.
  *
- * Labels: pipeline (its name) on pipeline families; on client families the
- * pipeline, client (the connection's id), client_name (its Hello name), uid
- * and attachment (its id: one connection may attach a pipeline twice). They
+ * Labels: pipeline (its name) and generation (what tells a reload's replaced
+ * pipeline from its successor of the same name) on pipeline families; on
+ * client families the pipeline, client (the connection's id), client_name
+ * (its Hello name), uid and attachment (its id: one connection may attach a pipeline twice). They
  * come and go with connections; docs/metrics.md says what that costs.
  */
 #include <math.h>
@@ -109,8 +110,18 @@ struct num_metric {
 	double scale;             /* 0: as is; else multiply (ms to s) */
 };
 
+/* A counter never goes down, so never below 0: a negative one (a client's
+ * report that did not add up, a bug) is left out rather than shown as a
+ * reset to Prometheus's rate(). */
+static bool bad_counter(json_t *v)
+{
+	return json_number_value(v) < 0;
+}
+
 static void put_num(FILE *f, const struct num_metric *nm, const char *labels, json_t *v)
 {
+	if (strcmp(nm->type, "counter") == 0 && bad_counter(v))
+		return;
 	put_name(f, nm->name, "", labels, NULL, NULL);
 	if (nm->scale) {
 		json_t *d = json_real(json_number_value(v) * nm->scale);
@@ -129,15 +140,23 @@ struct labelled {
 
 static char *pipeline_labels(json_t *pl)
 {
-	char *buf = NULL;
+	char *buf = NULL, num[32];
 	size_t len;
 	bool first = true;
 	FILE *f = open_memstream(&buf, &len);
 	const char *name = json_string_value(json_object_get(pl, "name"));
+	json_t *gen = json_object_get(pl, "generation");
 
 	if (!f)
 		return NULL;
 	put_label(f, &first, "pipeline", name ? name : "");
+	/* a reload's replaced or draining pipeline and the one made after it
+	 * have the same name while both are there; without it their series
+	 * would be the same and Prometheus would refuse the whole scrape */
+	if (json_is_integer(gen)) {
+		snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(gen));
+		put_label(f, &first, "generation", num);
+	}
 	fclose(f);
 	return buf;
 }
@@ -273,7 +292,9 @@ static void put_enum(FILE *f, const char *name, const char *help, const char *ke
 	}
 }
 
-static const char *const pipeline_states[] = { "starting", "running", "done", "failed", NULL };
+/* status.c's states, and retire.c's: a reload removed it or replaced it */
+static const char *const pipeline_states[] = { "starting", "running", "done", "failed", "draining",
+                                               "replaced", NULL };
 static const char *const limits[] = { "consumers", "workers", "io", "slots", "idle", "done", "failed",
                                       "starting", NULL };
 static const char *const stages[] = { "read", "decode", "transform", "collate", NULL };
@@ -324,7 +345,7 @@ static void put_stages(FILE *f, const struct labelled *objs, size_t nobjs)
 		json_t *st = json_object_get(json_object_get(objs[j].obj, "stats"), "stage_seconds_total");
 		for (size_t s = 0; stages[s]; s++) {
 			json_t *v = json_object_get(st, stages[s]);
-			if (!json_is_number(v))
+			if (!json_is_number(v) || bad_counter(v))
 				continue;
 			put_name(f, "loaderd_pipeline_stage_seconds_total", "", objs[j].labels, "stage", stages[s]);
 			put_value(f, v);
@@ -351,7 +372,8 @@ static void put_wait_histogram(FILE *f, const struct labelled *objs, size_t nobj
 		if (!json_is_array(le) || json_array_size(counts) != n + 1)
 			continue;
 		for (size_t b = 0; b <= n; b++) {
-			cum += (long long)json_integer_value(json_array_get(counts, b));
+			json_int_t c = json_integer_value(json_array_get(counts, b));
+			cum += c > 0 ? (long long)c : 0; /* buckets only ever rise */
 			if (b == n)
 				snprintf(bound, sizeof(bound), "+Inf");
 			else
@@ -360,7 +382,7 @@ static void put_wait_histogram(FILE *f, const struct labelled *objs, size_t nobj
 			fprintf(f, " %lld\n", cum);
 		}
 		put_name(f, name, "_sum", objs[j].labels, NULL, NULL);
-		if (json_is_number(json_object_get(h, "sum_s")))
+		if (json_is_number(json_object_get(h, "sum_s")) && !bad_counter(json_object_get(h, "sum_s")))
 			put_value(f, json_object_get(h, "sum_s"));
 		else
 			fputs(" 0\n", f);
@@ -394,7 +416,7 @@ static void put_daemon(FILE *f, json_t *status)
 	       "events released (docs/reliability.md): clients, probes, nng_fds.");
 	for (size_t i = 0; i < sizeof(swept) / sizeof(swept[0]); i++) {
 		json_t *v = json_object_get(status, swept[i][1]);
-		if (!json_is_integer(v))
+		if (!json_is_integer(v) || bad_counter(v))
 			continue;
 		put_name(f, "loaderd_sweep_released_total", "", "", "what", swept[i][0]);
 		put_value(f, v);
@@ -436,7 +458,7 @@ char *metrics_text(json_t *status, size_t *len)
 		goto out;
 	put_daemon(f, status);
 	put_enum(f, "loaderd_pipeline_state", "1 for the state the pipeline is in "
-	         "(starting, running, done, failed), 0 for the others.", "state", pipeline_states, pl, npl,
+	         "(starting, running, done, failed, draining, replaced), 0 for the others.", "state", pipeline_states, pl, npl,
 	         "state");
 	put_slots(f, pl, npl);
 	put_nums(f, pipeline_metrics, sizeof(pipeline_metrics) / sizeof(pipeline_metrics[0]), pl, npl);

@@ -75,13 +75,10 @@ static int addr_fail(const char *text, char *err, size_t errlen, const char *why
 int metrics_parse_address(const char *text, struct metrics_addr *out, char *err, size_t errlen)
 {
 	struct metrics_addr a = { 0 };
-	struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
-	struct addrinfo *res = NULL;
 	const char *colon, *host, *port;
 	size_t hostlen;
 	char *end;
 	long n;
-	int r;
 
 #if !HAVE_MICROHTTPD
 	return errfmt(-ENOTSUP, err, errlen, "this loaderd was built without libmicrohttpd, "
@@ -124,15 +121,38 @@ int metrics_parse_address(const char *text, struct metrics_addr *out, char *err,
 		return addr_fail(text, err, errlen, "the port must be a number in 1..65535");
 	memcpy(a.host, host, hostlen);
 	snprintf(a.port, sizeof(a.port), "%ld", n);
-	r = getaddrinfo(a.host, a.port, &hints, &res);
-	if (r != 0) {
-		char why[300];
-		snprintf(why, sizeof(why), "host %s: %s", a.host, gai_strerror(r));
-		return addr_fail(text, err, errlen, why);
-	}
-	freeaddrinfo(res);
 	*out = a;
 	return 0;
+}
+
+/* @a as the log and the errors say it: the path, HOST:PORT or [ADDR]:PORT. */
+static void addr_name(const struct metrics_addr *a, char *buf, size_t len)
+{
+	if (a->is_unix)
+		snprintf(buf, len, "%s", a->path);
+	else if (strchr(a->host, ':'))
+		snprintf(buf, len, "[%s]:%s", a->host, a->port);
+	else
+		snprintf(buf, len, "%s:%s", a->host, a->port);
+}
+
+int metrics_resolve_address(const struct metrics_addr *a, char *err, size_t errlen)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
+	struct addrinfo *res = NULL;
+	char name[300], why[300];
+	int r;
+
+	if (a->is_unix)
+		return 0;
+	r = getaddrinfo(a->host, a->port, &hints, &res);
+	if (r == 0) {
+		freeaddrinfo(res);
+		return 0;
+	}
+	addr_name(a, name, sizeof(name));
+	snprintf(why, sizeof(why), "host %s: %s", a->host, gai_strerror(r));
+	return addr_fail(name, err, errlen, why);
 }
 
 const char *metrics_version(void)
@@ -351,12 +371,7 @@ int metrics_new(struct metrics **out, uv_loop_t *loop, const struct metrics_addr
 	m->loop = loop;
 	m->addr = *addr;
 	m->fd = -1;
-	if (addr->is_unix)
-		snprintf(m->name, sizeof(m->name), "%s", addr->path);
-	else if (strchr(addr->host, ':'))
-		snprintf(m->name, sizeof(m->name), "[%s]:%s", addr->host, addr->port);
-	else
-		snprintf(m->name, sizeof(m->name), "%s:%s", addr->host, addr->port);
+	addr_name(addr, m->name, sizeof(m->name));
 	r = addr->is_unix ? listen_unix(m, mode, gid, err, errlen) : listen_tcp(m, err, errlen);
 	if (r < 0) {
 		free(m);

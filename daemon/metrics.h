@@ -20,11 +20,21 @@ struct metrics_addr {
  * or "/run/loaderd/metrics.sock" into @out.
  * @err: what is wrong with @text, e.g. "port 70000 is not in 1..65535"
  *
- * A host name must resolve here and now (getaddrinfo), so a typo shows at load
- * and in `loaderd --check-config`, not at the first scrape.
+ * The syntax only: it runs at every reload, on the loop, where a slow resolver
+ * would stall the daemon (and the key needs a restart anyway). A host name is
+ * resolved by metrics_new() at start, and by metrics_resolve_address().
  * Return: 0, or -EINVAL with @err set.
  */
 int metrics_parse_address(const char *text, struct metrics_addr *out, char *err, size_t errlen);
+
+/**
+ * metrics_resolve_address() - whether @a's host resolves (getaddrinfo; it may
+ * block): `loaderd --check-config`'s check, off the loop.
+ * @err: e.g. "\"nohost.invalid:9464\": host nohost.invalid: Name or service
+ *       not known; want HOST:PORT ..."
+ * Return: 0 (a unix socket always), or -EINVAL with @err set.
+ */
+int metrics_resolve_address(const struct metrics_addr *a, char *err, size_t errlen);
 
 /* The Status reply as an admin sees it (server_status_json()); the caller
  * owns the reference. Called on the loop, once per scrape. */

@@ -245,6 +245,10 @@ struct pipeline {
 	/* retire.c: the config's own, and how it leaves on a reload */
 	bool from_config;         /* created (or joined) by the config */
 	int retired;              /* enum retire_kind: no longer found by name */
+	/* 0, or 1 + the highest of the other pipelines of its name alive when it
+	 * was made (a reload's replaced one, a draining one): what tells them
+	 * apart in /metrics while both are there */
+	uint32_t generation;
 	char retire_msg[320];     /* draining: what its clients are told at the end */
 	struct hold *holds;       /* holds.c: processes given its slab fd */
 	/* stats.c */

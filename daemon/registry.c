@@ -425,6 +425,18 @@ static int create_check(struct engine *eng, struct spec *spec, const struct prin
 	return 1;
 }
 
+/* The generation of a new pipeline named @name: past every one of that name
+ * still there (retired by a reload, or held), so no two have the same. */
+static uint32_t next_generation(const struct engine *eng, const char *name)
+{
+	uint32_t gen = 0;
+
+	for (const struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
+		if (!pl->dropped && strcmp(pl->spec->name, name) == 0 && pl->generation + 1 > gen)
+			gen = pl->generation + 1;
+	return gen;
+}
+
 /* Build the pipeline of @spec over @src (NULL: open it here). Takes both. */
 static int create_build(struct engine *eng, struct spec *spec, const struct principal *who,
                         uint64_t client, struct source *src, char *err, size_t errlen)
@@ -528,6 +540,7 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	eng->memory_used += slab_bytes;
 	pl->created_ms = uv_now(eng->loop);
 	owner_lookup(pl);
+	pl->generation = next_generation(eng, spec->name);
 	pl->next = eng->pipelines;
 	eng->pipelines = pl;
 	stats_pipeline_init(pl);

@@ -84,6 +84,8 @@ static json_t *pipeline_json(struct pipeline *pl)
 	/* the slots its streams may fill, slots_total or fewer (set prefetch) */
 	if (o)
 		json_object_set_new(o, "prefetch", json_integer((json_int_t)pl->prefetch));
+	if (o)
+		json_object_set_new(o, "generation", json_integer((json_int_t)pl->generation));
 	/* a reload removed it ("draining") or made a successor ("replaced") */
 	if (o && pl->retired && !pl->failed)
 		json_object_set_new(o, "state", json_string(retire_state(pl)));

@@ -3,6 +3,7 @@
  * shape (with stall accounting), and metrics_parse_address() */
 #undef NDEBUG
 #include <assert.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,19 @@ static void expect_line(const char *text, const char *line)
 	abort();
 }
 
+/* the client of status_text's labels */
+#define CL "pipeline=\"tok\",client=\"3\",client_name=\"tr\\\"ain\\\\er\\n\",uid=\"1000\",attachment=\"1\""
+
+/* its histogram: counts 2, 0, 3, 1 made cumulative, +Inf equal to _count */
+static void expect_buckets(const char *t)
+{
+	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"0.001\"} 2");
+	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"0.01\"} 2");
+	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"1\"} 5");
+	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"+Inf\"} 6");
+	expect_line(t, "loaderd_client_wait_seconds_count{" CL "} 6");
+}
+
 static void test_text(void)
 {
 	json_error_t jerr;
@@ -84,19 +98,14 @@ static void test_text(void)
 	/* a pipeline the status only names has no series */
 	assert(!strstr(t, "pipeline=\"private\""));
 
-#define CL "pipeline=\"tok\",client=\"3\",client_name=\"tr\\\"ain\\\\er\\n\",uid=\"1000\",attachment=\"1\""
 	expect_line(t, "loaderd_client_batches_total{" CL "} 5");
 	expect_line(t, "loaderd_client_leases{" CL "} 2");
 	expect_line(t, "loaderd_client_pending_requests{" CL "} 1");
 	expect_line(t, "loaderd_client_starving{" CL "} 1");
 	expect_line(t, "loaderd_client_bad_reports_total{" CL "} 0");
 	expect_line(t, "loaderd_client_wait_ratio{" CL "} 0.75");
-	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"0.001\"} 2");
-	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"0.01\"} 2");
-	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"1\"} 5");
-	expect_line(t, "loaderd_client_wait_seconds_bucket{" CL ",le=\"+Inf\"} 6");
+	expect_buckets(t);
 	expect_line(t, "loaderd_client_wait_seconds_sum{" CL "} 12.5");
-	expect_line(t, "loaderd_client_wait_seconds_count{" CL "} 6");
 	free(t);
 
 	/* before the stall accounting: the totals the status has anyway */
@@ -108,6 +117,80 @@ static void test_text(void)
 	expect_line(t, "loaderd_pipeline_slots{pipeline=\"tok\",state=\"free\"} 3");
 	expect_line(t, "loaderd_pipeline_slots{pipeline=\"tok\",state=\"filling\"} 0");
 	assert(!strstr(t, "loaderd_pipeline_limited_by{"));
+	free(t);
+	json_decref(st);
+}
+
+/* A reload replaced "tok" (generation 0) while a client still reads it: the
+ * successor (generation 1) has its name, and every series of the two differs
+ * by the generation label. */
+static const char replaced_text[] =
+	"{\"version\": \"1\", \"protocol\": 2, \"pipelines\": ["
+	"  {\"name\": \"tok\", \"generation\": 1, \"state\": \"running\", \"clients\": 0,"
+	"   \"batches_produced\": 2},"
+	"  {\"name\": \"tok\", \"generation\": 0, \"state\": \"replaced\", \"clients\": 1,"
+	"   \"batches_produced\": 9},"
+	"  {\"name\": \"gone\", \"generation\": 0, \"state\": \"draining\", \"clients\": 1}"
+	" ], \"clients\": []}";
+
+static void test_replaced(void)
+{
+	json_t *st = json_loads(replaced_text, 0, NULL);
+	size_t len;
+	char *t;
+
+	assert(st);
+	t = metrics_text(st, &len);
+	assert(t);
+	expect_line(t, "loaderd_pipeline_batches_total{pipeline=\"tok\",generation=\"1\"} 2");
+	expect_line(t, "loaderd_pipeline_batches_total{pipeline=\"tok\",generation=\"0\"} 9");
+	expect_line(t, "loaderd_pipeline_clients{pipeline=\"tok\",generation=\"0\"} 1");
+	expect_line(t, "loaderd_pipeline_state{pipeline=\"tok\",generation=\"0\",state=\"replaced\"} 1");
+	expect_line(t, "loaderd_pipeline_state{pipeline=\"tok\",generation=\"0\",state=\"running\"} 0");
+	expect_line(t, "loaderd_pipeline_state{pipeline=\"tok\",generation=\"1\",state=\"running\"} 1");
+	expect_line(t, "loaderd_pipeline_state{pipeline=\"tok\",generation=\"1\",state=\"replaced\"} 0");
+	expect_line(t, "loaderd_pipeline_state{pipeline=\"gone\",generation=\"0\",state=\"draining\"} 1");
+	free(t);
+	json_decref(st);
+}
+
+/* A counter that would render negative is left out; a histogram's negative
+ * bucket counts count as none, so its buckets still only rise. */
+static void test_negative_counters(void)
+{
+	json_t *st = json_loads(status_text, 0, NULL);
+	json_t *pl, *pst, *ast, *h;
+	size_t len;
+	char *t;
+
+	assert(st);
+	pl = json_array_get(json_object_get(st, "pipelines"), 0);
+	pst = json_object_get(pl, "stats");
+	ast = json_object_get(json_array_get(json_object_get(json_array_get(
+		json_object_get(st, "clients"), 0), "attachments"), 0), "stats");
+	h = json_object_get(ast, "wait_histogram");
+	json_object_set_new(pst, "samples_total", json_integer(-70));
+	json_object_set_new(json_object_get(pst, "stage_seconds_total"), "read", json_real(-0.5));
+	json_object_set_new(pl, "backpressure_ms", json_integer(-3));
+	json_object_set_new(ast, "compute_seconds_total", json_real(-1.25));
+	json_object_set_new(ast, "next_calls_total", json_integer(-6));
+	json_object_set_new(st, "probes_released_by_sweep", json_integer(-2));
+	json_object_set_new(h, "counts", json_pack("[i, i, i, i]", 2, -5, 3, 1));
+	json_object_set_new(h, "sum_s", json_real(-12.5));
+	t = metrics_text(st, &len);
+	assert(t);
+	assert(!strstr(t, "loaderd_pipeline_samples_total{"));
+	assert(!strstr(t, "stage=\"read\""));
+	assert(!strstr(t, "loaderd_pipeline_backpressure_seconds_total{"));
+	assert(!strstr(t, "loaderd_client_compute_seconds_total{"));
+	assert(!strstr(t, "loaderd_client_next_calls_total{"));
+	assert(!strstr(t, "what=\"probes\""));
+	assert(!strstr(t, "} -"));
+	expect_line(t, "# TYPE loaderd_pipeline_samples_total counter");
+	expect_line(t, "loaderd_pipeline_stage_seconds_total{pipeline=\"tok\",stage=\"collate\"} 0.375");
+	expect_line(t, "loaderd_sweep_released_total{what=\"nng_fds\"} 3");
+	expect_buckets(t);
+	expect_line(t, "loaderd_client_wait_seconds_sum{" CL "} 0");
 	free(t);
 	json_decref(st);
 }
@@ -153,11 +236,23 @@ static void test_addresses(void)
 	expect_addr_error("[]:80", "no host");
 	expect_addr_error("fe80::1:80", "an IPv6 address goes in brackets");
 	expect_addr_error("[::1]80", "an IPv6 address needs the form [ADDR]:PORT");
+
+	/* the syntax only: resolving is metrics_resolve_address()'s (and the
+	 * start's), never a reload's */
+	assert(metrics_parse_address("no-such-host.invalid:9464", &a, err, sizeof(err)) == 0);
+	assert(metrics_resolve_address(&a, err, sizeof(err)) == -EINVAL);
+	assert(strstr(err, "\"no-such-host.invalid:9464\": host no-such-host.invalid: "));
+	assert(metrics_parse_address("127.0.0.1:9464", &a, err, sizeof(err)) == 0);
+	assert(metrics_resolve_address(&a, err, sizeof(err)) == 0);
+	assert(metrics_parse_address("/run/m.sock", &a, err, sizeof(err)) == 0);
+	assert(metrics_resolve_address(&a, err, sizeof(err)) == 0);
 }
 
 int main(void)
 {
 	test_text();
+	test_replaced();
+	test_negative_counters();
 #if HAVE_MICROHTTPD
 	test_addresses();
 #endif

@@ -356,7 +356,6 @@ def test_garbage_and_idle_scrapers_leave_the_daemon_serving(daemon, workdir, tok
     (":9464", "no host"),
     ("::1:9464", "an IPv6 address goes in brackets"),
     ("[::1:9464", "an IPv6 address needs the form [ADDR]:PORT"),
-    ("no-such-host.invalid:9464", "host no-such-host.invalid:"),
     ("relative/metrics.sock", "no port"),
     ("/" + "x" * 120, "socket path too long"),
     (9464, "metrics_address: must be a string"),
@@ -370,6 +369,24 @@ def test_bad_metrics_address_is_a_settings_error(workdir, addr, needle):
         assert p.returncode == 1, p
         assert f"{cfg}: metrics_address: " in p.stderr and needle in p.stderr, p.stderr
     assert not os.path.exists(sock)
+
+
+def test_an_unresolvable_host_stops_the_start_and_the_check(workdir):
+    cfg = os.path.join(workdir, "c.json")
+    sock = os.path.join(workdir, "s.sock")
+    write_config(cfg, {"metrics_address": "no-such-host.invalid:9464"})
+    p = subprocess.run([LOADERD, "--config", cfg, "--socket", sock], capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 1
+    assert ("loaderd: metrics_address no-such-host.invalid:9464: host no-such-host.invalid: "
+            in p.stderr), p.stderr
+    assert not os.path.exists(sock)
+    p = subprocess.run([LOADERD, "--check-config=" + cfg], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 1
+    assert (f'loaderd: {cfg}: metrics_address: "no-such-host.invalid:9464": host '
+            f'no-such-host.invalid: ' in p.stderr), p.stderr
+    assert "ok:" not in p.stdout
 
 
 def test_port_in_use_is_a_clear_startup_error(workdir):
@@ -438,6 +455,75 @@ def test_a_new_address_on_reload_waits_for_a_restart(daemon, workdir):
     assert get_tcp(port)[0] == 200
     with pytest.raises(OSError):
         get_tcp(other)
+
+
+def test_a_reload_does_not_resolve_the_address(daemon, workdir):
+    """A reload checks metrics_address's syntax only: a host that does not
+    resolve is not the reload's error (the resolver stays off the loop), it
+    waits for a restart like any other new address."""
+    port = free_port()
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": f"127.0.0.1:{port}"})
+    d = daemon("--config", cfg)
+    write_config(cfg, {"metrics_address": "no-such-host.invalid:9464"})
+    rep = d.ctl_json("reload")
+    assert rep["restart_needed"] == [{"key": "metrics_address", "running": f"127.0.0.1:{port}",
+                                      "file": "no-such-host.invalid:9464"}], rep
+    assert get_tcp(port)[0] == 200
+    write_config(cfg, {"metrics_address": "127.0.0.1:0"})
+    r = d.ctl("reload", check=False)
+    assert r.returncode != 0 and "metrics_address: " in r.stderr and \
+        "the port must be a number in 1..65535" in r.stderr, r.stderr
+
+
+def test_a_replaced_pipeline_and_its_successor_are_told_apart(daemon, workdir, tokens):
+    """While a reload's replaced pipeline still has a client, it and its
+    successor have the same name: the generation label keeps their series
+    apart (else Prometheus refuses the whole scrape), and the state gauge is
+    1 for "replaced" and "draining"."""
+    port = free_port()
+    cfg = os.path.join(workdir, "loaderd.json")
+    spec_a = token_spec("a", tokens, 64, "uint16", batch_size=4, epochs=0)
+    spec_b = token_spec("b", tokens, 64, "uint16", batch_size=4, epochs=0)
+    write_config(cfg, {"metrics_address": f"127.0.0.1:{port}", "pipelines": [spec_a, spec_b]})
+    d = daemon("--config", cfg)
+    # each holds its first batch for an hour: attached until killed
+    readers = [d.popen_consume(name, "--delay", "3600000", dump=False) for name in ("a", "b")]
+    d.wait_for(lambda st: sorted(a["pipeline"] for c in st["clients"] for a in c["attachments"]
+                                 if a["delivered"] >= 1) == ["a", "b"], "both read")
+    write_config(cfg, {"metrics_address": f"127.0.0.1:{port}",
+                       "pipelines": [dict(spec_b, batch_size=5)]})
+    rep = d.ctl_json("reload")
+    assert rep["pipelines"]["replaced"] == [{"name": "b", "changed": "batch_size 5 (it has 4)"}]
+    assert rep["pipelines"]["draining"] == [{"name": "a", "clients": 1}]
+    gens = {(p["name"], p["state"]): p["generation"] for p in d.status()["pipelines"]}
+    assert gens == {("a", "draining"): 0, ("b", "replaced"): 0, ("b", "running"): 1}, gens
+
+    status, _, text = get_tcp(port)
+    assert status == 200
+    fams = parse(text)
+    for f in fams.values():
+        keys = [(s.name, tuple(sorted(s.labels.items()))) for s in f.samples]
+        assert len(keys) == len(set(keys)), f"{f.name}: a label set twice"
+    assert value(fams, "loaderd_pipeline_batch_size", pipeline="b", generation="0") == 4
+    assert value(fams, "loaderd_pipeline_batch_size", pipeline="b", generation="1") == 5
+    assert value(fams, "loaderd_pipeline_clients", pipeline="b", generation="0") == 1
+    assert value(fams, "loaderd_pipeline_clients", pipeline="b", generation="1") == 0
+    states = {(s.labels["pipeline"], s.labels["generation"], s.labels["state"]): s.value
+              for s in samples(fams, "loaderd_pipeline_state")}
+    values = ("starting", "running", "done", "failed", "draining", "replaced")
+    want = {("a", "0", "draining"), ("b", "0", "replaced"), ("b", "1", "running")}
+    assert states == {(pl, g, v): float((pl, g, v) in want)
+                      for pl, g in (("a", "0"), ("b", "0"), ("b", "1")) for v in values}, states
+
+    for r in readers:
+        r.signal(signal.SIGKILL)
+        r.wait()
+    d.wait_for(lambda st: sorted((p["name"], p["generation"]) for p in st["pipelines"]) ==
+               [("b", 1)], "the retired pipelines dropped")
+    fams = parse(get_tcp(port)[2])
+    assert [s.labels for s in samples(fams, "loaderd_pipeline_state", state="running")] == \
+        [{"pipeline": "b", "generation": "1", "state": "running"}]
 
 
 @pytest.mark.parametrize("host, url_host", [("[::1]", "[::1]"), ("localhost", "localhost")])
