@@ -129,7 +129,7 @@ static int check_config(const char *file)
 		struct metrics_addr addr;
 		if (metrics_parse_address(cfg.metrics_address, &addr, err, sizeof(err)) < 0 ||
 		    metrics_resolve_address(&addr, err, sizeof(err)) < 0) {
-			fprintf(stderr, "loaderd: %s: metrics_address: %s\n", cfg.path ? cfg.path : file, err);
+			fprintf(stderr, "loaderd: %s: metrics_address: %s\n", cfg.metrics_address_file, err);
 			bad++;
 		}
 	}

@@ -292,7 +292,9 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 				goto out;
 			}
 			free(cfg->metrics_address);
-			if (!(cfg->metrics_address = strdup(json_string_value(v)))) {
+			free(cfg->metrics_address_file);
+			cfg->metrics_address_file = strdup(path);
+			if (!(cfg->metrics_address = strdup(json_string_value(v))) || !cfg->metrics_address_file) {
 				r = errfmt(-ENOMEM, err, errlen, "%s: metrics_address: out of memory", path);
 				goto out;
 			}
@@ -395,6 +397,9 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		free(cfg->metrics_address);
 		cfg->metrics_address = file.metrics_address;
 		file.metrics_address = NULL;
+		free(cfg->metrics_address_file);
+		cfg->metrics_address_file = file.metrics_address_file;
+		file.metrics_address_file = NULL;
 	}
 	json_decref(cfg->pipelines);
 	cfg->pipelines = file.pipelines;
@@ -410,6 +415,7 @@ void settings_clear(struct settings *cfg)
 	free(cfg->path);
 	free(cfg->socket_path);
 	free(cfg->metrics_address);
+	free(cfg->metrics_address_file);
 	free_roots(cfg->dataset_roots);
 	json_decref(cfg->pipelines);
 	memset(cfg, 0, sizeof(*cfg));

@@ -27,6 +27,7 @@ struct settings {
 	char **dataset_roots;     /* NULL-terminated, or NULL: datasets anywhere */
 	json_t *pipelines;        /* array of specs, or NULL */
 	char *metrics_address;    /* "HOST:PORT" or a unix socket path; NULL: no /metrics */
+	char *metrics_address_file; /* the file (or drop-in) that set it, for its errors */
 };
 
 /* Connections one uid may hold without "max_connections_per_uid": well below

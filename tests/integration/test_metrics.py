@@ -387,6 +387,16 @@ def test_an_unresolvable_host_stops_the_start_and_the_check(workdir):
     assert (f'loaderd: {cfg}: metrics_address: "no-such-host.invalid:9464": host '
             f'no-such-host.invalid: ' in p.stderr), p.stderr
     assert "ok:" not in p.stdout
+    # set by a drop-in: the error names the drop-in
+    write_config(cfg, {"metrics_address": "127.0.0.1:9464"})
+    os.mkdir(os.path.join(workdir, "conf.d"))
+    drop = os.path.join(workdir, "conf.d", "50-metrics.json")
+    write_config(drop, {"metrics_address": "no-such-host.invalid:9464"})
+    p = subprocess.run([LOADERD, "--check-config=" + cfg], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 1
+    assert f'loaderd: {drop}: metrics_address: "no-such-host.invalid:9464": host ' in p.stderr, \
+        p.stderr
 
 
 def test_port_in_use_is_a_clear_startup_error(workdir):
