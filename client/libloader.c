@@ -2547,6 +2547,51 @@ int ldr_batch_field_host(const struct ldr_batch *b, int i, struct ldr_field *out
 	return r;
 }
 
+/* The attachment's keeping counters into @info, under c->lock. */
+static void info_counters(const struct ldr_attachment *a, struct ldr_batch_info *info)
+{
+	struct ldr_client *c = a->c;
+
+	pthread_mutex_lock(&c->lock);
+	info->held = a->nheld;
+	info->share = share_now(a);
+	info->kept_batches = a->kept_batches;
+	info->kept_bytes = a->kept_bytes;
+	pthread_mutex_unlock(&c->lock);
+	info->nfields = a->nfields;
+}
+
+int ldr_batch_describe(const struct ldr_batch *b, struct ldr_batch_info *info,
+                       struct ldr_field *fields, int nfields)
+{
+	const struct ldr_attachment *a = b->att;
+
+	if (nfields < 0 || nfields > a->nfields || (nfields && !fields))
+		return set_err(-EINVAL, "describe %d fields: the batch has %d", nfields, a->nfields);
+	info_counters(a, info);
+	info->epoch = b->epoch;
+	info->index = b->index;
+	info->rows = b->rows;
+	for (int i = 0; i < nfields; i++)
+		ldr_batch_field(b, i, &fields[i]);
+	return 0;
+}
+
+int ldr_next_described(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out,
+                       struct ldr_batch_info *info, struct ldr_field *fields, int nfields)
+{
+	int r;
+
+	if (nfields < 0 || nfields > a->nfields || (nfields && !fields))
+		return set_err(-EINVAL, "describe %d fields: the attachment has %d", nfields, a->nfields);
+	r = ldr_next(a, timeout_ms, out);
+	if (r == 0)
+		return ldr_batch_describe(*out, info, fields, nfields);
+	if (a->c->pid == getpid())
+		info_counters(a, info);
+	return r;
+}
+
 enum ldr_device_kind ldr_attachment_device(const struct ldr_attachment *a, int *index)
 {
 	if (index)

@@ -9,12 +9,14 @@
  * when the daemon goes away (every synchronous call in flight, however many,
  * returns), versioned attach options, and a refused release being counted.
  * tests/test-keep.c checks copy-on-write and kept
- * batches in depth.
+ * batches in depth. ldr_next_described() says what ldr_next() and the
+ * per-value calls say, in one call.
  */
 #undef NDEBUG
 #include <assert.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <time.h>
 #include <signal.h>
@@ -101,6 +103,76 @@ static void test_stream_and_lifetime(struct ldr_client *c)
 	check_batch(kept, 8);
 	ldr_release(kept);
 	assert(ldr_drop_pipeline(c, "seq", 0) == 0);
+}
+
+/* @x and @y describe the same field the same way (the shape entries past ndim are unset) */
+static bool same_field(const struct ldr_field *x, const struct ldr_field *y)
+{
+	if (x->name != y->name || x->dtype != y->dtype || x->ndim != y->ndim ||
+	    x->data != y->data || x->nbytes != y->nbytes)
+		return false;
+	for (int d = 0; d < x->ndim; d++)
+		if (x->shape[d] != y->shape[d])
+			return false;
+	return true;
+}
+
+/* ldr_next_described(): what ldr_next() and the per-value calls say, in one call */
+static void test_described(struct ldr_client *c)
+{
+	struct ldr_attachment *a;
+	struct ldr_batch *b, *held = NULL;
+	struct ldr_batch_info info;
+	struct ldr_field fs[2], f;
+	int n = 0, r;
+
+	create(c, "desc", 8, 1);
+	assert(ldr_attach(c, "desc", NULL, &a) == 0);
+	/* a count of fields out of range is refused, naming it, and takes nothing */
+	assert(ldr_next_described(a, 1000, &b, &info, fs, 3) == -EINVAL);
+	assert(strcmp(ldr_client_error(c), "describe 3 fields: the attachment has 2") == 0);
+	assert(ldr_next_described(a, 1000, &b, &info, fs, -1) == -EINVAL);
+	assert(ldr_next_described(a, 1000, &b, &info, NULL, 1) == -EINVAL);
+	while ((r = ldr_next_described(a, 10000, &b, &info, fs, 2)) == 0) {
+		assert(info.epoch == ldr_batch_epoch(b) && info.epoch == 0);
+		assert(info.index == ldr_batch_index(b) && (int)info.index == n);
+		assert(info.rows == ldr_batch_rows(b) && info.rows == (n == 12 ? 4u : 8u));
+		assert(info.nfields == 2);
+		assert(info.held == (held ? 2u : 1u) && info.held == ldr_attachment_held(a));
+		assert(info.share == ldr_attachment_share(a) && info.share >= 2);
+		assert(info.kept_batches == 0 && info.kept_bytes == 0);
+		for (int i = 0; i < 2; i++) {
+			assert(ldr_batch_field(b, i, &f) == 0);
+			assert(same_field(&f, &fs[i]));
+		}
+		check_batch(b, 8);
+		/* ldr_batch_describe() of a batch taken earlier: the same, counters now */
+		if (held) {
+			struct ldr_batch_info hi;
+			struct ldr_field hf;
+
+			assert(ldr_batch_describe(held, &hi, &hf, 1) == 0);
+			assert(hi.index == (uint64_t)n - 1 && hi.rows == 8 && hi.held == 2);
+			assert(ldr_batch_field(held, 0, &f) == 0 && same_field(&f, &hf));
+			assert(ldr_batch_describe(held, &hi, &hf, 3) == -EINVAL);
+			assert(strcmp(ldr_client_error(c), "describe 3 fields: the batch has 2") == 0);
+			assert(ldr_batch_describe(held, &hi, NULL, 0) == 0 && hi.nfields == 2);
+			ldr_release(held);
+			held = NULL;
+		}
+		if (n % 2 == 0)
+			held = b;
+		else
+			ldr_release(b);
+		n++;
+	}
+	assert(r == LDR_EOF && n == 13);
+	/* the counters come with the end of the stream too */
+	assert(held && info.held == 1 && info.nfields == 2 && info.kept_batches == 0);
+	ldr_release(held);
+	assert(ldr_next_described(a, 0, &b, &info, fs, 2) == LDR_EOF && info.held == 0);
+	assert(ldr_detach(a) == 0);
+	assert(ldr_drop_pipeline(c, "desc", 0) == 0);
 }
 
 static void test_timeout_and_errors(struct ldr_client *c)
@@ -474,6 +546,7 @@ int main(int argc, char **argv)
 	assert(ldr_connect(&c, sock_path, "test-client") == 0);
 	assert(ldr_client_id(c) > 0);
 	test_stream_and_lifetime(c);
+	test_described(c);
 	test_timeout_and_errors(c);
 	test_hoarding(c);
 	test_opts_size(c);

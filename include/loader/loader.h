@@ -409,6 +409,44 @@ LDR_EXPORT int ldr_batch_nfields(const struct ldr_batch *batch);
 LDR_EXPORT int ldr_batch_field(const struct ldr_batch *batch, int i, struct ldr_field *out);
 /** As ldr_batch_field(), with out->data in the host slab (or kept copy), whatever the device. */
 LDR_EXPORT int ldr_batch_field_host(const struct ldr_batch *batch, int i, struct ldr_field *out);
+/**
+ * What ldr_batch_describe() tells of a batch and its attachment in one call:
+ * the batch's own values (as ldr_batch_epoch(), ldr_batch_index(),
+ * ldr_batch_rows()) and the attachment's keeping counters at that moment (as
+ * ldr_attachment_held(), ldr_attachment_share(), ldr_attachment_kept()).
+ */
+struct ldr_batch_info {
+	uint64_t epoch;           /**< epoch of the batch */
+	uint64_t index;           /**< index of the batch within its epoch */
+	uint32_t rows;            /**< rows of this batch */
+	uint32_t held;            /**< batches the trainer holds, this one included */
+	uint32_t share;           /**< leases the attachment may hold now */
+	int nfields;              /**< fields of the batch */
+	uint64_t kept_batches;    /**< batches kept so far (ldr_attachment_kept()) */
+	uint64_t kept_bytes;      /**< their bytes */
+};
+/**
+ * ldr_batch_describe() - the batch and its first @p nfields fields in one call.
+ * @param info   filled as struct ldr_batch_info says
+ * @param fields an array of @p nfields entries, filled as ldr_batch_field()
+ *               fills one (CUDA: device pointers); NULL with @p nfields 0
+ * @param nfields how many fields to describe: 0 to ldr_batch_nfields()
+ *
+ * For bindings whose every foreign call costs (Python's ctypes): one call per
+ * batch instead of one per field and value. Returns 0, or -EINVAL (nothing
+ * filled) when @p nfields is out of range.
+ */
+LDR_EXPORT int ldr_batch_describe(const struct ldr_batch *batch, struct ldr_batch_info *info,
+                                  struct ldr_field *fields, int nfields);
+/**
+ * ldr_next_described() - ldr_next(), then, for a batch, ldr_batch_describe().
+ *
+ * Returns what ldr_next() returns; *@p out and @p fields are set only when it
+ * returns 0. The attachment's counters in @p info (held, share, kept_*) are
+ * filled whatever it returns, the batch's values only with a batch.
+ */
+LDR_EXPORT int ldr_next_described(struct ldr_attachment *att, int timeout_ms, struct ldr_batch **out,
+                                  struct ldr_batch_info *info, struct ldr_field *fields, int nfields);
 /** Where the attachment's batches are: LDR_DEVICE_HOST, or LDR_DEVICE_CUDA with *@p index = N of cuda:N. */
 LDR_EXPORT enum ldr_device_kind ldr_attachment_device(const struct ldr_attachment *att, int *index);
 

@@ -28,6 +28,7 @@ DAEMON = os.path.join(REPO_ROOT, "daemon")
 STRUCTS = {
     "ldr_field": _lib.ldr_field,
     "ldr_attach_opts": _lib.ldr_attach_opts,
+    "ldr_batch_info": _lib.ldr_batch_info,
 }
 
 CONSTANTS = ["LDR_EOF", "LDR_EFORKED", "LDR_EDISCONNECTED", "LDR_EVERSION", "LDR_NAME_MAX",

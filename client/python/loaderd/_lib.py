@@ -60,6 +60,20 @@ class ldr_field(ctypes.Structure):
     ]
 
 
+class ldr_batch_info(ctypes.Structure):
+    """struct ldr_batch_info: a batch and its attachment's counters, one call."""
+    _fields_ = [
+        ("epoch", ctypes.c_uint64),
+        ("index", ctypes.c_uint64),
+        ("rows", ctypes.c_uint32),
+        ("held", ctypes.c_uint32),
+        ("share", ctypes.c_uint32),
+        ("nfields", ctypes.c_int),
+        ("kept_batches", ctypes.c_uint64),
+        ("kept_bytes", ctypes.c_uint64),
+    ]
+
+
 # The mirrors above and below must match include/loader/loader.h:
 # tests/python/test_abi.py compares them with the C compiler's layout.
 class ldr_attach_opts(ctypes.Structure):
@@ -122,6 +136,11 @@ _SIGNATURES = {
     "ldr_batch_rows": (ctypes.c_uint32, [_P]),
     "ldr_batch_nfields": (ctypes.c_int, [_P]),
     "ldr_batch_field": (ctypes.c_int, [_P, ctypes.c_int, ctypes.POINTER(ldr_field)]),
+    # one call per batch (the package's per-batch path)
+    "ldr_batch_describe": (ctypes.c_int, [_P, ctypes.POINTER(ldr_batch_info),
+                                          ctypes.POINTER(ldr_field), ctypes.c_int]),
+    "ldr_next_described": (ctypes.c_int, [_P, ctypes.c_int, _PP, ctypes.POINTER(ldr_batch_info),
+                                          ctypes.POINTER(ldr_field), ctypes.c_int]),
     # keeping batches past their slots (docs/protocol.md, "Sharing slots", Keep)
     "ldr_batch_keep": (ctypes.c_int, [_P, ctypes.c_uint64]),
     "ldr_batch_is_kept": (ctypes.c_int, [_P]),

@@ -124,8 +124,12 @@ class _Attachment:
         self.client = client
         L = _lib.lib()
         client.check()
-        self.leases = weakref.WeakValueDictionary()  # delivery number -> _Lease
+        # delivery number -> weakref to its _Lease: a plain dict of weakrefs
+        # (cheaper per batch than a WeakValueDictionary), the dead ones
+        # dropped by prune_leases()
+        self.leases = {}
         self.seq = 0
+        self.prune_at = 64
         opts = _lib.ldr_attach_opts()
         opts.mode = _lib.MODES[mode]
         opts.rank = rank
@@ -147,6 +151,15 @@ class _Attachment:
         self.samples_per_epoch = L.ldr_attachment_samples_per_epoch(self.ptr)
         self.epochs = L.ldr_attachment_epochs(self.ptr)
         self.batch_size = L.ldr_attachment_batch_size(self.ptr)
+        # what ldr_next_described() fills, one call per batch: the batch, its
+        # fields, the keeping counters (held, share, kept) at that moment
+        self.info = _lib.ldr_batch_info()
+        self.fields = (_lib.ldr_field * max(1, self.nfields))()
+        self.out = ctypes.c_void_p()
+        self.next_args = (ctypes.byref(self.out), ctypes.byref(self.info), self.fields,
+                          self.nfields)
+        self.described = False  # self.info holds counters from a call
+        self._next_fn = L.ldr_next_described
         # host: the slab is mapped copy-on-write, batches are writable;
         # device memory is shared by every client on that GPU
         self.writable = device is None
@@ -180,19 +193,41 @@ class _Attachment:
         self._L.ldr_attachment_kept(self.ptr, ctypes.byref(nb), ctypes.byref(nbytes))
         return nb.value, nbytes.value
 
+    def next(self, wait):
+        """ldr_next_described(): 0 and self.out/info/fields set, or an error."""
+        r = self._next_fn(self.ptr, wait, *self.next_args)
+        self.described = r != _lib.LDR_EFORKED
+        return r
+
+    def live_leases(self):
+        """The leases still alive, oldest first."""
+        return [l for l in (ref() for _, ref in sorted(self.leases.items())) if l is not None]
+
+    def add_lease(self, lease):
+        self.leases[self.seq] = weakref.ref(lease)
+        self.seq += 1
+        if len(self.leases) >= self.prune_at:
+            self.leases = {k: r for k, r in self.leases.items() if r() is not None}
+            self.prune_at = 2 * len(self.leases) + 64
+
     def keep_for_share(self):
         """Before ldr_next: when the trainer holds its whole share, keep its
         oldest batches (the fields still alive only) until it holds about
         half of it, so that the stream can go on (and prefetch) meanwhile."""
         if self.device is not None:
             return  # device batches cannot be kept: ldr_next says ENOBUFS
+        info = self.info
+        if self.described and info.held < info.share:
+            # it holds at most what it held after the last call (only
+            # ldr_next adds to it): below the share then, below it now. A
+            # share lowered since is still met: ldr_next keeps then itself.
+            return
         share = self.share()
         if share <= 0 or self.held() < share:
             return
         target = share - max(1, share // 2)
-        for seq in sorted(self.leases.keys()):
-            lease = self.leases.get(seq)
-            if lease is None or lease.ptr is None or lease.kept:
+        for lease in self.live_leases():
+            if lease.ptr is None or lease.kept:
                 continue
             self.keep(lease)
             if self.held() <= target:
@@ -223,7 +258,7 @@ class _Attachment:
         if self.device is None or self.detached or self.ptr is None or \
                 self.client.pid != os.getpid():
             return
-        alive = [l for l in list(self.leases.values()) if l.ptr]
+        alive = [l for l in self.live_leases() if l.ptr]
         if alive:
             warnings.warn(f"loaderd: {len(alive)} batches in GPU memory are still alive at "
                           "close(): the daemon may reuse their device memory; copy (clone) "
@@ -256,8 +291,7 @@ class _Lease:
         self.device = att.device
         self.kept = False      # copied to private memory, the slot given back
         self.mems = ()         # weak references to each field's _Mem
-        att.leases[att.seq] = self
-        att.seq += 1
+        att.add_lease(self)
 
     def release(self, stream=None):
         p = self.ptr
@@ -637,8 +671,7 @@ class DataLoader:
                             "map-style Dataset (with __getitem__ and __len__), not "
                             f"{type(pipeline_or_spec).__name__}")
 
-        self._fields = None     # [(name, typestr, dtype name)] from the first batch
-        self._fstruct = _lib.ldr_field()
+        self._fields = None     # _field_meta() of the first batch
         self._pending = None    # shared stream: a batch of the next epoch, read ahead
         self._ended = False
         self._pos = None        # (epoch, batch) of the attachment's next batch
@@ -817,9 +850,7 @@ class DataLoader:
 
     def _next_raw(self):
         """The next batch of the stream, or None at its end."""
-        L = _lib.lib()
         att = self._att
-        out = ctypes.c_void_p()
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
             # the trainer at its share: keep the oldest batches it holds (the
@@ -829,7 +860,8 @@ class DataLoader:
                 wait = _POLL_MS
             else:
                 wait = int(max(0.0, min(_POLL_MS / 1000, deadline - time.monotonic())) * 1000)
-            r = L.ldr_next(att.ptr, wait, ctypes.byref(out))
+            # one call: the batch, its fields and the keeping counters
+            r = att.next(wait)
             if r == 0:
                 break
             if r == _lib.LDR_EOF:
@@ -847,44 +879,53 @@ class DataLoader:
                             "clone() the tensors you store, or raise the spec's 'prefetch'",
                             "next")
             raise _err(r, "next")
-        p = out.value
-        lease = _Lease(p, att)
+        lease = _Lease(att.out.value, att)
+        info = att.info
         b = Batch()
         b._lease = lease
-        b.epoch = L.ldr_batch_epoch(p)
-        b.index = L.ldr_batch_index(p)
-        b.rows = L.ldr_batch_rows(p)
-        f = self._fstruct
-        fref = ctypes.byref(f)
+        b.epoch = info.epoch
+        b.index = info.index
+        rows = b.rows = info.rows
+        fs = att.fields
         fields = self._fields
         if fields is None:
-            fields = []
-            for i in range(att.nfields):
-                L.ldr_batch_field(p, i, fref)
-                name, typestr = _lib.DTYPES[f.dtype]
-                fields.append((f.name.decode(), typestr, name))
-            self._fields = fields
+            fields = self._fields = self._field_meta(fs, att.nfields)
         as_numpy = self.as_numpy
         if att.device is not None:
-            for i, (name, typestr, dtname) in enumerate(fields):
-                L.ldr_batch_field(p, i, fref)
+            for (name, typestr, dtname, _conv, _shapes), f in zip(fields, fs):
                 arr = _cuda.CudaArray(f.data or 0, f.shape[:f.ndim], typestr, att.device, lease,
                                       f.nbytes, dtname)
                 b[name] = arr if as_numpy else _cuda.to_torch(arr, _torch)
             return b
         mems = []
-        for i, (name, typestr, dtname) in enumerate(fields):
-            L.ldr_batch_field(p, i, fref)
+        for (name, typestr, dtname, conv, shapes), f in zip(fields, fs):
+            shape = shapes.get(rows)
+            if shape is None:
+                shape = shapes[rows] = (rows,) + tuple(f.shape[1:f.ndim])
             m = _Mem()
             m.lease = lease
-            m.__array_interface__ = {"version": 3, "typestr": typestr,
-                                     "shape": tuple(f.shape[:f.ndim]),
+            m.__array_interface__ = {"version": 3, "typestr": typestr, "shape": shape,
                                      "data": (f.data or 0, False)}  # writable: copy-on-write
             mems.append(weakref.ref(m))
             arr = np.asarray(m)
-            b[name] = arr if as_numpy else _to_torch(arr, dtname)
+            b[name] = arr if as_numpy else conv(arr)
         lease.mems = tuple(mems)
         return b
+
+    def _field_meta(self, fs, nfields):
+        """Per field, from the first batch: (name, typestr, dtype name, the
+        array -> tensor conversion, {rows: shape}): what every batch reuses."""
+        out = []
+        for f in fs[:nfields]:
+            dtname, typestr = _lib.DTYPES[f.dtype]
+            conv = None
+            if _torch is not None and not self.as_numpy:
+                if _TORCH_DIRECT is None:
+                    _probe_torch()
+                conv = (_torch.from_numpy if dtname in _TORCH_DIRECT and dtname != "bfloat16"
+                        else (lambda arr, dtname=dtname: _to_torch(arr, dtname)))
+            out.append((f.name.decode(), typestr, dtname, conv, {}))
+        return out
 
     def _advance(self, b):
         nxt = b.index + 1
@@ -1004,6 +1045,8 @@ class DataLoader:
         att = self._att
         if self._kept_warned or att is None or att.ptr is None:
             return
+        if att.described and not att.info.kept_batches and not self._kept_prev[0]:
+            return  # nothing kept as of the last ldr_next (nor by an older attachment)
         n, nbytes = att.kept()
         n, nbytes = n + self._kept_prev[0], nbytes + self._kept_prev[1]
         if not n:
