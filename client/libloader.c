@@ -74,6 +74,8 @@ static void *flusher_main(void *arg);
 static void want_top_up(struct ldr_attachment *a);
 static void reconnect_run(struct ldr_client *c);
 static void top_up(struct ldr_attachment *a);
+struct req;
+static int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask);
 
 /*
  * set_err() - the thread's last error, which ldr_client_error() returns.
@@ -225,8 +227,10 @@ struct ldr_attachment {
 	uint64_t st_mark;         /* mono ns of the last ldr_next() return, 0 none */
 	uint64_t st_open;         /* this wait so far, over polls that timed out */
 	bool st_waiting;          /* the last return was a timeout: the wait goes on */
+	uint64_t st_counted;      /* mono ns up to which this call's wait is in st_wait_ns */
 	uint64_t st_sent_ns;      /* when the last report went out */
 	uint64_t st_sent_calls;   /* st_calls then */
+	uint64_t st_sent_wait;    /* st_wait_ns then */
 };
 
 struct ldr_batch {
@@ -1189,10 +1193,12 @@ static Loaderd__TrainerStats *stats_report(struct ldr_attachment *a, Loaderd__Tr
 {
 	uint64_t now = mono_ns();
 
-	if (a->st_calls == a->st_sent_calls || (!release && now - a->st_sent_ns < STATS_EVERY_NS))
+	if ((a->st_calls == a->st_sent_calls && a->st_wait_ns == a->st_sent_wait) ||
+	    (!release && now - a->st_sent_ns < STATS_EVERY_NS))
 		return NULL;
 	a->st_sent_ns = now;
 	a->st_sent_calls = a->st_calls;
+	a->st_sent_wait = a->st_wait_ns;
 	st->wait_ns = a->st_wait_ns;
 	st->compute_ns = a->st_compute_ns;
 	st->calls = a->st_calls;
@@ -1205,6 +1211,7 @@ static Loaderd__TrainerStats *stats_report(struct ldr_attachment *a, Loaderd__Tr
  * trainer's (compute), or still waiting when that return was a timeout. */
 static void stats_enter(struct ldr_attachment *a, uint64_t t0)
 {
+	a->st_counted = t0;
 	if (!a->st_mark)
 		return;
 	if (a->st_waiting) {
@@ -1215,6 +1222,24 @@ static void stats_enter(struct ldr_attachment *a, uint64_t t0)
 	}
 }
 
+/*
+ * A long wait is reported while it lasts: the waits a report carries are
+ * those that ended, and a trainer starved for seconds would show no figure
+ * at all (no request goes out while it waits). Once a second of a wait
+ * (ldr_next()'s own slices, or the Python package's polls that time out), a
+ * Release carries the time waited so far, with the leases queued if any.
+ * Only a waiting trainer pays for it. Called with c->lock held.
+ */
+#define STATS_LIVE_MS 1000
+static void stats_live(struct ldr_attachment *a, uint64_t now)
+{
+	a->st_wait_ns += now - a->st_counted;
+	a->st_counted = now;
+	if (now - a->st_sent_ns >= (uint64_t)STATS_LIVE_MS * 1000000u && !a->detached &&
+	    !a->c->disconnected && a->relreq.open && a->relreq.state == REQ_IDLE)
+		req_send(a, &a->relreq, 0);
+}
+
 /* ldr_next() that began at @t0 returns @r. A wait ends with anything but a
  * timeout: ldr_next with a timeout in a loop (the Python DataLoader polls in
  * slices) is one wait. */
@@ -1222,12 +1247,15 @@ static void stats_leave(struct ldr_attachment *a, uint64_t t0, int r)
 {
 	uint64_t t1 = mono_ns();
 
-	a->st_wait_ns += t1 - t0;
+	a->st_wait_ns += t1 - a->st_counted;
+	a->st_counted = t1;
 	a->st_open += t1 - t0;
 	a->st_mark = r == 0 || r == -ETIMEDOUT ? t1 : 0;
 	a->st_waiting = r == -ETIMEDOUT;
-	if (a->st_waiting)
+	if (a->st_waiting) {
+		stats_live(a, t1);
 		return;
+	}
 	a->st_buckets[wait_bucket(a->st_open)]++;
 	a->st_calls++;
 	a->st_open = 0;
@@ -2239,7 +2267,7 @@ static int make_room(struct ldr_attachment *a)
 int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 {
 	struct ldr_client *c = a->c;
-	struct timespec deadline;
+	struct timespec deadline = { 0 };
 	struct ldr_batch *b;
 	uint64_t t0 = mono_ns();
 	int r = 0;
@@ -2332,11 +2360,17 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 			continue; /* the lock was dropped: look again */
 		}
 		top_up(a); /* in case a send failed earlier */
-		if (timeout_ms < 0) {
-			pthread_cond_wait(&c->cond, &c->lock);
-		} else if (pthread_cond_timedwait(&c->cond, &c->lock, &deadline) == ETIMEDOUT) {
-			r = set_err(-ETIMEDOUT, "no batch within %d ms", timeout_ms);
-			break;
+		/* in slices of STATS_LIVE_MS, so that a long wait is reported */
+		struct timespec slice;
+		deadline_after(&slice, STATS_LIVE_MS);
+		bool last = timeout_ms >= 0 && (deadline.tv_sec < slice.tv_sec ||
+		            (deadline.tv_sec == slice.tv_sec && deadline.tv_nsec <= slice.tv_nsec));
+		if (pthread_cond_timedwait(&c->cond, &c->lock, last ? &deadline : &slice) == ETIMEDOUT) {
+			if (last) {
+				r = set_err(-ETIMEDOUT, "no batch within %d ms", timeout_ms);
+				break;
+			}
+			stats_live(a, mono_ns());
 		}
 	}
 	stats_leave(a, t0, r);

@@ -2,6 +2,7 @@
 /* common - dtype and mode names, socket path resolution, error names */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,4 +174,58 @@ uint64_t mono_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The length of the valid UTF-8 character at @s (1..4), or 0. */
+static size_t utf8_len(const unsigned char *s)
+{
+	size_t n;
+	uint32_t cp;
+
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		n = 2, cp = s[0] & 0x1f;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef)
+		n = 3, cp = s[0] & 0x0f;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		n = 4, cp = s[0] & 0x07;
+	else
+		return 0;
+	for (size_t i = 1; i < n; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3f);
+	}
+	/* overlong, surrogates, beyond U+10FFFF */
+	if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+	    (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return n;
+}
+
+char *text_clean(char *dst, size_t size, const char *src, char repl)
+{
+	const unsigned char *s = (const unsigned char *)src;
+	size_t o = 0;
+
+	while (*s) {
+		size_t n = utf8_len(s);
+		bool control = n == 1 ? (*s < 0x20 || *s == 0x7f) : n == 2 && s[0] == 0xc2 && s[1] < 0xa0;
+		if (n == 0 || control) {
+			/* one @repl for each invalid byte, or for the whole control character */
+			if (o + 1 >= size)
+				break;
+			dst[o++] = repl;
+			s += n ? n : 1;
+			continue;
+		}
+		if (o + n >= size)
+			break;
+		memcpy(dst + o, s, n);
+		o += n;
+		s += n;
+	}
+	dst[o] = '\0';
+	return dst;
 }

@@ -96,3 +96,13 @@ extern const uint64_t wait_bucket_bound_ns[WAIT_BUCKETS - 1];
 unsigned wait_bucket(uint64_t ns);
 /* CLOCK_MONOTONIC in ns. */
 uint64_t mono_ns(void);
+
+/*
+ * text_clean() - @src as printable UTF-8 in @dst (@size > 0): valid UTF-8
+ * characters are kept, and each byte of an invalid sequence, each control
+ * character (C0, DEL, and the C1 range U+0080..U+009F, whose 8-bit CSI a
+ * terminal obeys) becomes @repl. Cut at a character boundary to fit.
+ * Names a client chooses go through it before status, logs or a terminal
+ * show them. Returns @dst.
+ */
+char *text_clean(char *dst, size_t size, const char *src, char repl);

@@ -27,10 +27,9 @@ static void handle_hello(struct server *srv, struct sctx *c, struct client *cl, 
 		reply_error(srv, c, EPROTONOSUPPORT, msg);
 		return;
 	}
-	snprintf(cl->name, sizeof(cl->name), "%s", h->client_name);
-	for (char *p = cl->name; *p; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
+	/* status, logs, top and /metrics show it: printable UTF-8 only (an
+	 * invalid byte made status drop the client, a C1 CSI reached terminals) */
+	text_clean(cl->name, sizeof(cl->name), h->client_name ? h->client_name : "", '?');
 	cl->hello = true;
 	hr.protocol = LDR_PROTOCOL_VERSION;
 	hr.daemon_version = (char *)LOADERD_VERSION;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "log.h"
 
 _Atomic int log_max_level = LOG_INFO;
@@ -80,26 +81,29 @@ uint64_t log_limit_due(struct log_limit *l, uint64_t now_ms, bool final, uint64_
 	return n;
 }
 
-const char *log_quote(char buf[LOG_QUOTE_MAX], const char *s)
+const char *log_quote(char buf[LOG_QUOTE_MAX], const char *raw)
 {
+	char s[LOG_QUOTE_MAX];
 	size_t n = 0;
-	bool plain = *s != '\0';
+	bool plain;
 
+	/* printable UTF-8 first: control characters and invalid bytes become spaces */
+	text_clean(s, sizeof(s) - 2, raw, ' ');
+	plain = s[0] != '\0';
 	for (const char *p = s; *p && plain; p++)
-		plain = (unsigned char)*p > ' ' && *p != '"' && *p != '=' && *p != '\\' && *p != 0x7f;
-	if (plain && strlen(s) < LOG_QUOTE_MAX) {
+		plain = *p != ' ' && *p != '"' && *p != '=' && *p != '\\';
+	if (plain) {
 		memcpy(buf, s, strlen(s) + 1);
 		return buf;
 	}
 	buf[n++] = '"';
 	for (const char *p = s; *p && n < LOG_QUOTE_MAX - 3; p++) {
-		unsigned char ch = (unsigned char)*p;
-		if (ch == '"' || ch == '\\') {
+		if (*p == '"' || *p == '\\') {
 			if (n >= LOG_QUOTE_MAX - 4)
 				break;
 			buf[n++] = '\\';
 		}
-		buf[n++] = ch < ' ' || ch == 0x7f ? ' ' : (char)ch;
+		buf[n++] = *p;
 	}
 	buf[n++] = '"';
 	buf[n] = '\0';

@@ -183,6 +183,7 @@ struct attachment {
 	struct att_counts st_snap[STATS_SNAPS];
 	uint8_t st_nsnap, st_head;
 	bool st_reported;         /* its trainer sent a TrainerStats */
+	uint64_t st_born_ms;      /* when it attached: no report adds up to more time */
 	uint64_t st_bad_reports;  /* malformed ones, ignored */
 };
 

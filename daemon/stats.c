@@ -94,6 +94,7 @@ void stats_att_init(struct attachment *a)
 {
 	a->st = (struct att_counts){ 0 };
 	a->st_nsnap = a->st_head = 0;
+	a->st_born_ms = uv_now(a->eng->loop);
 	att_snapshot(a, uv_now(a->eng->loop));
 	stats_timer_arm(a->eng);
 }
@@ -117,18 +118,25 @@ static const struct pl_counts *pipeline_base(const struct pipeline *pl)
 
 /* --- counting ------------------------------------------------------------ */
 
+/* Time a report may claim beyond the daemon's clock since the attach: the
+ * two clocks' reads are not simultaneous. */
+#define STATS_SLACK_MS 2000
+
 /*
  * A trainer's report: totals since its attach, so each one replaces the last.
- * One that is malformed or goes backwards (a buggy or hostile client) is
- * ignored and counted; it can only blur its own figures.
+ * One that is malformed, goes backwards, claims more wait and compute than
+ * the time since the attach, or has a figure JSON and Prometheus cannot show
+ * (above INT64_MAX) is ignored and counted: a buggy or hostile client can
+ * only blur its own figures, not make a shared pipeline look starved.
  */
 void stats_report(struct attachment *a, const struct trainer_stats *st)
 {
 	struct att_counts *c = &a->st;
-	uint64_t calls = 0;
+	uint64_t calls = 0, most_ns = (uv_now(a->eng->loop) - a->st_born_ms + STATS_SLACK_MS) * 1000000u;
 
 	if (st->nbuckets != WAIT_BUCKETS || st->wait_ns < c->wait_ns ||
-	    st->compute_ns < c->compute_ns || st->calls < c->calls)
+	    st->compute_ns < c->compute_ns || st->calls < c->calls || st->calls > INT64_MAX ||
+	    st->wait_ns > most_ns || st->compute_ns > most_ns - st->wait_ns)
 		goto bad;
 	for (size_t i = 0; i < WAIT_BUCKETS; i++) {
 		if (st->buckets[i] < c->buckets[i] || __builtin_add_overflow(calls, st->buckets[i], &calls))

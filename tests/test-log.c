@@ -17,11 +17,16 @@ static void test_quote(void)
 	assert(!strcmp(log_quote(buf, "a=b"), "\"a=b\""));
 	assert(!strcmp(log_quote(buf, "say \"hi\" \\o/"), "\"say \\\"hi\\\" \\\\o/\""));
 	assert(!strcmp(log_quote(buf, "line\nbreak\ttab"), "\"line break tab\""));
+	/* UTF-8 stays; C1 controls (the 8-bit CSI) and invalid bytes do not */
+	assert(!strcmp(log_quote(buf, "caf\xc3\xa9"), "caf\xc3\xa9"));
+	assert(!strcmp(log_quote(buf, "a\xc2\x9b" "31mb"), "\"a 31mb\""));
+	assert(!strcmp(log_quote(buf, "x\x9b" "1m\xff"), "\"x 1m \""));
+	assert(!strcmp(log_quote(buf, "\xe2\x82"), "\"  \""));       /* cut sequence */
 	/* cut to fit, still quoted and terminated */
 	memset(big, 'x', sizeof(big) - 1);
 	big[sizeof(big) - 1] = '\0';
 	log_quote(buf, big);
-	assert(strlen(buf) < LOG_QUOTE_MAX && buf[0] == '"' && buf[strlen(buf) - 1] == '"');
+	assert(strlen(buf) < LOG_QUOTE_MAX && strlen(buf) > LOG_QUOTE_MAX / 2 && buf[0] == 'x');
 	memset(big, '"', sizeof(big) - 1);
 	log_quote(buf, big);
 	assert(strlen(buf) < LOG_QUOTE_MAX && buf[strlen(buf) - 1] == '"' && buf[strlen(buf) - 2] == '"');

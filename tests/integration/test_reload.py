@@ -271,8 +271,10 @@ def test_reload_creates_drains_and_replaces_pipelines(daemon, workdir):
     d = daemon("--config", cfg)
     ca = d.popen_consume("a", "--delay", "80")        # endless: only the drain ends it
     cb = d.popen_consume("b", "--delay", "80")        # 8 s for its epoch
+    # a client is listed from its connect, before it attached
     d.wait_for(lambda s: len(s["clients"]) == 2 and
-               all(c["attachments"][0]["delivered"] >= 2 for c in s["clients"]), "both reading")
+               all(c["attachments"] and c["attachments"][0]["delivered"] >= 2
+                   for c in s["clients"]), "both reading")
 
     spec_b2 = dict(spec_b, batch_size=8)
     spec_d = token_spec("d", tok, SEQ, "uint16", batch_size=10)

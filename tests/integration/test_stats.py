@@ -11,6 +11,7 @@ worker (a data-starved one). Their figures are compared with each other, not
 with clock times: only sleeps give lower bounds."""
 
 import os
+import signal
 import subprocess
 import textwrap
 
@@ -22,12 +23,12 @@ BATCH = 8
 BUCKETS = 23
 
 
-def trainer(d, pipeline, batches, sleep, hold=True):
+def trainer(d, pipeline, batches, sleep, hold=True, mode=None):
     """A Python trainer: reads @batches batches sleeping @sleep s after each,
     prints "done", then (hold) stays attached until its stdin closes."""
     code = textwrap.dedent(f"""
         import sys, time, loaderd
-        loader = loaderd.DataLoader({pipeline!r}, socket={d.socket!r}, name="trainer")
+        loader = loaderd.DataLoader({pipeline!r}, socket={d.socket!r}, name="trainer", mode={mode!r})
         n = 0
         while n < {batches}:
             for b in loader:
@@ -201,17 +202,49 @@ def test_reports_that_do_not_add_up_are_ignored_and_counted(ld, workdir):
             trainer_stats(4_000_000, 8_000_000, 5, good[:-1]),       # 22 buckets
             # buckets that add up to 10 only by wrapping around 2**64
             trainer_stats(4_000_000, 8_000_000, 10, [2**64 - 1, 6] + good[2:]),
+            # more waiting than the time since the attach (seconds)
+            trainer_stats(20_003_000_000, 7_000_000, 6, good[:22] + [1]),
+            # whole and growing, but a count JSON and Prometheus cannot show
+            trainer_stats(4_000_000, 8_000_000, 2**63 + 5, [2**63] + good[1:]),
         ]
         for i, b in enumerate(bad, 1):
             assert release_with(raw, att_id, b) == 4
             s = stats()
             assert s["bad_reports"] == i and s["next_calls_total"] == 5, s
-        # the last one was whole and grew: counts once more numbers are right
+        # whole, growing, plausible: counted
         more = list(good)
-        more[22] = 1
-        assert release_with(raw, att_id, trainer_stats(20_003_000_000, 7_000_000, 6, more)) == 4
+        more[12] = 1
+        assert release_with(raw, att_id, trainer_stats(11_000_000, 7_000_000, 6, more)) == 4
         s = stats()
-        assert s["next_calls_total"] == 6 and s["wait_seconds_total"] == 20.003
-        assert s["wait_histogram"]["counts"][22] == 1
+        assert s["next_calls_total"] == 6 and s["wait_seconds_total"] == 0.011
+        assert s["wait_histogram"]["counts"][12] == 1 and s["bad_reports"] == len(bad)
     finally:
         raw.close()
+
+
+def test_a_wait_that_lasts_is_reported_while_it_lasts(ld, workdir):
+    """A trainer whose next() waits for seconds (a broadcast stream that
+    waits for a second client) shows its wait as it grows, with no wait
+    ended yet: the Python package's polls that time out and the C library's
+    untimed wait alike. Before, a starved trainer showed no figure at all."""
+    tok = os.path.join(workdir, "tok.bin")
+    random_tokens(tok, 400 * SEQ + 1)
+    ld.create(token_spec("two", tok, SEQ, "uint16", batch_size=BATCH, epochs=0, min_clients=3))
+    py = trainer(ld, "two", 1, 0.0, mode="broadcast")
+    c = ld.popen_consume("two", "--mode", "broadcast", dump=False)
+
+    def waited(s):
+        got = [att_of(s, p.pid) for p in (py, c)]
+        return all(a and a["stats"]["wait_seconds_total"] >= 1.5 for a in got)
+    try:
+        st = ld.wait_for(waited, "both waits reported while they last", timeout=30)
+        for p in (py, c):
+            s = att_of(st, p.pid)["stats"]
+            assert s["next_calls_total"] == 0 and s["batches_total"] == 0, s
+            assert s["wait_fraction"] is not None and s["wait_fraction"] > 0.9, s
+            assert s["bad_reports"] == 0, s
+    finally:
+        py.kill()
+        py.communicate(timeout=30)
+        c.signal(signal.SIGKILL)
+        c.wait(timeout=30)
