@@ -25,11 +25,16 @@
 
 #include "loader/loader.h"
 
-static double now_s(void)
+static double clock_s(clockid_t id)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(id, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double now_s(void)
+{
+	return clock_s(CLOCK_MONOTONIC);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -118,12 +123,18 @@ int main(int argc, char **argv)
 
 	if (strcmp(what, "throughput") == 0) {
 		double t0 = now_s(), t_prev = t0;
+		/* the consumer thread's own CPU time (not libloader's threads), as
+		 * bench/python_overhead.py compares it with the Python loader's */
+		double cpu0 = clock_s(CLOCK_THREAD_CPUTIME_ID), cpu_prev = cpu0;
+		double lib_cpu = 0; /* of that, in ldr_next() and ldr_release() */
 		unsigned long long bytes = 0, n = 0, samples = 0;
 		volatile unsigned char sink = 0;
 		bool counting = skip_epochs <= 0;
 		while (batches < 0 || (long)n < batches) {
 			struct ldr_batch *b;
+			double c0 = clock_s(CLOCK_THREAD_CPUTIME_ID), c1;
 			r = ldr_next(a, 60000, &b);
+			c1 = clock_s(CLOCK_THREAD_CPUTIME_ID);
 			if (r == LDR_EOF)
 				break;
 			if (r < 0) {
@@ -133,6 +144,7 @@ int main(int argc, char **argv)
 			if (!counting && ldr_batch_epoch(b) >= (uint64_t)skip_epochs) {
 				counting = true;
 				t0 = t_prev;
+				cpu0 = cpu_prev;
 			}
 			for (int f = 0; f < ldr_batch_nfields(b); f++) {
 				struct ldr_field fd;
@@ -146,13 +158,17 @@ int main(int argc, char **argv)
 				samples += ldr_batch_rows(b);
 				n++;
 			}
+			double c2 = clock_s(CLOCK_THREAD_CPUTIME_ID);
 			ldr_release(b);
 			t_prev = now_s();
+			cpu_prev = clock_s(CLOCK_THREAD_CPUTIME_ID);
+			if (counting)
+				lib_cpu += (c1 - c0) + (cpu_prev - c2);
 		}
-		double dt = now_s() - t0;
+		double dt = now_s() - t0, cpu = cpu_prev - cpu0;
 		printf("{\"bench\":\"throughput\",\"batches\":%llu,\"samples\":%llu,\"bytes\":%llu,"
-		       "\"seconds\":%.4f,\"gb_per_s\":%.3f,\"samples_per_s\":%.1f}\n",
-		       n, samples, bytes, dt, (double)bytes / dt / 1e9, (double)samples / dt);
+		       "\"seconds\":%.4f,\"gb_per_s\":%.3f,\"samples_per_s\":%.1f,\"thread_cpu_s\":%.4f,\"lib_cpu_s\":%.4f}\n",
+		       n, samples, bytes, dt, (double)bytes / dt / 1e9, (double)samples / dt, cpu, lib_cpu);
 	} else if (strcmp(what, "latency") == 0) {
 		double *lat = malloc(sizeof(double) * (size_t)calls);
 		long got = 0;
