@@ -190,22 +190,49 @@ void handle_set(struct server *srv, struct sctx *c, struct client *cl, const Loa
 	}
 }
 
+/* A reload whose files are opened off the loop (config_reload()). */
+struct reload_ctx {
+	struct server *srv;
+	struct sctx *c;
+	uint64_t client_id;
+	bool parked;              /* handle_reload() returned: the answer comes later */
+	bool answered;            /* the answer came before it returned */
+};
+
+static void reload_answer(void *ctx, int r, json_t *report, const char *err)
+{
+	struct reload_ctx *x = ctx;
+	struct client *cl;
+
+	for (cl = x->srv->clients; cl && cl->id != x->client_id; cl = cl->next)
+		;
+	if (!cl) {
+		/* gone meanwhile: the reply goes nowhere (the context is free again) */
+		json_decref(report);
+		reply_error(x->srv, x->c, ECONNRESET, "client gone");
+	} else if (r < 0) {
+		reply_error(x->srv, x->c, -r, err);
+	} else {
+		reply_json(x->srv, x->c, report);
+	}
+	if (reply_unpark(x->parked, &x->answered))
+		free(x);
+}
+
 void handle_reload(struct server *srv, struct sctx *c, struct client *cl)
 {
-	char who[256], err[2048] = "";
-	json_t *report = NULL;
-	int r;
+	struct reload_ctx *x;
+	char who[256];
 
 	if (!admin_or_reply(srv, c, cl, "reload"))
 		return;
-	if (!srv->reload) {
-		reply_error(srv, c, ENOTSUP, "this loaderd runs without a config file to reload");
+	if (!(x = calloc(1, sizeof(*x)))) {
+		reply_error(srv, c, ENOMEM, "out of memory");
 		return;
 	}
+	*x = (struct reload_ctx){ .srv = srv, .c = c, .client_id = cl->id };
 	who_text(cl, who, sizeof(who));
-	r = srv->reload(srv->reload_data, who, &report, err, sizeof(err));
-	if (r < 0)
-		reply_error(srv, c, -r, err);
-	else
-		reply_json(srv, c, report);
+	srv->reload(srv->reload_data, who, reload_answer, x);
+	if (reply_park(c, &x->parked, x->answered))
+		free(x);
 }

@@ -87,10 +87,8 @@ static void create_answer(void *userdata, int r, const char *err)
 		rep.create = &cr;
 		send_reply(srv, x->c, &rep);
 	}
-	if (x->parked)
+	if (reply_unpark(x->parked, &x->answered))
 		free(x);
-	else
-		x->answered = true;
 }
 
 static void handle_create(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__CreatePipeline *m)
@@ -118,13 +116,8 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 	 * closes and nobody reads it (docs/spec.md, "Lifetime"); its files are
 	 * opened on libuv's pool, as its creator (docs/security.md) */
 	engine_create_async(srv->engine, spec, &who, cl->id, m->exist_ok, create_answer, x);
-	if (x->answered) {
+	if (reply_park(c, &x->parked, x->answered))
 		free(x);
-		return;
-	}
-	x->parked = true;
-	c->state = CTX_PARKED;
-	c->answered = true;
 }
 
 static void handle_drop(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__DropPipeline *m)

@@ -189,17 +189,22 @@ static int start_metrics(struct daemon *d, const struct server_config *sc, char 
 	return r;
 }
 
+static void sighup_done(void *ctx, int r, json_t *report, const char *err)
+{
+	(void)ctx;
+	(void)r;
+	(void)err;
+	json_decref(report);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct daemon *d = h->data;
 
 	if (signum == SIGHUP) {
-		json_t *report = NULL;
-		char err[2048];
 		/* what it did or why not is in the log (reload.c); `loaderctl
 		 * reload` gets the same as its reply */
-		if (config_reload(&d->run, "SIGHUP", &report, err, sizeof(err)) == 0)
-			json_decref(report);
+		config_reload(&d->run, "SIGHUP", sighup_done, NULL);
 		return;
 	}
 	log_notice("%s received", strsignal(signum));

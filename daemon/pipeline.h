@@ -188,7 +188,22 @@ int engine_create(struct engine *eng, struct spec *spec, const struct principal 
 typedef void (*engine_create_cb)(void *userdata, int r, const char *err);
 void engine_create_async(struct engine *eng, struct spec *spec, const struct principal *who,
                          uint64_t client, bool exist_ok, engine_create_cb cb, void *userdata);
-/* Creates in flight (the server's stop waits for them, a while). */
+/*
+ * engine_open_async() - only the file work of a create, on libuv's pool as
+ * @who: @cb on the loop gets the opened source (NULL with r < 0 and why),
+ * for engine_create_opened(). @spec stays the caller's; it must live and stay
+ * unchanged until @cb. A reload opens its new pipelines' files so, and
+ * applies the whole file in one loop turn once all are open.
+ * engine_create_opened() - engine_create() over @src (taken), opened so.
+ */
+struct source;
+typedef void (*engine_open_cb)(void *userdata, struct source *src, int r, const char *err);
+void engine_open_async(struct engine *eng, struct spec *spec, const struct principal *who,
+                       engine_open_cb cb, void *userdata);
+int engine_create_opened(struct engine *eng, struct spec *spec, const struct principal *who,
+                         uint64_t client, bool exist_ok, struct source *src, char *err,
+                         size_t errlen);
+/* Creates (and opens) in flight (the server's stop waits for them, a while). */
 unsigned engine_creating(const struct engine *eng);
 /* A client's connection closed: the pipelines it held may start to linger. */
 void engine_client_gone(struct engine *eng, uint64_t client);
@@ -212,10 +227,19 @@ void engine_set_slow_timeout(struct engine *eng, uint64_t ms);
  * (an array of names) drains: no new attachments, its clients finish the
  * epoch they are in and are then told it was removed; dropped once none is
  * left. Return: [{"name", "clients"}] of those, new.
+ * engine_config_needs_open(): whether applying @spec builds a pipeline, so
+ * that a reload opens its files first (engine_open_async()).
+ * @op: its files opened so (the source taken), or NULL: opened here.
  */
 enum { CONFIG_UNCHANGED, CONFIG_CREATED, CONFIG_REPLACED };
-int engine_config_apply(struct engine *eng, struct spec *spec, const char *why, char *err,
-                        size_t errlen);
+struct config_open {
+	struct source *src;       /* NULL: the open failed (r, err), or none was made */
+	int r;
+	char err[1024];
+};
+bool engine_config_needs_open(struct engine *eng, const struct spec *spec);
+int engine_config_apply(struct engine *eng, struct spec *spec, struct config_open *op,
+                        const char *why, char *err, size_t errlen);
 json_t *engine_config_drain(struct engine *eng, json_t *keep, const char *why);
 /* Its owner and the admins may drop a pipeline (-EPERM naming the owner). */
 int engine_drop(struct engine *eng, const char *name, const struct principal *who, bool force,

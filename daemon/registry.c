@@ -582,6 +582,7 @@ struct create_req {
 	uint64_t client;
 	bool exist_ok;
 	engine_create_cb cb;
+	engine_open_cb open_cb;       /* engine_open_async(): the source is the caller's */
 	void *userdata;
 	struct source *src;
 	int r;
@@ -602,7 +603,10 @@ static void create_done(struct create_req *q)
 {
 	struct create_req *w = q->waiters;
 
-	q->cb(q->userdata, q->r, q->err);
+	if (q->open_cb)
+		q->open_cb(q->userdata, q->r < 0 ? NULL : q->src, q->r, q->err);
+	else
+		q->cb(q->userdata, q->r, q->err);
 	free(q);
 	/* the next of the same name: it now finds the pipeline (or opens its own) */
 	while (w) {
@@ -630,7 +634,11 @@ static void create_after(uv_work_t *w, int status)
 		if (q->r >= 0)
 			q->r = errfmt(-ECANCELED, q->err, sizeof(q->err), "create cancelled");
 		source_free(q->src);
-		spec_free(q->spec);
+		q->src = NULL;
+		if (!q->open_cb)
+			spec_free(q->spec);
+	} else if (q->open_cb) {
+		/* opened: the caller builds */
 	} else if ((r = create_check(eng, q->spec, &q->who, q->client, q->exist_ok, q->err,
 	                             sizeof(q->err))) != 1) {
 		/* the name changed hands meanwhile (a drop, a config reload) */
@@ -642,6 +650,26 @@ static void create_after(uv_work_t *w, int status)
 	create_done(q);
 }
 
+/* An open alone (engine_open_async()): on the pool, or here without one. */
+static void open_start(struct create_req *q)
+{
+	struct engine *eng = q->eng;
+
+	q->work.data = q;
+	if (uv_queue_work(eng->loop, &q->work, create_work, create_after) < 0) {
+		create_work(&q->work);
+		if (q->r < 0) {
+			source_free(q->src);
+			q->src = NULL;
+		}
+		create_done(q);
+		return;
+	}
+	q->next = eng->creating;
+	eng->creating = q;
+	eng->ncreating++;
+}
+
 static void create_start(struct create_req *q)
 {
 	struct engine *eng = q->eng;
@@ -649,6 +677,10 @@ static void create_start(struct create_req *q)
 	int r;
 
 	q->err[0] = '\0';
+	if (q->open_cb) {
+		open_start(q);
+		return;
+	}
 	r = create_check(eng, q->spec, &q->who, q->client, q->exist_ok, q->err, sizeof(q->err));
 	if (r != 1) {
 		q->r = r;
@@ -688,6 +720,32 @@ void engine_create_async(struct engine *eng, struct spec *spec, const struct pri
 	*q = (struct create_req){ .eng = eng, .spec = spec, .who = *who, .client = client,
 		.exist_ok = exist_ok, .cb = cb, .userdata = userdata };
 	create_start(q);
+}
+
+void engine_open_async(struct engine *eng, struct spec *spec, const struct principal *who,
+                       engine_open_cb cb, void *userdata)
+{
+	struct create_req *q = calloc(1, sizeof(*q));
+
+	if (!q) {
+		cb(userdata, NULL, -ENOMEM, "out of memory");
+		return;
+	}
+	*q = (struct create_req){ .eng = eng, .spec = spec, .who = *who, .open_cb = cb,
+		.userdata = userdata };
+	create_start(q);
+}
+
+int engine_create_opened(struct engine *eng, struct spec *spec, const struct principal *who,
+                         uint64_t client, bool exist_ok, struct source *src, char *err,
+                         size_t errlen)
+{
+	int r = create_check(eng, spec, who, client, exist_ok, err, errlen);
+
+	if (r == 1)
+		return create_build(eng, spec, who, client, src, err, errlen);
+	source_free(src);
+	return r;
 }
 
 unsigned engine_creating(const struct engine *eng)

@@ -24,6 +24,7 @@
 #include "pipeline.h"
 #include "reload.h"
 #include "server.h"
+#include "source.h"
 
 int config_spec(json_t *spec_json, struct spec **out, char *err, size_t errlen)
 {
@@ -141,7 +142,7 @@ int config_run_pipelines(struct config_run *cr, const struct settings *cfg)
 		char err[1024];
 		int r = config_spec(spec_json, &spec, err, sizeof(err));
 		if (r == 0)
-			r = engine_config_apply(eng, spec, "start", err, sizeof(err));
+			r = engine_config_apply(eng, spec, NULL, "start", err, sizeof(err));
 		if (r < 0 || r == CONFIG_UNCHANGED) {
 			/* at start, "unchanged" is a name the file has twice */
 			log_err("%s: pipelines[%zu]: %s", cfg->path, i, err);
@@ -166,11 +167,27 @@ const char *config_log_value(char *buf, const json_t *v)
 /* --- a reload ----------------------------------------------------------- */
 
 struct reload_job {
+	struct reload_job *next;  /* in cr->queued */
 	struct config_run *cr;
-	const char *who;
+	char who[256];
+	server_reload_done done;
+	void *ctx;
 	json_t *changed;          /* [{"key", "old", "new"[, "note"]}] */
 	json_t *restart;          /* [{"key", "running", "file"}] */
+	struct settings fresh;    /* the file, checked */
+	struct spec **specs;      /* its pipelines, n of them */
+	struct reload_open *opens;
+	size_t n;
+	size_t opening;           /* opens not done yet, +1 while they are started */
 };
+
+/* A pipeline's files, opened for a reload (engine_open_async()). */
+struct reload_open {
+	struct reload_job *j;
+	struct config_open op;
+};
+
+#define RELOAD_QUEUE_MAX 16
 
 /* @key went from @old to @new (both taken): into the report and the log,
  * unless they are equal. */
@@ -306,6 +323,7 @@ static int check_specs(const struct settings *f, struct spec **specs, size_t n, 
 static json_t *apply_pipelines(struct reload_job *j, const struct settings *f, struct spec **specs,
                                size_t n)
 {
+	struct reload_open *opens = j->opens;
 	struct engine *eng = server_engine(j->cr->srv);
 	json_t *created = json_array(), *replaced = json_array(), *same = json_array();
 	json_t *failed = json_array(), *keep = json_array();
@@ -317,7 +335,7 @@ static json_t *apply_pipelines(struct reload_job *j, const struct settings *f, s
 		int r;
 		snprintf(name, sizeof(name), "%s", specs[i]->name);
 		json_array_append_new(keep, json_string(name));
-		r = engine_config_apply(eng, specs[i], why, err, sizeof(err));
+		r = engine_config_apply(eng, specs[i], opens ? &opens[i].op : NULL, why, err, sizeof(err));
 		specs[i] = NULL;
 		if (r == CONFIG_CREATED)
 			json_array_append_new(created, json_string(name));
@@ -338,65 +356,165 @@ static json_t *apply_pipelines(struct reload_job *j, const struct settings *f, s
 	                 "draining", drained, "unchanged", same, "failed", failed);
 }
 
-int config_reload(void *userdata, const char *who, json_t **report, char *err, size_t errlen)
+static void reload_start(struct reload_job *j);
+
+/* @j is done: it answers, it goes, the next one queued starts. */
+static void reload_end(struct reload_job *j, int r, json_t *report, const char *err)
 {
-	struct config_run *cr = userdata;
-	struct settings fresh = { 0 };
-	struct reload_job j = { .cr = cr, .who = who };
-	struct spec **specs = NULL;
-	size_t n = 0;
-	json_t *pipelines;
-	char why[1536], qp[LOG_QUOTE_MAX], qw[LOG_QUOTE_MAX], qe[LOG_QUOTE_MAX];
+	struct config_run *cr = j->cr;
+
+	for (size_t i = 0; j->specs && i < j->n; i++)
+		spec_free(j->specs[i]);
+	for (size_t i = 0; j->opens && i < j->n; i++)
+		source_free(j->opens[i].op.src);
+	free(j->specs);
+	free(j->opens);
+	settings_clear(&j->fresh);
+	if (cr->reloading == j)
+		cr->reloading = NULL;
+	j->done(j->ctx, r, report, err);
+	free(j);
+	if (!cr->reloading && (j = cr->queued)) {
+		cr->queued = j->next;
+		cr->nqueued--;
+		reload_start(j);
+	}
+}
+
+static void reload_invalid(struct reload_job *j, int r, const char *why)
+{
+	char qw[LOG_QUOTE_MAX], qe[LOG_QUOTE_MAX], err[2048];
+
+	log_event(LOG_ERR, "config.invalid", "by=%s error=%s kept=\"the running config\"",
+	          log_quote(qw, j->who), log_quote(qe, why));
+	notify_send("READY=1\nSTATUS=reload failed, serving with the previous config");
+	errfmt(r, err, sizeof(err), "%s; the running config is kept", why);
+	reload_end(j, r, NULL, err);
+}
+
+/* Every file is open (or could not be): the reload applies, in this turn. */
+static void reload_apply(struct reload_job *j)
+{
+	struct config_run *cr = j->cr;
+	json_t *pipelines, *report;
+	char why[1536], qp[LOG_QUOTE_MAX], qw[LOG_QUOTE_MAX];
 	int r;
 
-	if (!cr->path) {
-		char by[LOG_QUOTE_MAX];
-		log_event(LOG_NOTICE, "config.reload", "by=%s error=\"no config file to reload\"",
-		          log_quote(by, who));
-		return errfmt(-ENOENT, err, errlen, "loaderd runs without a config file "
-		              "(--config, $LOADERD_CONFIG, /etc/loaderd/loaderd.json): nothing to reload");
+	j->changed = json_array();
+	j->restart = json_array();
+	if ((r = apply_settings(j, &j->fresh, why, sizeof(why))) < 0) {
+		json_decref(j->changed);
+		json_decref(j->restart);
+		reload_invalid(j, r, why);
+		return;
 	}
-	notify_reloading();
-	if ((r = settings_load(&fresh, cr->path, false, why, sizeof(why))) < 0)
-		goto invalid;
-	n = fresh.pipelines ? json_array_size(fresh.pipelines) : 0;
-	if (n && !(specs = calloc(n, sizeof(*specs)))) {
-		r = errfmt(-ENOMEM, why, sizeof(why), "out of memory");
-		goto invalid;
-	}
-	if (n && (r = check_specs(&fresh, specs, n, why, sizeof(why))) < 0)
-		goto invalid;
-
-	j.changed = json_array();
-	j.restart = json_array();
-	if ((r = apply_settings(&j, &fresh, why, sizeof(why))) < 0) {
-		json_decref(j.changed);
-		json_decref(j.restart);
-		goto invalid;
-	}
-	check_restart_keys(&j, &fresh);
-	pipelines = apply_pipelines(&j, &fresh, specs, n);
+	check_restart_keys(j, &j->fresh);
+	pipelines = apply_pipelines(j, &j->fresh, j->specs, j->n);
 	log_event(LOG_NOTICE, "config.reload", "config=%s by=%s changed=%zu restart_needed=%zu "
 	          "created=%zu replaced=%zu draining=%zu failed=%zu", log_quote(qp, cr->path),
-	          log_quote(qw, who), json_array_size(j.changed), json_array_size(j.restart),
+	          log_quote(qw, j->who), json_array_size(j->changed), json_array_size(j->restart),
 	           json_array_size(json_object_get(pipelines, "created")),
 	           json_array_size(json_object_get(pipelines, "replaced")),
 	           json_array_size(json_object_get(pipelines, "draining")),
 	           json_array_size(json_object_get(pipelines, "failed")));
-	*report = json_pack("{s:s, s:s, s:o, s:o, s:o}", "file", cr->path, "by", who,
-	                    "changed", j.changed, "restart_needed", j.restart, "pipelines", pipelines);
-	free(specs);
-	settings_clear(&fresh);
+	report = json_pack("{s:s, s:s, s:o, s:o, s:o}", "file", cr->path, "by", j->who,
+	                   "changed", j->changed, "restart_needed", j->restart, "pipelines", pipelines);
 	notify_send("READY=1\nSTATUS=serving");
-	return *report ? 0 : errfmt(-ENOMEM, err, errlen, "reload: out of memory for the report");
+	if (report)
+		reload_end(j, 0, report, NULL);
+	else
+		reload_end(j, -ENOMEM, NULL, "reload: out of memory for the report");
+}
 
-invalid:
-	for (size_t i = 0; specs && i < n; i++)
-		spec_free(specs[i]);
-	free(specs);
-	settings_clear(&fresh);
-	log_event(LOG_ERR, "config.invalid", "by=%s error=%s kept=\"the running config\"",
-	          log_quote(qw, who), log_quote(qe, why));
-	notify_send("READY=1\nSTATUS=reload failed, serving with the previous config");
-	return errfmt(r, err, errlen, "%s; the running config is kept", why);
+static void reload_opened(void *userdata, struct source *src, int r, const char *err)
+{
+	struct reload_open *o = userdata;
+	struct reload_job *j = o->j;
+
+	o->op.src = src;
+	o->op.r = r;
+	snprintf(o->op.err, sizeof(o->op.err), "%s", err ? err : "");
+	if (--j->opening == 0)
+		reload_apply(j);
+}
+
+/* Read and check the file, then open the files of the pipelines it builds
+ * on the pool: the loop serves everyone meanwhile. */
+static void reload_start(struct reload_job *j)
+{
+	struct config_run *cr = j->cr;
+	struct engine *eng = server_engine(cr->srv);
+	struct principal self;
+	char why[1536];
+	int r;
+
+	cr->reloading = j;
+	notify_reloading();
+	if ((r = settings_load(&j->fresh, cr->path, false, why, sizeof(why))) < 0) {
+		reload_invalid(j, r, why);
+		return;
+	}
+	j->n = j->fresh.pipelines ? json_array_size(j->fresh.pipelines) : 0;
+	if (j->n && (!(j->specs = calloc(j->n, sizeof(*j->specs))) ||
+	             !(j->opens = calloc(j->n, sizeof(*j->opens))))) {
+		reload_invalid(j, -ENOMEM, "out of memory");
+		return;
+	}
+	if (j->n && (r = check_specs(&j->fresh, j->specs, j->n, why, sizeof(why))) < 0) {
+		reload_invalid(j, r, why);
+		return;
+	}
+	/* the config's pipelines are the daemon's, read with its rights */
+	principal_daemon(&self);
+	j->opening = 1;
+	for (size_t i = 0; i < j->n; i++) {
+		j->opens[i].j = j;
+		if (!engine_config_needs_open(eng, j->specs[i]))
+			continue;
+		j->opening++;
+		engine_open_async(eng, j->specs[i], &self, reload_opened, &j->opens[i]);
+	}
+	if (--j->opening == 0)
+		reload_apply(j);
+}
+
+void config_reload(void *userdata, const char *who, server_reload_done done, void *ctx)
+{
+	struct config_run *cr = userdata;
+	struct reload_job *j, **pp;
+	char by[LOG_QUOTE_MAX], qr[LOG_QUOTE_MAX];
+
+	if (!cr->path) {
+		log_event(LOG_NOTICE, "config.reload", "by=%s error=\"no config file to reload\"",
+		          log_quote(by, who));
+		done(ctx, -ENOENT, NULL, "loaderd runs without a config file (--config, "
+		     "$LOADERD_CONFIG, /etc/loaderd/loaderd.json): nothing to reload");
+		return;
+	}
+	if (cr->nqueued >= RELOAD_QUEUE_MAX) {
+		char msg[160];
+		snprintf(msg, sizeof(msg), "a reload is in progress and %d more wait for it: try "
+		         "again once they are done", RELOAD_QUEUE_MAX);
+		done(ctx, -EBUSY, NULL, msg);
+		return;
+	}
+	if (!(j = calloc(1, sizeof(*j)))) {
+		done(ctx, -ENOMEM, NULL, "reload: out of memory");
+		return;
+	}
+	j->cr = cr;
+	j->done = done;
+	j->ctx = ctx;
+	snprintf(j->who, sizeof(j->who), "%s", who);
+	if (!cr->reloading) {
+		reload_start(j);
+		return;
+	}
+	/* the file may have changed after the running one read it: read again */
+	log_event(LOG_NOTICE, "config.reload", "by=%s queued=%s", log_quote(by, who),
+	          log_quote(qr, "a reload is in progress: this one follows it"));
+	for (pp = &cr->queued; *pp; pp = &(*pp)->next)
+		;
+	*pp = j;
+	cr->nqueued++;
 }

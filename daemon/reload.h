@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "settings.h"
+#include "server.h"
 #include "spec.h"
 
 struct server;
@@ -31,6 +32,10 @@ struct config_run {
 	uint64_t linger_ms, slow_ms, max_held;
 	int admin_gid;                /* -1: none */
 	unsigned max_conn;
+	/* the reload running (its files open off the loop), and those asked
+	 * for meanwhile, in turn */
+	struct reload_job *reloading, *queued;
+	unsigned nqueued;
 };
 
 /* Pipeline @spec_json of a config as a spec, checked as the daemon creates it
@@ -57,10 +62,12 @@ int config_run_pipelines(struct config_run *cr, const struct settings *cfg);
  * Every setting that can change live changes (old -> new, logged); those
  * that need a restart are named; the config's pipelines are created, left,
  * replaced or drained (retire.c). An invalid file or spec changes nothing.
- * Return: 0 and *@report, what it did (docs/config.md, "Reload"), or a
- * negative errno with @err "FILE: key: why; the running config is kept".
+ * The files of new and changed pipelines are opened on libuv's pool; once
+ * all are, everything is applied in one loop turn and @done gets what it did
+ * (docs/config.md, "Reload"), or an error "FILE: key: why; the running config
+ * is kept". A reload asked for while one runs follows it.
  */
-int config_reload(void *userdata, const char *who, json_t **report, char *err, size_t errlen);
+void config_reload(void *userdata, const char *who, server_reload_done done, void *ctx);
 void config_run_clear(struct config_run *cr);
 /* @v as a logfmt value in @buf (log_quote()): a string as it is, a number
  * or null as JSON has it. Returns @buf. */

@@ -91,9 +91,21 @@ static void drain_streams(struct pipeline *pl)
 	}
 }
 
-static void retire(struct pipeline *pl, int kind, const char *why)
+/* What retire() changes of a pipeline that stays, for unretire(). */
+struct unretired {
+	bool persist, has_ttl, unused;
+	uint64_t ttl_ms, unused_since;
+	uint32_t nholders;
+};
+
+static void retire(struct pipeline *pl, int kind, const char *why, struct unretired *was)
 {
 	struct engine *eng = pl->eng;
+
+	if (was)
+		*was = (struct unretired){ .persist = pl->persist, .has_ttl = pl->has_ttl,
+			.unused = pl->unused, .ttl_ms = pl->ttl_ms, .unused_since = pl->unused_since,
+			.nholders = pl->nholders };
 
 	pl->retired = kind;
 	pl->persist = false;
@@ -123,40 +135,77 @@ static void retire(struct pipeline *pl, int kind, const char *why)
 }
 
 /* Undo retire() of a replace whose successor could not be created, in the
- * same loop turn (the linger timer has not run). */
-static void unretire(struct pipeline *pl)
+ * same loop turn (the linger timer has not run): its holders, linger and
+ * unused clock are what they were. */
+static void unretire(struct pipeline *pl, const struct unretired *was)
 {
 	pl->retired = RETIRE_NONE;
-	pl->persist = true;
-	pl->has_ttl = false;
-	pl->unused = !pl->natts;
+	pl->persist = was->persist;
+	pl->has_ttl = was->has_ttl;
+	pl->ttl_ms = was->ttl_ms;
+	pl->nholders = was->nholders;
+	pl->unused = was->unused;
+	pl->unused_since = was->unused_since;
 	linger_arm(pl->eng);
+	pipeline_update(pl);
 }
 
-int engine_config_apply(struct engine *eng, struct spec *spec, const char *why, char *err,
-                        size_t errlen)
+bool engine_config_needs_open(struct engine *eng, const struct spec *spec)
 {
 	struct pipeline *old = engine_find(eng, spec->name);
+	char diff[8];
+
+	return !old || !old->from_config || old->failed ||
+	       spec_diff(spec, old->spec, diff, sizeof(diff)) != 0;
+}
+
+/* engine_create() of the config's @spec, over @op's source when it has one. */
+static int config_create(struct engine *eng, struct spec *spec, struct config_open *op,
+                         bool exist_ok, char *err, size_t errlen)
+{
 	struct principal self;
+	struct source *src = op ? op->src : NULL;
+
+	/* the config's pipelines are the daemon's, read with its rights */
+	principal_daemon(&self);
+	if (op)
+		op->src = NULL;
+	return src ? engine_create_opened(eng, spec, &self, 0, exist_ok, src, err, errlen)
+	           : engine_create(eng, spec, &self, 0, exist_ok, err, errlen);
+}
+
+int engine_config_apply(struct engine *eng, struct spec *spec, struct config_open *op,
+                        const char *why, char *err, size_t errlen)
+{
+	struct pipeline *old = engine_find(eng, spec->name);
+	struct unretired was;
 	char diff[512];
 	size_t nd = 0;
 	int r;
 
-	/* the config's pipelines are the daemon's, read with its rights */
-	principal_daemon(&self);
 	if (old && old->from_config)
 		nd = spec_diff(spec, old->spec, diff, sizeof(diff));
 	/* a failed one is made anew: the reload may follow a fix of its files */
 	if (!old || !old->from_config || (nd == 0 && !old->failed)) {
-		r = engine_create(eng, spec, &self, 0, true, err, errlen);
+		if (op && !op->src && op->r < 0 && !old) {
+			spec_free(spec);
+			return errfmt(op->r, err, errlen, "%s", op->err);
+		}
+		r = config_create(eng, spec, op, true, err, errlen);
 		return r < 0 ? r : r == 1 ? CONFIG_CREATED : CONFIG_UNCHANGED;
 	}
 	if (nd == 0)
 		snprintf(diff, sizeof(diff), "it had failed: %.480s", old->error);
-	retire(old, RETIRE_REPLACED, why);
-	r = engine_create(eng, spec, &self, 0, false, err, errlen);
+	if (op && !op->src && op->r < 0) {
+		/* its files could not be opened: the old one stays as it is */
+		r = errfmt(op->r, err, errlen, "%s", op->err);
+		spec_free(spec);
+	} else {
+		retire(old, RETIRE_REPLACED, why, &was);
+		if ((r = config_create(eng, spec, op, false, err, errlen)) < 0)
+			unretire(old, &was);
+	}
 	if (r < 0) {
-		unretire(old);
 		log_event(LOG_WARNING, "pipeline.keep", "pipeline=%s why=\"its new spec could not be "
 		          "created\"", old->spec->name);
 		return r;
@@ -185,7 +234,7 @@ json_t *engine_config_drain(struct engine *eng, json_t *keep, const char *why)
 			continue;
 		json_array_append_new(drained, json_pack("{s:s, s:I}", "name", pl->spec->name,
 		                                         "clients", (json_int_t)pl->natts));
-		retire(pl, RETIRE_DRAIN, why);
+		retire(pl, RETIRE_DRAIN, why, NULL);
 	}
 	return drained;
 }

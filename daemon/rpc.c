@@ -235,3 +235,19 @@ void on_deliver(void *userdata, struct pending *p, const struct delivery *d)
 	}
 	send_reply(srv, c, &rep);
 }
+
+bool reply_park(struct sctx *c, bool *parked, bool answered)
+{
+	if (answered)
+		return true;
+	*parked = true;
+	c->state = CTX_PARKED;
+	c->answered = true;
+	return false;
+}
+
+bool reply_unpark(bool parked, bool *answered)
+{
+	*answered = true;
+	return parked;
+}

@@ -179,6 +179,15 @@ void reply_error(struct server *srv, struct sctx *c, int code, const char *msg);
 void reply_ok(struct server *srv, struct sctx *c);
 void reply_json(struct server *srv, struct sctx *c, json_t *obj);
 void on_deliver(void *userdata, struct pending *p, const struct delivery *d);
+/*
+ * A request answered from a callback that may run before its handler returns
+ * (a create, a reload: files opened off the loop). The handler, once it
+ * started the work: reply_park() true: the answer came, free the context;
+ * else @c waits, parked. The callback, after its reply: reply_unpark() true:
+ * free the context now (the handler returned).
+ */
+bool reply_park(struct sctx *c, bool *parked, bool answered);
+bool reply_unpark(bool parked, bool *answered);
 
 /* session.c */
 struct client *client_find(struct server *srv, uint32_t pipe);

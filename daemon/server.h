@@ -40,12 +40,14 @@ struct engine *server_engine(struct server *srv);
 void server_set_access(struct server *srv, int admin_gid, unsigned max_conn_per_uid);
 /*
  * The daemon's reload (reload.c), run for an admin's Reload request: @who
- * names the asker for the log; 0 with *@report (a JSON object, the
- * caller's) saying what changed, or a negative errno with @err saying why
- * nothing did.
+ * names the asker for the log. @done runs once on the loop, maybe before
+ * this returns: r 0 with @report (a JSON object, @done's) saying what
+ * changed, or a negative errno with @err saying why nothing did. A reload
+ * opens its new pipelines' files off the loop: meanwhile everyone is served.
  */
-typedef int (*server_reload_fn)(void *userdata, const char *who, json_t **report, char *err,
-                                size_t errlen);
+typedef void (*server_reload_done)(void *ctx, int r, json_t *report, const char *err);
+typedef void (*server_reload_fn)(void *userdata, const char *who, server_reload_done done,
+                                 void *ctx);
 void server_set_reload(struct server *srv, server_reload_fn fn, void *userdata);
 /* Tell clients, stop listening, free everything, remove the sockets; @done
  * runs on the loop once all of it is finished. */

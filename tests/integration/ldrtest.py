@@ -9,11 +9,15 @@ is the rows of its file; a dump is every field of every batch, in order, as
 raw C-order bytes (tokens: input then target; npy: the order of `paths`).
 """
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import struct
+import subprocess
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -24,6 +28,43 @@ sys.path.insert(0, os.path.join(os.path.dirname(TESTS_DIR), "pyharness"))
 # the build under test and the sanitizer markers: the one harness's
 from loaderd_harness import (BUILD_DIR, LOADERCTL, LOADERD, REPO_ROOT,  # noqa: E402,F401
                              SANITIZER_MARKERS, sanitizer_report)
+
+
+@contextlib.contextmanager
+def fuse_mount(workdir, script, mnt, ready, *args):
+    """A real FUSE file system: the fusepy @script run over @mnt (made here)
+    with *@args, until @ready exists under it. Skips the test where FUSE
+    cannot mount; unmounts at the end."""
+    import pytest
+    try:
+        import fusepy  # noqa: F401
+    except ImportError:
+        pytest.skip("python3-fusepy is not installed (scripts/bootstrap installs it)")
+    um = shutil.which("fusermount3") or shutil.which("fusermount")
+    if not os.path.exists("/dev/fuse") or not um:
+        pytest.skip("no /dev/fuse or no fusermount here")
+    os.mkdir(mnt)
+    path = os.path.join(workdir, "fs.py")
+    with open(path, "w") as f:
+        f.write(script)
+    fs = subprocess.Popen(["/usr/bin/python3", path, mnt, *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(os.path.join(mnt, ready)):
+        if fs.poll() is not None or time.monotonic() > deadline:
+            out = fs.communicate()[0] if fs.poll() is not None else ""
+            fs.kill()
+            pytest.skip(f"cannot mount a FUSE file system here: {out[-500:]}")
+        time.sleep(0.1)
+    try:
+        yield
+    finally:
+        subprocess.run([um, "-u", mnt], capture_output=True)
+        try:
+            fs.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            fs.kill()
+            fs.wait()
 
 
 def crc(data):

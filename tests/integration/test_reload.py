@@ -7,8 +7,12 @@ import json
 import os
 import re
 import signal
+import subprocess
+import time
 
-from ldrtest import partition_share, random_tokens, sequential_batches, split_batches, token_dump, token_spec
+import pytest
+
+from ldrtest import fuse_mount, partition_share, random_tokens, sequential_batches, split_batches, token_dump, token_spec
 from users import open_to_all, shared_config, users  # noqa: F401 (fixture)
 
 SEQ = 16
@@ -414,3 +418,115 @@ def test_reload_makes_a_failed_config_pipeline_anew(daemon, workdir):
     assert d.consume("f").dump == expected(toks, 4)
     d.wait_for(lambda s: [(x["name"], x["state"]) for x in s["pipelines"]] == [("f", "done")],
                "only the new f")
+
+
+# ------------------------------------------------- a reload that takes long
+
+SLOW_FS = """
+import errno, os, stat, sys, time
+from fusepy import FUSE, Operations, FuseOSError
+MNT, BACKING, HANG, OPENING = sys.argv[1:5]
+
+class SlowOpen(Operations):
+    # t.bin is BACKING's bytes; an open waits while HANG exists (a dataset
+    # on a network file system that takes long to answer)
+    def getattr(self, path, fh=None):
+        now = time.time()
+        if path == "/":
+            return dict(st_mode=stat.S_IFDIR | 0o755, st_nlink=2, st_ctime=now, st_mtime=now,
+                        st_atime=now)
+        if path == "/t.bin":
+            return dict(st_mode=stat.S_IFREG | 0o644, st_nlink=1,
+                        st_size=os.path.getsize(BACKING), st_ctime=now, st_mtime=now,
+                        st_atime=now)
+        raise FuseOSError(errno.ENOENT)
+    def readdir(self, path, fh):
+        return [".", "..", "t.bin"]
+    def open(self, path, flags):
+        open(OPENING, "w").close()
+        while os.path.exists(HANG):
+            time.sleep(0.05)
+        return 0
+    def read(self, path, size, offset, fh):
+        with open(BACKING, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
+FUSE(SlowOpen(), MNT, foreground=True, direct_io=True)
+"""
+
+
+@pytest.fixture
+def slow_open_fs(workdir):
+    """A real FUSE file system whose t.bin opens only when the test lets it."""
+    mnt, hang, opening = (os.path.join(workdir, n) for n in ("mnt", "hang", "opening"))
+    backing, toks = tokens(workdir, 300, seed=31, name="backing.bin")
+    with fuse_mount(workdir, SLOW_FS, mnt, "t.bin", backing, hang, opening):
+        yield os.path.join(mnt, "t.bin"), toks, hang, opening
+        if os.path.exists(hang):
+            os.unlink(hang)
+
+
+def test_a_reload_opens_new_files_while_everyone_is_served(daemon, workdir, slow_open_fs):
+    slow, slow_toks, hang, opening = slow_open_fs
+    tok, toks = tokens(workdir, 400, seed=30)            # 100 batches of 4
+    cfg = os.path.join(workdir, "loaderd.json")
+    spec_a = token_spec("a", tok, SEQ, "uint16", batch_size=4, prefetch=2)
+    write_config(cfg, {"pipelines": [spec_a]})
+    d = daemon("--config", cfg)
+    ca = d.popen_consume("a", "--delay", "20")
+    d.wait_for(lambda s: any(a["delivered"] >= 2 for c in s["clients"] for a in c["attachments"]),
+               "a read")
+
+    # the reload adds a pipeline whose file opens only when the test says so
+    with open(hang, "w"):
+        pass
+    write_config(cfg, {"pipelines": [spec_a, token_spec("s", slow, SEQ, "uint16", batch_size=5)]})
+    rl = subprocess.Popen(d.ctl_cmd("reload", json_out=True), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(opening) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(opening), "the reload never opened the new pipeline's file"
+
+    # while its file is being opened, the daemon serves: the client's stream
+    # goes on to its end, status answers
+    assert ca.wait(timeout=60, check=True).dump == expected(toks, 4)
+    assert names(d.status()) == ["a"]
+    assert rl.poll() is None, "the reload answered before its files were open"
+
+    os.unlink(hang)
+    out, err = rl.communicate(timeout=60)
+    assert rl.returncode == 0, err
+    rep = json.loads(out)
+    assert rep["pipelines"] == {"created": ["s"], "unchanged": ["a"], "failed": [],
+                                "replaced": [], "draining": []}
+    assert d.consume("s").dump == token_dump(slow_toks, SEQ, sequential_batches(300, 5))
+
+
+def test_reloads_asked_for_meanwhile_follow_the_running_one(daemon, workdir, slow_open_fs):
+    slow, _, hang, opening = slow_open_fs
+    tok, _ = tokens(workdir, 40, seed=32)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"pipelines": [token_spec("a", tok, SEQ, "uint16", batch_size=4)]})
+    d = daemon("--config", cfg)
+    with open(hang, "w"):
+        pass
+    write_config(cfg, {"pipelines": [token_spec("s", slow, SEQ, "uint16", batch_size=5)]})
+    first = subprocess.Popen(d.ctl_cmd("reload", json_out=True), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(opening) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(d.pid, signal.SIGHUP)
+    d.wait_for(lambda s: 'config.reload by=SIGHUP queued="a reload is in progress: this one '
+                         'follows it"' in d.log(), "the SIGHUP queued")
+    os.unlink(hang)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert json.loads(out)["pipelines"]["created"] == ["s"]
+    # the queued one read the file again: nothing left to change
+    d.wait_for(lambda s: re.search(r"config\.reload config=\S+ by=SIGHUP changed=0 restart_needed=0 "
+                                   r"created=0 replaced=0 draining=0 failed=0\n", d.log()),
+               "the SIGHUP's reload")
+    d.wait_for(lambda s: names(s) == ["s"], "the drained 'a' dropped")

@@ -13,14 +13,12 @@ once the kernel lets the stuck threads go).
 """
 
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
+from ldrtest import fuse_mount
 
 FS = textwrap.dedent("""
     import errno, os, stat, sys, time
@@ -54,39 +52,12 @@ FS = textwrap.dedent("""
 
 @pytest.fixture
 def hung_fs(workdir):
-    try:
-        import fusepy  # noqa: F401
-    except ImportError:
-        pytest.skip("python3-fusepy is not installed (scripts/bootstrap installs it)")
-    if not os.path.exists("/dev/fuse") or not (shutil.which("fusermount") or
-                                               shutil.which("fusermount3")):
-        pytest.skip("no /dev/fuse or no fusermount here")
     mnt = os.path.join(workdir, "mnt")
-    os.mkdir(mnt)
     hang = os.path.join(workdir, "hang")
-    script = os.path.join(workdir, "hangfs.py")
-    with open(script, "w") as f:
-        f.write(FS)
-    fs = subprocess.Popen([sys.executable if sys.executable.startswith("/usr/bin") else
-                           "/usr/bin/python3", script, mnt, hang],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 20
-    while not os.path.exists(os.path.join(mnt, "t.bin")):
-        if fs.poll() is not None or time.monotonic() > deadline:
-            out = fs.communicate()[0] if fs.poll() is not None else ""
-            fs.kill()
-            pytest.skip(f"cannot mount a FUSE file system here: {out[-500:]}")
-        time.sleep(0.1)
-    yield mnt, hang
-    if os.path.exists(hang):
-        os.unlink(hang)
-    um = shutil.which("fusermount3") or shutil.which("fusermount")
-    subprocess.run([um, "-u", mnt], capture_output=True)
-    try:
-        fs.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        fs.kill()
-        fs.wait()
+    with fuse_mount(workdir, FS, mnt, "t.bin", hang):
+        yield mnt, hang
+        if os.path.exists(hang):
+            os.unlink(hang)
 
 
 def test_sigterm_with_workers_stuck_in_a_read(daemon, hung_fs):
