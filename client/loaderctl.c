@@ -2236,7 +2236,7 @@ static void print_help(FILE *f)
 	        "                      an invalid file changes nothing and says why\n"
 	        "                      (exit 1, also when a pipeline could not be created)\n"
 	        "A set lasts until the next reload or restart, which apply the file's values\n"
-	        "(docs/config.md).\n"
+	        "and the config's pipelines' prefetch (docs/config.md).\n"
 	        "\n"
 	        "Exit status: 0 success, 1 failure (the daemon refused: its message says why),\n"
 	        "2 usage error.\n", LDR_INFLIGHT_MAX);

@@ -49,23 +49,24 @@ static bool admin_or_reply(struct server *srv, struct sctx *c, const struct clie
 	return false;
 }
 
-/* The reply and the log line of a change: {"key", "old", "new"[, "pipeline"][, "note"]}. */
+/* The asker's logfmt fields of a settings.set line. */
+static const char *who_fields(char *buf, size_t len, const struct client *cl)
+{
+	char q[LOG_QUOTE_MAX], user[128];
+
+	snprintf(buf, len, "client=%" PRIu64 " pid=%d uid=%u user=%s", cl->id, cl->pid,
+	         (unsigned)cl->uid, log_quote(q, creds_user_name(cl->uid, user, sizeof(user))));
+	return buf;
+}
+
+/* The reply and the log line of a change (config_change()). */
 static void changed(struct server *srv, struct sctx *c, const struct client *cl, const char *key,
                     const char *pipeline, json_t *old, json_t *new, const char *note)
 {
-	char o[LOG_QUOTE_MAX], n[LOG_QUOTE_MAX], q[LOG_QUOTE_MAX], user[128], qn[LOG_QUOTE_MAX];
-	json_t *rep = json_pack("{s:s, s:o, s:o}", "key", key, "old", old, "new", new);
+	char who[LOG_QUOTE_MAX + 96];
 
-	log_event(LOG_NOTICE, "settings.set", "key=%s%s%s old=%s new=%s client=%" PRIu64 " pid=%d "
-	          "uid=%u user=%s%s%s", key, pipeline ? " pipeline=" : "", pipeline ? pipeline : "",
-	          config_log_value(o, old), config_log_value(n, new), cl->id, cl->pid,
-	          (unsigned)cl->uid, log_quote(q, creds_user_name(cl->uid, user, sizeof(user))),
-	          note ? " note=" : "", note ? log_quote(qn, note) : "");
-	if (rep && pipeline)
-		json_object_set_new(rep, "pipeline", json_string(pipeline));
-	if (rep && note)
-		json_object_set_new(rep, "note", json_string(note));
-	reply_json(srv, c, rep);
+	reply_json(srv, c, config_change("settings.set", key, pipeline, old, new, note,
+	                                 who_fields(who, sizeof(who), cl)));
 }
 
 /* Strict decimal in @min..@max. */
@@ -107,8 +108,8 @@ static void set_workers(struct server *srv, struct sctx *c, const struct client 
 
 static void set_log_level(struct server *srv, struct sctx *c, const struct client *cl, const char *value)
 {
-	int old = log_max_level, lvl = log_level_from_name(value);
-	char msg[256];
+	int lvl = log_level_from_name(value);
+	char msg[256], who[LOG_QUOTE_MAX + 96];
 
 	if (lvl < 0) {
 		snprintf(msg, sizeof(msg), "log_level: '%s' is none of error, warning, notice, info, "
@@ -116,12 +117,8 @@ static void set_log_level(struct server *srv, struct sctx *c, const struct clien
 		reply_error(srv, c, EINVAL, msg);
 		return;
 	}
-	/* the line says it at the louder of both levels, so it is seen */
-	if (lvl > old)
-		log_max_level = lvl;
-	changed(srv, c, cl, "log_level", NULL, json_string(log_level_name(old)),
-	        json_string(log_level_name(lvl)), NULL);
-	log_max_level = lvl;
+	reply_json(srv, c, config_change_log_level(lvl, "settings.set",
+	                                           who_fields(who, sizeof(who), cl)));
 }
 
 static void set_memory_limit(struct server *srv, struct sctx *c, const struct client *cl,
@@ -130,6 +127,12 @@ static void set_memory_limit(struct server *srv, struct sctx *c, const struct cl
 	uint64_t old = engine_memory_limit(srv->engine), used = engine_memory_used(srv->engine), n = 0;
 	char msg[320];
 
+	if (value && settings_parse_size(value, &n) == -ERANGE) {
+		snprintf(msg, sizeof(msg), "memory_limit: '%.64s' is above the largest size, %" PRId64
+		         " bytes", value, (int64_t)SETTINGS_SIZE_MAX);
+		reply_error(srv, c, ERANGE, msg);
+		return;
+	}
 	if (!value || settings_parse_size(value, &n) < 0 || !n) {
 		snprintf(msg, sizeof(msg), "memory_limit: '%s' is not a size (bytes, or like 512M, "
 		         "4G)", value ? value : "");
@@ -137,11 +140,8 @@ static void set_memory_limit(struct server *srv, struct sctx *c, const struct cl
 		return;
 	}
 	engine_set_memory_limit(srv->engine, n);
-	if (n < used)
-		snprintf(msg, sizeof(msg), "%" PRIu64 " bytes are in use, above the new limit: nothing "
-		         "is freed, creates are refused until pipelines are dropped", used);
 	changed(srv, c, cl, "memory_limit", NULL, json_integer((json_int_t)old),
-	        json_integer((json_int_t)n), n < used ? msg : NULL);
+	        json_integer((json_int_t)n), memory_limit_note(msg, sizeof(msg), n, used));
 }
 
 static void set_prefetch(struct server *srv, struct sctx *c, const struct client *cl,

@@ -96,6 +96,30 @@ static void att_free_unattached(struct attachment *a)
 	free(a);
 }
 
+/* No slot left for another stream of @pl: what there is, and what would
+ * make room (a live prefetch below the slab's slots can be raised). */
+static int no_slot_error(const struct pipeline *pl, uint32_t active, char *err, size_t errlen)
+{
+	const char *name = pl->spec->name;
+	char has[96], fix[LDR_NAME_MAX + 128];
+
+	if (pl->prefetch < pl->nslots)
+		snprintf(has, sizeof(has), "a live prefetch of %u (its slab has %u slots)", pl->prefetch,
+		         pl->nslots);
+	else
+		snprintf(has, sizeof(has), "%u slots", pl->nslots);
+	if (active + 1 <= pl->nslots)
+		snprintf(fix, sizeof(fix), "raise it with `loaderctl set prefetch %s %u`", name,
+		         active + 1);
+	else
+		snprintf(fix, sizeof(fix), "create the pipeline with a prefetch of at least %u",
+		         active + 1);
+	return errfmt(-ENOSPC, err, errlen, "attach: pipeline '%s' has %s and %u streams read it "
+	              "already (one per partition rank, one for its broadcast and one for its dynamic "
+	              "clients): each stream needs a slot of its own; %s", name, has, active, fix);
+}
+
+
 int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
                   struct attachment **out, char *err, size_t errlen)
 {
@@ -136,11 +160,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	struct stream *shared = p->mode == LDR_MODE_PARTITION ? NULL : pl->shared[p->mode];
 	uint32_t active = pipeline_active_streams(pl);
 	if ((!shared || !shared->natts) && active >= pl->prefetch)
-		return errfmt(-ENOSPC, err, errlen,
-		              "attach: pipeline '%s' has %u slots and %u streams read it already "
-		              "(one per partition rank, one for its broadcast and one for its dynamic clients): "
-		              "each stream needs a slot of its own; create the pipeline with a prefetch of at "
-		              "least %u", name, pl->prefetch, active, active + 1);
+		return no_slot_error(pl, active, err, errlen);
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return errfmt(-ENOMEM, err, errlen, "attach: out of memory");

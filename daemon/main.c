@@ -250,6 +250,11 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 			d->cfg.workers = (unsigned)n;
 			break;
 		case 'm':
+			if (settings_parse_size(optarg, &d->cfg.memory_limit) == -ERANGE) {
+				fprintf(stderr, "loaderd: memory limit above the largest size, %" PRId64
+				        " bytes -- '%s'\n", (int64_t)SETTINGS_SIZE_MAX, optarg);
+				return 2;
+			}
 			if (settings_parse_size(optarg, &d->cfg.memory_limit) < 0 || !d->cfg.memory_limit) {
 				fprintf(stderr, "loaderd: invalid memory limit -- '%s' (bytes, or like 512M, 4G)\n", optarg);
 				return 2;

@@ -238,6 +238,11 @@ struct config_open {
 	char err[1024];
 };
 bool engine_config_needs_open(struct engine *eng, const struct spec *spec);
+/* The config's pipeline @name back to its spec's prefetch after a live set
+ * (docs/config.md, "Live settings"): true, with both values, when it was
+ * another. */
+bool engine_config_prefetch_reset(struct engine *eng, const char *name, uint32_t *old,
+                                  uint32_t *now);
 int engine_config_apply(struct engine *eng, struct spec *spec, struct config_open *op,
                         const char *why, char *err, size_t errlen);
 json_t *engine_config_drain(struct engine *eng, json_t *keep, const char *why);

@@ -164,6 +164,46 @@ const char *config_log_value(char *buf, const json_t *v)
 	return buf;
 }
 
+json_t *config_change(const char *event, const char *key, const char *pipeline, json_t *old,
+                      json_t *new, const char *note, const char *who)
+{
+	char o[LOG_QUOTE_MAX], n[LOG_QUOTE_MAX], q[LOG_QUOTE_MAX];
+	json_t *e;
+
+	log_msg(LOG_NOTICE, "%s key=%s%s%s old=%s new=%s %s%s%s", event, key,
+	          pipeline ? " pipeline=" : "", pipeline ? pipeline : "", config_log_value(o, old),
+	          config_log_value(n, new), who, note ? " note=" : "", note ? log_quote(q, note) : "");
+	e = json_pack("{s:s, s:o, s:o}", "key", key, "old", old, "new", new);
+	if (e && pipeline)
+		json_object_set_new(e, "pipeline", json_string(pipeline));
+	if (e && note)
+		json_object_set_new(e, "note", json_string(note));
+	return e;
+}
+
+json_t *config_change_log_level(int level, const char *event, const char *who)
+{
+	int old = log_max_level;
+	json_t *e;
+
+	/* the line says it at the louder of both levels, so it is seen */
+	if (level > old)
+		log_max_level = level;
+	e = config_change(event, "log_level", NULL, json_string(log_level_name(old)),
+	                  json_string(log_level_name(level)), NULL, who);
+	log_max_level = level;
+	return e;
+}
+
+const char *memory_limit_note(char *buf, size_t len, uint64_t limit, uint64_t used)
+{
+	if (limit >= used)
+		return NULL;
+	snprintf(buf, len, "%" PRIu64 " bytes are in use, above the new limit: nothing is freed, "
+	         "creates are refused until pipelines are dropped", used);
+	return buf;
+}
+
 /* --- a reload ----------------------------------------------------------- */
 
 struct reload_job {
@@ -189,23 +229,30 @@ struct reload_open {
 
 #define RELOAD_QUEUE_MAX 16
 
-/* @key went from @old to @new (both taken): into the report and the log,
- * unless they are equal. */
-static void change(struct reload_job *j, const char *key, json_t *old, json_t *new, const char *note)
+/* "by=WHO", quoted, for a config.change line. */
+static const char *by_field(char *buf, size_t len, const char *who)
 {
-	char o[LOG_QUOTE_MAX], n[LOG_QUOTE_MAX], by[LOG_QUOTE_MAX], q[LOG_QUOTE_MAX];
+	char q[LOG_QUOTE_MAX];
+
+	snprintf(buf, len, "by=%s", log_quote(q, who));
+	return buf;
+}
+
+/* @key (of @pipeline, or NULL) went from @old to @new (both taken): into the
+ * report and the log, unless they are equal. */
+static void change(struct reload_job *j, const char *key, const char *pipeline, json_t *old,
+                   json_t *new, const char *note)
+{
+	char by[LOG_QUOTE_MAX + 3];
+	json_t *e;
 
 	if (json_equal(old, new)) {
 		json_decref(old);
 		json_decref(new);
 		return;
 	}
-	log_event(LOG_NOTICE, "config.change", "key=%s old=%s new=%s by=%s%s%s", key,
-	          config_log_value(o, old), config_log_value(n, new), log_quote(by, j->who),
-	          note ? " note=" : "", note ? log_quote(q, note) : "");
-	json_t *e = json_pack("{s:s, s:o, s:o}", "key", key, "old", old, "new", new);
-	if (e && note)
-		json_object_set_new(e, "note", json_string(note));
+	e = config_change("config.change", key, pipeline, old, new, note,
+	                  by_field(by, sizeof(by), j->who));
 	json_array_append_new(j->changed, e);
 }
 
@@ -246,37 +293,34 @@ static int apply_settings(struct reload_job *j, const struct settings *f, char *
 	int level = cr->cli_log_level ? cr->cli_log_level : f->log_level ? f->log_level : LOG_INFO;
 	unsigned old_workers = engine_workers(eng);
 	uint64_t old_limit = engine_memory_limit(eng), used = engine_memory_used(eng);
-	int old_level = log_max_level, r;
-	char note[256];
+	int r;
+	char note[256], by[LOG_QUOTE_MAX + 3];
 	struct config_run was = *cr;
 
 	if (workers != old_workers && (r = engine_set_workers(eng, workers, err, errlen)) < 0)
 		return r;
-	change(j, "workers", json_integer(old_workers), json_integer(workers), NULL);
+	change(j, "workers", NULL, json_integer(old_workers), json_integer(workers), NULL);
 	engine_set_memory_limit(eng, limit);
-	snprintf(note, sizeof(note), "%" PRIu64 " bytes are in use, above the new limit: nothing is "
-	         "freed, creates are refused until pipelines are dropped", used);
-	change(j, "memory_limit", json_integer((json_int_t)old_limit), json_integer((json_int_t)limit),
-	       limit < used ? note : NULL);
-	if (level > old_level)
-		log_max_level = level; /* its own line is seen at the louder level */
-	change(j, "log_level", json_string(log_level_name(old_level)), json_string(log_level_name(level)),
-	       NULL);
-	log_max_level = level;
+	change(j, "memory_limit", NULL, json_integer((json_int_t)old_limit),
+	       json_integer((json_int_t)limit), memory_limit_note(note, sizeof(note), limit, used));
+	if (level != log_max_level)
+		json_array_append_new(j->changed, config_change_log_level(level, "config.change",
+		                                                          by_field(by, sizeof(by), j->who)));
 
 	remember_live(cr, f);
 	engine_set_linger(eng, cr->linger_ms);
-	change(j, "linger", secs(was.linger_ms), secs(cr->linger_ms), "for pipelines unused from now on");
+	change(j, "linger", NULL, secs(was.linger_ms), secs(cr->linger_ms),
+	       "for pipelines unused from now on");
 	engine_set_slow_timeout(eng, cr->slow_ms);
-	change(j, "slow_client_timeout", secs(was.slow_ms), secs(cr->slow_ms),
+	change(j, "slow_client_timeout", NULL, secs(was.slow_ms), secs(cr->slow_ms),
 	       "for pipelines created from now on");
 	engine_set_max_held(eng, cr->max_held);
-	change(j, "max_held_after_drop", was.max_held ? json_integer((json_int_t)was.max_held) : json_null(),
-	       cr->max_held ? json_integer((json_int_t)cr->max_held) : json_null(), NULL);
+	change(j, "max_held_after_drop", NULL,
+	       was.max_held ? json_integer((json_int_t)was.max_held) : json_null(), cr->max_held ? json_integer((json_int_t)cr->max_held) : json_null(), NULL);
 	server_set_access(cr->srv, cr->admin_gid, cr->max_conn);
-	change(j, "admin_group", gid_json(was.admin_gid), gid_json(cr->admin_gid),
+	change(j, "admin_group", NULL, gid_json(was.admin_gid), gid_json(cr->admin_gid),
 	       "for requests from now on; members' groups are those of their connection");
-	change(j, "max_connections_per_uid", json_integer(was.max_conn), json_integer(cr->max_conn),
+	change(j, "max_connections_per_uid", NULL, json_integer(was.max_conn), json_integer(cr->max_conn),
 	       "for connections from now on");
 	return 0;
 }
@@ -332,6 +376,7 @@ static json_t *apply_pipelines(struct reload_job *j, const struct settings *f, s
 	snprintf(why, sizeof(why), "reload by %s", j->who);
 	for (size_t i = 0; i < n; i++) {
 		char err[1024] = "", name[LDR_NAME_MAX + 1];
+		uint32_t was, now;
 		int r;
 		snprintf(name, sizeof(name), "%s", specs[i]->name);
 		json_array_append_new(keep, json_string(name));
@@ -349,6 +394,9 @@ static json_t *apply_pipelines(struct reload_job *j, const struct settings *f, s
 			          log_quote(qp, f->path), i, name, log_quote(qe, err));
 			json_array_append_new(failed, json_pack("{s:s, s:s}", "name", name, "error", err));
 		}
+		/* a live set lasts until the reload: the spec's prefetch again */
+		if (r == CONFIG_UNCHANGED && engine_config_prefetch_reset(eng, name, &was, &now))
+			change(j, "prefetch", name, json_integer(was), json_integer(now), NULL);
 	}
 	json_t *drained = engine_config_drain(eng, keep, why);
 	json_decref(keep);

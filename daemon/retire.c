@@ -159,6 +159,19 @@ bool engine_config_needs_open(struct engine *eng, const struct spec *spec)
 	       spec_diff(spec, old->spec, diff, sizeof(diff)) != 0;
 }
 
+bool engine_config_prefetch_reset(struct engine *eng, const char *name, uint32_t *old,
+                                  uint32_t *now)
+{
+	struct pipeline *pl = engine_find(eng, name);
+
+	if (!pl || !pl->from_config || pl->prefetch == pl->nslots)
+		return false;
+	*old = pl->prefetch;
+	*now = pl->prefetch = pl->nslots;
+	pipeline_update(pl);
+	return true;
+}
+
 /* engine_create() of the config's @spec, over @op's source when it has one. */
 static int config_create(struct engine *eng, struct spec *spec, struct config_open *op,
                          bool exist_ok, char *err, size_t errlen)

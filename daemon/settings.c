@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <sys/stat.h>
 #include <grp.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -69,9 +70,32 @@ int settings_parse_size(const char *text, uint64_t *out)
 	if (*end)
 		return -EINVAL;
 	v *= mul;
-	if (v >= 18446744073709551615.0)
+	if (v >= 9223372036854775808.0) /* 2^63: above SETTINGS_SIZE_MAX */
 		return -ERANGE;
 	*out = (uint64_t)v;
+	return 0;
+}
+
+/* A size key of @path: bytes, or a string "8G" (@example); 0 is none. */
+static int size_key(const char *path, const char *key, json_t *v, const char *example,
+                    uint64_t *out, char *err, size_t errlen)
+{
+	uint64_t size = 0;
+	int r = -EINVAL;
+
+	if (json_is_integer(v) && json_integer_value(v) > 0) {
+		*out = (uint64_t)json_integer_value(v);
+		return 0;
+	}
+	if (json_is_string(v))
+		r = settings_parse_size(json_string_value(v), &size);
+	if (r == -ERANGE)
+		return settings_fail(err, errlen, path, "%s: \"%s\" is above the largest size, %" PRId64
+		                     " bytes", key, json_string_value(v), (int64_t)SETTINGS_SIZE_MAX);
+	if (r < 0 || !size)
+		return settings_fail(err, errlen, path, "%s: must be bytes or a size like \"%s\"", key,
+		                     example);
+	*out = size;
 	return 0;
 }
 
@@ -192,25 +216,11 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 			}
 			cfg->workers = (unsigned)json_integer_value(v);
 		} else if (strcmp(key, "memory_limit") == 0) {
-			uint64_t size = 0;
-			if (json_is_integer(v) && json_integer_value(v) > 0)
-				size = (uint64_t)json_integer_value(v);
-			else if (!json_is_string(v) || settings_parse_size(json_string_value(v), &size) < 0 || !size) {
-				r = settings_fail(err, errlen, path,
-				                  "memory_limit: must be bytes or a size like \"8G\"");
+			if ((r = size_key(path, key, v, "8G", &cfg->memory_limit, err, errlen)) < 0)
 				goto out;
-			}
-			cfg->memory_limit = size;
 		} else if (strcmp(key, "max_held_after_drop") == 0) {
-			uint64_t size = 0;
-			if (json_is_integer(v) && json_integer_value(v) > 0)
-				size = (uint64_t)json_integer_value(v);
-			else if (!json_is_string(v) || settings_parse_size(json_string_value(v), &size) < 0 || !size) {
-				r = settings_fail(err, errlen, path,
-				                  "max_held_after_drop: must be bytes or a size like \"1G\"");
+			if ((r = size_key(path, key, v, "1G", &cfg->max_held_after_drop, err, errlen)) < 0)
 				goto out;
-			}
-			cfg->max_held_after_drop = size;
 		} else if (strcmp(key, "log_level") == 0) {
 			int lvl = json_is_string(v) ? log_level_from_name(json_string_value(v)) : -EINVAL;
 			if (lvl < 0) {

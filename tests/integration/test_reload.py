@@ -141,6 +141,56 @@ def test_set_prefetch_caps_the_slots_live(daemon, workdir):
                      d.log())
 
 
+def test_an_attach_refused_for_a_lowered_prefetch_says_how_to_raise_it(daemon, workdir):
+    tok, _ = tokens(workdir, 400, seed=34)
+    d = daemon()
+    d.create(token_spec("p", tok, SEQ, "uint16", batch_size=4, prefetch=4, epochs=0))
+    d.ctl("set", "prefetch", "p", "1")
+    c = d.popen_consume("p", "--delay", "100000", dump=False)     # the broadcast stream
+    d.wait_for(lambda s: any(a["delivered"] >= 1 for cl in s["clients"] for a in cl["attachments"]),
+               "the broadcast client read")
+    r = d.consume("p", "--mode", "dynamic", dump=False, check=False)
+    assert r.rc == 1
+    assert ("attach: pipeline 'p' has a live prefetch of 1 (its slab has 4 slots) and 1 streams "
+            "read it already (one per partition rank, one for its broadcast and one for its "
+            "dynamic clients): each stream needs a slot of its own; raise it with `loaderctl set "
+            "prefetch p 2`") in r.stderr, r.stderr
+    # at the slab's slots, only a new slab makes room
+    d.create(token_spec("q", tok, SEQ, "uint16", batch_size=4, prefetch=2, epochs=0))
+    c2 = d.popen_consume("q", "--delay", "100000", dump=False)
+    c3 = d.popen_consume("q", "--mode", "partition", "--rank", 0, "--world-size", 1,
+                         "--delay", "100000", dump=False)
+    d.wait_for(lambda s: sum(1 for cl in s["clients"] for a in cl["attachments"]) == 3,
+               "two streams of q read")
+    r = d.consume("q", "--mode", "dynamic", dump=False, check=False)
+    assert r.rc == 1
+    assert "attach: pipeline 'q' has 2 slots and 2 streams read it already" in r.stderr, r.stderr
+    assert "create the pipeline with a prefetch of at least 3" in r.stderr, r.stderr
+    for x in (c, c2, c3):
+        x.proc.kill()
+        x.proc.wait()
+
+
+def test_sizes_above_the_largest_are_refused(daemon, workdir):
+    d = daemon()
+    r = d.ctl("set", "memory-limit", "10000000T", check=False)
+    assert r.returncode == 1
+    assert r.stderr == ("loaderctl: set: memory_limit: '10000000T' is above the largest size, "
+                        "9223372036854775807 bytes\n"), r.stderr
+    assert d.status()["memory_limit"] > 0
+    assert json.loads(d.ctl("--json", "set", "memory-limit", "8388607T").stdout)["new"] == \
+        8388607 << 40
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {})
+    d2 = daemon("--config", cfg)
+    for key in ("memory_limit", "max_held_after_drop"):
+        write_config(cfg, {key: "10000000T"})
+        r = d2.ctl("reload", check=False)
+        assert r.returncode == 1
+        assert (f'{cfg}: {key}: "10000000T" is above the largest size, 9223372036854775807 bytes; '
+                "the running config is kept") in r.stderr, r.stderr
+
+
 def test_set_log_level_changes_logging_at_once(daemon, workdir):
     d = daemon()
     d.ctl("status")
@@ -418,6 +468,27 @@ def test_reload_makes_a_failed_config_pipeline_anew(daemon, workdir):
     assert d.consume("f").dump == expected(toks, 4)
     d.wait_for(lambda s: [(x["name"], x["state"]) for x in s["pipelines"]] == [("f", "done")],
                "only the new f")
+
+
+def test_reload_returns_a_live_prefetch_to_the_specs(daemon, workdir):
+    tok, toks = tokens(workdir, 400, seed=33)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"pipelines": [token_spec("p", tok, SEQ, "uint16", batch_size=4, prefetch=8)]})
+    d = daemon("--config", cfg)
+    d.ctl("set", "prefetch", "p", "3")
+    assert d.pipeline("p")["prefetch"] == 3
+    rep = d.ctl_json("reload")
+    assert rep["changed"] == [{"key": "prefetch", "pipeline": "p", "old": 3, "new": 8}]
+    assert rep["pipelines"]["unchanged"] == ["p"]
+    assert d.pipeline("p")["prefetch"] == 8
+    assert re.search(r'notice: config\.change key=prefetch pipeline=p old=3 new=8 by="root \(uid 0\), '
+                     r'pid \d+"\n', d.log()), d.log()
+    d.ctl("set", "prefetch", "p", "2")
+    r = d.ctl("reload")
+    assert "  prefetch of p: 2 -> 8\n" in r.stdout, r.stdout
+    # at the spec's already: nothing to say
+    assert d.ctl_json("reload")["changed"] == []
+    assert d.consume("p").dump == expected(toks, 4)
 
 
 # ------------------------------------------------- a reload that takes long
