@@ -55,6 +55,7 @@
 #define MAX_FIELDS 16
 #define MAX_INFLIGHT LDR_INFLIGHT_MAX
 #define CALL_TIMEOUT_MS 60000
+#define RELOAD_TIMEOUT_MS 600000  /* ldr_reload(): a reload may index big datasets */
 #define HELLO_TIMEOUT_MS 3000
 #define CLOSE_WAIT_MS 2000
 #define HELLO_ATTEMPTS 4          /* Hellos that time out */
@@ -910,17 +911,23 @@ int ldr_drop_pipeline(struct ldr_client *c, const char *name, int force)
 	return r;
 }
 
-static int json_call(struct ldr_client *c, Loaderd__Request *req, char **json_out)
+static int json_call_timeout(struct ldr_client *c, Loaderd__Request *req, char **json_out,
+                             int timeout_ms)
 {
 	Loaderd__Reply *rep;
 	int r;
 
-	r = call(c, req, &rep, LOADERD__REPLY__BODY_JSON);
+	r = call_timeout(c, req, &rep, LOADERD__REPLY__BODY_JSON, timeout_ms);
 	if (r < 0)
 		return r;
 	*json_out = strdup(rep->json->json);
 	loaderd__reply__free_unpacked(rep, NULL);
 	return *json_out ? 0 : set_err(-ENOMEM, "out of memory");
+}
+
+static int json_call(struct ldr_client *c, Loaderd__Request *req, char **json_out)
+{
+	return json_call_timeout(c, req, json_out, CALL_TIMEOUT_MS);
 }
 
 int ldr_status_json(struct ldr_client *c, char **json_out)
@@ -972,7 +979,8 @@ int ldr_reload(struct ldr_client *c, char **json_out)
 		return set_err(-EINVAL, "reload: no json_out");
 	req.body_case = LOADERD__REQUEST__BODY_RELOAD;
 	req.reload = &rl;
-	return json_call(c, &req, json_out);
+	/* the reply comes once the new pipelines' files are open and indexed */
+	return json_call_timeout(c, &req, json_out, RELOAD_TIMEOUT_MS);
 }
 
 /* --- attachments -------------------------------------------------------- */

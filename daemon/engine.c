@@ -71,6 +71,11 @@ void engine_shutdown(struct engine *eng)
 		att_fail_pending(a, ESHUTDOWN, "daemon is shutting down");
 }
 
+bool engine_stopping(const struct engine *eng)
+{
+	return eng->shutdown;
+}
+
 static void on_async_closed(uv_handle_t *h)
 {
 	free(h->data);

@@ -135,6 +135,8 @@ int engine_new(struct engine **out, uv_loop_t *loop, unsigned nworkers,
                uint64_t memory_limit, const struct engine_ops *ops, void *userdata);
 /* Answer every parked request with ESHUTDOWN; refuse new work. */
 void engine_shutdown(struct engine *eng);
+/* engine_shutdown() was called: the daemon stops. */
+bool engine_stopping(const struct engine *eng);
 /* Stop the workers and free everything. Call engine_shutdown() first. */
 struct engine *engine_free(struct engine *eng);
 /* A stop left worker threads stuck in a read (engine_free()): the process

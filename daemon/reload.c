@@ -440,6 +440,17 @@ static void reload_invalid(struct reload_job *j, int r, const char *why)
 	reload_end(j, r, NULL, err);
 }
 
+/* The daemon stops: @j changes nothing. */
+static void reload_stopping(struct reload_job *j)
+{
+	const char *why = "the daemon is stopping: the reload was not applied";
+	char qw[LOG_QUOTE_MAX], qe[LOG_QUOTE_MAX];
+
+	log_event(LOG_NOTICE, "config.reload", "by=%s error=%s", log_quote(qw, j->who),
+	          log_quote(qe, why));
+	reload_end(j, -ESHUTDOWN, NULL, why);
+}
+
 /* Every file is open (or could not be): the reload applies, in this turn. */
 static void reload_apply(struct reload_job *j)
 {
@@ -448,6 +459,11 @@ static void reload_apply(struct reload_job *j)
 	char why[1536], qp[LOG_QUOTE_MAX], qw[LOG_QUOTE_MAX];
 	int r;
 
+	if (engine_stopping(server_engine(cr->srv))) {
+		/* it stopped while the files opened: nothing more to change */
+		reload_stopping(j);
+		return;
+	}
 	j->changed = json_array();
 	j->restart = json_array();
 	if ((r = apply_settings(j, &j->fresh, why, sizeof(why))) < 0) {
@@ -497,6 +513,10 @@ static void reload_start(struct reload_job *j)
 	int r;
 
 	cr->reloading = j;
+	if (engine_stopping(eng)) {
+		reload_stopping(j);
+		return;
+	}
 	notify_reloading();
 	if ((r = settings_load(&j->fresh, cr->path, false, why, sizeof(why))) < 0) {
 		reload_invalid(j, r, why);

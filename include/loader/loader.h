@@ -254,7 +254,10 @@ LDR_EXPORT int ldr_set(struct ldr_client *client, const char *key, const char *p
  * @param json_out on success what changed: {"file", "changed", "restart_needed",
  *        "pipelines"} (docs/config.md, "Reload"); free with ldr_free()
  * @return 0, or -EINVAL for an invalid file (nothing changed; the message,
- * "FILE: key: why", is ldr_client_error()), -EPERM, -ENOENT without a file.
+ * "FILE: key: why", is ldr_client_error()), -EPERM, -ENOENT without a file,
+ * -EBUSY when 16 reloads wait already, -ESHUTDOWN when the daemon stops.
+ * The reply comes once the reload is done (its new pipelines' files opened
+ * and indexed): this waits up to 10 minutes, not the 60 s of other calls.
  */
 LDR_EXPORT int ldr_reload(struct ldr_client *client, char **json_out);
 /** Free memory returned by this library. */

@@ -601,3 +601,34 @@ def test_reloads_asked_for_meanwhile_follow_the_running_one(daemon, workdir, slo
                                    r"created=0 replaced=0 draining=0 failed=0\n", d.log()),
                "the SIGHUP's reload")
     d.wait_for(lambda s: names(s) == ["s"], "the drained 'a' dropped")
+
+
+def test_a_reload_whose_files_open_while_the_daemon_stops_changes_nothing(daemon, workdir,
+                                                                         slow_open_fs):
+    slow, _, hang, opening = slow_open_fs
+    tok, _ = tokens(workdir, 40, seed=35)
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"workers": 2})
+    d = daemon("--config", cfg)
+    with open(hang, "w"):
+        pass
+    write_config(cfg, {"workers": 3, "pipelines": [token_spec("s", slow, SEQ, "uint16",
+                                                               batch_size=5)]})
+    rl = subprocess.Popen(d.ctl_cmd("reload"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(opening) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(opening), "the reload never opened the new pipeline's file"
+    d.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while "Terminated received" not in d.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.unlink(hang)                                 # the open ends while the daemon stops
+    # the stop closed the connections: loaderctl has no answer; the log says why
+    rl.communicate(timeout=60)
+    assert rl.returncode == 1
+    log = d.stop(reap_first=False)
+    assert 'config.reload by="root (uid 0), pid' in log and \
+        'error="the daemon is stopping: the reload was not applied"' in log, log
+    assert "pipeline.create" not in log and "config.change" not in log, log
