@@ -491,6 +491,28 @@ def test_reload_returns_a_live_prefetch_to_the_specs(daemon, workdir):
     assert d.consume("p").dump == expected(toks, 4)
 
 
+def test_a_replace_that_does_not_fit_keeps_the_old_pipeline_as_it_was(daemon, workdir):
+    tok, toks = tokens(workdir, 400, seed=36)
+    cfg = os.path.join(workdir, "loaderd.json")
+    spec = token_spec("p", tok, SEQ, "uint16", batch_size=4, prefetch=4)
+    write_config(cfg, {"memory_limit": "24K", "pipelines": [spec]})
+    d = daemon("--config", cfg, memory_limit=None)
+    assert d.status()["memory_used"] == 4 * 4096
+    d.wait_for(lambda s: d.pipeline("p")["idle_s"] >= 2, "p unused for 2 s", timeout=20)
+    # the new spec's slab does not fit beside the old one
+    write_config(cfg, {"memory_limit": "24K", "pipelines": [dict(spec, batch_size=5)]})
+    r = d.ctl("reload", json_out=True, check=False)
+    assert r.returncode == 1
+    (f,) = json.loads(r.stdout)["pipelines"]["failed"]
+    assert f["name"] == "p" and "memory limit: pipeline 'p' needs" in f["error"], f
+    p = d.pipeline("p")
+    # as it was: the config's, persistent, unused since before the reload
+    assert (p["state"], p["batch_size"], p["persist"], p["in_use"]) == ("running", 4, True, False)
+    assert p["idle_s"] >= 2, p
+    assert 'pipeline.keep pipeline=p why="its new spec could not be created"' in d.log()
+    assert d.consume("p").dump == expected(toks, 4)
+
+
 # ------------------------------------------------- a reload that takes long
 
 SLOW_FS = """
