@@ -222,7 +222,9 @@ void engine_set_slow_timeout(struct engine *eng, uint64_t ms);
  * it already (a client's identical one becomes the config's), and when the
  * config's has another spec, replaced: the old one serves its attached
  * clients until they detach, new attachments get the new one (@err then gets
- * how they differ). @why names the reload in the log. Return: one of
+ * how they differ). @op: its files opened ahead by engine_open_async() (the
+ * source taken), or NULL: opened here, on the loop. @why names the reload in
+ * the log. Return: one of
  * CONFIG_*, or a negative errno with @err naming the reason (a replace that
  * failed keeps the old pipeline as it was).
  * engine_config_drain(): every pipeline of the config not named in @keep
@@ -231,7 +233,6 @@ void engine_set_slow_timeout(struct engine *eng, uint64_t ms);
  * left. Return: [{"name", "clients"}] of those, new.
  * engine_config_needs_open(): whether applying @spec builds a pipeline, so
  * that a reload opens its files first (engine_open_async()).
- * @op: its files opened so (the source taken), or NULL: opened here.
  */
 enum { CONFIG_UNCHANGED, CONFIG_CREATED, CONFIG_REPLACED };
 struct config_open {
@@ -241,7 +242,7 @@ struct config_open {
 };
 bool engine_config_needs_open(struct engine *eng, const struct spec *spec);
 /* The config's pipeline @name back to its spec's prefetch after a live set
- * (docs/config.md, "Live settings"): true, with both values, when it was
+ * (docs/config.md, "Live tuning"): true, with both values, when it was
  * another. */
 bool engine_config_prefetch_reset(struct engine *eng, const char *name, uint32_t *old,
                                   uint32_t *now);
