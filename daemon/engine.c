@@ -111,7 +111,7 @@ struct engine *engine_free(struct engine *eng)
 	while (eng->done_head) {
 		struct job *j = eng->done_head;
 		eng->done_head = j->done_next;
-		free(j);
+		job_free(j);
 	}
 	while (eng->atts) {
 		struct attachment *a = eng->atts;

@@ -273,7 +273,8 @@ struct job {
 	atomic_int err;
 	atomic_uint_fast64_t worker_ns;          /* stats.c: its tasks' time */
 	atomic_uint_fast64_t stage_ns[STAGES];
-	char errmsg[PYW_MSG_MAX + 512]; /* a Python traceback fits */
+	char *errmsg;             /* the first failure's words (job_set_error()), or NULL:
+	                           * a traceback may be 16 KiB, and a job is made per batch */
 	unsigned ntasks;
 	struct task {
 		struct work work;
@@ -320,6 +321,9 @@ void slot_unref(struct pipeline *pl, struct slot *slot);
 void ring_pop_head(struct stream *s);
 int stream_start_batch(struct stream *s);
 void job_done(struct job *job);
+/* Record @job's first failure (the first caller wins; any thread). */
+void job_set_error(struct job *job, int err, const char *msg);
+void job_free(struct job *job);
 struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
 
 /* sched.c */

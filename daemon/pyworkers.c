@@ -83,6 +83,8 @@ struct pyw_conn {
 	uint32_t worker_id;
 	unsigned inflight;
 	uint64_t busy_since;      /* mono ns: it began its first task in flight, or the last one ended */
+	uint64_t *idx;            /* a TASK's sample indices (send_task) */
+	uint32_t idx_cap;
 	int closing;              /* handles still to close, 0 while open */
 	bool want_write;
 	uint8_t *in;
@@ -219,14 +221,6 @@ static void worker_time(struct pyw_conn *c, struct job *job)
 	c->busy_since = now;
 }
 
-static void job_set_error(struct job *job, int err, const char *msg)
-{
-	int zero = 0;
-
-	if (atomic_compare_exchange_strong(&job->err, &zero, err))
-		snprintf(job->errmsg, sizeof(job->errmsg), "%s", msg);
-}
-
 static int send_task(struct pyw_conn *w, struct ptask *t)
 {
 	struct job *job = t->job;
@@ -236,16 +230,21 @@ static int send_task(struct pyw_conn *w, struct ptask *t)
 	struct pyw_task m = { .task_id = t->id, .epoch = job->epoch,
 		.slot = (uint32_t)((uint64_t)(job->base - pl->slab->base) / pl->slot_bytes),
 		.row0 = tk->begin, .nrows = nrows };
-	uint64_t *idx = malloc((size_t)nrows * sizeof(*idx));
-	int r;
+	uint64_t *idx;
 
-	if (!idx)
-		return -ENOMEM;
+	/* one TASK per batch and worker: the indices go in the worker's own
+	 * buffer, grown once, not in a fresh allocation per task */
+	if (nrows > w->idx_cap) {
+		uint64_t *n = realloc(w->idx, (size_t)nrows * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		w->idx = n;
+		w->idx_cap = nrows;
+	}
+	idx = w->idx;
 	for (uint32_t k = 0; k < nrows; k++)
 		idx[k] = sampler_sample(&job->stream->sampler, job->epoch, job->index, tk->begin + k);
-	r = conn_send(w, PYW_TASK, &m, sizeof(m), idx, (size_t)nrows * sizeof(*idx));
-	free(idx);
-	return r;
+	return conn_send(w, PYW_TASK, &m, sizeof(m), idx, (size_t)nrows * sizeof(*idx));
 }
 
 static void dispatch(struct pyw_pipeline *pp)
@@ -694,6 +693,7 @@ static void on_conn_closed(uv_handle_t *h)
 		}
 	srv->nconns--;
 	free(c->in);
+	free(c->idx);
 	free(c->out);
 	free(c);
 	srv_maybe_free(srv);
@@ -1035,7 +1035,7 @@ void pyw_pipeline_free(struct pipeline *pl)
 		pp->tasks = t->next;
 		free(t);
 		if (atomic_fetch_sub(&job->remaining, 1) == 1)
-			free(job);
+			job_free(job);
 	}
 	free(pp);
 	pl->py = NULL;

@@ -76,9 +76,7 @@ static void task_run(struct work *work)
 			dsts[f] = job->base + pl->field_off[f] + (uint64_t)r * pl->fields[f].sample_bytes;
 		rc = source_read(pl->src, &ctx, idx, dsts, err, sizeof(err));
 		if (rc < 0) {
-			int zero = 0;
-			if (atomic_compare_exchange_strong(&job->err, &zero, -rc))
-				snprintf(job->errmsg, sizeof(job->errmsg), "%s", err);
+			job_set_error(job, -rc, err);
 			break;
 		}
 	}
@@ -170,6 +168,24 @@ int stream_start_batch(struct stream *s)
 	return 0;
 }
 
+void job_set_error(struct job *job, int err, const char *msg)
+{
+	int zero = 0;
+
+	/* the winner writes errmsg; job_done() reads it after the last task's
+	 * atomic_fetch_sub(&remaining), which orders the two */
+	if (atomic_compare_exchange_strong(&job->err, &zero, err))
+		job->errmsg = strdup(msg);
+}
+
+void job_free(struct job *job)
+{
+	if (job) {
+		free(job->errmsg);
+		free(job);
+	}
+}
+
 void job_done(struct job *job)
 {
 	struct pipeline *pl = job->pl;
@@ -187,7 +203,8 @@ void job_done(struct job *job)
 		if (job->seq < s->fail_seq) {
 			s->fail_seq = job->seq;
 			s->fail_err = err;
-			snprintf(s->fail_msg, sizeof(s->fail_msg), "%s", job->errmsg);
+			snprintf(s->fail_msg, sizeof(s->fail_msg), "%s",
+			         job->errmsg ? job->errmsg : strerror(err));
 		}
 	} else if (b) {
 		b->ready = true;
@@ -196,7 +213,7 @@ void job_done(struct job *job)
 		if (!err && !s->dead && !pl->dropped)
 			stream_prefetch_devices(s, b);
 	}
-	free(job);
+	job_free(job);
 	if (s->dead) {
 		/* release the ring's references now that no worker writes */
 		while (s->ring_len && s->ring[s->ring_head].ready)
