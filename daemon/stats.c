@@ -268,7 +268,9 @@ json_t *stats_att_json(const struct attachment *a)
 			"sum_s", (double)c->wait_ns / 1e9,
 			"count", (json_int_t)c->calls,
 		"lag_batches", (json_int_t)lag,
-		"starving", a->npending > 0 && lag == 0 && !a->revoking,
+		/* a request parked: nothing may be delivered to it now, none built
+		 * for it or all held back (min_clients, a revoke, a slow peer) */
+		"starving", a->npending > 0,
 		"bad_reports", (json_int_t)a->st_bad_reports);
 	return with_rates(o, (const uint64_t[3]){ a->delivered, c->samples, c->bytes },
 	                  (const uint64_t[3]){ b->batches, b->samples, b->bytes }, secs);

@@ -242,7 +242,7 @@ def test_a_wait_that_lasts_is_reported_while_it_lasts(ld, workdir):
             s = att_of(st, p.pid)["stats"]
             assert s["next_calls_total"] == 0 and s["batches_total"] == 0, s
             assert s["wait_fraction"] is not None and s["wait_fraction"] > 0.9, s
-            assert s["bad_reports"] == 0, s
+            assert s["starving"] is True and s["bad_reports"] == 0, s
     finally:
         py.kill()
         py.communicate(timeout=30)
