@@ -61,6 +61,7 @@ static void scratch_free(void *p)
 	free(s->tmp);
 	free(s->row);
 	free(s->coef);
+	free(s->reduced);
 	free(s);
 }
 
@@ -110,7 +111,7 @@ int image_scratch_grow(void *p, size_t *cap, size_t need)
 }
 
 /* The scratch's buffers and their sizes, for image_scratch_trim(). */
-#define SCRATCH_BUFS 7
+#define SCRATCH_BUFS 8
 
 static void scratch_bufs(struct image_scratch *s, void **bufs[SCRATCH_BUFS],
 			 size_t *caps[SCRATCH_BUFS])
@@ -122,6 +123,7 @@ static void scratch_bufs(struct image_scratch *s, void **bufs[SCRATCH_BUFS],
 	bufs[4] = (void **)&s->tmp, caps[4] = &s->tmp_cap;
 	bufs[5] = (void **)&s->row, caps[5] = &s->row_cap;
 	bufs[6] = &s->coef, caps[6] = &s->coef_cap;
+	bufs[7] = (void **)&s->reduced, caps[7] = &s->reduced_cap;
 }
 
 size_t image_scratch_bytes(const struct image_scratch *s)

@@ -38,6 +38,8 @@ struct image_scratch {
 	size_t row_cap;
 	void *coef;                   /* resampling coefficients and bounds */
 	size_t coef_cap;
+	uint8_t *reduced;             /* a decoded image reduced to cache.max_side, not cached */
+	size_t reduced_cap;
 	uint64_t transform_ns;        /* ns imageop_decode_run() last spent transforming */
 };
 

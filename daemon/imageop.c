@@ -1322,6 +1322,19 @@ int imageop_run(const struct imageop *op, struct image_scratch *s, const struct 
 	return imageop_run_region(op, s, plan, pix, pw, ph, &all, dst, err, errlen);
 }
 
+int imageop_resize_rgb(const struct imageop *op, struct image_scratch *s, const uint8_t *pix,
+		       int pw, int ph, uint8_t *out, int ow, int oh)
+{
+	struct imageop_stage st;
+	struct sink sink = { .op = op, .final = false, .buf = out, .ow = ow, .oh = oh };
+
+	stage_reset(&st, pw, ph);
+	st.resized = true;
+	st.tw = st.ow = ow;
+	st.th = st.oh = oh;
+	return stage_run(s, &st, pix, (size_t)pw * 3, ph, 0, 0, pw, ph, 0, pw, 0, ph, &sink);
+}
+
 int imageop_decode_run(const struct imageop *op, struct image_scratch *s,
 		       const struct imageop_plan *plan, const uint8_t *data, size_t len,
 		       const struct image_info *info, void *dst, char *err, size_t errlen)

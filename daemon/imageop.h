@@ -95,6 +95,15 @@ int imageop_decode_run(const struct imageop *op, struct image_scratch *s,
 		       const struct imageop_plan *plan, const uint8_t *data, size_t len,
 		       const struct image_info *info, void *dst, char *err, size_t errlen);
 
+/**
+ * imageop_resize_rgb() - resize the whole packed RGB image @pix (@pw x @ph)
+ * to @ow x @oh into @out (packed RGB), with the transforms' bilinear filter
+ * (antialiased when it reduces): the decoded-image cache's max_side.
+ * Return: 0 or -ENOMEM.
+ */
+int imageop_resize_rgb(const struct imageop *op, struct image_scratch *s, const uint8_t *pix,
+		       int pw, int ph, uint8_t *out, int ow, int oh);
+
 /* The @n-th uniform draw in [0, 1) of @key. */
 double imageop_uniform(uint64_t key, uint64_t n);
 

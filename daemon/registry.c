@@ -84,6 +84,9 @@ void pipeline_maybe_free(struct pipeline *pl)
 	/* a slab that clients still map stays in the budget (holds.c) */
 	if (pl->slab && !holds_retain(pl))
 		eng->memory_used -= pl->slab->size;
+	/* the source (and its cache) goes now, whoever maps the slab */
+	if (pl->src)
+		eng->memory_used -= source_memory_bytes(pl->src);
 	pipeline_free(pl);
 }
 
@@ -422,6 +425,15 @@ static int create_check(struct engine *eng, struct spec *spec, const struct prin
 		spec_free(spec);
 		return r;
 	}
+	/* before the dataset is listed: this one can never fit */
+	if (spec->cache_decoded && spec->cache_bytes > eng->memory_limit) {
+		r = errfmt(-ENOSPC, err, errlen,
+		           "spec: cache.bytes: %" PRIu64 " bytes is more than the memory limit, %"
+		           PRIu64 " bytes (--memory-limit, or memory_limit in the config)",
+		           spec->cache_bytes, eng->memory_limit);
+		spec_free(spec);
+		return r;
+	}
 	return 1;
 }
 
@@ -443,7 +455,7 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 {
 	struct pipeline *pl;
 	struct sampler smp;
-	uint64_t off = 0, slab_bytes;
+	uint64_t off = 0, slab_bytes, cache_bytes = 0, need = 0;
 	int r;
 
 	pl = calloc(1, sizeof(*pl));
@@ -501,18 +513,24 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 		           smp.nsamples, spec->batch_size);
 		goto fail;
 	}
+	/* the slab, and a decoded-image cache's arena (imagecache.c) */
+	cache_bytes = source_memory_bytes(pl->src);
 	if (!__builtin_mul_overflow(pl->slot_bytes, (uint64_t)pl->nslots, &slab_bytes) &&
-	    slab_bytes > engine_memory_free(eng) && eng->held)
+	    !__builtin_add_overflow(slab_bytes, cache_bytes, &need) &&
+	    need > engine_memory_free(eng) && eng->held)
 		holds_check(eng); /* some held slab may be let go by now */
 	if (__builtin_mul_overflow(pl->slot_bytes, (uint64_t)pl->nslots, &slab_bytes) ||
-	    slab_bytes > engine_memory_free(eng)) {
-		char held[512];
+	    __builtin_add_overflow(slab_bytes, cache_bytes, &need) ||
+	    need > engine_memory_free(eng)) {
+		char held[512], cache[96] = "";
 		holds_explain(eng, held, sizeof(held));
+		if (cache_bytes)
+			snprintf(cache, sizeof(cache), ", and %" PRIu64 " of cache.bytes", cache_bytes);
 		r = errfmt(-ENOSPC, err, errlen,
 		           "memory limit: pipeline '%s' needs %" PRIu64 " bytes (%u slots of %" PRIu64
-		           "), %" PRIu64 " of %" PRIu64 " bytes are free (--memory-limit)%s",
-		           spec->name, pl->slot_bytes * pl->nslots, pl->nslots, pl->slot_bytes,
-		           engine_memory_free(eng), eng->memory_limit, held);
+		           "%s), %" PRIu64 " of %" PRIu64 " bytes are free (--memory-limit)%s",
+		           spec->name, pl->slot_bytes * pl->nslots + cache_bytes, pl->nslots,
+		           pl->slot_bytes, cache, engine_memory_free(eng), eng->memory_limit, held);
 		goto fail;
 	}
 	/* a python pipeline's slab is sealed once its worker host mapped it */
@@ -537,7 +555,7 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	}
 	if (source_external(pl->src) && (r = pyw_pipeline_new(pl, err, errlen)) < 0)
 		goto fail;
-	eng->memory_used += slab_bytes;
+	eng->memory_used += need;
 	pl->created_ms = uv_now(eng->loop);
 	owner_lookup(pl);
 	pl->generation = next_generation(eng, spec->name);

@@ -6,7 +6,8 @@
  * one file (image) and resamples it straight into the batch slot (imageop). A
  * sample's random crop and flip come from (seed, epoch, index) only.
  *
- * Their spec adds the top-level keys transforms, output, on_error and decode;
+ * Their spec adds the top-level keys transforms, output, on_error, decode and
+ * cache (imagecache.c: decoded images kept for the epochs after the first);
  * the transforms must fix the output size, computed here once per spec.
  */
 #include <errno.h>
@@ -19,6 +20,7 @@
 
 #include "common.h"
 #include "image.h"
+#include "imagecache.h"
 #include "imageop.h"
 #include "imageset.h"
 #include "source-private.h"
@@ -29,6 +31,7 @@ struct images_source {
 	struct imageop *op;
 	bool on_error_fail;
 	uint64_t max_pixels;          /* decode.max_pixels */
+	struct imagecache *cache;     /* "cache": {"decoded": true}, else NULL */
 	/* on_error skip: a bit for each sample found bad, so that each bad
 	 * file is read once, not again for every sample whose replacement
 	 * search runs over it (images_read) */
@@ -439,6 +442,9 @@ static int parse_image_options(struct spec *spec, json_t *obj, char *err, size_t
 		if (b)
 			spec->max_pixels = (uint64_t)json_integer_value(b);
 	}
+	r = imagecache_parse(spec, json_object_get(obj, "cache"), err, errlen);
+	if (r < 0)
+		return r;
 	return image_output_size(spec, err, errlen);
 }
 
@@ -467,10 +473,10 @@ static json_t *transform_json(const struct transform *t)
 	return NULL;
 }
 
-/* Add the image keys (transforms, output, on_error, decode) to @obj. */
+/* Add the image keys (transforms, output, on_error, decode, cache) to @obj. */
 static int image_options_json(const struct spec *spec, json_t *obj)
 {
-	json_t *arr = json_array();
+	json_t *arr = json_array(), *cache;
 
 	if (!arr)
 		return -ENOMEM;
@@ -489,6 +495,9 @@ static int image_options_json(const struct spec *spec, json_t *obj)
 	    json_object_set_new(obj, "decode",
 				json_pack("{s:b, s:I}", "dct_scaling", spec->dct_scaling, "max_pixels",
 					  (json_int_t)spec->max_pixels)) < 0)
+		return -ENOMEM;
+	cache = imagecache_spec_json(spec);
+	if (spec->cache_decoded && (!cache || json_object_set_new(obj, "cache", cache) < 0))
 		return -ENOMEM;
 	return 0;
 }
@@ -527,6 +536,16 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 			      (unsigned long long)src->base.nsamples);
 	src->base.index_bytes = imageset_bytes(src->images) +
 				(src->base.nsamples + 63) / 64 * sizeof(*src->bad);
+	if (spec->cache_decoded) {
+		r = imagecache_new(&src->cache, spec, src->base.nsamples, err, errlen);
+		if (r < 0)
+			return r;
+		src->base.index_bytes += imagecache_index_bytes(src->cache);
+		src->base.memory_bytes = imagecache_capacity(spec, src->base.nsamples);
+		/* a cached image is the whole one at full scale (or max_side's),
+		 * and a sample not cached must be cut from the same pixels */
+		src->op->dct_scaling = false;
+	}
 	src->base.nfields = 2;
 
 	snprintf(img->name, sizeof(img->name), "image");
@@ -541,6 +560,36 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 	lab->dtype = LDR_DTYPE_INT64;
 	lab->ndim = 0;
 	lab->sample_bytes = sizeof(int64_t);
+	return 0;
+}
+
+/* Sample @j from the cache: 0, 1 when it holds no image of @j, or an error. */
+static int cached_sample(struct images_source *src, const struct sample_ctx *ctx, uint64_t j,
+			 struct image_scratch *s, void *const *dsts, char *err, size_t errlen)
+{
+	const struct imagecache_entry *e = imagecache_get(src->cache, j);
+	struct imageop_plan plan;
+	char msg[384], what[320];
+	uint64_t t0;
+	int r;
+
+	if (!e)
+		return 1;
+	t0 = ctx && ctx->stage_ns ? mono_ns() : 0;
+	/* the crop is drawn on the file's size and mapped onto the pixels kept */
+	r = imageop_plan(src->op, (int)e->w, (int)e->h,
+			 imageop_key(ctx ? ctx->seed : 0, ctx ? ctx->epoch : 0, j), &plan, msg,
+			 sizeof(msg));
+	if (r == 0)
+		r = imageop_run(src->op, s, &plan, e->pix, (int)e->cw, (int)e->ch, dsts[0], msg,
+				sizeof(msg));
+	if (t0)
+		ctx->stage_ns[STAGE_TRANSFORM] += mono_ns() - t0;
+	if (r < 0) {
+		imageset_describe(src->images, j, what, sizeof(what));
+		return errfmt(r, err, errlen, "%s: %s", what, msg);
+	}
+	memcpy(dsts[1], &e->label, sizeof(e->label));
 	return 0;
 }
 
@@ -559,6 +608,8 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 
 	if (!s)
 		return errfmt(-ENOMEM, err, errlen, "out of memory for the image decoder");
+	if (src->cache && (r = cached_sample(src, ctx, j, s, dsts, err, errlen)) <= 0)
+		return r;
 	uint64_t t0 = ctx && ctx->stage_ns ? mono_ns() : 0, t1 = 0;
 	r = imageset_read(src->images, j, &s->file, &s->file_cap, &len, &label, err, errlen);
 	if (r < 0)
@@ -577,7 +628,10 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 		r = imageop_plan(op, info.width, info.height,
 				 imageop_key(ctx ? ctx->seed : 0, ctx ? ctx->epoch : 0, j), &plan,
 				 msg, sizeof(msg));
-	if (r == 0)
+	if (r == 0 && src->cache)
+		r = imagecache_decode_run(src->cache, op, s, &plan, j, label, s->file, len, &info,
+					  dsts[0], msg, sizeof(msg));
+	else if (r == 0)
 		r = imageop_decode_run(op, s, &plan, s->file, len, &info, dsts[0], msg, sizeof(msg));
 	if (t0) {
 		/* read: the file; decode: probe, plan, entropy decoding; transform:
@@ -662,16 +716,25 @@ static int images_read(struct source *base, const struct sample_ctx *ctx, uint64
 	return errfmt(-EINVAL, err, errlen, "no sample could be decoded (the last error: %s)", last);
 }
 
+static json_t *images_cache_json(const struct source *base)
+{
+	const struct images_source *src = (const struct images_source *)base;
+
+	return src->cache ? imagecache_json(src->cache) : NULL;
+}
+
 static void images_close(struct source *base)
 {
 	struct images_source *src = (struct images_source *)base;
 
 	imageset_free(src->images);
+	imagecache_free(src->cache);
 	free(src->op);
 	free((void *)src->bad);
 }
 
-static const char *const image_options[] = { "transforms", "output", "on_error", "decode", NULL };
+static const char *const image_options[] = { "transforms", "output", "on_error", "decode", "cache",
+					     NULL };
 
 const struct source_ops source_images_ops = {
 	.parse = images_parse,
@@ -683,5 +746,6 @@ const struct source_ops source_images_ops = {
 	.size = sizeof(struct images_source),
 	.open = images_open,
 	.read = images_read,
+	.cache_json = images_cache_json,
 	.close = images_close,
 };

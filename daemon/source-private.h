@@ -27,6 +27,7 @@ struct source {
 	struct field_desc fields[SOURCE_MAX_FIELDS];
 	_Atomic uint64_t skipped;     /* source_skipped() */
 	uint64_t index_bytes;         /* source_index_bytes(), set by open */
+	uint64_t memory_bytes;        /* source_memory_bytes(), set by open */
 	struct creds who;             /* its files are opened as (creds.h) */
 };
 
@@ -51,6 +52,8 @@ struct source_ops {
 	/* source_read(), idx already checked against nsamples. */
 	int (*read)(struct source *src, const struct sample_ctx *ctx, uint64_t idx,
 		    void *const *dsts, char *err, size_t errlen);
+	/* Status "cache" (source_cache_json()); NULL: the kind has none. */
+	json_t *(*cache_json)(const struct source *src);
 	/* Release what open got, also after a failed open. */
 	void (*close)(struct source *src);
 	/* Built outside the daemon (python: pyworkers.c); read is never called. */

@@ -174,3 +174,13 @@ uint64_t source_index_bytes(const struct source *src)
 {
 	return src->index_bytes;
 }
+
+uint64_t source_memory_bytes(const struct source *src)
+{
+	return src->memory_bytes;
+}
+
+json_t *source_cache_json(const struct source *src)
+{
+	return src->ops->cache_json ? src->ops->cache_json(src) : NULL;
+}

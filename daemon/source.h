@@ -79,6 +79,12 @@ uint64_t source_skipped(const struct source *src);
 /* Memory of the source's index of its samples (image sources: the listing
  * or the tar index and the bad-sample map); 0 for others. */
 uint64_t source_index_bytes(const struct source *src);
+/* Memory the source holds beside the slab that counts against the memory
+ * limit: an image pipeline's decoded-image cache (its arena); 0 for others. */
+uint64_t source_memory_bytes(const struct source *src);
+/* Status "cache" of an image pipeline with a decoded-image cache (hits,
+ * misses, entries, bytes_used...; imagecache.h), else NULL. */
+json_t *source_cache_json(const struct source *src);
 /* Its batches are built outside the daemon (python: pyworkers.c), never
  * with source_read(). */
 bool source_external(const struct source *src);

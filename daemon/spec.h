@@ -72,6 +72,11 @@ struct spec {
 	bool on_error_fail;           /* on_error: "fail" (default "skip") */
 	bool dct_scaling;             /* decode.dct_scaling, default true */
 	uint64_t max_pixels;          /* decode.max_pixels, default SPEC_MAX_PIXELS_DEFAULT */
+	/* "cache" (docs/spec.md, "Decoded-image cache"); part of the canonical
+	 * form, as it changes the pixels (a full decode, max_side) */
+	bool cache_decoded;           /* cache.decoded: keep every decoded image */
+	uint32_t cache_max_side;      /* cache.max_side: 0 = keep the full size */
+	uint64_t cache_bytes;         /* cache.bytes: the most the cache holds */
 	uint32_t batch_size;          /* default 32 */
 	bool shuffle;                 /* default false */
 	uint64_t seed;                /* default 0 */

@@ -86,6 +86,11 @@ static json_t *pipeline_json(struct pipeline *pl)
 		json_object_set_new(o, "prefetch", json_integer((json_int_t)pl->prefetch));
 	if (o)
 		json_object_set_new(o, "generation", json_integer((json_int_t)pl->generation));
+	/* a decoded-image cache: hits, misses, entries, bytes (imagecache.h) */
+	if (o) {
+		json_t *cache = pl->src ? source_cache_json(pl->src) : NULL;
+		json_object_set_new(o, "cache", cache ? cache : json_null());
+	}
 	/* a reload removed it ("draining") or made a successor ("replaced") */
 	if (o && pl->retired && !pl->failed)
 		json_object_set_new(o, "state", json_string(retire_state(pl)));
