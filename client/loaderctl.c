@@ -803,6 +803,26 @@ static void fmt_stages(char *buf, size_t n, const json_t *stats)
 		snprintf(buf + len, n - len, ")");
 }
 
+/* "image cache: 67% hits, 2000 images, 1.1 GiB of 8.0 GiB (3 refused)", or "". */
+static void fmt_cache(char *buf, size_t n, const json_t *p)
+{
+	const json_t *c = json_object_get(p, "cache");
+	double hits = num_at(c, "hits"), misses = num_at(c, "misses");
+	double refused = num_at(c, "refused");
+	char used[32], cap[32], more[48] = "";
+
+	buf[0] = '\0';
+	if (!json_is_object(c) || isnan(hits) || isnan(misses))
+		return;
+	fmt_bytes(used, sizeof(used), num_at(c, "bytes_used"));
+	fmt_bytes(cap, sizeof(cap), num_at(c, "bytes"));
+	if (refused > 0)
+		snprintf(more, sizeof(more), " (%.0f refused: full)", refused);
+	snprintf(buf, n, "image cache: %.0f%% hits, %.0f images, %s of %s%s",
+	         hits + misses > 0 ? 100.0 * hits / (hits + misses) : 0.0,
+	         num_at(c, "entries"), used, cap, more);
+}
+
 /*
  * The pipelines table, then one line per pipeline that says what limits it.
  * @clients gives each pipeline's mode.
@@ -859,13 +879,16 @@ static int figures_pipelines(struct lines *l, const json_t *pipelines, const jso
 		for (i = 0; i < n; i++) {
 			const json_t *stats = json_object_get(rows[i].p, "stats");
 			const char *why = json_string_value(json_object_get(stats, "limited_why"));
-			char stages[256];
+			char stages[256], cache[160];
 
 			fmt_stages(stages, sizeof(stages), stats);
 			if (why && *why)
 				lines_add(l, "%s: %s%s", rows[i].name, why, stages);
 			else if (*stages)
 				lines_add(l, "%s:%s", rows[i].name, stages);
+			fmt_cache(cache, sizeof(cache), rows[i].p);
+			if (*cache)
+				lines_add(l, "%s: %s", rows[i].name, cache);
 		}
 	}
 	table_free(&t);

@@ -200,9 +200,9 @@ static void put_nums(FILE *f, const struct num_metric *tab, size_t n, const stru
 static const struct num_metric daemon_metrics[] = {
 	{ "loaderd_uptime_seconds", "gauge", "Seconds since the daemon started.", "uptime_s", 0 },
 	{ "loaderd_workers", "gauge", "Worker threads of the daemon's pool.", "workers", 0 },
-	{ "loaderd_memory_limit_bytes", "gauge", "Most memory for batch slots (settings memory_limit).",
+	{ "loaderd_memory_limit_bytes", "gauge", "Most memory for batch slots and image caches (memory_limit).",
 	  "memory_limit", 0 },
-	{ "loaderd_memory_used_bytes", "gauge", "Memory of batch slots now, held-after-drop slabs included.",
+	{ "loaderd_memory_used_bytes", "gauge", "Memory of batch slots (held-after-drop slabs included) and image caches now.",
 	  "memory_used", 0 },
 	{ "loaderd_memory_held_after_drop_bytes", "gauge",
 	  "Slab memory of dropped pipelines that clients still map.", "memory_held_after_drop", 0 },
@@ -240,6 +240,19 @@ static const struct num_metric pipeline_metrics[] = {
 	{ "loaderd_pipeline_workers", "gauge",
 	  "Workers that build the pipeline's batches: the daemon's pool, or its own Python workers.",
 	  "stats.workers", 0 },
+	/* image pipelines with "cache": {"decoded": true} (docs/spec.md) */
+	{ "loaderd_pipeline_image_cache_hits_total", "counter",
+	  "Samples cut from decoded images the cache kept.", "cache.hits", 0 },
+	{ "loaderd_pipeline_image_cache_misses_total", "counter",
+	  "Samples read and decoded from their file under a decoded-image cache.", "cache.misses", 0 },
+	{ "loaderd_pipeline_image_cache_entries", "gauge", "Decoded images the cache holds.",
+	  "cache.entries", 0 },
+	{ "loaderd_pipeline_image_cache_used_bytes", "gauge",
+	  "Bytes of the cache's arena its images take.", "cache.bytes_used", 0 },
+	{ "loaderd_pipeline_image_cache_bytes", "gauge",
+	  "Bytes reserved for the cache, counted in the memory used.", "cache.bytes", 0 },
+	{ "loaderd_pipeline_image_cache_refused_total", "counter",
+	  "Images not kept: the cache was full.", "cache.refused", 0 },
 };
 
 static const struct num_metric client_metrics[] = {

@@ -327,3 +327,30 @@ def test_cache_only_for_images(ld, workdir):
     spec["cache"] = {"decoded": True, "bytes": "1G"}
     r = ld.create(spec, check=False)
     assert r.returncode != 0 and "cache: only for image sources" in r.stderr, r.stderr
+
+
+def test_status_text_and_metrics(daemon, workdir):
+    """One worker, 12 images, 3 epochs: 12 misses then 24 hits, in
+    `loaderctl status`'s line under the table and in /metrics."""
+    from test_metrics import get_unix, parse, value, write_config
+    root = os.path.join(workdir, "imgs")
+    paths = mixed_folder(root)
+    n = len(paths)
+    sock = os.path.join(workdir, "metrics.sock")
+    cfg = os.path.join(workdir, "loaderd.json")
+    write_config(cfg, {"metrics_address": sock})
+    ld = daemon("--config", cfg, workers=1)
+    code, _, text = get_unix(sock)
+    assert code == 200 and "loaderd_pipeline_image_cache_hits" in parse(text)    # no sample yet
+    run(ld, cache_spec("c", root, RRC, cache={"decoded": True, "bytes": "4M"}))
+    used = sum(entry_bytes(w, h) for w, h in sizes_of(paths))
+    fams = parse(get_unix(sock)[2])
+    got = {}
+    for k in ("hits_total", "misses_total", "entries", "used_bytes", "bytes", "refused_total"):
+        name = "loaderd_pipeline_image_cache_" + k
+        got[k] = value(fams, name.removesuffix("_total"), name, pipeline="c")
+    assert got == {"hits_total": 2 * n, "misses_total": n, "entries": n, "used_bytes": used,
+                   "bytes": 4 << 20, "refused_total": 0}, got
+    out = ld.ctl("status").stdout
+    want = f"c: image cache: 67% hits, {n} images, {used / 1024:.1f} KiB of 4.0 MiB"
+    assert want in out.splitlines(), out
