@@ -1,0 +1,359 @@
+/* SPDX-License-Identifier: MIT */
+/* libloader: ldr_attach() and ldr_detach(): the attach options, the layout of
+ * the attach reply, the request contexts, the attachment's references.
+ */
+#include <stddef.h>
+
+#include "libloader-private.h"
+#include "config.h"
+#include "devmap.h"
+#include "slabmap.h"
+
+static int req_open(struct ldr_client *c, struct req *r, struct ldr_attachment *a, bool is_release)
+{
+	int rv;
+
+	r->att = a;
+	r->is_release = is_release;
+	if ((rv = nng_ctx_open(&r->ctx, c->sock)) != 0)
+		return nng_to_errno(rv);
+	if ((rv = nng_aio_alloc(&r->aio, req_cb, r)) != 0) {
+		nng_ctx_close(r->ctx);
+		return -ENOMEM;
+	}
+	r->open = true;
+	return 0;
+}
+
+static void req_close(struct req *r)
+{
+	if (!r->open)
+		return;
+	nng_aio_stop(r->aio);
+	if (r->state == REQ_SENDING) {
+		nng_msg *m = nng_aio_get_msg(r->aio);
+		if (m && nng_aio_result(r->aio) != 0)
+			nng_msg_free(m);
+	}
+	nng_aio_free(r->aio);
+	nng_ctx_close(r->ctx);
+	r->open = false;
+}
+
+/*
+ * The caller's options as this library knows them: the fields that lie
+ * wholly within @in->size bytes (0: LDR_ATTACH_OPTS_SIZE_V1), the others 0
+ * (their defaults). Fields this library does not know must be 0.
+ */
+static int read_attach_opts(const struct ldr_attach_opts *in, struct ldr_attach_opts *o)
+{
+	size_t n;
+
+	memset(o, 0, sizeof(*o));
+	if (!in)
+		return 0;
+	n = in->size ? in->size : LDR_ATTACH_OPTS_SIZE_V1;
+	if (n < sizeof(in->size))
+		return set_err(-EINVAL, "ldr_attach_opts.size %zu is below the smallest layout", n);
+	if (n > sizeof(*o)) {
+		const unsigned char *extra = (const unsigned char *)in + sizeof(*o);
+		for (size_t i = 0; i < n - sizeof(*o); i++)
+			if (extra[i])
+				return set_err(-E2BIG, "ldr_attach_opts of %zu bytes sets options beyond the %zu "
+				               "bytes this libloader (%s) knows", n, sizeof(*o), LOADERD_VERSION);
+	}
+#define OPT(f)                                                                          \
+	do {                                                                            \
+		if (n >= offsetof(struct ldr_attach_opts, f) + sizeof(o->f))             \
+			o->f = in->f;                                                   \
+	} while (0)
+	OPT(mode);
+	OPT(rank);
+	OPT(world_size);
+	OPT(has_start);
+	OPT(start_epoch);
+	OPT(start_batch);
+	OPT(inflight);
+	OPT(device_kind);
+	OPT(device_index);
+#undef OPT
+	o->size = sizeof(*o);
+	return 0;
+}
+
+/*
+ * The layout an attach reply gives (slots, epochs, fields) into @a: a new
+ * attachment's, or the re-attached one's to compare (reattach()).
+ */
+int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar)
+{
+	a->id = ar->attach_id;
+	a->slot_bytes = ar->slot_bytes;
+	a->nslots = ar->nslots;
+	a->batch_size = ar->batch_size;
+	a->bpe = ar->batches_per_epoch;
+	a->epochs = ar->epochs;
+	a->samples = ar->samples;
+	a->share = ar->share;
+	a->pos_epoch = ar->start_epoch;
+	a->pos_batch = ar->start_batch;
+	if (ar->n_fields > MAX_FIELDS || ar->n_fields == 0)
+		return set_err(-EPROTO, "attach reply has %zu fields", ar->n_fields);
+	a->nfields = (int)ar->n_fields;
+	for (size_t f = 0; f < ar->n_fields; f++) {
+		const Loaderd__Field *fd_ = ar->fields[f];
+		struct afield *af = &a->fields[f];
+		if (fd_->n_sample_shape > LDR_MAX_DIMS - 1 || fd_->dtype >= LDR_DTYPE_COUNT ||
+		    fd_->offset + (uint64_t)a->batch_size * fd_->sample_bytes > a->slot_bytes)
+			return set_err(-EPROTO, "attach reply: field %zu is malformed", f);
+		memset(af, 0, sizeof(*af));
+		snprintf(af->name, sizeof(af->name), "%s", fd_->name);
+		af->dtype = (enum ldr_dtype)fd_->dtype;
+		af->ndim = (int)fd_->n_sample_shape;
+		for (size_t d = 0; d < fd_->n_sample_shape; d++)
+			af->shape[d] = fd_->sample_shape[d];
+		af->offset = fd_->offset;
+		af->sample_bytes = fd_->sample_bytes;
+	}
+	return 0;
+}
+
+int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *user_opts,
+               struct ldr_attachment **out)
+{
+	struct ldr_attach_opts opts_buf;
+	const struct ldr_attach_opts *opts = &opts_buf;
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Attach at = LOADERD__ATTACH__INIT;
+	Loaderd__Reply *rep;
+	Loaderd__AttachReply *ar;
+	struct ldr_attachment *a;
+	uint64_t size = 0, dev_size = 0;
+	int r, fd, dev_fd = -1;
+	char err[512];
+
+	CHECK_PID(c);
+	if ((r = read_attach_opts(user_opts, &opts_buf)) < 0)
+		return r;
+	if (!pipeline || strlen(pipeline) > LDR_NAME_MAX)
+		return set_err(-EINVAL, "invalid pipeline name");
+	if (opts->inflight > MAX_INFLIGHT)
+		return set_err(-EINVAL, "inflight %u above the limit of %d", opts->inflight, MAX_INFLIGHT);
+	at.pipeline = (char *)pipeline;
+	at.mode = (Loaderd__Mode)opts->mode;
+	at.rank = opts->rank;
+	at.world_size = opts->world_size;
+	at.has_start = opts->has_start != 0;
+	at.start_epoch = opts->start_epoch;
+	at.start_batch = opts->start_batch;
+	at.credits = opts->inflight ? opts->inflight : 4;
+	at.device_kind = (uint32_t)opts->device_kind;
+	at.device_index = opts->device_kind != LDR_DEVICE_HOST ? opts->device_index : 0;
+	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
+	req.attach = &at;
+	r = call(c, &req, &rep, LOADERD__REPLY__BODY_ATTACH);
+	if (r < 0)
+		return r;
+	ar = rep->attach;
+
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		r = set_err(-ENOMEM, "out of memory");
+		goto fail_rep;
+	}
+	a->c = c;
+	atomic_fetch_add(&c->refs, 1);
+	atomic_init(&a->refs, 1);
+	pthread_cond_init(&a->ev_cond, NULL);
+	a->inflight = (int)at.credits;
+	snprintf(a->pipeline, sizeof(a->pipeline), "%s", pipeline);
+	a->opts = *opts;
+	if ((r = att_read_reply(a, ar)) < 0)
+		goto fail;
+	fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size);
+	if (fd < 0) {
+		r = fd;
+		goto fail;
+	}
+	if (size != ar->slab_bytes || size < (uint64_t)a->nslots * a->slot_bytes) {
+		close(fd);
+		if (dev_fd >= 0)
+			close(dev_fd);
+		r = set_err(-EPROTO, "slab size mismatch");
+		goto fail;
+	}
+	if (ar->device_kind == LDR_DEVICE_CUDA) {
+		a->device_kind = LDR_DEVICE_CUDA;
+		a->device_index = ar->device_index;
+		a->dstride = ar->device_slot_stride;
+		if (a->dstride < a->slot_bytes || ar->device_slot_stride * a->nslots > ar->device_slab_bytes ||
+		    (dev_fd >= 0 && dev_size != ar->device_slab_bytes)) {
+			r = set_err(-EPROTO, "attach reply: device slab of %" PRIu64 " bytes cannot hold %u slots "
+			            "%" PRIu64 " bytes apart", ar->device_slab_bytes, a->nslots, a->dstride);
+			if (dev_fd >= 0)
+				close(dev_fd);
+		} else {
+			r = devmap_open(&a->dev, ar->device_index, ar->device_memory, dev_fd, ar->device_slab_bytes,
+			                ar->device_ipc_handle.data, ar->device_ipc_handle.len, err, sizeof(err));
+			if (r < 0)
+				set_err(r, "%s", err);
+		}
+		if (r < 0) {
+			close(fd);
+			goto fail;
+		}
+	} else if (dev_fd >= 0) {
+		close(dev_fd);
+	}
+	/* Copy-on-write: the trainer may write into its batches (a written page
+	 * becomes its own, and is discarded before the lease goes back). It
+	 * needs slots of whole pages, as the daemon lays them out (4096 bytes). */
+	a->cow = a->slot_bytes > 0 && a->slot_bytes % slabmap_page() == 0;
+	if (!(a->map = amap_open(fd, size, a->nslots, a->slot_bytes, a->cow))) {
+		r = set_err(-errno, "cannot map the slab: %s", strerror(errno));
+		close(fd);
+		goto fail;
+	}
+	for (int i = 0; i < a->inflight; i++)
+		if ((r = req_open(c, &a->reqs[i], a, false)) < 0) {
+			r = set_err(r, "cannot open request contexts");
+			goto fail;
+		}
+	if ((r = req_open(c, &a->relreq, a, true)) < 0) {
+		r = set_err(r < 0 ? r : -ENOMEM, "cannot open request contexts");
+		goto fail;
+	}
+	/* A daemon that reports a share parks watches; an older one would take
+	 * a watch for a Next asking for one batch. */
+	if (ar->share) {
+		if ((r = req_open(c, &a->watch, a, false)) < 0) {
+			r = set_err(r, "cannot open request contexts");
+			goto fail;
+		}
+		a->watch.is_watch = true;
+	}
+	loaderd__reply__free_unpacked(rep, NULL);
+
+	pthread_mutex_lock(&c->lock);
+	a->next = c->atts;
+	c->atts = a;
+	top_up(a);
+	if (a->watch.open && !c->disconnected && req_send(a, &a->watch, 0) == 0)
+		a->watching = true;
+	pthread_mutex_unlock(&c->lock);
+	*out = a;
+	return 0;
+
+fail:
+	for (int i = 0; i < MAX_INFLIGHT; i++)
+		req_close(&a->reqs[i]);
+	req_close(&a->relreq);
+	req_close(&a->watch);
+	{
+		/* tell the daemon, so it does not keep a slot for us */
+		Loaderd__Request dreq = LOADERD__REQUEST__INIT;
+		Loaderd__Detach det = LOADERD__DETACH__INIT;
+		Loaderd__Reply *drep;
+		char keep[sizeof(tls_err)];
+		det.attach_id = a->id;
+		dreq.body_case = LOADERD__REQUEST__BODY_DETACH;
+		dreq.detach = &det;
+		memcpy(keep, tls_err, sizeof(keep));
+		if (call(c, &dreq, &drep, LOADERD__REPLY__BODY_OK) == 0)
+			loaderd__reply__free_unpacked(drep, NULL);
+		memcpy(tls_err, keep, sizeof(keep));
+	}
+	att_unref(a);
+fail_rep:
+	loaderd__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+void att_unref(struct ldr_attachment *a)
+{
+	struct ldr_client *c = a->c;
+
+	if (atomic_fetch_sub(&a->refs, 1) != 1)
+		return;
+	if (a->waiter_running && c->pid == getpid()) {
+		/* it waits for the events still queued, then ends */
+		pthread_mutex_lock(&c->lock);
+		a->waiter_stop = true;
+		pthread_cond_signal(&a->ev_cond);
+		pthread_mutex_unlock(&c->lock);
+		pthread_join(a->waiter, NULL);
+	}
+	devmap_close(a->dev);
+	pthread_cond_destroy(&a->ev_cond);
+	amap_put(a, a->map);
+	for (int i = 0; i < MAX_INFLIGHT; i++)
+		free(a->ring[i].msg);
+	free(a->rel);
+	free(a);
+	if (c->pid == getpid())
+		client_unref(c);
+}
+
+int ldr_detach(struct ldr_attachment *a)
+{
+	struct ldr_client *c;
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Detach det = LOADERD__DETACH__INIT;
+	Loaderd__Reply *rep;
+	struct ldr_attachment **pp;
+	struct timespec deadline;
+	int r = 0;
+
+	if (!a)
+		return 0;
+	c = a->c;
+	CHECK_PID(c);
+	pthread_mutex_lock(&c->lock);
+	bool was_detached = a->detached;
+	a->detached = true; /* nothing more goes out for it */
+	/* The batches still held stay valid and unchanged: the daemon reuses
+	 * their slots once we are gone. Their leases go with the attachment. */
+	if (!a->dev && a->cow && !was_detached) {
+		char keep[sizeof(tls_err)];
+		memcpy(keep, tls_err, sizeof(keep));
+		for (;;) {
+			struct ldr_batch *b = a->held_head;
+			while (b && b->keep_failed)
+				b = b->next;
+			if (!b)
+				break;
+			if (keep_locked(a, b, ~(uint64_t)0, false) < 0)
+				b->keep_failed = true;
+		}
+		memcpy(tls_err, keep, sizeof(keep));
+	}
+	bool disc = c->disconnected; /* or reconnecting: it went with the old daemon */
+	bool lost = a->lost;
+	pthread_mutex_unlock(&c->lock);
+	if (!disc && !lost) {
+		det.attach_id = a->id;
+		req.body_case = LOADERD__REQUEST__BODY_DETACH;
+		req.detach = &det;
+		r = call(c, &req, &rep, LOADERD__REPLY__BODY_OK);
+		if (r == 0)
+			loaderd__reply__free_unpacked(rep, NULL);
+	}
+	/* the daemon answers every parked Next of a detached attachment */
+	deadline_after(&deadline, 5000);
+	pthread_mutex_lock(&c->lock);
+	while (a->outstanding > 0 && !c->disconnected && r == 0)
+		if (pthread_cond_timedwait(&c->cond, &c->lock, &deadline) == ETIMEDOUT)
+			break;
+	for (pp = &c->atts; *pp; pp = &(*pp)->next)
+		if (*pp == a) {
+			*pp = a->next;
+			break;
+		}
+	pthread_mutex_unlock(&c->lock);
+	for (int i = 0; i < a->inflight; i++)
+		req_close(&a->reqs[i]);
+	req_close(&a->relreq);
+	req_close(&a->watch);
+	att_unref(a);
+	return r == LDR_EDISCONNECTED ? 0 : r;
+}

@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: MIT */
+/* libloader: the control calls: create and drop pipelines (remembered, to create
+ * them again in a restarted daemon), status, list, set, reload.
+ */
+#include "libloader-private.h"
+
+/*
+ * Remember the spec of pipeline @name, created (or found) by this client, so
+ * that reconnect_run() creates it again in a restarted daemon; the newest
+ * spec of a name wins. Without memory it is just not remembered.
+ */
+static void spec_remember(struct ldr_client *c, const char *name, const char *json)
+{
+	struct spec_rec *sr;
+	char *copy = strdup(json);
+
+	if (!copy)
+		return;
+	pthread_mutex_lock(&c->lock);
+	for (sr = c->specs; sr; sr = sr->next)
+		if (strcmp(sr->name, name) == 0)
+			break;
+	if (!sr && (sr = calloc(1, sizeof(*sr)))) {
+		snprintf(sr->name, sizeof(sr->name), "%s", name);
+		sr->next = c->specs;
+		c->specs = sr;
+	}
+	if (sr) {
+		free(sr->json);
+		sr->json = copy;
+	} else {
+		free(copy);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* A dropped pipeline is not created again. */
+static void spec_forget(struct ldr_client *c, const char *name)
+{
+	pthread_mutex_lock(&c->lock);
+	for (struct spec_rec **pp = &c->specs; *pp; pp = &(*pp)->next)
+		if (strcmp((*pp)->name, name) == 0) {
+			struct spec_rec *sr = *pp;
+			*pp = sr->next;
+			free(sr->json);
+			free(sr);
+			break;
+		}
+	pthread_mutex_unlock(&c->lock);
+}
+
+int ldr_create_pipeline(struct ldr_client *c, const char *spec_json, int exist_ok, char *name_out,
+                        size_t name_size)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__CreatePipeline cp = LOADERD__CREATE_PIPELINE__INIT;
+	Loaderd__Reply *rep;
+	int r;
+
+	CHECK_PID(c);
+	if (!spec_json)
+		return set_err(-EINVAL, "no spec");
+	cp.spec_json = (char *)spec_json;
+	cp.exist_ok = exist_ok != 0;
+	req.body_case = LOADERD__REQUEST__BODY_CREATE;
+	req.create = &cp;
+	r = call(c, &req, &rep, LOADERD__REPLY__BODY_CREATE);
+	if (r < 0)
+		return r;
+	if (name_out && name_size)
+		snprintf(name_out, name_size, "%s", rep->create->name);
+	spec_remember(c, rep->create->name, spec_json);
+	r = rep->create->created ? 1 : 0;
+	loaderd__reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+int ldr_drop_pipeline(struct ldr_client *c, const char *name, int force)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__DropPipeline dp = LOADERD__DROP_PIPELINE__INIT;
+	Loaderd__Reply *rep;
+	int r;
+
+	CHECK_PID(c);
+	dp.name = (char *)name;
+	dp.force = force != 0;
+	req.body_case = LOADERD__REQUEST__BODY_DROP;
+	req.drop = &dp;
+	r = call(c, &req, &rep, LOADERD__REPLY__BODY_OK);
+	if (r == 0) {
+		loaderd__reply__free_unpacked(rep, NULL);
+		if (name)
+			spec_forget(c, name);
+	}
+	return r;
+}
+
+int ldr_status_json(struct ldr_client *c, char **json_out)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Status st = LOADERD__STATUS__INIT;
+
+	CHECK_PID(c);
+	req.body_case = LOADERD__REQUEST__BODY_STATUS;
+	req.status = &st;
+	return json_call(c, &req, json_out);
+}
+
+int ldr_pipelines_json(struct ldr_client *c, char **json_out)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__ListPipelines lp = LOADERD__LIST_PIPELINES__INIT;
+
+	CHECK_PID(c);
+	req.body_case = LOADERD__REQUEST__BODY_LIST;
+	req.list = &lp;
+	return json_call(c, &req, json_out);
+}
+
+int ldr_set(struct ldr_client *c, const char *key, const char *pipeline, const char *value,
+            char **json_out)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Set st = LOADERD__SET__INIT;
+
+	CHECK_PID(c);
+	if (!key || !value || !json_out)
+		return set_err(-EINVAL, "set: no key or value");
+	st.key = (char *)key;
+	st.value = (char *)value;
+	st.pipeline = (char *)(pipeline ? pipeline : "");
+	req.body_case = LOADERD__REQUEST__BODY_SET;
+	req.set = &st;
+	return json_call(c, &req, json_out);
+}
+
+int ldr_reload(struct ldr_client *c, char **json_out)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__Reload rl = LOADERD__RELOAD__INIT;
+
+	CHECK_PID(c);
+	if (!json_out)
+		return set_err(-EINVAL, "reload: no json_out");
+	req.body_case = LOADERD__REQUEST__BODY_RELOAD;
+	req.reload = &rl;
+	/* the reply comes once the new pipelines' files are open and indexed */
+	return json_call_timeout(c, &req, json_out, RELOAD_TIMEOUT_MS);
+}

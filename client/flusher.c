@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+/* libloader: the client's own thread: it tops the windows up off the trainer's
+ * path, sends the releases left FLUSH_DELAY_MS after the first, and runs a
+ * reconnection; queue_release() hands it a lease.
+ */
+#include "libloader-private.h"
+
+/*
+ * The client's own thread. It sends the Next requests that ldr_next() makes
+ * room for, so that a trainer's next() only takes a batch that is already here
+ * and never waits on a socket write. And it returns leases: they normally ride
+ * on the next Next, but a trainer that stops asking (end of an epoch, a batch
+ * kept past the loop) must still give its slots back soon, so what is left is
+ * sent FLUSH_DELAY_MS after the first pending release. It wakes at most once
+ * per delay for releases, however fast batches go.
+ */
+void *flusher_main(void *arg)
+{
+	struct ldr_client *c = arg;
+	struct timespec deadline;
+	bool timing = false;
+
+	pthread_mutex_lock(&c->lock);
+	while (!c->flusher_stop) {
+		if (c->reconnect_wanted) {
+			c->reconnect_wanted = false;
+			pthread_mutex_unlock(&c->lock);
+			reconnect_run(c);
+			pthread_mutex_lock(&c->lock);
+			continue;
+		}
+		if (c->topup_wanted) {
+			c->topup_wanted = false;
+			for (struct ldr_attachment *a = c->atts; a; a = a->next)
+				top_up(a);
+			continue;
+		}
+		if (!c->flush_wanted) {
+			c->flusher_idle = true;
+			pthread_cond_wait(&c->flush_cond, &c->lock);
+			c->flusher_idle = false;
+			continue;
+		}
+		if (!timing) {
+			deadline_after(&deadline, FLUSH_DELAY_MS);
+			timing = true;
+		}
+		if (pthread_cond_timedwait(&c->flush_cond, &c->lock, &deadline) != ETIMEDOUT)
+			continue; /* a top-up, or stop */
+		timing = false;
+		c->flush_wanted = false;
+		for (struct ldr_attachment *a = c->atts; a; a = a->next)
+			if (a->nrel && !a->detached && !c->disconnected && a->relreq.state == REQ_IDLE)
+				req_send(a, &a->relreq, 0);
+	}
+	pthread_mutex_unlock(&c->lock);
+	return NULL;
+}
+
+/* Hand @lease back with the next request. Called with c->lock held. */
+void queue_release(struct ldr_attachment *a, uint64_t lease)
+{
+	struct ldr_client *c = a->c;
+
+	if (a->detached || a->lost)
+		return;
+	if (a->nrel == a->relcap) {
+		size_t cap = a->relcap ? a->relcap * 2 : 16;
+		uint64_t *n = realloc(a->rel, cap * sizeof(*n));
+		if (n) {
+			a->rel = n;
+			a->relcap = cap;
+		}
+	}
+	if (a->nrel < a->relcap)
+		a->rel[a->nrel++] = lease;
+	if (!c->flush_wanted && c->flusher_running) {
+		c->flush_wanted = true;
+		if (c->flusher_idle)
+			pthread_cond_signal(&c->flush_cond);
+	}
+}
+
+/* Send the queued releases now rather than in FLUSH_DELAY_MS (the relreq
+ * callback sends what came meanwhile). Called with c->lock held. */
+void flush_now(struct ldr_attachment *a)
+{
+	if (a->nrel && !a->detached && !a->c->disconnected && a->relreq.open &&
+	    a->relreq.state == REQ_IDLE)
+		req_send(a, &a->relreq, 0);
+}

@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: MIT */
+/* libloader: sharing slots (docs/protocol.md): the parked watch, and answering
+ * the daemon's Revoke with the deliveries the trainer has not taken.
+ */
+#include "libloader-private.h"
+#include "slabmap.h"
+
+/* Discard what may have been written in the slot of a delivery the trainer
+ * never saw (cheap: a pagemap scan). Called with c->lock held. */
+static void discard_unseen(struct ldr_attachment *a, const struct arrived *ar)
+{
+	if (a->cow && ar->slot < a->nslots)
+		slabmap_discard(a->map->slotaddr[ar->slot], a->slot_bytes, a->map->fd,
+		                (uint64_t)ar->slot * a->slot_bytes, NULL);
+}
+
+/*
+ * Answer a Revoke (docs/protocol.md, "Sharing slots"), once every delivery
+ * below its upto_seq has arrived (answers to the Next requests may be handled
+ * in any order): hand back, unread, the longest run of deliveries just below
+ * upto_seq, at most count, that the trainer has not taken and that are
+ * batches. They leave the ring; the daemon rewinds and delivers them again
+ * from return_from, which the ring then accepts like any new delivery, and the
+ * window has room for them again. Called with c->lock held.
+ */
+void answer_revoke(struct ldr_attachment *a)
+{
+	uint64_t upto = a->rv_upto, from;
+	uint32_t j = 0;
+
+	if (!a->rv_pending || !a->watching || a->watch.state != REQ_IDLE || a->detached ||
+	    a->c->disconnected)
+		return;
+	if (upto > a->next_seq) {
+		if (upto - a->next_seq > MAX_INFLIGHT)
+			return;
+		for (uint64_t s = a->next_seq; s < upto; s++)
+			if (!a->ring[s % MAX_INFLIGHT].present)
+				return; /* on its way */
+	}
+	while (j < a->rv_count && j < MAX_INFLIGHT && upto - j > a->next_seq) {
+		const struct arrived *ar = &a->ring[(upto - j - 1) % MAX_INFLIGHT];
+		if (!ar->present || ar->kind != LOADERD__REPLY__BODY_BATCHES)
+			break;
+		j++;
+	}
+	from = upto - j;
+	for (uint64_t s = from; s < upto; s++) {
+		struct arrived *ar = &a->ring[s % MAX_INFLIGHT];
+		a->ret[s - from] = ar->lease;
+		ar->present = false;
+		a->arrived--;
+		discard_unseen(a, ar);
+	}
+	a->rv_pending = false;
+	a->has_ret = true;
+	a->ret_from = from;
+	a->nret = j;
+	a->share_seq = from; /* the re-deliveries tell the share from now on */
+	if (req_send(a, &a->watch, 0) < 0) {
+		a->watching = false;
+		if (!a->err) {
+			a->err = -ENOMEM;
+			snprintf(a->errmsg, sizeof(a->errmsg), "cannot answer the daemon's revoke: out of memory");
+		}
+	}
+	top_up(a);
+}
+
+/* The watch came back. Called with c->lock held. */
+void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
+{
+	if (rv != 0 || !rep) {
+		a->watching = false; /* cancelled, or the connection went */
+		return;
+	}
+	switch (rep->body_case) {
+	case LOADERD__REPLY__BODY_REVOKE:
+		if (rep->revoke->share)
+			a->share = rep->revoke->share;
+		a->share_seq = rep->revoke->upto_seq;
+		a->rv_pending = true;
+		a->rv_upto = rep->revoke->upto_seq;
+		a->rv_count = rep->revoke->count;
+		answer_revoke(a);
+		return;
+	case LOADERD__REPLY__BODY_ERROR: {
+		int code = rep->error->code;
+		a->watching = false; /* detached, shutting down...: not sent again */
+		if (code != ECANCELED && code != ESHUTDOWN && !a->detached && !a->err) {
+			a->err = code > 0 && code < 4096 ? -code : -EIO;
+			/* a failed pipeline or a detach reaches the watch first:
+			 * its message as the daemon wrote it; only a refusal of
+			 * the watch itself says so */
+			snprintf(a->errmsg, sizeof(a->errmsg), "%s%s",
+			         code == EINVAL || code == EPROTO ? "the daemon refused this client's watch: " : "",
+			         rep->error->message && *rep->error->message ? rep->error->message
+			                                                     : error_name(a->err));
+		}
+		return;
+	}
+	case LOADERD__REPLY__BODY_BATCHES:
+	case LOADERD__REPLY__BODY_END:
+		/* a daemon that took the watch for a plain Next: keep what it
+		 * delivered, and send no more watches */
+		a->watching = false;
+		store_reply(a, rep, 0);
+		return;
+	default:
+		a->watching = false;
+		return;
+	}
+}

@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: MIT */
+/* libloader: stall accounting: the TrainerStats (docs/protocol.md) ldr_next()
+ * keeps and the Next and Release requests carry.
+ */
+#include "libloader-private.h"
+
+/*
+ * The TrainerStats a Next or Release carries: the totals, when a wait ended
+ * since the last report. A Next carries them at most every STATS_EVERY_NS
+ * (the daemon's rates are over seconds); a Release whenever they changed, so
+ * that the trainer's last batch is counted once its lease went back (releases
+ * go out at most every FLUSH_DELAY_MS). Called with c->lock held; NULL when
+ * there is nothing to say.
+ */
+#define STATS_EVERY_NS 100000000u
+Loaderd__TrainerStats *stats_report(struct ldr_attachment *a, Loaderd__TrainerStats *st,
+                                           bool release)
+{
+	uint64_t now = mono_ns();
+
+	if ((a->st_calls == a->st_sent_calls && a->st_wait_ns == a->st_sent_wait) ||
+	    (!release && now - a->st_sent_ns < STATS_EVERY_NS))
+		return NULL;
+	a->st_sent_ns = now;
+	a->st_sent_calls = a->st_calls;
+	a->st_sent_wait = a->st_wait_ns;
+	st->wait_ns = a->st_wait_ns;
+	st->compute_ns = a->st_compute_ns;
+	st->calls = a->st_calls;
+	st->n_wait_buckets = WAIT_BUCKETS;
+	st->wait_buckets = a->st_buckets;
+	return st;
+}
+
+/* ldr_next() begins at @t0: the time since the last return was the
+ * trainer's (compute), or still waiting when that return was a timeout. */
+void stats_enter(struct ldr_attachment *a, uint64_t t0)
+{
+	a->st_counted = t0;
+	if (!a->st_mark)
+		return;
+	if (a->st_waiting) {
+		a->st_open += t0 - a->st_mark;
+		a->st_wait_ns += t0 - a->st_mark;
+	} else {
+		a->st_compute_ns += t0 - a->st_mark;
+	}
+}
+
+/*
+ * A long wait is reported while it lasts: the waits a report carries are
+ * those that ended, and a trainer starved for seconds would show no figure
+ * at all (no request goes out while it waits). Once a second of a wait
+ * (ldr_next()'s own slices, or the Python package's polls that time out), a
+ * Release carries the time waited so far, with the leases queued if any.
+ * Only a waiting trainer pays for it. Called with c->lock held.
+ */
+void stats_live(struct ldr_attachment *a, uint64_t now)
+{
+	a->st_wait_ns += now - a->st_counted;
+	a->st_counted = now;
+	if (now - a->st_sent_ns >= (uint64_t)STATS_LIVE_MS * 1000000u && !a->detached &&
+	    !a->c->disconnected && a->relreq.open && a->relreq.state == REQ_IDLE)
+		req_send(a, &a->relreq, 0);
+}
+
+/* ldr_next() that began at @t0 returns @r. A wait ends with anything but a
+ * timeout: ldr_next with a timeout in a loop (the Python DataLoader polls in
+ * slices) is one wait. */
+void stats_leave(struct ldr_attachment *a, uint64_t t0, int r)
+{
+	uint64_t t1 = mono_ns();
+
+	a->st_wait_ns += t1 - a->st_counted;
+	a->st_counted = t1;
+	a->st_open += t1 - t0;
+	a->st_mark = r == 0 || r == -ETIMEDOUT ? t1 : 0;
+	a->st_waiting = r == -ETIMEDOUT;
+	if (a->st_waiting) {
+		stats_live(a, t1);
+		return;
+	}
+	a->st_buckets[wait_bucket(a->st_open)]++;
+	a->st_calls++;
+	a->st_open = 0;
+}
