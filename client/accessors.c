@@ -9,11 +9,11 @@ uint64_t ldr_attachment_release_refused(const struct ldr_attachment *a, char *ms
 	struct ldr_client *c = a->c;
 	uint64_t n;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	n = a->rel_refused;
 	if (msg && size)
 		snprintf(msg, size, "%s", a->rel_msg);
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	return n;
 }
 
@@ -47,11 +47,11 @@ const void *ldr_attachment_slab(const struct ldr_attachment *a, size_t *size)
 	struct ldr_client *c = a->c;
 	const void *base;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	if (size)
 		*size = a->map->size;
 	base = a->map->base;
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	return base;
 }
 
@@ -59,12 +59,12 @@ int ldr_attachment_kept(const struct ldr_attachment *a, uint64_t *batches, uint6
 {
 	struct ldr_client *c = a->c;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	if (batches)
 		*batches = a->kept_batches;
 	if (bytes)
 		*bytes = a->kept_bytes;
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	return 0;
 }
 
@@ -73,9 +73,9 @@ uint32_t ldr_attachment_share(const struct ldr_attachment *a)
 	struct ldr_client *c = a->c;
 	uint32_t s;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	s = share_now(a);
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	return s;
 }
 
@@ -84,9 +84,9 @@ uint32_t ldr_attachment_held(const struct ldr_attachment *a)
 	struct ldr_client *c = a->c;
 	uint32_t n;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	n = a->nheld;
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	return n;
 }
 
@@ -153,12 +153,12 @@ static void info_counters(const struct ldr_attachment *a, struct ldr_batch_info 
 {
 	struct ldr_client *c = a->c;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	info->held = a->nheld;
 	info->share = share_now(a);
 	info->kept_batches = a->kept_batches;
 	info->kept_bytes = a->kept_bytes;
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	info->nfields = a->nfields;
 }
 

@@ -252,9 +252,9 @@ int ldr_client_reconnect_timeout(const struct ldr_client *client)
 	struct ldr_client *c = (struct ldr_client *)client;
 	int ms;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	ms = c->reconnect_ms;
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	return ms;
 }
 
@@ -263,9 +263,9 @@ uint64_t ldr_client_reconnects(const struct ldr_client *client)
 	struct ldr_client *c = (struct ldr_client *)client;
 	uint64_t n;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	n = c->reconnects;
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	return n;
 }
 
@@ -274,9 +274,9 @@ uint64_t ldr_client_id(const struct ldr_client *client)
 	struct ldr_client *c = (struct ldr_client *)client; /* its lock: a reconnection changes it */
 	uint64_t id;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	id = c->id;
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	return id;
 }
 

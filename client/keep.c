@@ -146,9 +146,9 @@ int ldr_batch_is_kept(const struct ldr_batch *b)
 	struct ldr_client *c = b->att->c;
 	int r;
 
-	pthread_mutex_lock(&c->lock);
+	bool locked = reader_lock(c);
 	r = b->kept != 0;
-	pthread_mutex_unlock(&c->lock);
+	reader_unlock(c, locked);
 	return r;
 }
 

@@ -242,6 +242,26 @@ struct ldr_client {
 	bool flusher_stop;
 };
 
+/*
+ * c->lock for an accessor that only reads. A forked child does not take it:
+ * no other thread runs there, and one of the parent's may have held it at
+ * the fork, so it would never come free; the child reads its copy as the
+ * fork left it.
+ */
+static inline bool reader_lock(struct ldr_client *c)
+{
+	if (c->pid != getpid())
+		return false;
+	pthread_mutex_lock(&c->lock);
+	return true;
+}
+
+static inline void reader_unlock(struct ldr_client *c, bool locked)
+{
+	if (locked)
+		pthread_mutex_unlock(&c->lock);
+}
+
 #define CHECK_PID(c)                                                          \
 	do {                                                                  \
 		if ((c)->pid != getpid())                                     \
