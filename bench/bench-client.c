@@ -2,6 +2,7 @@
 /* bench-client - delivered bandwidth and next() latency against a live loaderd
  *
  *   bench-client --socket PATH --pipeline NAME throughput [--batches N] [--skip-epochs K]
+ *                [--augment-seed S]
  *   bench-client --socket PATH --pipeline NAME latency [--calls N] [--work-us U]
  *   bench-client memcpy [--mib M]
  *
@@ -77,6 +78,7 @@ int main(int argc, char **argv)
 		{ "inflight", required_argument, NULL, 'i' },
 		{ "mib", required_argument, NULL, 'm' },
 		{ "skip-epochs", required_argument, NULL, 'k' },
+		{ "augment-seed", required_argument, NULL, 'a' },
 		{ 0 },
 	};
 	const char *sock = NULL, *pipeline = NULL, *what;
@@ -96,6 +98,10 @@ int main(int argc, char **argv)
 		case 'i': ao.inflight = (uint32_t)atoi(optarg); break;
 		case 'm': mib = atol(optarg); break;
 		case 'k': skip_epochs = atol(optarg); break;
+		case 'a':
+			ao.has_augment_seed = 1;
+			ao.augment_seed = strtoull(optarg, NULL, 10);
+			break;
 		default:
 			fprintf(stderr, "usage: bench-client [--socket P --pipeline N] throughput|latency|memcpy\n");
 			return 2;

@@ -76,6 +76,8 @@ static int read_attach_opts(const struct ldr_attach_opts *in, struct ldr_attach_
 	OPT(inflight);
 	OPT(device_kind);
 	OPT(device_index);
+	OPT(has_augment_seed);
+	OPT(augment_seed);
 #undef OPT
 	o->size = sizeof(*o);
 	return 0;
@@ -149,6 +151,8 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	at.credits = opts->inflight ? opts->inflight : 4;
 	at.device_kind = (uint32_t)opts->device_kind;
 	at.device_index = opts->device_kind != LDR_DEVICE_HOST ? opts->device_index : 0;
+	at.has_augment_seed = opts->has_augment_seed != 0;
+	at.augment_seed = opts->augment_seed;
 	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
 	req.attach = &at;
 	r = call(c, &req, &rep, LOADERD__REPLY__BODY_ATTACH);

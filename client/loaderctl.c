@@ -65,6 +65,7 @@ enum opt_id {
 	OPT_TIMEOUT,
 	OPT_DELAY,
 	OPT_DEVICE,
+	OPT_AUGMENT_SEED,
 	OPT_INTERVAL = 'd',
 	OPT_ITERATIONS = 'n',
 	OPT_SORT = 257 + 64,
@@ -97,6 +98,8 @@ struct ctl {
 	bool verbose;
 	enum ldr_device_kind device_kind;
 	int device_index;
+	bool has_augment_seed;
+	uint64_t augment_seed;
 	/* top */
 	double interval;
 	uint64_t iterations;
@@ -1804,6 +1807,8 @@ static int cmd_consume(struct ctl *ctl, int argc, char **argv)
 		usage_error("consume: --start-epoch and --start-batch need --mode partition");
 	if (ctl->has_rank != ctl->has_world)
 		usage_error("consume: --rank and --world-size go together");
+	if (ctl->has_augment_seed && ctl->mode == LDR_MODE_DYNAMIC)
+		usage_error("consume: --augment-seed applies to broadcast and partition clients");
 	if (ctl->has_rank && ctl->rank >= ctl->world_size)
 		usage_error("consume: rank %" PRIu32 " is not below world size %" PRIu32,
 		            ctl->rank, ctl->world_size);
@@ -1817,6 +1822,8 @@ static int cmd_consume(struct ctl *ctl, int argc, char **argv)
 	opts.inflight = ctl->inflight;
 	opts.device_kind = ctl->device_kind;
 	opts.device_index = ctl->device_index;
+	opts.has_augment_seed = ctl->has_augment_seed;
+	opts.augment_seed = ctl->augment_seed;
 
 	if (ctl->dump) {
 		if (!strcmp(ctl->dump, "-")) {
@@ -2136,6 +2143,7 @@ static const struct option consume_options[] = {
 	{ "delay", required_argument, NULL, OPT_DELAY },
 	{ "verbose", no_argument, NULL, OPT_VERBOSE },
 	{ "device", required_argument, NULL, OPT_DEVICE },
+	{ "augment-seed", required_argument, NULL, OPT_AUGMENT_SEED },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -2158,7 +2166,7 @@ static const struct verb verbs[] = {
 	  "read batches, report throughput and a CRC-32 of their bytes",
 	  "NAME [--mode M] [--rank R --world-size W] [--start-epoch E --start-batch B]\n"
 	  "          [--batches N | --epochs E] [--dump FILE] [--inflight K] [--timeout MS]\n"
-	  "          [--delay MS] [--device cpu|cuda:N] [--verbose]",
+	  "          [--delay MS] [--device cpu|cuda:N] [--augment-seed S] [--verbose]",
 	  consume_options },
 	{ "set", 2, 3, cmd_set, "change a setting of the running daemon now (admins only)",
 	  "workers N | prefetch PIPELINE N | log-level LEVEL | memory-limit SIZE", no_options },
@@ -2232,6 +2240,10 @@ static void print_help(FILE *f)
 	        "  --device D          where batches are delivered: cpu (default, host memory)\n"
 	        "                      or cuda:N (GPU N; a daemon that cannot serve it says why;\n"
 	        "                      the checksum and --dump read each batch's host copy)\n"
+	        "  --augment-seed S    broadcast, partition: draw the random transforms from seed S\n"
+	        "                      (0..2^63-1) instead of the spec's seed: the batches a solo\n"
+	        "                      run of the spec with \"seed\": S gives; the samples and\n"
+	        "                      their order stay the spec's (docs/spec.md, \"Augment seeds\")\n"
 	        "  -v, --verbose       one line per batch: epoch, batch index, rows, bytes\n"
 	        "\n"
 	        "top options:\n"
@@ -2336,6 +2348,10 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 	case OPT_START_EPOCH:
 		ctl->start_epoch = arg_u64("start epoch", arg, 0, UINT64_MAX);
 		ctl->has_start_epoch = true;
+		break;
+	case OPT_AUGMENT_SEED:
+		ctl->augment_seed = arg_u64("augment seed (0..2^63-1)", arg, 0, INT64_MAX);
+		ctl->has_augment_seed = true;
 		break;
 	case OPT_START_BATCH:
 		ctl->start_batch = arg_u64("start batch", arg, 0, UINT64_MAX);

@@ -150,6 +150,9 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	at.rank = a->opts.rank;
 	at.world_size = a->opts.world_size;
 	at.credits = (uint32_t)a->inflight;
+	/* the same seed: its stream goes on as it would have */
+	at.has_augment_seed = a->opts.has_augment_seed != 0;
+	at.augment_seed = a->opts.augment_seed;
 	if (a->opts.mode != LDR_MODE_DYNAMIC) {
 		at.mode = LOADERD__MODE__PARTITION;
 		if (a->opts.mode == LDR_MODE_BROADCAST) {

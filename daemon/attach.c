@@ -40,13 +40,14 @@ void att_leave(struct attachment *a, int err, const char *msg)
 			break;
 		}
 	s->natts--;
+	s->groups[a->group].natts--;
 	pl->natts--;
 	a->left = true;
 	a->stream = NULL;
 	if (s->mode == LDR_MODE_BROADCAST && s->natts == 0) {
 		/* what the last client received is consumed: keep only the rest */
 		while (s->ring_len && s->head_seq < a->cursor && s->ring[s->ring_head].ready &&
-		       s->ring[s->ring_head].slot->leases == 0)
+		       !batch_leased(&s->ring[s->ring_head]))
 			ring_pop_head(s);
 	}
 	if (s->mode == LDR_MODE_PARTITION) {
@@ -119,6 +120,131 @@ static int no_slot_error(const struct pipeline *pl, uint32_t active, char *err, 
 	              "clients): each stream needs a slot of its own; %s", name, has, active, fix);
 }
 
+/* Where a broadcast client of seed group @g starts: at the oldest batch
+ * still held, as every broadcast client, from which on each batch has the
+ * group's slot; else at the next batch built (docs/spec.md, "Augment seeds"). */
+static uint64_t group_start(const struct stream *s, uint32_t g)
+{
+	uint32_t i = s->ring_len;
+
+	while (i && batch_slot(&s->ring[(s->ring_head + i - 1) % s->pl->nslots], g))
+		i--;
+	return i < s->ring_len ? s->head_seq + i : s->next_produce;
+}
+
+/* Is seed group @g of @s in use: read, or with slots in the ring? */
+static bool group_in_use(const struct stream *s, uint32_t g)
+{
+	if (s->groups[g].natts)
+		return true;
+	for (uint32_t i = 0; i < s->ring_len; i++)
+		if (batch_slot(&s->ring[(s->ring_head + i) % s->pl->nslots], g))
+			return true;
+	return false;
+}
+
+/* The seed groups of @s, "0x1 (2 clients), 0x7 (1 client)", into @buf. */
+static void groups_describe(const struct stream *s, char *buf, size_t len)
+{
+	size_t at = 0;
+
+	buf[0] = 0;
+	for (uint32_t g = 0; g < s->ngroups && at < len; g++)
+		if (group_in_use(s, g))
+			at += (size_t)snprintf(buf + at, len - at, "%s%" PRIu64 " (%u clients)",
+			                       at ? ", " : "", s->groups[g].seed, s->groups[g].natts);
+}
+
+/*
+ * The seed group of broadcast stream @s that a client with @seed reads,
+ * made when none has it (docs/spec.md, "Augment seeds"): -ENOSPC naming the
+ * limit when LDR_AUGMENT_SEEDS_MAX are in use, or when the slots do not
+ * allow one more (a batch takes a slot per group read; @streams: the active
+ * streams once this client reads).
+ */
+static int seed_group(struct stream *s, uint64_t seed, uint32_t streams, uint32_t *out,
+                      char *err, size_t errlen)
+{
+	const struct pipeline *pl = s->pl;
+	uint32_t g, free_g = AUG_GROUPS_MAX, used = 0;
+	char have[AUG_GROUPS_MAX * 48];
+
+	for (g = 0; g < s->ngroups; g++)
+		if (s->groups[g].seed == seed)
+			break;
+	/* entry 0 stays the stream's seed's */
+	for (uint32_t i = 0; i < s->ngroups; i++) {
+		if (group_in_use(s, i))
+			used++;
+		else if (i && free_g == AUG_GROUPS_MAX)
+			free_g = i;
+	}
+	if (free_g == AUG_GROUPS_MAX && s->ngroups < AUG_GROUPS_MAX)
+		free_g = s->ngroups;
+	if ((g == s->ngroups || !group_in_use(s, g)) && used >= LDR_AUGMENT_SEEDS_MAX) {
+		groups_describe(s, have, sizeof(have));
+		return errfmt(-ENOSPC, err, errlen, "attach: augment_seed %" PRIu64 ": pipeline '%s' "
+		              "serves %u distinct augment seeds already (%s), the most one pipeline "
+		              "serves (LDR_AUGMENT_SEEDS_MAX %d); attach with one of those seeds",
+		              seed, pl->spec->name, used, have, LDR_AUGMENT_SEEDS_MAX);
+	}
+	uint32_t k = stream_batch_slots(s) + (g == s->ngroups || !s->groups[g].natts ? 1 : 0);
+	if (!s->natts)
+		k = 1; /* the first client: its group alone */
+	if (k > 1 && pl->prefetch / streams < k)
+		return errfmt(-ENOSPC, err, errlen, "attach: augment_seed %" PRIu64 ": pipeline '%s''s "
+		              "broadcast clients would read %u distinct augment seeds, so each of its "
+		              "batches takes %u slots, but its prefetch of %u split between %u streams "
+		              "leaves it %u; create the pipeline with a prefetch of at least %u%s",
+		              seed, pl->spec->name, k, k, pl->prefetch, streams, pl->prefetch / streams,
+		              k * streams, k * streams <= pl->nslots ?
+		              " (or raise it with `loaderctl set prefetch`)" : "");
+	if (g == s->ngroups) {
+		g = free_g;
+		if (g == s->ngroups)
+			s->ngroups++;
+		s->groups[g] = (struct aug_group){ .seed = seed };
+	}
+	*out = g;
+	return 0;
+}
+
+/* May a client ask for an augment seed in this mode of @pl? */
+static int seed_allowed(const struct pipeline *pl, const struct attach_params *p, char *err,
+                        size_t errlen)
+{
+	if (!p->has_seed)
+		return 0;
+	if (p->seed > INT64_MAX)
+		return errfmt(-EINVAL, err, errlen, "attach: augment_seed %" PRIu64 " is above %" PRId64
+		              " (2^63 - 1): an augment seed takes a spec seed's place, and spec seeds "
+		              "are 0..2^63 - 1", p->seed, INT64_MAX);
+	if (p->mode == LDR_MODE_DYNAMIC)
+		return errfmt(-EINVAL, err, errlen, "attach: augment_seed applies to broadcast and "
+		              "partition clients: a dynamic stream's batches go to whichever client asks "
+		              "first, so none can follow one client's seed");
+	if (pl->py)
+		return errfmt(-EINVAL, err, errlen, "attach: augment_seed: pipeline '%s' builds its "
+		              "samples in Python workers, which draw from the spec's seed; augment_seed "
+		              "applies to the daemon's own sources", pl->spec->name);
+	return 0;
+}
+
+/* The broadcast stream's seed groups take a slot each per batch: a new
+ * stream may not leave it fewer (@streams: active ones with it). */
+static int groups_fit(const struct pipeline *pl, uint32_t streams, char *err, size_t errlen)
+{
+	const struct stream *bs = pl->shared[LDR_MODE_BROADCAST];
+	uint32_t k = bs && bs->natts ? stream_batch_slots(bs) : 1;
+
+	if (k <= 1 || pl->prefetch / streams >= k)
+		return 0;
+	return errfmt(-ENOSPC, err, errlen, "attach: pipeline '%s''s broadcast clients read %u "
+	              "distinct augment seeds, so each of its batches takes %u slots, and a new "
+	              "stream would leave it %u of its prefetch of %u (%u streams); create the "
+	              "pipeline with a prefetch of at least %u", pl->spec->name, k, k,
+	              pl->prefetch / streams, pl->prefetch, streams, k * streams);
+}
 
 int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
                   struct attachment **out, char *err, size_t errlen)
@@ -159,8 +285,12 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		              "attach: credits %u above the limit of %d", p->credits, ATTACH_MAX_CREDITS);
 	struct stream *shared = p->mode == LDR_MODE_PARTITION ? NULL : pl->shared[p->mode];
 	uint32_t active = pipeline_active_streams(pl);
-	if ((!shared || !shared->natts) && active >= pl->prefetch)
+	bool new_stream = !shared || !shared->natts;
+	if (new_stream && active >= pl->prefetch)
 		return no_slot_error(pl, active, err, errlen);
+	if ((r = seed_allowed(pl, p, err, errlen)) < 0 ||
+	    (new_stream && p->mode != LDR_MODE_BROADCAST && (r = groups_fit(pl, active + 1, err, errlen)) < 0))
+		return r;
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
@@ -204,6 +334,10 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		}
 		s->next_produce = s->head_seq = s->cursor = start;
 		a->cursor = start;
+		/* its own stream: the seed is the stream's (a pure function of
+		 * (spec, seed, epoch, index), as a reconnect needs) */
+		if (p->has_seed && source_augments(pl->src))
+			s->groups[0].seed = p->seed;
 	} else {
 		s = pl->shared[p->mode];
 		if (!s) {
@@ -215,6 +349,15 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 			pl->shared[p->mode] = s;
 		}
 		a->cursor = s->ring_len ? s->head_seq : s->next_produce;
+		if (p->mode == LDR_MODE_BROADCAST && source_augments(pl->src)) {
+			uint64_t seed = p->has_seed ? p->seed : s->groups[0].seed;
+			r = seed_group(s, seed, active + (new_stream ? 1 : 0), &a->group, err, errlen);
+			if (r < 0) {
+				att_free_unattached(a);
+				return r;
+			}
+		}
+		a->cursor = group_start(s, a->group);
 	}
 	a->eng = eng;
 	a->pl = pl;
@@ -227,6 +370,9 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	a->rank = p->rank;
 	a->world = world;
 	a->credits = p->credits ? p->credits : 4;
+	a->has_seed = p->has_seed;
+	a->seed = p->seed;
+	s->groups[a->group].natts++;
 	a->start_seq = a->cursor;
 	a->rv_dno = UINT64_MAX;
 	a->token_valid = true;
@@ -318,6 +464,8 @@ json_t *attachment_json(const struct attachment *a)
 		"leases", (json_int_t)a->nleases,
 		"delivered", (json_int_t)a->delivered,
 		"pending", (json_int_t)a->npending);
+	if (a->has_seed)
+		json_object_set_new(o, "augment_seed", json_integer((json_int_t)a->seed));
 	if (a->mode == LDR_MODE_PARTITION) {
 		json_object_set_new(o, "rank", json_integer(a->rank));
 		json_object_set_new(o, "world_size", json_integer(a->world));

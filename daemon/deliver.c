@@ -55,16 +55,17 @@ static void answer_end(struct attachment *a, struct pending *p)
 static int lease_batch(struct attachment *a, struct batch *b, struct delivered_batch *out)
 {
 	struct pipeline *pl = a->pl;
+	struct slot *slot = batch_slot(b, a->group); /* its seed group's */
 	struct lease *l = malloc(sizeof(*l));
 
 	if (!l)
 		return -ENOMEM;
-	*l = (struct lease){ .next = a->leases, .id = ++pl->lease_ctr, .slot = b->slot,
+	*l = (struct lease){ .next = a->leases, .id = ++pl->lease_ctr, .slot = slot,
 		.dseq = a->deliver_no, .seq = b->seq, .epoch = b->epoch, .index = b->index, .rows = b->rows };
 	a->leases = l;
 	a->nleases++;
-	b->slot->refs++;
-	b->slot->leases++;
+	slot->refs++;
+	slot->leases++;
 	a->delivered++;
 	a->st.samples += b->rows;
 	a->st.bytes += (uint64_t)b->rows * pl->row_bytes;
@@ -73,7 +74,7 @@ static int lease_batch(struct attachment *a, struct batch *b, struct delivered_b
 		.lease = l->id,
 		.epoch = b->epoch,
 		.index = b->index,
-		.slot = b->slot->idx,
+		.slot = slot->idx,
 		.rows = b->rows,
 	};
 	return 0;
@@ -278,7 +279,7 @@ static void stream_dispatch(struct stream *s)
 		const struct batch *b = &s->ring[(s->ring_head + i) % pl->nslots];
 		if (b->seq >= min_cursor || !b->ready)
 			break;
-		if (b->slot->leases == 0)
+		if (!batch_leased(b))
 			drop = i + 1;
 	}
 	while (drop--)

@@ -65,17 +65,17 @@ static void copy_done(void *cookie, int err, const char *msg)
 	pipeline_update(pl);
 }
 
-/* Queue the copy of ready batch @b to @dc's device, unless it is there or on its way. */
-static void devcopy_kick(struct devcopy *dc, struct batch *b)
+/* Queue the copy of ready batch @b's @slot to @dc's device, unless it is
+ * there or on its way. */
+static void devcopy_kick(struct devcopy *dc, struct batch *b, struct slot *slot)
 {
 	struct pipeline *pl = dc->pl;
-	struct slot *slot = b->slot;
 	struct cuda_span spans[SOURCE_MAX_FIELDS];
 	struct copy_cookie *c;
 	char msg[160];
 	int r;
 
-	if (dc->failed || dc->state[slot->idx] != DEV_NONE)
+	if (!slot || dc->failed || dc->state[slot->idx] != DEV_NONE)
 		return;
 	for (size_t f = 0; f < pl->nfields; f++)
 		spans[f] = (struct cuda_span){ pl->field_off[f], (uint64_t)b->rows * pl->fields[f].sample_bytes };
@@ -119,19 +119,20 @@ void stream_prefetch_devices(struct stream *s, struct batch *b)
 		}
 	for (struct attachment *a = s->atts; a; a = a->next)
 		if (a->dev)
-			devcopy_kick(a->dev, b);
+			devcopy_kick(a->dev, b, batch_slot(b, a->group));
 }
 
 /* Can @b be delivered to @a now? For a CUDA client, once it is on the device. */
 bool batch_ready(struct attachment *a, struct batch *b)
 {
 	struct devcopy *dc = a->dev;
+	struct slot *slot = batch_slot(b, a->group);
 
-	if (!b->ready)
+	if (!b->ready || !slot)
 		return false;
-	if (!dc || dc->state[b->slot->idx] == DEV_DONE)
+	if (!dc || dc->state[slot->idx] == DEV_DONE)
 		return true;
-	devcopy_kick(dc, b);
+	devcopy_kick(dc, b, slot);
 	return false;
 }
 /* The device slab of @pl on @info's device, allocated on its first client. */

@@ -150,7 +150,8 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	struct attach_params p = {
 		.mode = (int)m->mode, .rank = m->rank, .world = m->world_size,
 		.has_start = m->has_start, .start_epoch = m->start_epoch, .start_batch = m->start_batch,
-		.credits = m->credits, .client_id = cl->id, .uid = cl->uid, .pid = cl->pid,
+		.credits = m->credits, .has_seed = m->has_augment_seed, .seed = m->augment_seed,
+		.client_id = cl->id, .uid = cl->uid, .pid = cl->pid,
 	};
 	struct attachment *a;
 	struct attach_info info;

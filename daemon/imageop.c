@@ -1335,23 +1335,80 @@ int imageop_resize_rgb(const struct imageop *op, struct image_scratch *s, const 
 	return stage_run(s, &st, pix, (size_t)pw * 3, ph, 0, 0, pw, ph, 0, pw, 0, ph, &sink);
 }
 
+/* The DCT scale a decode for @plan uses, and the image's size at it. */
+static void plan_scale(const struct imageop *op, const struct imageop_plan *plan,
+		       const struct image_info *info, int *num, int *denom, int *pw, int *ph)
+{
+	const struct imageop_stage *st = &plan->st[0];
+
+	*num = *denom = 1;
+	if (op->dct_scaling && st->resized)
+		image_pick_scale(info, st->ww, st->wh, st->tw, st->th, num, denom);
+	image_scaled_size(info, *num, *denom, pw, ph);
+}
+
+int imageop_decode_run_many(const struct imageop *op, struct image_scratch *s,
+			    const struct imageop_plan *plans, size_t n, const uint8_t *data,
+			    size_t len, const struct image_info *info, void *const *dsts,
+			    unsigned *decodes, char *err, size_t errlen)
+{
+	uint32_t done = 0; /* bit i: plans[i] written */
+
+	*decodes = 0;
+	for (size_t i = 0; i < n; i++) {
+		int num, denom, pw, ph, x0, y0, x1, y1, r;
+		struct image_region got;
+
+		if (done & (1u << i))
+			continue;
+		/* one decode for every plan at this DCT scale: the union of their
+		 * windows, whose pixels are each window's, bit for bit (image.h) */
+		plan_scale(op, &plans[i], info, &num, &denom, &pw, &ph);
+		imageop_window(&plans[i], pw, ph, &x0, &y0, &x1, &y1);
+		for (size_t k = i + 1; k < n; k++) {
+			int kn, kd, kw, kh, a0, b0, a1, b1;
+
+			plan_scale(op, &plans[k], info, &kn, &kd, &kw, &kh);
+			if (kn * denom != num * kd)
+				continue;
+			imageop_window(&plans[k], pw, ph, &a0, &b0, &a1, &b1);
+			x0 = a0 < x0 ? a0 : x0;
+			y0 = b0 < y0 ? b0 : y0;
+			x1 = a1 > x1 ? a1 : x1;
+			y1 = b1 > y1 ? b1 : y1;
+		}
+		r = image_decode_region(s, data, len, info, num, denom, x0, y0, x1, y1, &got, err,
+					errlen);
+		if (r < 0)
+			return r;
+		++*decodes;
+		uint64_t t = mono_ns();
+		for (size_t k = i; k < n; k++) {
+			int kn, kd, kw, kh;
+
+			if (done & (1u << k))
+				continue;
+			plan_scale(op, &plans[k], info, &kn, &kd, &kw, &kh);
+			if (kn * denom != num * kd)
+				continue;
+			r = imageop_run_region(op, s, &plans[k], s->pix, pw, ph, &got, dsts[k], err,
+					       errlen);
+			if (r < 0)
+				return r;
+			done |= 1u << k;
+		}
+		s->transform_ns += mono_ns() - t;
+	}
+	return 0;
+}
+
 int imageop_decode_run(const struct imageop *op, struct image_scratch *s,
 		       const struct imageop_plan *plan, const uint8_t *data, size_t len,
 		       const struct image_info *info, void *dst, char *err, size_t errlen)
 {
-	const struct imageop_stage *st = &plan->st[0];
-	int num = 1, denom = 1, pw, ph, x0, y0, x1, y1, r;
-	struct image_region got;
+	unsigned decodes;
 
-	if (op->dct_scaling && st->resized)
-		image_pick_scale(info, st->ww, st->wh, st->tw, st->th, &num, &denom);
-	image_scaled_size(info, num, denom, &pw, &ph);
-	imageop_window(plan, pw, ph, &x0, &y0, &x1, &y1);
-	r = image_decode_region(s, data, len, info, num, denom, x0, y0, x1, y1, &got, err, errlen);
-	if (r < 0)
-		return r;
-	uint64_t t = mono_ns();
-	r = imageop_run_region(op, s, plan, s->pix, pw, ph, &got, dst, err, errlen);
-	s->transform_ns = mono_ns() - t;
-	return r;
+	s->transform_ns = 0;
+	return imageop_decode_run_many(op, s, plan, 1, data, len, info, &dst, &decodes, err,
+				       errlen);
 }

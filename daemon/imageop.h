@@ -104,6 +104,18 @@ int imageop_decode_run(const struct imageop *op, struct image_scratch *s,
 int imageop_resize_rgb(const struct imageop *op, struct image_scratch *s, const uint8_t *pix,
 		       int pw, int ph, uint8_t *out, int ow, int oh);
 
+/**
+ * imageop_decode_run_many() - imageop_decode_run() for @n (at most 32) plans
+ * of one image (one per augment seed), plan i's sample into @dsts[i]: one
+ * decode per distinct DCT scale among them, of the union of their windows,
+ * so each sample equals imageop_decode_run()'s for its plan, bit for bit.
+ * @decodes: the decodes made. Adds the resampling time to @s->transform_ns.
+ */
+int imageop_decode_run_many(const struct imageop *op, struct image_scratch *s,
+			    const struct imageop_plan *plans, size_t n, const uint8_t *data,
+			    size_t len, const struct image_info *info, void *const *dsts,
+			    unsigned *decodes, char *err, size_t errlen);
+
 /* The @n-th uniform draw in [0, 1) of @key. */
 double imageop_uniform(uint64_t key, uint64_t n);
 

@@ -61,14 +61,34 @@ struct slot {
 	struct stream *owner;
 };
 
+/* Seed groups (docs/spec.md, "Augment seeds"): the broadcast clients of one
+ * augment seed share its slots; a batch has one slot per group it was built
+ * for, all from one decode of its samples. Group 0 draws from the stream's
+ * own seed (the spec's, or a partition client's augment_seed); it keeps its
+ * entry when unused, so that LDR_AUGMENT_SEEDS_MAX others fit besides. At
+ * most LDR_AUGMENT_SEEDS_MAX groups are in use at once (attach.c). */
+#define AUG_GROUPS_MAX (LDR_AUGMENT_SEEDS_MAX + 1)
+
+struct aug_group {
+	uint64_t seed;
+	uint32_t natts;           /* attachments reading it */
+};
+
 struct batch {
 	uint64_t seq;
 	uint64_t epoch;
 	uint64_t index;
 	uint32_t rows;
 	bool ready;
-	struct slot *slot;
+	struct slot *slot;        /* group 0's, or NULL when built without it */
+	struct slot *more[AUG_GROUPS_MAX - 1]; /* group g's at more[g - 1], or NULL */
 };
+
+/* The slot of @b for seed group @g (NULL: @b was not built for it). */
+static inline struct slot *batch_slot(const struct batch *b, uint32_t g)
+{
+	return g ? b->more[g - 1] : b->slot;
+}
 
 /* Copy states of one slot on one device. */
 enum { DEV_NONE = 0, DEV_COPYING, DEV_DONE };
@@ -131,6 +151,8 @@ struct stream {
 	char fail_msg[PYW_MSG_MAX + 512];
 	bool started;
 	bool dead;
+	struct aug_group groups[AUG_GROUPS_MAX]; /* [0]: the stream's own seed */
+	uint32_t ngroups;         /* entries of groups[] in use, >= 1 */
 };
 
 struct attachment {
@@ -147,6 +169,9 @@ struct attachment {
 	int mode;
 	uint32_t rank, world;
 	uint32_t credits;
+	bool has_seed;            /* its augment_seed, for status */
+	uint64_t seed;
+	uint32_t group;           /* its seed group in its stream */
 	uint64_t start_seq;
 	uint64_t cursor;
 	uint64_t deliver_no;
@@ -268,7 +293,10 @@ struct job {
 	uint64_t seq;
 	uint64_t epoch, index;
 	uint32_t rows;
-	uint8_t *base;
+	uint8_t *base;            /* seed group 0's slot, or the first built */
+	uint32_t nmore;           /* more seed groups: their slots and seeds */
+	uint8_t *more_base[AUG_GROUPS_MAX - 1];
+	uint64_t seeds[AUG_GROUPS_MAX]; /* [0]: base's */
 	atomic_uint remaining;
 	atomic_int err;
 	atomic_uint_fast64_t worker_ns;          /* stats.c: its tasks' time */
@@ -325,6 +353,12 @@ void job_done(struct job *job);
 void job_set_error(struct job *job, int err, const char *msg);
 void job_free(struct job *job);
 struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
+/* Slots a new batch of @s takes: one per seed group read (at least 1). */
+uint32_t stream_batch_slots(const struct stream *s);
+/* Drop the ring's references to @b's slots. */
+void batch_unref(struct pipeline *pl, struct batch *b);
+/* Does any slot of @b have a lease? */
+bool batch_leased(const struct batch *b);
 
 /* sched.c */
 uint32_t pipeline_active_streams(const struct pipeline *pl);

@@ -84,6 +84,8 @@ struct attach_params {
 	uint64_t start_epoch;
 	uint64_t start_batch;
 	uint32_t credits;
+	bool has_seed;        /* augment_seed (docs/spec.md, "Augment seeds") */
+	uint64_t seed;
 	uint64_t client_id;
 	uid_t uid;
 	int pid;              /* the client's, for the log */

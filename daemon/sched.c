@@ -56,6 +56,8 @@ uint32_t att_share(const struct attachment *a)
 	q = stream_quota(s);
 	if (s->mode == LDR_MODE_DYNAMIC && s->natts > 1)
 		q /= s->natts;
+	/* each batch takes a slot per seed group: a client holds batches */
+	q /= stream_batch_slots(s);
 	return q ? q : 1;
 }
 
@@ -66,7 +68,14 @@ static bool stream_wants(const struct stream *s)
 		return false;
 	if (s->mode == LDR_MODE_PARTITION && s->natts == 0)
 		return false;
-	return s->slots_held < stream_quota(s);
+	/* Random transforms: a broadcast stream waiting for its min_clients
+	 * builds nothing yet, so every seed group's first batch is the first
+	 * (a batch has slots for the groups read when it is built). */
+	if (s->mode == LDR_MODE_BROADCAST && !s->started && s->natts &&
+	    s->natts < s->pl->spec->min_clients && source_augments(s->pl->src))
+		return false;
+	/* a batch takes a slot per seed group read (docs/spec.md, "Augment seeds") */
+	return s->slots_held + stream_batch_slots(s) <= stream_quota(s);
 }
 
 /* First seq none of @s's attachments has received. */
@@ -92,21 +101,23 @@ static struct batch *stream_reclaimable(struct stream *s)
 	if (!s->ring_len)
 		return NULL;
 	b = &s->ring[(s->ring_head + s->ring_len - 1) % s->pl->nslots];
-	if (!b->ready || b->slot->refs != 1 || b->slot->leases || b->seq < stream_unreceived(s))
+	if (!b->ready || b->seq < stream_unreceived(s))
 		return NULL;
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++) {
+		const struct slot *slot = batch_slot(b, g);
+		if (slot && (slot->refs != 1 || slot->leases))
+			return NULL;
+	}
 	return b;
 }
 
 static void stream_reclaim(struct stream *s, struct batch *b)
 {
-	struct slot *slot = b->slot;
-
 	s->ring_len--;
-	b->slot = NULL;
 	s->next_produce = b->seq; /* built again when it has room: the same bytes */
 	s->reclaimed++;
 	s->pl->reclaimed++;
-	slot_unref(s->pl, slot);
+	batch_unref(s->pl, b);
 }
 
 /* Batches handed back to a dynamic stream that nobody reads any more cannot
@@ -219,7 +230,7 @@ static void pipeline_pump(struct pipeline *pl)
 	while (progress) {
 		progress = false;
 		for (struct stream *s = pl->streams; s; s = s->next) {
-			if (pl->nfree == 0 || !stream_wants(s))
+			if (pl->nfree < stream_batch_slots(s) || !stream_wants(s))
 				continue;
 			if (stream_start_batch(s) < 0)
 				return;
@@ -229,7 +240,8 @@ static void pipeline_pump(struct pipeline *pl)
 	/* Report how long a slow broadcast client held the stream back. */
 	struct stream *bs = pl->shared[LDR_MODE_BROADCAST];
 	bool blocked = bs && bs->natts > 1 && bs->next_produce < bs->end_seq &&
-	               (bs->slots_held >= stream_quota(bs) || pl->nfree == 0) &&
+	               (bs->slots_held + stream_batch_slots(bs) > stream_quota(bs) ||
+	                pl->nfree < stream_batch_slots(bs)) &&
 	               bs->ring_len > 0 && bs->ring[bs->ring_head].ready;
 	uint64_t now = uv_now(eng->loop);
 	if (blocked && !pl->blocked_since)
@@ -257,6 +269,12 @@ int engine_set_prefetch(struct engine *eng, const char *name, uint32_t n, uint32
 	if (n < active)
 		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s' has %u streams reading it "
 		              "and each needs a slot of its own: at least %u", name, active, active);
+	const struct stream *bs = pl->shared[LDR_MODE_BROADCAST];
+	uint32_t k = bs && bs->natts ? stream_batch_slots(bs) : 1;
+	if (k > 1 && n / active < k)
+		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s''s broadcast clients read %u "
+		              "distinct augment seeds, so each of its batches takes %u slots: with %u "
+		              "streams reading it, at least %u", name, k, k, active, k * active);
 	*old = pl->prefetch;
 	pl->prefetch = n;
 	/* above their new quota, streams give back the ready batches nobody

@@ -50,7 +50,8 @@ static bool stream_stuck(const struct stream *s)
 	const struct pipeline *pl = s->pl;
 
 	return s->started && s->natts > 1 && s->next_produce < s->end_seq &&
-	       (s->slots_held >= stream_quota(s) || pl->nfree == 0 || s->ring_len >= pl->nslots);
+	       (s->slots_held + stream_batch_slots(s) > stream_quota(s) ||
+	        pl->nfree < stream_batch_slots(s) || s->ring_len >= pl->nslots);
 }
 
 /* The attachment that holds @s back, with its lag; NULL if none. */

@@ -507,6 +507,19 @@ bool spec_is_image(const struct spec *spec)
 	return spec->kind == SOURCE_IMAGE_FOLDER || spec->kind == SOURCE_WEBDATASET;
 }
 
+/* Does a sample depend on the seed: a random crop, or a flip that is not
+ * always or never? */
+static bool transforms_random(const struct spec *spec)
+{
+	for (size_t i = 0; i < spec->ntransforms; i++) {
+		const struct transform *t = &spec->transforms[i];
+		if (t->op == TRANSFORM_RANDOM_RESIZED_CROP ||
+		    (t->op == TRANSFORM_HORIZONTAL_FLIP && t->p > 0 && t->p < 1))
+			return true;
+	}
+	return false;
+}
+
 /* ---- the dataset ---- */
 
 static int images_open(struct source *base, const struct spec *spec, char *err, size_t errlen)
@@ -528,6 +541,7 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 		return -ENOMEM;
 	imageop_init(src->op, spec);
 	src->on_error_fail = spec->on_error_fail;
+	src->base.augments = transforms_random(spec);
 	src->max_pixels = spec->max_pixels ? spec->max_pixels : SPEC_MAX_PIXELS_DEFAULT;
 	src->base.nsamples = imageset_count(src->images);
 	src->bad = calloc((src->base.nsamples + 63) / 64, sizeof(*src->bad));
@@ -563,52 +577,114 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 	return 0;
 }
 
+/* The samples to write: @j's for ctx's seed into @dsts and for each of its
+ * augment seeds into ctx->more_dsts (docs/spec.md, "Augment seeds"). */
+struct sample_outs {
+	size_t n;
+	uint64_t seeds[LDR_AUGMENT_SEEDS_MAX];
+	void *img[LDR_AUGMENT_SEEDS_MAX], *label[LDR_AUGMENT_SEEDS_MAX];
+};
+
+static int sample_outs(const struct images_source *src, const struct sample_ctx *ctx,
+		       void *const *dsts, struct sample_outs *o, char *err, size_t errlen)
+{
+	o->n = 1 + (ctx ? ctx->nmore : 0);
+	if (o->n > LDR_AUGMENT_SEEDS_MAX)
+		return errfmt(-EINVAL, err, errlen, "%zu augment seeds, above %d", o->n,
+			      LDR_AUGMENT_SEEDS_MAX);
+	for (size_t i = 0; i < o->n; i++) {
+		void *const *d = i ? ctx->more_dsts + (i - 1) * src->base.nfields : dsts;
+		o->seeds[i] = i ? ctx->more_seeds[i - 1] : ctx ? ctx->seed : 0;
+		o->img[i] = d[0];
+		o->label[i] = d[1];
+	}
+	return 0;
+}
+
 /* Sample @j from the cache: 0, 1 when it holds no image of @j, or an error. */
 static int cached_sample(struct images_source *src, const struct sample_ctx *ctx, uint64_t j,
-			 struct image_scratch *s, void *const *dsts, char *err, size_t errlen)
+			 struct image_scratch *s, const struct sample_outs *o, char *err,
+			 size_t errlen)
 {
 	const struct imagecache_entry *e = imagecache_get(src->cache, j);
 	struct imageop_plan plan;
 	char msg[384], what[320];
 	uint64_t t0;
-	int r;
+	int r = 0;
 
 	if (!e)
 		return 1;
 	t0 = ctx && ctx->stage_ns ? mono_ns() : 0;
-	/* the crop is drawn on the file's size and mapped onto the pixels kept */
-	r = imageop_plan(src->op, (int)e->w, (int)e->h,
-			 imageop_key(ctx ? ctx->seed : 0, ctx ? ctx->epoch : 0, j), &plan, msg,
-			 sizeof(msg));
-	if (r == 0)
-		r = imageop_run(src->op, s, &plan, e->pix, (int)e->cw, (int)e->ch, dsts[0], msg,
-				sizeof(msg));
+	for (size_t i = 0; r == 0 && i < o->n; i++) {
+		/* the crop is drawn on the file's size and mapped onto the pixels kept */
+		r = imageop_plan(src->op, (int)e->w, (int)e->h,
+				 imageop_key(o->seeds[i], ctx ? ctx->epoch : 0, j), &plan, msg,
+				 sizeof(msg));
+		if (r == 0)
+			r = imageop_run(src->op, s, &plan, e->pix, (int)e->cw, (int)e->ch, o->img[i],
+					msg, sizeof(msg));
+	}
 	if (t0)
 		ctx->stage_ns[STAGE_TRANSFORM] += mono_ns() - t0;
 	if (r < 0) {
 		imageset_describe(src->images, j, what, sizeof(what));
 		return errfmt(r, err, errlen, "%s: %s", what, msg);
 	}
-	memcpy(dsts[1], &e->label, sizeof(e->label));
+	for (size_t i = 0; i < o->n; i++)
+		memcpy(o->label[i], &e->label, sizeof(e->label));
 	return 0;
 }
 
-/* Decode and transform sample @j into @dsts. */
+/* A cache miss: the first seed's sample decodes (and keeps) the image, the
+ * others are cut from the kept pixels, or decode again when it was not
+ * kept: a sample's bytes never depend on whether it was cached. */
+static int cache_miss_run(struct images_source *src, struct image_scratch *s, uint64_t j,
+			  int64_t label, const struct image_info *info, size_t len,
+			  const struct imageop_plan *plans, const struct sample_outs *o,
+			  unsigned *decodes, char *msg, size_t msglen)
+{
+	uint64_t transform_ns = 0;
+	int r = 0;
+
+	for (size_t i = 0; r == 0 && i < o->n; i++) {
+		const struct imagecache_entry *e = i ? imagecache_get(src->cache, j) : NULL;
+		if (e) {
+			uint64_t t = mono_ns();
+			r = imageop_run(src->op, s, &plans[i], e->pix, (int)e->cw, (int)e->ch,
+					o->img[i], msg, msglen);
+			transform_ns += mono_ns() - t;
+			continue;
+		}
+		r = imagecache_decode_run(src->cache, src->op, s, &plans[i], j, label, s->file, len,
+					  info, o->img[i], msg, msglen);
+		++*decodes;
+		transform_ns += s->transform_ns;
+	}
+	s->transform_ns = transform_ns;
+	return r;
+}
+
+/* Decode and transform sample @j into @dsts, and once more into each of
+ * ctx->more_dsts with its seed: one read and probe, one decode per DCT scale. */
 static int image_sample(struct images_source *src, const struct sample_ctx *ctx, uint64_t j,
 			void *const *dsts, char *err, size_t errlen)
 {
 	struct image_scratch *s = image_scratch_get();
 	const struct imageop *op = src->op;
-	struct imageop_plan plan;
+	struct imageop_plan plans[LDR_AUGMENT_SEEDS_MAX];
+	struct sample_outs o;
 	struct image_info info;
 	char msg[384], what[320];
 	size_t len = 0;
+	unsigned decodes = 0;
 	int64_t label = 0;
 	int r;
 
 	if (!s)
 		return errfmt(-ENOMEM, err, errlen, "out of memory for the image decoder");
-	if (src->cache && (r = cached_sample(src, ctx, j, s, dsts, err, errlen)) <= 0)
+	if ((r = sample_outs(src, ctx, dsts, &o, err, errlen)) < 0)
+		return r;
+	if (src->cache && (r = cached_sample(src, ctx, j, s, &o, err, errlen)) <= 0)
 		return r;
 	uint64_t t0 = ctx && ctx->stage_ns ? mono_ns() : 0, t1 = 0;
 	r = imageset_read(src->images, j, &s->file, &s->file_cap, &len, &label, err, errlen);
@@ -624,15 +700,17 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 			   info.width, info.height,
 			   (unsigned long long)info.width * (unsigned long long)info.height,
 			   (unsigned long long)src->max_pixels);
-	if (r == 0)
+	for (size_t i = 0; r == 0 && i < o.n; i++)
 		r = imageop_plan(op, info.width, info.height,
-				 imageop_key(ctx ? ctx->seed : 0, ctx ? ctx->epoch : 0, j), &plan,
-				 msg, sizeof(msg));
+				 imageop_key(o.seeds[i], ctx ? ctx->epoch : 0, j), &plans[i], msg,
+				 sizeof(msg));
 	if (r == 0 && src->cache)
-		r = imagecache_decode_run(src->cache, op, s, &plan, j, label, s->file, len, &info,
-					  dsts[0], msg, sizeof(msg));
+		r = cache_miss_run(src, s, j, label, &info, len, plans, &o, &decodes, msg,
+				   sizeof(msg));
 	else if (r == 0)
-		r = imageop_decode_run(op, s, &plan, s->file, len, &info, dsts[0], msg, sizeof(msg));
+		r = imageop_decode_run_many(op, s, plans, o.n, s->file, len, &info, o.img, &decodes,
+					    msg, sizeof(msg));
+	atomic_fetch_add_explicit(&src->base.decoded, decodes, memory_order_relaxed);
 	if (t0) {
 		/* read: the file; decode: probe, plan, entropy decoding; transform:
 		 * resampling, crop, flip, normalize into the slot */
@@ -647,7 +725,8 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 		imageset_describe(src->images, j, what, sizeof(what));
 		return errfmt(r, err, errlen, "%s: %s", what, msg);
 	}
-	memcpy(dsts[1], &label, sizeof(label));
+	for (size_t i = 0; i < o.n; i++)
+		memcpy(o.label[i], &label, sizeof(label));
 	return 0;
 }
 

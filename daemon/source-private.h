@@ -26,6 +26,8 @@ struct source {
 	size_t nfields;
 	struct field_desc fields[SOURCE_MAX_FIELDS];
 	_Atomic uint64_t skipped;     /* source_skipped() */
+	_Atomic uint64_t decoded;     /* source_decoded() */
+	bool augments;                /* source_augments(), set by open */
 	uint64_t index_bytes;         /* source_index_bytes(), set by open */
 	uint64_t memory_bytes;        /* source_memory_bytes(), set by open */
 	struct creds who;             /* its files are opened as (creds.h) */
@@ -49,7 +51,8 @@ struct source_ops {
 	size_t size;                  /* of the kind's struct, struct source first */
 	/* Open the dataset, on a zeroed struct of ops->size bytes. */
 	int (*open)(struct source *src, const struct spec *spec, char *err, size_t errlen);
-	/* source_read(), idx already checked against nsamples. */
+	/* source_read(), idx already checked against nsamples; ctx->nmore is
+	 * 0 unless open set src->augments. */
 	int (*read)(struct source *src, const struct sample_ctx *ctx, uint64_t idx,
 		    void *const *dsts, char *err, size_t errlen);
 	/* Status "cache" (source_cache_json()); NULL: the kind has none. */

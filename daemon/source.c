@@ -160,6 +160,16 @@ uint64_t source_skipped(const struct source *src)
 	return atomic_load_explicit(&((struct source *)src)->skipped, memory_order_relaxed);
 }
 
+uint64_t source_decoded(const struct source *src)
+{
+	return atomic_load_explicit(&((struct source *)src)->decoded, memory_order_relaxed);
+}
+
+bool source_augments(const struct source *src)
+{
+	return src->augments;
+}
+
 bool source_external(const struct source *src)
 {
 	return src->ops->external;

@@ -31,6 +31,12 @@ struct sample_ctx {
 	/* stall accounting: a source that tells its stages apart adds their ns
 	 * here (NULL: do not time); the rest of the task's time is read time */
 	uint64_t *stage_ns;
+	/* augment seeds (docs/spec.md, "Augment seeds"): the sample is written
+	 * nmore times more, with more_seeds[i] in place of seed, into
+	 * more_dsts[i * nfields ...]; one decode serves them all (images) */
+	uint32_t nmore;
+	const uint64_t *more_seeds;
+	void *const *more_dsts;
 };
 
 /* The stages a sample's time is split into (status "stage_seconds_total"). */
@@ -76,6 +82,9 @@ int source_read(struct source *src, const struct sample_ctx *ctx, uint64_t idx, 
 /* Distinct samples found bad so far (on_error "skip"), each counted once;
  * 0 for other sources. */
 uint64_t source_skipped(const struct source *src);
+/* Images decoded so far (a decode serves every augment seed of a sample);
+ * 0 for other sources. */
+uint64_t source_decoded(const struct source *src);
 /* Memory of the source's index of its samples (image sources: the listing
  * or the tar index and the bad-sample map); 0 for others. */
 uint64_t source_index_bytes(const struct source *src);
@@ -85,6 +94,9 @@ uint64_t source_memory_bytes(const struct source *src);
 /* Status "cache" of an image pipeline with a decoded-image cache (hits,
  * misses, entries, bytes_used...; imagecache.h), else NULL. */
 json_t *source_cache_json(const struct source *src);
+/* Do its samples depend on the seed (image sources with random transforms)?
+ * If not, every augment seed gives the same bytes. */
+bool source_augments(const struct source *src);
 /* Its batches are built outside the daemon (python: pyworkers.c), never
  * with source_read(). */
 bool source_external(const struct source *src);

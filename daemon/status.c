@@ -21,6 +21,20 @@ static const char *pipeline_state(const struct pipeline *pl)
 	return any && done ? "done" : "running";
 }
 
+/* The broadcast stream's seed groups read (docs/spec.md, "Augment seeds"):
+ * [{"seed", "clients"}], the spec's seed first; [] without broadcast clients. */
+static json_t *seed_groups_json(const struct pipeline *pl)
+{
+	const struct stream *s = pl->shared[LDR_MODE_BROADCAST];
+	json_t *a = json_array();
+
+	for (uint32_t g = 0; s && a && g < s->ngroups; g++)
+		if (s->groups[g].natts)
+			json_array_append_new(a, json_pack("{s:I, s:I}", "seed",
+				(json_int_t)s->groups[g].seed, "clients", (json_int_t)s->groups[g].natts));
+	return a;
+}
+
 static json_t *pipeline_json(struct pipeline *pl)
 {
 	struct sampler smp = { .nsamples = source_nsamples(pl->src), .batch_size = pl->spec->batch_size,
@@ -57,7 +71,7 @@ static json_t *pipeline_json(struct pipeline *pl)
 			"copying", (json_int_t)dc->inflight,
 			"error", dc->failed ? json_string(dc->error) : json_null()));
 	}
-	json_t *o = json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:O}",
+	json_t *o = json_pack("{s:s, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:O}",
 		"name", pl->spec->name,
 		"state", pipeline_state(pl),
 		"error", pl->failed ? json_string(pl->error) : json_null(),
@@ -73,6 +87,7 @@ static json_t *pipeline_json(struct pipeline *pl)
 		"batches_produced", (json_int_t)pl->produced,
 		"batches_reclaimed", (json_int_t)pl->reclaimed,
 		"skipped", (json_int_t)source_skipped(pl->src),
+		"decoded", (json_int_t)source_decoded(pl->src),
 		"index_bytes", (json_int_t)source_index_bytes(pl->src),
 		"backpressure_ms", (json_int_t)(pl->backpressure_ms +
 			(pl->blocked_since ? now - pl->blocked_since : 0)),
@@ -84,6 +99,8 @@ static json_t *pipeline_json(struct pipeline *pl)
 	/* the slots its streams may fill, slots_total or fewer (set prefetch) */
 	if (o)
 		json_object_set_new(o, "prefetch", json_integer((json_int_t)pl->prefetch));
+	if (o)
+		json_object_set_new(o, "seed_groups", seed_groups_json(pl));
 	if (o)
 		json_object_set_new(o, "generation", json_integer((json_int_t)pl->generation));
 	/* a decoded-image cache: hits, misses, entries, bytes (imagecache.h) */

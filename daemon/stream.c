@@ -45,16 +45,45 @@ void slot_unref(struct pipeline *pl, struct slot *slot)
 		s->slots_held--;
 }
 
+/* @b's slots go back (the ring's references). */
+void batch_unref(struct pipeline *pl, struct batch *b)
+{
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++) {
+		struct slot *slot = batch_slot(b, g);
+		if (slot)
+			slot_unref(pl, slot);
+	}
+	b->slot = NULL;
+	memset(b->more, 0, sizeof(b->more));
+}
+
+bool batch_leased(const struct batch *b)
+{
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++) {
+		const struct slot *slot = batch_slot(b, g);
+		if (slot && slot->leases)
+			return true;
+	}
+	return false;
+}
+
 void ring_pop_head(struct stream *s)
 {
 	struct batch *b = &s->ring[s->ring_head];
-	struct slot *slot = b->slot;
 
 	s->ring_head = (s->ring_head + 1) % s->pl->nslots;
 	s->ring_len--;
 	s->head_seq++;
-	b->slot = NULL;
-	slot_unref(s->pl, slot);
+	batch_unref(s->pl, b);
+}
+
+uint32_t stream_batch_slots(const struct stream *s)
+{
+	uint32_t n = 0;
+
+	for (uint32_t g = 0; g < s->ngroups; g++)
+		n += s->groups[g].natts > 0;
+	return n ? n : 1;
 }
 /* --- workers ------------------------------------------------------------ */
 
@@ -63,17 +92,22 @@ static void task_run(struct work *work)
 	struct task *t = (struct task *)work;
 	struct job *job = t->job;
 	struct pipeline *pl = job->pl;
-	void *dsts[SOURCE_MAX_FIELDS];
+	void *dsts[SOURCE_MAX_FIELDS], *more[(AUG_GROUPS_MAX - 1) * SOURCE_MAX_FIELDS];
 	uint64_t stage_ns[STAGES] = { 0 }, begin = mono_ns();
-	struct sample_ctx ctx = { pl->spec->seed, job->epoch, stage_ns };
+	struct sample_ctx ctx = { job->seeds[0], job->epoch, stage_ns, job->nmore, job->seeds + 1,
+		more };
 	char err[512];
 
 	for (uint32_t r = t->begin; r < t->end && !atomic_load(&job->err); r++) {
 		uint64_t idx = sampler_sample(&job->stream->sampler, job->epoch, job->index, r);
 		int rc;
 
-		for (size_t f = 0; f < pl->nfields; f++)
-			dsts[f] = job->base + pl->field_off[f] + (uint64_t)r * pl->fields[f].sample_bytes;
+		for (size_t f = 0; f < pl->nfields; f++) {
+			uint64_t off = pl->field_off[f] + (uint64_t)r * pl->fields[f].sample_bytes;
+			dsts[f] = job->base + off;
+			for (uint32_t g = 0; g < job->nmore; g++)
+				more[g * pl->nfields + f] = job->more_base[g] + off;
+		}
 		rc = source_read(pl->src, &ctx, idx, dsts, err, sizeof(err));
 		if (rc < 0) {
 			job_set_error(job, -rc, err);
@@ -120,14 +154,34 @@ int stream_start_batch(struct stream *s)
 	if (!job)
 		return -ENOMEM;
 
-	slot = &pl->slots[pl->free_slots[--pl->nfree]];
-	for (struct devcopy *dc = pl->devs; dc; dc = dc->next)
-		dc->state[slot->idx] = DEV_NONE;
-	slot->refs = 1;
-	slot->owner = s;
-	s->slots_held++;
-
 	b = &s->ring[(s->ring_head + s->ring_len) % pl->nslots];
+	/* a slot for each seed group read (group 0 alone when none is), the
+	 * first one's the job's base */
+	b->slot = NULL;
+	memset(b->more, 0, sizeof(b->more));
+	for (uint32_t g = 0; g < s->ngroups; g++) {
+		if (s->groups[g].natts == 0 && (g || s->natts))
+			continue;
+		slot = &pl->slots[pl->free_slots[--pl->nfree]];
+		for (struct devcopy *dc = pl->devs; dc; dc = dc->next)
+			dc->state[slot->idx] = DEV_NONE;
+		slot->refs = 1;
+		slot->owner = s;
+		s->slots_held++;
+		if (g)
+			b->more[g - 1] = slot;
+		else
+			b->slot = slot;
+		uint8_t *base = pl->slab->base + (uint64_t)slot->idx * pl->slot_bytes;
+		if (!job->base) {
+			job->base = base;
+			job->seeds[0] = s->groups[g].seed;
+		} else {
+			job->more_base[job->nmore] = base;
+			job->seeds[++job->nmore] = s->groups[g].seed;
+		}
+	}
+
 	if (s->ring_len == 0)
 		s->head_seq = seq;
 	s->ring_len++;
@@ -136,7 +190,6 @@ int stream_start_batch(struct stream *s)
 	b->index = seq % s->bpe;
 	b->rows = rows;
 	b->ready = false;
-	b->slot = slot;
 	s->next_produce++;
 	s->jobs++;
 	pl->jobs++;
@@ -148,7 +201,6 @@ int stream_start_batch(struct stream *s)
 	job->epoch = b->epoch;
 	job->index = b->index;
 	job->rows = rows;
-	job->base = pl->slab->base + (uint64_t)slot->idx * pl->slot_bytes;
 	job->ntasks = ntasks;
 	atomic_init(&job->remaining, ntasks);
 	atomic_init(&job->err, 0);
@@ -247,6 +299,8 @@ struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t
 	s->sampler = (struct sampler){ .nsamples = source_nsamples(pl->src),
 		.batch_size = pl->spec->batch_size, .shuffle = pl->spec->shuffle,
 		.drop_last = pl->spec->drop_last, .seed = pl->spec->seed, .rank = rank, .world = world };
+	s->groups[0].seed = pl->spec->seed;
+	s->ngroups = 1;
 	s->bpe = sampler_batches_per_epoch(&s->sampler);
 	if (pl->spec->epochs == 0 || __builtin_mul_overflow(pl->spec->epochs, s->bpe, &s->end_seq))
 		s->end_seq = UINT64_MAX;

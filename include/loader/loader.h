@@ -148,10 +148,20 @@ struct ldr_attach_opts {
 	uint32_t inflight;        /**< window: batches asked for or waiting here (0 = 4, most LDR_INFLIGHT_MAX) */
 	enum ldr_device_kind device_kind; /**< LDR_DEVICE_HOST = 0 (default), LDR_DEVICE_CUDA = 1 */
 	int device_index;         /**< CUDA: the N of cuda:N */
+	/* --- LDR_ATTACH_OPTS_SIZE_V2: augmentation seeds (docs/spec.md, "Augment seeds") --- */
+	int has_augment_seed;     /**< draw random transforms from augment_seed, not the spec's seed */
+	uint64_t augment_seed;    /**< 0..2^63-1 as a spec seed, 0 included; broadcast and partition only */
 };
 
 /** Size of the first versioned layout (every field up to device_index); what size 0 means. */
 #define LDR_ATTACH_OPTS_SIZE_V1 (offsetof(struct ldr_attach_opts, device_index) + sizeof(int))
+/** The layout with has_augment_seed and augment_seed. */
+#define LDR_ATTACH_OPTS_SIZE_V2 (offsetof(struct ldr_attach_opts, augment_seed) + sizeof(uint64_t))
+/**
+ * Most distinct augment seeds one pipeline's broadcast clients may use at
+ * once, the spec's own seed (clients without augment_seed) counted.
+ */
+#define LDR_AUGMENT_SEEDS_MAX 8
 /** Initialiser of struct ldr_attach_opts: the size set, every option its default. */
 #define LDR_ATTACH_OPTS_INIT { .size = sizeof(struct ldr_attach_opts) }
 

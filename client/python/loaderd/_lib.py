@@ -89,6 +89,8 @@ class ldr_attach_opts(ctypes.Structure):
         ("inflight", ctypes.c_uint32),
         ("device_kind", ctypes.c_int),     # enum ldr_device_kind: 0 host, 1 CUDA
         ("device_index", ctypes.c_int),
+        ("has_augment_seed", ctypes.c_int),  # LDR_ATTACH_OPTS_SIZE_V2
+        ("augment_seed", ctypes.c_uint64),
     ]
 
     def __init__(self, *args, **kwargs):

@@ -117,7 +117,8 @@ class _Client:
 class _Attachment:
     """Owns one ldr_attachment*; keeps its _Client alive."""
 
-    def __init__(self, client, pipeline, mode, rank, world, start, inflight, device=None):
+    def __init__(self, client, pipeline, mode, rank, world, start, inflight, device=None,
+                 augment_seed=None):
         self.ptr = None
         self.device = device  # None: host memory; N: cuda:N
         self.detached = False
@@ -141,6 +142,9 @@ class _Attachment:
         if device is not None:
             opts.device_kind = 1  # LDR_DEVICE_CUDA
             opts.device_index = device
+        if augment_seed is not None:
+            opts.has_augment_seed = 1
+            opts.augment_seed = augment_seed
         out = ctypes.c_void_p()
         r = L.ldr_attach(client.ptr, pipeline.encode(), ctypes.byref(opts), ctypes.byref(out))
         if r < 0:
@@ -575,7 +579,7 @@ class DataLoader:
                  drop_last=None, mode=None, rank=None, world_size=None, socket=None,
                  timeout=None, device="cpu", as_numpy=False, progress=False, epochs=None,
                  inflight=None, name=None, on_error=None, fields=None, pipeline_name=None,
-                 reconnect_timeout=None, **torch_compat):
+                 reconnect_timeout=None, augment_seed=None, **torch_compat):
         # your own Dataset (docs/python.md, "Your own Dataset"): a map-style
         # Dataset object, or a spec whose source.kind is "python"
         self._py = pydataset.is_dataset(pipeline_or_spec) or (
@@ -609,6 +613,12 @@ class DataLoader:
         if inflight is not None and not 1 <= inflight <= _lib.LDR_INFLIGHT_MAX:
             raise ValueError(f"inflight must be in 1..{_lib.LDR_INFLIGHT_MAX}")
         self._inflight = inflight
+        if augment_seed is not None and (isinstance(augment_seed, bool) or
+                                         not isinstance(augment_seed, int) or
+                                         not 0 <= augment_seed < 1 << 63):
+            raise ValueError("augment_seed must be an integer in 0..2**63-1 (a spec seed), "
+                             f"not {augment_seed!r}")
+        self.augment_seed = augment_seed
 
         # mode, rank, world: a private stream (partition rank 0 of 1) unless
         # torchrun's RANK/WORLD_SIZE or the arguments say otherwise; sharing
@@ -628,6 +638,9 @@ class DataLoader:
             raise ValueError(f"rank/world_size are for mode='partition', not {mode!r}")
         else:
             rank, world_size = 0, 1
+        if augment_seed is not None and mode == "dynamic":
+            raise ValueError("augment_seed is for mode='broadcast' and 'partition': a dynamic "
+                             "stream's batches go to whichever loader asks first")
         self.mode, self.rank, self.world_size = mode, int(rank), int(world_size)
         # broadcast and dynamic loops follow the shared stream; partition
         # loops are torch's epochs
@@ -778,7 +791,7 @@ class DataLoader:
         if start is not None and mode == "broadcast":
             mode = "partition"  # resume: a private stream, identical content (rank 0 of 1)
         self._att = _Attachment(self._client, self.pipeline, mode, self.rank, self.world_size,
-                                start, self._inflight, self._cuda)
+                                start, self._inflight, self._cuda, self.augment_seed)
         self._attached_mode = mode
         self._ended = False
         self._pos = tuple(start) if start is not None else None

@@ -1,0 +1,250 @@
+# SPDX-License-Identifier: MIT
+"""Augment seeds (docs/spec.md, "Augment seeds"): broadcast clients of one
+image pipeline that each ask for their own seed get the random crops and
+flips of that seed, from one decode of each image.
+
+The ground truth of a seeded stream is computed independently: a solo run
+of the same spec with that seed as the spec's seed (shuffle off, so the
+order does not depend on the seed), read by one client of a pipeline of its
+own. The images are generated here, small and few."""
+
+import json
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+pytest.importorskip("PIL")
+pytest.importorskip("torchvision")
+
+from imgtest import image_spec, make_folder  # noqa: E402
+from ldrtest import python_client_env  # noqa: E402
+
+N = 10          # images
+BATCH = 4       # 3 batches an epoch: 4, 4, 2
+EPOCHS = 2
+TRANSFORMS = [{"op": "random_resized_crop", "size": [16, 16]},
+              {"op": "horizontal_flip", "p": 0.5}]
+
+
+def images(workdir):
+    root = os.path.join(workdir, "imgs")
+    make_folder(root, ["a", "b"], N // 2, [(40, 52), (48, 36), (44, 44)], seed=3)
+    return root
+
+
+def spec(name, root, seed, exact=True, **kw):
+    kw.setdefault("shuffle", False)
+    kw.setdefault("epochs", EPOCHS)
+    return image_spec(name, {"kind": "image_folder", "path": root}, TRANSFORMS, dtype="uint8",
+                      layout="NHWC", batch_size=BATCH, seed=seed,
+                      decode={"dct_scaling": not exact}, on_error="fail", **kw)
+
+
+def solo(ld, root, seed, exact=True):
+    """The bytes a lone client reads of the spec with @seed as its seed."""
+    name = f"solo{seed}{'' if exact else 'd'}"
+    ld.create(spec(name, root, seed, exact))
+    res = ld.consume(name)
+    assert ld.pipeline(name)["decoded"] == N * EPOCHS
+    return res.dump
+
+
+def seed_groups(ld, name):
+    return sorted((g["seed"], g["clients"]) for g in ld.pipeline(name)["seed_groups"])
+
+
+def test_seeded_clients_match_solo_runs(ld, workdir):
+    root = images(workdir)
+    truth = {s: solo(ld, root, s) for s in (7, 11, 12, 13)}
+    # the seeds change the crops (else this test could not fail)
+    assert len({truth[s] for s in truth}) == 4
+
+    # 6 broadcast clients: no seed (the spec's, 7), 11 twice, 12, 13, and 7
+    # asked for by name, which is the no-seed clients' group
+    ld.create(spec("sweep", root, 7, min_clients=6))
+    seeds = [None, 11, 12, 13, 7]
+    cons = [ld.popen_consume("sweep", *([] if s is None else ["--augment-seed", s]))
+            for s in seeds]
+    ld.wait_for(lambda st: next(p for p in st["pipelines"] if p["name"] == "sweep")["clients"] == 5,
+                "five broadcast clients")
+    # waiting for the sixth: nothing is built, the groups are there
+    p = ld.pipeline("sweep")
+    assert p["batches_produced"] == 0 and p["decoded"] == 0
+    assert seed_groups(ld, "sweep") == [(7, 2), (11, 1), (12, 1), (13, 1)]
+    cons.append(ld.popen_consume("sweep", "--augment-seed", 11))
+    seeds.append(11)
+    dumps = [c.wait(check=True).dump for c in cons]
+    for s, d in zip(seeds, dumps):
+        assert d == truth[7 if s is None else s], f"augment seed {s}"
+    # one decode per image per epoch for all four seeds, one job per batch
+    p = ld.pipeline("sweep")
+    assert p["decoded"] == N * EPOCHS
+    assert p["batches_produced"] == 3 * EPOCHS
+    assert p["seed_groups"] == []
+
+
+def test_dct_scaling_decodes_once_per_scale(ld, workdir):
+    """With DCT scaling, seeds whose crops pick different scales each decode
+    at theirs: every stream still equals its solo run."""
+    root = images(workdir)
+    truth = {s: solo(ld, root, s, exact=False) for s in (7, 21, 22)}
+    ld.create(spec("sweep", root, 7, exact=False, min_clients=3))
+    cons = [ld.popen_consume("sweep", *([] if s == 7 else ["--augment-seed", s]))
+            for s in (7, 21, 22)]
+    for s, c in zip((7, 21, 22), cons):
+        assert c.wait(check=True).dump == truth[s], f"augment seed {s}"
+    decoded = ld.pipeline("sweep")["decoded"]
+    assert N * EPOCHS <= decoded <= 3 * N * EPOCHS
+
+
+def test_shuffled_sweep_keeps_the_order(ld, workdir):
+    """With shuffle the order stays the spec's: every seed sees the same
+    samples in the same order; a seeded stream is the one a partition
+    client with the same augment_seed reads (how a reconnect resumes it)."""
+    root = images(workdir)
+    ld.create(spec("shuf", root, 5, shuffle=True, min_clients=2))
+    a = ld.popen_consume("shuf")
+    b = ld.popen_consume("shuf", "--augment-seed", 99)
+    da, db = a.wait(check=True).dump, b.wait(check=True).dump
+    ld.create(spec("shuf2", root, 5, shuffle=True))
+    dp = ld.consume("shuf2", "--mode", "partition", "--augment-seed", 99).dump
+    assert db == dp
+    assert da != db
+    img = 16 * 16 * 3
+
+    def labels(d):
+        out, pos = [], 0
+        for rows in [4, 4, 2] * EPOCHS:
+            pos += rows * img
+            out += [int.from_bytes(d[pos + 8 * i:pos + 8 * i + 8], "little") for i in range(rows)]
+            pos += rows * 8
+        return out
+    assert labels(da) == labels(db)
+
+
+def test_augment_seed_without_random_transforms(ld, workdir):
+    """A pipeline whose transforms draw nothing: every seed gives the same
+    bytes, one group."""
+    root = images(workdir)
+    s = spec("plain", root, 1, min_clients=3)
+    s["transforms"] = [{"op": "resize", "size": [16, 16]}]
+    ld.create(s)
+    cons = [ld.popen_consume("plain"), ld.popen_consume("plain", "--augment-seed", 42)]
+    # the third is awaited: the two are one group, of the spec's seed
+    ld.wait_for(lambda st: seed_groups(ld, "plain") == [(1, 2)], "one group of two")
+    cons.append(ld.popen_consume("plain", "--augment-seed", 43))
+    dumps = [c.wait(check=True).dump for c in cons]
+    assert dumps[0] == dumps[1] == dumps[2]
+    assert ld.pipeline("plain")["decoded"] == N * EPOCHS
+
+
+ERRORS = r'''
+import json, sys
+from loaderd import loader, errors
+a = json.loads(sys.argv[1])
+c = loader._Client(a["socket"], "errs", None)
+keep = []
+for name, mode, seeds in a["cases"]:
+    out = []
+    for s in seeds:
+        try:
+            keep.append(loader._Attachment(c, name, mode, 0, 1, None, None, None, s))
+            out.append("ok")
+        except errors.Error as e:
+            out.append(e.message)
+    print(json.dumps(out), flush=True)
+'''
+
+
+def attach_errors(ld, cases):
+    r = subprocess.run(["/usr/bin/python3", "-c", ERRORS,
+                        json.dumps({"socket": ld.socket, "cases": cases})],
+                       capture_output=True, text=True, env=python_client_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def test_bad_augment_seeds_are_refused(ld, workdir):
+    root = images(workdir)
+    ld.create(spec("many", root, 0, prefetch=16, epochs=0))
+    ld.create(spec("small", root, 0, prefetch=2, epochs=0))
+    s = spec("plain", root, 0)
+    s["transforms"] = [{"op": "center_crop", "size": [16, 16]}]
+    ld.create(s)
+    many, small, plain, dyn, big = attach_errors(ld, [
+        ["many", "broadcast", list(range(1, 10))],
+        ["small", "broadcast", [1, 2, 3]],
+        ["plain", "broadcast", [5, 6]],
+        ["many", "dynamic", [1]],
+        ["many", "broadcast", [1 << 63]],
+    ])
+    assert many[:8] == ["ok"] * 8
+    assert many[8] == (
+        "attach: augment_seed 9: pipeline 'many' serves 8 distinct augment seeds already "
+        "(1 (1 clients), 2 (1 clients), 3 (1 clients), 4 (1 clients), 5 (1 clients), "
+        "6 (1 clients), 7 (1 clients), 8 (1 clients)), the most one pipeline serves "
+        "(LDR_AUGMENT_SEEDS_MAX 8); attach with one of those seeds")
+    assert small[:2] == ["ok", "ok"]
+    assert small[2] == (
+        "attach: augment_seed 3: pipeline 'small''s broadcast clients would read 3 distinct "
+        "augment seeds, so each of its batches takes 3 slots, but its prefetch of 2 split "
+        "between 1 streams leaves it 2; create the pipeline with a prefetch of at least 3")
+    assert plain == ["ok", "ok"]
+    assert dyn == ["attach: augment_seed applies to broadcast and partition clients: a dynamic "
+                   "stream's batches go to whichever client asks first, so none can follow one "
+                   "client's seed"]
+    assert big == ["attach: augment_seed 9223372036854775808 is above 9223372036854775807 "
+                   "(2^63 - 1): an augment seed takes a spec seed's place, and spec seeds are "
+                   "0..2^63 - 1"]
+    # the daemon serves on
+    assert ld.pipeline("many")["clients"] == 0
+
+
+def test_loaderctl_rejects_bad_augment_seeds(ld, workdir):
+    root = images(workdir)
+    ld.create(spec("x", root, 0))
+    for args, msg in [(["--augment-seed", "-1"], "invalid augment seed (0..2^63-1) -- '-1'"),
+                      (["--augment-seed", str(1 << 63)],
+                       f"invalid augment seed (0..2^63-1) -- '{1 << 63}'"),
+                      (["--augment-seed", "1", "--mode", "dynamic"],
+                       "consume: --augment-seed applies to broadcast and partition clients")]:
+        r = ld.ctl("consume", "x", *args, check=False)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+def test_dataloader_augment_seed(ld, workdir):
+    root = images(workdir)
+    truth = solo(ld, root, 31)
+    ld.create(spec("dl", root, 7))
+    code = textwrap.dedent(f"""
+        import sys, loaderd
+        for bad in (-1, 1 << 63, "3", True, 1.5):
+            try:
+                loaderd.DataLoader("dl", socket={ld.socket!r}, augment_seed=bad)
+                print("accepted", bad)
+            except ValueError as e:
+                print(e)
+        try:
+            loaderd.DataLoader("dl", socket={ld.socket!r}, mode="dynamic", augment_seed=1)
+        except ValueError as e:
+            print(e)
+        loader = loaderd.DataLoader("dl", socket={ld.socket!r}, as_numpy=True, augment_seed=31)
+        out = b""
+        for epoch in range({EPOCHS}):
+            loader.set_epoch(epoch)
+            for b in loader:
+                out += b["image"].tobytes() + b["label"].tobytes()
+        sys.stdout.buffer.write(b"@@" + out)
+    """)
+    r = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True,
+                       env=python_client_env(), timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    text, data = r.stdout.split(b"@@", 1)
+    bad = "augment_seed must be an integer in 0..2**63-1 (a spec seed), not "
+    assert text.decode().splitlines() == [
+        bad + "-1", bad + str(1 << 63), bad + "'3'", bad + "True", bad + "1.5",
+        "augment_seed is for mode='broadcast' and 'partition': a dynamic stream's batches go "
+        "to whichever loader asks first"]
+    assert data == truth
