@@ -85,6 +85,22 @@ def test_seeded_clients_match_solo_runs(ld, workdir):
     assert p["seed_groups"] == []
 
 
+def test_seeds_with_the_decoded_cache(ld, workdir):
+    """With the decoded-image cache the first epoch decodes each image once
+    for all seeds and the second decodes none; the streams stay the solo
+    runs' (the cache keeps these small images at full size)."""
+    root = images(workdir)
+    truth = {s: solo(ld, root, s) for s in (7, 11, 12)}
+    s = spec("cached", root, 7, min_clients=3)
+    s["cache"] = {"decoded": True, "bytes": "64M"}
+    ld.create(s)
+    cons = [ld.popen_consume("cached", *([] if s == 7 else ["--augment-seed", s]))
+            for s in (7, 11, 12)]
+    for seed, c in zip((7, 11, 12), cons):
+        assert c.wait(check=True).dump == truth[seed], f"augment seed {seed}"
+    assert ld.pipeline("cached")["decoded"] == N
+
+
 def test_dct_scaling_decodes_once_per_scale(ld, workdir):
     """With DCT scaling, seeds whose crops pick different scales each decode
     at theirs: every stream still equals its solo run."""
