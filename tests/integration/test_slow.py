@@ -18,9 +18,11 @@ NSAMPLES = 240           # 60 batches an epoch, far more than the 8 slots
 
 
 def make_pipeline(d, workdir, **kw):
+    """8 slots named: the stream must run out of them to be held back."""
     tok = os.path.join(workdir, "pos.bin")
     position_tokens(tok, NSAMPLES * SEQ + 1)
-    d.create(token_spec("bc", tok, SEQ, "uint32", batch_size=BATCH, min_clients=3, **kw))
+    d.create(token_spec("bc", tok, SEQ, "uint32", batch_size=BATCH, min_clients=3, prefetch=8,
+                        **kw))
 
 
 def start_three(d, *args):

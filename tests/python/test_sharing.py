@@ -4,8 +4,8 @@
 mix of modes, idle clients, two loaders of one spec in one process.
 
 Every loader here has a timeout, so a stall fails the test with loaderd's
-"no batch within" error instead of hanging it. The pipelines have the
-default 8 slots unless a test says otherwise."""
+"no batch within" error instead of hanging it. The pipelines have 8
+slots, named in their spec, unless a test says otherwise."""
 
 import itertools
 import os
@@ -40,7 +40,7 @@ def dataset(d):
 
 def spec(paths, name="share", **kw):
     s = {"name": name, "source": {"kind": "npy", "paths": paths}, "batch_size": BATCH,
-         "shuffle": False, "epochs": 0}
+         "shuffle": False, "epochs": 0, "prefetch": 8}
     s.update(kw)
     return s
 
