@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <png.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include <jpeglib.h>
 
 #include "image.h"
+#include "imagecache.h"
 #include "imageop.h"
 #include "image-golden.h"
 #include "imageset.h"
@@ -1673,6 +1675,117 @@ static void rm_rf(const char *path)
 	assert(system(cmd) == 0);
 }
 
+/*
+ * The decoded-image cache under threads (TSan's pass runs this): four
+ * threads read every sample of three epochs at once, each from another
+ * offset, so that they miss, claim, keep and hit the same images
+ * concurrently; every sample must be the bytes of an exact decode without a
+ * cache, with room for every image and with room for two.
+ */
+#define CACHE_N 9
+#define CACHE_EPOCHS 3
+#define CACHE_OUT (3 * 12 * 12)
+
+struct cache_run {
+	struct source *src;
+	int first;
+	uint8_t got[CACHE_EPOCHS][CACHE_N][CACHE_OUT];
+	int64_t labels[CACHE_EPOCHS][CACHE_N];
+	int r;
+};
+
+static void *cache_reader(void *arg)
+{
+	struct cache_run *cr = arg;
+	char e[512];
+
+	for (int ep = 0; ep < CACHE_EPOCHS; ep++) {
+		struct sample_ctx ctx = { .seed = 11, .epoch = (uint64_t)ep };
+
+		for (int k = 0; k < CACHE_N; k++) {
+			int i = (k + cr->first) % CACHE_N;
+			void *dsts[2] = { cr->got[ep][i], &cr->labels[ep][i] };
+
+			if ((cr->r = source_read(cr->src, &ctx, (uint64_t)i, dsts, e, sizeof(e))) < 0) {
+				fprintf(stderr, "sample %d: %s\n", i, e);
+				return NULL;
+			}
+		}
+	}
+	return NULL;
+}
+
+static void cache_check(struct spec *spec, const struct cache_run *want, json_int_t *entries,
+			json_int_t *refused)
+{
+	static struct cache_run cr[4];
+	pthread_t th[4];
+	json_t *st;
+
+	assert(source_open(&cr[0].src, spec, err, sizeof(err)) == 0);
+	for (int t = 0; t < 4; t++) {
+		cr[t].src = cr[0].src;
+		cr[t].first = 2 * t;
+		assert(pthread_create(&th[t], NULL, cache_reader, &cr[t]) == 0);
+	}
+	for (int t = 0; t < 4; t++) {
+		assert(pthread_join(th[t], NULL) == 0);
+		assert(cr[t].r == 0);
+		assert(memcmp(cr[t].got, want->got, sizeof(want->got)) == 0);
+		assert(memcmp(cr[t].labels, want->labels, sizeof(want->labels)) == 0);
+	}
+	st = source_cache_json(cr[0].src);
+	assert(st);
+	*entries = json_integer_value(json_object_get(st, "entries"));
+	*refused = json_integer_value(json_object_get(st, "refused"));
+	/* 4 threads x 3 epochs x 9 samples, and the bad one's first read in
+	 * each thread's first epoch (then it is remembered) */
+	assert(json_integer_value(json_object_get(st, "hits")) +
+	       json_integer_value(json_object_get(st, "misses")) >= 4 * CACHE_EPOCHS * CACHE_N);
+	json_decref(st);
+	source_free(cr[0].src);
+}
+
+static void test_cache(void)
+{
+	static struct cache_run want;
+	struct spec *spec;
+	json_int_t entries, refused;
+	char name[64];
+
+	assert(mkdir(path_of("cache"), 0755) == 0);
+	assert(mkdir(path_of("cache/a"), 0755) == 0);
+	for (int i = 0; i < CACHE_N; i++) {
+		snprintf(name, sizeof(name), "cache/a/%d.jpg", i);
+		if (i == 4)
+			write_file(path_of(name), "bad", 3);
+		else
+			write_jpeg(path_of(name), 20 + 3 * i, 40 - 2 * i, (unsigned)i + 20);
+	}
+	spec = spec_of("[{\"op\": \"random_resized_crop\", \"size\": 12}, {\"op\": \"horizontal_flip\"}]",
+		       ", \"output\": {\"dtype\": \"uint8\", \"layout\": \"NHWC\"}, "
+		       "\"decode\": {\"dct_scaling\": false}");
+	free(spec->source.root);
+	spec->source.root = strdup(path_of("cache"));
+	assert(source_open(&want.src, spec, err, sizeof(err)) == 0);
+	assert(source_cache_json(want.src) == NULL);
+	cache_reader(&want);
+	assert(want.r == 0);
+	source_free(want.src);
+
+	spec->dct_scaling = true;     /* no effect under a cache: a full decode */
+	spec->cache_decoded = true;
+	spec->cache_bytes = 1 << 20;
+	cache_check(spec, &want, &entries, &refused);
+	assert(entries == CACHE_N - 1 && refused == 0);
+
+	/* entries take 2432..3264 bytes: in 6600 any two fit, no three do */
+	spec->cache_bytes = 6600;
+	cache_check(spec, &want, &entries, &refused);
+	assert(entries == 2 && refused == CACHE_N - 3);
+	spec_free(spec);
+}
+
 int main(void)
 {
 	assert(mkdtemp(dir));
@@ -1695,6 +1808,7 @@ int main(void)
 	test_spec();
 	test_source();
 	test_outsize();
+	test_cache();
 	rm_rf(dir);
 	printf("test-image: ok\n");
 	return 0;
