@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import textwrap
+import time
 
 import pytest
 
@@ -19,7 +20,7 @@ pytest.importorskip("PIL")
 pytest.importorskip("torchvision")
 
 from imgtest import image_spec, make_folder  # noqa: E402
-from ldrtest import python_client_env  # noqa: E402
+from ldrtest import BUILD_DIR, python_client_env  # noqa: E402
 
 N = 10          # images
 BATCH = 4       # 3 batches an epoch: 4, 4, 2
@@ -171,15 +172,23 @@ for name, mode, seeds in a["cases"]:
         except errors.Error as e:
             out.append(e.message)
     print(json.dumps(out), flush=True)
+sys.stdin.readline()  # attached until told
 '''
 
 
-def attach_errors(ld, cases):
-    r = subprocess.run(["/usr/bin/python3", "-c", ERRORS,
-                        json.dumps({"socket": ld.socket, "cases": cases})],
-                       capture_output=True, text=True, env=python_client_env(), timeout=60)
-    assert r.returncode == 0, r.stderr
-    return [json.loads(line) for line in r.stdout.splitlines()]
+def attach_errors(ld, cases, then=None):
+    """Each case's attach results (\"ok\" or the error); @then() runs while
+    the attachments made are still attached."""
+    p = subprocess.Popen(["/usr/bin/python3", "-c", ERRORS,
+                          json.dumps({"socket": ld.socket, "cases": cases})],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=python_client_env())
+    out = [json.loads(p.stdout.readline() or "null") for _ in cases]
+    if then:
+        then()
+    _, err = p.communicate("\n", timeout=60)
+    assert p.returncode == 0, err
+    return out
 
 
 def test_bad_augment_seeds_are_refused(ld, workdir):
@@ -216,6 +225,27 @@ def test_bad_augment_seeds_are_refused(ld, workdir):
                    "0..2^63 - 1"]
     # the daemon serves on
     assert ld.pipeline("many")["clients"] == 0
+
+
+def test_other_streams_and_prefetch_leave_the_seeds_their_slots(ld, workdir):
+    """Two seeds take 2 slots a batch: of a prefetch of 4, a second stream
+    leaves them 2, a third 1 (refused); a live prefetch of 3 is refused too."""
+    root = images(workdir)
+    ld.create(spec("four", root, 0, prefetch=4, epochs=0))
+    set_r = []
+    seeds, parts = attach_errors(
+        ld, [["four", "broadcast", [1, 2]], ["four", "partition", [None, None]]],
+        then=lambda: set_r.append(ld.ctl("set", "prefetch", "four", "3", check=False)))
+    assert seeds == ["ok", "ok"]
+    assert parts == ["ok",
+                     "attach: pipeline 'four''s broadcast clients read 2 distinct augment seeds, "
+                     "so each of its batches takes 2 slots, and a new stream would leave it 1 of "
+                     "its prefetch of 4 (3 streams); create the pipeline with a prefetch of at "
+                     "least 6"]
+    r = set_r[0]
+    assert r.returncode != 0 and (
+        "prefetch: pipeline 'four''s broadcast clients read 2 distinct augment seeds, so each "
+        "of its batches takes 2 slots: with 2 streams reading it, at least 4") in r.stderr, r.stderr
 
 
 def test_loaderctl_rejects_bad_augment_seeds(ld, workdir):
@@ -264,3 +294,62 @@ def test_dataloader_augment_seed(ld, workdir):
         "augment_seed is for mode='broadcast' and 'partition': a dynamic stream's batches go "
         "to whichever loader asks first"]
     assert data == truth
+
+
+def test_reconnect_keeps_the_seed(daemon, workdir):
+    """A broadcast trainer with an augment seed whose daemon is killed and
+    started again mid-epoch: libloader re-attaches with its seed, so its
+    stream is the solo run of that seed, byte for byte."""
+    root = images(workdir)
+    d1 = daemon()
+    sp = spec("rc", root, 7)
+    err_path = os.path.join(workdir, "trainer.err")
+    code = textwrap.dedent(f"""
+        import sys, loaderd
+        loader = loaderd.DataLoader({sp!r}, socket={d1.socket!r}, mode="broadcast",
+                                    as_numpy=True, augment_seed=11)
+        out, n = b"", 0
+        for epoch in range({EPOCHS}):
+            for b in loader:
+                out += b["image"].tobytes() + b["label"].tobytes()
+                n += 1
+                if n == 2:
+                    print("took", flush=True)
+                    sys.stdin.readline()
+        print(loader.reconnects, file=sys.stderr)
+        sys.stdout.buffer.write(b"@@" + out)
+    """)
+    with open(err_path, "wb") as err:
+        p = subprocess.Popen(["/usr/bin/python3", "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=err, env=python_client_env())
+    assert p.stdout.readline() == b"took\n"
+    d1.kill9()
+    for _ in range(600):
+        with open(err_path, errors="replace") as f:
+            if "went away" in f.read():
+                break
+        time.sleep(0.05)
+    d2 = daemon(socket=d1.socket)
+    out, _ = p.communicate(b"\n", timeout=120)
+    with open(err_path, errors="replace") as f:
+        err = f.read()
+    assert p.returncode == 0, err
+    assert "(pipeline 'rc') re-attached at epoch 0 batch 2" in err, err
+    assert out.split(b"@@", 1)[1] == solo(d2, root, 11)
+
+
+def test_seeds_on_a_cuda_device(daemon, workdir, monkeypatch):
+    """CUDA delivery over the emulated driver: each seed's slot is copied to
+    the device for its clients (a copy per seed and batch)."""
+    fake = os.path.join(BUILD_DIR, "tests", "libfakecuda.so")
+    if not os.path.exists(fake):
+        pytest.skip("no emulated CUDA driver (loaderd built without CUDA)")
+    monkeypatch.setenv("LOADERD_CUDA_LIBRARY", fake)  # the daemon's and loaderctl's
+    d = daemon()
+    root = images(workdir)
+    truth = {s: solo(d, root, s) for s in (11, 12)}
+    d.create(spec("dev", root, 7, min_clients=2))
+    cons = [d.popen_consume("dev", "--device", "cuda:0", "--augment-seed", s) for s in (11, 12)]
+    for s, c in zip((11, 12), cons):
+        assert c.wait(check=True).dump == truth[s], f"augment seed {s}"
+    assert d.status()["cuda"]["devices"]["cuda:0"]["copies"] == 2 * 3 * EPOCHS
