@@ -1783,6 +1783,25 @@ static void test_cache(void)
 	spec->cache_bytes = 6600;
 	cache_check(spec, &want, &entries, &refused);
 	assert(entries == 2 && refused == CACHE_N - 3);
+
+	/* max_side: reduced images (30: most of them; 1: 1x1 pixels, every crop
+	 * upsampled from one pixel), the same bytes cached or not, whichever
+	 * thread came first: the reference is one thread's run, checked against
+	 * four threads with room for all, then with room for one (the others
+	 * reduced into the worker's scratch at every read) */
+	for (int side = 30; side > 0; side -= 29) {
+		spec->cache_max_side = (uint32_t)side;
+		spec->cache_bytes = 1 << 20;
+		assert(source_open(&want.src, spec, err, sizeof(err)) == 0);
+		cache_reader(&want);
+		assert(want.r == 0);
+		source_free(want.src);
+		cache_check(spec, &want, &entries, &refused);
+		assert(entries == CACHE_N - 1 && refused == 0);
+		spec->cache_bytes = side == 30 ? 24 + 30 * 30 * 3 + 64 : 64;
+		cache_check(spec, &want, &entries, &refused);
+		assert(entries == 1 && refused == CACHE_N - 2);
+	}
 	spec_free(spec);
 }
 
