@@ -826,6 +826,28 @@ static void fmt_cache(char *buf, size_t n, const json_t *p)
 	         num_at(c, "entries"), used, cap, more);
 }
 
+/* "augment seeds 7 (2 clients), 11 (1 client); 1500 images decoded" when
+ * its broadcast clients read more than one seed (docs/spec.md), else "". */
+static void fmt_seeds(char *buf, size_t n, const json_t *p)
+{
+	const json_t *groups = json_object_get(p, "seed_groups"), *g;
+	size_t i, at;
+
+	buf[0] = '\0';
+	if (json_array_size(groups) < 2)
+		return;
+	at = (size_t)snprintf(buf, n, "augment seeds ");
+	json_array_foreach(groups, i, g) {
+		long long seed = (long long)json_integer_value(json_object_get(g, "seed"));
+		double k = num_at(g, "clients");
+		if (at < n)
+			at += (size_t)snprintf(buf + at, n - at, "%s%lld (%.0f client%s)", i ? ", " : "",
+			                       seed, k, k == 1 ? "" : "s");
+	}
+	if (at < n)
+		snprintf(buf + at, n - at, "; %.0f images decoded", num_at(p, "decoded"));
+}
+
 /*
  * The pipelines table, then one line per pipeline that says what limits it.
  * @clients gives each pipeline's mode.
@@ -882,7 +904,7 @@ static int figures_pipelines(struct lines *l, const json_t *pipelines, const jso
 		for (i = 0; i < n; i++) {
 			const json_t *stats = json_object_get(rows[i].p, "stats");
 			const char *why = json_string_value(json_object_get(stats, "limited_why"));
-			char stages[256], cache[160];
+			char stages[256], cache[160], seeds[512];
 
 			fmt_stages(stages, sizeof(stages), stats);
 			if (why && *why)
@@ -892,6 +914,9 @@ static int figures_pipelines(struct lines *l, const json_t *pipelines, const jso
 			fmt_cache(cache, sizeof(cache), rows[i].p);
 			if (*cache)
 				lines_add(l, "%s: %s", rows[i].name, cache);
+			fmt_seeds(seeds, sizeof(seeds), rows[i].p);
+			if (*seeds)
+				lines_add(l, "%s: %s", rows[i].name, seeds);
 		}
 	}
 	table_free(&t);

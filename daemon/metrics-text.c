@@ -224,6 +224,8 @@ static const struct num_metric pipeline_metrics[] = {
 	  "batches_reclaimed", 0 },
 	{ "loaderd_pipeline_skipped_samples_total", "counter",
 	  "Samples skipped as unreadable (the spec's on_error).", "stats.skipped_total|skipped", 0 },
+	{ "loaderd_pipeline_decoded_images_total", "counter",
+	  "Images decoded: one decode serves every augment seed of a sample.", "decoded", 0 },
 	{ "loaderd_pipeline_errors_total", "counter", "Errors while building batches.",
 	  "stats.errors_total", 0 },
 	{ "loaderd_pipeline_backpressure_seconds_total", "counter",

@@ -22,16 +22,26 @@ static const char *pipeline_state(const struct pipeline *pl)
 }
 
 /* The broadcast stream's seed groups read (docs/spec.md, "Augment seeds"):
- * [{"seed", "clients"}], the spec's seed first; [] without broadcast clients. */
+ * [{"seed", "clients"}], the spec's seed first, then by seed; [] without
+ * broadcast clients. */
 static json_t *seed_groups_json(const struct pipeline *pl)
 {
 	const struct stream *s = pl->shared[LDR_MODE_BROADCAST];
 	json_t *a = json_array();
+	bool done[AUG_GROUPS_MAX] = { false };
 
-	for (uint32_t g = 0; s && a && g < s->ngroups; g++)
-		if (s->groups[g].natts)
+	for (uint32_t k = 0; s && a && k < s->ngroups; k++) {
+		uint32_t best = AUG_GROUPS_MAX;
+		for (uint32_t g = 0; g < s->ngroups; g++)
+			if (!done[g] && (best == AUG_GROUPS_MAX ||
+			                 (best && (!g || s->groups[g].seed < s->groups[best].seed))))
+				best = g;
+		done[best] = true;
+		if (s->groups[best].natts)
 			json_array_append_new(a, json_pack("{s:I, s:I}", "seed",
-				(json_int_t)s->groups[g].seed, "clients", (json_int_t)s->groups[g].natts));
+				(json_int_t)s->groups[best].seed, "clients",
+				(json_int_t)s->groups[best].natts));
+	}
 	return a;
 }
 

@@ -75,6 +75,9 @@ def test_seeded_clients_match_solo_runs(ld, workdir):
     p = ld.pipeline("sweep")
     assert p["batches_produced"] == 0 and p["decoded"] == 0
     assert seed_groups(ld, "sweep") == [(7, 2), (11, 1), (12, 1), (13, 1)]
+    text = ld.ctl("status").stdout
+    assert ("sweep: augment seeds 7 (2 clients), 11 (1 client), 12 (1 client), 13 (1 client); "
+            "0 images decoded\n") in text, text
     cons.append(ld.popen_consume("sweep", "--augment-seed", 11))
     seeds.append(11)
     dumps = [c.wait(check=True).dump for c in cons]
