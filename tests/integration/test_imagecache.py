@@ -7,6 +7,7 @@ full cache changes no byte; status counts hits, misses and bytes exactly;
 the memory limit bounds it; spec errors name the key."""
 
 import os
+import tarfile
 
 import numpy as np
 import pytest
@@ -16,8 +17,8 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 from PIL import Image  # noqa: E402
 
-from imgtest import (MEAN, STD, all_images, image_params, image_spec, make_folder,  # noqa: E402
-                     save_image, smooth_image)
+from imgtest import (MEAN, STD, all_images, folder_samples, image_params, image_spec,  # noqa: E402
+                     make_folder, save_image, smooth_image, wds_members, write_shard_tarfile)
 
 NORM = {"op": "normalize", "mean": MEAN, "std": STD}
 EXACT = {"dct_scaling": False}
@@ -119,6 +120,22 @@ def test_cache_with_dct_scaling_is_the_full_decode(ld, workdir):
                                 cache={"decoded": True, "bytes": 1 << 26}))
     assert scaled != exact
     assert cached == exact
+
+
+def test_webdataset_cache(ld, workdir):
+    """A webdataset's samples (labels from their .cls members) come from the
+    cache as an image folder's do: the bytes of the uncached exact decode,
+    labels included, and one entry per sample."""
+    root = os.path.join(workdir, "imgs")
+    mixed_folder(root)
+    samples = folder_samples(root)
+    tar = write_shard_tarfile(os.path.join(workdir, "s.tar"), wds_members(samples),
+                              tarfile.PAX_FORMAT)
+    want = run(ld, cache_spec("folder", root, RRC, decode=EXACT))
+    spec = cache_spec("wds", root, RRC, cache={"decoded": True, "bytes": "16M"})
+    spec["source"] = {"kind": "webdataset", "urls": tar}
+    assert run(ld, spec) == want
+    assert ld.pipeline("wds")["cache"]["entries"] == len(samples)
 
 
 def test_full_cache_changes_no_byte(daemon, workdir):
