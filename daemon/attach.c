@@ -205,6 +205,10 @@ static int seed_group(struct stream *s, uint64_t seed, uint32_t streams, uint32_
 			s->ngroups++;
 		s->groups[g] = (struct aug_group){ .seed = seed };
 	}
+	/* a group read from now on: the batches nobody has received yet are
+	 * built again with its slot, so that it starts at the first of them */
+	if (!s->groups[g].natts && s->natts)
+		stream_rebuild_unreceived(s);
 	*out = g;
 	return 0;
 }

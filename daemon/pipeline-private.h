@@ -364,6 +364,10 @@ bool batch_leased(const struct batch *b);
 uint32_t pipeline_active_streams(const struct pipeline *pl);
 uint32_t stream_quota(const struct stream *s);
 uint32_t att_share(const struct attachment *a);
+/* Give back the ready batches of @s that nobody has received and nobody
+ * holds, newest first, to be built again (the same bytes) when it has room:
+ * a new seed group gets its slots in them (attach.c). */
+void stream_rebuild_unreceived(struct stream *s);
 void pipeline_update(struct pipeline *pl);
 
 /* deliver.c */

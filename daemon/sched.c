@@ -120,6 +120,14 @@ static void stream_reclaim(struct stream *s, struct batch *b)
 	batch_unref(s->pl, b);
 }
 
+void stream_rebuild_unreceived(struct stream *s)
+{
+	struct batch *b;
+
+	while ((b = stream_reclaimable(s)))
+		stream_reclaim(s, b);
+}
+
 /* Batches handed back to a dynamic stream that nobody reads any more cannot
  * be rebuilt (the stream is past them) and would hold their slots until a
  * dynamic client came back: when a reader needs slots, they go. Dynamic

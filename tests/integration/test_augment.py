@@ -357,3 +357,33 @@ def test_seeds_on_a_cuda_device(daemon, workdir, monkeypatch):
     for s, c in zip((11, 12), cons):
         assert c.wait(check=True).dump == truth[s], f"augment seed {s}"
     assert d.status()["cuda"]["devices"]["cuda:0"]["copies"] == 2 * 3 * EPOCHS
+
+
+def batch_bytes(dump):
+    """A dump of this file's specs split into its batches."""
+    out, pos = [], 0
+    for rows in [4, 4, 2] * EPOCHS:
+        n = rows * (16 * 16 * 3 + 8)
+        out.append(dump[pos:pos + n])
+        pos += n
+    assert pos == len(dump)
+    return out
+
+
+def test_new_seed_joins_at_the_next_batch_built(ld, workdir):
+    """A client with a seed nobody reads, attaching while another client
+    reads, starts at the first batch nobody has received (those built
+    already are built again with its slot); from there its stream is its
+    seed's solo run, and the other client's is unchanged."""
+    root = images(workdir)
+    truth = {s: batch_bytes(solo(ld, root, s)) for s in (7, 11)}
+    ld.create(spec("late", root, 7))
+    # A's window pinned at 2: it has received 3 of the 6 batches at most
+    a = ld.popen_consume("late", "--delay", 300, "--inflight", 2)
+    ld.wait_for(lambda st: any(c["pid"] == a.pid and c["leases"] >= 1 for c in st["clients"]),
+                "A holds a batch")
+    rb = ld.consume("late", "--augment-seed", 11)
+    first = rb.json["first_epoch"] * 3 + rb.json["first_batch"]
+    assert first >= 1
+    assert b"".join(truth[11][first:]) == rb.dump
+    assert a.wait(check=True).dump == b"".join(truth[7])
