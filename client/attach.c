@@ -148,7 +148,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	at.has_start = opts->has_start != 0;
 	at.start_epoch = opts->start_epoch;
 	at.start_batch = opts->start_batch;
-	at.credits = opts->inflight ? opts->inflight : 4;
+	at.credits = opts->inflight; /* 0: the daemon sizes it from the batch bytes */
 	at.device_kind = (uint32_t)opts->device_kind;
 	at.device_index = opts->device_kind != LDR_DEVICE_HOST ? opts->device_index : 0;
 	at.has_augment_seed = opts->has_augment_seed != 0;
@@ -169,11 +169,18 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	atomic_fetch_add(&c->refs, 1);
 	atomic_init(&a->refs, 1);
 	pthread_cond_init(&a->ev_cond, NULL);
-	a->inflight = (int)at.credits;
 	snprintf(a->pipeline, sizeof(a->pipeline), "%s", pipeline);
 	a->opts = *opts;
 	if ((r = att_read_reply(a, ar)) < 0)
 		goto fail;
+	/* the daemon says which window it took (an older one says nothing,
+	 * and takes 4 for a 0) */
+	a->inflight = ar->credits ? (int)ar->credits : opts->inflight ? (int)opts->inflight : 4;
+	if (a->inflight > MAX_INFLIGHT || (opts->inflight && ar->credits && ar->credits != opts->inflight)) {
+		r = set_err(-EPROTO, "attach reply: a window of %u requests, asked for %u (most %d)",
+		            ar->credits, opts->inflight, MAX_INFLIGHT);
+		goto fail;
+	}
 	fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size);
 	if (fd < 0) {
 		r = fd;

@@ -515,16 +515,27 @@ static void fmt_lifetime(const json_t *p, char *owner, char *by, char *age, char
 
 static void print_pipeline_notes(const json_t *pipelines);
 
+/* The slots its streams may fill, "(auto)" when the daemon sized them
+ * (a spec without "prefetch", docs/spec.md). */
+static void fmt_prefetch(char *buf, size_t n, const json_t *p)
+{
+	char v[64];
+
+	fmt_key(v, sizeof(v), p, "prefetch");
+	snprintf(buf, n, "%s%s", v, json_is_true(json_object_get(p, "prefetch_auto")) ? "(auto)" : "");
+}
+
 /*
  * The pipelines with their lifetime. @lifetime_only (in `status`, after the
- * figures table): only the name, batches produced and the lifetime columns.
+ * figures table): only the name, its prefetch, batches produced and the
+ * lifetime columns.
  */
 static int print_pipelines(const json_t *pipelines, bool lifetime_only)
 {
-	static const char *const head[] = { "PIPELINE", "STATE", "SLOTS", "CLIENTS", "PRODUCED",
-		                             "OWNER", "BY", "AGE", "IDLE", "EXPIRES" };
-	static const int lifetime_cols[] = { 0, 4, 5, 6, 7, 8, 9 };
-	const int ncols = lifetime_only ? 7 : 10;
+	static const char *const head[] = { "PIPELINE", "STATE", "SLOTS", "PREFETCH", "CLIENTS",
+		                             "PRODUCED", "OWNER", "BY", "AGE", "IDLE", "EXPIRES" };
+	static const int lifetime_cols[] = { 0, 3, 5, 6, 7, 8, 9, 10 };
+	const int ncols = lifetime_only ? 8 : 11;
 	struct table t = { .ncols = ncols };
 	int r = 0;
 
@@ -534,11 +545,12 @@ static int print_pipelines(const json_t *pipelines, bool lifetime_only)
 		return 0;
 	}
 	for (int row = -1; row < (int)json_array_size(pipelines) && r == 0; row++) {
-		char name[CELL_MAX], state[64], slots[128], clients[64], produced[64];
+		char name[CELL_MAX], state[64], slots[128], prefetch[80], clients[64], produced[64];
 		char owner[64], by[64], age[64], idle[64], expires[64];
-		const char *full[] = { name, state, slots, clients, produced, owner, by, age, idle, expires };
+		const char *full[] = { name, state, slots, prefetch, clients, produced, owner, by, age, idle,
+		                       expires };
 		const char *const *src = row < 0 ? head : full;
-		const char *cells[10];
+		const char *cells[11];
 
 		if (row >= 0) {
 			const json_t *p = json_array_get(pipelines, (size_t)row);
@@ -547,6 +559,7 @@ static int print_pipelines(const json_t *pipelines, bool lifetime_only)
 			fmt_key(name, sizeof(name), p, "name");
 			fmt_key(state, sizeof(state), p, "state");
 			fmt_pair(slots, sizeof(slots), p, "slots_in_use", "slots_total");
+			fmt_prefetch(prefetch, sizeof(prefetch), p);
 			fmt_key(clients, sizeof(clients), p, "clients");
 			fmt_key(produced, sizeof(produced), p, "batches_produced");
 			fmt_lifetime(p, owner, by, age, idle, expires, sizeof(owner));
@@ -2258,7 +2271,8 @@ static void print_help(FILE *f)
 	        "                      (without --batches/--epochs: read until the pipeline ends)\n"
 	        "  --dump FILE         write every field of every batch, in order, as raw C-order\n"
 	        "                      bytes ('-' = stdout; the report then goes to stderr)\n"
-	        "  --inflight K        batches asked for or waiting, 1..%d (default: the library's, 4)\n"
+	        "  --inflight K        batches asked for or waiting, 1..%d (default: the daemon's\n"
+	        "                      choice, 4..16 by the batch bytes)\n"
 	        "  --timeout MS        fail when no batch arrives within MS ms (default: wait)\n"
 	        "  --delay MS          hold each batch MS ms before releasing it, as a\n"
 	        "                      trainer's step would (default 0)\n"

@@ -250,6 +250,24 @@ static int groups_fit(const struct pipeline *pl, uint32_t streams, char *err, si
 	              pl->prefetch / streams, pl->prefetch, streams, k * streams);
 }
 
+/*
+ * The window of a client of @pl that left it to the daemon: WINDOW_AUTO_BYTES
+ * of its batches, within WINDOW_AUTO_MIN..MAX and, beyond the minimum, a
+ * quarter of the slab's slots. Small batches get the deep window that hides
+ * a round trip per batch; a window only changes when a batch arrives, never
+ * which batch it is.
+ */
+static uint32_t window_auto(const struct pipeline *pl)
+{
+	uint64_t n = pl->slot_bytes ? WINDOW_AUTO_BYTES / pl->slot_bytes : WINDOW_AUTO_MAX;
+
+	if (n > WINDOW_AUTO_MAX)
+		n = WINDOW_AUTO_MAX;
+	if (n > pl->nslots / 4)
+		n = pl->nslots / 4;
+	return n < WINDOW_AUTO_MIN ? WINDOW_AUTO_MIN : (uint32_t)n;
+}
+
 int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
                   struct attachment **out, char *err, size_t errlen)
 {
@@ -373,7 +391,8 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	a->mode = p->mode;
 	a->rank = p->rank;
 	a->world = world;
-	a->credits = p->credits ? p->credits : 4;
+	a->credits = p->credits ? p->credits : window_auto(pl);
+	a->credits_auto = !p->credits;
 	a->has_seed = p->has_seed;
 	a->seed = p->seed;
 	s->groups[a->group].natts++;
@@ -441,6 +460,7 @@ void attachment_get_info(struct attachment *a, struct attach_info *info)
 	if (a->dev)
 		info->dslab = a->dev->ds;
 	info->share = att_share(a);
+	info->credits = a->credits;
 	a->told_share = info->share;
 }
 
@@ -470,6 +490,9 @@ json_t *attachment_json(const struct attachment *a)
 		"pending", (json_int_t)a->npending);
 	if (a->has_seed)
 		json_object_set_new(o, "augment_seed", json_integer((json_int_t)a->seed));
+	/* its window, and whether the daemon chose it (the client asked for 0) */
+	json_object_set_new(o, "inflight", json_integer(a->credits));
+	json_object_set_new(o, "inflight_auto", json_boolean(a->credits_auto));
 	if (a->mode == LDR_MODE_PARTITION) {
 		json_object_set_new(o, "rank", json_integer(a->rank));
 		json_object_set_new(o, "world_size", json_integer(a->world));

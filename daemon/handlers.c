@@ -205,6 +205,7 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	ar.start_epoch = info.start_epoch;
 	ar.start_batch = info.start_batch;
 	ar.share = info.share;
+	ar.credits = info.credits;
 	ar.fd_path = srv->fdpath;
 	if (info.dslab) {
 		ar.device_kind = LDR_DEVICE_CUDA;

@@ -36,6 +36,30 @@
 #define TOKEN_TTL_MS 30000
 #define TASK_MIN_BYTES (2u << 20)
 
+/*
+ * A spec without "prefetch" (or with "auto") gets PREFETCH_AUTO_BYTES of
+ * slots, at least PREFETCH_AUTO_MIN and at most PREFETCH_AUTO_MAX of them:
+ * small batches, whose cost is per batch, get many slots to hide the round
+ * trips; large ones keep the minimum, as many as the workers need to build
+ * ahead. Beyond the minimum the slots take at most 1/PREFETCH_AUTO_SHARE of
+ * the memory limit's free bytes, so the next pipeline still fits
+ * (registry.c, prefetch_auto(); docs/spec.md, "prefetch").
+ */
+#define PREFETCH_AUTO_BYTES (64u << 20)
+#define PREFETCH_AUTO_MIN 8u
+#define PREFETCH_AUTO_MAX 64u
+#define PREFETCH_AUTO_SHARE 4u
+
+/*
+ * A client that leaves its window (Attach.credits) to the daemon gets
+ * WINDOW_AUTO_BYTES of batches in flight, WINDOW_AUTO_MIN..MAX of them, and
+ * no more than a quarter of the slots beyond the minimum: the rest build
+ * ahead, for it and the pipeline's other streams (attach.c).
+ */
+#define WINDOW_AUTO_BYTES (8u << 20)
+#define WINDOW_AUTO_MIN 4u
+#define WINDOW_AUTO_MAX 16u
+
 /* stats.c: counters at one moment (the live ones, and once-a-second
  * snapshots; the window is from the oldest snapshot to now) */
 #define STATS_WINDOW_S 5
@@ -168,7 +192,8 @@ struct attachment {
 	int pid;                  /* the client's, for the log */
 	int mode;
 	uint32_t rank, world;
-	uint32_t credits;
+	uint32_t credits;         /* its window of Next requests (attach.c) */
+	bool credits_auto;        /* the client left it to the daemon */
 	bool has_seed;            /* its augment_seed, for status */
 	uint64_t seed;
 	uint32_t group;           /* its seed group in its stream */
@@ -223,7 +248,7 @@ struct pipeline {
 	struct creds owner_creds; /* the creator's: its files are read with them */
 	int access;               /* enum spec_access, DEFAULT resolved */
 	gid_t group;              /* for SPEC_ACCESS_GROUP */
-	uint32_t nslots;          /* the slab's slots */
+	uint32_t nslots;          /* the slab's slots: the spec's prefetch, or prefetch_auto() */
 	uint32_t prefetch;        /* of them, the streams may fill (1..nslots; set prefetch) */
 	uint64_t slot_bytes;
 	uint64_t row_bytes;

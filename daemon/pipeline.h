@@ -83,7 +83,7 @@ struct attach_params {
 	bool has_start;
 	uint64_t start_epoch;
 	uint64_t start_batch;
-	uint32_t credits;
+	uint32_t credits;     /* 0: the daemon's choice (attach.c, window_auto()) */
 	bool has_seed;        /* augment_seed (docs/spec.md, "Augment seeds") */
 	uint64_t seed;
 	uint64_t client_id;
@@ -111,6 +111,7 @@ struct attach_info {
 	const uint64_t *field_offsets;
 	const struct cuda_dslab *dslab; /* CUDA delivery: the device slab, else NULL */
 	uint32_t share;       /* leases it may hold now */
+	uint32_t credits;     /* its window: asked for, or the daemon's choice */
 };
 
 /* One Next or Release request (docs/protocol.md, "Sharing slots"). */

@@ -449,6 +449,28 @@ static uint32_t next_generation(const struct engine *eng, const char *name)
 	return gen;
 }
 
+/*
+ * The slots of a pipeline whose spec leaves "prefetch" to the daemon, slots
+ * of @slot_bytes: PREFETCH_AUTO_BYTES of them within PREFETCH_AUTO_MIN..MAX,
+ * and beyond the minimum no more than a share of the memory that is @free.
+ * It changes only how far the workers may build ahead, never what a batch
+ * holds (which is a function of the spec and its index).
+ */
+static uint32_t prefetch_auto(uint64_t slot_bytes, uint64_t free)
+{
+	uint64_t n, room;
+
+	if (!slot_bytes)
+		return PREFETCH_AUTO_MIN;
+	n = PREFETCH_AUTO_BYTES / slot_bytes;
+	room = free / PREFETCH_AUTO_SHARE / slot_bytes;
+	if (n > PREFETCH_AUTO_MAX)
+		n = PREFETCH_AUTO_MAX;
+	if (n > room)
+		n = room;
+	return n < PREFETCH_AUTO_MIN ? PREFETCH_AUTO_MIN : (uint32_t)n;
+}
+
 /* Build the pipeline of @spec over @src (NULL: open it here). Takes both. */
 static int create_build(struct engine *eng, struct spec *spec, const struct principal *who,
                         uint64_t client, struct source *src, char *err, size_t errlen)
@@ -503,7 +525,10 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 		off += ALIGN_UP(bytes ? bytes : 1, FIELD_ALIGN);
 	}
 	pl->slot_bytes = ALIGN_UP(off, SLOT_ALIGN);
-	pl->nslots = pl->prefetch = spec->prefetch;
+	if (!spec->prefetch && eng->held)
+		holds_check(eng); /* what a held slab let go is free for the auto size too */
+	pl->nslots = pl->prefetch = spec->prefetch ? spec->prefetch
+	                                           : prefetch_auto(pl->slot_bytes, engine_memory_free(eng));
 	smp = (struct sampler){ .nsamples = source_nsamples(pl->src), .batch_size = spec->batch_size,
 		.shuffle = spec->shuffle, .drop_last = spec->drop_last, .seed = spec->seed,
 		.rank = 0, .world = 1 };
@@ -563,8 +588,9 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	eng->pipelines = pl;
 	stats_pipeline_init(pl);
 	log_event(LOG_INFO, "pipeline.create", "pipeline=%s samples=%" PRIu64 " slots=%u slot_bytes=%"
-	          PRIu64 " owner=%u by=%s", spec->name, smp.nsamples, pl->nslots, pl->slot_bytes,
-	          (unsigned)pl->owner, client ? "client" : "config");
+	          PRIu64 " prefetch_auto=%s owner=%u by=%s", spec->name, smp.nsamples, pl->nslots,
+	          pl->slot_bytes, spec->prefetch ? "false" : "true", (unsigned)pl->owner,
+	          client ? "client" : "config");
 	pipeline_lifetime(pl);
 	return 1;
 

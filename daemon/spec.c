@@ -167,7 +167,7 @@ static json_t *spec_build_json(const struct spec *spec)
 
 	if (!src)
 		return NULL;
-	obj = json_pack("{s:s, s:o, s:I, s:b, s:I, s:b, s:I, s:I, s:I}",
+	obj = json_pack("{s:s, s:o, s:I, s:b, s:I, s:b, s:I, s:o, s:I}",
 			"name", spec->name,
 			"source", src,
 			"batch_size", (json_int_t)spec->batch_size,
@@ -175,7 +175,8 @@ static json_t *spec_build_json(const struct spec *spec)
 			"seed", (json_int_t)spec->seed,
 			"drop_last", spec->drop_last,
 			"epochs", (json_int_t)spec->epochs,
-			"prefetch", (json_int_t)spec->prefetch,
+			"prefetch", spec->prefetch ? json_integer((json_int_t)spec->prefetch)
+						   : json_string("auto"),
 			"min_clients", (json_int_t)spec->min_clients);
 	if (obj && ops->options_json && ops->options_json(spec, obj) < 0)
 		obj = (json_decref(obj), NULL);
@@ -268,6 +269,7 @@ static int parse_source(struct spec *spec, json_t *obj, char *err, size_t errlen
 
 static int parse_sampling(struct spec *spec, json_t *obj, char *err, size_t errlen)
 {
+	json_t *v;
 	int64_t i;
 	int r;
 
@@ -302,11 +304,15 @@ static int parse_sampling(struct spec *spec, json_t *obj, char *err, size_t errl
 		return r;
 	spec->epochs = (uint64_t)i;
 
-	i = 8;
-	r = spec_get_int(obj, "prefetch", "prefetch", PREFETCH_MIN, PREFETCH_MAX,
-			 "an integer in 2..1024", &i, err, errlen);
-	if (r < 0)
-		return r;
+	/* not given, or "auto": sized at create from the slot bytes (0 here) */
+	i = 0;
+	v = json_object_get(obj, "prefetch");
+	if (!json_is_string(v) || strcmp(json_string_value(v), "auto") != 0) {
+		r = spec_get_int(obj, "prefetch", "prefetch", PREFETCH_MIN, PREFETCH_MAX,
+				 "an integer in 2..1024, or \"auto\"", &i, err, errlen);
+		if (r < 0)
+			return r;
+	}
 	spec->prefetch = (uint32_t)i;
 
 	i = 1;

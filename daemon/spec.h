@@ -82,7 +82,7 @@ struct spec {
 	uint64_t seed;                /* default 0 */
 	bool drop_last;               /* default false */
 	uint64_t epochs;              /* default 1, 0 = endless */
-	uint32_t prefetch;            /* slots, default 8, >= 2 */
+	uint32_t prefetch;            /* slots, 2..1024; 0: "auto", sized at create */
 	uint32_t min_clients;         /* broadcast waits for this many, default 1 */
 	/* lifetime (docs/spec.md, "Lifetime"): not part of the canonical form,
 	 * so two specs that differ only here are the same pipeline */

@@ -109,6 +109,9 @@ static json_t *pipeline_json(struct pipeline *pl)
 	/* the slots its streams may fill, slots_total or fewer (set prefetch) */
 	if (o)
 		json_object_set_new(o, "prefetch", json_integer((json_int_t)pl->prefetch));
+	/* its slab's slots were sized by the daemon (spec without "prefetch") */
+	if (o)
+		json_object_set_new(o, "prefetch_auto", json_boolean(!pl->spec->prefetch));
 	if (o)
 		json_object_set_new(o, "seed_groups", seed_groups_json(pl));
 	if (o)

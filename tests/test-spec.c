@@ -51,16 +51,24 @@ static void test_defaults(void)
 	assert(s->source.seq_len == 4);
 	assert(s->batch_size == 32);
 	assert(!s->shuffle && s->seed == 0 && !s->drop_last);
-	assert(s->epochs == 1 && s->prefetch == 8 && s->min_clients == 1);
+	/* prefetch 0: sized by the daemon at create (registry.c, prefetch_auto()) */
+	assert(s->epochs == 1 && s->prefetch == 0 && s->min_clients == 1);
 
 	json_t *want = json_loads("{\"name\": \"tok\", \"source\": {\"kind\": \"tokens\", "
 				  "\"path\": \"/d/t.bin\", \"dtype\": \"uint16\", \"seq_len\": 4, "
 				  "\"output_dtype\": \"int64\"}, \"batch_size\": 32, "
 				  "\"shuffle\": false, \"seed\": 0, \"drop_last\": false, "
-				  "\"epochs\": 1, \"prefetch\": 8, \"min_clients\": 1}",
+				  "\"epochs\": 1, \"prefetch\": \"auto\", \"min_clients\": 1}",
 				  0, NULL);
 	assert(want && json_equal(want, s->json));
 	json_decref(want);
+	/* "auto" is the default said out loud; a prefetch named is another spec */
+	struct spec *a = ok("{\"name\": \"tok\", " TOK ", \"prefetch\": \"auto\"}");
+	struct spec *eight = ok("{\"name\": \"tok\", " TOK ", \"prefetch\": 8}");
+	assert(a->prefetch == 0 && spec_equal(s, a));
+	assert(eight->prefetch == 8 && !spec_equal(s, eight));
+	spec_free(a);
+	spec_free(eight);
 	spec_free(s);
 
 	s = ok("{\"name\": \"arr\", " NPY ", \"batch_size\": 64}");
@@ -166,7 +174,9 @@ static void test_errors(void)
 	bad("{\"name\": \"t\", " TOK ", \"seed\": -1}", "spec: seed: must be a non-negative integer");
 	bad("{\"name\": \"t\", " TOK ", \"epochs\": -1}", "spec: epochs: must be");
 	bad("{\"name\": \"t\", " TOK ", \"prefetch\": 1}",
-	    "spec: prefetch: must be an integer in 2..1024");
+	    "spec: prefetch: must be an integer in 2..1024, or \"auto\"");
+	bad("{\"name\": \"t\", " TOK ", \"prefetch\": \"Auto\"}", "prefetch: must be");
+	bad("{\"name\": \"t\", " TOK ", \"prefetch\": null}", "prefetch: must be");
 	bad("{\"name\": \"t\", " TOK ", \"prefetch\": 1025}", "prefetch: must be");
 	bad("{\"name\": \"t\", " TOK ", \"min_clients\": 0}",
 	    "spec: min_clients: must be an integer in 1..1024");

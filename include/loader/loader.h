@@ -145,7 +145,8 @@ struct ldr_attach_opts {
 	int has_start;            /**< partition: start at start_epoch/batch */
 	uint64_t start_epoch;
 	uint64_t start_batch;
-	uint32_t inflight;        /**< window: batches asked for or waiting here (0 = 4, most LDR_INFLIGHT_MAX) */
+	uint32_t inflight;        /**< window: batches asked for or waiting here, most LDR_INFLIGHT_MAX
+	                           * (0: the daemon's choice from the batch bytes, 4..16; docs/protocol.md) */
 	enum ldr_device_kind device_kind; /**< LDR_DEVICE_HOST = 0 (default), LDR_DEVICE_CUDA = 1 */
 	int device_index;         /**< CUDA: the N of cuda:N */
 	/* --- LDR_ATTACH_OPTS_SIZE_V2: augmentation seeds (docs/spec.md, "Augment seeds") --- */

@@ -78,7 +78,9 @@ def test_tokens_defaults_and_status(ld, workdir):
     assert p["error"] is None
     spec = p["spec"]
     assert spec["batch_size"] == 32 and spec["shuffle"] is False and spec["drop_last"] is False
-    assert spec["epochs"] == 1 and spec["prefetch"] == 8 and spec["seed"] == 0
+    assert spec["epochs"] == 1 and spec["prefetch"] == "auto" and spec["seed"] == 0
+    # 2 KiB a field in a 4 KiB slot: the most slots, sized by the daemon
+    assert (p["slots_total"], p["prefetch"], p["prefetch_auto"]) == (64, 64, True)
     assert spec["min_clients"] == 1
     assert spec["source"]["output_dtype"] == "int64"
     batches = sequential_batches(1000, 32)

@@ -426,13 +426,13 @@ def test_status_shows_owner_age_and_idle_time(daemon, workdir):
     # the text table: the lifetime columns, aligned
     text = d.ctl("pipelines").stdout.splitlines()
     head = text[0]
-    assert re.split(r"\s{2,}", head.strip()) == ["PIPELINE", "STATE", "SLOTS", "CLIENTS", "PRODUCED",
-                                                 "OWNER", "BY", "AGE", "IDLE", "EXPIRES"]
+    assert re.split(r"\s{2,}", head.strip()) == ["PIPELINE", "STATE", "SLOTS", "PREFETCH", "CLIENTS",
+                                                 "PRODUCED", "OWNER", "BY", "AGE", "IDLE", "EXPIRES"]
     rows = {line.split()[0]: line for line in text[1:4]}
     col = head.index("OWNER")
     for line in rows.values():
         assert line[col:].split()[0] == me and line[col - 2:col] == "  ", line
-    assert rows["cfg"].split()[6] == "config" and rows["cfg"].split()[-1] == "never"
+    assert rows["cfg"].split()[7] == "config" and rows["cfg"].split()[-1] == "never"
     assert rows["held"].split()[-2:] == ["-", "-"]
     assert rows["idle"].split()[-1].endswith("s") and rows["idle"].split()[-2] != "-"
     h.release()

@@ -29,8 +29,9 @@ def test_events_are_key_value_lines(ld, workdir):
     cid, pid = m.group(1), m.group(2)
     assert re.search(r"^loaderd: info: client\.disconnect client=%s pid=%s uid=%d name=loaderctl "
                      r"leases_released=\d+ connected_s=\d+$" % (cid, pid, os.getuid()), log, re.M), log
-    assert re.search(r"^loaderd: info: pipeline\.create pipeline=tok samples=64 slots=8 "
-                     r"slot_bytes=\d+ owner=%d by=client$" % os.getuid(), log, re.M), log
+    assert re.search(r"^loaderd: info: pipeline\.create pipeline=tok samples=64 slots=64 "
+                     r"slot_bytes=4096 prefetch_auto=true owner=%d by=client$" % os.getuid(),
+                     log, re.M), log
     # every event line: a dotted name, then only key=value fields
     field = r'[a-z_]+=(?:"(?:[^"\\]|\\.)*"|[^\s"=]+)'
     for line in log.splitlines():

@@ -349,7 +349,8 @@ def test_top_without_a_terminal_and_status(ld, workdir):
         assert text[0].startswith(f"loaderd {ld.status()['version']}  pid {ld.pid}  up "), text
         assert text[0].endswith(f"  socket {ld.socket}"), text
         assert pipeline_rows(text)["t"][:4] == ["t", "running", "broadcast", "1"], text
-        life = table(text, ["PIPELINE", "PRODUCED", "OWNER", "BY", "AGE", "IDLE", "EXPIRES"])
+        life = table(text, ["PIPELINE", "PREFETCH", "PRODUCED", "OWNER", "BY", "AGE", "IDLE",
+                            "EXPIRES"])
         assert [row[0] for row in life] == ["t"] and life[0][-1] == "never", text
         rows = {r["PID"]: r for r in client_rows(text)}
         assert rows[str(c.pid)]["PIPELINE"] == "t" and rows[str(evil.pid)]["PIPELINE"] == "-"
