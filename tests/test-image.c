@@ -649,6 +649,80 @@ static void test_region_pipeline(void)
 	printf("test-image: %ld samples equal with and without region decoding\n", checked);
 }
 
+/*
+ * imageop_decode_run_many() (augment seeds: one decode for several plans)
+ * writes each plan's sample exactly as imageop_decode_run() alone does, with
+ * DCT scaling on (plans at different scales: a decode each) and off (one).
+ */
+static void test_decode_many(void)
+{
+	static const char *const cases[] = {
+		"[{\"op\": \"random_resized_crop\", \"size\": 40}, {\"op\": \"horizontal_flip\"}]",
+		"[{\"op\": \"random_resized_crop\", \"size\": [12, 20], \"scale\": [0.05, 1.0]}]",
+		"[{\"op\": \"resize\", \"size\": 20}, {\"op\": \"random_resized_crop\", \"size\": 16}]",
+	};
+	struct image_scratch *s = image_scratch_get();
+	unsigned long len;
+	unsigned char *jpg = jpeg_encode(263, 187, TJPF_RGB, TJSAMP_420, 0, &len);
+	struct image_info info;
+	long checked = 0, decodes_on = 0, plans_on = 0;
+
+	assert(image_probe(s, jpg, len, &info, err, sizeof(err)) == 0);
+	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
+		for (int dct = 0; dct < 2; dct++) {
+			struct spec *spec = spec_of(cases[ci], dct ? ""
+				: ", \"decode\": {\"dct_scaling\": false}");
+			struct imageop op;
+			struct imageop_plan plans[8];
+			void *many[8];
+			size_t outlen;
+			uint8_t *one;
+
+			imageop_init(&op, spec);
+			outlen = (size_t)3 * op.out_h * op.out_w * sizeof(float);
+			one = malloc(outlen);
+			for (int i = 0; i < 8; i++)
+				many[i] = malloc(outlen);
+			for (uint64_t trial = 0; trial < 12; trial++) {
+				size_t n = 1 + trial % 8;
+				unsigned decodes;
+
+				for (size_t i = 0; i < n; i++)
+					assert(imageop_plan(&op, info.width, info.height,
+							    imageop_key(trial * 31 + i, 3, 5), &plans[i],
+							    err, sizeof(err)) == 0);
+				assert(imageop_decode_run_many(&op, s, plans, n, jpg, len, &info, many,
+							       &decodes, err, sizeof(err)) == 0);
+				assert(decodes >= 1 && decodes <= n);
+				if (!dct)
+					assert(decodes == 1);
+				else {
+					decodes_on += decodes;
+					plans_on += (long)n;
+				}
+				for (size_t i = 0; i < n; i++) {
+					assert(imageop_decode_run(&op, s, &plans[i], jpg, len, &info, one,
+								  err, sizeof(err)) == 0);
+					if (memcmp(one, many[i], outlen) != 0) {
+						fprintf(stderr, "case %zu dct %d trial %llu plan %zu of %zu: "
+							"decode_run_many differs\n", ci, dct,
+							(unsigned long long)trial, i, n);
+						abort();
+					}
+					checked++;
+				}
+			}
+			free(one);
+			for (int i = 0; i < 8; i++)
+				free(many[i]);
+			spec_free(spec);
+		}
+	}
+	tjFree(jpg);
+	printf("test-image: %ld samples of several plans equal one plan's (DCT scaling on: %ld "
+	       "decodes for %ld plans)\n", checked, decodes_on, plans_on);
+}
+
 /* ---- transforms ---- */
 
 static struct spec *spec_of(const char *transforms, const char *extra)
@@ -1817,6 +1891,7 @@ int main(void)
 	test_plan();
 	test_region_corrupt();
 	test_region_pipeline();
+	test_decode_many();
 	test_resample_reference();
 	test_resample_golden();
 	test_f32_kernel();
