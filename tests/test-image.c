@@ -575,6 +575,12 @@ static void test_region_corrupt(void)
 	tjFree(jpg);
 }
 
+/* spec_of() of @transforms with DCT scaling on (@dct) or off. */
+static struct spec *spec_dct(const char *transforms, int dct)
+{
+	return spec_of(transforms, dct ? "" : ", \"decode\": {\"dct_scaling\": false}");
+}
+
 /* imageop_decode_run() with region decoding equals a whole decode + imageop_run(). */
 static void test_region_pipeline(void)
 {
@@ -605,8 +611,7 @@ static void test_region_pipeline(void)
 		assert(image_probe(s, jpg, len, &info, err, sizeof(err)) == 0);
 		for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
 			for (int dct = 0; dct < 2; dct++) {
-				struct spec *spec = spec_of(cases[ci], dct ? ""
-					: ", \"decode\": {\"dct_scaling\": false}");
+				struct spec *spec = spec_dct(cases[ci], dct);
 				struct imageop op;
 				size_t outlen;
 				float *a, *b;
@@ -670,8 +675,7 @@ static void test_decode_many(void)
 	assert(image_probe(s, jpg, len, &info, err, sizeof(err)) == 0);
 	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
 		for (int dct = 0; dct < 2; dct++) {
-			struct spec *spec = spec_of(cases[ci], dct ? ""
-				: ", \"decode\": {\"dct_scaling\": false}");
+			struct spec *spec = spec_dct(cases[ci], dct);
 			struct imageop op;
 			struct imageop_plan plans[8];
 			void *many[8];
