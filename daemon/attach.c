@@ -167,7 +167,11 @@ static int seed_group(struct stream *s, uint64_t seed, uint32_t streams, uint32_
 {
 	const struct pipeline *pl = s->pl;
 	uint32_t g, free_g = AUG_GROUPS_MAX, used = 0;
-	char have[AUG_GROUPS_MAX * 48];
+	char have[AUG_GROUPS_MAX * 48], who[64];
+
+	/* a client without augment_seed reads the stream's own seed's group */
+	snprintf(who, sizeof(who), seed == s->groups[0].seed ? "the spec's seed %" PRIu64
+	         " (no augment_seed)" : "augment_seed %" PRIu64, seed);
 
 	for (g = 0; g < s->ngroups; g++)
 		if (s->groups[g].seed == seed)
@@ -183,20 +187,20 @@ static int seed_group(struct stream *s, uint64_t seed, uint32_t streams, uint32_
 		free_g = s->ngroups;
 	if ((g == s->ngroups || !group_in_use(s, g)) && used >= LDR_AUGMENT_SEEDS_MAX) {
 		groups_describe(s, have, sizeof(have));
-		return errfmt(-ENOSPC, err, errlen, "attach: augment_seed %" PRIu64 ": pipeline '%s' "
+		return errfmt(-ENOSPC, err, errlen, "attach: %s: pipeline '%s' "
 		              "serves %u distinct augment seeds already (%s), the most one pipeline "
 		              "serves (LDR_AUGMENT_SEEDS_MAX %d); attach with one of those seeds",
-		              seed, pl->spec->name, used, have, LDR_AUGMENT_SEEDS_MAX);
+		              who, pl->spec->name, used, have, LDR_AUGMENT_SEEDS_MAX);
 	}
 	uint32_t k = stream_batch_slots(s) + (g == s->ngroups || !s->groups[g].natts ? 1 : 0);
 	if (!s->natts)
 		k = 1; /* the first client: its group alone */
 	if (k > 1 && pl->prefetch / streams < k)
-		return errfmt(-ENOSPC, err, errlen, "attach: augment_seed %" PRIu64 ": pipeline '%s''s "
+		return errfmt(-ENOSPC, err, errlen, "attach: %s: pipeline '%s''s "
 		              "broadcast clients would read %u distinct augment seeds, so each of its "
 		              "batches takes %u slots, but its prefetch of %u split between %u streams "
 		              "leaves it %u; create the pipeline with a prefetch of at least %u%s",
-		              seed, pl->spec->name, k, k, pl->prefetch, streams, pl->prefetch / streams,
+		              who, pl->spec->name, k, k, pl->prefetch, streams, pl->prefetch / streams,
 		              k * streams, k * streams <= pl->nslots ?
 		              " (or raise it with `loaderctl set prefetch`)" : "");
 	if (g == s->ngroups) {

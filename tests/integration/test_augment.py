@@ -202,8 +202,9 @@ def test_bad_augment_seeds_are_refused(ld, workdir):
     s = spec("plain", root, 0)
     s["transforms"] = [{"op": "center_crop", "size": [16, 16]}]
     ld.create(s)
-    many, small, plain, dyn, big = attach_errors(ld, [
+    many, noseed, small, plain, dyn, big = attach_errors(ld, [
         ["many", "broadcast", list(range(1, 10))],
+        ["many", "broadcast", [None, 3]],
         ["small", "broadcast", [1, 2, 3]],
         ["plain", "broadcast", [5, 6]],
         ["many", "dynamic", [1]],
@@ -215,6 +216,13 @@ def test_bad_augment_seeds_are_refused(ld, workdir):
         "(1 (1 clients), 2 (1 clients), 3 (1 clients), 4 (1 clients), 5 (1 clients), "
         "6 (1 clients), 7 (1 clients), 8 (1 clients)), the most one pipeline serves "
         "(LDR_AUGMENT_SEEDS_MAX 8); attach with one of those seeds")
+    # without augment_seed a client reads the spec's seed (0), a ninth here;
+    # one more client of a seed read already is fine
+    assert noseed == [
+        "attach: the spec's seed 0 (no augment_seed): pipeline 'many' serves 8 distinct augment "
+        "seeds already (1 (1 clients), 2 (1 clients), 3 (1 clients), 4 (1 clients), "
+        "5 (1 clients), 6 (1 clients), 7 (1 clients), 8 (1 clients)), the most one pipeline "
+        "serves (LDR_AUGMENT_SEEDS_MAX 8); attach with one of those seeds", "ok"]
     assert small[:2] == ["ok", "ok"]
     assert small[2] == (
         "attach: augment_seed 3: pipeline 'small''s broadcast clients would read 3 distinct "
