@@ -117,6 +117,16 @@ json_t *imagecache_spec_json(const struct spec *spec)
 	return o;
 }
 
+int imagecache_check_limit(const struct spec *spec, uint64_t limit, char *err, size_t errlen)
+{
+	if (!spec->cache_decoded || spec->cache_bytes <= limit)
+		return 0;
+	return errfmt(-ENOSPC, err, errlen,
+		      "spec: cache.bytes: %" PRIu64 " bytes is more than the memory limit, %" PRIu64
+		      " bytes (--memory-limit, or memory_limit in the config)",
+		      spec->cache_bytes, limit);
+}
+
 /* ---- sizes ---- */
 
 /* The size kept of a @w x @h image: the longer side reduced to max_side

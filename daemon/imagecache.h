@@ -37,6 +37,10 @@ int imagecache_parse(struct spec *spec, json_t *v, char *err, size_t errlen);
 /* Its canonical form, or NULL when the cache is off (then the key is left out). */
 json_t *imagecache_spec_json(const struct spec *spec);
 
+/* -ENOSPC with @err set when cache.bytes is above the memory limit @limit
+ * (checked at create, before the dataset is listed, and by --check-config). */
+int imagecache_check_limit(const struct spec *spec, uint64_t limit, char *err, size_t errlen);
+
 /* The arena's size for @spec over @nsamples images: cache.bytes, or less
  * when no image can take more than max_side (or decode.max_pixels) allows. */
 uint64_t imagecache_capacity(const struct spec *spec, uint64_t nsamples);

@@ -17,6 +17,7 @@
 #include "common.h"
 #include "config.h"
 #include "creds.h"
+#include "imagecache.h"
 #include "log.h"
 #include "metrics.h"
 #include "notify.h"
@@ -106,12 +107,15 @@ static void version(void)
 		printf("libmicrohttpd: not built in (no /metrics)\n");
 }
 
+static uint64_t default_memory_limit(void);
+
 /* --check-config: every error of the file and of its pipelines' specs. */
-static int check_config(const char *file)
+static int check_config(const char *file, uint64_t cli_memory_limit)
 {
 	struct settings cfg = { 0 };
 	char err[1024];
 	size_t i, n = 0, bad = 0;
+	uint64_t limit;
 	json_t *spec_json;
 
 	if (!file) {
@@ -134,15 +138,18 @@ static int check_config(const char *file)
 			bad++;
 		}
 	}
+	limit = cli_memory_limit ? cli_memory_limit
+	        : cfg.memory_limit ? cfg.memory_limit : default_memory_limit();
 	if (cfg.pipelines)
 		json_array_foreach(cfg.pipelines, i, spec_json) {
 			struct spec *spec = NULL;
 			n++;
-			if (config_spec(spec_json, &spec, err, sizeof(err)) < 0) {
+			/* a cache above the limit the daemon would run with, as create says */
+			if (config_spec(spec_json, &spec, err, sizeof(err)) < 0 ||
+			    imagecache_check_limit(spec, limit, err, sizeof(err)) < 0) {
 				fprintf(stderr, "loaderd: %s: pipelines[%zu]: %s\n", cfg.path ? cfg.path : file,
 				        i, err);
 				bad++;
-				continue;
 			}
 			spec_free(spec);
 		}
@@ -315,8 +322,9 @@ int main(int argc, char **argv)
 	if (!cfgfile && access(DEFAULT_CONFIG, F_OK) == 0)
 		cfgfile = DEFAULT_CONFIG;
 	if (d.check_config) {
+		uint64_t limit = d.cfg.memory_limit;   /* --memory-limit wins, as when it runs */
 		settings_clear(&d.cfg);
-		return check_config(d.check_file ? d.check_file : cfgfile);
+		return check_config(d.check_file ? d.check_file : cfgfile, limit);
 	}
 	/* what the command line set wins over the file, also on a reload */
 	cli.workers = d.cfg.workers;

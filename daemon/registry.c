@@ -16,6 +16,7 @@
  */
 #include <pwd.h>
 
+#include "imagecache.h"
 #include "pipeline-private.h"
 
 /* --- pipelines ---------------------------------------------------------- */
@@ -426,11 +427,7 @@ static int create_check(struct engine *eng, struct spec *spec, const struct prin
 		return r;
 	}
 	/* before the dataset is listed: this one can never fit */
-	if (spec->cache_decoded && spec->cache_bytes > eng->memory_limit) {
-		r = errfmt(-ENOSPC, err, errlen,
-		           "spec: cache.bytes: %" PRIu64 " bytes is more than the memory limit, %"
-		           PRIu64 " bytes (--memory-limit, or memory_limit in the config)",
-		           spec->cache_bytes, eng->memory_limit);
+	if ((r = imagecache_check_limit(spec, eng->memory_limit, err, errlen)) < 0) {
 		spec_free(spec);
 		return r;
 	}

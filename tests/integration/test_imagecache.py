@@ -371,3 +371,29 @@ def test_status_text_and_metrics(daemon, workdir):
     out = ld.ctl("status").stdout
     want = f"c: image cache: 67% hits, {n} images, {used / 1024:.1f} KiB of 4.0 MiB"
     assert want in out.splitlines(), out
+
+
+def test_check_config_knows_the_limit(workdir):
+    """loaderd --check-config refuses a config pipeline whose cache.bytes is
+    above the memory limit the daemon would run with: the config's, or
+    --memory-limit's (which wins)."""
+    import json
+    import subprocess
+    from ldrtest import LOADERD
+    spec = image_spec("c", folder_source("/nonexistent"), RRC,
+                      cache={"decoded": True, "bytes": "2G"})
+    cfg = os.path.join(workdir, "c.json")
+    with open(cfg, "w") as f:
+        json.dump({"memory_limit": "1G", "pipelines": [spec]}, f)
+    env = {k: v for k, v in os.environ.items() if k != "LOADERD_CONFIG"}
+
+    def check(*args):
+        return subprocess.run([LOADERD, *args, f"--check-config={cfg}"], capture_output=True,
+                              text=True, timeout=30, env=env)
+    r = check()
+    assert (r.returncode, r.stdout) == (1, ""), r
+    assert r.stderr == (f"loaderd: {cfg}: pipelines[0]: spec: cache.bytes: 2147483648 bytes is "
+                        "more than the memory limit, 1073741824 bytes (--memory-limit, or "
+                        "memory_limit in the config)\n"), r.stderr
+    r = check("--memory-limit", "3G")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{cfg}: ok: 1 pipeline\n", ""), r
