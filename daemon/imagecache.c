@@ -267,9 +267,9 @@ static bool claim(struct imagecache *c, uint64_t j, uint64_t need)
 }
 
 int imagecache_decode_run(struct imagecache *c, const struct imageop *op, struct image_scratch *s,
-			  const struct imageop_plan *plan, uint64_t j, int64_t label,
-			  const uint8_t *data, size_t len, const struct image_info *info, void *dst,
-			  char *err, size_t errlen)
+			  const struct imageop_plan *plans, size_t n, uint64_t j, int64_t label,
+			  const uint8_t *data, size_t len, const struct image_info *info,
+			  void *const *dsts, unsigned *decodes, char *err, size_t errlen)
 {
 	struct imagecache_entry *e = NULL;
 	const uint8_t *pix;
@@ -282,8 +282,9 @@ int imagecache_decode_run(struct imagecache *c, const struct imageop *op, struct
 	need = entry_bytes((uint64_t)cw, (uint64_t)ch);
 	mine = claim(c, j, need);
 	if (!mine && !reduce)
-		/* not kept: decode only the crop's window, at full scale */
-		return imageop_decode_run(op, s, plan, data, len, info, dst, err, errlen);
+		/* not kept: decode only the crops' windows, once, at full scale */
+		return imageop_decode_run_many(op, s, plans, n, data, len, info, dsts, decodes, err,
+					       errlen);
 
 	/* the smallest DCT scale that still has max_side's pixels (JPEG) */
 	if (reduce)
@@ -295,6 +296,7 @@ int imagecache_decode_run(struct imagecache *c, const struct imageop *op, struct
 			atomic_store_explicit(&c->slot[j], SLOT_EMPTY, memory_order_relaxed);
 		return r;
 	}
+	++*decodes;
 	image_scaled_size(info, num, denom, &pw, &ph);
 	if (mine) {
 		e = arena_take(c, need);
@@ -329,9 +331,12 @@ int imagecache_decode_run(struct imagecache *c, const struct imageop *op, struct
 		atomic_store_explicit(&c->slot[j], SLOT_ENTRY + (uint64_t)((uint8_t *)e - c->base),
 				      memory_order_release);
 	}
+	/* every seed's sample from the same pixels */
 	t = mono_ns();
-	r = imageop_run(op, s, plan, pix, cw, ch, dst, err, errlen);
-	s->transform_ns = mono_ns() - t;
+	r = 0;
+	for (size_t i = 0; r == 0 && i < n; i++)
+		r = imageop_run(op, s, &plans[i], pix, cw, ch, dsts[i], err, errlen);
+	s->transform_ns += mono_ns() - t;
 	return r;
 }
 

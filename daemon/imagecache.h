@@ -62,18 +62,20 @@ const struct imagecache_entry *imagecache_get(struct imagecache *c, uint64_t j);
 
 /**
  * imagecache_decode_run() - a miss: decode sample @j's file @data (probed into
- * @info, planned into @plan), keep it when there is room, and write the sample
- * into @dst, from the same pixels either way: the whole image at full scale,
- * or reduced to max_side (so a sample's bytes never depend on whether it was
- * cached, nor on which worker came first).
+ * @info) once, keep it when there is room, and write plan i's sample (one per
+ * augment seed, @n of them) into @dsts[i], from the same pixels either way:
+ * the whole image at full scale, or reduced to max_side (so a sample's bytes
+ * never depend on whether it was cached, nor on which worker came first).
  * @op: with dct_scaling off (images_open clears it under a cache)
+ * @decodes: incremented per decode made (one; none when the file is bad)
+ * Adds the resampling time to @s->transform_ns.
  * Return: 0, or -EINVAL with the decoder's message in @err (nothing is kept),
  * or -ENOMEM.
  */
 int imagecache_decode_run(struct imagecache *c, const struct imageop *op, struct image_scratch *s,
-			  const struct imageop_plan *plan, uint64_t j, int64_t label,
-			  const uint8_t *data, size_t len, const struct image_info *info, void *dst,
-			  char *err, size_t errlen);
+			  const struct imageop_plan *plans, size_t n, uint64_t j, int64_t label,
+			  const uint8_t *data, size_t len, const struct image_info *info,
+			  void *const *dsts, unsigned *decodes, char *err, size_t errlen);
 
 void imagecache_stats(const struct imagecache *c, struct imagecache_stats *st);
 /* Status "cache": hits, misses, entries, bytes_used, bytes, refused, max_side. */

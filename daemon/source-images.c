@@ -635,35 +635,6 @@ static int cached_sample(struct images_source *src, const struct sample_ctx *ctx
 	return 0;
 }
 
-/* A cache miss: the first seed's sample decodes (and keeps) the image, the
- * others are cut from the kept pixels, or decode again when it was not
- * kept: a sample's bytes never depend on whether it was cached. */
-static int cache_miss_run(struct images_source *src, struct image_scratch *s, uint64_t j,
-			  int64_t label, const struct image_info *info, size_t len,
-			  const struct imageop_plan *plans, const struct sample_outs *o,
-			  unsigned *decodes, char *msg, size_t msglen)
-{
-	uint64_t transform_ns = 0;
-	int r = 0;
-
-	for (size_t i = 0; r == 0 && i < o->n; i++) {
-		const struct imagecache_entry *e = i ? imagecache_get(src->cache, j) : NULL;
-		if (e) {
-			uint64_t t = mono_ns();
-			r = imageop_run(src->op, s, &plans[i], e->pix, (int)e->cw, (int)e->ch,
-					o->img[i], msg, msglen);
-			transform_ns += mono_ns() - t;
-			continue;
-		}
-		r = imagecache_decode_run(src->cache, src->op, s, &plans[i], j, label, s->file, len,
-					  info, o->img[i], msg, msglen);
-		++*decodes;
-		transform_ns += s->transform_ns;
-	}
-	s->transform_ns = transform_ns;
-	return r;
-}
-
 /* Decode and transform sample @j into @dsts, and once more into each of
  * ctx->more_dsts with its seed: one read and probe, one decode per DCT scale. */
 static int image_sample(struct images_source *src, const struct sample_ctx *ctx, uint64_t j,
@@ -705,8 +676,8 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 				 imageop_key(o.seeds[i], ctx ? ctx->epoch : 0, j), &plans[i], msg,
 				 sizeof(msg));
 	if (r == 0 && src->cache)
-		r = cache_miss_run(src, s, j, label, &info, len, plans, &o, &decodes, msg,
-				   sizeof(msg));
+		r = imagecache_decode_run(src->cache, op, s, plans, o.n, j, label, s->file, len,
+					  &info, o.img, &decodes, msg, sizeof(msg));
 	else if (r == 0)
 		r = imageop_decode_run_many(op, s, plans, o.n, s->file, len, &info, o.img, &decodes,
 					    msg, sizeof(msg));

@@ -397,3 +397,26 @@ def test_check_config_knows_the_limit(workdir):
                         "memory_limit in the config)\n"), r.stderr
     r = check("--memory-limit", "3G")
     assert (r.returncode, r.stdout, r.stderr) == (0, f"{cfg}: ok: 1 pipeline\n", ""), r
+
+
+def test_augment_seeds_with_a_full_cache(daemon, workdir):
+    """Three augment seeds over a cache with room for two images: each
+    sample read decodes its file once for all seeds, kept or not (one
+    worker: the first epoch decodes N, the second the N - 2 refused), and
+    every seed's stream is its solo run's."""
+    from test_augment import EPOCHS, N, images, solo, spec
+    ld = daemon(workers=1)
+    root = images(workdir)
+    truth = {s: solo(ld, root, s) for s in (7, 11, 12)}
+    s = spec("full", root, 7, min_clients=3)
+    # the images are 52x40, 36x48 and 44x44: entries of 6272, 5248 and 5888 bytes
+    s["cache"] = {"decoded": True, "bytes": 6272 + 5888 + 100}
+    ld.create(s)
+    cons = [ld.popen_consume("full", *([] if s == 7 else ["--augment-seed", s]))
+            for s in (7, 11, 12)]
+    for seed, c in zip((7, 11, 12), cons):
+        assert c.wait(check=True).dump == truth[seed], f"augment seed {seed}"
+    p = ld.pipeline("full")
+    assert p["cache"]["entries"] == 2 and p["cache"]["refused"] == N - 2, p["cache"]
+    assert p["decoded"] == N * EPOCHS - 2
+    assert p["cache"]["hits"] == 2 and p["cache"]["misses"] == N * EPOCHS - 2, p["cache"]
