@@ -143,7 +143,7 @@ static bool group_in_use(const struct stream *s, uint32_t g)
 	return false;
 }
 
-/* The seed groups of @s, "0x1 (2 clients), 0x7 (1 client)", into @buf. */
+/* The seed groups of @s in use, "1 (2 clients), 7 (1 client)", into @buf. */
 static void groups_describe(const struct stream *s, char *buf, size_t len)
 {
 	size_t at = 0;
@@ -151,8 +151,9 @@ static void groups_describe(const struct stream *s, char *buf, size_t len)
 	buf[0] = 0;
 	for (uint32_t g = 0; g < s->ngroups && at < len; g++)
 		if (group_in_use(s, g))
-			at += (size_t)snprintf(buf + at, len - at, "%s%" PRIu64 " (%u clients)",
-			                       at ? ", " : "", s->groups[g].seed, s->groups[g].natts);
+			at += (size_t)snprintf(buf + at, len - at, "%s%" PRIu64 " (%u client%s)",
+			                       at ? ", " : "", s->groups[g].seed, s->groups[g].natts,
+			                       s->groups[g].natts == 1 ? "" : "s");
 }
 
 /*

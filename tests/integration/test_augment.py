@@ -213,15 +213,15 @@ def test_bad_augment_seeds_are_refused(ld, workdir):
     assert many[:8] == ["ok"] * 8
     assert many[8] == (
         "attach: augment_seed 9: pipeline 'many' serves 8 distinct augment seeds already "
-        "(1 (1 clients), 2 (1 clients), 3 (1 clients), 4 (1 clients), 5 (1 clients), "
-        "6 (1 clients), 7 (1 clients), 8 (1 clients)), the most one pipeline serves "
+        "(1 (1 client), 2 (1 client), 3 (1 client), 4 (1 client), 5 (1 client), "
+        "6 (1 client), 7 (1 client), 8 (1 client)), the most one pipeline serves "
         "(LDR_AUGMENT_SEEDS_MAX 8); attach with one of those seeds")
     # without augment_seed a client reads the spec's seed (0), a ninth here;
     # one more client of a seed read already is fine
     assert noseed == [
         "attach: the spec's seed 0 (no augment_seed): pipeline 'many' serves 8 distinct augment "
-        "seeds already (1 (1 clients), 2 (1 clients), 3 (1 clients), 4 (1 clients), "
-        "5 (1 clients), 6 (1 clients), 7 (1 clients), 8 (1 clients)), the most one pipeline "
+        "seeds already (1 (1 client), 2 (1 client), 3 (1 client), 4 (1 client), "
+        "5 (1 client), 6 (1 client), 7 (1 client), 8 (1 client)), the most one pipeline "
         "serves (LDR_AUGMENT_SEEDS_MAX 8); attach with one of those seeds", "ok"]
     assert small[:2] == ["ok", "ok"]
     assert small[2] == (
