@@ -395,3 +395,33 @@ def test_new_seed_joins_at_the_next_batch_built(ld, workdir):
     assert first >= 1
     assert b"".join(truth[11][first:]) == rb.dump
     assert a.wait(check=True).dump == b"".join(truth[7])
+
+
+def test_seeds_come_and_go_under_a_long_reader(ld, workdir):
+    """Seeded clients attach and leave, one after another and with seeds
+    used again, while a client without a seed reads on: its stream stays
+    the spec's, byte for byte, and each short reader's is a contiguous run
+    of its seed's solo stream."""
+    root = images(workdir)
+    epochs = 12
+    truth = {}
+    for s in (7, 21, 22):
+        ld.create(spec(f"long{s}", root, s, epochs=epochs))
+        truth[s] = ld.consume(f"long{s}").dump
+    per = [4, 4, 2] * epochs
+    offs = [sum(r * (16 * 16 * 3 + 8) for r in per[:i]) for i in range(len(per) + 1)]
+    ld.create(spec("churn", root, 7, epochs=epochs))
+    a = ld.popen_consume("churn", "--delay", 40, "--inflight", 2)
+    ld.wait_for(lambda st: any(c["pid"] == a.pid and c["leases"] >= 1 for c in st["clients"]),
+                "the long reader reads")
+    runs = 0
+    for s in (21, 22, 21, 22):
+        r = ld.consume("churn", "--augment-seed", s, "--batches", 3, "--inflight", 1)
+        if not r.json["batches"]:
+            continue  # the long reader was done
+        first = r.json["first_epoch"] * 3 + r.json["first_batch"]
+        n = r.json["batches"]
+        assert r.dump == truth[s][offs[first]:offs[first + n]], f"seed {s} from batch {first}"
+        runs += 1
+    assert runs >= 1
+    assert a.wait(check=True).dump == truth[7]
