@@ -149,6 +149,8 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	at.mode = (Loaderd__Mode)a->opts.mode;
 	at.rank = a->opts.rank;
 	at.world_size = a->opts.world_size;
+	/* the window it has, named: its requests are open (status then says
+	 * inflight_auto false for a window the old daemon chose) */
 	at.credits = (uint32_t)a->inflight;
 	/* the same seed: its stream goes on as it would have */
 	at.has_augment_seed = a->opts.has_augment_seed != 0;
