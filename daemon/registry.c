@@ -474,7 +474,7 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 {
 	struct pipeline *pl;
 	struct sampler smp;
-	uint64_t off = 0, slab_bytes, cache_bytes = 0, need = 0;
+	uint64_t off = 0, slab_bytes, cache_bytes = 0, need = 0, free_bytes;
 	int r;
 
 	pl = calloc(1, sizeof(*pl));
@@ -524,8 +524,12 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	pl->slot_bytes = ALIGN_UP(off, SLOT_ALIGN);
 	if (!spec->prefetch && eng->held)
 		holds_check(eng); /* what a held slab let go is free for the auto size too */
+	/* the auto size is a share of what the decoded-image cache leaves free */
+	cache_bytes = source_memory_bytes(pl->src);
+	free_bytes = engine_memory_free(eng);
+	free_bytes = free_bytes > cache_bytes ? free_bytes - cache_bytes : 0;
 	pl->nslots = pl->prefetch = spec->prefetch ? spec->prefetch
-	                                           : prefetch_auto(pl->slot_bytes, engine_memory_free(eng));
+	                                           : prefetch_auto(pl->slot_bytes, free_bytes);
 	smp = (struct sampler){ .nsamples = source_nsamples(pl->src), .batch_size = spec->batch_size,
 		.shuffle = spec->shuffle, .drop_last = spec->drop_last, .seed = spec->seed,
 		.rank = 0, .world = 1 };
@@ -536,7 +540,6 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 		goto fail;
 	}
 	/* the slab, and a decoded-image cache's arena (imagecache.c) */
-	cache_bytes = source_memory_bytes(pl->src);
 	if (!__builtin_mul_overflow(pl->slot_bytes, (uint64_t)pl->nslots, &slab_bytes) &&
 	    !__builtin_add_overflow(slab_bytes, cache_bytes, &need) &&
 	    need > engine_memory_free(eng) && eng->held)

@@ -315,6 +315,13 @@ def test_memory_limit(daemon, workdir):
     r = ld.create(spec, check=False)
     assert r.returncode != 0 and "memory limit: pipeline 'd' needs" in r.stderr, r.stderr
     assert "and 67108864 of cache.bytes" in r.stderr, r.stderr
+    # a cache that leaves little: the default prefetch is sized from what
+    # it leaves free (64 slots of this spec would not fit beside it)
+    spec = cache_spec("e", root, RRC, cache={"decoded": True, "bytes": "62M"})
+    ld.create(spec)
+    p = ld.pipeline("e")
+    assert 2 <= p["slots_total"] < 64, p["slots_total"]
+    assert p["slots_total"] * p["slot_bytes"] + (62 << 20) <= 64 << 20
     assert ld.alive()
 
 
