@@ -102,6 +102,30 @@ def test_tokens_contents_torch(ld, workdir):
         assert rows == n
 
 
+def test_default_prefetch_and_window_are_the_daemons(ld, workdir):
+    """Without "prefetch" and inflight the daemon sizes both from the batch
+    bytes (docs/spec.md "prefetch", docs/python.md): 4 KiB slots get 64
+    slots and a window of 16; inflight=3 is 3; the batches are the same."""
+    t, p = tokens(workdir)
+    L = 64
+    spec = {"name": "tok", "source": {"kind": "tokens", "path": p, "dtype": "uint16", "seq_len": L},
+            "batch_size": 8}
+    got = {}
+    for inflight, window, auto in ((None, 16, True), (3, 3, False)):
+        with loaderd.DataLoader(spec, socket=ld.socket, inflight=inflight, as_numpy=True) as dl:
+            it = iter(dl)
+            first = next(it)
+            st = ld.status()
+            [att] = [a for c in st["clients"] if c["pid"] == os.getpid() for a in c["attachments"]]
+            assert (att["inflight"], att["inflight_auto"]) == (window, auto), att
+            pl = ld.pipeline("tok")
+            assert (pl["slots_total"], pl["prefetch_auto"]) == (64, True), pl
+            got[inflight] = [np.array(first["input"])] + [np.array(b["input"]) for b in it]
+    assert len(got[None]) == len(got[3]) == math.ceil((len(t) - 1) // L / 8)
+    for a, b in zip(got[None], got[3]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_holding_every_slot_keeps_instead_of_hanging(ld, workdir):
     """Holding every slot no longer stops the stream: the oldest batches are
     kept (copied out of their slots) and stay exact (tests/python/test_keep.py)."""
