@@ -29,6 +29,15 @@ def test_example_broadcast_sweep():
     assert len(re.findall(r"trial lr=\S+: accuracy", out)) == 2, out
 
 
+def test_example_augment_sweep():
+    out = run_example("augment_sweep.py")
+    assert "the trials saw different crops: yes" in out, out
+    assert "of the same samples in the same order: yes" in out, out
+    assert len(re.findall(r"trial augment_seed=\d: image crc", out)) == 3, out
+    # 60 images, 2 epochs: one decode each an epoch for the 3 trials' 360
+    assert "images decoded: 120 for the 360 the trials read" in out, out
+
+
 def test_example_torchrun_partition():
     out = run_example("torchrun_partition.py")
     assert out.count("ranks disjoint: yes, cover all 1000: yes") == 2, out
