@@ -81,6 +81,8 @@ int imagecache_parse(struct spec *spec, json_t *v, char *err, size_t errlen)
 	if (r < 0)
 		return r;
 	b = json_object_get(v, "bytes");
+	if (!b && json_is_false(d))
+		return 0; /* no cache, as without the key */
 	if (!b)
 		return spec_fail(err, errlen,
 				 "cache.bytes: is required (the most memory the cache holds, like \"8G\")");
@@ -97,7 +99,11 @@ int imagecache_parse(struct spec *spec, json_t *v, char *err, size_t errlen)
 			return spec_fail(err, errlen,
 					 "cache.bytes: must be bytes (an integer above 0) or a size like \"8G\"");
 	}
-	spec->cache_decoded = json_is_true(d);
+	if (json_is_false(d)) {
+		spec->cache_bytes = 0; /* checked, unused: no cache */
+		return 0;
+	}
+	spec->cache_decoded = true;
 	spec->cache_max_side = (uint32_t)side;
 	return 0;
 }

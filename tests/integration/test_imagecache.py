@@ -343,6 +343,19 @@ def test_spec_errors(ld, workdir, cache, want):
     assert r.returncode != 0 and want in r.stderr, r.stderr
 
 
+def test_decoded_false_is_no_cache(ld, workdir):
+    # false: as without the key, bytes not needed; what is given is still checked
+    root = os.path.join(workdir, "imgs")
+    mixed_folder(root)
+    ld.create(cache_spec("off", root, RRC, cache={"decoded": False}))
+    assert ld.pipeline("off")["cache"] is None
+    ld.create(cache_spec("off2", root, RRC, cache={"decoded": False, "bytes": "1G"}))
+    assert ld.pipeline("off2")["cache"] is None
+    r = ld.create(cache_spec("off3", root, RRC, cache={"decoded": False, "bytes": "lots"}),
+                  check=False)
+    assert r.returncode != 0 and "cache.bytes: must be bytes" in r.stderr, r.stderr
+
+
 def test_cache_only_for_images(ld, workdir):
     from ldrtest import token_spec, write_tokens
     path = os.path.join(workdir, "t.bin")
