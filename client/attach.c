@@ -76,8 +76,12 @@ static int read_attach_opts(const struct ldr_attach_opts *in, struct ldr_attach_
 	OPT(inflight);
 	OPT(device_kind);
 	OPT(device_index);
-	OPT(has_augment_seed);
-	OPT(augment_seed);
+	/* V2's fields both or neither: a V1 caller's sizeof is V1 rounded up to
+	 * 8, and has_augment_seed lies in that tail padding, whatever it holds */
+	if (n >= LDR_ATTACH_OPTS_SIZE_V2) {
+		o->has_augment_seed = in->has_augment_seed;
+		o->augment_seed = in->augment_seed;
+	}
 #undef OPT
 	o->size = sizeof(*o);
 	return 0;

@@ -240,6 +240,9 @@ static void test_hoarding(struct ldr_client *c)
 	assert(ldr_drop_pipeline(c, "hoard", 0) == 0);
 }
 
+/* sizeof(struct ldr_attach_opts) in the V1 header: V1 padded to its alignment */
+#define ALIGN_V1 ((LDR_ATTACH_OPTS_SIZE_V1 + 7) / 8 * 8)
+
 /* ldr_attach_opts is versioned by its size: fields beyond it are not read. */
 static void test_opts_size(struct ldr_client *c)
 {
@@ -278,6 +281,17 @@ static void test_opts_size(struct ldr_client *c)
 	assert(ldr_attachment_device(a, NULL) == LDR_DEVICE_HOST);
 	assert(ldr_detach(a) == 0);
 	free(small);
+
+	/* a caller built against the V1 header passes its sizeof: V1 rounded up
+	 * to 8, the padding (where has_augment_seed now lies) never written:
+	 * garbage there is not read as a seed, which a dynamic attach refuses */
+	memset(big, 0xab, sizeof(big));
+	o = (struct ldr_attach_opts)LDR_ATTACH_OPTS_INIT;
+	o.mode = LDR_MODE_DYNAMIC;
+	memcpy(big, &o, LDR_ATTACH_OPTS_SIZE_V1);
+	((struct ldr_attach_opts *)(void *)big)->size = ALIGN_V1;
+	assert(ldr_attach(c, "opts", (struct ldr_attach_opts *)(void *)big, &a) == 0);
+	assert(ldr_detach(a) == 0);
 
 	/* a newer, larger struct: fine while what this library does not know is 0 */
 	memset(big, 0, sizeof(big));

@@ -130,7 +130,10 @@ struct ldr_field {
  *
  * libloader reads only the fields that lie wholly within @c size bytes: a
  * caller built against an older, smaller layout gets the defaults for the
- * fields added since, and fields added later go at the end. @c size 0 (a
+ * fields added since, and fields added later go at the end (the two of V2
+ * are read together, only when @c size is at least LDR_ATTACH_OPTS_SIZE_V2:
+ * a V1 caller's sizeof, V1 rounded up to 8, covers has_augment_seed with
+ * its padding). @c size 0 (a
  * struct zero-initialised or set by designated initialisers without it)
  * means LDR_ATTACH_OPTS_SIZE_V1, the layout below, so such callers keep
  * working when fields are added. A @c size larger than this library knows is
