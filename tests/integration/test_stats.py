@@ -132,11 +132,14 @@ def test_a_slow_trainer_and_a_starved_one_are_told_apart(daemon, workdir):
 
     def told_apart(s):
         # start-up waits (the first token batches queue behind image jobs on
-        # the one worker) leave the window after a few seconds
+        # the one worker, 0.4-0.9 s on a loaded machine) leave the window
+        # after a few seconds: until then the slow trainer waits too
         a, b = att_of(s, slow.pid), att_of(s, starved.pid)
+        fast = pipeline_of(s, "fast")["stats"]
         return (a and b and a["stats"]["next_calls_total"] >= 12
                 and b["stats"]["next_calls_total"] >= 12
-                and pipeline_of(s, "fast")["stats"]["limited_by"] == "consumers"
+                and fast["limited_by"] == "consumers"
+                and "the data is ready before they ask" in fast["limited_why"]
                 and pipeline_of(s, "heavy")["stats"]["limited_by"] == "workers")
     try:
         st = d.wait_for(told_apart, "both trainers reported, their pipelines told apart",
