@@ -13,6 +13,13 @@ uint64_t ldr_attachment_release_refused(const struct ldr_attachment *a, char *ms
 	n = a->rel_refused;
 	if (msg && size)
 		snprintf(msg, size, "%s", a->rel_msg);
+	if (a->br.sh) {
+		/* those of the batch ring, which the daemon counts there */
+		uint64_t k = atomic_load_explicit(&a->br.sh->r_refused, memory_order_acquire);
+		if (k && msg && size)
+			snprintf(msg, size, "%.*s", (int)sizeof(a->br.sh->r_msg) - 1, a->br.sh->r_msg);
+		n += k;
+	}
 	reader_unlock(c, locked);
 	return n;
 }

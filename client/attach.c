@@ -124,6 +124,15 @@ int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar)
 	return 0;
 }
 
+/* Ask for a batch ring? Yes, unless $LOADERD_RING is 0 (the socket's batch
+ * path, to compare them). */
+static bool ring_wanted(void)
+{
+	const char *v = getenv("LOADERD_RING");
+
+	return !v || strcmp(v, "0") != 0;
+}
+
 int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *user_opts,
                struct ldr_attachment **out)
 {
@@ -135,7 +144,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	Loaderd__AttachReply *ar;
 	struct ldr_attachment *a;
 	uint64_t size = 0, dev_size = 0;
-	int r, fd, dev_fd = -1;
+	int r, fd, dev_fd = -1, ring_fd = -1, ring_efd = -1;
 	char err[512];
 
 	CHECK_PID(c);
@@ -157,6 +166,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	at.device_index = opts->device_kind != LDR_DEVICE_HOST ? opts->device_index : 0;
 	at.has_augment_seed = opts->has_augment_seed != 0;
 	at.augment_seed = opts->augment_seed;
+	at.ring = opts->device_kind == LDR_DEVICE_HOST && ring_wanted();
 	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
 	req.attach = &at;
 	r = call(c, &req, &rep, LOADERD__REPLY__BODY_ATTACH);
@@ -173,6 +183,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	atomic_fetch_add(&c->refs, 1);
 	atomic_init(&a->refs, 1);
 	pthread_cond_init(&a->ev_cond, NULL);
+	a->ring_efd = -1;
 	snprintf(a->pipeline, sizeof(a->pipeline), "%s", pipeline);
 	a->opts = *opts;
 	if ((r = att_read_reply(a, ar)) < 0)
@@ -185,9 +196,27 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 		            ar->credits, opts->inflight, MAX_INFLIGHT);
 		goto fail;
 	}
-	fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size);
+	fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size,
+	                   &ring_fd, &ring_efd);
 	if (fd < 0) {
 		r = fd;
+		goto fail;
+	}
+	if (ar->ring_bytes && ring_fd < 0)
+		r = set_err(-EPROTO, "attach reply: a batch ring of %" PRIu64 " bytes, but the fd channel "
+		            "brought none", ar->ring_bytes);
+	else if (ring_fd >= 0 && !ar->ring_bytes)
+		r = set_err(-EPROTO, "the fd channel brought a batch ring the attach reply did not announce");
+	else if (ring_fd >= 0)
+		r = ring_open(a, ring_fd, ring_efd, ar->ring_bytes);
+	if (r < 0 || (ring_fd >= 0 && !a->ringed)) {
+		if (ring_fd >= 0) {
+			close(ring_fd);
+			close(ring_efd);
+		}
+		close(fd);
+		if (dev_fd >= 0)
+			close(dev_fd);
 		goto fail;
 	}
 	if (size != ar->slab_bytes || size < (uint64_t)a->nslots * a->slot_bytes) {
@@ -299,6 +328,7 @@ void att_unref(struct ldr_attachment *a)
 		pthread_join(a->waiter, NULL);
 	}
 	devmap_close(a->dev);
+	ring_close(a);
 	pthread_cond_destroy(&a->ev_cond);
 	amap_put(a, a->map);
 	for (int i = 0; i < MAX_INFLIGHT; i++)

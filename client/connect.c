@@ -36,6 +36,7 @@ static void on_pipe_rem(nng_pipe p, nng_pipe_ev ev, void *arg)
 			nng_aio_cancel(a->relreq.aio);
 		if (a->watch.open && a->watch.state != REQ_IDLE)
 			nng_aio_cancel(a->watch.aio);
+		ring_poke(a);
 	}
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->lock);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* libloader: the client's end of the fd channel: the attach reply's one-time
- * token buys the slab's fd (and a CUDA attachment's device slab fd) over a
- * Unix socket, SCM_RIGHTS.
+ * token buys the slab's fd (and a CUDA attachment's device slab fd, a batch
+ * ring's memfd and eventfd) over a Unix socket, SCM_RIGHTS.
  */
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -10,24 +10,24 @@
 #include "fdchan-wire.h"
 
 int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint64_t *size,
-                         int *dev_fd, uint64_t *dev_size)
+                  int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct fdchan_request rq = { .magic = FDCHAN_MAGIC, .version = FDCHAN_VERSION };
 	struct fdchan_reply rp;
 	struct iovec iov = { .iov_base = &rp, .iov_len = sizeof(rp) };
 	union {
-		char buf[CMSG_SPACE(2 * sizeof(int))];
+		char buf[CMSG_SPACE(4 * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
 	                      .msg_controllen = sizeof(u.buf) };
 	struct timeval tv = { .tv_sec = 10 };
 	struct cmsghdr *cm;
-	int fd, slab = -1, fds[2] = { -1, -1 };
+	int fd, slab = -1, fds[4] = { -1, -1, -1, -1 }, got = 0;
 	ssize_t n;
 
-	*dev_fd = -1;
+	*dev_fd = *ring_fd = *ring_efd = -1;
 	*dev_size = 0;
 	if (token_len != sizeof(rq.token) || strlen(path) >= sizeof(sa.sun_path))
 		return set_err(-EPROTO, "bad attach reply (token or fd channel path)");
@@ -54,22 +54,29 @@ int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint
 		return set_err(-EPROTO, "fd channel: no valid reply");
 	for (cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-		    (cm->cmsg_len == CMSG_LEN(sizeof(int)) || cm->cmsg_len == CMSG_LEN(2 * sizeof(int))))
-			memcpy(fds, CMSG_DATA(cm), cm->cmsg_len - CMSG_LEN(0));
+		    cm->cmsg_len >= CMSG_LEN(sizeof(int)) && cm->cmsg_len <= CMSG_LEN(4 * sizeof(int)) &&
+		    !got) {
+			got = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+			memcpy(fds, CMSG_DATA(cm), (size_t)got * sizeof(int));
+		}
 	slab = fds[0];
-	if (rp.status < 0 || (fds[1] >= 0) != (rp.nfds == 2)) {
-		if (slab >= 0)
-			close(slab);
-		if (fds[1] >= 0)
-			close(fds[1]);
+	if (rp.status < 0 || got != (int)rp.nfds || (rp.ring_fds != 0 && rp.ring_fds != 2) ||
+	    rp.nfds < 1 + rp.ring_fds || rp.nfds > 2 + rp.ring_fds) {
+		for (int i = 0; i < got; i++)
+			close(fds[i]);
 		if (rp.status >= 0)
-			return set_err(-EPROTO, "fd channel: %u fds announced, another number received", rp.nfds);
+			return set_err(-EPROTO, "fd channel: %u fds announced (%u of a batch ring), %d "
+			               "received", rp.nfds, rp.ring_fds, got);
 		return set_err(rp.status, "fd channel: token refused: %s", strerror(-rp.status));
 	}
-	if (slab < 0)
-		return set_err(-EPROTO, "fd channel: reply carried no fd");
 	*size = rp.size;
-	*dev_fd = fds[1];
-	*dev_size = rp.device_size;
+	if (rp.nfds - rp.ring_fds == 2) {
+		*dev_fd = fds[1];
+		*dev_size = rp.device_size;
+	}
+	if (rp.ring_fds == 2) {
+		*ring_fd = fds[rp.nfds - 2];
+		*ring_efd = fds[rp.nfds - 1];
+	}
 	return slab;
 }

@@ -50,7 +50,8 @@ void *flusher_main(void *arg)
 		timing = false;
 		c->flush_wanted = false;
 		for (struct ldr_attachment *a = c->atts; a; a = a->next)
-			if (a->nrel && !a->detached && !c->disconnected && a->relreq.state == REQ_IDLE)
+			if ((a->nrel || ring_stats_due(a)) && !a->detached && !c->disconnected &&
+			    a->relreq.state == REQ_IDLE)
 				req_send(a, &a->relreq, 0);
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -64,6 +65,10 @@ void queue_release(struct ldr_attachment *a, uint64_t lease)
 
 	if (a->detached || a->lost)
 		return;
+	/* through the batch ring: the flusher still sends a Release, with no
+	 * lease, for the stats of the batch just done */
+	if (a->ringed && ring_release(a, lease))
+		goto flush;
 	if (a->nrel == a->relcap) {
 		size_t cap = a->relcap ? a->relcap * 2 : 16;
 		uint64_t *n = realloc(a->rel, cap * sizeof(*n));
@@ -74,6 +79,7 @@ void queue_release(struct ldr_attachment *a, uint64_t lease)
 	}
 	if (a->nrel < a->relcap)
 		a->rel[a->nrel++] = lease;
+flush:
 	if (!c->flush_wanted && c->flusher_running) {
 		c->flush_wanted = true;
 		if (c->flusher_idle)

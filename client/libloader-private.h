@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bring.h"
 #include "common.h"
 #include "loader.pb-c.h"
 #include "loader/loader.h"
@@ -42,7 +43,8 @@ struct devmap;
 #define RECONNECT_MIN_MS 50       /* the dialer's backoff, doubling... */
 #define RECONNECT_MAX_MS 1000     /* ...up to this */
 #define REATTACH_IDLE_MS 5000     /* cancelled requests come back within this */
-#define STATS_LIVE_MS 1000        /* a long wait is reported while it lasts, this often (stats_live()) */
+#define STATS_LIVE_MS 1000
+#define STATS_EVERY_NS 100000000u /* a report goes out at most this often but for a Release's */        /* a long wait is reported while it lasts, this often (stats_live()) */
 
 /* The thread's last error (set_err(), ldr_client_error()). */
 extern __thread char tls_err[16384]; /* a Python worker's traceback fits */
@@ -149,6 +151,10 @@ struct ldr_attachment {
 	struct req reqs[MAX_INFLIGHT];
 	struct req relreq;
 	struct arrived ring[MAX_INFLIGHT];
+	/* the batch ring (ring.c): deliveries and releases in shared memory */
+	bool ringed;              /* delivered through it, not through Next */
+	struct bring br;
+	int ring_efd;             /* wakes the daemon's loop */
 	uint64_t next_seq;
 	int outstanding;          /* Next requests in flight */
 	int requested;            /* batches they asked for, together */
@@ -292,7 +298,7 @@ void client_unref(struct ldr_client *c);
 
 /* fdchan.c */
 int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint64_t *size,
-                         int *dev_fd, uint64_t *dev_size);
+                  int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd);
 
 /* amap.c */
 struct amap *amap_open(int fd, size_t size, uint32_t nslots, uint64_t slot_bytes, bool cow);
@@ -342,5 +348,15 @@ void batch_free(struct ldr_batch *b);
 
 /* reconnect.c */
 void reconnect_run(struct ldr_client *c);
+
+/* ring.c */
+int ring_open(struct ldr_attachment *a, int fd, int efd, uint64_t bytes);
+void ring_pull(struct ldr_attachment *a, bool all);
+int ring_wait(struct ldr_attachment *a, int ms);
+bool ring_release(struct ldr_attachment *a, uint64_t lease);
+void ring_poke(struct ldr_attachment *a);
+void ring_stats(struct ldr_attachment *a);
+bool ring_stats_due(const struct ldr_attachment *a);
+void ring_close(struct ldr_attachment *a);
 
 #endif

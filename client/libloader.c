@@ -10,7 +10,9 @@
  * released by piggy-backing their leases on the next Next request, or, when
  * the trainer does not ask for more, by a Release two milliseconds later. The
  * client's flusher thread sends both, so next() does not write to the socket
- * while batches are waiting here.
+ * while batches are waiting here. A host attachment of a daemon that offers a
+ * batch ring (ring.c) has no Next requests for batches: the daemon writes
+ * the deliveries into shared memory, the releases go back there.
  *
  * Slabs are mapped once per attach, read-only, from an fd fetched over the fd
  * channel with the attach reply's one-time token. An attachment stays mapped
@@ -41,6 +43,7 @@
  *   cudawait.c    ldr_release_after(): the CUDA waiter thread
  *   accessors.c   what an attachment and a batch tell
  *   reconnect.c   following a restarted daemon
+ *   ring.c        the batch ring: deliveries and releases in shared memory
  */
 #include <protobuf-c/protobuf-c.h>
 #include <stdarg.h>

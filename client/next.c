@@ -4,6 +4,17 @@
 #include "libloader-private.h"
 #include "slabmap.h"
 
+/* Milliseconds from now to @ts (CLOCK_MONOTONIC), rounded up, 0 if past. */
+static int ms_until(const struct timespec *ts)
+{
+	struct timespec now;
+	int64_t ns;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	ns = (int64_t)(ts->tv_sec - now.tv_sec) * 1000000000 + (ts->tv_nsec - now.tv_nsec);
+	return ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
+}
+
 int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 {
 	struct ldr_client *c = a->c;
@@ -23,6 +34,8 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 	pthread_mutex_lock(&c->lock);
 	stats_enter(a, t0);
 	for (;;) {
+		if (a->ringed && !c->reconnecting)
+			ring_pull(a, false);
 		struct arrived *ar = &a->ring[a->next_seq % MAX_INFLIGHT];
 		/* the daemon went away: what arrived from it is discarded when
 		 * the attachment follows it (reattach()), so nothing is taken
@@ -105,7 +118,9 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 		deadline_after(&slice, STATS_LIVE_MS);
 		bool last = timeout_ms >= 0 && (deadline.tv_sec < slice.tv_sec ||
 		            (deadline.tv_sec == slice.tv_sec && deadline.tv_nsec <= slice.tv_nsec));
-		if (pthread_cond_timedwait(&c->cond, &c->lock, last ? &deadline : &slice) == ETIMEDOUT) {
+		int w = a->ringed ? ring_wait(a, ms_until(last ? &deadline : &slice))
+		                  : pthread_cond_timedwait(&c->cond, &c->lock, last ? &deadline : &slice);
+		if (w == ETIMEDOUT || w == -ETIMEDOUT) {
 			if (last) {
 				r = set_err(-ETIMEDOUT, "no batch within %d ms", timeout_ms);
 				break;
@@ -114,6 +129,8 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 		}
 	}
 	stats_leave(a, t0, r);
+	if (r == 0)
+		ring_stats(a);
 	pthread_mutex_unlock(&c->lock);
 	free(b);
 	return r;

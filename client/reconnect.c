@@ -92,6 +92,7 @@ static void att_restart(struct ldr_attachment *a, const struct ldr_attachment *n
 	while (a->held_head)
 		held_del(a, a->held_head);
 	ring_clear(a);
+	a->ringed = false; /* the old daemon's ring: the new attachment has none */
 	a->next_seq = 0;
 	a->outstanding = a->requested = 0;
 	a->nrel = 0;
@@ -195,9 +196,15 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		            n->nfields);
 	} else if (r == 0) {
 		const Loaderd__AttachReply *ar = rep->attach;
-		fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size);
+		int ring_fd, ring_efd;
+		fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size,
+		                   &ring_fd, &ring_efd);
 		if (dev_fd >= 0)
 			close(dev_fd);
+		if (ring_fd >= 0) {
+			close(ring_fd);
+			close(ring_efd);
+		}
 		if (fd < 0) {
 			r = fd;
 		} else if (size != ar->slab_bytes || size < (uint64_t)n->nslots * n->slot_bytes) {

@@ -31,6 +31,7 @@ void answer_revoke(struct ldr_attachment *a)
 	if (!a->rv_pending || !a->watching || a->watch.state != REQ_IDLE || a->detached ||
 	    a->c->disconnected)
 		return;
+	ring_pull(a, true); /* the deliveries below upto_seq are in the ring, or here */
 	if (upto > a->next_seq) {
 		if (upto - a->next_seq > MAX_INFLIGHT)
 			return;

@@ -12,7 +12,6 @@
  * go out at most every FLUSH_DELAY_MS). Called with c->lock held; NULL when
  * there is nothing to say.
  */
-#define STATS_EVERY_NS 100000000u
 Loaderd__TrainerStats *stats_report(struct ldr_attachment *a, Loaderd__TrainerStats *st,
                                            bool release)
 {

@@ -76,13 +76,15 @@ bool needs_top_up(const struct ldr_attachment *a)
 	int half = a->inflight / 2 > 0 ? a->inflight / 2 : 1;
 	int budget = a->inflight - a->arrived - a->requested;
 
-	return budget > 0 && (a->outstanding == 0 || budget >= half);
+	return !a->ringed && budget > 0 && (a->outstanding == 0 || budget >= half);
 }
 
 void top_up(struct ldr_attachment *a)
 {
 	int half = a->inflight / 2 > 0 ? a->inflight / 2 : 1;
 
+	if (a->ringed)
+		return; /* the daemon writes deliveries into the ring unasked */
 	while (!a->ended && !a->err && !a->detached && !a->c->disconnected && !a->c->daemon_stopping) {
 		int budget = a->inflight - a->arrived - a->requested;
 		int ask = budget;
@@ -270,6 +272,7 @@ void req_cb(void *arg)
 	if (rep)
 		loaderd__reply__free_unpacked(rep, NULL);
 	pthread_cond_broadcast(&c->cond);
+	ring_poke(a);
 	pthread_mutex_unlock(&c->lock);
 }
 

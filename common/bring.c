@@ -198,9 +198,14 @@ void bring_daemon_sleep(struct bring *b)
 	atomic_store(&b->sh->r_sleep, 1);
 }
 
+void bring_daemon_want_room(struct bring *b, uint64_t at)
+{
+	atomic_store(&b->sh->d_room, at);
+}
+
 /* --- the client's end --------------------------------------------------- */
 
-int bring_client_get(struct bring *b, struct bring_desc *out)
+int bring_client_peek(const struct bring *b, struct bring_desc *out)
 {
 	uint64_t h = atomic_load_explicit(&b->sh->d_head, memory_order_acquire);
 
@@ -209,12 +214,30 @@ int bring_client_get(struct bring *b, struct bring_desc *out)
 	if (h < b->d_tail || h - b->d_tail > b->dcap)
 		return -EPROTO;
 	*out = b->desc[b->d_tail & (b->dcap - 1)];
-	b->d_tail++;
-	atomic_store_explicit(&b->sh->d_tail, b->d_tail, memory_order_release);
 	return 1;
 }
 
-int bring_client_wait(struct bring *b, int timeout_ms)
+bool bring_client_next(struct bring *b)
+{
+	uint64_t w;
+
+	b->d_tail++;
+	/* seq_cst, both: the daemon either sees the tail or its wish is seen */
+	atomic_store(&b->sh->d_tail, b->d_tail);
+	w = atomic_load(&b->sh->d_room);
+	return w && b->d_tail >= w && atomic_exchange(&b->sh->d_room, 0) != 0;
+}
+
+int bring_client_get(struct bring *b, struct bring_desc *out)
+{
+	int r = bring_client_peek(b, out);
+
+	if (r == 1)
+		bring_client_next(b);
+	return r;
+}
+
+int bring_client_wait(struct bring *b, uint64_t tail, int timeout_ms)
 {
 	struct timespec ts = { .tv_sec = timeout_ms / 1000, .tv_nsec = (long)(timeout_ms % 1000) * 1000000L };
 	uint32_t w;
@@ -222,7 +245,7 @@ int bring_client_wait(struct bring *b, int timeout_ms)
 
 	atomic_store(&b->sh->d_sleep, 1);
 	w = atomic_load(&b->sh->d_wake);
-	if (atomic_load(&b->sh->d_head) != b->d_tail) {
+	if (atomic_load(&b->sh->d_head) != tail) {
 		atomic_store(&b->sh->d_sleep, 0);
 		return 0;
 	}

@@ -82,6 +82,11 @@ struct bring_shared {
 	alignas(64) _Atomic uint32_t d_sleep;  /* the client sleeps on d_wake */
 	_Atomic uint32_t d_wake;  /* bumped by the daemon to wake it */
 	_Atomic uint32_t r_sleep; /* the daemon waits on its eventfd for releases */
+	_Atomic uint64_t d_room;  /* the daemon waits until the client's d_tail reaches this (0 no) */
+	/* the daemon writes these: releases it could not apply (the attachment
+	 * had ended), and the message of the last such (before the count) */
+	alignas(64) _Atomic uint64_t r_refused;
+	char r_msg[256];
 };
 
 /* One side's view of a ring: the mapping and its own counts. */
@@ -121,20 +126,29 @@ void bring_wake_client(struct bring *b);
 int bring_daemon_take(struct bring *b, uint64_t *out, size_t max, size_t *n, char *err,
                       size_t errlen);
 void bring_daemon_sleep(struct bring *b);
+/* The daemon waits (on its eventfd) until the client has taken deliveries up
+ * to @at; it checks the tail again after this (bring_daemon_tail()). */
+void bring_daemon_want_room(struct bring *b, uint64_t at);
 
 /*
  * The client's end. bring_map(): map @fd of @size bytes (the fd channel's),
  * its header checked against the size (-EPROTO naming what is wrong).
  * bring_client_get(): the next delivery into @out: 1, 0 when the ring is
- * empty, -EPROTO when the daemon's head is beyond what the ring holds.
- * bring_client_wait(): sleep until the daemon publishes (or @timeout_ms,
- * -1 forever, passes: -ETIMEDOUT); returns at once if it did meanwhile.
+ * empty, -EPROTO when the daemon's head is beyond what the ring holds;
+ * bring_client_peek() the same without taking it, bring_client_next() takes
+ * it (an error's text at b->msg stays until then) and returns true when the
+ * daemon waits for that (bring_daemon_want_room(): wake it).
+ * bring_client_wait(): sleep until the daemon publishes past @tail (a
+ * snapshot of b->d_tail) or someone calls bring_wake_client(), at most
+ * @timeout_ms (-1 forever: else -ETIMEDOUT); at once if it did meanwhile.
  * bring_client_release(): publish @lease: 1 when the daemon sleeps and must
  * be woken (its eventfd), 0, -ENOSPC when the ring is full.
  */
 int bring_map(struct bring *b, int fd, uint64_t size, char *err, size_t errlen);
 int bring_client_get(struct bring *b, struct bring_desc *out);
-int bring_client_wait(struct bring *b, int timeout_ms);
+int bring_client_peek(const struct bring *b, struct bring_desc *out);
+bool bring_client_next(struct bring *b);
+int bring_client_wait(struct bring *b, uint64_t tail, int timeout_ms);
 int bring_client_release(struct bring *b, uint64_t lease);
 
 /* Unmap and close (either end). */

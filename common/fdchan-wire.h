@@ -8,9 +8,10 @@
  * The exchange, one per attach, on a fresh connection to <socket>.fds:
  *   client -> daemon: struct fdchan_request (magic, version, token)
  *   daemon -> client: struct fdchan_reply (magic, status, size, nfds,
- *                     device_size) with, when status == 0, the slab's
- *                     read-only fd in SCM_RIGHTS, followed (nfds == 2) by
- *                     the VMM device slab's fd of a CUDA attachment
+ *                     ring_fds, device_size) with, when status == 0, the
+ *                     slab's read-only fd in SCM_RIGHTS, followed by the VMM
+ *                     device slab's fd of a CUDA attachment, then
+ *                     (ring_fds == 2) the batch ring's memfd and eventfd
  * then the daemon closes the connection. Both ends are on one machine, so
  * the structs travel in host byte order.
  */
@@ -28,7 +29,7 @@ struct fdchan_reply {
 	uint32_t magic;
 	int32_t status;   /* 0 or a negative errno */
 	uint64_t size;
-	uint32_t nfds;    /* fds in SCM_RIGHTS: 1, or 2 with a device slab */
-	uint32_t reserved;
+	uint32_t nfds;    /* fds in SCM_RIGHTS: 1, +1 with a device slab, +ring_fds */
+	uint32_t ring_fds; /* 2: the last two are the batch ring's memfd and eventfd */
 	uint64_t device_size; /* bytes of the device slab (nfds == 2) */
 };

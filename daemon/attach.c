@@ -280,6 +280,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	struct attachment *a;
 	struct stream *s;
 	uint32_t world = p->world ? p->world : 1;
+	char rerr[256];
 	int r;
 
 	if (eng->shutdown)
@@ -412,9 +413,13 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	a->all_next = eng->atts;
 	eng->atts = a;
 	stats_att_init(a);
+	if (p->ring && !a->dev && attring_open(a, rerr, sizeof(rerr)) < 0)
+		/* the client reads through Next requests instead */
+		log_warn("attach %" PRIu64 " (pipeline '%s'): no batch ring: %s", a->id, name, rerr);
 	*out = a;
 	pipeline_lifetime(pl);
 	pipeline_update(pl);
+	attring_start(a);
 	return 0;
 
 drop_stream:
@@ -434,6 +439,7 @@ void attachment_detach(struct attachment *a)
 		return;
 	pl = a->pl;
 	att_disconnect(a, ECANCELED, "detached");
+	attring_close(a);
 	att_unlink(a);
 	free(a);
 	if (pl)
@@ -467,6 +473,17 @@ void attachment_get_info(struct attachment *a, struct attach_info *info)
 	info->share = att_share(a);
 	info->credits = a->credits;
 	a->told_share = info->share;
+	info->ring_bytes = attring_bytes(a);
+}
+
+void attachment_fail(struct attachment *a, int err, const char *msg)
+{
+	if (!a->pl)
+		return;
+	a->dead = true;
+	a->dead_err = err;
+	snprintf(a->dead_msg, sizeof(a->dead_msg), "%s", msg);
+	att_disconnect(a, err, msg);
 }
 
 uint64_t attachment_id(const struct attachment *a)
@@ -515,6 +532,7 @@ json_t *attachment_json(const struct attachment *a)
 	}
 	if (a->mode == LDR_MODE_BROADCAST)
 		json_object_set_new(o, "skipped", json_integer((json_int_t)a->skipped));
+	json_object_set_new(o, "ring", json_boolean(a->ring != NULL));
 	if (a->pl)
 		json_object_set_new(o, "stats", stats_att_json(a));
 	if (a->dead)
@@ -678,7 +696,7 @@ int attachment_next(struct attachment *a, struct pending *p, const struct next_r
 }
 
 int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, pid_t pid, int *fd,
-                      uint64_t *size, int *dev_fd, uint64_t *dev_size)
+                      uint64_t *size, int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd)
 {
 	int r;
 
@@ -699,6 +717,7 @@ int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, pid_t
 		*size = a->pl->slab->size;
 		*dev_fd = -1;
 		*dev_size = 0;
+		attring_fds(a, ring_fd, ring_efd);
 		if (a->dev && a->dev->ds->kind == CUDA_MEM_VMM) {
 			*dev_fd = a->dev->ds->fd;
 			*dev_size = a->dev->ds->bytes;

@@ -14,7 +14,10 @@
 
 void deliver(struct engine *eng, struct pending *p, const struct delivery *d)
 {
-	eng->ops.deliver(eng->userdata, p, d);
+	if (p->ring)
+		attring_deliver(p, d);
+	else
+		eng->ops.deliver(eng->userdata, p, d);
 }
 
 static struct pending *att_pop_pending(struct attachment *a)

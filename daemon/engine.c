@@ -116,6 +116,7 @@ struct engine *engine_free(struct engine *eng)
 	while (eng->atts) {
 		struct attachment *a = eng->atts;
 		eng->atts = a->all_next;
+		attring_close(a);
 		while (a->leases) {
 			struct lease *l = a->leases;
 			a->leases = l->next;

@@ -144,21 +144,29 @@ static void conn_close(struct conn *c)
 	uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
 }
 
-static void conn_reply(struct conn *c, int status, int fd, uint64_t size, int dev_fd, uint64_t dev_size)
+static void conn_reply(struct conn *c, int status, int fd, uint64_t size, int dev_fd, uint64_t dev_size,
+                       int ring_fd, int ring_efd)
 {
 	struct fdchan_reply rep = { .magic = FDCHAN_MAGIC, .status = status, .size = size };
 	struct iovec iov = { .iov_base = &rep, .iov_len = sizeof(rep) };
 	union {
-		char buf[CMSG_SPACE(2 * sizeof(int))];
+		char buf[CMSG_SPACE(4 * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 
 	if (status == 0) {
-		int fds[2] = { fd, dev_fd };
+		int fds[4] = { fd };
 		struct cmsghdr *cm;
 
-		rep.nfds = dev_fd >= 0 ? 2 : 1;
+		rep.nfds = 1;
+		if (dev_fd >= 0)
+			fds[rep.nfds++] = dev_fd;
+		if (ring_fd >= 0 && ring_efd >= 0) {
+			fds[rep.nfds++] = ring_fd;
+			fds[rep.nfds++] = ring_efd;
+			rep.ring_fds = 2;
+		}
 		rep.device_size = dev_fd >= 0 ? dev_size : 0;
 		memset(&u, 0, sizeof(u));
 		msg.msg_control = u.buf;
@@ -195,7 +203,7 @@ static void on_conn_readable(uv_poll_t *p, int status, int events)
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
 	ssize_t n;
-	int fd = -1, dev_fd = -1, r;
+	int fd = -1, dev_fd = -1, ring_fd = -1, ring_efd = -1, r;
 	bool fd_close = false;
 	uint64_t size = 0, dev_size = 0;
 
@@ -217,20 +225,20 @@ static void on_conn_readable(uv_poll_t *p, int status, int events)
 		if (warn_limited(c->ch, &c->ch->lim_malformed, "malformed requests", false))
 			log_warn("fd channel: malformed request (magic %08x, version %u)", c->req.magic,
 			         c->req.version);
-		conn_reply(c, -EPROTO, -1, 0, -1, 0);
+		conn_reply(c, -EPROTO, -1, 0, -1, 0, -1, -1);
 		conn_close(c);
 		return;
 	}
 	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
-		conn_reply(c, -errno, -1, 0, -1, 0);
+		conn_reply(c, -errno, -1, 0, -1, 0, -1, -1);
 		conn_close(c);
 		return;
 	}
 	r = ch->lookup(ch->userdata, c->req.token, cred.uid, cred.pid, &fd, &fd_close, &size, &dev_fd,
-	               &dev_size);
+	               &dev_size, &ring_fd, &ring_efd);
 	if (r < 0 && warn_limited(c->ch, &c->ch->lim_refused, "refused tokens", false))
 		log_warn("fd channel: pid %d: token refused: %s", (int)cred.pid, strerror(-r));
-	conn_reply(c, r, fd, size, dev_fd, dev_size);
+	conn_reply(c, r, fd, size, dev_fd, dev_size, ring_fd, ring_efd);
 	if (r == 0 && fd_close)
 		close(fd);
 	conn_close(c);

@@ -11,10 +11,12 @@
 
 /* Resolves a token for a peer of @uid and @pid: 0 with the fd (closed by the
  * channel once sent if *@fd_close is set, else kept by the callee) and, for a
- * CUDA attachment with a VMM device slab, its fd (else -1; the callee's). */
+ * CUDA attachment with a VMM device slab, its fd (else -1; the callee's), and
+ * for an attachment with a batch ring its memfd and eventfd (else -1; the
+ * callee's). */
 typedef int (*fdchan_lookup_fn)(void *userdata, const uint8_t *token, uid_t uid, pid_t pid,
                                 int *fd, bool *fd_close, uint64_t *size, int *dev_fd,
-                                uint64_t *dev_size);
+                                uint64_t *dev_size, int *ring_fd, int *ring_efd);
 
 struct fdchan;
 

@@ -152,6 +152,7 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 		.has_start = m->has_start, .start_epoch = m->start_epoch, .start_batch = m->start_batch,
 		.credits = m->credits, .has_seed = m->has_augment_seed, .seed = m->augment_seed,
 		.client_id = cl->id, .uid = cl->uid, .pid = cl->pid,
+		.ring = m->ring,
 	};
 	struct attachment *a;
 	struct attach_info info;
@@ -206,6 +207,7 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	ar.start_batch = info.start_batch;
 	ar.share = info.share;
 	ar.credits = info.credits;
+	ar.ring_bytes = info.ring_bytes;
 	ar.fd_path = srv->fdpath;
 	if (info.dslab) {
 		ar.device_kind = LDR_DEVICE_CUDA;
@@ -531,9 +533,10 @@ out:
 }
 
 int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, pid_t pid, int *fd, bool *fd_close,
-              uint64_t *size, int *dev_fd, uint64_t *dev_size)
+              uint64_t *size, int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd)
 {
 	struct server *srv = userdata;
 	*fd_close = true; /* a fresh description per hand-out: the client's hold (holds.c) */
-	return engine_take_token(srv->engine, token, uid, pid, fd, size, dev_fd, dev_size);
+	return engine_take_token(srv->engine, token, uid, pid, fd, size, dev_fd, dev_size, ring_fd,
+	                         ring_efd);
 }

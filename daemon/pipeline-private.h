@@ -186,6 +186,7 @@ struct attachment {
 	struct pipeline *pl;      /* NULL once the pipeline was dropped */
 	struct stream *stream;
 	struct devcopy *dev;      /* CUDA delivery, NULL for host memory */
+	struct attring *ring;     /* its batch ring (attring.c), NULL: deliveries answer Next */
 	uint64_t id;
 	uint64_t client_id;
 	uid_t uid;
@@ -397,6 +398,23 @@ void pipeline_update(struct pipeline *pl);
 
 /* deliver.c */
 void deliver(struct engine *eng, struct pending *p, const struct delivery *d);
+
+/* attring.c: an attachment's batch ring. attring_open() makes it (the
+ * attachment delivers through it from attring_start() on), attring_close()
+ * frees it; attring_deliver() is deliver() for the ring's request. */
+struct attring;
+int attring_open(struct attachment *a, char *err, size_t errlen);
+void attring_start(struct attachment *a);
+void attring_deliver(struct pending *p, const struct delivery *d);
+uint64_t attring_bytes(const struct attachment *a);
+void attring_fds(const struct attachment *a, int *fd, int *efd);
+void attring_close(struct attachment *a);
+/* @a's requests the daemon has nothing for: its parked Next requests, and its
+ * ring's request while its client has taken every delivery (it waits). */
+uint32_t att_waiting(const struct attachment *a);
+/* attach.c: @a fails for good with @msg (its client's garbage): leases
+ * released, requests answered with the error, the same error from now on. */
+void attachment_fail(struct attachment *a, int err, const char *msg);
 void att_fail_pending(struct attachment *a, int err, const char *msg);
 void pipeline_dispatch(struct pipeline *pl);
 

@@ -27,6 +27,7 @@ struct pending {
 	struct pending *next;
 	struct attachment *att;
 	uint32_t max;         /* batches this request may carry, >= 1 */
+	bool ring;            /* an attachment's batch ring's (attring.c), not a Next */
 };
 
 enum delivery_kind {
@@ -91,6 +92,7 @@ struct attach_params {
 	int pid;              /* the client's, for the log */
 	const struct principal *who; /* checked against the pipeline's access */
 	const struct cuda_device_info *cuda; /* CUDA delivery on that device, NULL host */
+	bool ring;            /* deliver through a batch ring (host only) */
 };
 
 /* What a client needs to read the batches of an attachment. */
@@ -112,6 +114,7 @@ struct attach_info {
 	const struct cuda_dslab *dslab; /* CUDA delivery: the device slab, else NULL */
 	uint32_t share;       /* leases it may hold now */
 	uint32_t credits;     /* its window: asked for, or the daemon's choice */
+	uint64_t ring_bytes;  /* its batch ring's, 0 none */
 };
 
 /* One Next or Release request (docs/protocol.md, "Sharing slots"). */
@@ -287,10 +290,13 @@ int attachment_next(struct attachment *att, struct pending *p, const struct next
  * @pid: the peer's pid: it holds the slab from now on (holds.c)
  * Return: 0 with a read-only fd of the slab (the caller's: close it once
  * sent) and its size, and for a CUDA attachment whose device slab is VMM its
- * exported fd and size (else -1 and 0; still the engine's).
+ * exported fd and size (else -1 and 0; still the engine's), and for an
+ * attachment with a batch ring its memfd and eventfd (else -1; still the
+ * engine's).
  */
 int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, pid_t pid,
-                      int *fd, uint64_t *size, int *dev_fd, uint64_t *dev_size);
+                      int *fd, uint64_t *size, int *dev_fd, uint64_t *dev_size, int *ring_fd,
+                      int *ring_efd);
 /* Bytes of dropped pipelines' slabs that clients still map: part of
  * memory_used until they let them go (holds.c). */
 uint64_t engine_memory_held(const struct engine *eng);

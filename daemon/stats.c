@@ -270,7 +270,7 @@ json_t *stats_att_json(const struct attachment *a)
 		"lag_batches", (json_int_t)lag,
 		/* a request parked: nothing may be delivered to it now, none built
 		 * for it or all held back (min_clients, a revoke, a slow peer) */
-		"starving", a->npending > 0,
+		"starving", att_waiting(a) > 0,
 		"bad_reports", (json_int_t)a->st_bad_reports);
 	return with_rates(o, (const uint64_t[3]){ a->delivered, c->samples, c->bytes },
 	                  (const uint64_t[3]){ b->batches, b->samples, b->bytes }, secs);
@@ -288,7 +288,7 @@ static double clients_wait(const struct pipeline *pl, bool *starving)
 			const struct att_counts *b = att_base(a), *c = &a->st;
 			uint64_t dwait = c->wait_ns - b->wait_ns;
 			uint64_t dbusy = dwait + (c->compute_ns - b->compute_ns);
-			if (a->npending > 0 && stats_att_lag(a) == 0 && !a->revoking)
+			if (att_waiting(a) > 0 && stats_att_lag(a) == 0 && !a->revoking)
 				*starving = true;
 			if (dbusy && (double)dwait / (double)dbusy > worst)
 				worst = (double)dwait / (double)dbusy;

@@ -62,7 +62,7 @@ static int client_main(int fd, uint64_t size, int efd)
 			return 3;
 		if (r == 0) {
 			sleeps++;
-			if (bring_client_wait(&c, 10000) == -ETIMEDOUT) {
+			if (bring_client_wait(&c, c.d_tail, 10000) == -ETIMEDOUT) {
 				fprintf(stderr, "client: no delivery %" PRIu64 " within 10 s\n", want);
 				return 4;
 			}
@@ -269,11 +269,11 @@ static void test_wait(void)
 	assert(bring_create(&d, 2, 2, err, sizeof(err)) == 0);
 	assert(bring_map(&c, reopen(d.fd, O_RDWR), d.bytes, err, sizeof(err)) == 0);
 	assert(bring_client_get(&c, &y) == 0);
-	assert(bring_client_wait(&c, 20) == -ETIMEDOUT);
+	assert(bring_client_wait(&c, c.d_tail, 20) == -ETIMEDOUT);
 	assert(atomic_load(&c.sh->d_sleep) == 0);
 	bring_daemon_put(&d, &x);
 	assert(!bring_daemon_publish(&d)); /* nobody sleeps */
-	assert(bring_client_wait(&c, 20) == 0);
+	assert(bring_client_wait(&c, c.d_tail, 20) == 0);
 	assert(bring_client_get(&c, &y) == 1 && memcmp(&x, &y, sizeof(x)) == 0);
 	bring_close(&c);
 	bring_close(&d);

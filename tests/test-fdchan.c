@@ -131,8 +131,9 @@ static int userdata_mark;
 
 /* As engine_take_token(): one use, the owner's uid or root, else refused. */
 static int lookup(void *userdata, const uint8_t *token, uid_t uid, pid_t pid, int *fd, bool *fd_close,
-                  uint64_t *size, int *dev_fd, uint64_t *dev_size)
+                  uint64_t *size, int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd)
 {
+	*ring_fd = *ring_efd = -1;
 	(void)pid;
 	*fd_close = false;
 	L.calls++;

@@ -216,13 +216,14 @@ static void test_reclaim(void)
 	struct attach_info info;
 	const uint8_t *base;
 	uint64_t size, dsize;
-	int fd, dfd;
+	int fd, dfd, rfd, refd;
 
 	create("rc", 8);
 	bc = attach("rc", LDR_MODE_BROADCAST, 0, 1);
 	attachment_get_info(bc, &info);
 	assert(strcmp(info.fields[0].name, "input") == 0 && info.fields[0].dtype == LDR_DTYPE_INT64);
-	assert(engine_take_token(eng, info.token, getuid(), getpid(), &fd, &size, &dfd, &dsize) == 0);
+	assert(engine_take_token(eng, info.token, getuid(), getpid(), &fd, &size, &dfd, &dsize, &rfd,
+	                         &refd) == 0);
 	base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
 	assert(base != MAP_FAILED);
 	settle();                     /* 8 batches built ahead, none asked for */
