@@ -50,6 +50,8 @@ void att_leave(struct attachment *a, int err, const char *msg)
 		       !batch_leased(&s->ring[s->ring_head]))
 			ring_pop_head(s);
 	}
+	if (s->mode == LDR_MODE_BROADCAST && !s->groups[a->group].natts)
+		stream_drop_unread(s); /* its seed group's slots go back */
 	if (s->mode == LDR_MODE_PARTITION) {
 		s->dead = true;
 		pl->nstreams--;
@@ -132,28 +134,33 @@ static uint64_t group_start(const struct stream *s, uint32_t g)
 	return i < s->ring_len ? s->head_seq + i : s->next_produce;
 }
 
-/* Is seed group @g of @s in use: read, or with slots in the ring? */
-static bool group_in_use(const struct stream *s, uint32_t g)
+/* Has seed group @g of @s slots in the ring? Batches being built keep
+ * those of a group whose last client left until they are done. */
+static bool group_has_slots(const struct stream *s, uint32_t g)
 {
-	if (s->groups[g].natts)
-		return true;
 	for (uint32_t i = 0; i < s->ring_len; i++)
 		if (batch_slot(&s->ring[(s->ring_head + i) % s->pl->nslots], g))
 			return true;
 	return false;
 }
 
-/* The seed groups of @s in use, "1 (2 clients), 7 (1 client)", into @buf. */
-static void groups_describe(const struct stream *s, char *buf, size_t len)
+/* The augment seeds read in @s, "1 (2 clients), 7 (1 client)", into @buf:
+ * groups with clients but group 0 (no augment_seed, outside the limit). */
+static uint32_t seeds_describe(const struct stream *s, char *buf, size_t len)
 {
 	size_t at = 0;
+	uint32_t n = 0;
 
 	buf[0] = 0;
-	for (uint32_t g = 0; g < s->ngroups && at < len; g++)
-		if (group_in_use(s, g))
-			at += (size_t)snprintf(buf + at, len - at, "%s%" PRIu64 " (%u client%s)",
-			                       at ? ", " : "", s->groups[g].seed, s->groups[g].natts,
-			                       s->groups[g].natts == 1 ? "" : "s");
+	for (uint32_t g = 1; g < s->ngroups; g++)
+		if (s->groups[g].natts) {
+			n++;
+			if (at < len)
+				at += (size_t)snprintf(buf + at, len - at, "%s%" PRIu64 " (%u client%s)",
+				                       at ? ", " : "", s->groups[g].seed, s->groups[g].natts,
+				                       s->groups[g].natts == 1 ? "" : "s");
+		}
+	return n;
 }
 
 /*
@@ -177,23 +184,28 @@ static int seed_group(struct stream *s, uint64_t seed, uint32_t streams, uint32_
 	for (g = 0; g < s->ngroups; g++)
 		if (s->groups[g].seed == seed)
 			break;
-	/* entry 0 stays the stream's seed's */
-	for (uint32_t i = 0; i < s->ngroups; i++) {
-		if (group_in_use(s, i))
-			used++;
-		else if (i && free_g == AUG_GROUPS_MAX)
+	/* entry 0 stays the stream's seed's, and is never refused for the
+	 * limit: another user's seeds must not lock out a plain client. Only
+	 * groups with clients count; one whose last client left is reused once
+	 * its slots went back. */
+	used = seeds_describe(s, have, sizeof(have));
+	for (uint32_t i = 1; i < s->ngroups && free_g == AUG_GROUPS_MAX; i++)
+		if (!s->groups[i].natts && !group_has_slots(s, i))
 			free_g = i;
-	}
 	if (free_g == AUG_GROUPS_MAX && s->ngroups < AUG_GROUPS_MAX)
 		free_g = s->ngroups;
-	if ((g == s->ngroups || !group_in_use(s, g)) && used >= LDR_AUGMENT_SEEDS_MAX) {
-		groups_describe(s, have, sizeof(have));
+	bool new_group = g == s->ngroups || !s->groups[g].natts;
+	if (g && new_group && used >= LDR_AUGMENT_SEEDS_MAX)
 		return errfmt(-ENOSPC, err, errlen, "attach: %s: pipeline '%s' "
 		              "serves %u distinct augment seeds already (%s), the most one pipeline "
-		              "serves (LDR_AUGMENT_SEEDS_MAX %d); attach with one of those seeds",
-		              who, pl->spec->name, used, have, LDR_AUGMENT_SEEDS_MAX);
-	}
-	uint32_t k = stream_batch_slots(s) + (g == s->ngroups || !s->groups[g].natts ? 1 : 0);
+		              "serves (LDR_AUGMENT_SEEDS_MAX %d); attach with one of those seeds or "
+		              "without augment_seed", who, pl->spec->name, used, have,
+		              LDR_AUGMENT_SEEDS_MAX);
+	if (g == s->ngroups && free_g == AUG_GROUPS_MAX)
+		return errfmt(-EAGAIN, err, errlen, "attach: %s: pipeline '%s': the batches being "
+		              "built still hold the slots of seeds whose last client left; attach "
+		              "again in a moment", who, pl->spec->name);
+	uint32_t k = stream_batch_slots(s) + (new_group ? 1 : 0);
 	if (!s->natts)
 		k = 1; /* the first client: its group alone */
 	if (k > 1 && pl->prefetch / streams < k)

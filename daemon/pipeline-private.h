@@ -89,8 +89,9 @@ struct slot {
  * augment seed share its slots; a batch has one slot per group it was built
  * for, all from one decode of its samples. Group 0 draws from the stream's
  * own seed (the spec's, or a partition client's augment_seed); it keeps its
- * entry when unused, so that LDR_AUGMENT_SEEDS_MAX others fit besides. At
- * most LDR_AUGMENT_SEEDS_MAX groups are in use at once (attach.c). */
+ * entry when unused, and is outside the limit: LDR_AUGMENT_SEEDS_MAX others
+ * with clients at most (attach.c), whose slots go back when their last
+ * client leaves (stream_drop_unread). */
 #define AUG_GROUPS_MAX (LDR_AUGMENT_SEEDS_MAX + 1)
 
 struct aug_group {
@@ -383,6 +384,10 @@ struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t
 uint32_t stream_batch_slots(const struct stream *s);
 /* Drop the ring's references to @b's slots. */
 void batch_unref(struct pipeline *pl, struct batch *b);
+/* The ready batches of broadcast stream @s give back their slots of the
+ * seed groups nobody reads, and those left with none leave the ring
+ * (docs/spec.md, "Augment seeds"): a group without clients holds nothing. */
+void stream_drop_unread(struct stream *s);
 /* Does any slot of @b have a lease? */
 bool batch_leased(const struct batch *b);
 

@@ -577,21 +577,24 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 	return 0;
 }
 
+/* Seeds one sample is written with: the augment seeds read and the spec's
+ * own, which is outside their limit (docs/spec.md, "Augment seeds"). */
+#define SAMPLE_SEEDS_MAX (LDR_AUGMENT_SEEDS_MAX + 1)
+
 /* The samples to write: @j's for ctx's seed into @dsts and for each of its
  * augment seeds into ctx->more_dsts (docs/spec.md, "Augment seeds"). */
 struct sample_outs {
 	size_t n;
-	uint64_t seeds[LDR_AUGMENT_SEEDS_MAX];
-	void *img[LDR_AUGMENT_SEEDS_MAX], *label[LDR_AUGMENT_SEEDS_MAX];
+	uint64_t seeds[SAMPLE_SEEDS_MAX];
+	void *img[SAMPLE_SEEDS_MAX], *label[SAMPLE_SEEDS_MAX];
 };
 
 static int sample_outs(const struct images_source *src, const struct sample_ctx *ctx,
 		       void *const *dsts, struct sample_outs *o, char *err, size_t errlen)
 {
 	o->n = 1 + (ctx ? ctx->nmore : 0);
-	if (o->n > LDR_AUGMENT_SEEDS_MAX)
-		return errfmt(-EINVAL, err, errlen, "%zu augment seeds, above %d", o->n,
-			      LDR_AUGMENT_SEEDS_MAX);
+	if (o->n > SAMPLE_SEEDS_MAX)
+		return errfmt(-EINVAL, err, errlen, "%zu seeds, above %d", o->n, SAMPLE_SEEDS_MAX);
 	for (size_t i = 0; i < o->n; i++) {
 		void *const *d = i ? ctx->more_dsts + (i - 1) * src->base.nfields : dsts;
 		o->seeds[i] = i ? ctx->more_seeds[i - 1] : ctx ? ctx->seed : 0;
@@ -642,7 +645,7 @@ static int image_sample(struct images_source *src, const struct sample_ctx *ctx,
 {
 	struct image_scratch *s = image_scratch_get();
 	const struct imageop *op = src->op;
-	struct imageop_plan plans[LDR_AUGMENT_SEEDS_MAX];
+	struct imageop_plan plans[SAMPLE_SEEDS_MAX];
 	struct sample_outs o;
 	struct image_info info;
 	char msg[384], what[320];

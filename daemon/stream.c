@@ -77,6 +77,56 @@ void ring_pop_head(struct stream *s)
 	batch_unref(s->pl, b);
 }
 
+/* Is seed group @g of @s read? By a client of it, or group 0 by a stream
+ * without clients, which builds for it alone (stream_start_batch). */
+static bool group_read(const struct stream *s, uint32_t g)
+{
+	return s->groups[g].natts || (!g && !s->natts);
+}
+
+/* Ready @b gives back its slots of the seed groups nobody reads (a lease
+ * keeps its own reference: the slot goes back when it is released). */
+static void batch_drop_unread(struct stream *s, struct batch *b)
+{
+	for (uint32_t g = 0; g < s->ngroups; g++) {
+		struct slot *slot = batch_slot(b, g);
+		if (!slot || group_read(s, g))
+			continue;
+		slot_unref(s->pl, slot);
+		if (g)
+			b->more[g - 1] = NULL;
+		else
+			b->slot = NULL;
+	}
+}
+
+static bool batch_empty(const struct batch *b)
+{
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++)
+		if (batch_slot(b, g))
+			return false;
+	return true;
+}
+
+void stream_drop_unread(struct stream *s)
+{
+	uint64_t min_cursor = UINT64_MAX;
+
+	for (uint32_t i = 0; i < s->ring_len; i++) {
+		struct batch *b = &s->ring[(s->ring_head + i) % s->pl->nslots];
+		if (b->ready)
+			batch_drop_unread(s, b);
+	}
+	/* a batch left with no slot was read by none of the groups read now:
+	 * they start after it (their slots are the ring's newest batches) */
+	for (const struct attachment *a = s->atts; a; a = a->next)
+		if (a->cursor < min_cursor)
+			min_cursor = a->cursor;
+	while (s->ring_len && s->ring[s->ring_head].ready && batch_empty(&s->ring[s->ring_head]) &&
+	       s->head_seq < min_cursor)
+		ring_pop_head(s);
+}
+
 uint32_t stream_batch_slots(const struct stream *s)
 {
 	uint32_t n = 0;
@@ -264,6 +314,9 @@ void job_done(struct job *job)
 		stats_job_done(job);
 		if (!err && !s->dead && !pl->dropped)
 			stream_prefetch_devices(s, b);
+		/* built for a seed group whose last client left since */
+		if (s->mode == LDR_MODE_BROADCAST && !s->dead)
+			stream_drop_unread(s);
 	}
 	job_free(job);
 	if (s->dead) {

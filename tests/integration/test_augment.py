@@ -215,14 +215,10 @@ def test_bad_augment_seeds_are_refused(ld, workdir):
         "attach: augment_seed 9: pipeline 'many' serves 8 distinct augment seeds already "
         "(1 (1 client), 2 (1 client), 3 (1 client), 4 (1 client), 5 (1 client), "
         "6 (1 client), 7 (1 client), 8 (1 client)), the most one pipeline serves "
-        "(LDR_AUGMENT_SEEDS_MAX 8); attach with one of those seeds")
-    # without augment_seed a client reads the spec's seed (0), a ninth here;
-    # one more client of a seed read already is fine
-    assert noseed == [
-        "attach: the spec's seed 0 (no augment_seed): pipeline 'many' serves 8 distinct augment "
-        "seeds already (1 (1 client), 2 (1 client), 3 (1 client), 4 (1 client), "
-        "5 (1 client), 6 (1 client), 7 (1 client), 8 (1 client)), the most one pipeline "
-        "serves (LDR_AUGMENT_SEEDS_MAX 8); attach with one of those seeds", "ok"]
+        "(LDR_AUGMENT_SEEDS_MAX 8); attach with one of those seeds or without augment_seed")
+    # without augment_seed a client reads the spec's seed (0): never refused
+    # for the limit, so that seeds cannot lock a plain client out
+    assert noseed == ["ok", "ok"]
     assert small[:2] == ["ok", "ok"]
     assert small[2] == (
         "attach: augment_seed 3: pipeline 'small''s broadcast clients would read 3 distinct "
@@ -237,6 +233,39 @@ def test_bad_augment_seeds_are_refused(ld, workdir):
                    "0..2^63 - 1"]
     # the daemon serves on
     assert ld.pipeline("many")["clients"] == 0
+
+
+def test_seeds_without_clients_hold_nothing(ld, workdir):
+    """A sweep whose trials are gone leaves no seed behind: the ring's
+    batches that nobody received give their seeds' slots back, so the next
+    sweep gets 8 new seeds (the pipeline builds for the spec's seed alone
+    meanwhile, which takes no seed's place)."""
+    root = images(workdir)
+    ld.create(spec("p", root, 0, prefetch=64, epochs=0))
+    first, = attach_errors(ld, [["p", "broadcast", list(range(1, 9))]])
+    assert first == ["ok"] * 8
+    ld.wait_for(lambda s: [p for p in s["pipelines"] if p["name"] == "p"][0]["clients"] == 0,
+                "the first sweep gone")
+    assert seed_groups(ld, "p") == []
+    groups, reads = [], []
+
+    def while_attached():
+        groups.append(seed_groups(ld, "p"))
+        # the spec's seed besides 8 others: 9 slots a batch, built and read
+        for args in [(), ("--augment-seed", 12)]:
+            r = ld.consume("p", "--batches", 3, *args)
+            reads.append((r.rc, r.json["batches"]))
+
+    second, = attach_errors(ld, [["p", "broadcast", list(range(9, 18))]], then=while_attached)
+    assert second[:8] == ["ok"] * 8
+    assert second[8] == (
+        "attach: augment_seed 17: pipeline 'p' serves 8 distinct augment seeds already "
+        "(9 (1 client), 10 (1 client), 11 (1 client), 12 (1 client), 13 (1 client), "
+        "14 (1 client), 15 (1 client), 16 (1 client)), the most one pipeline serves "
+        "(LDR_AUGMENT_SEEDS_MAX 8); attach with one of those seeds or without augment_seed")
+    assert groups == [[(s, 1) for s in range(9, 17)]]
+    assert reads == [(0, 3), (0, 3)]
+    assert ld.pipeline("p")["state"] != "failed"
 
 
 def test_other_streams_and_prefetch_leave_the_seeds_their_slots(ld, workdir):
