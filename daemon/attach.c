@@ -575,6 +575,7 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 	size_t n = rq->nreturned;
 	bool rewind = a->deliver_no == a->revoke_upto;
 	uint64_t returned_rows = 0;
+	size_t again = 0;
 
 	if (!a->revoking)
 		return errfmt(-EPROTO, err, errlen,
@@ -587,12 +588,24 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 		              ", where the Revoke was sent", n, rq->return_from, a->revoke_upto);
 	for (size_t i = 0; i < n; i++) {
 		struct lease **pp = att_find_lease(a, rq->returned[i]);
-		if (!pp || (*pp)->dseq != rq->return_from + i ||
-		    (s->mode != LDR_MODE_DYNAMIC && rewind && (*pp)->seq != a->cursor - n + i))
+		if (!pp || (*pp)->dseq != rq->return_from + i)
 			return errfmt(-EPROTO, err, errlen,
 			              "return: lease %" PRIu64 " is not delivery %" PRIu64
 			              " of attachment %" PRIu64, rq->returned[i], rq->return_from + i, a->id);
 	}
+	/*
+	 * What is delivered again: the run of returned batches that ends at the
+	 * cursor, in stream order. Usually all of them; but a slow_clients skip
+	 * (slow.c follow()) moves a broadcast client's cursor past batches it
+	 * never received while older deliveries wait in its window, so the
+	 * deliveries returned may straddle the jump. The cursor cannot go back
+	 * over the jump (those batches may be gone from the stream): the older
+	 * ones are given back without coming again, skipped as the jump was.
+	 */
+	if (s->mode != LDR_MODE_DYNAMIC && rewind)
+		while (again < n && att_find_lease(a, rq->returned[n - 1 - again])[0]->seq ==
+		       a->cursor - 1 - again)
+			again++;
 	for (size_t i = 0; i < n; i++) {
 		struct lease **pp = att_find_lease(a, rq->returned[i]);
 		struct lease *l = *pp;
@@ -609,8 +622,10 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 		free(l);
 	}
 	if (rewind) {
-		if (s->mode != LDR_MODE_DYNAMIC)
-			a->cursor -= n;
+		if (s->mode != LDR_MODE_DYNAMIC) {
+			a->cursor -= again;
+			a->skipped += n - again;
+		}
 		a->deliver_no = rq->return_from;
 		a->delivered -= n;
 		a->returned += n;

@@ -143,3 +143,44 @@ def test_slow_client_spec_errors(ld, workdir):
                      ({"max_lag": 0}, "max_lag: must be an integer in 1..1024")):
         r = ld.create(token_spec("x", tok, SEQ, "uint32", **bad), check=False)
         assert r.returncode != 0 and msg in r.stderr, (bad, r.stderr)
+
+
+def test_a_revoke_after_a_skip_returns_batches_from_both_sides(daemon, workdir):
+    """A skipped client, continued, holds deliveries from before the jump
+    (untaken) and gets new ones from after it; a client attaching then
+    of a second stream (partition) halves its share, and the deliveries it hands back for the Revoke
+    straddle the jump (the soak found it). Those after the jump come again, those before it are
+    skipped as the jump was (the stream has moved on): its stream stays in
+    order with exact contents, never "return: lease ... is not delivery"."""
+    d = daemon()
+    make_pipeline(d, workdir, slow_clients="skip", slow_client_timeout=1, epochs=0)
+    bpe = NSAMPLES // BATCH
+    victim = start_three(d, "--batches", 12, "--verbose", "--inflight", 6, "--delay", 700)
+    others = [d.popen_consume("bc", "--mode", "broadcast", "--batches", 2 * bpe) for _ in range(2)]
+    for c in others:
+        c.wait(timeout=60, check=True)
+
+    def victim_att(s):
+        (a,) = [c for c in s["clients"] if c["pid"] == victim.pid]
+        return a["attachments"][0]
+
+    before = victim_att(d.status())
+    assert before["skipped"] > 0 and before["leases"] == 6, before
+    victim.signal(signal.SIGCONT)
+    # it takes one, shows progress, and is delivered from where the stream is
+    d.wait_for(lambda s: victim_att(s)["delivered"] > before["delivered"],
+               "a delivery after the jump", timeout=30)
+    # a stream of its own (partition): the slots are split between the two
+    late = d.popen_consume("bc", "--mode", "partition", "--rank", 0, "--world-size", 1,
+                           "--batches", 4)
+    d.wait_for(lambda s: victim_att(s)["returned"] > 0, "the victim's answer to a revoke",
+               timeout=30)
+    res = victim.wait(timeout=60, check=True)
+    late.wait(timeout=60, check=True)
+    seqs = verbose_seqs(res.stderr, bpe)
+    assert len(seqs) == 12 == res.json["batches"], seqs
+    assert seqs == sorted(set(seqs)) and seqs[:2] == [0, 1], seqs
+    assert seqs[-1] >= 2 * bpe - 8, seqs           # it read on from where the others were
+    got = position_indices(res.dump, SEQ, [BATCH] * 12)
+    assert got == [list(range((q % bpe) * BATCH, (q % bpe) * BATCH + BATCH)) for q in seqs]
+    assert "is not delivery" not in d.log()
