@@ -317,8 +317,9 @@ int imagecache_decode_run(struct imagecache *c, const struct imageop *op, struct
 			return errfmt(-ENOMEM, err, errlen, "out of memory for a %dx%d image", cw, ch);
 		to = to ? to : s->reduced;
 		if (imageop_resize_rgb(op, s, s->pix, pw, ph, to, cw, ch) < 0) {
-			if (e) /* its bytes stay taken, unused; another worker may try */
-				atomic_store_explicit(&c->slot[j], SLOT_EMPTY, memory_order_relaxed);
+			if (e) /* its bytes stay taken, unused: never tried again, or
+				* every retry under memory pressure would take more */
+				refuse(c, j);
 			return errfmt(-ENOMEM, err, errlen, "out of memory reducing %dx%d to %dx%d",
 				      pw, ph, cw, ch);
 		}
