@@ -179,7 +179,7 @@ static int seed_group(struct stream *s, uint64_t seed, uint32_t streams, uint32_
 
 	/* a client without augment_seed reads the stream's own seed's group */
 	snprintf(who, sizeof(who), seed == s->groups[0].seed ? "the spec's seed %" PRIu64
-	         " (no augment_seed)" : "augment_seed %" PRIu64, seed);
+	         " (no augment_seed, or one equal to it)" : "augment_seed %" PRIu64, seed);
 
 	for (g = 0; g < s->ngroups; g++)
 		if (s->groups[g].seed == seed)
