@@ -490,12 +490,17 @@ void attachment_get_info(struct attachment *a, struct attach_info *info)
 
 void attachment_fail(struct attachment *a, int err, const char *msg)
 {
-	if (!a->pl)
+	struct pipeline *pl = a->pl;
+
+	if (!pl)
 		return;
 	a->dead = true;
 	a->dead_err = err;
 	snprintf(a->dead_msg, sizeof(a->dead_msg), "%s", msg);
 	att_disconnect(a, err, msg);
+	/* what it held back (a broadcast stream's slots it had not read)
+	 * goes to the others now: they may send nothing that would look */
+	pipeline_update(pl);
 }
 
 uint64_t attachment_id(const struct attachment *a)
