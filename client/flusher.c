@@ -65,10 +65,14 @@ void queue_release(struct ldr_attachment *a, uint64_t lease)
 
 	if (a->detached || a->lost)
 		return;
-	/* through the batch ring: the flusher still sends a Release, with no
-	 * lease, for the stats of the batch just done */
-	if (a->ringed && ring_release(a, lease))
+	/* through the batch ring: nothing to send, unless the ring does not
+	 * carry the trainer's figures (an older daemon's): then the flusher
+	 * sends a Release, with no lease, for those of the batch just done */
+	if (a->ringed && ring_release(a, lease)) {
+		if (ring_has_stats(a))
+			return;
 		goto flush;
+	}
 	if (a->nrel == a->relcap) {
 		size_t cap = a->relcap ? a->relcap * 2 : 16;
 		uint64_t *n = realloc(a->rel, cap * sizeof(*n));

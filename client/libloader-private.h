@@ -256,7 +256,7 @@ struct ldr_client {
  */
 static inline bool reader_lock(struct ldr_client *c)
 {
-	if (c->pid != getpid())
+	if (c->pid != self_pid())
 		return false;
 	pthread_mutex_lock(&c->lock);
 	return true;
@@ -270,7 +270,7 @@ static inline void reader_unlock(struct ldr_client *c, bool locked)
 
 #define CHECK_PID(c)                                                          \
 	do {                                                                  \
-		if ((c)->pid != getpid())                                     \
+		if ((c)->pid != self_pid())                                     \
 			return set_err(LDR_EFORKED, "%s", error_name(LDR_EFORKED)); \
 	} while (0)
 
@@ -357,6 +357,7 @@ bool ring_release(struct ldr_attachment *a, uint64_t lease);
 void ring_poke(struct ldr_attachment *a);
 void ring_stats(struct ldr_attachment *a);
 bool ring_stats_due(const struct ldr_attachment *a);
+bool ring_has_stats(const struct ldr_attachment *a);
 void ring_close(struct ldr_attachment *a);
 
 #endif

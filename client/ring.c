@@ -133,19 +133,27 @@ bool ring_release(struct ldr_attachment *a, uint64_t lease)
 	return r >= 0;
 }
 
-/* Has a ringed attachment stats to report? No Next carries them: the
- * flusher sends a Release for them after a release (queue_release()).
- * Called with c->lock held. */
+/* Does the ring carry the trainer's figures (a daemon that reads them
+ * there)? Then no request does. Called with c->lock held. */
+bool ring_has_stats(const struct ldr_attachment *a)
+{
+	return a->ringed && (a->br.flags & BRING_F_STATS);
+}
+
+/* A ring without them (an older daemon's): has the attachment figures to
+ * report? No Next carries them: the flusher sends a Release for them after
+ * a release (queue_release()). Called with c->lock held. */
 bool ring_stats_due(const struct ldr_attachment *a)
 {
-	return a->ringed && (a->st_calls != a->st_sent_calls || a->st_wait_ns != a->st_sent_wait);
+	return a->ringed && !ring_has_stats(a) &&
+	       (a->st_calls != a->st_sent_calls || a->st_wait_ns != a->st_sent_wait);
 }
 
 /* ... and ldr_next() one at most every STATS_EVERY_NS while batches are
  * taken but kept (no release). Called with c->lock held. */
 void ring_stats(struct ldr_attachment *a)
 {
-	if (a->ringed && mono_ns() - a->st_sent_ns >= STATS_EVERY_NS && !a->detached &&
+	if (a->ringed && !ring_has_stats(a) && mono_ns() - a->st_sent_ns >= STATS_EVERY_NS && !a->detached &&
 	    !a->c->disconnected && a->relreq.open && a->relreq.state == REQ_IDLE)
 		req_send(a, &a->relreq, 0);
 }

@@ -1,8 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /* libloader: stall accounting: the TrainerStats (docs/protocol.md) ldr_next()
- * keeps and the Next and Release requests carry.
+ * keeps, and the batch ring's header (common/bring.h) or else the Next and
+ * Release requests carry.
  */
 #include "libloader-private.h"
+
+/* A ring that carries the figures (BRING_F_STATS) gets them after each
+ * ldr_next(): no request carries them then. Called with c->lock held. */
+static void stats_to_ring(struct ldr_attachment *a)
+{
+	bring_client_stats(&a->br, a->st_wait_ns, a->st_compute_ns, a->st_calls, a->st_buckets);
+	a->st_sent_ns = mono_ns();
+	a->st_sent_calls = a->st_calls;
+	a->st_sent_wait = a->st_wait_ns;
+}
 
 /*
  * The TrainerStats a Next or Release carries: the totals, when a wait ended
@@ -17,6 +28,8 @@ Loaderd__TrainerStats *stats_report(struct ldr_attachment *a, Loaderd__TrainerSt
 {
 	uint64_t now = mono_ns();
 
+	if (ring_has_stats(a))
+		return NULL;
 	if ((a->st_calls == a->st_sent_calls && a->st_wait_ns == a->st_sent_wait) ||
 	    (!release && now - a->st_sent_ns < STATS_EVERY_NS))
 		return NULL;
@@ -58,6 +71,10 @@ void stats_live(struct ldr_attachment *a, uint64_t now)
 {
 	a->st_wait_ns += now - a->st_counted;
 	a->st_counted = now;
+	if (ring_has_stats(a)) {
+		stats_to_ring(a);
+		return;
+	}
 	if (now - a->st_sent_ns >= (uint64_t)STATS_LIVE_MS * 1000000u && !a->detached &&
 	    !a->c->disconnected && a->relreq.open && a->relreq.state == REQ_IDLE)
 		req_send(a, &a->relreq, 0);
@@ -82,4 +99,6 @@ void stats_leave(struct ldr_attachment *a, uint64_t t0, int r)
 	a->st_buckets[wait_bucket(a->st_open)]++;
 	a->st_calls++;
 	a->st_open = 0;
+	if (ring_has_stats(a))
+		stats_to_ring(a);
 }

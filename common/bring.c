@@ -17,6 +17,9 @@
 
 _Static_assert(sizeof(struct bring_desc) == 64, "a delivery is one cache line");
 _Static_assert(sizeof(struct bring_shared) <= BRING_MSG_OFF, "the header fits its page");
+_Static_assert(BRING_STAT_BUCKETS == WAIT_BUCKETS, "the ring holds every wait bucket");
+_Static_assert(offsetof(struct bring_shared, flags) == 24 && offsetof(struct bring_shared, st) == 576,
+               "the offsets docs/protocol.md gives");
 
 static bool pow2_cap(uint32_t n)
 {
@@ -77,6 +80,7 @@ int bring_create(struct bring *b, uint32_t dcap, uint32_t rcap, char *err, size_
 	b->sh->dcap = dcap;
 	b->sh->rcap = rcap;
 	b->sh->bytes = bytes;
+	b->sh->flags = b->flags = BRING_F_STATS;
 	return 0;
 }
 
@@ -113,6 +117,7 @@ int bring_map(struct bring *b, int fd, uint64_t size, char *err, size_t errlen)
 	}
 	bring_layout(b, base, size, dcap, rcap);
 	b->fd = fd;
+	b->flags = hdr.flags;
 	/* a ring mapped again after a while: go on from where it is */
 	b->d_tail = atomic_load_explicit(&sh->d_tail, memory_order_relaxed);
 	b->r_head = atomic_load_explicit(&sh->r_head, memory_order_relaxed);
@@ -267,4 +272,46 @@ int bring_client_release(struct bring *b, uint64_t lease)
 	b->r_head++;
 	atomic_store(&b->sh->r_head, b->r_head);
 	return atomic_exchange(&b->sh->r_sleep, 0) != 0;
+}
+
+/* --- the trainer's figures ---------------------------------------------- */
+
+/* A sequence lock: the count goes odd, the figures are written, it goes
+ * even; a reader that saw the same even count before and after its copy
+ * has figures from one write. */
+void bring_client_stats(struct bring *b, uint64_t wait_ns, uint64_t compute_ns, uint64_t calls,
+                        const uint64_t *buckets)
+{
+	struct bring_stats *st = &b->sh->st;
+	/* on from the count there, whatever wrote it last: the daemon reads
+	 * only a count it has not read */
+	uint64_t odd = atomic_load_explicit(&st->seq, memory_order_relaxed) | 1;
+
+	atomic_store_explicit(&st->seq, odd, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	atomic_store_explicit(&st->wait_ns, wait_ns, memory_order_relaxed);
+	atomic_store_explicit(&st->compute_ns, compute_ns, memory_order_relaxed);
+	atomic_store_explicit(&st->calls, calls, memory_order_relaxed);
+	for (size_t i = 0; i < BRING_STAT_BUCKETS; i++)
+		atomic_store_explicit(&st->buckets[i], buckets[i], memory_order_relaxed);
+	atomic_store_explicit(&st->seq, odd + 1, memory_order_release);
+}
+
+int bring_daemon_stats(struct bring *b, uint64_t wait_compute_calls[3], uint64_t *buckets)
+{
+	struct bring_stats *st = &b->sh->st;
+	uint64_t seq = atomic_load_explicit(&st->seq, memory_order_acquire);
+
+	if (!(b->flags & BRING_F_STATS) || seq == 0 || (seq & 1) || seq == b->st_seq)
+		return 0;
+	wait_compute_calls[0] = atomic_load_explicit(&st->wait_ns, memory_order_relaxed);
+	wait_compute_calls[1] = atomic_load_explicit(&st->compute_ns, memory_order_relaxed);
+	wait_compute_calls[2] = atomic_load_explicit(&st->calls, memory_order_relaxed);
+	for (size_t i = 0; i < BRING_STAT_BUCKETS; i++)
+		buckets[i] = atomic_load_explicit(&st->buckets[i], memory_order_relaxed);
+	atomic_thread_fence(memory_order_acquire);
+	if (atomic_load_explicit(&st->seq, memory_order_relaxed) != seq)
+		return 0;
+	b->st_seq = seq;
+	return 1;
 }

@@ -33,6 +33,17 @@
  * then (sequentially consistent) swaps the other side's sleep word to 0 and
  * wakes it only when it was set: one syscall per sleep, none while both run.
  *
+ * The trainer's stall figures (TrainerStats, docs/protocol.md) lie in the
+ * header too, when the daemon says it reads them there (BRING_F_STATS in
+ * flags; a daemon before it leaves the word 0 and the client sends them on
+ * the socket): libloader rewrites them after each ldr_next() under a
+ * sequence count (odd while it writes), and the daemon reads them when it
+ * shows them (status, /metrics, its once-a-second snapshots). So the batch
+ * path sends no message at all while the pipeline is ahead. What the daemon
+ * reads there is only ever the client's own figures, checked as a socket
+ * report is (daemon/stats.c): garbage is counted in its bad_reports, a count
+ * left odd leaves its figures where they were.
+ *
  * Layout (offsets in the mapping): struct bring_shared at 0 (the counters on
  * cache lines of their own), the message of the last error delivery at
  * BRING_MSG_OFF, the deliveries at BRING_DESC_OFF, then the releases.
@@ -54,6 +65,17 @@
 
 enum bring_kind { BRING_BATCH = 1, BRING_END = 2, BRING_ERROR = 3 };
 
+/* bring_shared.flags: what the daemon that made the ring reads in it */
+#define BRING_F_STATS 1u        /* the trainer's figures, in st */
+#define BRING_STAT_BUCKETS 23   /* = WAIT_BUCKETS (common.h) */
+
+/* The trainer's TrainerStats, totals since the attach (client-written). */
+struct bring_stats {
+	_Atomic uint64_t seq;     /* odd while the client writes; 0: nothing yet */
+	_Atomic uint64_t wait_ns, compute_ns, calls;
+	_Atomic uint64_t buckets[BRING_STAT_BUCKETS];
+};
+
 /* One delivery (64 bytes): what a Batches reply's Batch says, or its end. */
 struct bring_desc {
 	uint64_t seq;             /* the attachment's delivery number */
@@ -72,6 +94,7 @@ struct bring_shared {
 	uint32_t magic, version;
 	uint32_t dcap, rcap;      /* entries of the delivery and release rings */
 	uint64_t bytes;           /* of the mapping */
+	uint32_t flags;           /* BRING_F_* (the daemon's, fixed at creation) */
 	/* the daemon writes these */
 	alignas(64) _Atomic uint64_t d_head;   /* deliveries published */
 	_Atomic uint64_t r_tail;  /* releases read */
@@ -87,6 +110,8 @@ struct bring_shared {
 	 * had ended), and the message of the last such (before the count) */
 	alignas(64) _Atomic uint64_t r_refused;
 	char r_msg[256];
+	/* the client writes these (BRING_F_STATS) */
+	alignas(64) struct bring_stats st;   /* at 576 (docs/protocol.md) */
 };
 
 /* One side's view of a ring: the mapping and its own counts. */
@@ -97,6 +122,8 @@ struct bring {
 	char *msg;
 	size_t bytes;
 	uint32_t dcap, rcap;
+	uint32_t flags;           /* the header's, as mapped */
+	uint64_t st_seq;          /* the daemon's: the stats count it read last */
 	int fd;                   /* the memfd (the daemon's; the client's once mapped) */
 	/* what this side wrote, or last read and checked, of the counters */
 	uint64_t d_head, d_tail, r_head, r_tail;
@@ -150,6 +177,17 @@ int bring_client_peek(const struct bring *b, struct bring_desc *out);
 bool bring_client_next(struct bring *b);
 int bring_client_wait(struct bring *b, uint64_t tail, int timeout_ms);
 int bring_client_release(struct bring *b, uint64_t lease);
+
+/*
+ * The trainer's figures (BRING_F_STATS). bring_client_stats(): the client
+ * publishes its totals (@buckets: BRING_STAT_BUCKETS of them); one thread at
+ * a time. bring_daemon_stats(): the daemon copies them into @wait_compute_calls
+ * and @buckets: 1 when they changed since its last read, 0 when they did not
+ * or the client is writing them now (a later read gets them).
+ */
+void bring_client_stats(struct bring *b, uint64_t wait_ns, uint64_t compute_ns, uint64_t calls,
+                        const uint64_t *buckets);
+int bring_daemon_stats(struct bring *b, uint64_t wait_compute_calls[3], uint64_t *buckets);
 
 /* Unmap and close (either end). */
 void bring_close(struct bring *b);

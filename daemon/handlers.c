@@ -408,7 +408,10 @@ static bool client_visible(struct server *srv, json_t *c, const struct principal
 static json_t *status_json(struct server *srv, const struct client *self, const struct principal *who)
 {
 	json_t *cuda = cuda_status_json();
-	json_t *clients = clients_json(srv, self);
+	json_t *clients;
+
+	engine_stats_pull(srv->engine); /* the figures batch rings carry, fresh */
+	clients = clients_json(srv, self);
 
 	for (size_t i = json_array_size(clients); i-- > 0;)
 		if (!client_visible(srv, json_array_get(clients, i), who))

@@ -414,6 +414,8 @@ void attring_deliver(struct pending *p, const struct delivery *d);
 uint64_t attring_bytes(const struct attachment *a);
 void attring_fds(const struct attachment *a, int *fd, int *efd);
 void attring_close(struct attachment *a);
+/* The trainer's figures in the ring, when new: into stats_report(). */
+void attring_stats(struct attachment *a);
 /* @a's requests the daemon has nothing for: its parked Next requests, and its
  * ring's request while its client has taken every delivery (it waits). */
 uint32_t att_waiting(const struct attachment *a);

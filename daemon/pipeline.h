@@ -302,6 +302,9 @@ int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, pid_t
 uint64_t engine_memory_held(const struct engine *eng);
 /* [{"uid", "bytes", "pids", "pipelines"}, ...]: who holds them. */
 json_t *engine_holds_json(struct engine *eng);
+/* Read the trainers' figures that batch rings carry (stats.c): before what
+ * shows them. */
+void engine_stats_pull(struct engine *eng);
 /* max_held_after_drop: above it a uid may not attach; 0 = memory_limit / 4. */
 void engine_set_max_held(struct engine *eng, uint64_t bytes);
 uint64_t holds_max_held(const struct engine *eng);

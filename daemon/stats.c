@@ -5,8 +5,9 @@
  * pipeline's when a batch is built (job_done()), an attachment's when a
  * batch is leased (deliver.c) and when its trainer reports how long it
  * waited inside ldr_next() and how long it computed between calls
- * (TrainerStats, carried by the Next and Release requests libloader sends
- * anyway). Once a second a timer copies them into a ring of snapshots; the
+ * (TrainerStats, in the attachment's batch ring, read when shown and at
+ * each snapshot, or carried by the Next and Release requests libloader
+ * sends anyway). Once a second a timer copies them into a ring of snapshots; the
  * status JSON's rates, wait fraction and wait percentiles are the difference
  * between now and the oldest snapshot, so they cover the last STATS_WINDOW_S
  * seconds and cost nothing while nobody asks.
@@ -66,11 +67,18 @@ static void pipeline_snapshot(struct pipeline *pl, uint64_t now)
 		pl->st_nsnap++;
 }
 
+void engine_stats_pull(struct engine *eng)
+{
+	for (struct attachment *a = eng->atts; a; a = a->all_next)
+		attring_stats(a);
+}
+
 static void on_stats_tick(uv_timer_t *t)
 {
 	struct engine *eng = t->data;
 	uint64_t now = uv_now(eng->loop);
 
+	engine_stats_pull(eng);
 	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
 		pipeline_snapshot(pl, now);
 	for (struct attachment *a = eng->atts; a; a = a->all_next)

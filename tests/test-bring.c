@@ -7,7 +7,8 @@
  * lease comes back exactly, with the futex and eventfd wake-ups of sides that
  * sleep. Then a client that scribbles on its ring: each kind of garbage the
  * daemon reads is refused with the message naming it, and the sizes cannot
- * change under the daemon (the memfd is sealed).
+ * change under the daemon (the memfd is sealed). And the trainer's figures,
+ * rewritten by the client while the daemon reads them: each read is whole.
  */
 #undef NDEBUG
 #include <assert.h>
@@ -280,8 +281,93 @@ static void test_wait(void)
 	printf("wait: times out empty, returns at once when published\n");
 }
 
+/* The trainer's figures, as libloader writes them after each ldr_next(). */
+#define STAT_WRITES 300000
+
+static void stats_of(uint64_t i, uint64_t v[3], uint64_t *buckets)
+{
+	memset(buckets, 0, BRING_STAT_BUCKETS * sizeof(*buckets));
+	/* i calls, spread over the buckets: they add up to calls */
+	for (uint64_t k = 0; k < BRING_STAT_BUCKETS; k++)
+		buckets[k] = i / BRING_STAT_BUCKETS + (k < i % BRING_STAT_BUCKETS);
+	v[0] = 3 * i;
+	v[1] = 5 * i;
+	v[2] = i;
+}
+
+/*
+ * A client process rewrites its figures STAT_WRITES times as fast as it can
+ * while the daemon reads them: every read the daemon takes is one whole
+ * write (calls = the buckets' sum, wait and compute of the same write),
+ * reads never go back, and the last read is the last write, exactly. A ring
+ * the client never wrote has nothing to read; a count left odd (a client
+ * stopped mid-write, or lying) reads as nothing new.
+ */
+static void test_stats(void)
+{
+	struct bring d;
+	char err[256];
+	uint64_t v[3], b[BRING_STAT_BUCKETS], w[3], wb[BRING_STAT_BUCKETS], last = 0, reads = 0;
+	int cfd, status;
+	pid_t pid;
+
+	assert(bring_create(&d, 8, 8, err, sizeof(err)) == 0);
+	assert(d.sh->flags == BRING_F_STATS);
+	assert(bring_daemon_stats(&d, v, b) == 0); /* nothing written yet */
+	cfd = reopen(d.fd, O_RDWR);
+	assert(cfd >= 0);
+	pid = fork();
+	assert(pid >= 0);
+	if (pid == 0) {
+		struct bring c;
+		if (bring_map(&c, cfd, d.bytes, err, sizeof(err)) < 0 || !(c.flags & BRING_F_STATS))
+			_exit(2);
+		for (uint64_t i = 1; i <= STAT_WRITES; i++) {
+			stats_of(i, w, wb);
+			bring_client_stats(&c, w[0], w[1], w[2], wb);
+		}
+		_exit(0);
+	}
+	close(cfd);
+	for (;;) {
+		bool done = waitpid(pid, &status, WNOHANG) == pid;
+		if (bring_daemon_stats(&d, v, b) == 1) {
+			uint64_t sum = 0;
+			for (size_t k = 0; k < BRING_STAT_BUCKETS; k++)
+				sum += b[k];
+			stats_of(v[2], w, wb);
+			assert(v[2] >= last && v[2] >= 1 && v[2] <= STAT_WRITES);
+			assert(sum == v[2] && memcmp(v, w, sizeof(w)) == 0 && memcmp(b, wb, sizeof(b)) == 0);
+			last = v[2];
+			reads++;
+		}
+		if (done)
+			break;
+	}
+	assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	if (bring_daemon_stats(&d, v, b) == 1)
+		last = v[2];
+	assert(last == STAT_WRITES);
+	assert(bring_daemon_stats(&d, v, b) == 0); /* nothing new */
+	/* a writer stopped mid-write: its count stays odd, nothing is read */
+	atomic_store(&d.sh->st.seq, atomic_load(&d.sh->st.seq) + 1);
+	atomic_store(&d.sh->st.calls, 7);
+	assert(bring_daemon_stats(&d, v, b) == 0);
+	/* the next write goes on after the count there, odd or not */
+	struct bring c;
+	assert(bring_map(&c, reopen(d.fd, O_RDWR), d.bytes, err, sizeof(err)) == 0);
+	stats_of(STAT_WRITES + 1, w, wb);
+	bring_client_stats(&c, w[0], w[1], w[2], wb);
+	assert(atomic_load(&d.sh->st.seq) % 2 == 0);
+	assert(bring_daemon_stats(&d, v, b) == 1 && v[2] == STAT_WRITES + 1);
+	bring_close(&c);
+	bring_close(&d);
+	printf("stats: %d writes, %" PRIu64 " whole reads, the last exact\n", STAT_WRITES, reads);
+}
+
 int main(void)
 {
+	test_stats();
 	test_bad_rings();
 	test_garbage();
 	test_wait();

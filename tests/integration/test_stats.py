@@ -251,3 +251,82 @@ def test_a_wait_that_lasts_is_reported_while_it_lasts(ld, workdir):
         py.communicate(timeout=30)
         c.signal(signal.SIGKILL)
         c.wait(timeout=30)
+
+
+# A ringed trainer (docs/protocol.md, "The batch ring"): takes 3 batches, then
+# scribbles on the figures in its own ring's header as the command on stdin
+# says, and answers "ok" when done. "next": one more batch, the library's own.
+RINGED = r"""
+import mmap, os, struct, sys
+import loaderd
+dl = loaderd.DataLoader(sys.argv[2], socket=sys.argv[1], timeout=20, as_numpy=True)
+it = iter(dl)
+for _ in range(3):
+    next(it).release()
+fd = [int(f) for f in os.listdir("/proc/self/fd")
+      if os.path.exists("/proc/self/fd/" + f)
+      and os.readlink("/proc/self/fd/" + f).startswith("/memfd:loaderd-ring")][0]
+m = mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+FLAGS, SEQ, CALLS, BUCKETS = 24, 576, 600, 608
+print(struct.unpack_from("<I", m, FLAGS)[0], struct.unpack_from("<Q", m, SEQ)[0] % 2,
+      struct.unpack_from("<Q", m, CALLS)[0], flush=True)
+for line in sys.stdin:
+    cmd = line.split()
+    seq = struct.unpack_from("<Q", m, SEQ)[0]
+    if cmd[0] == "garbage":      # whole, but 1000 calls in buckets that hold 3
+        struct.pack_into("<Q", m, SEQ, seq + 1)
+        struct.pack_into("<Q", m, CALLS, 1000)
+        struct.pack_into("<Q", m, SEQ, seq + 2)
+    elif cmd[0] == "odd":        # a write that never ends
+        struct.pack_into("<Q", m, SEQ, seq + 1)
+        struct.pack_into("<QQQ", m, SEQ + 8, 1, 1, 1)
+    elif cmd[0] == "next":
+        next(it).release()
+    print("ok", flush=True)
+"""
+
+
+def test_a_ringed_trainer_reports_in_its_ring(ld, workdir):
+    """A trainer delivered through its batch ring sends no report: its figures
+    are in the ring, and status shows them exact at once, with no flush to
+    wait for. What the client writes there is checked as a socket report is:
+    garbage is counted in bad_reports and changes nothing, a write left half
+    done (an odd count) is not read, and the library's next write counts
+    again; the stream goes on meanwhile."""
+    tok = os.path.join(workdir, "tok.bin")
+    random_tokens(tok, 400 * SEQ + 1)
+    ld.create(token_spec("tok", tok, SEQ, "uint16", batch_size=BATCH, epochs=0))
+    p = subprocess.Popen(["/usr/bin/python3", "-c", RINGED, ld.socket, "tok"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=python_client_env())
+
+    def say(cmd):
+        p.stdin.write(cmd + "\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "ok", p.stderr.read()
+
+    def figures():
+        a = att_of(ld.status(), p.pid)
+        assert a["ring"] is True, a
+        return a["stats"]
+
+    try:
+        # the daemon reads the figures: the ring says so, the library wrote
+        # a whole report of the 3 calls
+        assert p.stdout.readline().split() == ["1", "0", "3"], p.stderr.read()
+        s = figures()
+        assert (s["next_calls_total"], sum(s["wait_histogram"]["counts"]), s["bad_reports"]) == (3, 3, 0)
+        assert s["batches_total"] >= 3
+        say("garbage")
+        s = figures()
+        assert (s["next_calls_total"], s["bad_reports"]) == (3, 1), s
+        say("odd")
+        s = figures()
+        assert (s["next_calls_total"], s["bad_reports"]) == (3, 1), s
+        say("next")
+        s = figures()
+        assert (s["next_calls_total"], sum(s["wait_histogram"]["counts"]), s["bad_reports"]) == (4, 4, 1), s
+        assert s["batches_total"] >= 4 and ld.alive()
+    finally:
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
