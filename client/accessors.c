@@ -195,7 +195,7 @@ int ldr_next_described(struct ldr_attachment *a, int timeout_ms, struct ldr_batc
 	r = ldr_next(a, timeout_ms, out);
 	if (r == 0)
 		return ldr_batch_describe(*out, info, fields, nfields);
-	if (a->c->pid == getpid())
+	if (a->c->pid == self_pid())
 		info_counters(a, info);
 	return r;
 }

@@ -319,7 +319,7 @@ void att_unref(struct ldr_attachment *a)
 
 	if (atomic_fetch_sub(&a->refs, 1) != 1)
 		return;
-	if (a->waiter_running && c->pid == getpid()) {
+	if (a->waiter_running && c->pid == self_pid()) {
 		/* it waits for the events still queued, then ends */
 		pthread_mutex_lock(&c->lock);
 		a->waiter_stop = true;
@@ -335,7 +335,7 @@ void att_unref(struct ldr_attachment *a)
 		free(a->ring[i].msg);
 	free(a->rel);
 	free(a);
-	if (c->pid == getpid())
+	if (c->pid == self_pid())
 		client_unref(c);
 }
 

@@ -292,7 +292,7 @@ void ldr_close(struct ldr_client *c)
 {
 	if (!c)
 		return;
-	if (c->pid != getpid())
+	if (c->pid != self_pid())
 		return; /* nng state of the parent: leave it alone */
 	/* a reconnection going on gives up at its next step */
 	pthread_mutex_lock(&c->lock);

@@ -45,7 +45,7 @@ void ldr_release_after(struct ldr_batch *b, void *cuda_stream)
 		return;
 	a = b->att;
 	c = a->c;
-	if (!a->dev || c->pid != getpid()) {
+	if (!a->dev || c->pid != self_pid()) {
 		ldr_release(b);
 		return;
 	}

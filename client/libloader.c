@@ -22,8 +22,9 @@
  * ldr_release_after() goes back once the event recorded on the trainer's
  * stream completed (the attachment's waiter thread sees to that).
  *
- * nng is not fork-safe: every entry point compares getpid() with the pid that
- * made the handle, and a child gets LDR_EFORKED without nng being touched.
+ * nng is not fork-safe: every entry point compares the process's pid
+ * (self_pid(): getpid() cached, forgotten at a fork) with the pid that made
+ * the handle, and a child gets LDR_EFORKED without nng being touched.
  *
  * The library's files, one concept each (libloader-private.h holds the
  * structures they share):

@@ -187,7 +187,7 @@ void batch_free(struct ldr_batch *b)
 	struct ldr_attachment *a = b->att;
 	struct ldr_client *c = a->c;
 
-	if (c->pid == getpid()) {
+	if (c->pid == self_pid()) {
 		pthread_mutex_lock(&c->lock);
 		amap_put(a, b->map);
 		pthread_mutex_unlock(&c->lock);
@@ -203,7 +203,7 @@ void ldr_release(struct ldr_batch *b)
 	if (!b)
 		return;
 	a = b->att;
-	if (a->c->pid == getpid())
+	if (a->c->pid == self_pid())
 		batch_done(b, true);
 	batch_free(b);
 }

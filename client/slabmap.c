@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "slabmap.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -53,7 +54,7 @@ void *slabmap_map(int fd, size_t len, uint64_t off)
 /* This process's pagemap, opened once (again in a forked child), or -1. */
 static int pagemap_fd(void)
 {
-	pid_t self = getpid();
+	pid_t self = self_pid();
 	int fd;
 
 	pthread_mutex_lock(&pm_lock);

@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* common - dtype and mode names, socket path resolution, error names */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -228,4 +231,29 @@ char *text_clean(char *dst, size_t size, const char *src, char repl)
 	}
 	dst[o] = '\0';
 	return dst;
+}
+
+static _Atomic pid_t self_pid_cached;
+static pthread_once_t self_pid_once = PTHREAD_ONCE_INIT;
+
+static void self_pid_forked(void)
+{
+	atomic_store_explicit(&self_pid_cached, 0, memory_order_relaxed);
+}
+
+static void self_pid_hook(void)
+{
+	pthread_atfork(NULL, NULL, self_pid_forked);
+}
+
+pid_t self_pid(void)
+{
+	pid_t p = atomic_load_explicit(&self_pid_cached, memory_order_relaxed);
+
+	if (p)
+		return p;
+	pthread_once(&self_pid_once, self_pid_hook);
+	p = getpid();
+	atomic_store_explicit(&self_pid_cached, p, memory_order_relaxed);
+	return p;
 }

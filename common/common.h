@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "loader/loader.h"
 
@@ -96,6 +97,11 @@ extern const uint64_t wait_bucket_bound_ns[WAIT_BUCKETS - 1];
 unsigned wait_bucket(uint64_t ns);
 /* CLOCK_MONOTONIC in ns. */
 uint64_t mono_ns(void);
+/* getpid() without a system call (it is one in glibc, ~140 ns here, and
+ * libloader asks on every call to tell a forked child): the pid, cached and
+ * forgotten in a child by a pthread_atfork() handler. A child made without
+ * fork() (a raw clone) that calls libloader is not told apart. */
+pid_t self_pid(void);
 
 /*
  * text_clean() - @src as printable UTF-8 in @dst (@size > 0): valid UTF-8
