@@ -113,7 +113,9 @@ except ImportError:
     torch = None
 res = {"file": loaderd.__file__, "lib": loaderd.library_path(), "numpy": np.__version__,
        "torch": torch is not None, "version": loaderd.version(), "types": [], "index": [],
-       "rows": []}
+       "rows": [], "leases": []}
+fast = loaderd._lib.fast()
+res["fast"] = fast.__file__ if fast is not None else loaderd._lib.fast_error
 inp, tgt = [], []
 with loaderd.DataLoader(spec, socket=sock) as dl:
     res["len"] = len(dl)
@@ -123,6 +125,7 @@ with loaderd.DataLoader(spec, socket=sock) as dl:
             res["types"].append([type(a).__module__, type(a).__name__, str(a.dtype),
                                  list(a.shape)])
         res["index"].append(b.index)
+        res["leases"].append(type(b._lease).__module__)
         res["rows"].append(b.rows)
         inp.append(np.array(b["input"]))
         tgt.append(np.array(b["target"]))
@@ -174,6 +177,10 @@ def test_pip_install_fresh_venv(ld, workdir):
     assert int(res["numpy"].split(".")[0]) >= 2, res["numpy"]
     assert res["torch"] is False
     assert res["version"]["libloader"] == res["version"]["loaderd"]
+    # the wheel's per-batch path in C, built for this Python (scripts/bootstrap
+    # installs python3-dev), with PyPI's numpy 2: every batch after the first
+    assert inside(res["fast"], venv), res["fast"]
+    assert res["leases"][1:] == ["loaderd._fast"] * (len(res["leases"]) - 1), res["leases"]
 
     nb = -(-n // B)
     assert res["len"] == nb
@@ -221,6 +228,10 @@ def test_pip_wheel_bundles_libloader(workdir):
                    if f.endswith(".py")}
         assert modules <= files, modules - files
         assert "loaderd/libloader.so" in files
+        # loaderd._fast for the Python that built it (Debian's python3-dev)
+        fast = "loaderd/_fast" + sysconfig.get_config_var("EXT_SUFFIX")
+        assert fast in files, files
+        assert z.read(fast)[:4] == b"\x7fELF"
         assert {f.split("/")[0] for f in files} == {"loaderd", dist_info}, files
         assert not any("__pycache__" in f for f in files)
         info = z.getinfo("loaderd/libloader.so")

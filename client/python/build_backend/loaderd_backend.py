@@ -21,7 +21,10 @@ Where the C sources are, first match wins:
 It needs meson (>= 1.0) and ninja on PATH, a C compiler, protoc-c and the
 headers of nng and protobuf-c: on Debian ``meson ninja-build gcc cmake
 pkg-config libnng-dev libprotobuf-c-dev protobuf-c-compiler``
-(scripts/bootstrap installs them). It needs nothing from PyPI on Python >=
+(scripts/bootstrap installs them). With the headers of the Python that runs
+the build (``python3-dev``) the wheel also carries ``loaderd/_fast*.so``
+(client/pyfast.c, the per-batch path in C) for that Python; without, the
+package takes its batches in pure Python. It needs nothing from PyPI on Python >=
 3.11 (tomli on older ones, to read pyproject.toml).
 
 Options (``pip install --config-settings setup-args=-Dcuda=enabled ...``):
@@ -171,7 +174,10 @@ def _tool_env():
 
 
 def _build_libloader(dest, config_settings):
-    """Build libloader.so into the file dest; the build tree is temporary."""
+    """Build libloader.so into the file dest, and loaderd._fast for this
+    interpreter beside it when its headers are there (the package runs
+    without it: pure Python); returns the files built. The build tree is
+    temporary."""
     src = _source_tree()
     meson = _tool("meson", "meson")
     ninja = _tool("ninja", "ninja-build")
@@ -179,7 +185,8 @@ def _build_libloader(dest, config_settings):
     tmp = tempfile.mkdtemp(prefix="loaderd-libloader-")
     try:
         bld = os.path.join(tmp, "build")
-        cmd = [meson, "setup", bld, src, "-Dlibloader-only=true"] + _setup_args(config_settings)
+        cmd = ([meson, "setup", bld, src, "-Dlibloader-only=true", "-Dpython=" + sys.executable]
+               + _setup_args(config_settings))
         print("loaderd_backend:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, env=env, stdin=subprocess.DEVNULL)
         subprocess.run([ninja, "-C", bld], check=True, env=env, stdin=subprocess.DEVNULL)
@@ -188,6 +195,15 @@ def _build_libloader(dest, config_settings):
             raise BuildError(f"loaderd: meson built no {built}")
         shutil.copyfile(built, dest)
         os.chmod(dest, 0o755)
+        out = [dest]
+        fast = os.path.join(bld, "client", "_fast" + sysconfig.get_config_var("EXT_SUFFIX"))
+        if os.path.isfile(fast):
+            out.append(os.path.join(os.path.dirname(dest), os.path.basename(fast)))
+            shutil.copyfile(fast, out[-1])
+        else:
+            print("loaderd_backend: no loaderd._fast for this Python (no Python.h: on Debian "
+                  "python3-dev); the package takes its batches in pure Python", flush=True)
+        return out
     except subprocess.CalledProcessError as e:
         raise BuildError(f"loaderd: building libloader failed ({' '.join(e.cmd)}: exit "
                          f"{e.returncode}); the meson output above says why") from None
@@ -295,9 +311,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     payload = [(arc, _read(p), 0o644) for p, arc in _package_files()]
     tmp = tempfile.mkdtemp(prefix="loaderd-wheel-")
     try:
-        lib = os.path.join(tmp, LIBNAME)
-        _build_libloader(lib, config_settings)
-        payload.append((f"{PACKAGE}/{LIBNAME}", _read(lib), 0o755))
+        for built in _build_libloader(os.path.join(tmp, LIBNAME), config_settings):
+            payload.append((f"{PACKAGE}/{os.path.basename(built)}", _read(built), 0o755))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return _write_wheel(wheel_directory, _platform_tag(), payload)

@@ -13,10 +13,18 @@ Where the library comes from, first match wins:
 3. the build tree of the source checkout this package sits in:
    ``<repo>/build/client/libloader.so`` (``client/python/loaderd`` → ``<repo>``);
 4. the system: ``ctypes.util.find_library("loader")``, then ``libloader.so.0``.
+
+The package's per-batch path in C, ``loaderd._fast`` (client/pyfast.c), is
+looked for beside the libloader that was loaded (a wheel carries both in the
+package; a build tree has it in build/client/), for this interpreter's
+extension suffix: :func:`fast` returns it, or None where it was not built
+(the pure Python path then, the same batches) or ``$LOADERD_PYFAST`` is 0.
 """
 
 import ctypes
 import ctypes.util
+import importlib.machinery
+import importlib.util
 import os
 import threading
 
@@ -218,3 +226,47 @@ def library_path():
 
 def strerror(code):
     return lib().ldr_strerror(code).decode("utf-8", "replace")
+
+
+_fast = False          # not looked for yet
+fast_error = None      # why loaderd._fast is not used, when it is not
+
+
+def _load_fast():
+    global fast_error
+    where = os.path.dirname(_lib_path) if os.sep in (_lib_path or "") else None
+    dirs = [d for d in (where, os.path.dirname(os.path.abspath(__file__))) if d]
+    for d in dirs:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(d, "_fast" + suffix)
+            if not os.path.exists(path):
+                continue
+            try:
+                spec = importlib.util.spec_from_file_location("loaderd._fast", path)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                return mod
+            except (ImportError, OSError) as e:
+                fast_error = f"{path}: {e}"
+                return None
+    fast_error = "not built beside " + " or ".join(dirs)
+    return None
+
+
+def fast():
+    """loaderd._fast set up with the loaded libloader, or None (see above)."""
+    global _fast, fast_error
+    if _fast is not False:
+        return _fast
+    L = lib()
+    with _lock:
+        if _fast is False:
+            mod = None
+            if os.environ.get("LOADERD_PYFAST", "1") == "0":
+                fast_error = "$LOADERD_PYFAST is 0"
+            else:
+                mod = _load_fast()
+                if mod is not None:
+                    mod.setup(ctypes.cast(L.ldr_release, ctypes.c_void_p).value)
+            _fast = mod
+    return _fast

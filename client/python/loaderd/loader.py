@@ -45,6 +45,11 @@ except Exception:  # pragma: no cover - depends on the machine
 _POLL_MS = 200  # ldr_next waits in slices, so that Ctrl-C gets through
 
 
+# os.getpid() without its system call on every batch: forgotten at a fork
+_self_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _self_pid.__setitem__(0, os.getpid()))
+
+
 def _err(code, operation):
     msg = _lib.lib().ldr_client_error(None)
     msg = msg.decode("utf-8", "replace") if msg else ""
@@ -208,11 +213,34 @@ class _Attachment:
         return [l for l in (ref() for _, ref in sorted(self.leases.items())) if l is not None]
 
     def add_lease(self, lease):
+        # loaderd._fast (client/pyfast.c) does the same for its leases
         self.leases[self.seq] = weakref.ref(lease)
         self.seq += 1
         if len(self.leases) >= self.prune_at:
-            self.leases = {k: r for k, r in self.leases.items() if r() is not None}
-            self.prune_at = 2 * len(self.leases) + 64
+            self.prune_leases()
+
+    def prune_leases(self):
+        self.leases = {k: r for k, r in self.leases.items() if r() is not None}
+        self.prune_at = 2 * len(self.leases) + 64
+
+    def fast_host(self, fields, batch_type):
+        """A loaderd._fast.Host that takes this host attachment's batches in
+        one C call (the same Batch, leases and arrays as _next_raw builds),
+        or None: no such module, a device attachment, no fields."""
+        fast = _lib.fast()
+        if fast is None or self.device is not None or self.nfields < 1:
+            return None
+        L = self._L
+        meta = []
+        for name, typestr, dtname, conv, _shapes in fields:
+            if conv is not None and _dlpack_ok(dtname):
+                # the tensor straight from the slot, no numpy array between
+                meta.append((name, typestr, _torch._C._from_dlpack, True))
+            else:
+                meta.append((name, typestr, conv))
+        return fast.Host(self, ctypes.cast(L.ldr_next_described, ctypes.c_void_p).value, self.ptr,
+                         ctypes.addressof(self.info), ctypes.addressof(self.fields), self.nfields,
+                         meta, batch_type, np.asarray)
 
     def keep_for_share(self):
         """Before ldr_next: when the trainer holds its whole share, keep its
@@ -402,6 +430,28 @@ def _probe_torch():
         except (TypeError, RuntimeError):
             pass
     _TORCH_DIRECT = ok
+
+
+_DLPACK = {}                  # dtype name -> torch makes that tensor from DLPack
+
+
+def _dlpack_ok(dtname):
+    """Does this torch take a DLPack capsule of @dtname (numpy's layout) and
+    give the tensor torch.from_numpy would? Integers and floats only: bool,
+    bfloat16 and the unsigned types torch < 2.3 lacks keep from_numpy."""
+    ok = _DLPACK.get(dtname)
+    if ok is None:
+        ok = False
+        if (dtname in ("int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64")
+                and hasattr(_torch._C, "_from_dlpack")):
+            try:
+                a = np.arange(6, dtype=dtname).reshape(2, 3)
+                t = _torch._C._from_dlpack(a.__dlpack__())
+                ok = t.dtype == _torch.from_numpy(a).dtype and t.tolist() == a.tolist()
+            except (AttributeError, TypeError, RuntimeError, BufferError):
+                ok = False
+        _DLPACK[dtname] = ok
+    return ok
 
 
 def _to_torch(arr, dtname):
@@ -686,6 +736,8 @@ class DataLoader:
 
         self._fields = None     # _field_meta() of the first batch
         self._pending = None    # shared stream: a batch of the next epoch, read ahead
+        self._fast = None       # (attachment, loaderd._fast.Host): its batches in one C call
+        self._fast_off = False  # no Host for this loader (no module, a device attachment)
         self._ended = False
         self._pos = None        # (epoch, batch) of the attachment's next batch
         self._want = (0, 0)     # private stream: where the next `for` starts
@@ -797,7 +849,7 @@ class DataLoader:
         self._pos = tuple(start) if start is not None else None
 
     def _check(self):
-        if self._pid != os.getpid():
+        if self._pid != _self_pid[0]:
             raise _forked(self._pid, "loaderd.DataLoader")
         if self._closed:
             raise Error(-errno.EBADF, "the loader is closed", "")
@@ -874,7 +926,15 @@ class DataLoader:
             else:
                 wait = int(max(0.0, min(_POLL_MS / 1000, deadline - time.monotonic())) * 1000)
             # one call: the batch, its fields and the keeping counters
-            r = att.next(wait)
+            host = self._fast
+            if host is not None and host[0] is att:
+                r = host[1].next(wait)
+                if r.__class__ is not int:
+                    att.described = True
+                    return r
+                att.described = r != _lib.LDR_EFORKED
+            else:
+                r = att.next(wait)
             if r == 0:
                 break
             if r == _lib.LDR_EOF:
@@ -923,6 +983,12 @@ class DataLoader:
             arr = np.asarray(m)
             b[name] = arr if as_numpy else conv(arr)
         lease.mems = tuple(mems)
+        if self._fast is None or self._fast[0] is not att:
+            # the next batches of this attachment in one C call (pyfast.c)
+            self._fast = (att, att.fast_host(fields, Batch)) if not self._fast_off else None
+            if self._fast is not None and self._fast[1] is None:
+                self._fast_off = True
+                self._fast = None
         return b
 
     def _field_meta(self, fs, nfields):
