@@ -278,6 +278,7 @@ typedef struct dl_managed {
 typedef struct {
 	dl_managed m;
 	int64_t shape[LDR_MAX_DIMS];
+	int64_t strides[LDR_MAX_DIMS];
 } dl_owned;
 
 /* The tensor's storage is gone: its Mem goes (any thread: take the GIL). */
@@ -323,9 +324,16 @@ static PyObject *dl_capsule(Mem *m, int code)
 		return PyErr_NoMemory();
 	for (int d = 0; d < m->iface.nd; d++)
 		o->shape[d] = (int64_t)m->shape[d];
+	/* C order, in elements (a consumer that reads NULL as compact, as the
+	 * DLPack spec allows, and one that does not, both get it right) */
+	int64_t st = 1;
+	for (int d = m->iface.nd - 1; d >= 0; d--) {
+		o->strides[d] = st;
+		st *= o->shape[d];
+	}
 	o->m.dl = (dl_tensor){ .data = m->iface.data, .device = { 1, 0 } /* kDLCPU */,
 		.ndim = m->iface.nd, .dtype = { (uint8_t)code, (uint8_t)(m->iface.itemsize * 8), 1 },
-		.shape = o->shape, .strides = NULL, .byte_offset = 0 };
+		.shape = o->shape, .strides = o->strides, .byte_offset = 0 };
 	o->m.manager_ctx = Py_NewRef((PyObject *)m);
 	o->m.deleter = dl_deleter;
 	cap = PyCapsule_New(&o->m, "dltensor", dl_capsule_free);
