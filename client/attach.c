@@ -126,7 +126,7 @@ int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar)
 
 /* Ask for a batch ring? Yes, unless $LOADERD_RING is 0 (the socket's batch
  * path, to compare them). */
-static bool ring_wanted(void)
+bool ring_wanted(void)
 {
 	const char *v = getenv("LOADERD_RING");
 

@@ -114,6 +114,11 @@ struct amap {
 	size_t nviews, viewcap;
 };
 
+struct old_ring {
+	struct bring br;
+	struct old_ring *next;
+};
+
 struct ldr_attachment {
 	struct ldr_attachment *next;
 	struct ldr_client *c;     /* holds a reference on it */
@@ -155,6 +160,7 @@ struct ldr_attachment {
 	bool ringed;              /* delivered through it, not through Next */
 	struct bring br;
 	int ring_efd;             /* wakes the daemon's loop */
+	struct old_ring *old_rings; /* the rings of daemons it followed away from (ring.c) */
 	uint64_t next_seq;
 	int outstanding;          /* Next requests in flight */
 	int requested;            /* batches they asked for, together */
@@ -346,11 +352,20 @@ int make_room(struct ldr_attachment *a);
 void batch_done(struct ldr_batch *b, bool give_lease);
 void batch_free(struct ldr_batch *b);
 
+/* attach.c: ask the daemon for a batch ring ($LOADERD_RING) */
+bool ring_wanted(void);
+
 /* reconnect.c */
 void reconnect_run(struct ldr_client *c);
 
 /* ring.c */
 int ring_open(struct ldr_attachment *a, int fd, int efd, uint64_t bytes);
+/* A new daemon's ring for @a (re-attached after a restart): @br mapped by
+ * bring_map(), @efd its eventfd; the old ring stays mapped until ring_close()
+ * (a ldr_next() may still sleep on it: it is woken). Called with c->lock. */
+void ring_restart(struct ldr_attachment *a, const struct bring *br, int efd);
+/* The old daemon's ring goes out of use (no new one). Called with c->lock. */
+void ring_retire(struct ldr_attachment *a);
 void ring_pull(struct ldr_attachment *a, bool all);
 int ring_wait(struct ldr_attachment *a, int ms);
 bool ring_release(struct ldr_attachment *a, uint64_t lease);

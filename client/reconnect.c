@@ -87,12 +87,17 @@ static void wait_requests_idle(struct ldr_attachment *a)
  * what the trainer holds stays in the old mapping without its leases, which
  * went with the old daemon. Called with c->lock held.
  */
-static void att_restart(struct ldr_attachment *a, const struct ldr_attachment *n, struct amap *m)
+static void att_restart(struct ldr_attachment *a, const struct ldr_attachment *n, struct amap *m,
+                        const struct bring *br, int efd)
 {
 	while (a->held_head)
 		held_del(a, a->held_head);
 	ring_clear(a);
-	a->ringed = false; /* the old daemon's ring: the new attachment has none */
+	/* the new daemon's ring, when it gave one; the old one goes out of use */
+	if (br)
+		ring_restart(a, br, efd);
+	else
+		ring_retire(a);
 	a->next_seq = 0;
 	a->outstanding = a->requested = 0;
 	a->nrel = 0;
@@ -129,8 +134,9 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	Loaderd__Reply *rep;
 	struct ldr_attachment *n;
 	struct amap *m = NULL;
+	struct bring br = { .fd = -1 };
 	uint64_t size = 0, dev_size = 0;
-	int r, fd, dev_fd = -1;
+	int r, fd, dev_fd = -1, ring_efd = -1;
 
 	*where = '\0';
 	pthread_mutex_lock(&c->lock);
@@ -153,6 +159,8 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	/* the window it has, named: its requests are open (status then says
 	 * inflight_auto false for a window the old daemon chose) */
 	at.credits = (uint32_t)a->inflight;
+	/* its batch path in shared memory again, as at its first attach */
+	at.ring = ring_wanted();
 	/* the same seed: its stream goes on as it would have */
 	at.has_augment_seed = a->opts.has_augment_seed != 0;
 	at.augment_seed = a->opts.augment_seed;
@@ -196,14 +204,19 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		            n->nfields);
 	} else if (r == 0) {
 		const Loaderd__AttachReply *ar = rep->attach;
-		int ring_fd, ring_efd;
+		int ring_fd;
+		char err[256];
 		fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size,
 		                   &ring_fd, &ring_efd);
 		if (dev_fd >= 0)
 			close(dev_fd);
-		if (ring_fd >= 0) {
+		if (ring_fd >= 0 && (!ar->ring_bytes || bring_map(&br, ring_fd, ar->ring_bytes, err,
+		                                                   sizeof(err)) < 0)) {
+			/* a ring it cannot use: the socket's batch path, as before */
 			close(ring_fd);
 			close(ring_efd);
+			ring_efd = -1;
+			br.sh = NULL;
 		}
 		if (fd < 0) {
 			r = fd;
@@ -216,11 +229,23 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		}
 	}
 	loaderd__reply__free_unpacked(rep, NULL);
+	if (r < 0 || !br.sh) {
+		if (br.sh)
+			bring_close(&br);
+		if (ring_efd >= 0)
+			close(ring_efd);
+		br.sh = NULL;
+		ring_efd = -1;
+	}
 	pthread_mutex_lock(&c->lock);
 	if (r == 0 && a->detached) {
 		pthread_mutex_unlock(&c->lock);
 		detach_id(c, n->id); /* detached meanwhile */
 		amap_free(m, n->slot_bytes);
+		if (br.sh)
+			bring_close(&br);
+		if (ring_efd >= 0)
+			close(ring_efd);
 		free(n);
 		return 0;
 	}
@@ -228,7 +253,7 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		att_lose(a, r, "the daemon at %s restarted, and pipeline '%s' could not be attached again "
 		         "at %s: %s", c->path, a->pipeline, where, tls_err);
 	else
-		att_restart(a, n, m);
+		att_restart(a, n, m, br.sh ? &br : NULL, ring_efd);
 	pthread_mutex_unlock(&c->lock);
 	if (r < 0 && n && n->id)
 		detach_id(c, n->id);

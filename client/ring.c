@@ -106,11 +106,13 @@ void ring_pull(struct ldr_attachment *a, bool all)
  */
 int ring_wait(struct ldr_attachment *a, int ms)
 {
-	uint64_t tail = a->br.d_tail;
+	/* a copy: a reconnection may give the attachment a new daemon's ring
+	 * meanwhile (ring_restart()); this one stays mapped, and is woken */
+	struct bring b = a->br;
 	int r;
 
 	pthread_mutex_unlock(&a->c->lock);
-	r = bring_client_wait(&a->br, tail, ms);
+	r = bring_client_wait(&b, b.d_tail, ms);
 	pthread_mutex_lock(&a->c->lock);
 	return r;
 }
@@ -158,9 +160,39 @@ void ring_stats(struct ldr_attachment *a)
 		req_send(a, &a->relreq, 0);
 }
 
-/* Unmap the ring: only with the attachment itself, so that a ldr_next()
- * returning from ring_wait() never finds it gone (a restarted daemon's
- * attachment just stops using it: att_restart()). */
+void ring_retire(struct ldr_attachment *a)
+{
+	struct old_ring *o;
+
+	a->ringed = false;
+	if (a->ring_efd >= 0)
+		close(a->ring_efd); /* the old daemon's loop is gone */
+	a->ring_efd = -1;
+	if (!a->br.sh)
+		return;
+	/* kept mapped: a ldr_next() in ring_wait() sleeps on it; wake it */
+	bring_wake_client(&a->br);
+	o = malloc(sizeof(*o));
+	if (!o)
+		return; /* then it stays mapped for good: a few pages */
+	o->br = a->br;
+	o->next = a->old_rings;
+	a->old_rings = o;
+	memset(&a->br, 0, sizeof(a->br));
+	a->br.fd = -1;
+}
+
+void ring_restart(struct ldr_attachment *a, const struct bring *br, int efd)
+{
+	ring_retire(a);
+	a->br = *br;
+	a->ring_efd = efd;
+	a->ringed = true;
+}
+
+/* Unmap the ring, and those of daemons it followed away from: only with the
+ * attachment itself, so that a ldr_next() returning from ring_wait() never
+ * finds one gone. */
 void ring_close(struct ldr_attachment *a)
 {
 	a->ringed = false;
@@ -169,4 +201,10 @@ void ring_close(struct ldr_attachment *a)
 	if (a->ring_efd >= 0)
 		close(a->ring_efd);
 	a->ring_efd = -1;
+	while (a->old_rings) {
+		struct old_ring *o = a->old_rings;
+		a->old_rings = o->next;
+		bring_close(&o->br);
+		free(o);
+	}
 }

@@ -8,8 +8,9 @@ turn, batch by batch, appending every batch's input and target bytes to
 OUTDIR/NAME.dump. After PAUSE_AT batches of the first loader it writes
 OUTDIR/paused and waits for OUTDIR/go (the test restarts the daemon
 meanwhile), holding the numpy arrays of its last batch; at the end it writes
-those arrays' bytes again to OUTDIR/held.dump (they must not have changed)
-and libloader's reconnection count to OUTDIR/reconnects.
+those arrays' bytes again to OUTDIR/held.dump (they must not have changed),
+libloader's reconnection count to OUTDIR/reconnects, and the "ring" flag of
+each of its attachments in the daemon's status to OUTDIR/rings (JSON).
 """
 import json
 import os
@@ -59,5 +60,10 @@ if held is not None:
         f.write(held[0].tobytes() + held[1].tobytes())
 with open(os.path.join(out, "reconnects"), "w") as f:
     f.write(str(loaders[0][1].reconnects))
+# which batch path each attachment of this process has now (the new daemon's)
+st = loaderd.Client(sock).status()
+with open(os.path.join(out, "rings"), "w") as f:
+    json.dump([a["ring"] for c in st["clients"] if c["pid"] == os.getpid()
+               for a in c["attachments"]], f)
 for _, ld in loaders:
     ld.close()

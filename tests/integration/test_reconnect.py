@@ -134,6 +134,9 @@ def test_restart_under_two_trainers(daemon, workdir, how):
         held = read(os.path.join(workdir, who, "held.dump"))
         assert held == read(os.path.join(workdir, who, "held.expected")) and len(held) > 0
         assert read(os.path.join(workdir, who, "reconnects")) == b"1"
+        # re-attached through the new daemon's batch ring, as at the first attach
+        rings = json.loads(read(os.path.join(workdir, who, "rings")))
+        assert rings == [True] * (1 if who == "a" else 2), rings
         assert f"loaderd: the daemon at {sock} went away; reconnecting for up to 60 s" in err, err
         assert f"loaderd: reconnected to the daemon at {sock} after" in err, err
     assert "(pipeline 'cfg') re-attached at epoch 0 batch 40" in ea, ea
