@@ -162,3 +162,19 @@ def test_in_place_writes_stay_private(ld, workdir):
                 assert x.numpy().tolist() == (np.array(vals, np.float32) * np.float32(-1000)).tolist()
                 del b, x
     assert sorted(seen[0]) == sorted(seen[1]) == sorted(ARRS["f4"].tolist())
+
+
+def test_the_loop_keeps_no_reference_to_the_batch(ld, workdir):
+    """As with torch's DataLoader, `for b in loader` holds nothing of its own
+    while the body runs: `del b` gives the slot back there and then, in a
+    private and in a shared stream."""
+    name = dtypes_pipeline(ld, workdir)
+    for mode in ("partition", "broadcast"):
+        with loaderd.DataLoader(name, socket=ld.socket, as_numpy=True, mode=mode) as dl:
+            n = 0
+            for b in dl:
+                assert held(dl) == 1
+                del b
+                assert held(dl) == 0, (mode, n)
+                n += 1
+            assert n == 7

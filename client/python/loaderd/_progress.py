@@ -39,6 +39,7 @@ def _plain(iterable, total, desc, width=30, interval=0.2):
             if now - last >= interval:
                 last = now
                 draw()
-            yield item
+            box, item = [item], None  # no reference kept while the loop body runs
+            yield box.pop()
     finally:
         draw(final=True)

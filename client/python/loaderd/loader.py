@@ -1034,8 +1034,10 @@ class DataLoader:
                     return
                 self._advance(b)
                 last = b.index + 1 >= self._att.batches_per_epoch
-                yield self._out(b)
-                b = None
+                # the frame keeps no reference while the trainer has the
+                # batch: a `del` in the loop body gives its slot back at once
+                box, b = [b], None
+                yield self._out(box.pop())
                 if last:
                     return
         finally:
@@ -1065,8 +1067,10 @@ class DataLoader:
                     return
                 self._advance(b)
                 last = b.index + 1 >= self._att.batches_per_epoch
-                yield self._out(b)
-                b = None
+                # the frame keeps no reference while the trainer has the
+                # batch: a `del` in the loop body gives its slot back at once
+                box, b = [b], None
+                yield self._out(box.pop())
                 if last:
                     return
         finally:
