@@ -927,7 +927,7 @@ class DataLoader:
                 wait = int(max(0.0, min(_POLL_MS / 1000, deadline - time.monotonic())) * 1000)
             # one call: the batch, its fields and the keeping counters
             host = self._fast
-            if host is not None and host[0] is att:
+            if host is not None and host[0] is att and att.ptr is not None:
                 r = host[1].next(wait)
                 if r.__class__ is not int:
                     att.described = True
