@@ -21,7 +21,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
-#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -301,11 +300,10 @@ static void dl_capsule_free(PyObject *cap)
 	}
 }
 
-/* The dtype of @typekind/@itemsize as DLPack says it, or -1. */
-static int dl_code(char typekind, bool bf16)
+/* The DLPack type code of numpy's @typekind, or -1 (the package asks for
+ * DLPack for integers and floats only). */
+static int dl_code(char typekind)
 {
-	if (bf16)
-		return 4;           /* kDLBfloat */
 	switch (typekind) {
 	case 'i': return 0;     /* kDLInt */
 	case 'u': return 1;     /* kDLUInt */
@@ -447,11 +445,7 @@ static PyObject *host_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 		h->meta[i].conv = conv == Py_None ? NULL : Py_NewRef(conv);
 		h->meta[i].typekind = typestr[1];
 		h->meta[i].itemsize = atoi(typestr + 2);
-		/* "bf2": bfloat16's raw bits, a tensor of torch.bfloat16 through DLPack */
-		h->meta[i].dlpack = dlpack ? dl_code(h->meta[i].typekind, typestr[1] == 'b' &&
-		                                     typestr[2] == 'f') : -1;
-		if (typestr[1] == 'b' && typestr[2] == 'f')
-			h->meta[i].typekind = 'u', h->meta[i].itemsize = 2;
+		h->meta[i].dlpack = dlpack ? dl_code(h->meta[i].typekind) : -1;
 		Py_DECREF(t);
 		if (dlpack && (h->meta[i].dlpack < 0 || !h->meta[i].conv)) {
 			PyErr_Format(PyExc_ValueError, "Host: no DLPack tensor of typestr '%s'", typestr);
