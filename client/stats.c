@@ -6,13 +6,12 @@
 #include "libloader-private.h"
 
 /* A ring that carries the figures (BRING_F_STATS) gets them after each
- * ldr_next(): no request carries them then. Called with c->lock held. */
+ * ldr_next(): no request carries them then, so the st_sent_* marks of the
+ * socket's reports stay untouched (no clock read for them on the batch
+ * path). Called with c->lock held. */
 static void stats_to_ring(struct ldr_attachment *a)
 {
 	bring_client_stats(&a->br, a->st_wait_ns, a->st_compute_ns, a->st_calls, a->st_buckets);
-	a->st_sent_ns = mono_ns();
-	a->st_sent_calls = a->st_calls;
-	a->st_sent_wait = a->st_wait_ns;
 }
 
 /*
