@@ -119,6 +119,18 @@ static void att_restart(struct ldr_attachment *a, const struct ldr_attachment *n
 	a->st_sent_ns = a->st_sent_calls = 0;
 }
 
+/* A new daemon's ring that will not be used: unmapped (if mapped) and its
+ * eventfd closed (if any). */
+static void ring_drop(struct bring *br, int *efd)
+{
+	if (br->sh)
+		bring_close(br);
+	br->sh = NULL;
+	if (*efd >= 0)
+		close(*efd);
+	*efd = -1;
+}
+
 /*
  * Attach @a again, at the next batch its trainer has not taken: partition
  * with its start; broadcast as the private stream of identical content
@@ -205,18 +217,19 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	} else if (r == 0) {
 		const Loaderd__AttachReply *ar = rep->attach;
 		int ring_fd;
-		char err[256];
+		char err[256] = "the fd channel brought a batch ring the attach reply did not announce";
 		fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size,
 		                   &ring_fd, &ring_efd);
 		if (dev_fd >= 0)
 			close(dev_fd);
 		if (ring_fd >= 0 && (!ar->ring_bytes || bring_map(&br, ring_fd, ar->ring_bytes, err,
 		                                                   sizeof(err)) < 0)) {
-			/* a ring it cannot use: the socket's batch path, as before */
+			/* a ring it cannot use: the socket's batch path, and the
+			 * reconnection's line on stderr says why */
 			close(ring_fd);
-			close(ring_efd);
-			ring_efd = -1;
-			br.sh = NULL;
+			ring_drop(&br, &ring_efd);
+			size_t len = strlen(where);
+			snprintf(where + len, wsize - len, " (on the socket's batch path: %s)", err);
 		}
 		if (fd < 0) {
 			r = fd;
@@ -229,23 +242,14 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		}
 	}
 	loaderd__reply__free_unpacked(rep, NULL);
-	if (r < 0 || !br.sh) {
-		if (br.sh)
-			bring_close(&br);
-		if (ring_efd >= 0)
-			close(ring_efd);
-		br.sh = NULL;
-		ring_efd = -1;
-	}
+	if (r < 0 || !br.sh)
+		ring_drop(&br, &ring_efd);
 	pthread_mutex_lock(&c->lock);
 	if (r == 0 && a->detached) {
 		pthread_mutex_unlock(&c->lock);
 		detach_id(c, n->id); /* detached meanwhile */
 		amap_free(m, n->slot_bytes);
-		if (br.sh)
-			bring_close(&br);
-		if (ring_efd >= 0)
-			close(ring_efd);
+		ring_drop(&br, &ring_efd);
 		free(n);
 		return 0;
 	}
@@ -309,7 +313,7 @@ static int restore(struct ldr_client *c, char *report, size_t rsize)
 {
 	struct ldr_attachment **v = NULL;
 	size_t nv = 0, len = 0;
-	char where[96];
+	char where[384]; /* "epoch E batch B", and why not through a ring */
 	int r;
 
 	if ((r = recreate_pipelines(c)) < 0)

@@ -174,7 +174,7 @@ void ring_retire(struct ldr_attachment *a)
 	bring_wake_client(&a->br);
 	o = malloc(sizeof(*o));
 	if (!o)
-		return; /* then it stays mapped for good: a few pages */
+		return; /* then it stays mapped, its fd open, for good: a few pages */
 	o->br = a->br;
 	o->next = a->old_rings;
 	a->old_rings = o;
