@@ -834,6 +834,7 @@ class DataLoader:
         # (kept by libloader, or frozen here), but no longer hold their slots
         old, self._att = self._att, None
         self._pending = None
+        self._fast = None  # the old attachment's C path goes with it
         if old is not None:
             n, nbytes = old.kept()  # the loader's count goes on across attachments
             self._kept_prev = (self._kept_prev[0] + n, self._kept_prev[1] + nbytes)
