@@ -81,6 +81,25 @@ def test_list_of_a_100_batch_epoch_with_8_slots(ld, workdir):
         ld.wait_for(lambda s: sum(c["leases"] for c in s["clients"]) <= 8, "leases back")
 
 
+def test_the_warning_names_the_trainers_line(ld, workdir):
+    """The one warning points at the trainer's own code (its file and line),
+    whether it hoards through next_batch() or a `for` loop."""
+    x, y, paths = dataset(workdir, 640)
+    for how in ("next_batch", "for"):
+        with loaderd.DataLoader(spec(paths, name="kw" + how, prefetch=4), socket=ld.socket,
+                                as_numpy=True, timeout=20) as dl:
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                if how == "next_batch":
+                    held = [dl.next_batch() for _ in range(12)]
+                else:
+                    held = [b for b in dl]
+            [m] = [m for m in w if "out of shared memory so that" in str(m.message)]
+            assert m.filename == __file__, (how, m.filename, m.lineno)
+            assert len(held) == (12 if how == "next_batch" else 40)
+            del held
+
+
 @needs_torch
 def test_eval_loop_keeps_only_the_labels(ld, workdir):
     """pytorch/examples' validate(): outputs and targets appended over an
