@@ -274,7 +274,11 @@ void image_pick_scale(const struct image_info *info, int win_w, int win_h, int n
 	for (int i = 0; i < factors_n; i++) {
 		int n = factors_table[i].num, d = factors_table[i].denom, sw, sh;
 
-		if (n > d || (int64_t)n * best_denom >= (int64_t)best_num * d)
+		/* at most 1/2: 5/8, 3/4 and 7/8 decode slower than the whole
+		 * image (their IDCTs are libjpeg-turbo's scalar ones, the 8x8 one
+		 * is SIMD, and they save too few pixels to pay for it; measured in
+		 * docs/benchmarks.md, "DCT scales") */
+		if (2 * n > d || (int64_t)n * best_denom >= (int64_t)best_num * d)
 			continue;
 		image_scaled_size(info, n, d, &sw, &sh);
 		/* the window's share of the scaled image must cover need_w x need_h */
@@ -286,6 +290,26 @@ void image_pick_scale(const struct image_info *info, int win_w, int win_h, int n
 	}
 	*num = best_num;
 	*denom = best_denom;
+}
+
+void image_draft_scale(const struct image_info *info, int need_w, int need_h, int *num,
+		       int *denom)
+{
+	int scale;
+
+	*num = 1;
+	*denom = 1;
+	if (info->format != IMAGE_JPEG || need_w < 1 || need_h < 1)
+		return;
+	/* Pillow's JpegImageFile.draft(): min(W // w, H // h), then 8, 4, 2 or 1 */
+	scale = info->width / need_w < info->height / need_h ? info->width / need_w
+							      : info->height / need_h;
+	for (int s = 8; s > 1; s /= 2) {
+		if (scale >= s) {
+			*denom = s;
+			return;
+		}
+	}
 }
 
 /* ---- JPEG ---- */

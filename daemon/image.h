@@ -74,12 +74,24 @@ int image_probe(struct image_scratch *s, const uint8_t *data, size_t len, struct
 /**
  * image_pick_scale() - the JPEG DCT scaling factor for a region.
  *
- * The smallest factor num/denom <= 1 of libjpeg-turbo's (1/8, 1/4, 3/8, ...)
+ * The smallest factor num/denom of libjpeg-turbo's 1/8, 1/4, 3/8 and 1/2
  * at which a @win_w x @win_h window of the image still has at least
- * @need_w x @need_h pixels, as PIL's draft() and DALI choose it; 1/1 for PNG.
+ * @need_w x @need_h pixels (as PIL's draft() chooses among 1/8, 1/4, 1/2);
+ * 1/1 where none does, and for PNG. 5/8 to 7/8 are never chosen: slower
+ * than a whole decode.
  */
 void image_pick_scale(const struct image_info *info, int win_w, int win_h, int need_w, int need_h,
 		      int *num, int *denom);
+/**
+ * image_draft_scale() - the JPEG DCT scale PIL's Image.draft() picks.
+ *
+ * For a reduction of the whole image to @need_w x @need_h: 1/8, 1/4, 1/2 or
+ * 1/1, the largest 1/s with s <= min(width / @need_w, height / @need_h)
+ * (integer divisions), as Pillow's JpegImageFile.draft(); 1/1 for PNG. The
+ * decoded-image cache reduces with it, so that its pixels are PIL's.
+ */
+void image_draft_scale(const struct image_info *info, int need_w, int need_h, int *num,
+		       int *denom);
 /* The image's size when decoded at @num/@denom (libjpeg rounds up). */
 void image_scaled_size(const struct image_info *info, int num, int denom, int *w, int *h);
 

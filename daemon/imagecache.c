@@ -292,9 +292,9 @@ int imagecache_decode_run(struct imagecache *c, const struct imageop *op, struct
 		return imageop_decode_run_many(op, s, plans, n, data, len, info, dsts, decodes, err,
 					       errlen);
 
-	/* the smallest DCT scale that still has max_side's pixels (JPEG) */
+	/* the DCT scale PIL's draft() picks for the kept size (JPEG) */
 	if (reduce)
-		image_pick_scale(info, info->width, info->height, cw, ch, &num, &denom);
+		image_draft_scale(info, cw, ch, &num, &denom);
 	r = image_decode(s, data, len, info, num, denom, err, errlen);
 	if (r < 0) {
 		/* a bad image is never kept (images_read remembers it) */

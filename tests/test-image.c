@@ -162,8 +162,40 @@ static void test_pick_scale_real(void)
 	assert(num == 1 && denom == 1);
 	image_pick_scale(&info, 100, 100, 224, 224, &num, &denom); /* upscaling */
 	assert(num == 1 && denom == 1);
+	/* 3/4 would keep 225 rows of 300, but 5/8..7/8 decode slower than 1/1 */
+	info = (struct image_info){ .format = IMAGE_JPEG, .width = 500, .height = 375 };
+	image_pick_scale(&info, 400, 300, 224, 224, &num, &denom);
+	assert(num == 1 && denom == 1);
+	image_pick_scale(&info, 500, 375, 180, 140, &num, &denom); /* 3/8: 188x141 */
+	assert(num * 8 == denom * 3);
 	info.format = IMAGE_PNG;
 	image_pick_scale(&info, 1000, 800, 10, 10, &num, &denom);
+	assert(num == 1 && denom == 1);
+}
+
+/* The decoded-image cache's reduction: Pillow's draft() rule exactly. */
+static void test_draft_scale(void)
+{
+	static const struct { int w, h, nw, nh, denom; } cases[] = {
+		{ 200, 150, 48, 36, 4 },   /* min(4, 4) */
+		{ 200, 150, 70, 53, 2 },   /* min(2, 2): not 3/8, which keeps 75x57 */
+		{ 200, 150, 99, 75, 2 },
+		{ 200, 150, 101, 76, 1 },  /* 200 // 101 = 1 */
+		{ 4000, 3000, 400, 300, 8 }, /* 10: 8 at most */
+		{ 1000, 100, 100, 40, 2 }, /* the tighter side decides: min(10, 2) */
+		{ 64, 64, 64, 64, 1 },
+	};
+	struct image_info info = { .format = IMAGE_JPEG };
+	int num, denom;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		info.width = cases[i].w;
+		info.height = cases[i].h;
+		image_draft_scale(&info, cases[i].nw, cases[i].nh, &num, &denom);
+		assert(num == 1 && denom == cases[i].denom);
+	}
+	info.format = IMAGE_PNG;
+	image_draft_scale(&info, 48, 36, &num, &denom);
 	assert(num == 1 && denom == 1);
 }
 
@@ -1889,6 +1921,7 @@ int main(void)
 	test_jpeg();
 	test_region();
 	test_pick_scale_real();
+	test_draft_scale();
 	(void)test_pick_scale;
 	test_png();
 	test_corrupt();

@@ -218,12 +218,15 @@ def test_max_side_reduction(daemon, workdir):
     assert checked == 2 * epochs * 2
 
 
-def test_max_side_pixels_are_pil_draft_and_resize(ld, workdir):
+@pytest.mark.parametrize("max_side, kept, drafted", [(48, (48, 36), (50, 38)),
+                                                    (70, (70, 53), (100, 75))])
+def test_max_side_pixels_are_pil_draft_and_resize(ld, workdir, max_side, kept, drafted):
     """What is kept of an image above max_side is PIL's reduction exactly: a
-    JPEG decoded at the smallest DCT scale that still has max_side's pixels
-    (Image.draft) then resized bilinear (antialiased) to the kept size; a
-    PNG resized from full scale. A resize to exactly the kept size shows the
-    kept pixels as they are."""
+    JPEG decoded at the DCT scale Image.draft() picks (the smallest of 1/8,
+    1/4, 1/2 that keeps max_side's pixels: 1/4 for 48, and 1/2 for 70 where
+    libjpeg-turbo's 3/8 would keep them too) then resized bilinear
+    (antialiased) to the kept size; a PNG resized from full scale. A resize
+    to exactly the kept size shows the kept pixels as they are."""
     root = os.path.join(workdir, "red")
     rng = np.random.default_rng(8)
     d = os.path.join(root, "k")
@@ -236,19 +239,20 @@ def test_max_side_pixels_are_pil_draft_and_resize(ld, workdir):
         save_image(p, smooth_image(rng, 150, 200), "JPEG" if ext == ".jpg" else "PNG", **kw)
         paths.append(p)
     paths.sort()
-    # 200x150 with max_side 48: 48 x round(150 * 48 / 200) = 48x36
-    spec = image_spec("red", folder_source(root), [{"op": "resize", "size": [36, 48]}],
+    # 200x150 with max_side M: M x round(150 * M / 200), 48x36 or 70x53
+    kw, kh = kept
+    spec = image_spec("red", folder_source(root), [{"op": "resize", "size": [kh, kw]}],
                       dtype="uint8", layout="NHWC", batch_size=3, persist=True,
-                      cache={"decoded": True, "max_side": 48, "bytes": "1M"})
-    imgs, _ = all_images(run(ld, spec), 3, 3, (36, 48, 3), "uint8")
+                      cache={"decoded": True, "max_side": max_side, "bytes": "1M"})
+    imgs, _ = all_images(run(ld, spec), 3, 3, (kh, kw, 3), "uint8")
     for i, p in enumerate(paths):
         with Image.open(p) as im:
             if p.endswith(".jpg"):
-                im.draft("RGB", (48, 36))
-                assert im.size == (50, 38)    # 1/4 of 200x150, rounded up
-            want = np.asarray(im.convert("RGB").resize((48, 36), Image.BILINEAR))
+                im.draft("RGB", kept)
+                assert im.size == drafted    # 1/4 or 1/2 of 200x150, rounded up
+            want = np.asarray(im.convert("RGB").resize(kept, Image.BILINEAR))
         assert np.array_equal(imgs[i], want), f"{p}: max diff {np.abs(imgs[i] - want).max()}"
-    assert ld.pipeline("red")["cache"]["bytes_used"] == 3 * entry_bytes(48, 36)
+    assert ld.pipeline("red")["cache"]["bytes_used"] == 3 * entry_bytes(kw, kh)
 
 
 def bad_folder(root):
