@@ -920,12 +920,8 @@ class DataLoader:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
             # the trainer at its share: keep the oldest batches it holds (the
-            # fields still alive) so that the stream goes on. keep_for_share()
-            # has nothing to do below the share as of the last ldr_next (only
-            # ldr_next adds to what it holds): that test here, without a call
-            info = att.info
-            if not att.described or info.held >= info.share:
-                att.keep_for_share()
+            # fields still alive) so that the stream goes on
+            att.keep_for_share()
             if deadline is None:
                 wait = _POLL_MS
             else:
@@ -1011,6 +1007,13 @@ class DataLoader:
             out.append((f.name.decode(), typestr, dtname, conv, {}))
         return out
 
+    def _advance(self, b):
+        """The position after @b; True when @b ends its epoch."""
+        nxt = b.index + 1
+        last = nxt >= self._att.batches_per_epoch
+        self._pos = (b.epoch + 1, 0) if last else (b.epoch, nxt)
+        return last
+
     def _private_epoch(self):
         """One `for` over a private stream: epoch self._want[0] from batch
         self._want[1] (0 unless load_state_dict said otherwise)."""
@@ -1030,13 +1033,11 @@ class DataLoader:
                 b = self._next_raw()
                 if b is None:
                     return
-                nxt = b.index + 1
-                last = nxt >= self._att.batches_per_epoch
-                self._pos = (b.epoch + 1, 0) if last else (b.epoch, nxt)  # the next position
+                last = self._advance(b)
                 # the frame keeps no reference while the trainer has the
                 # batch: a `del` in the loop body gives its slot back at once
                 box, b = [b], None
-                yield box.pop() if self._structure is None else self._out(box.pop())
+                yield self._out(box.pop())
                 if last:
                     return
         finally:
@@ -1064,13 +1065,11 @@ class DataLoader:
                 elif b.epoch != epoch:
                     self._pending = b  # first batch of the next epoch: keep it for the next loop
                     return
-                nxt = b.index + 1
-                last = nxt >= self._att.batches_per_epoch
-                self._pos = (b.epoch + 1, 0) if last else (b.epoch, nxt)  # the next position
+                last = self._advance(b)
                 # the frame keeps no reference while the trainer has the
                 # batch: a `del` in the loop body gives its slot back at once
                 box, b = [b], None
-                yield box.pop() if self._structure is None else self._out(box.pop())
+                yield self._out(box.pop())
                 if last:
                     return
         finally:
@@ -1100,16 +1099,14 @@ class DataLoader:
         end. Private stream: outside a `for` it starts where the next `for`
         would (set_epoch, load_state_dict), and a `for` after it goes on from
         there to the end of that epoch."""
-        # the per-batch path: the tests of _check(), _warn_kept() and _out()
-        # written out here, as a call would cost more than the test
-        # (docs/python.md, "The per-batch path in C")
-        if self._pid != _self_pid[0] or self._closed:
-            self._check()
+        self._check()
         if self._shared:
             if self._pending is not None:
                 b, self._pending = self._pending, None
             else:
                 b = None if self._ended else self._next_raw()
+            if b is not None:
+                self._advance(b)
         else:
             outside = self._loop is None
             if outside and self._pos != self._want:
@@ -1117,17 +1114,12 @@ class DataLoader:
                     return None
                 self._attach(self._want)
             b = None if self._ended else self._next_raw()
-        if b is not None:
-            nxt = b.index + 1
-            self._pos = (b.epoch + 1, 0) if nxt >= self._att.batches_per_epoch else (b.epoch, nxt)
-        if not self._shared and outside:
-            self._want = self._pos
-        if not self._kept_warned:
-            att = self._att
-            if att is not None and (not att.described or att.info.kept_batches or
-                                    self._kept_prev[0]):
-                self._warn_kept(3)  # at the trainer's line: warn, _warn_kept, next_batch, it
-        return b if self._structure is None or b is None else self._out(b)
+            if b is not None:
+                self._advance(b)
+            if outside:
+                self._want = self._pos
+        self._warn_kept(3)  # at the trainer's line: warn, _warn_kept, next_batch, its caller
+        return self._out(b)
 
     def _warn_kept(self, stacklevel):
         """Once per loader: batches copied out of their slots because the
