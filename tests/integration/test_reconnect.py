@@ -48,11 +48,13 @@ def wait_file(path, procs, what):
     wait_until(lambda: os.path.exists(path), procs, what)
 
 
-def let_go(out, p):
-    """Let the paused trainer @p go on once its client saw the daemon go (its
-    line on stderr): from then on it takes nothing more of the old daemon's
-    (else it may still take a batch that had arrived, and re-attach after it)."""
-    wait_until(lambda: "went away" in stderr_of(p), [p], "the trainer's client seeing the daemon go")
+def let_go(out, p, clients=1):
+    """Let the paused trainer @p go on once each of its @clients clients (one
+    per loader) saw the daemon go (their lines on stderr): from then on it
+    takes nothing more of the old daemon's (else a client that has not seen
+    it yet may still take a batch that had arrived, and re-attach after it)."""
+    wait_until(lambda: stderr_of(p).count("went away") >= clients, [p],
+               f"the trainer's {clients} client(s) seeing the daemon go")
     open(os.path.join(out, "go"), "w").close()
 
 
@@ -121,8 +123,8 @@ def test_restart_under_two_trainers(daemon, workdir, how):
         d1.kill9()
     else:
         d1.stop(signal.SIGTERM, reap_first=False)
-    for who, t in (("a", ta), ("b", tb)):
-        let_go(os.path.join(workdir, who), t)
+    for who, t, clients in (("a", ta, 1), ("b", tb, 2)):
+        let_go(os.path.join(workdir, who), t, clients)
     time.sleep(1.0)  # the trainers wait in next() meanwhile
     daemon("--config", cfg, socket=sock)
     ea, eb = finish(ta, "trainer a"), finish(tb, "trainer b")
