@@ -496,7 +496,9 @@ def test_error_timeout(ld, workdir):
         t0 = time.monotonic()
         with pytest.raises(loaderd.Timeout) as ei:
             next(iter(dl))
-        assert 0.25 < time.monotonic() - t0 < 3
+        # not before the timeout; the upper bound only catches a wait that
+        # never ends (generous: a loaded machine must not trip it)
+        assert 0.25 < time.monotonic() - t0 < 30
         assert isinstance(ei.value, TimeoutError) and ei.value.code == -110
 
 
@@ -514,7 +516,9 @@ def test_daemon_dies_mid_epoch_raises_disconnected(workdir):
     with pytest.raises(loaderd.Disconnected):
         for _ in range(1000):
             b = next(dl.__iter__())  # batches already in flight may still come
-    assert time.monotonic() - t0 < 5
+    # at once, not after a reconnect time (60 s by default): generous, so
+    # that a loaded machine does not trip it
+    assert time.monotonic() - t0 < 30
     dl.close()
 
 
