@@ -295,15 +295,16 @@ void image_pick_scale(const struct image_info *info, int win_w, int win_h, int n
 void image_draft_scale(const struct image_info *info, int need_w, int need_h, int *num,
 		       int *denom)
 {
-	int scale;
+	int sw, sh, scale;
 
 	*num = 1;
 	*denom = 1;
 	if (info->format != IMAGE_JPEG || need_w < 1 || need_h < 1)
 		return;
 	/* Pillow's JpegImageFile.draft(): min(W // w, H // h), then 8, 4, 2 or 1 */
-	scale = info->width / need_w < info->height / need_h ? info->width / need_w
-							      : info->height / need_h;
+	sw = info->width / need_w;
+	sh = info->height / need_h;
+	scale = sw < sh ? sw : sh;
 	for (int s = 8; s > 1; s /= 2) {
 		if (scale >= s) {
 			*denom = s;

@@ -76,9 +76,9 @@ int image_probe(struct image_scratch *s, const uint8_t *data, size_t len, struct
  *
  * The smallest factor num/denom of libjpeg-turbo's 1/8, 1/4, 3/8 and 1/2
  * at which a @win_w x @win_h window of the image still has at least
- * @need_w x @need_h pixels (as PIL's draft() chooses among 1/8, 1/4, 1/2);
- * 1/1 where none does, and for PNG. 5/8 to 7/8 are never chosen: slower
- * than a whole decode.
+ * @need_w x @need_h pixels; 1/1 where none does, and for PNG. 5/8 to 7/8
+ * are never chosen: slower than a whole decode. (Not PIL's rule, which
+ * skips 3/8: image_draft_scale() is that one.)
  */
 void image_pick_scale(const struct image_info *info, int win_w, int win_h, int need_w, int need_h,
 		      int *num, int *denom);
