@@ -375,12 +375,15 @@ def test_drained_partition_ranks_end_after_the_same_epoch(daemon, workdir):
     ranks = [d.popen_consume("p", "--mode", "partition", "--rank", r, "--world-size", 2,
                              "--delay", delay) for r, delay in ((0, 5), (1, 60))]
 
-    def epoch_of(st, c):
+    def position_of(st, c):
         (a,) = [cl["attachments"][0] for cl in st["clients"] if cl["pid"] == c.pid and cl["attachments"]] or [None]
-        return a["position"]["epoch"] if a and a["delivered"] else None
-    # reload while rank 0 is an epoch ahead of rank 1 (3 s an epoch)
-    d.wait_for(lambda s: epoch_of(s, ranks[0]) and epoch_of(s, ranks[1]) == 0,
-               "rank 0 in a later epoch than rank 1")
+        return (a["position"]["epoch"], a["position"]["batch"]) if a and a["delivered"] else None
+    # reload while rank 0 has begun a later epoch than rank 1 is in (3 s an
+    # epoch). At (1, 0) rank 0 has read all of epoch 0 and none of epoch 1:
+    # the drain would rightly end both after epoch 0, so wait for a batch past it.
+    d.wait_for(lambda s: (position_of(s, ranks[0]) or (0, 0)) > (1, 0) and
+               (position_of(s, ranks[1]) or (1,))[0] == 0,
+               "rank 0 into a later epoch than rank 1")
     write_config(cfg, {})
     assert d.ctl_json("reload")["pipelines"]["draining"] == [{"name": "p", "clients": 2}]
     dumps = []
