@@ -180,6 +180,15 @@ def wait_gone(d, name, timeout=15):
     return d.wait_for(lambda s: find(s, name) is None, f"pipeline {name} dropped", timeout=timeout)
 
 
+def wait_unused(d, name, timeout=15):
+    """The pipeline once the daemon saw its last user go: a trainer's exit
+    closes its connection, which the daemon learns of a moment later (nng's
+    pipe event), not by the time the process is reaped."""
+    st = d.wait_for(lambda s: find(s, name) is not None and not find(s, name)["in_use"],
+                    f"pipeline {name} unused", timeout=timeout)
+    return find(st, name)
+
+
 # ---------------------------------------------------------------- the job
 
 def test_script_run_twice_starts_afresh(daemon, workdir):
@@ -204,7 +213,7 @@ def test_linger_lets_a_later_rank_attach(daemon, workdir):
     s = spec(workdir, name="ddp")
     r0 = run_trainer(d, workdir, s, mode=PARTITION, rank=0, world=2)
     assert r0["batches"] == [[0, 0], [0, 1], [0, 2]]
-    p = d.pipeline("ddp")
+    p = wait_unused(d, "ddp")
     assert p["in_use"] is False and p["expires_in_s"] is not None and p["linger_s"] == 4
     time.sleep(1)
     # rank 1 attaches by name (no create): the linger kept the pipeline for it
@@ -245,7 +254,7 @@ def test_creator_connection_holds_the_pipeline(daemon, workdir):
 def test_relaunch_with_another_spec_replaces_a_lingering_pipeline(daemon, workdir):
     d = start(daemon, workdir, linger=30)
     run_trainer(d, workdir, spec(workdir, name="mnist", batch_size=4))
-    assert d.pipeline("mnist")["in_use"] is False
+    assert wait_unused(d, "mnist")["in_use"] is False
     out = run_trainer(d, workdir, spec(workdir, name="mnist", batch_size=8))
     assert out["created"] is True and out["batches"] == [[0, 0], [0, 1], [0, 2]]
     assert d.pipeline("mnist")["batch_size"] == 8
@@ -259,8 +268,9 @@ def test_persist_survives(daemon, workdir):
     d = start(daemon, workdir, linger=0.2)
     s = spec(workdir, persist=True)
     assert run_trainer(d, workdir, s)["created"] is True
-    time.sleep(1.5)
-    p = d.pipeline("job")
+    # unused for a second (counted from when the daemon saw the trainer go)
+    st = d.wait_for(lambda s: (find(s, "job") or {}).get("idle_s", 0) >= 1, "job idle 1 s")
+    p = find(st, "job")
     assert p["persist"] is True and p["expires_in_s"] is None and p["linger_s"] is None
     assert p["in_use"] is False and p["idle_s"] >= 1
     # a later run joins it: persist is not part of the spec's identity
@@ -309,7 +319,7 @@ def test_ttl_is_the_pipelines_own_linger(daemon, workdir):
 def test_linger_follows_a_reload(daemon, workdir):
     d = start(daemon, workdir, linger=600)
     run_trainer(d, workdir, spec(workdir))
-    assert d.pipeline("job")["expires_in_s"] > 500
+    assert wait_unused(d, "job")["expires_in_s"] > 500
     write_config(os.path.join(workdir, "loaderd.json"), {"linger": 0.2})
     os.kill(d.pid, signal.SIGHUP)
     wait_gone(d, "job")
@@ -407,8 +417,11 @@ def test_status_shows_owner_age_and_idle_time(daemon, workdir):
     d = start(daemon, workdir, linger=30, extra={"pipelines": [spec(workdir, name="cfg")]})
     h = Holder(d, workdir, spec(workdir, name="held"), batches=1)
     run_trainer(d, workdir, spec(workdir, name="idle"), batches=1)
-    time.sleep(1.2)
-    st = d.status()
+    # a second old and idle: idle_s counts from when the daemon saw the
+    # trainer's connection go, a moment after the process was reaped
+    st = d.wait_for(lambda s: all(p["age_s"] >= 1 for p in s["pipelines"]) and
+                    all(find(s, n)["idle_s"] >= 1 for n in ("idle", "cfg")),
+                    "a second of age and idleness")
     me = pwd.getpwuid(os.getuid()).pw_name
     for p in st["pipelines"]:
         assert p["owner"] == {"uid": os.getuid(), "user": me}, p["owner"]

@@ -27,6 +27,11 @@ def test_events_are_key_value_lines(ld, workdir):
                   log, re.M)
     assert m, log
     cid, pid = m.group(1), m.group(2)
+    # the consumer has exited, but the daemon logs its disconnect when it
+    # handles the closed connection, which may be a moment later
+    ld.wait_for(lambda s: re.search(r"client\.disconnect client=%s " % cid, ld.log()),
+                "the consumer's disconnect line", timeout=20)
+    log = ld.log()
     assert re.search(r"^loaderd: info: client\.disconnect client=%s pid=%s uid=%d name=loaderctl "
                      r"leases_released=\d+ connected_s=\d+$" % (cid, pid, os.getuid()), log, re.M), log
     assert re.search(r"^loaderd: info: pipeline\.create pipeline=tok samples=64 slots=64 "

@@ -170,7 +170,11 @@ def test_metrics_over_tcp_match_a_known_run(daemon, workdir, tokens):
 
     code, ctype, text = get_tcp(port)
     assert code == 200 and ctype == "text/plain; version=0.0.4; charset=utf-8"
-    fams = parse(text)
+    # loaderd_clients counts every connection, a `loaderctl status` poll's
+    # too, until the daemon has handled its close (a moment after the poll
+    # exited); so it is scraped until the harness's last poll is gone
+    fams = scrape_until(port, lambda f: value(f, "loaderd_clients") == 0,
+                        "no client but the exited status polls")
     assert fams["loaderd_build_info"].type == "gauge"
     info = samples(fams, "loaderd_build_info")
     assert len(info) == 1 and info[0].value == 1
@@ -188,7 +192,9 @@ def test_metrics_over_tcp_match_a_known_run(daemon, workdir, tokens):
         # pipeline is done (every built batch delivered and released)
         d.wait_for(lambda st: st["pipelines"][0]["state"] == "done" and
                    st["clients"][0]["leases"] == 0, "the trainer's last release")
-        fams = parse(get_tcp(port)[2])
+        # the trainer only, once wait_for's last status poll is gone too
+        fams = scrape_until(port, lambda f: value(f, "loaderd_clients") == 1,
+                            "the trainer the only client")
         pl = d.pipeline("a")
         assert value(fams, "loaderd_pipeline_batch_size", pipeline="a") == 30
         assert value(fams, "loaderd_pipeline_batches_per_epoch", pipeline="a") == 3
@@ -230,7 +236,11 @@ def test_metrics_over_tcp_match_a_known_run(daemon, workdir, tokens):
         assert h["sum"] == pytest.approx(st["wait_seconds_total"], rel=1e-12)
     finally:
         t.exit()
-    fams = parse(get_tcp(port)[2])
+    # the trainer has exited; the daemon drops its series once it has handled
+    # the closed connection (and a text that took 5 ms or more to build is
+    # served again for ten times as long: docs/metrics.md)
+    fams = scrape_until(port, lambda f: value(f, "loaderd_clients") == 0,
+                        "the exited trainer gone")
     assert value(fams, "loaderd_clients") == 0
     assert samples(fams, "loaderd_client_batches", "loaderd_client_batches_total") == []
 
@@ -531,7 +541,12 @@ def test_a_replaced_pipeline_and_its_successor_are_told_apart(daemon, workdir, t
         r.wait()
     d.wait_for(lambda st: sorted((p["name"], p["generation"]) for p in st["pipelines"]) ==
                [("b", 1)], "the retired pipelines dropped")
-    fams = parse(get_tcp(port)[2])
+    # the scrape above may be served again as it was for ten times as long as
+    # it took to build, when that was 5 ms or more (docs/metrics.md): a text
+    # without the retired pipelines is a fresh one
+    fams = scrape_until(port, lambda f: all(s.labels["pipeline"] != "a" for s in
+                                            samples(f, "loaderd_pipeline_state")),
+                        "a scrape after the retired pipelines went")
     assert [s.labels for s in samples(fams, "loaderd_pipeline_state", state="running")] == \
         [{"pipeline": "b", "generation": "1", "state": "running"}]
 

@@ -228,10 +228,23 @@ def test_broadcast_late_joiner_starts_at_oldest_held_batch(ld, workdir):
     ld.wait_for(lambda s: any(c["pid"] == a.pid and c["leases"] >= 1 for c in s["clients"]),
                 "A holds a lease")
     a.signal(signal.SIGSTOP)
-    st = ld.status()
-    me = [c for c in st["clients"] if c["pid"] == a.pid][0]
-    held = me["leases"]
-    pos = me["attachments"][0]["position"]
+    # A's leases and position once they stay put: releases A wrote to its ring
+    # just before it stopped can reach the daemon after a first look (which
+    # would then name a batch older than the oldest A still holds), and the
+    # daemon may still fill A's window
+    def a_now():
+        me = [c for c in ld.status()["clients"] if c["pid"] == a.pid][0]
+        return me["leases"], me["attachments"][0]["position"]
+    seen, since, deadline = None, time.monotonic(), time.monotonic() + 30
+    while True:
+        now = a_now()
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif time.monotonic() - since >= 0.5:
+            break
+        assert time.monotonic() < deadline, f"A's leases and position never settled: {now}"
+        time.sleep(0.05)
+    held, pos = seen
     a_next = pos["epoch"] * bpe + pos["batch"]          # next batch A would receive
     assert held >= 1
     b = ld.popen_consume("late", "--batches", 100, "--timeout", 60000)

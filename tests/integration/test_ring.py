@@ -70,8 +70,9 @@ elif kind == "backwards":
 elif kind == "huge":
     put(R_HEAD, t + (1 << 40))
 elif kind == "tail":
-    put(D_TAIL, get(D_HEAD) + 5)
-facts = {"r_tail": t, "d_head": get(D_HEAD), "rcap": rcap}
+    h = get(D_HEAD)          # read once: the daemon may write more right after
+    put(D_TAIL, h + 5)
+facts = {"r_tail": t, "d_head": h if kind == "tail" else get(D_HEAD), "rcap": rcap}
 os.eventfd_write(efd, 1)
 # until the daemon has read it (the next release would overwrite it)
 c = loaderd.Client(sock)

@@ -70,7 +70,11 @@ def test_sigterm_with_workers_stuck_in_a_read(daemon, hung_fs):
     with open(hang, "w"):
         pass
     c = d.popen_consume("hung", "--batches", "1000000", dump=False)
-    # both workers end up inside pread() of the hung file: nothing more is produced
+    # once it reads (before, the slots may be full of batches built before the
+    # hang, and idle workers would produce nothing either)...
+    d.wait_for(lambda s: any(cl["pid"] == c.pid and cl["attachments"] for cl in s["clients"]),
+               "the consumer attached", timeout=60)
+    # ...both workers end up inside pread() of the hung file: nothing more is produced
     last, since, deadline = None, time.monotonic(), time.monotonic() + 60
     while time.monotonic() < deadline:
         n = d.pipeline("hung")["batches_produced"]
