@@ -14,6 +14,7 @@ import glob
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -186,20 +187,42 @@ def test_fake_driver_attachment_does_not_follow_a_restart(daemon, workdir, token
             "pipeline 'p' again") in res.stderr, res.describe()
 
 
+def wait_cuinit_entered(log_path, proc, timeout=30.0):
+    """Wait until the daemon's emulated driver logged its cuInit call
+    (FAKECUDA_LOG: one line at each call's entry, before FAKECUDA_INIT_MS):
+    the CUDA attach is then parked in cuInit. A client listed by status has
+    only said Hello; its Attach, which starts cuInit, may still be on its way."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(log_path) as f:
+                if "cuInit\n" in f.read():
+                    return
+        except FileNotFoundError:
+            pass
+        assert proc.poll() is None, f"the CUDA client exited {proc.returncode} before cuInit"
+        time.sleep(0.01)
+    raise AssertionError(f"the daemon's driver did not enter cuInit within {timeout} s")
+
+
 def test_slow_cuinit_does_not_stall_other_clients(daemon, workdir, tokens, monkeypatch):
     """cuInit runs off the loop: while a CUDA attach waits for a driver that
-    takes 4 s to initialise, host clients are served."""
+    takes 8 s to initialise, host clients are served."""
     fake = fake_driver()
     if not fake:
         pytest.skip("no emulated CUDA driver (loaderd built without CUDA)")
     monkeypatch.setenv("LOADERD_CUDA_LIBRARY", fake)
-    d = daemon(env=env_with(LOADERD_CUDA_LIBRARY=fake, FAKECUDA_INIT_MS="4000"))
+    trace = os.path.join(workdir, "fakecuda-daemon.log")
+    # cuInit's length is the time the host create and consume below have to
+    # finish in (slow.poll() below): 8 s, so that a loaded machine's slow
+    # process starts do not pass for a stalled loop
+    d = daemon(env=env_with(LOADERD_CUDA_LIBRARY=fake, FAKECUDA_INIT_MS="8000",
+                            FAKECUDA_LOG=trace))
     tok, n = make_pipeline(d, tokens)
     cmd, _ = d.consume_cmd("p", "--device", "cuda:0", dump=False)
     slow = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # the CUDA client is in (its attach waits for cuInit) before the host one starts
-    d.wait_for(lambda st: any(c["name"] == "loaderctl" and c["pid"] == slow.pid for c in st["clients"]),
-               "the CUDA client connected")
+    # the CUDA client's attach waits in cuInit before the host one starts
+    wait_cuinit_entered(trace, slow)
     d.create(token_spec("q", tokens[0], L, "uint16", batch_size=8, epochs=1))
     res = d.consume("q")
     assert res.dump == token_dump(tok, L, sequential_batches(n, 8))
@@ -214,11 +237,17 @@ def test_stop_during_slow_cuinit(daemon, workdir, tokens, monkeypatch):
     if not fake:
         pytest.skip("no emulated CUDA driver (loaderd built without CUDA)")
     monkeypatch.setenv("LOADERD_CUDA_LIBRARY", fake)
-    d = daemon(env=env_with(LOADERD_CUDA_LIBRARY=fake, FAKECUDA_INIT_MS="1500"))
+    trace = os.path.join(workdir, "fakecuda-daemon.log")
+    # 3 s of cuInit: the SIGTERM below must come while it runs (the daemon
+    # waits up to 5 s for it at a stop)
+    d = daemon(env=env_with(LOADERD_CUDA_LIBRARY=fake, FAKECUDA_INIT_MS="3000",
+                            FAKECUDA_LOG=trace))
     make_pipeline(d, tokens)
     cmd, _ = d.consume_cmd("p", "--device", "cuda:0", dump=False)
     slow = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    d.wait_for(lambda st: any(c["pid"] == slow.pid for c in st["clients"]), "the CUDA client connected")
+    # not "listed by status": that is its Hello, and a SIGTERM before its
+    # Attach arrives would find no cuInit to wait for
+    wait_cuinit_entered(trace, slow)
     # SIGTERM while the attach waits in cuInit: the daemon waits for it (a
     # while), then stops cleanly (exit 0, socket gone, no sanitizer report);
     # the client, cut off like every client at a stop, says so

@@ -45,6 +45,27 @@ def first_batch_line(consumer, what, timeout=20):
     return line
 
 
+def stopped_survivor(ld, name):
+    """A consumer of broadcast pipeline @name, reading from its first batch,
+    SIGSTOPped once it streams. A brake (a consumer that holds its first
+    batch for an hour) attaches first, so that the survivor cannot run ahead
+    of it by more than the pipeline's slots before the SIGSTOP: alone, it
+    reads a 20 000-batch pipeline in about 0.2 s, which a loaded machine can
+    take between a status poll and the signal. The brake is then killed and
+    gone from status."""
+    brake = ld.popen_consume(name, "--delay", 3600000, dump=False)
+    ld.wait_for(lambda s: (client_of(s, brake.pid) or {}).get("delivered", 0) >= 1,
+                "the brake holds its first batch")
+    survivor = ld.popen_consume(name, "--timeout", 120000)
+    ld.wait_for(lambda s: (client_of(s, survivor.pid) or {}).get("delivered", 0) >= 1,
+                "survivor streaming")
+    survivor.signal(signal.SIGSTOP)
+    brake.signal(signal.SIGKILL)
+    brake.proc.wait(timeout=10)
+    ld.wait_for(lambda s: client_of(s, brake.pid) is None, "the brake gone from status")
+    return survivor
+
+
 def test_sigkill_consumers_20_times(ld, workdir):
     """20 broadcast consumers, one after the other, killed with SIGKILL while
     streaming, while a survivor of the same pipeline goes on. The survivor's
@@ -59,10 +80,7 @@ def test_sigkill_consumers_20_times(ld, workdir):
     tok = random_tokens(path, n * L + 1, "uint16", seed=20)
     ld.create(token_spec("k", path, L, "uint16", batch_size=bs, prefetch=4))
 
-    survivor = ld.popen_consume("k", "--timeout", 120000)
-    ld.wait_for(lambda s: (client_of(s, survivor.pid) or {}).get("delivered", 0) >= 1,
-                "survivor streaming")
-    survivor.signal(signal.SIGSTOP)
+    survivor = stopped_survivor(ld, "k")
 
     dead = set()
     for i in range(20):
@@ -112,10 +130,7 @@ def test_sigkill_stopped_consumers_holding_leases(ld, workdir):
     path = os.path.join(workdir, "h.bin")
     tok = random_tokens(path, n * L + 1, "uint16", seed=22)
     ld.create(token_spec("h", path, L, "uint16", batch_size=bs, prefetch=4))
-    survivor = ld.popen_consume("h", "--timeout", 120000)
-    ld.wait_for(lambda s: (client_of(s, survivor.pid) or {}).get("delivered", 0) >= 1,
-                "survivor streaming")
-    survivor.signal(signal.SIGSTOP)
+    survivor = stopped_survivor(ld, "h")
 
     def produced():
         return pipe_of(ld.status(), "h")["batches_produced"]

@@ -203,8 +203,14 @@ def test_sigkill_worker_mid_epoch(ld):
         x, y = np.concatenate(xs), np.concatenate(ys)
         ok_x = bool(np.array_equal(x, np.stack([np.arange(i, i + 3, dtype=np.float32)
                                                 for i in range(n)])))
-        time.sleep(0.5)
-        out(labels=y.tolist(), ok_x=ok_x, killed=killed, now=workers_of(dl._host.pid))
+        # the host restarts the killed worker when it reaps it (_pyhost.py,
+        # reap/start_due): wait for that rather than sleep a guess of it
+        deadline = time.monotonic() + 30
+        now = workers_of(dl._host.pid)
+        while (killed in now or len(now) != 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = workers_of(dl._host.pid)
+        out(labels=y.tolist(), ok_x=ok_x, killed=killed, now=now)
     """)
     assert res["killed"], "no worker found to kill"
     assert res["labels"] == list(range(160)) and res["ok_x"]

@@ -6,49 +6,80 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 from ldrtest import LOADERD
 
 
-def recv_until(sock, wanted, timeout=10.0):
-    """Datagrams until one contains `wanted`; returns all of them."""
-    got = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            msg = sock.recv(4096).decode()
-        except socket.timeout:
-            break
-        got.append(msg)
-        if wanted in msg:
-            return got
-    raise AssertionError(f"no {wanted!r} among {got!r}")
+class Notifications:
+    """The datagrams sent to a notify socket, read by a thread as they come:
+    the kernel queues only a few (net.unix.max_dgram_qlen, 10 here) and the
+    daemon's sends do not wait, so with watchdog pings every 100 ms a test
+    that stalled a second would have READY, RELOADING or STOPPING dropped."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.1)
+        self.got, self.seen = [], 0
+        self.cond = threading.Condition()
+        self.closing = False
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        while not self.closing:
+            try:
+                msg = self.sock.recv(4096).decode()
+            except socket.timeout:
+                continue
+            with self.cond:
+                self.got.append(msg)
+                self.cond.notify_all()
+
+    def until(self, wanted, timeout=10.0):
+        """The datagrams not yet returned, up to the first that contains
+        @wanted."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for i in range(self.seen, len(self.got)):
+                    if wanted in self.got[i]:
+                        out, self.seen = self.got[self.seen:i + 1], i + 1
+                        return out
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {wanted!r} among {self.got[self.seen:]!r}")
+                self.cond.wait(left)
+
+    def close(self):
+        self.closing = True
+        self.thread.join()
+        self.sock.close()
 
 
 def test_notify_ready_reload_watchdog_stopping(daemon, workdir):
     path = os.path.join(workdir, "notify.sock")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(path)
+    n = Notifications(path)
     cfg = os.path.join(workdir, "c.json")
     with open(cfg, "w") as f:
         json.dump({"workers": 1}, f)
     env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="200000")
     d = daemon("--config", cfg, env=env)
-    msgs = recv_until(s, "READY=1")
+    msgs = n.until("READY=1")
     ready = [m for m in msgs if "READY=1" in m][0]
     assert f"MAINPID={d.pid}" in ready and "STATUS=serving on" in ready
     # watchdog pings at half the interval: several within a second
-    pings = [m for m in recv_until(s, "WATCHDOG=1") + recv_until(s, "WATCHDOG=1") if m == "WATCHDOG=1"]
+    pings = [m for m in n.until("WATCHDOG=1") + n.until("WATCHDOG=1") if m == "WATCHDOG=1"]
     assert len(pings) >= 2
     os.kill(d.pid, signal.SIGHUP)
-    msgs = recv_until(s, "READY=1")
+    msgs = n.until("READY=1")
     reload_msg = [m for m in msgs if "RELOADING=1" in m]
     assert reload_msg and "MONOTONIC_USEC=" in reload_msg[0]
     d.stop(signal.SIGTERM)
-    assert any("STOPPING=1" in m for m in recv_until(s, "STOPPING=1"))
-    s.close()
+    assert any("STOPPING=1" in m for m in n.until("STOPPING=1"))
+    n.close()
 
 
 def test_no_notify_socket_is_fine(daemon):
