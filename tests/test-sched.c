@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -40,6 +41,9 @@ struct req {
 
 static uv_loop_t loop;
 static struct engine *eng;
+/* per process: the ASan, TSan and plain builds' suites may run at once on
+ * one machine, and one's unlink must not pull the file from under another */
+static char tok_path[64];
 static struct principal daemon_self; /* principal_daemon() in main */
 
 static void on_deliver(void *userdata, struct pending *p, const struct delivery *d)
@@ -59,14 +63,40 @@ static void on_deliver(void *userdata, struct pending *p, const struct delivery 
 	r->err = d->err;
 }
 
-/* Run the loop until @r is answered (the workers complete on it). */
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Run the loop until @r is answered (the workers complete on it). A deadline
+ * in time, not in turns: the worker threads may get little CPU on a loaded
+ * machine under a sanitizer. */
 static void wait_answer(struct req *r)
 {
-	for (int i = 0; i < 20000 && !r->answered; i++) {
+	double end = now_s() + 60;
+
+	while (!r->answered && now_s() < end) {
 		uv_run(&loop, UV_RUN_NOWAIT);
 		usleep(100);
 	}
 	assert(r->answered);
+}
+
+/* Pipeline @name's "batches_produced" in status. */
+static json_int_t produced(const char *name)
+{
+	json_t *arr = engine_pipelines_json(eng, &daemon_self), *pl;
+	json_int_t n = -1;
+	size_t i;
+
+	json_array_foreach(arr, i, pl)
+		if (strcmp(json_string_value(json_object_get(pl, "name")), name) == 0)
+			n = json_integer_value(json_object_get(pl, "batches_produced"));
+	json_decref(arr);
+	return n;
 }
 
 /* Run the loop a while: whatever can happen has happened. */
@@ -115,9 +145,9 @@ static void create(const char *name, uint32_t prefetch)
 	struct spec *spec;
 
 	snprintf(text, sizeof(text),
-	         "{\"name\": \"%s\", \"source\": {\"kind\": \"tokens\", \"path\": \"/tmp/test-sched.bin\","
+	         "{\"name\": \"%s\", \"source\": {\"kind\": \"tokens\", \"path\": \"%s\","
 	         " \"dtype\": \"uint16\", \"seq_len\": %d}, \"batch_size\": 2, \"prefetch\": %u,"
-	         " \"shuffle\": false, \"epochs\": 0}", name, SEQ, prefetch);
+	         " \"shuffle\": false, \"epochs\": 0}", name, tok_path, SEQ, prefetch);
 	assert(spec_parse(&spec, text, err, sizeof(err)) == 0);
 	assert(engine_create(eng, spec, &daemon_self, 0, false, err, sizeof(err)) == 1);
 }
@@ -226,7 +256,16 @@ static void test_reclaim(void)
 	                         &refd) == 0);
 	base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
 	assert(base != MAP_FAILED);
-	settle();                     /* 8 batches built ahead, none asked for */
+	/* 8 batches built ahead, none asked for: waited for (a settle() may end
+	 * before the workers have built them all on a loaded machine, and then
+	 * nothing would be reclaimed) */
+	double end = now_s() + 60;
+	while (produced("rc") < 8 && now_s() < end) {
+		uv_run(&loop, UV_RUN_NOWAIT);
+		usleep(100);
+	}
+	assert(produced("rc") >= 8);
+	settle();
 	pt = attach("rc", LDR_MODE_PARTITION, 0, 1);
 	assert(next(pt, &np, 4, NULL, 0) == 0);
 	wait_answer(&np);
@@ -317,12 +356,14 @@ static void test_streams_above_slots_refused(void)
 int main(void)
 {
 	static const struct engine_ops ops = { .deliver = on_deliver };
-	FILE *f = fopen("/tmp/test-sched.bin", "wb");
+	FILE *f;
 	uint16_t t[NTOK];
 	principal_daemon(&daemon_self);
 
 	for (int i = 0; i < NTOK; i++)
 		t[i] = (uint16_t)i;
+	snprintf(tok_path, sizeof(tok_path), "/tmp/test-sched-%d.bin", (int)getpid());
+	f = fopen(tok_path, "wb");
 	assert(f && fwrite(t, sizeof(t), 1, f) == 1 && fclose(f) == 0);
 	assert(uv_loop_init(&loop) == 0);
 	assert(engine_new(&eng, &loop, 2, 1u << 30, &ops, NULL) == 0);
@@ -336,7 +377,7 @@ int main(void)
 	eng = engine_free(eng);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	assert(uv_loop_close(&loop) == 0);
-	unlink("/tmp/test-sched.bin");
+	unlink(tok_path);
 	printf("test-sched: ok\n");
 	return 0;
 }
