@@ -415,8 +415,9 @@ def test_new_seed_joins_at_the_next_batch_built(ld, workdir):
     root = images(workdir)
     truth = {s: batch_bytes(solo(ld, root, s)) for s in (7, 11)}
     ld.create(spec("late", root, 7))
-    # A's window pinned at 2: it has received 3 of the 6 batches at most
-    a = ld.popen_consume("late", "--delay", 300, "--inflight", 2)
+    # A's window pinned at 2: it has received 3 of the 6 batches at most;
+    # 500 ms a batch leaves B (a loaderctl start) seconds to attach in
+    a = ld.popen_consume("late", "--delay", 500, "--inflight", 2)
     ld.wait_for(lambda st: any(c["pid"] == a.pid and c["leases"] >= 1 for c in st["clients"]),
                 "A holds a batch")
     rb = ld.consume("late", "--augment-seed", 11)
@@ -440,7 +441,8 @@ def test_seeds_come_and_go_under_a_long_reader(ld, workdir):
     per = [4, 4, 2] * epochs
     offs = [sum(r * (16 * 16 * 3 + 8) for r in per[:i]) for i in range(len(per) + 1)]
     ld.create(spec("churn", root, 7, epochs=epochs))
-    a = ld.popen_consume("churn", "--delay", 40, "--inflight", 2)
+    # 80 ms a batch: 36 batches, about 3 s for the first short reader to come
+    a = ld.popen_consume("churn", "--delay", 80, "--inflight", 2)
     ld.wait_for(lambda st: any(c["pid"] == a.pid and c["leases"] >= 1 for c in st["clients"]),
                 "the long reader reads")
     runs = 0
