@@ -259,6 +259,18 @@ def test_check_structure_refuses(structure, msg):
     assert str(e.value).startswith("its spec's source.structure"), str(e.value)
 
 
+@pytest.mark.parametrize("src,msg", [
+    ({}, "its spec's source.fields is not a list of fields"),
+    ({"fields": 5, "structure": {"f": "a"}}, "its spec's source.fields is not a list of fields"),
+    ({"fields": [{"name": 1}]}, "fields[0]: name is required"),
+    ({"fields": [3], "structure": {"f": "a"}}, "the spec's fields are not a list of"),
+])
+def test_reader_structure_fields_untrusted(src, msg):
+    with pytest.raises(P.SampleError) as e:
+        P.reader_structure(src)
+    assert msg in str(e.value), str(e.value)
+
+
 def test_check_structure_takes_what_loaderd_writes():
     P.check_structure(_deep(40), F2)
     P.check_structure({"list": [{"f": "a"}] * 1023}, F2)

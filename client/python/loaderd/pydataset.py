@@ -533,12 +533,15 @@ def reader_structure(src):
     """(structure, pads, types) of a python source read from the daemon (a
     pipeline attached by name, whoever wrote its spec): checked, and the
     namedtuple classes only those of a structure this process learnt."""
-    fields = src.get("fields") or []
+    fields = src.get("fields")
+    if not isinstance(fields, list):
+        raise SampleError("its spec's source.fields is not a list of fields")
     structure = src.get("structure")
     if structure is None:
         structure = structure_from_names(check_fields(fields))
     check_structure(structure, fields, "its spec's source.structure")
-    pads = {f["name"] for f in fields if f.get("pad")}
+    names = {f["name"] for f in fields}
+    pads = {f["name"] for f in fields if f.get("pad") and f["name"] + "_len" in names}
     return structure, pads, own_types(structure)
 
 
