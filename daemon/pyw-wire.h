@@ -24,7 +24,10 @@
  * Any error: <- ERROR (status, a sentence), then the daemon closes. The daemon
  * closes every connection of a pipeline when it is dropped or fails; the
  * processes exit on EOF. The peer's uid (SO_PEERCRED) must be the pipeline
- * owner's; a worker must come while its host is connected.
+ * owner's; a worker must come while its host is connected. Identities are the
+ * kernel's (SO_PEERCRED's uid and pid), and counts are checked: a DONE skips
+ * at most its task's rows, a FAIL names a sample of the source, a WORKER_EXIT
+ * one of the host's workers.
  */
 #pragma once
 
@@ -64,7 +67,7 @@ struct pyw_hello {
 	uint32_t role;       /* enum pyw_role */
 	uint32_t nworkers;   /* host: workers it will run (1..256) */
 	uint32_t worker_id;  /* worker: 0..nworkers-1 */
-	uint32_t pid;        /* the sender's, for the log */
+	uint32_t pid;        /* the sender's; the daemon uses the kernel's (SO_PEERCRED) */
 	uint32_t reserved;
 	char pipeline[64];   /* NUL-terminated name */
 };
@@ -111,12 +114,12 @@ struct pyw_task {
 
 struct pyw_done {
 	uint64_t task_id;
-	uint64_t skipped;    /* on_error skip: samples replaced in this task */
+	uint64_t skipped;    /* on_error skip: samples replaced in this task, 0..nrows */
 };
 
 struct pyw_fail {
 	uint64_t task_id;
-	uint64_t index;      /* the sample that failed */
+	uint64_t index;      /* the sample that failed, < nsamples */
 	int32_t status;      /* negative errno, -EINVAL for an exception */
 	uint32_t reserved;
 };

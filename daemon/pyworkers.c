@@ -403,7 +403,11 @@ static void on_hello(struct pyw_conn *c, const uint8_t *p, size_t len)
 	if (!(pp = find_pipeline(c, &h)))
 		return;
 	uv_timer_stop(&c->timer);
-	c->pid = (pid_t)h.pid;
+	/* c->pid is the kernel's (SO_PEERCRED); the HELLO's is the sender's word,
+	 * another in another pid namespace: noted, never used */
+	if ((pid_t)h.pid != c->pid)
+		log_debug("python workers: pipeline %s: pid %d says it is pid %u in its HELLO",
+			  pp->pl->spec->name, (int)c->pid, h.pid);
 	if (h.role == PYW_ROLE_HOST) {
 		if (pp->host || pp->mapped || pp->host_gone) {
 			conn_refuse(c, -EBUSY, "pipeline '%s' has had its worker host already (pid %d): "
@@ -494,6 +498,13 @@ static void on_worker_exit(struct pyw_conn *c, const uint8_t *p, size_t len)
 		return;
 	}
 	memcpy(&e, p, sizeof(e));
+	if (e.worker_id >= pp->nworkers_want) {
+		if (log_limit_pass(&c->srv->lim_bad, uv_now(c->srv->loop)))
+			log_warn("pipeline %s: its Python worker host (pid %d, uid %u) says worker %u "
+				 "exited; it runs %u: ignored", pp->pl->spec->name, (int)c->pid,
+				 (unsigned)c->uid, e.worker_id, pp->nworkers_want);
+		return;
+	}
 	pp->worker_exits++;
 	describe_exit(pp->last_exit, sizeof(pp->last_exit), &e);
 	log_warn("pipeline %s: Python %s; the host starts another", pp->pl->spec->name, pp->last_exit);
@@ -505,6 +516,7 @@ static void on_done(struct pyw_conn *c, const uint8_t *p, size_t len)
 	struct pyw_done d;
 	struct ptask *t;
 	struct job *job;
+	uint32_t rows;
 
 	if (c->role != PYW_ROLE_WORKER || len != sizeof(d)) {
 		conn_refuse(c, -EPROTO, "malformed DONE");
@@ -513,6 +525,14 @@ static void on_done(struct pyw_conn *c, const uint8_t *p, size_t len)
 	memcpy(&d, p, sizeof(d));
 	if (!(t = task_by_id(pp, c, d.task_id))) {
 		conn_refuse(c, -EPROTO, "DONE for task %" PRIu64 ", which it does not build", d.task_id);
+		return;
+	}
+	rows = t->job->tasks[t->t].end - t->job->tasks[t->t].begin;
+	if (d.skipped > rows) {
+		/* its task goes to another worker (conn_close) */
+		conn_refuse(c, -EPROTO, "pipeline '%s': DONE for task %" PRIu64 " skipped %" PRIu64
+			    " samples, more than its %u rows", pp->pl->spec->name, d.task_id, d.skipped,
+			    rows);
 		return;
 	}
 	job = t->job;
@@ -543,6 +563,12 @@ static void on_fail(struct pyw_conn *c, const uint8_t *p, size_t len)
 	memcpy(&f, p, sizeof(f));
 	if (!(t = task_by_id(pp, c, f.task_id))) {
 		conn_refuse(c, -EPROTO, "FAIL for task %" PRIu64 ", which it does not build", f.task_id);
+		return;
+	}
+	if (f.index >= source_nsamples(pp->pl->src)) {
+		conn_refuse(c, -EPROTO, "pipeline '%s': FAIL for task %" PRIu64 " names sample %" PRIu64
+			    ", the source has %" PRIu64, pp->pl->spec->name, f.task_id, f.index,
+			    (uint64_t)source_nsamples(pp->pl->src));
 		return;
 	}
 	mlen = len - sizeof(f);

@@ -26,10 +26,36 @@
 #define PY_STRUCTURE_MAX 8192
 #define PY_NAME_MAX 255               /* "module:qualname" */
 #define PY_DIGEST_MAX 128
+#define PY_JSON_DEPTH_MAX 128          /* nesting of "structure" and "args": every client
+					 * parses them (Python's json stops near 1000) */
 
 struct python_source {
 	struct source base;
 };
+
+/* The nesting of objects and arrays in @v, counted no further than @limit + 1. */
+static int json_depth(json_t *v, int limit)
+{
+	const char *key;
+	json_t *x;
+	size_t i;
+	int most = 0, d;
+
+	if (!json_is_object(v) && !json_is_array(v))
+		return 0;
+	if (limit <= 0)
+		return 1;
+	if (json_is_object(v)) {
+		json_object_foreach(v, key, x)
+			if ((d = json_depth(x, limit - 1)) > most)
+				most = d;
+	} else {
+		json_array_foreach(v, i, x)
+			if ((d = json_depth(x, limit - 1)) > most)
+				most = d;
+	}
+	return most + 1;
+}
 
 static bool field_name_ok(const char *s)
 {
@@ -153,6 +179,9 @@ static int parse_python(struct spec *spec, json_t *src, char *err, size_t errlen
 	if (args && !json_is_object(args))
 		return spec_fail(err, errlen, "source.args: must be an object (the keyword arguments "
 				 "of the Dataset)");
+	if (args && json_depth(args, PY_JSON_DEPTH_MAX) > PY_JSON_DEPTH_MAX)
+		return spec_fail(err, errlen, "source.args: nested more than %d levels deep",
+				 PY_JSON_DEPTH_MAX);
 	if ((v = json_object_get(src, "digest"))) {
 		if (!json_is_string(v) || json_string_length(v) > PY_DIGEST_MAX)
 			return spec_fail(err, errlen, "source.digest: must be a string of at most %d "
@@ -184,6 +213,10 @@ static int parse_python(struct spec *spec, json_t *src, char *err, size_t errlen
 		if (n > PY_STRUCTURE_MAX)
 			return spec_fail(err, errlen, "source.structure: %zu bytes of JSON, the most is %d",
 					 n, PY_STRUCTURE_MAX);
+		if (json_depth(structure, PY_JSON_DEPTH_MAX) > PY_JSON_DEPTH_MAX)
+			return spec_fail(err, errlen, "source.structure: nested more than %d levels deep "
+					 "in JSON (a sample's structure has at most 40 levels)",
+					 PY_JSON_DEPTH_MAX);
 	}
 
 	nfields = json_array_size(jfields);

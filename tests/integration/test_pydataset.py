@@ -9,6 +9,7 @@ checkout and the libloader of the build under test (ASan runtime preloaded in
 a sanitizer build). The datasets are tests/pyharness/pydatasets.py.
 """
 
+import errno
 import json
 import os
 import subprocess
@@ -378,3 +379,99 @@ def test_worker_setup_failure_reaches_the_trainer(ld):
     """)
     assert res["raised"], res
     assert "could not start" in res["text"] and "RuntimeError: init boom" in res["text"], res
+
+
+# -------------------- (g) the wire: a host and workers that lie (item 12)
+
+def test_wire_identities_from_the_kernel_counts_checked(ld):
+    """A hand-made host and workers on <socket>.workers: their HELLOs say
+    pid 1, the host reports an exit of a worker it does not run, one worker
+    answers DONE with 2^64-1 samples skipped, the next a FAIL naming sample
+    2^64-1. The daemon shows the kernel's pid, refuses each bad count with
+    an ERROR that names it (logged with the pipeline and the real pid),
+    hands the task to the next worker, and the trainer gets its batch."""
+    res, _ = trainer(ld, """
+        import errno, mmap, socket, struct, threading
+        from loaderd import _pywire as W
+        M64 = (1 << 64) - 1
+        c = loaderd.Client(SOCK)
+        c.create_pipeline({"name": "liar", "batch_size": 4, "epochs": 1, "source": {
+            "kind": "python", "dataset": "nowhere:Nothing", "samples": 8,
+            "fields": [{"name": "x", "dtype": "int64", "shape": []}]}})
+
+        def hello(role):
+            s = W.connect(SOCK + ".workers")
+            s.settimeout(60)
+            W.send(s, W.HELLO, W.HELLO_S.pack(1, role, 1, 0, 1, 0, b"liar"))   # "pid 1"
+            return s
+        host = hello(W.ROLE_HOST)
+        fds = []
+        wel = W.parse_welcome(W.expect(host, W.WELCOME, "WELCOME", fds))
+        mm = mmap.mmap(fds[0], wel["slab_size"])
+        W.send(host, W.MAPPED)
+        W.expect(host, W.READY, "READY")
+        W.send(host, W.WORKER_EXIT, W.WORKER_EXIT_S.pack(7, 1, 9, 0))   # it runs worker 0 only
+        replies = []
+
+        def task(w):
+            msg = W.recv(w)
+            if msg is None or msg[0] != W.TASK:
+                return None
+            tid, epoch, slot, row0, nrows, _ = W.TASK_S.unpack_from(msg[1])
+            return tid, slot, row0, struct.unpack_from(f"={nrows}Q", msg[1], W.TASK_S.size)
+
+        def refused(w):
+            while True:   # tasks sent before the refusal, then ERROR and EOF
+                msg = W.recv(w)
+                if msg is None or msg[0] == W.ERROR:
+                    break
+            replies.append(None if msg is None else
+                           [struct.unpack_from("=i", msg[1])[0], msg[1][4:].decode()])
+            assert W.recv(w) is None
+
+        def workers():
+            w = hello(W.ROLE_WORKER)
+            W.expect(w, W.WELCOME, "WELCOME")
+            W.send(w, W.DONE, W.DONE_S.pack(task(w)[0], M64))
+            refused(w)
+            w = hello(W.ROLE_WORKER)
+            W.expect(w, W.WELCOME, "WELCOME")
+            W.send(w, W.FAIL, W.FAIL_S.pack(task(w)[0], M64, -errno.EINVAL, 0) + b"no")
+            refused(w)
+            w = hello(W.ROLE_WORKER)
+            W.expect(w, W.WELCOME, "WELCOME")
+            off, sb = wel["fields"][0]
+            while True:
+                t = task(w)
+                if t is None:
+                    return
+                tid, slot, row0, idx = t
+                for k, i in enumerate(idx):
+                    struct.pack_into("=q", mm, slot * wel["slot_bytes"] + off + (row0 + k) * sb,
+                                     10 * i)
+                W.send(w, W.DONE, W.DONE_S.pack(tid, 0))
+        th = threading.Thread(target=workers, daemon=True)
+        th.start()
+        dl = loaderd.DataLoader("liar", socket=SOCK, timeout=60, as_numpy=True)
+        xs = sorted(int(v) for b in dl for v in b["x"])
+        st = c.pipeline("liar")
+        out(xs=xs, replies=replies, pid=os.getpid(), host_pid=st["python"]["host_pid"],
+            skipped=st["skipped"], exits=st["python"]["worker_exits"])
+        dl.close()
+        drop("liar")
+    """)
+    assert res["xs"] == [10 * i for i in range(8)]
+    assert res["host_pid"] == res["pid"]            # the kernel's, not the HELLO's 1
+    assert res["exits"] == 0 and res["skipped"] == 0
+    (s1, t1), (s2, t2) = res["replies"]
+    assert s1 == -errno.EPROTO and s2 == -errno.EPROTO
+    assert t1.startswith("pipeline 'liar': DONE for task ") and \
+        t1.endswith(f" skipped {(1 << 64) - 1} samples, more than its 4 rows"), t1
+    assert t2.startswith("pipeline 'liar': FAIL for task ") and \
+        t2.endswith(f" names sample {(1 << 64) - 1}, the source has 8"), t2
+    log = ld.log()
+    assert f"python workers: pid {res['pid']} (uid {os.getuid()}): {t1}" in log
+    assert f"python workers: pid {res['pid']} (uid {os.getuid()}): {t2}" in log
+    assert (f"pipeline liar: its Python worker host (pid {res['pid']}, uid {os.getuid()}) says "
+            "worker 7 exited; it runs 1: ignored") in log
+    assert "pid 1 " not in log and "(pid 1)" not in log

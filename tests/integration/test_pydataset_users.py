@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import pickle
 import subprocess
 import textwrap
 import time
@@ -90,16 +91,18 @@ def env(daemon, workdir, users):
     return d, alice, bob, shared, priv, values
 
 
-def start(user, d, shared, name, body):
-    """Run a trainer as @user. Its output goes to files: the workers' host it
-    spawns inherits them and may outlive it (a persistent pipeline)."""
+def start(user, d, shared, name, body, cwd=None):
+    """Run a trainer as @user (in @cwd, default @shared, where its script
+    is). Its output goes to files: the workers' host it spawns inherits them
+    and may outlive it (a persistent pipeline)."""
     path = os.path.join(shared, f"{name}.py")
     with open(path, "w") as f:
         f.write(PRELUDE + textwrap.dedent(body))
     os.chmod(path, 0o644)
     outs = [open(os.path.join(shared, f"{name}.{k}"), "w+") for k in ("out", "err")]
     p = subprocess.Popen(["/usr/bin/python3", path, d.socket], stdout=outs[0], stderr=outs[1],
-                         text=True, cwd=shared, **user.popen_kwargs(env=python_client_env()))
+                         text=True, cwd=cwd or shared,
+                         **user.popen_kwargs(env=python_client_env()))
     p.outs = outs
     return p
 
@@ -279,3 +282,128 @@ def test_broadcast_goes_on_when_its_creator_exits(env):
     if pl:  # it may have lingered out already
         assert pl[0]["python"]["samples_built"] >= 30
     assert "Python worker host pid" in d.log()
+
+
+# ---------------------- another user's code never runs in a reader (item 4)
+
+BOBDATA = """
+import numpy as np
+PAYLOAD = {payload!r}
+class Evil:
+    def __init__(self, n):
+        self.n = n
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        return {{"p": np.frombuffer(PAYLOAD.ljust(256, b"\\0"), dtype=np.uint8), "n": i}}
+"""
+
+BOBMOD = """
+import os
+with open({marker!r}, "a") as f:
+    f.write("bobmod imported by uid %d\\n" % os.getuid())
+class Evil(tuple):
+    pass
+"""
+
+
+class _RunAs:
+    def __init__(self, cmd):
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return (os.system, (self.cmd,))
+
+
+def test_reader_runs_nothing_a_spec_names(env):
+    """bob's python pipeline ("access": "all") has a structure whose
+    "type"s name pickle.loads (over a field that holds his pickle, which
+    would run a shell command) and a module he planted beside alice's
+    script; alice attaches by name and reads a batch: nothing of bob's runs
+    in her process, and she gets the fields, as a list and as loaderd's own
+    namedtuple of the names the spec gives."""
+    d, alice, bob, shared, priv, values = env
+    marker = os.path.join(shared, "marker")
+    pay = pickle.dumps(_RunAs(f"echo pickle ran as uid $(id -u) >> {marker}"))
+    assert len(pay) < 256
+    for name, text in (("bobdata.py", BOBDATA.format(payload=pay)),
+                       ("bobmod.py", BOBMOD.format(marker=marker))):
+        path = os.path.join(shared, name)
+        with open(path, "w") as f:
+            f.write(text)
+        os.chown(path, bob.uid, bob.gid)
+        os.chmod(path, 0o644)
+    structure = {"dict": [["x", {"tuple": [{"f": "p"}], "type": "pickle:loads"}],
+                          ["y", {"tuple": [{"f": "n"}], "type": "bobmod:Evil", "names": ["n"]}]]}
+    rb = finish(start(bob, d, shared, "bob-evil", f"""
+        spec = {{"name": "shared-py", "access": "all", "persist": True, "batch_size": 4,
+                "source": {{"kind": "python", "dataset": "bobdata:Evil", "args": {{"n": 12}},
+                           "fields": [{{"name": "p", "dtype": "uint8", "shape": [256]}},
+                                      {{"name": "n", "dtype": "int64", "shape": []}}],
+                           "structure": {structure!r}}}}}
+        dl = loaderd.DataLoader(spec, socket=SOCK, num_workers=1, timeout=120, as_numpy=True)
+        out(created=dl.created)
+        dl.close()
+    """), "bob", d)
+    assert rb == {"created": True}
+
+    ra = finish(start(alice, d, shared, "alice-reads", """
+        dl = loaderd.DataLoader("shared-py", socket=SOCK, timeout=120, as_numpy=True)
+        b = next(iter(dl))
+        try:
+            x, y = b["x"], b["y"]
+            out(keys=list(b), x=[type(x).__name__, len(x), list(x[0].shape)],
+                rows=sorted({bytes(r).rstrip(b"\\0").hex() for r in x[0]}),
+                y=[type(y).__name__, list(type(y)._fields), type(y).__module__, y.n.tolist()],
+                bobmod="bobmod" in sys.modules)
+        except Exception as e:
+            out(batch=repr(b)[:300], error=repr(e))
+        dl.close()
+    """), "alice", d)
+    assert not os.path.exists(marker), open(marker).read()
+    assert ra == {"keys": ["x", "y"], "x": ["list", 1, [4, 256]], "rows": [pay.hex()],
+                  "y": ["Evil", ["n"], "loaderd.pydataset", [0, 1, 2, 3]], "bobmod": False}
+    bob.ctl(d, "drop", "shared-py", check=True)
+
+
+PLANTED = """
+import os, sys
+with open({marker!r}, "a") as f:
+    f.write("planted %s ran as uid %d\\n" % (__name__, os.getuid()))
+# then the real host, so that only the marker tells
+os.chdir("/")
+os.execv(sys.executable, [sys.executable, "-m", "loaderd._pyhost"])
+"""
+
+
+def test_host_code_never_from_the_trainers_directory(env):
+    """bob plants loaderd/_pyhost.py (and a loaderd/__init__.py) in a shared
+    directory alice trains from (her script is elsewhere): her pipeline's
+    host is loaderd's own, the plant never runs, and her training works."""
+    d, alice, bob, shared, priv, values = env
+    plant = os.path.join(os.path.dirname(shared), "plant")
+    marker = os.path.join(plant, "marker")
+    os.makedirs(os.path.join(plant, "loaderd"))
+    for rel in ("loaderd/__init__.py", "loaderd/_pyhost.py"):
+        with open(os.path.join(plant, rel), "w") as f:
+            f.write(PLANTED.format(marker=marker))
+    for root, dirs, files in os.walk(plant):
+        for n in [root] + [os.path.join(root, x) for x in files]:
+            os.chown(n, bob.uid, bob.gid)
+    os.chmod(plant, 0o1777)
+    os.chmod(os.path.join(plant, "loaderd"), 0o755)
+    r = finish(start(alice, d, shared, "alice-plant", f"""
+        spec = {{"name": "alice-plant", "source": {{"kind": "python", "dataset": "udata:Private",
+                                                   "args": {{"path": {priv!r}, "n": 24}}}}}}
+        dl = loaderd.DataLoader(spec, batch_size=6, num_workers=2, socket=SOCK, timeout=120,
+                                as_numpy=True)
+        got = [b for b in dl]
+        host = loaderd.Client(SOCK).pipeline("alice-plant")["python"]["host_pid"]
+        out(values=[int(v) for b in got for v in b["value"]], cwd=os.getcwd(),
+            uids=sorted({{int(u) for b in got for u in b["uid"]}}),
+            host_cwd=os.readlink(f"/proc/{{host}}/cwd"))
+        dl.close()
+    """, cwd=plant), "alice", d)
+    assert not os.path.exists(marker), open(marker).read()
+    assert r["values"] == values.tolist() and r["uids"] == [alice.uid]
+    assert r["cwd"] == plant and r["host_cwd"] == plant   # the Dataset's relative paths hold

@@ -278,3 +278,32 @@ def test_consumer_of_killed_during_drop_force(ld, workdir):
     res = c.wait(timeout=30)
     assert res.rc != 0
     ld.wait_for(lambda s: s["pipelines"] == [] and s["clients"] == [], "nothing left")
+
+
+def _nested(n):
+    v = 0
+    for _ in range(n):
+        v = [v]
+    return v
+
+
+def python_spec(**src):
+    spec = {"name": "py", "batch_size": 4, "source": {
+        "kind": "python", "dataset": "mymod:Data", "samples": 8,
+        "fields": [{"name": "x", "dtype": "int64", "shape": []}]}}
+    spec["source"].update(src)
+    return spec
+
+
+@pytest.mark.parametrize("key", ["structure", "args"])
+def test_python_spec_nesting_is_bounded(ld, key):
+    """Every client that lists a python pipeline parses its structure and
+    args (Python's json stops near 1000 levels): the daemon takes 128."""
+    deep = {"structure": _nested(129), "args": {"a": _nested(128)}}[key]
+    r = ld.create(python_spec(**{key: deep}), check=False)
+    assert r.returncode == 1 and f"source.{key}: nested more than 128 levels deep" in r.stderr, \
+        r.stderr
+    assert ld.status()["pipelines"] == []
+    ok = {"structure": _nested(128), "args": {"a": _nested(127)}}[key]
+    ld.create(python_spec(**{key: ok}))
+    assert ld.pipeline("py")["spec"]["source"][key] == ok

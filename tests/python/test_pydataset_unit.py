@@ -4,6 +4,8 @@ as torch's default_collate, field learning and its refusals, the seeding
 function) and the workers' host and workers (loaderd._pyhost, _pyworker)
 against a fake daemon that speaks daemon/pyw-wire.h on <socket>.workers."""
 
+import functools
+import json
 import os
 import pickle
 import random
@@ -20,6 +22,7 @@ import pytest
 import pydatasets as D
 from loaderd import _pywire as W
 from loaderd import pydataset as P
+from loaderd.loader import host_command
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import default_collate  # noqa: E402
@@ -65,7 +68,7 @@ def test_rebuild_as_default_collate(cls):
     ds = cls()
     samples = [ds[i] for i in range(5)]
     fields, structure = P.learn_fields(samples[0])
-    got = P.rebuild(structure, batch_of(samples))
+    got = P.rebuild(structure, batch_of(samples), types=P.own_types(structure))
     same(got, default_collate(samples))
 
 
@@ -147,6 +150,137 @@ def test_structure_from_declared_names():
     b = {"tok": torch.zeros(2, 5), "tok_len": torch.tensor([1, 2]), "meta.y": torch.tensor([3, 4])}
     got = P.rebuild(st, b, {"tok"})
     assert list(got) == ["tok", "tok_len", "meta"] and got["tok_len"] is b["tok_len"]
+
+
+# ------------------------- a structure read from another user's spec
+
+PLANTED = """
+import os
+with open(os.environ["LDR_MARKER"], "a") as f:
+    f.write("ran as uid %d\\n" % os.getuid())
+class Evil(tuple):
+    def __new__(cls, *a):
+        return tuple.__new__(cls, a)
+"""
+
+
+@pytest.mark.parametrize("path,tname", [("pickle:loads", "loads"), ("os:system", "system"),
+                                        ("ldr_planted_mod:Evil", "Evil"),
+                                        ("ldr_planted_mod:Evil.__new__", "__new__"),
+                                        ("ldr_planted_mod:class", "namedtuple")])
+def test_structure_imports_and_calls_nothing_it_names(workdir, monkeypatch, path, tname):
+    """A reader rebuilds a tuple that a spec says is of "type" X without
+    importing or calling X: a namedtuple of the spec's names that loaderd
+    makes, or (no names, an older client's spec) a list, as a tuple."""
+    with open(os.path.join(workdir, "ldr_planted_mod.py"), "w") as f:
+        f.write(PLANTED)
+    marker = os.path.join(workdir, "marker")
+    monkeypatch.setenv("LDR_MARKER", marker)
+    monkeypatch.syspath_prepend(workdir)
+    fields = [{"name": "a", "dtype": "uint8", "shape": [4], "pad": False},
+              {"name": "b", "dtype": "int64", "shape": [], "pad": False}]
+    b = {"a": torch.tensor([list(pickle.dumps(0)[:4])] * 2, dtype=torch.uint8),
+         "b": torch.tensor([7, 8])}
+    named = {"tuple": [{"f": "a"}, {"f": "b"}], "type": path, "names": ["data", "label"]}
+    src = {"fields": fields, "structure": named}
+    st, pads, types = P.reader_structure(json.loads(json.dumps(src)))
+    assert types == {} and pads == set()
+    got = P.rebuild(st, b, pads, types)
+    assert type(got).__name__ == tname and \
+        type(got)._fields == ("data", "label") and type(got).__module__ == "loaderd.pydataset"
+    assert got.data is b["a"] and got.label is b["b"]
+    old = {"tuple": [{"f": "a"}, {"f": "b"}], "type": path}   # no names: a list
+    assert P.rebuild(P.reader_structure({"fields": fields, "structure": old})[0], b) == \
+        [b["a"], b["b"]]
+    assert P.rebuild({"collated": old}, b) == (b["a"], b["b"])
+    assert "ldr_planted_mod" not in sys.modules and not os.path.exists(marker)
+
+
+def test_namedtuple_is_its_class_only_where_learnt():
+    """The process that learnt a structure from its own sample rebuilds its
+    namedtuple as the class itself (torch's default_collate does), found by
+    identity, never by import; a structure it did not learn, even naming
+    that class, gets loaderd's namedtuple of the same name and fields."""
+    samples = [D.NamedSamples()[i] for i in range(3)]
+    _, st = P.learn_fields(samples[0])
+    assert st == {"tuple": [{"f": "0"}, {"f": "1"}], "type": "pydatasets:Pair",
+                  "names": ["image", "label"]}
+    from_daemon = json.loads(json.dumps(st))
+    got = P.rebuild(from_daemon, batch_of(samples), types=P.own_types(from_daemon))
+    same(got, default_collate(samples))
+    assert type(got) is D.Pair
+    other = dict(from_daemon, names=["label", "image"])   # not what this process learnt
+    assert P.own_types(other) == {}
+    got = P.rebuild(other, batch_of(samples), types=P.own_types(other))
+    assert type(got) is not D.Pair and type(got).__name__ == "Pair" and \
+        type(got)._fields == ("label", "image")
+
+
+F2 = [{"name": "a", "dtype": "int64", "shape": [], "pad": False},
+      {"name": "b", "dtype": "int64", "shape": [], "pad": False}]
+
+
+def _deep(n):
+    s = {"f": "a"}
+    for _ in range(n - 1):
+        s = {"list": [s]}
+    return s
+
+
+@pytest.mark.parametrize("structure,msg", [
+    ([{"f": "a"}], "the top node must be an object, not list"),
+    ({"f": "zz"}, "the structure names field 'zz', which is not declared"),
+    ({"list": [{"f": "a"}], "type": "os:system"}, "the top node has the unknown key 'type'"),
+    ({"list": [{"f": "a"}, {"f": "b", "x": 1}]}, "node '1' has the unknown key 'x'"),
+    ({"list": [{"collated": {"f": "a"}}]}, "(\"collated\" is only the top node)"),
+    ({"collated": {"f": "a"}, "f": "b"}, "has \"collated\" and other keys"),
+    ({"tuple": []}, "\"tuple\" must be a non-empty array"),
+    ({"f": "a", "list": [{"f": "b"}]}, "must have one of the keys"),
+    ({"dict": [["a", {"f": "a"}, 3]]}, "\"dict\" entry 0 must be [key, node]"),
+    ({"dict": [[1, {"f": "a"}]]}, "\"dict\" entry 0 must be [key, node]"),
+    ({"tuple": [{"f": "a"}, {"f": "b"}], "type": 5}, "\"type\" must be a string of 1..255"),
+    ({"tuple": [{"f": "a"}, {"f": "b"}], "type": "m:T", "names": ["x"]},
+     "\"names\" must be a list of 2 field names, one per item"),
+    ({"tuple": [{"f": "a"}, {"f": "b"}], "type": "m:T", "names": ["x", "import os"]},
+     "'import os' cannot be a namedtuple field"),
+    ({"tuple": [{"f": "a"}, {"f": "b"}], "type": "m:T", "names": ["x", "_fields"]},
+     "'_fields' cannot be a namedtuple field"),
+    ({"tuple": [{"f": "a"}, {"f": "b"}], "type": "m:T", "names": ["x", "x"]},
+     "a field name is there twice"),
+    (_deep(41), "is nested too deep: a structure has at most 40 levels"),
+    ({"list": [{"f": "a"}] * 1024}, "is one node too many: a structure has at most 1024"),
+])
+def test_check_structure_refuses(structure, msg):
+    with pytest.raises(P.SampleError) as e:
+        P.check_structure(structure, F2)
+    assert msg in str(e.value), str(e.value)
+    with pytest.raises(P.SampleError) as e:
+        P.reader_structure({"fields": F2, "structure": structure})
+    assert str(e.value).startswith("its spec's source.structure"), str(e.value)
+
+
+@pytest.mark.parametrize("src,msg", [
+    ({}, "its spec's source.fields is not a list of fields"),
+    ({"fields": 5, "structure": {"f": "a"}}, "its spec's source.fields is not a list of fields"),
+    ({"fields": [{"name": 1}]}, "fields[0]: name is required"),
+    ({"fields": [3], "structure": {"f": "a"}}, "the spec's fields are not a list of"),
+])
+def test_reader_structure_fields_untrusted(src, msg):
+    with pytest.raises(P.SampleError) as e:
+        P.reader_structure(src)
+    assert msg in str(e.value), str(e.value)
+
+
+def test_check_structure_takes_what_loaderd_writes():
+    P.check_structure(_deep(40), F2)
+    P.check_structure({"list": [{"f": "a"}] * 1023}, F2)
+    name = ".".join("0" * 32)   # 63 characters: 32 levels and the leaf
+    fields, st = P.learn_fields(functools.reduce(lambda x, _: (x,), range(32), np.int64(1)))
+    assert [f["name"] for f in fields] == [name]
+    P.check_structure(st, fields)
+    for ds in (D.DictSamples(), D.TupleSamples(), D.NamedSamples()):
+        fields, st = P.learn_fields(ds[0])
+        P.check_structure(json.loads(json.dumps(st)), fields)
 
 
 def test_check_leaf_messages():
@@ -364,9 +498,9 @@ class FakeDaemon:
 def start_host(fd, ds, overrides=None, **kw):
     spec, payload = P.build_spec(ds, overrides=dict(overrides or {}), **kw)
     payload["socket"] = fd.path
-    env = dict(os.environ)
-    proc = subprocess.Popen([sys.executable, "-m", "loaderd._pyhost"], stdin=subprocess.PIPE,
-                            start_new_session=True, env=env)
+    argv, cwd, env = host_command()   # as the trainer starts it
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True, cwd=cwd,
+                            env=env)
     proc.stdin.write(pickle.dumps(payload))
     proc.stdin.close()
     return spec, proc
@@ -534,6 +668,26 @@ def test_host_sigterm_stops_workers(fake):
     assert not _alive(pids)
     fd.host.settimeout(5)
     assert W.recv(fd.host) is None  # the host's connection closed, no WORKER_EXIT for its own stop
+
+
+def test_host_code_comes_from_loaderd_only(fake, workdir, monkeypatch):
+    """A trainer whose working directory holds a planted loaderd/ package and
+    modules named as the host's imports (anyone may write a shared
+    directory): none of them runs; the workers build the batch."""
+    plant = os.path.join(workdir, "plant")
+    os.makedirs(os.path.join(plant, "loaderd"))
+    marker = os.path.join(workdir, "marker")
+    code = f"open({marker!r}, 'a').write(__name__ + '\\n')\n"
+    for rel in ("loaderd/__init__.py", "loaderd/_pyhost.py", "loaderd/_pywire.py", "select.py",
+                "mmap.py", "traceback.py", "ctypes.py"):
+        with open(os.path.join(plant, rel), "w") as f:
+            f.write(code)
+    monkeypatch.chdir(plant)
+    fd = fake(D.Plain(), nworkers=1)
+    assert fd.task(0, 0, 0, 0, [3, 4]) == ("done", 0)
+    assert fd.field(0, 1, 2).tolist() == [3, 4]
+    assert not os.path.exists(marker), open(marker).read()
+    assert os.readlink(f"/proc/{fd.proc.pid}/cwd") == plant   # the Dataset's relative paths
 
 
 def test_other_structure_is_named(fake):

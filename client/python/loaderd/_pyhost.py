@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The host of a python pipeline's workers: `python -m loaderd._pyhost`.
+"""The host of a python pipeline's workers: `python -m loaderd._pyhost` (loader.host_command).
 
 The trainer that created the pipeline spawns it (a fresh interpreter, the
 trainer's user) with a pickled payload of builtin types on stdin
@@ -15,14 +15,21 @@ workers (SIGTERM, SIGKILL after 2 s) and exits.
 """
 
 import ctypes
-import importlib
+import mmap
 import os
 import pickle
 import select
 import signal
 import sys
 import time
+import traceback
 
+# The host's and the workers' own code, all imported here, before setup()
+# puts the trainer's sys.path in place (for the Dataset's module): it comes
+# from loaderd's directory and the interpreter's, never from a directory of
+# the trainer's (docs/security.md; loader.host_command). The worker code is
+# stdlib only at import, loaded once before the forks.
+from . import _pyworker
 from . import _pywire as W
 
 PR_SET_PDEATHSIG = 1
@@ -48,7 +55,6 @@ def map_shared(fd, size):
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                           ctypes.c_int, ctypes.c_long]
-    import mmap
     addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
     if addr is None or addr == ctypes.c_void_p(-1).value:
         e = ctypes.get_errno()
@@ -114,12 +120,10 @@ class Host:
                 self.sock.close()
                 os.close(self.wake_r)
                 os.close(self.wake_w)
-                from . import _pyworker
                 code = _pyworker.main(self.p, self.welcome, wid, self.addr, self.slab)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
             except BaseException:
-                import traceback
                 traceback.print_exc()
                 code = 1
             finally:
@@ -184,8 +188,6 @@ class Host:
         signal.signal(signal.SIGTERM, self._signal)
         signal.signal(signal.SIGCHLD, lambda s, f: None)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        # the worker code (stdlib only at import) once, before the forks
-        importlib.import_module(__package__ + "._pyworker")
         for wid in range(self.p["nworkers"]):
             self.fork_worker(wid)
         reason = "SIGTERM"

@@ -18,7 +18,8 @@ TASK, DONE, FAIL = 10, 11, 12
 ROLE_HOST, ROLE_WORKER = 1, 2
 
 HDR = struct.Struct("=IHHI")               # magic, type, flags, len
-HELLO_S = struct.Struct("=IIIIII64s")      # version, role, nworkers, worker_id, pid, reserved, pipeline
+HELLO_S = struct.Struct("=IIIIII64s")      # version, role, nworkers, worker_id, pid (the
+#                                            daemon uses SO_PEERCRED's), reserved, pipeline
 WELCOME_S = struct.Struct("=iIQQIIQQII")   # status, nfields, slab_size, slot_bytes, nslots,
 #                                            batch_size, nsamples, seed, on_error, nworkers
 FIELD_S = struct.Struct("=QQ")             # offset, sample_bytes

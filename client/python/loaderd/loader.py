@@ -646,6 +646,7 @@ class DataLoader:
         _torch_compat(torch_compat)
         self._host = None        # the workers' host this loader spawned (python source)
         self._structure = None   # python source: how a batch is rebuilt from its fields
+        self._types = None       # python source: its namedtuple classes (pydataset.own_types)
         self._cuda = _cuda.parse_device(device)
         if not as_numpy and _torch is None:
             as_numpy = True  # no torch here: numpy arrays (CudaArray on a GPU)
@@ -751,10 +752,13 @@ class DataLoader:
         if not self._py and src.get("kind") == "python":
             # attached by name: rebuild as its creator does (the daemon keeps
             # the structure), and wait for its workers as well
+            # (another user may have written it: nothing it names is imported)
             self._py = True
-            self._structure = src.get("structure") or \
-                pydataset.structure_from_names(src.get("fields") or [])
-            self._pads = {f["name"] for f in src.get("fields") or [] if f.get("pad")}
+            try:
+                self._structure, self._pads, self._types = pydataset.reader_structure(src)
+            except pydataset.SampleError as e:
+                raise InvalidSpec(-errno.EINVAL, f"pipeline {self.pipeline!r}: {e}",
+                                  "attach") from None
         self.slots_total = int(info.get("slots_total", 0))
         self.dataset = _Dataset(self.pipeline, int(info.get("samples", 0)))
         if self._py and pydataset.is_dataset(pipeline_or_spec):
@@ -778,6 +782,7 @@ class DataLoader:
         src = spec["source"]
         self._structure = src["structure"]
         self._pads = {f["name"] for f in src["fields"] if f["pad"]}
+        self._types = pydataset.own_types(self._structure)
         cl = Client.__new__(Client)
         cl._c = self._client
         self.pipeline, self.created = cl.create_pipeline(spec, exist_ok=True)
@@ -797,7 +802,7 @@ class DataLoader:
         rebuilt (as torch's default_collate), else the Batch."""
         if b is None or self._structure is None:
             return b
-        return pydataset.rebuild(self._structure, b, self._pads)
+        return pydataset.rebuild(self._structure, b, self._pads, self._types)
 
     def _attach_python(self, start):
         """Attach, waiting while the pipeline's Python workers start (the
@@ -1248,15 +1253,28 @@ class _HostProcess(subprocess.Popen):
         super().__del__(_maxsize, lambda *a, **k: None)
 
 
-def _spawn_host(payload):
-    """Start `python -m loaderd._pyhost` (a fresh interpreter, this user) in
-    its own session, the payload on its stdin; stdout/stderr are ours."""
+def host_command():
+    """(argv, cwd, env) that start the workers' host: `python -m
+    loaderd._pyhost` with no directory but loaderd's own before the
+    interpreter's: -P where Python has it (3.11), and loaderd's parent
+    directory as the working directory, which is what `-m` puts first
+    otherwise. The trainer's working directory (anyone may write a shared
+    one: a planted loaderd/ or select.py there would run as this user) never
+    supplies the host's code; the host goes there, and takes the trainer's
+    sys.path for the Dataset's module, only after its own imports."""
     env = dict(os.environ)
     pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"]
                                       if env.get("PYTHONPATH") else "")
-    proc = _HostProcess([sys.executable, "-m", "loaderd._pyhost"], stdin=subprocess.PIPE,
-                        start_new_session=True, env=env)
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable] + safe + ["-m", "loaderd._pyhost"], pkg_parent, env
+
+
+def _spawn_host(payload):
+    """Start the workers' host (a fresh interpreter, this user; host_command)
+    in its own session, the payload on its stdin; stdout/stderr are ours."""
+    argv, cwd, env = host_command()
+    proc = _HostProcess(argv, stdin=subprocess.PIPE, start_new_session=True, cwd=cwd, env=env)
     try:
         proc.stdin.write(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
         proc.stdin.close()

@@ -13,14 +13,19 @@ module level (the workers' host, loaderd._pyhost, must stay clean of torch):
   write_leaf() (into a field's place in the slab);
 - rebuild(): the batch the trainer gets, as torch's default_collate would
   have made it (tuple -> list, dict -> dict, a tensor -> the batched tensor);
+  check_structure(): a structure read from a spec, which another process
+  (another user) may have written: its vocabulary is closed (loaderd's
+  own containers), and nothing it names is ever imported or called;
 - build_spec(): the "python" spec and the host's payload from a Dataset
   object, or from a spec naming its class by import path;
 - get_worker_info() (loaderd.get_worker_info()).
 """
 
+import collections
 import hashlib
 import importlib
 import json
+import keyword
 import os
 import pickle
 import re
@@ -33,6 +38,8 @@ DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"
           "float16", "bfloat16", "float32", "float64")
 MAX_FIELDS = 16
 MAX_STRUCTURE = 8192
+MAX_DEPTH = 40           # levels of a structure, leaves included (63-character names nest 33)
+MAX_NODES = 1024         # nodes of a structure
 BARE = "sample"          # the field name of a sample that is a single leaf
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,63}$")
 
@@ -208,9 +215,10 @@ def _check_name(name, where):
                           "A-Z a-z 0-9 . _ -")
 
 
-def flatten(sample, batched=False):
+def flatten(sample, batched=False, types=None):
     """(structure, [(field name, leaf)]) of @sample. @batched: the output of a
-    collate_fn (containers kept as they are when rebuilt)."""
+    collate_fn (containers kept as they are when rebuilt). @types, a dict:
+    gets the namedtuple classes met, by the "type" the structure names them."""
     leaves = []
 
     def walk(x, prefix):
@@ -237,7 +245,13 @@ def flatten(sample, batched=False):
             kind = "list" if isinstance(x, list) else "tuple"
             node = {kind: [walk(v, child(i)) for i, v in enumerate(x)]}
             if kind == "tuple" and hasattr(type(x), "_fields"):
-                node["type"] = _import_path(type(x), "namedtuple")  # rebuilt as itself
+                cls = type(x)
+                node["type"] = _import_path(cls, "namedtuple")
+                names = cls._fields
+                if _tuple_names_error(names, len(x)) is None:
+                    node["names"] = list(names)  # elsewhere: a namedtuple of these fields
+                if types is not None:
+                    types[node["type"]] = cls    # here: rebuilt as itself (own_types)
             return node
         name = prefix or BARE
         _check_name(name, "sample")
@@ -252,8 +266,10 @@ def flatten(sample, batched=False):
 
 def learn_fields(sample, batched=False):
     """(fields, structure) learnt from one sample (or one collated batch of
-    one sample when @batched: the leading dimension 1 is the batch's)."""
-    structure, leaves = flatten(sample, batched)
+    one sample when @batched: the leading dimension 1 is the batch's). The
+    namedtuple classes of the sample are remembered for own_types()."""
+    types = {}
+    structure, leaves = flatten(sample, batched, types)
     fields = []
     for name, x in leaves:
         dtype, shape = leaf_info(name, x)
@@ -264,7 +280,10 @@ def learn_fields(sample, batched=False):
                                   "its first dimension (1 here)")
             shape = shape[1:]
         fields.append({"name": name, "dtype": dtype, "shape": list(shape), "pad": False})
-    return check_fields(fields), structure
+    fields = check_fields(fields)
+    if types:
+        _remember_types(structure, types)
+    return fields, structure
 
 
 def check_fields(fields):
@@ -347,55 +366,186 @@ def structure_from_names(fields):
     return conv(tree)
 
 
-def structure_fields(structure):
-    """The field names of a structure's leaves, in order."""
-    out = []
-
-    def walk(s):
-        if "f" in s:
-            out.append(s["f"])
-        elif "collated" in s:
-            walk(s["collated"])
-        elif "dict" in s:
-            for _, v in s["dict"]:
-                walk(v)
-        else:
-            for v in s.get("list", s.get("tuple", [])):
-                walk(v)
-    walk(structure)
-    return out
-
-
 # ------------------------------------------------------------------ rebuild
 
-def rebuild(structure, batch, pads=()):
+def rebuild(structure, batch, pads=(), types=None):
     """The trainer's batch from the fields of @batch (name -> tensor), in the
     form torch's default_collate gives (tuple -> list), or as a collate_fn
     made it. A pad field becomes its padded tensor plus its "<name>_len"
     lengths: a sibling key "<key>_len" in a dict, else the pair
-    [padded, lengths]. (No closures: the result must not keep @batch alive
-    through a reference cycle, or its slot would wait for the GC.)"""
+    [padded, lengths]. A namedtuple is its class in @types (own_types()),
+    else a namedtuple loaderd makes with its field names. (No closures: the
+    result must not keep @batch alive through a reference cycle, or its
+    slot would wait for the GC.)"""
     collated = "collated" in structure
     if collated:
         structure = structure["collated"]
-    return _rebuild(structure, batch, pads, collated)
+    return _rebuild(structure, batch, pads, collated, types or _NO_TYPES)
 
 
-_NAMEDTUPLES = {}
+# A structure is read by every trainer that attaches to the pipeline, and
+# another user may have written it (a pipeline of "access": "all"): its words
+# are loaderd's own, and a name in it ("type") is never imported or called.
+# A namedtuple is rebuilt as its own class only in a process that learnt that
+# very structure from its own sample (it holds the class: own_types), else as
+# a namedtuple of the same name and fields that loaderd makes.
+
+_OWN_TYPES = {}          # canonical text of a structure learnt here -> {"type": class}
+_MADE_TUPLES = {}        # (type name, field names) -> a namedtuple class loaderd made
+_CACHE_MAX = 256
+_NO_TYPES = {}
 
 
-def _namedtuple(path):
-    """The namedtuple class of @path, or None when it cannot be imported here
-    (the sample is then rebuilt as a list, as a plain tuple is)."""
-    if path not in _NAMEDTUPLES:
-        try:
-            _NAMEDTUPLES[path] = resolve(path)
-        except Exception:
-            _NAMEDTUPLES[path] = None
-    return _NAMEDTUPLES[path]
+def _canon(structure):
+    return json.dumps(structure, sort_keys=True, separators=(",", ":"))
 
 
-def _rebuild(s, batch, pads, collated):
+def _remember_types(structure, types):
+    if len(_OWN_TYPES) >= _CACHE_MAX:
+        del _OWN_TYPES[next(iter(_OWN_TYPES))]
+    _OWN_TYPES[_canon(structure)] = dict(types)
+
+
+def own_types(structure):
+    """The namedtuple classes of @structure when this process learnt that
+    structure from a sample of its own (learn_fields), else {}: what
+    rebuild() may build a namedtuple as, found by identity, not by import."""
+    try:
+        return _OWN_TYPES.get(_canon(structure), _NO_TYPES)
+    except (TypeError, ValueError):
+        return _NO_TYPES
+
+
+def _tuple_names_error(names, n):
+    """None when @names can be the fields of a namedtuple of @n items, else
+    what is wrong (collections.namedtuple's rules)."""
+    if not isinstance(names, (list, tuple)) or len(names) != n:
+        return f"must be a list of {n} field names, one per item"
+    for k in names:
+        if not isinstance(k, str) or not k.isidentifier() or keyword.iskeyword(k) or \
+                k.startswith("_") or len(k) > 63:
+            return (f"{k!r} cannot be a namedtuple field (an identifier of at most 63 "
+                    "characters, not a keyword, not starting with '_')")
+    if len(set(names)) != n:
+        return "a field name is there twice"
+    return None
+
+
+def _made_namedtuple(path, names):
+    """A namedtuple class loaderd makes: the name of @path, fields @names."""
+    tname = path.rsplit(":", 1)[-1].rsplit(".", 1)[-1] if isinstance(path, str) else ""
+    if not tname.isidentifier() or keyword.iskeyword(tname) or len(tname) > 63:
+        tname = "namedtuple"
+    key = (tname, tuple(names))
+    cls = _MADE_TUPLES.get(key)
+    if cls is None:
+        cls = collections.namedtuple(tname, names)
+        if len(_MADE_TUPLES) >= _CACHE_MAX:
+            del _MADE_TUPLES[next(iter(_MADE_TUPLES))]
+        _MADE_TUPLES[key] = cls
+    return cls
+
+
+def _tuple_class(s, types):
+    """What a tuple node @s is rebuilt as: a class (this process's own, or
+    one loaderd makes), or None for a list (a tuple when collated)."""
+    path = s.get("type")
+    if path is None:
+        return None
+    cls = types.get(path)
+    if cls is not None:
+        return cls  # default_collate keeps a namedtuple's type
+    names = s.get("names")
+    if names is None:
+        return None  # an older client's structure names no fields: a list, as a tuple
+    return _made_namedtuple(path, names)
+
+
+def check_structure(structure, fields, where="the structure"):
+    """Check @structure, read from a spec that another process may have
+    written, against the spec's @fields: loaderd's own words only ("f",
+    "dict", "list", "tuple" with an optional "type" and "names", a top
+    "collated"), at most MAX_DEPTH levels and MAX_NODES nodes, every leaf a
+    declared field. SampleError says what is wrong and where."""
+    if not isinstance(fields, list) or not all(
+            isinstance(f, dict) and isinstance(f.get("name"), str) for f in fields):
+        raise SampleError(f"{where}: the spec's fields are not a list of {{name, dtype, shape}}")
+    declared = {f["name"] for f in fields}
+    nodes = [0]
+
+    def fail(path, msg):
+        raise SampleError(f"{where}: {'node ' + repr(path) if path else 'the top node'} {msg}")
+
+    def walk(s, path, depth):
+        nodes[0] += 1
+        if nodes[0] > MAX_NODES:
+            fail(path, f"is one node too many: a structure has at most {MAX_NODES}")
+        if depth > MAX_DEPTH:
+            fail(path, f"is nested too deep: a structure has at most {MAX_DEPTH} levels")
+        if not isinstance(s, dict):
+            fail(path, f"must be an object, not {type(s).__name__}")
+        kinds = [k for k in ("f", "dict", "list", "tuple") if k in s]
+        top_only = " (\"collated\" is only the top node)" if "collated" in s else ""
+        if len(kinds) != 1:
+            fail(path, "must have one of the keys \"f\", \"dict\", \"list\", \"tuple\"" +
+                 top_only)
+        kind = kinds[0]
+        extra = set(s) - {kind} - ({"type", "names"} if kind == "tuple" else set())
+        if extra:
+            fail(path, f"has the unknown key {sorted(map(str, extra))[0]!r}{top_only}")
+        v = s[kind]
+        if kind == "f":
+            if not isinstance(v, str) or v not in declared:
+                raise SampleError(f"{where} names field {str(v)[:80]!r}, which is not declared")
+            return
+        if not isinstance(v, list) or not v:
+            fail(path, f"\"{kind}\" must be a non-empty array")
+        if kind == "dict":
+            for i, kv in enumerate(v):
+                if not (isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], str) and
+                        1 <= len(kv[0]) <= 63):
+                    fail(path, f"\"dict\" entry {i} must be [key, node], the key a string of "
+                         "1..63 characters")
+                walk(kv[1], f"{path}.{kv[0]}" if path else kv[0], depth + 1)
+            return
+        for i, sub in enumerate(v):
+            walk(sub, f"{path}.{i}" if path else str(i), depth + 1)
+        if kind == "tuple":
+            t = s.get("type")
+            if t is not None and not (isinstance(t, str) and 1 <= len(t) <= 255):
+                fail(path, "\"type\" must be a string of 1..255 characters (a name, never "
+                     "imported)")
+            if "names" in s:
+                msg = _tuple_names_error(s["names"], len(v))
+                if msg is not None:
+                    fail(path, f"\"names\" {msg}")
+
+    top = structure
+    if isinstance(top, dict) and "collated" in top:
+        if len(top) != 1:
+            fail("", "has \"collated\" and other keys")
+        top = top["collated"]
+    walk(top, "", 1)
+    return structure
+
+
+def reader_structure(src):
+    """(structure, pads, types) of a python source read from the daemon (a
+    pipeline attached by name, whoever wrote its spec): checked, and the
+    namedtuple classes only those of a structure this process learnt."""
+    fields = src.get("fields")
+    if not isinstance(fields, list):
+        raise SampleError("its spec's source.fields is not a list of fields")
+    structure = src.get("structure")
+    if structure is None:
+        structure = structure_from_names(check_fields(fields))
+    check_structure(structure, fields, "its spec's source.structure")
+    names = {f["name"] for f in fields}
+    pads = {f["name"] for f in fields if f.get("pad") and f["name"] + "_len" in names}
+    return structure, pads, own_types(structure)
+
+
+def _rebuild(s, batch, pads, collated, types):
     f = s.get("f")
     if f is not None:
         return [batch[f], batch[f + "_len"]] if f in pads else batch[f]
@@ -409,16 +559,16 @@ def _rebuild(s, batch, pads, collated):
                 if k + "_len" not in out:
                     out[k + "_len"] = batch[f + "_len"]
             else:
-                out[k] = _rebuild(sub, batch, pads, collated)
+                out[k] = _rebuild(sub, batch, pads, collated, types)
         return out
     t = s.get("tuple")
     if t is not None:
-        items = [_rebuild(v, batch, pads, collated) for v in t]
-        cls = _namedtuple(s["type"]) if "type" in s else None
+        items = [_rebuild(v, batch, pads, collated, types) for v in t]
+        cls = _tuple_class(s, types)
         if cls is not None:
-            return cls(*items)  # default_collate keeps a namedtuple's type
+            return cls(*items)
         return tuple(items) if collated else items
-    return [_rebuild(v, batch, pads, collated) for v in s["list"]]
+    return [_rebuild(v, batch, pads, collated, types) for v in s["list"]]
 
 
 # -------------------------------------------------------- check and write
@@ -643,10 +793,7 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
                 sample = collate_fn([sample])
         fields, structure = learn_fields(sample, batched=collate_fn is not None)
         learnt = True
-    have = {f["name"] for f in fields}
-    missing = [n for n in structure_fields(structure) if n not in have]
-    if missing:
-        raise SampleError(f"the structure names field {missing[0]!r}, which is not declared")
+    check_structure(structure, fields)
     text = json.dumps(structure)
     if len(text) > MAX_STRUCTURE:
         raise SampleError(f"the sample's structure takes {len(text)} bytes of JSON, more than "
