@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: MIT
+"""What one user may take of the daemon, and what it may not do to its paths
+(issue 29, items 5, 6, 9, 10 and 11; docs/security.md, "Bounds per user").
+
+Real users where two are involved: ldr-alice and ldr-bob (users.py); the
+tests and the daemon run as root, an admin.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+from ldrtest import LOADERD, RawReq, npy_spec, python_client_env
+from users import users  # noqa: F401  (fixture)
+
+MIB = 1 << 20
+
+
+# --------------------------------------------------- item 9: 1 MiB message
+
+def test_spec_over_a_message_gets_the_limit_not_a_reset(daemon, workdir):
+    """A spec over 1 MiB (100k npy paths) is refused with the limit, and the
+    daemon serves everyone after it, a raw peer that sends one included."""
+    d = daemon()
+    paths = [os.path.join(workdir, f"shard-{i:06d}.npy") for i in range(100_000)]
+    spec = npy_spec("huge", paths)
+    r = d.create(spec, check=False)
+    assert r.returncode != 0
+    assert "(its spec " in r.stderr, r.stderr
+    assert ("a message to loaderd is at most 1048576 bytes (1 MiB), a spec at most 256 KiB; "
+            "list fewer files (a directory, a glob)") in r.stderr, r.stderr
+    assert "reset" not in r.stderr.lower(), r.stderr
+
+    # the same from the Python package (libloader underneath)
+    code = textwrap.dedent("""
+        import json, sys, loaderd
+        c = loaderd.Client(sys.argv[1])
+        try:
+            c.create_pipeline(json.load(open(sys.argv[2])))
+        except loaderd.Error as e:
+            print("ERR", e)
+    """)
+    p = subprocess.run([sys.executable, "-c", code, d.socket, d.spec_file(spec)],
+                       capture_output=True, text=True, timeout=120, env=python_client_env())
+    assert "a message to loaderd is at most 1048576 bytes (1 MiB)" in p.stdout, (p.stdout, p.stderr)
+
+    # a raw peer that sends one anyway loses only its own connection
+    raw = RawReq(d.socket)
+    with pytest.raises((ConnectionError, OSError)):
+        raw.send_frame(b"\x00" * (MIB + 64))
+        raw.recv_reply()
+    raw.close()
+    assert d.status()["memory_used"] == 0
+    assert "huge" not in d.ctl("pipelines").stdout
+
+
+# --------------------------------------- item 11: the socket paths' owner
+
+def _sticky_dir():
+    d = tempfile.mkdtemp(prefix="ldr-sticky-", dir="/tmp")
+    os.chmod(d, 0o1777)
+    return d
+
+
+BINDER = textwrap.dedent("""
+    import socket, sys
+    socks = []
+    for p in sys.argv[1:]:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(p)
+        s.listen(8)
+        socks.append(s)
+    print("bound", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def _squat(user, paths):
+    p = subprocess.Popen(["/usr/bin/python3", "-c", BINDER, *paths], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         **user.popen_kwargs())
+    assert p.stdout.readline() == "bound\n", p.stderr.read()
+    return p
+
+
+def _start(path):
+    env = dict(os.environ, LOADERD_NO_LISTENER_WATCHDOG="1")
+    return subprocess.run([LOADERD, "--socket", path, "--workers", "1"], capture_output=True,
+                          text=True, timeout=30, env=env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("squatted", [(".fds", ".workers"), (".workers",)])
+def test_socket_paths_of_another_user_are_named(users, squatted):  # noqa: F811
+    """bob binds <socket>.fds and/or <socket>.workers first in a sticky shared
+    directory: loaderd refuses to start and says whose they are and why,
+    never "another loaderd"."""
+    _, bob = users
+    shared = _sticky_dir()
+    try:
+        path = os.path.join(shared, "ld.sock")
+        squat = _squat(bob, [path + s for s in squatted])
+        try:
+            r = _start(path)
+        finally:
+            squat.stdin.close()
+            squat.wait(timeout=30)
+        assert r.returncode == 1, (r.returncode, r.stderr)
+        assert "another loaderd" not in r.stderr, r.stderr
+        first = path + squatted[0]
+        assert (f"loaderd: {first} is owned by ldr-bob (uid {bob.uid}), not by loaderd's user "
+                f"root (uid 0): the socket directory {shared} is writable by others (mode 1777); "
+                f"use a directory only loaderd's user can write, e.g. /run/loaderd\n") in r.stderr, r.stderr
+        assert not os.path.exists(path)
+        # bob's paths are his still: nothing of his was replaced
+        for s in squatted:
+            assert os.stat(path + s).st_uid == bob.uid
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_shared_socket_directory_is_warned_about(daemon, workdir):
+    """A daemon that starts in a directory others may write says so."""
+    shared = _sticky_dir()
+    try:
+        d = daemon(socket=os.path.join(shared, "ld.sock"))
+        assert (f"the socket directory {shared} is writable by others (mode 1777): another user "
+                "can take the socket's paths while loaderd is down; use a directory only "
+                "loaderd's user can write, e.g. /run/loaderd") in d.log()
+        d.stop()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
