@@ -469,6 +469,8 @@ int pipeline_owned_error(const struct pipeline *pl, int r, const char *tail, cha
 /* holds.c (docs/security.md, "Memory that clients hold") */
 /* A fresh fd of @pl's slab for @pid of @uid, its hold recorded; the caller's. */
 int holds_hand_out(struct pipeline *pl, pid_t pid, uid_t uid, int *fd);
+/* The same, read-write: for a python pipeline's worker host, before the seal. */
+int holds_hand_out_rw(struct pipeline *pl, pid_t pid, uid_t uid, int *fd);
 /* @pl is freed: keep its slab's bytes in the budget while it is held (true). */
 bool holds_retain(struct pipeline *pl);
 /* Forget @pl's holds (it is freed, its slab not kept). */

@@ -135,3 +135,75 @@ def test_shared_socket_directory_is_warned_about(daemon, workdir):
         d.stop()
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+# ------------------------- item 5: a worker host that keeps a dropped slab
+
+# A hand-made worker host: HELLO, the slab's fd with WELCOME, a read-write
+# mapping, MAPPED; then it keeps the mapping (closing the fd) and ignores the
+# daemon's hang-up when the pipeline is dropped, until told to exit.
+HOST = textwrap.dedent("""
+    import mmap, os, sys
+    from loaderd import _pywire as W
+    sock, name = sys.argv[1:3]
+    s = W.connect(sock + ".workers")
+    W.hello(s, W.ROLE_HOST, name, nworkers=1)
+    fds = []
+    w = W.parse_welcome(W.expect(s, W.WELCOME, "WELCOME", fds))
+    assert len(fds) == 1, fds
+    m = mmap.mmap(fds[0], w["slab_size"])
+    os.close(fds[0])
+    m[0:4] = b"host"
+    W.send(s, W.MAPPED)
+    print("mapped", flush=True)
+    sys.stdin.readline()
+""")
+
+
+def python_spec(name, slots=3):
+    # 16 rows of 64 KiB: 1 MiB a slot
+    return {"name": name, "persist": True, "batch_size": 16, "prefetch": slots,
+            "source": {"kind": "python", "dataset": "nosuch:Dataset", "samples": 64,
+                       "fields": [{"name": "v", "dtype": "uint8", "shape": [65536]}]}}
+
+
+class Host:
+    def __init__(self, d, name, **kw):
+        self.p = subprocess.Popen([sys.executable, "-c", HOST, d.socket, name],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=python_client_env(), **kw)
+        line = self.p.stdout.readline()
+        assert line == "mapped\n", f"host: {line!r}\n{self.p.stderr.read()}\n{d.log()[-3000:]}"
+        self.pid = self.p.pid
+
+    def exit(self):
+        self.p.stdin.close()
+        assert self.p.wait(timeout=30) == 0, self.p.stderr.read()
+
+
+def test_worker_host_that_keeps_a_dropped_slab_stays_counted(daemon):
+    d = daemon(memory_limit=8 * MIB)
+    hosts = []
+    for name in ("py-a", "py-b"):
+        d.create(python_spec(name))
+        hosts.append(Host(d, name))
+        assert d.pipeline(name)["python"]["host_pid"] == hosts[-1].pid
+    for name in ("py-a", "py-b"):
+        d.ctl("drop", name)
+    st = d.status()
+    # both hosts ignored the hang-up and still map their 3 MiB slabs
+    assert st["memory_used"] == 6 * MIB
+    assert st["memory_held_after_drop"] == 6 * MIB
+    assert sorted(st["held_after_drop"][0]["pipelines"]) == ["py-a", "py-b"]
+    assert st["held_after_drop"][0]["uid"] == os.getuid()
+    assert sorted(st["held_after_drop"][0]["pids"]) == sorted(h.pid for h in hosts)
+    r = d.create(python_spec("py-c"), check=False)
+    assert r.returncode != 0
+    assert (f"memory limit: pipeline 'py-c' needs {3 * MIB} bytes (3 slots of {MIB}), {2 * MIB} "
+            f"of {8 * MIB} bytes are free (--memory-limit); {6 * MIB} bytes are held by slabs of "
+            f"dropped pipelines still mapped by uid {os.getuid()} (pids ") in r.stderr, r.stderr
+    for h in hosts:
+        h.exit()
+    d.wait_for(lambda st: st["memory_held_after_drop"] == 0 and st["memory_used"] == 0,
+               "the hosts' slabs let go", timeout=10)
+    d.create(python_spec("py-c"))
