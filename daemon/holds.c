@@ -401,6 +401,17 @@ void holds_explain(struct engine *eng, char *buf, size_t len)
 	}
 }
 
+uint64_t holds_bytes_of(struct engine *eng, uid_t uid)
+{
+	struct uid_held u[64];
+	size_t n = held_by_uid(eng, u, 64, false);
+
+	for (size_t i = 0; i < n; i++)
+		if (u[i].uid == uid)
+			return u[i].bytes;
+	return 0;
+}
+
 uint64_t holds_max_held(const struct engine *eng)
 {
 	return eng->max_held ? eng->max_held : eng->memory_limit / 4;

@@ -170,6 +170,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 		goto fail_handles;
 	}
 	engine_set_max_held(srv->engine, cfg->max_held_after_drop);
+	engine_set_user_bounds(srv->engine, cfg->memory_limit_per_user, cfg->max_pipelines_per_user);
 	r = fdchan_new(&srv->fdchan, loop, srv->fdpath, srv->sock_mode, srv->sock_gid, fd_lookup, srv,
 	               err, errlen);
 	if (r < 0)

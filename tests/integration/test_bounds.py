@@ -16,8 +16,8 @@ import textwrap
 
 import pytest
 
-from ldrtest import LOADERD, RawReq, npy_spec, python_client_env
-from users import users  # noqa: F401  (fixture)
+from ldrtest import LOADERD, RawReq, npy_spec, python_client_env, random_tokens, token_spec
+from users import open_to_all, shared_config, users  # noqa: F401  (fixture)
 
 MIB = 1 << 20
 
@@ -207,3 +207,141 @@ def test_worker_host_that_keeps_a_dropped_slab_stays_counted(daemon):
     d.wait_for(lambda st: st["memory_held_after_drop"] == 0 and st["memory_used"] == 0,
                "the hosts' slabs let go", timeout=10)
     d.create(python_spec("py-c"))
+
+
+# ------------------------------------------ items 6 and 10: bounds per user
+
+@pytest.fixture
+def shared(workdir, users):  # noqa: F811
+    """(data, cfg path maker): a token file every user may read, and configs
+    whose sockets every user may connect to."""
+    open_to_all(workdir)
+    data = os.path.join(workdir, "tok.bin")
+    random_tokens(data, 1 << 16)
+    os.chmod(data, 0o644)
+    return data, lambda **keys: shared_config(workdir, **keys)
+
+
+def big(data, name, slots=2):
+    # 64 rows of input and target, 1024 int64 each: 1 MiB a slot
+    return token_spec(name, data, 1024, "uint16", batch_size=64, prefetch=slots, persist=True)
+
+
+def tiny(data, name):
+    return token_spec(name, data, 16, "uint16", batch_size=4, prefetch=2, persist=True)
+
+
+def create_as(user, d, spec):
+    return user.ctl(d, "create", "--spec", d.spec_file(spec))
+
+
+def status_as(user, d):
+    import json
+    r = user.ctl(d, "status", json_out=True, check=True)
+    return json.loads(r.stdout)
+
+
+def test_memory_per_user_names_the_holders(daemon, users, shared):  # noqa: F811
+    alice, bob = users
+    data, config = shared
+    cfg = config()
+    d = daemon("--config", cfg, memory_limit=8 * MIB)
+    for n in ("a1", "a2"):
+        r = create_as(alice, d, big(data, n))
+        assert r.returncode == 0, r.stderr
+    # alice has her 4 MiB: a third is refused, naming her pipelines
+    r = create_as(alice, d, big(data, "a3"))
+    assert r.returncode != 0
+    assert (f"memory limit per user: pipeline 'a3' needs {2 * MIB} bytes; ldr-alice (uid "
+            f"{alice.uid}) has {4 * MIB} of its {4 * MIB} bytes (memory_limit_per_user): "
+            f"{4 * MIB} bytes in pipelines a2, a1; drop some first") in r.stderr, r.stderr
+    assert d.status()["memory_limit_per_user"] == 4 * MIB          # half of the limit
+    # bob still has his share
+    r = create_as(bob, d, big(data, "b1"))
+    assert r.returncode == 0, r.stderr
+    # the daemon's limit: the refusal says who holds what, most first
+    r = d.create(big(data, "r1", slots=3), check=False)
+    assert r.returncode != 0
+    assert (f"memory limit: pipeline 'r1' needs {3 * MIB} bytes (3 slots of {MIB}), {2 * MIB} "
+            f"of {8 * MIB} bytes are free (--memory-limit); ldr-alice (uid {alice.uid}) holds "
+            f"{4 * MIB} bytes in pipelines a2, a1; ldr-bob (uid {bob.uid}) holds {2 * MIB} "
+            "bytes in pipelines b1") in r.stderr, r.stderr
+    # an admin sees every user; alice only herself
+    users_root = {u["user"]: u for u in d.status()["users"]}
+    assert users_root["ldr-alice"] == {"uid": alice.uid, "user": "ldr-alice", "pipelines": 2,
+                                       "memory_bytes": 4 * MIB, "held_after_drop_bytes": 0}
+    assert users_root["ldr-bob"]["memory_bytes"] == 2 * MIB
+    assert [u["user"] for u in status_as(alice, d)["users"]] == ["ldr-alice"]
+    # root is an admin: its own rule is the daemon's limit only
+    d.create(big(data, "r1", slots=2))
+    # reloaded: alice gets 6 MiB, and her third fits... once memory is free
+    d.ctl("drop", "r1")
+    with open(cfg, "w") as f:
+        f.write('{"socket_mode": "0666", "memory_limit_per_user": "6M"}')
+    d.ctl("reload")
+    assert d.status()["memory_limit_per_user"] == 6 * MIB
+    r = create_as(alice, d, big(data, "a3"))
+    assert r.returncode == 0, r.stderr
+    assert alice.ctl(d, "consume", "a3", "--batches", "2").returncode == 0
+
+
+def test_pipelines_per_user_bounded(daemon, users, shared):  # noqa: F811
+    alice, bob = users
+    data, config = shared
+    d = daemon("--config", config(max_pipelines_per_user=3))
+    for i in range(3):
+        r = create_as(bob, d, tiny(data, f"bob-{i}"))
+        assert r.returncode == 0, r.stderr
+    r = create_as(bob, d, tiny(data, "bob-3"))
+    assert r.returncode != 0
+    assert (f"pipelines per user: ldr-bob (uid {bob.uid}) owns 3 pipelines (bob-2, bob-1, "
+            "bob-0), the most max_pipelines_per_user allows (3); pipeline 'bob-3' not created: "
+            "drop some first (loaderctl drop NAME)") in r.stderr, r.stderr
+    assert d.status()["max_pipelines_per_user"] == 3
+    # alice and root connect, create and read
+    for who, name in ((alice, "alice-0"), (None, "root-0")):
+        if who:
+            assert create_as(who, d, tiny(data, name)).returncode == 0
+            r = who.ctl(d, "consume", name, "--batches", "3")
+            assert r.returncode == 0, r.stderr
+        else:
+            d.create(tiny(data, name))
+            d.consume(name, "--batches", "3")
+    # one dropped, one more fits
+    assert bob.ctl(d, "drop", "bob-0").returncode == 0
+    r = create_as(bob, d, tiny(data, "bob-3"))
+    assert r.returncode == 0, r.stderr
+
+
+def _fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_descriptors_kept_for_admins(daemon, users, shared):  # noqa: F811
+    """bob creates pipelines until the daemon's last descriptors: he is
+    refused there, and root still connects, creates and reads, alice still
+    connects."""
+    alice, bob = users
+    data, config = shared
+    d = daemon("--config", config())
+    # room for about 40 descriptors above the 64 kept for admins
+    limit = _fds(d.pid) + 64 + 40
+    subprocess.run(["prlimit", f"--pid={d.pid}", f"--nofile={limit}:{limit}"], check=True)
+    created = 0
+    for i in range(200):
+        r = create_as(bob, d, tiny(data, f"bob-{i}"))
+        if r.returncode != 0:
+            break
+        created += 1
+    assert 5 <= created < 40, created
+    assert (f"create 'bob-{created}': loaderd has ") in r.stderr, r.stderr
+    assert (f" of its {limit} file descriptors open and keeps the last 64 for admins (root, its "
+            "own user, admin_group); try again once pipelines are dropped") in r.stderr, r.stderr
+    # an admin is not bound by it: root creates and reads
+    d.create(tiny(data, "root-0"))
+    d.consume("root-0", "--batches", "3")
+    assert d.status()["fds"]["reserved_for_admins"] == 64
+    # alice connects and is told the same
+    assert alice.ctl(d, "status").returncode == 0
+    r = create_as(alice, d, tiny(data, "alice-0"))
+    assert r.returncode != 0 and "keeps the last 64 for admins" in r.stderr, r.stderr
