@@ -269,28 +269,27 @@ void bounds_explain_users(struct engine *eng, char *buf, size_t len)
 void engine_bounds_status(struct engine *eng, json_t *status, const struct principal *who)
 {
 	struct usage u[256];
-	size_t n = usage_all(eng, u, 256);
+	uid_t held[64];
+	size_t n = usage_all(eng, u, 256), nheld = holds_uids(eng, held, 64);
 	json_t *users = json_array();
 	uint64_t limit = fds_limit();
-	bool self_seen = false;
 
-	for (size_t i = 0; i <= n; i++) {
-		struct usage one;
-		if (i == n) {
-			/* a user who owns nothing still sees its own bounds */
-			if (self_seen || who->admin)
-				break;
-			one = usage_of(eng, who->creds.uid);
-		} else {
-			one = u[i];
-		}
-		if (!who->admin && one.uid != who->creds.uid)
+	/* those who hold dropped slabs and own nothing, and the asker itself */
+	for (size_t k = 0; k <= nheld && n < 256; k++) {
+		uid_t uid = k < nheld ? held[k] : who->creds.uid;
+		size_t i;
+		for (i = 0; i < n && u[i].uid != uid; i++)
+			;
+		if (i == n)
+			u[n++] = (struct usage){ .uid = uid };
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (!who->admin && u[i].uid != who->creds.uid)
 			continue;
-		self_seen |= one.uid == who->creds.uid;
 		json_array_append_new(users, json_pack("{s:I, s:s?, s:i, s:I, s:I}",
-			"uid", (json_int_t)one.uid, "user", one.name,
-			"pipelines", (int)one.npipelines, "memory_bytes", (json_int_t)one.bytes,
-			"held_after_drop_bytes", (json_int_t)holds_bytes_of(eng, one.uid)));
+			"uid", (json_int_t)u[i].uid, "user", u[i].name,
+			"pipelines", (int)u[i].npipelines, "memory_bytes", (json_int_t)u[i].bytes,
+			"held_after_drop_bytes", (json_int_t)holds_bytes_of(eng, u[i].uid)));
 	}
 	json_object_set_new(status, "memory_limit_per_user", json_integer((json_int_t)user_memory_limit(eng)));
 	json_object_set_new(status, "max_pipelines_per_user", json_integer(max_pipelines(eng)));

@@ -412,6 +412,16 @@ uint64_t holds_bytes_of(struct engine *eng, uid_t uid)
 	return 0;
 }
 
+size_t holds_uids(struct engine *eng, uid_t *out, size_t cap)
+{
+	struct uid_held u[64];
+	size_t n = held_by_uid(eng, u, 64, false);
+
+	for (size_t i = 0; i < n && i < cap; i++)
+		out[i] = u[i].uid;
+	return n < cap ? n : cap;
+}
+
 uint64_t holds_max_held(const struct engine *eng)
 {
 	return eng->max_held ? eng->max_held : eng->memory_limit / 4;

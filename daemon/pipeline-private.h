@@ -488,6 +488,8 @@ int holds_may_attach(struct engine *eng, uid_t uid, char *err, size_t errlen);
 uint64_t holds_max_held(const struct engine *eng);
 /* The bytes of kept slabs that @uid holds (each in full). */
 uint64_t holds_bytes_of(struct engine *eng, uid_t uid);
+/* The uids that hold kept slabs, at most @cap; returns the count. */
+size_t holds_uids(struct engine *eng, uid_t *out, size_t cap);
 
 /* bounds.c (docs/security.md, "Bounds per user"): for @who unless an admin.
  * -EDQUOT at max_pipelines_per_user, -EMFILE within the descriptors kept

@@ -197,6 +197,10 @@ def test_worker_host_that_keeps_a_dropped_slab_stays_counted(daemon):
     assert sorted(st["held_after_drop"][0]["pipelines"]) == ["py-a", "py-b"]
     assert st["held_after_drop"][0]["uid"] == os.getuid()
     assert sorted(st["held_after_drop"][0]["pids"]) == sorted(h.pid for h in hosts)
+    # and against its user, who owns nothing any more
+    assert [u for u in st["users"] if u["uid"] == os.getuid()] == [
+        {"uid": os.getuid(), "user": None, "pipelines": 0, "memory_bytes": 0,
+         "held_after_drop_bytes": 6 * MIB}]
     r = d.create(python_spec("py-c"), check=False)
     assert r.returncode != 0
     assert (f"memory limit: pipeline 'py-c' needs {3 * MIB} bytes (3 slots of {MIB}), {2 * MIB} "
