@@ -169,9 +169,10 @@ def python_spec(name, slots=3):
 
 class Host:
     def __init__(self, d, name, **kw):
-        self.p = subprocess.Popen([sys.executable, "-c", HOST, d.socket, name],
+        kw.setdefault("env", python_client_env())
+        self.p = subprocess.Popen(["/usr/bin/python3", "-c", HOST, d.socket, name],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=python_client_env(), **kw)
+                                  stderr=subprocess.PIPE, text=True, **kw)
         line = self.p.stdout.readline()
         assert line == "mapped\n", f"host: {line!r}\n{self.p.stderr.read()}\n{d.log()[-3000:]}"
         self.pid = self.p.pid
@@ -349,3 +350,31 @@ def test_descriptors_kept_for_admins(daemon, users, shared):  # noqa: F811
     assert alice.ctl(d, "status").returncode == 0
     r = create_as(alice, d, tiny(data, "alice-0"))
     assert r.returncode != 0 and "keeps the last 64 for admins" in r.stderr, r.stderr
+
+
+def test_a_users_kept_slab_counts_against_that_user(daemon, users, shared):  # noqa: F811
+    """alice's own worker host keeps her dropped pipeline's slab: it counts
+    against her memory_limit_per_user, not against bob's, until it exits."""
+    alice, bob = users
+    data, config = shared
+    d = daemon("--config", config(), memory_limit=8 * MIB)
+    r = create_as(alice, d, python_spec("a-py", slots=2))
+    assert r.returncode == 0, r.stderr
+    host = Host(d, "a-py", **alice.popen_kwargs(env=python_client_env()))
+    assert alice.ctl(d, "drop", "a-py").returncode == 0
+    assert d.status()["held_after_drop"] == [{"uid": alice.uid, "bytes": 2 * MIB,
+                                              "pids": [host.pid], "pipelines": ["a-py"]}]
+    assert create_as(alice, d, big(data, "a2")).returncode == 0
+    r = create_as(alice, d, big(data, "a3"))
+    assert r.returncode != 0
+    assert (f"memory limit per user: pipeline 'a3' needs {2 * MIB} bytes; ldr-alice (uid "
+            f"{alice.uid}) has {4 * MIB} of its {4 * MIB} bytes (memory_limit_per_user): "
+            f"{2 * MIB} bytes in pipelines a2, {2 * MIB} bytes of dropped pipelines' slabs it "
+            "still maps; drop some first") in r.stderr, r.stderr
+    assert [u["held_after_drop_bytes"] for u in status_as(alice, d)["users"]] == [2 * MIB]
+    # bob's share is his
+    assert create_as(bob, d, big(data, "b1")).returncode == 0
+    host.exit()
+    d.wait_for(lambda st: st["memory_held_after_drop"] == 0, "alice's host let go", timeout=10)
+    r = create_as(alice, d, big(data, "a3"))
+    assert r.returncode == 0, r.stderr
