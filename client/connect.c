@@ -50,7 +50,7 @@ static int client_open_socket(struct ldr_client *c)
 		return rv;
 	/* never resend: a Next may wait for a batch far longer than any timer */
 	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 1 << 20);
+	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, LDR_MSG_MAX);
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 1000);
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 60000);
 	nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, on_pipe_rem, c);

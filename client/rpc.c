@@ -5,13 +5,27 @@
  */
 #include "libloader-private.h"
 
+/*
+ * A request over LDR_MSG_MAX would only make nng 1.5.2's daemon socket drop
+ * the connection (a reset, then a reconnect that sends it again): refuse it
+ * here with the limit. Sets the error.
+ */
 int pack_msg(const Loaderd__Request *req, nng_msg **out)
 {
 	size_t len = loaderd__request__get_packed_size(req);
 	nng_msg *msg;
 
+	if (len > LDR_MSG_MAX) {
+		if (req->body_case == LOADERD__REQUEST__BODY_CREATE && req->create->spec_json)
+			return set_err(-EMSGSIZE, "the create request is %zu bytes (its spec %zu): "
+			               "a message to loaderd is at most %u bytes (1 MiB), a spec "
+			               "at most 256 KiB; list fewer files (a directory, a glob)",
+			               len, strlen(req->create->spec_json), LDR_MSG_MAX);
+		return set_err(-EMSGSIZE, "the request is %zu bytes: a message to loaderd is at most "
+		               "%u bytes (1 MiB)", len, LDR_MSG_MAX);
+	}
 	if (nng_msg_alloc(&msg, len) != 0)
-		return -ENOMEM;
+		return set_err(-ENOMEM, "out of memory");
 	loaderd__request__pack(req, nng_msg_body(msg));
 	*out = msg;
 	return 0;
@@ -99,10 +113,8 @@ int call_gen(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply *
 	}
 	nng_aio_set_timeout(aio, timeout_ms);
 	r = pack_msg(req, &msg);
-	if (r < 0) {
-		r = set_err(r, "out of memory");
+	if (r < 0)
 		goto out;
-	}
 	/* registered, however many run at once: on_pipe_rem() cancels them all */
 	sc.aio = aio;
 	pthread_mutex_lock(&c->lock);

@@ -82,6 +82,10 @@ static inline uint64_t splitmix64(uint64_t x)
 }
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+/* The most bytes of one nng message either way (docs/protocol.md, "Limits"):
+ * the daemon's socket drops the connection of a larger one, so libloader
+ * refuses to send it and says so. */
+#define LDR_MSG_MAX (1u << 20)
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 
 /*

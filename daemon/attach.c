@@ -308,6 +308,8 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		return errfmt(-EIO, err, errlen, "pipeline '%s' failed: %s", name, pl->error);
 	if ((r = holds_may_attach(eng, p->uid, err, errlen)) < 0)
 		return r;
+	if (p->who && (r = bounds_may_attach(eng, p->who, name, err, errlen)) < 0)
+		return r;
 	if (!pyw_ready(pl))
 		/* before the seal a client could map the slab writable (pyworkers.c) */
 		return errfmt(-EAGAIN, err, errlen, "pipeline '%s': its Python workers are starting "

@@ -442,6 +442,8 @@ static json_t *status_json(struct server *srv, const struct client *self, const 
 		"pipelines", engine_pipelines_json(srv->engine, who),
 		"clients", clients,
 		"cuda", cuda);
+	if (o)
+		engine_bounds_status(srv->engine, o, who);
 	return o;
 }
 

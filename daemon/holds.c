@@ -9,7 +9,10 @@
  * Each hand-out of a slab fd is a fresh open file description (a reopen of
  * the memfd through /proc/self/fd, as slab.c makes ro_fd), and the daemon puts
  * an OFD read lock on it, on one byte far past the end of the file that
- * belongs to that (pipeline, pid): a hold. An OFD lock goes away only when
+ * belongs to that (pipeline, pid): a hold. A python pipeline's worker host
+ * gets its read-write fd (pyworkers.c) the same way: a host that keeps the
+ * slab after the drop (one that ignores the daemon's hang-up) holds it as a
+ * client does. An OFD lock goes away only when
  * its description does, that is once the last descriptor and the last
  * mapping of it are gone, in every process (a dup, a fork, an fd passed on
  * with SCM_RIGHTS keep it): the kernel's own count of who still has the
@@ -165,7 +168,9 @@ void holds_forget(struct pipeline *pl)
 	pl->holds = NULL;
 }
 
-int holds_hand_out(struct pipeline *pl, pid_t pid, uid_t uid, int *out)
+/* A fresh description of @src (one of the slab's fds), opened @flags, with
+ * the lock of the hold of (@pid, @uid). */
+static int hand_out(struct pipeline *pl, pid_t pid, uid_t uid, int src, int flags, int *out)
 {
 	struct engine *eng = pl->eng;
 	struct slab *slab = pl->slab;
@@ -186,8 +191,8 @@ int holds_hand_out(struct pipeline *pl, pid_t pid, uid_t uid, int *out)
 		h->next = pl->holds;
 		pl->holds = h;
 	}
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", slab->ro_fd);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", src);
+	fd = open(path, flags | O_CLOEXEC);
 	if (fd >= 0 && h->lock_off) {
 		struct flock fl = { .l_type = F_RDLCK, .l_whence = SEEK_SET,
 			.l_start = (off_t)h->lock_off, .l_len = 1 };
@@ -200,12 +205,22 @@ int holds_hand_out(struct pipeline *pl, pid_t pid, uid_t uid, int *out)
 	if (fd < 0) {
 		/* the same description as everyone's: only the pid can tell */
 		h->lock_off = 0;
-		fd = dup(slab->ro_fd);
+		fd = dup(src);
 		if (fd < 0)
 			return -errno;
 	}
 	*out = fd;
 	return 0;
+}
+
+int holds_hand_out(struct pipeline *pl, pid_t pid, uid_t uid, int *out)
+{
+	return hand_out(pl, pid, uid, pl->slab->ro_fd, O_RDONLY, out);
+}
+
+int holds_hand_out_rw(struct pipeline *pl, pid_t pid, uid_t uid, int *out)
+{
+	return hand_out(pl, pid, uid, pl->slab->fd, O_RDWR, out);
 }
 
 static void on_hold_timer(uv_timer_t *t);
@@ -384,6 +399,27 @@ void holds_explain(struct engine *eng, char *buf, size_t len)
 		fmt_uid_pids(one, sizeof(one), &u[i], false);
 		off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? ", " : "", one);
 	}
+}
+
+uint64_t holds_bytes_of(struct engine *eng, uid_t uid)
+{
+	struct uid_held u[64];
+	size_t n = held_by_uid(eng, u, 64, false);
+
+	for (size_t i = 0; i < n; i++)
+		if (u[i].uid == uid)
+			return u[i].bytes;
+	return 0;
+}
+
+size_t holds_uids(struct engine *eng, uid_t *out, size_t cap)
+{
+	struct uid_held u[64];
+	size_t n = held_by_uid(eng, u, 64, false);
+
+	for (size_t i = 0; i < n && i < cap; i++)
+		out[i] = u[i].uid;
+	return n < cap ? n : cap;
 }
 
 uint64_t holds_max_held(const struct engine *eng)

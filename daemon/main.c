@@ -81,6 +81,10 @@ static void usage(FILE *f)
 		"pipeline's slab stays in the memory limit while clients still map it; a uid\n"
 		"that maps more such memory than max_held_after_drop (config key, default a\n"
 		"quarter of the limit) may not attach meanwhile (docs/security.md).\n"
+		"Each user that is no admin may own at most max_pipelines_per_user pipelines\n"
+		"(default 64) of at most memory_limit_per_user bytes (default half the limit);\n"
+		"the daemon's last file descriptors (1/16 of RLIMIT_NOFILE, at least 64) are\n"
+		"kept for admins (docs/security.md, \"Bounds per user\").\n"
 		"\n"
 		"Metrics: with config key metrics_address (\"127.0.0.1:9464\", \"[::1]:9464\" or a\n"
 		"unix socket path) Prometheus metrics are served at http://ADDR/metrics\n"
@@ -353,6 +357,8 @@ int main(int argc, char **argv)
 	sc.max_conn_per_uid = d.cfg.max_conn_per_uid ? d.cfg.max_conn_per_uid
 	                                             : SETTINGS_CONN_PER_UID_DEFAULT;
 	sc.max_held_after_drop = d.cfg.max_held_after_drop;
+	sc.memory_limit_per_user = d.cfg.memory_limit_per_user;
+	sc.max_pipelines_per_user = d.cfg.max_pipelines_per_user;
 
 	if (ds_set_roots(d.cfg.dataset_roots, err, sizeof(err)) < 0) {
 		fprintf(stderr, "loaderd: %s\n", err);

@@ -365,6 +365,9 @@ struct engine {
 	uint64_t max_held;        /* max_held_after_drop per uid, 0 = memory_limit / 4 */
 	uint64_t hold_ctr;
 	uv_timer_t *hold_timer;
+	/* bounds.c: what one uid that is no admin may take */
+	uint64_t user_memory;     /* memory_limit_per_user, 0 = memory_limit / 2 */
+	unsigned max_pipelines_user; /* max_pipelines_per_user, 0 = the default */
 	uv_timer_t *stats_timer;  /* stats.c: the snapshots' tick */
 	bool shutdown;
 };
@@ -469,6 +472,8 @@ int pipeline_owned_error(const struct pipeline *pl, int r, const char *tail, cha
 /* holds.c (docs/security.md, "Memory that clients hold") */
 /* A fresh fd of @pl's slab for @pid of @uid, its hold recorded; the caller's. */
 int holds_hand_out(struct pipeline *pl, pid_t pid, uid_t uid, int *fd);
+/* The same, read-write: for a python pipeline's worker host, before the seal. */
+int holds_hand_out_rw(struct pipeline *pl, pid_t pid, uid_t uid, int *fd);
 /* @pl is freed: keep its slab's bytes in the budget while it is held (true). */
 bool holds_retain(struct pipeline *pl);
 /* Forget @pl's holds (it is freed, its slab not kept). */
@@ -481,6 +486,25 @@ void holds_explain(struct engine *eng, char *buf, size_t len);
 /* -ENOSPC when @uid holds more than max_held_after_drop. */
 int holds_may_attach(struct engine *eng, uid_t uid, char *err, size_t errlen);
 uint64_t holds_max_held(const struct engine *eng);
+/* The bytes of kept slabs that @uid holds (each in full). */
+uint64_t holds_bytes_of(struct engine *eng, uid_t uid);
+/* The uids that hold kept slabs, at most @cap; returns the count. */
+size_t holds_uids(struct engine *eng, uid_t *out, size_t cap);
+
+/* bounds.c (docs/security.md, "Bounds per user"): for @who unless an admin.
+ * -EDQUOT at max_pipelines_per_user, -EMFILE within the descriptors kept
+ * for admins. */
+int bounds_may_create(struct engine *eng, const struct principal *who, const char *name,
+                      char *err, size_t errlen);
+/* -EDQUOT when @need more bytes pass memory_limit_per_user. */
+int bounds_may_allocate(struct engine *eng, const struct principal *who, const char *name,
+                        uint64_t need, char *err, size_t errlen);
+/* -EMFILE within the descriptors kept for admins. */
+int bounds_may_attach(struct engine *eng, const struct principal *who, const char *name,
+                      char *err, size_t errlen);
+/* "; ldr-alice (uid 1001) holds 6291456 bytes in pipelines a, b; ..." for a
+ * create refused for memory: who has it, most first. */
+void bounds_explain_users(struct engine *eng, char *buf, size_t len);
 void holds_close(struct engine *eng);
 
 /* stats.c (docs/operations.md, "Stall accounting") */

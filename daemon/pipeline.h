@@ -307,6 +307,12 @@ json_t *engine_holds_json(struct engine *eng);
 void engine_stats_pull(struct engine *eng);
 /* max_held_after_drop: above it a uid may not attach; 0 = memory_limit / 4. */
 void engine_set_max_held(struct engine *eng, uint64_t bytes);
+/* memory_limit_per_user (0: memory_limit / 2) and max_pipelines_per_user (0:
+ * the default), for the creates from now on (bounds.c). */
+void engine_set_user_bounds(struct engine *eng, uint64_t bytes, unsigned npipelines);
+/* Status: the bounds, the descriptors, and per user its pipelines and bytes
+ * (every user's for an admin, else @who's own), set into @status. */
+void engine_bounds_status(struct engine *eng, json_t *status, const struct principal *who);
 uint64_t holds_max_held(const struct engine *eng);
 /* The copy engines' state for status (an empty object before any CUDA attach). */
 json_t *engine_cuda_json(struct engine *eng);

@@ -347,7 +347,10 @@ static void welcome(struct pyw_conn *c, struct pyw_pipeline *pp, bool with_fd)
 	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
 	struct iovec iov = { .iov_base = buf, .iov_len = len };
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	struct ucred cred;
+	socklen_t clen = sizeof(cred);
 	ssize_t n;
+	int fd, r;
 
 	for (size_t i = 0; i < pl->nfields; i++)
 		f[i] = (struct pyw_field){ pl->field_off[i], pl->fields[i].sample_bytes };
@@ -359,6 +362,21 @@ static void welcome(struct pyw_conn *c, struct pyw_pipeline *pp, bool with_fd)
 			conn_close(c);
 		return;
 	}
+	/* the host's own description of the slab, with a hold (holds.c): a
+	 * host that keeps it after the drop keeps it in the budget, counted
+	 * against its uid; the pid is the kernel's, not the HELLO's */
+	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+		log_warn("python workers: pipeline %s: no peer credentials: %s", pl->spec->name,
+			 strerror(errno));
+		conn_close(c);
+		return;
+	}
+	if ((r = holds_hand_out_rw(pl, cred.pid, cred.uid, &fd)) < 0) {
+		log_warn("python workers: pipeline %s: cannot hand the slab to its host (pid %d): %s",
+			 pl->spec->name, (int)cred.pid, strerror(-r));
+		conn_close(c);
+		return;
+	}
 	/* the first message on the connection: the socket takes it whole */
 	msg.msg_control = cbuf;
 	msg.msg_controllen = sizeof(cbuf);
@@ -366,10 +384,13 @@ static void welcome(struct pyw_conn *c, struct pyw_pipeline *pp, bool with_fd)
 	cm->cmsg_level = SOL_SOCKET;
 	cm->cmsg_type = SCM_RIGHTS;
 	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &pl->slab->fd, sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
 	do
 		n = sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);
+	r = errno;
+	close(fd);
+	errno = r;
 	if (n != (ssize_t)len) {
 		log_warn("python workers: pipeline %s: cannot send the slab to its host (pid %d): %s",
 			 pl->spec->name, (int)c->pid, n < 0 ? strerror(errno) : "short send");

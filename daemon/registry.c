@@ -494,6 +494,8 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	pl->has_ttl = spec->has_ttl;
 	pl->ttl_ms = spec->ttl_ms;
 	pl->slow_timeout_ms = spec->has_slow_timeout ? spec->slow_timeout_ms : eng->slow_timeout_ms;
+	if ((r = bounds_may_create(eng, who, spec->name, err, errlen)) < 0)
+		goto fail;
 	if ((r = access_init(pl, spec, who, client, err, errlen)) < 0)
 		goto fail;
 	if (holder_add(pl, client) < 0) {
@@ -547,17 +549,20 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	if (__builtin_mul_overflow(pl->slot_bytes, (uint64_t)pl->nslots, &slab_bytes) ||
 	    __builtin_add_overflow(slab_bytes, cache_bytes, &need) ||
 	    need > engine_memory_free(eng)) {
-		char held[512], cache[96] = "";
+		char held[512], users[512], cache[96] = "";
 		holds_explain(eng, held, sizeof(held));
+		bounds_explain_users(eng, users, sizeof(users));
 		if (cache_bytes)
 			snprintf(cache, sizeof(cache), ", and %" PRIu64 " of cache.bytes", cache_bytes);
 		r = errfmt(-ENOSPC, err, errlen,
 		           "memory limit: pipeline '%s' needs %" PRIu64 " bytes (%u slots of %" PRIu64
-		           "%s), %" PRIu64 " of %" PRIu64 " bytes are free (--memory-limit)%s",
+		           "%s), %" PRIu64 " of %" PRIu64 " bytes are free (--memory-limit)%s%s",
 		           spec->name, pl->slot_bytes * pl->nslots + cache_bytes, pl->nslots,
-		           pl->slot_bytes, cache, engine_memory_free(eng), eng->memory_limit, held);
+		           pl->slot_bytes, cache, engine_memory_free(eng), eng->memory_limit, held, users);
 		goto fail;
 	}
+	if ((r = bounds_may_allocate(eng, who, spec->name, need, err, errlen)) < 0)
+		goto fail;
 	/* a python pipeline's slab is sealed once its worker host mapped it */
 	if (source_external(pl->src))
 		r = slab_new_unsealed(&pl->slab, spec->name, slab_bytes);
@@ -726,6 +731,14 @@ static void create_start(struct create_req *q)
 		return;
 	}
 	r = create_check(eng, q->spec, &q->who, q->client, q->exist_ok, q->err, sizeof(q->err));
+	if (r == 1) {
+		/* before its files are listed; create_build() asks again */
+		int b = bounds_may_create(eng, &q->who, q->spec->name, q->err, sizeof(q->err));
+		if (b < 0) {
+			spec_free(q->spec);
+			r = b;
+		}
+	}
 	if (r != 1) {
 		q->r = r;
 		create_done(q);

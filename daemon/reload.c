@@ -94,6 +94,8 @@ static void remember_live(struct config_run *cr, const struct settings *cfg)
 	cr->linger_ms = cfg->has_linger ? cfg->linger_ms : SETTINGS_LINGER_DEFAULT_MS;
 	cr->slow_ms = cfg->has_slow_timeout ? cfg->slow_timeout_ms : ENGINE_SLOW_TIMEOUT_DEFAULT_MS;
 	cr->max_held = cfg->max_held_after_drop;
+	cr->user_memory = cfg->memory_limit_per_user;
+	cr->max_pipelines = cfg->max_pipelines_per_user;
 	cr->admin_gid = cfg->has_admin_group ? (int)cfg->admin_gid : -1;
 	cr->max_conn = cfg->max_conn_per_uid ? cfg->max_conn_per_uid : SETTINGS_CONN_PER_UID_DEFAULT;
 }
@@ -317,6 +319,15 @@ static int apply_settings(struct reload_job *j, const struct settings *f, char *
 	engine_set_max_held(eng, cr->max_held);
 	change(j, "max_held_after_drop", NULL,
 	       was.max_held ? json_integer((json_int_t)was.max_held) : json_null(), cr->max_held ? json_integer((json_int_t)cr->max_held) : json_null(), NULL);
+	engine_set_user_bounds(eng, cr->user_memory, cr->max_pipelines);
+	change(j, "memory_limit_per_user", NULL,
+	       was.user_memory ? json_integer((json_int_t)was.user_memory) : json_null(),
+	       cr->user_memory ? json_integer((json_int_t)cr->user_memory) : json_null(),
+	       "for creates from now on");
+	change(j, "max_pipelines_per_user", NULL,
+	       json_integer(was.max_pipelines ? was.max_pipelines : SETTINGS_PIPELINES_PER_USER_DEFAULT),
+	       json_integer(cr->max_pipelines ? cr->max_pipelines : SETTINGS_PIPELINES_PER_USER_DEFAULT),
+	       "for creates from now on");
 	server_set_access(cr->srv, cr->admin_gid, cr->max_conn);
 	change(j, "admin_group", NULL, gid_json(was.admin_gid), gid_json(cr->admin_gid),
 	       "for requests from now on; members' groups are those of their connection");

@@ -29,7 +29,8 @@ struct config_run {
 	char **roots;                 /* dataset_roots, NULL-terminated, or NULL */
 	char *metrics_address;        /* NULL: no /metrics */
 	/* the live settings of the file last applied that nobody else keeps */
-	uint64_t linger_ms, slow_ms, max_held;
+	uint64_t linger_ms, slow_ms, max_held, user_memory;
+	unsigned max_pipelines;       /* max_pipelines_per_user, 0: the default */
 	int admin_gid;                /* -1: none */
 	unsigned max_conn;
 	/* the reload running (its files open off the loop), and those asked

@@ -40,7 +40,7 @@
 #define MAX_ATTACH_PER_CLIENT 16
 #define STOP_CUDA_WAITS 50        /* x 100 ms */
 #define MAX_RELEASES 4096
-#define MAX_MSG_BYTES (1 << 20)
+#define MAX_MSG_BYTES LDR_MSG_MAX
 #define STOP_FLUSH_MS 100
 #define CLOSE_WAIT_MS 2000
 #define PROBE_EVERY_MS 500

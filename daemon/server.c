@@ -146,6 +146,12 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 		server_free(srv);
 		return r;
 	}
+	{
+		char why[256];
+		if (sock_dir_check(srv->path, why, sizeof(why)) < 0)
+			log_warn("%s: another user can take the socket's paths while loaderd is down; "
+			         "use a directory only loaderd's user can write, e.g. /run/loaderd", why);
+	}
 	r = uv_async_init(loop, &srv->async, on_async);
 	if (r < 0) {
 		errfmt(r, err, errlen, "cannot set up the event loop: %s", uv_strerror(r));
@@ -164,6 +170,7 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 		goto fail_handles;
 	}
 	engine_set_max_held(srv->engine, cfg->max_held_after_drop);
+	engine_set_user_bounds(srv->engine, cfg->memory_limit_per_user, cfg->max_pipelines_per_user);
 	r = fdchan_new(&srv->fdchan, loop, srv->fdpath, srv->sock_mode, srv->sock_gid, fd_lookup, srv,
 	               err, errlen);
 	if (r < 0)
@@ -172,8 +179,15 @@ int server_new(struct server **out, uv_loop_t *loop, const struct server_config 
 		char pywpath[sizeof(srv->path) + 16];
 		char perr[256];
 		snprintf(pywpath, sizeof(pywpath), "%s.workers", srv->path);
-		if (pyw_server_new(&srv->pyw, loop, srv->engine, pywpath, srv->sock_mode, srv->sock_gid,
-		                   perr, sizeof(perr)) < 0) {
+		r = pyw_server_new(&srv->pyw, loop, srv->engine, pywpath, srv->sock_mode, srv->sock_gid,
+		                   perr, sizeof(perr));
+		if (r == -EPERM) {
+			/* another user's path: its listener would get our users' hosts */
+			errfmt(r, err, errlen, "%s", perr);
+			srv->pyw = NULL;
+			goto fail_fdchan;
+		}
+		if (r < 0) {
 			log_warn("no python pipelines: %s", perr);
 			srv->pyw = NULL;
 		}

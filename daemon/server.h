@@ -21,6 +21,8 @@ struct server_config {
 	unsigned max_conn_per_uid; /* connections one uid may hold (0: the default) */
 	uint64_t max_held_after_drop; /* slab bytes of dropped pipelines one uid may hold
 	                               * mapped and still attach (0: memory_limit / 4) */
+	uint64_t memory_limit_per_user; /* one non-admin uid's (0: memory_limit / 2) */
+	unsigned max_pipelines_per_user; /* one non-admin uid's (0: the default) */
 };
 
 /**

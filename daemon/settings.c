@@ -7,6 +7,7 @@
  *    "socket_mode": "0660", "socket_group": "loaderd",
  *    "admin_group": "loaderd-admin", "max_connections_per_uid": 64,
  *    "slow_client_timeout": 60, "max_held_after_drop": "2G",
+ *    "memory_limit_per_user": "4G", "max_pipelines_per_user": 64,
  *    "dataset_roots": ["/data", "/scratch/datasets"],
  *    "metrics_address": "127.0.0.1:9464",
  *    "pipelines": [SPEC, ...]}
@@ -221,6 +222,18 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 		} else if (strcmp(key, "max_held_after_drop") == 0) {
 			if ((r = size_key(path, key, v, "1G", &cfg->max_held_after_drop, err, errlen)) < 0)
 				goto out;
+		} else if (strcmp(key, "memory_limit_per_user") == 0) {
+			if ((r = size_key(path, key, v, "4G", &cfg->memory_limit_per_user, err, errlen)) < 0)
+				goto out;
+		} else if (strcmp(key, "max_pipelines_per_user") == 0) {
+			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+			    json_integer_value(v) > SETTINGS_PIPELINES_PER_USER_MAX) {
+				r = settings_fail(err, errlen, path,
+				                  "max_pipelines_per_user: must be an integer in 1..%d",
+				                  SETTINGS_PIPELINES_PER_USER_MAX);
+				goto out;
+			}
+			cfg->max_pipelines_per_user = (unsigned)json_integer_value(v);
 		} else if (strcmp(key, "log_level") == 0) {
 			int lvl = json_is_string(v) ? log_level_from_name(json_string_value(v)) : -EINVAL;
 			if (lvl < 0) {
@@ -398,6 +411,10 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		cfg->max_conn_per_uid = file.max_conn_per_uid;
 	if (file.max_held_after_drop)
 		cfg->max_held_after_drop = file.max_held_after_drop;
+	if (file.memory_limit_per_user)
+		cfg->memory_limit_per_user = file.memory_limit_per_user;
+	if (file.max_pipelines_per_user)
+		cfg->max_pipelines_per_user = file.max_pipelines_per_user;
 	if (file.dataset_roots) {
 		free_roots(cfg->dataset_roots);
 		cfg->dataset_roots = file.dataset_roots;

@@ -24,6 +24,8 @@ struct settings {
 	unsigned admin_gid;       /* its members may do what root may */
 	unsigned max_conn_per_uid; /* connections one uid may hold; 0 = default */
 	uint64_t max_held_after_drop; /* held slab bytes above which a uid may not attach; 0 = default */
+	uint64_t memory_limit_per_user; /* one non-admin uid's bytes; 0 = memory_limit / 2 */
+	unsigned max_pipelines_per_user; /* one non-admin uid's pipelines; 0 = default */
 	char **dataset_roots;     /* NULL-terminated, or NULL: datasets anywhere */
 	json_t *pipelines;        /* array of specs, or NULL */
 	char *metrics_address;    /* "HOST:PORT" or a unix socket path; NULL: no /metrics */
@@ -35,6 +37,10 @@ struct settings {
  * others out. */
 #define SETTINGS_CONN_PER_UID_DEFAULT 64
 #define SETTINGS_CONN_MAX 512
+
+/* Pipelines one uid may own without "max_pipelines_per_user" (bounds.c). */
+#define SETTINGS_PIPELINES_PER_USER_DEFAULT 64
+#define SETTINGS_PIPELINES_PER_USER_MAX 100000
 
 /* The linger without a "linger" key: 5 s. */
 #define SETTINGS_LINGER_DEFAULT_MS 5000

@@ -420,8 +420,9 @@ static void *sync_call_main(void *arg)
 	if (i < 2) {
 		/* a request larger than the socket's buffer: the stopped daemon
 		 * never reads it, so the requests after it wait in nng's queue,
-		 * which a lost connection does not fail by itself */
-		static char big[2][1 << 20];
+		 * which a lost connection does not fail by itself; under the
+		 * 1 MiB a message may be, which libloader refuses to send */
+		static char big[2][1 << 19];
 		memset(big[i], ' ', sizeof(big[i]) - 1);
 		memcpy(big[i], "{\"name\": \"x\"}", 13);
 		r = ldr_create_pipeline(sync_calls.c, big[i], 0, NULL, 0);
