@@ -301,10 +301,14 @@ def test_trainer_refuses_a_daemon_of_another_user(daemon, workdir, two):
     bob's uid and the path); a fresh client of alice's refuses it at connect,
     unless she names bob as loaderd's service user."""
     alice, bob, files = two
-    _, sock, cfg, d1 = daemon_in(daemon, workdir, "tmp", 0o1777)
+    tmp, sock, cfg, d1 = daemon_in(daemon, workdir, "tmp", 0o1777)
     spec = dict(token_spec("alice-train", files[alice.name], SEQ, "uint32", batch_size=BS), epochs=1)
     p, out = start_trainer(alice, workdir, sock, spec)
 
+    # while bob sets up, only he (and root) may reach the directory, so that
+    # alice's trainer finds his daemon with his pipeline (not one without)
+    os.chown(tmp, 0, bob.gid)
+    os.chmod(tmp, 0o1770)
     d1.stop(reap_first=False)         # down: its socket is gone
     bspec = bobs_alice_train(workdir, files, bob)
     blog = open(os.path.join(workdir, "bob-daemon.log"), "w")
@@ -319,6 +323,7 @@ def test_trainer_refuses_a_daemon_of_another_user(daemon, workdir, two):
         bdd = D()
         wait_for(lambda: bob.ctl(bdd, "status").returncode == 0, "bob's daemon")
         bob.ctl(bdd, "create", "--spec", bspec, check=True)
+        os.chmod(tmp, 0o1777)
         open(os.path.join(out, "go"), "w").close()
         r, err = result(p, "alice's trainer")
         check_after(r)
