@@ -201,6 +201,13 @@ LDR_EXPORT const char *ldr_protobuf_c_version(void);
  * @param out receives the client
  * @param socket_path NULL resolves it with ldr_socket_path()
  * @param client_name shown by `loaderctl clients`, may be NULL
+ *
+ * The daemon's uid (SO_PEERCRED) must be root's, the caller's own or
+ * loaderd's service user's ($LOADERD_DAEMON_USER, a name or uid, else the
+ * user "loaderd"), else -EPERM naming the uid and the path, before anything
+ * is sent to it; -EINVAL for a $LOADERD_DAEMON_USER that names nobody.
+ * A reconnection (ldr_client_set_reconnect()) refuses a daemon of another
+ * uid than this one's (docs/security.md, "Whose pipeline, whose daemon").
  */
 LDR_EXPORT int ldr_connect(struct ldr_client **out, const char *socket_path,
                            const char *client_name);
