@@ -394,6 +394,18 @@ def test_exist_ok_joins_only_own_the_daemons_or_the_named_owners(daemon, workdir
     # bob naming alice: joined, on purpose (by name or by uid)
     assert create(bob, shared, "--owner", "ldr-alice") == (0, {"name": "shared", "created": False})
     assert create(bob, shared, "--owner", str(alice.uid)) == (0, {"name": "shared", "created": False})
+    # the Python client's owner=, and its exist_ok alone
+    r, _ = result(run_script(bob, workdir, "bob-py", PRELUDE + textwrap.dedent(f"""
+        spec = json.load(open({shared!r}))
+        c = loaderd.Client(SOCK)
+        joined = c.create_pipeline(spec, owner="ldr-alice")
+        try:
+            c.create_pipeline(spec, exist_ok=True)
+        except loaderd.Error as e:
+            out(joined=joined, err=str(e))
+    """), d.socket, workdir), "bob")
+    assert r["joined"] == ["shared", False]
+    assert f"exists already, owned by ldr-alice (uid {alice.uid})" in r["err"], r["err"]
     # the config's pipeline is the daemon's: anyone's exist_ok joins it
     cfgspec = os.path.join(workdir, "cfg-spec.json")
     with open(cfgspec, "w") as f:
