@@ -103,6 +103,9 @@ int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar)
 	a->share = ar->share;
 	a->pos_epoch = ar->start_epoch;
 	a->pos_batch = ar->start_batch;
+	a->has_owner = ar->has_owner;
+	a->owner = (uid_t)ar->owner;
+	a->spec_hash = ar->spec_hash;
 	if (ar->n_fields > MAX_FIELDS || ar->n_fields == 0)
 		return set_err(-EPROTO, "attach reply has %zu fields", ar->n_fields);
 	a->nfields = (int)ar->n_fields;
@@ -196,8 +199,8 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 		            ar->credits, opts->inflight, MAX_INFLIGHT);
 		goto fail;
 	}
-	fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size,
-	                   &ring_fd, &ring_efd);
+	fd = fetch_slab_fd(ar->fd_path, c->daemon_uid, ar->fd_token.data, ar->fd_token.len, &size,
+	                   &dev_fd, &dev_size, &ring_fd, &ring_efd);
 	if (fd < 0) {
 		r = fd;
 		goto fail;

@@ -54,7 +54,7 @@ static int client_open_socket(struct ldr_client *c)
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 1000);
 	nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 60000);
 	nng_pipe_notify(c->sock, NNG_PIPE_EV_REM_POST, on_pipe_rem, c);
-	return 0;
+	return daemon_watch(c);
 }
 
 static struct ldr_client *client_alloc(pid_t self, const char *path, const char *name)
@@ -141,7 +141,12 @@ int hello_call(struct ldr_client *c, int timeout_ms, bool internal)
 	hello.client_name = c->name;
 	req.body_case = LOADERD__REQUEST__BODY_HELLO;
 	req.hello = &hello;
+	/* a daemon refused (whose.c) hears nothing, not even our name */
+	if ((r = daemon_refused(c, 0)) < 0)
+		return r;
 	r = call_gen(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, timeout_ms, internal);
+	if (r < 0)
+		r = daemon_refused(c, r);
 	if (r < 0)
 		return r == -EPROTONOSUPPORT ? LDR_EVERSION : r;
 	pthread_mutex_lock(&c->lock);
@@ -176,6 +181,10 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	c = client_alloc(self, path, client_name);
 	if (!c)
 		return set_err(-ENOMEM, "out of memory");
+	if ((r = daemon_user_init(c)) < 0) {
+		client_free(c);
+		return r;
+	}
 	if ((rv = client_open_socket(c)) != 0) {
 		client_free(c);
 		return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
@@ -188,7 +197,13 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	 * Every close here is bounded (client_drop()), as in ldr_close(). */
 	for (int timeouts = 0, cuts = 0;;) {
 		bool last = timeouts == HELLO_ATTEMPTS - 1 || cuts == HELLO_CUTS - 1;
-		if ((rv = nng_dial(c->sock, url, &c->dialer, 0)) != 0) {
+		rv = nng_dial(c->sock, url, &c->dialer, 0);
+		if ((r = daemon_refused(c, 0)) < 0) {
+			/* another user's daemon (whose.c): no retry changes that */
+			client_drop(c);
+			return r;
+		}
+		if (rv != 0) {
 			/* a handshake the daemon cut (ECONNSHUT: the listener it
 			 * replaces held this connection) is retried as a cut Hello is */
 			if (nng_to_errno(rv) != LDR_EDISCONNECTED || last) {
@@ -215,6 +230,7 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 		client_drop(c);
 		if (!(c = client_alloc(self, path, client_name)))
 			return set_err(-ENOMEM, "out of memory");
+		daemon_user_init(c); /* it resolved before */
 		if ((rv = client_open_socket(c)) != 0) {
 			client_free(c);
 			return set_err(nng_to_errno(rv), "nng: %s", nng_strerror(rv));
@@ -268,6 +284,17 @@ uint64_t ldr_client_reconnects(const struct ldr_client *client)
 	n = c->reconnects;
 	reader_unlock(c, locked);
 	return n;
+}
+
+uint32_t ldr_client_daemon_uid(const struct ldr_client *client)
+{
+	struct ldr_client *c = (struct ldr_client *)client;
+	uint32_t uid;
+
+	bool locked = reader_lock(c);
+	uid = (uint32_t)c->daemon_uid;
+	reader_unlock(c, locked);
+	return uid;
 }
 
 uint64_t ldr_client_id(const struct ldr_client *client)

@@ -9,7 +9,8 @@
  * that reconnect_run() creates it again in a restarted daemon; the newest
  * spec of a name wins. Without memory it is just not remembered.
  */
-static void spec_remember(struct ldr_client *c, const char *name, const char *json)
+static void spec_remember(struct ldr_client *c, const char *name, const char *json,
+                          const Loaderd__CreatePipelineReply *cr)
 {
 	struct spec_rec *sr;
 	char *copy = strdup(json);
@@ -28,6 +29,8 @@ static void spec_remember(struct ldr_client *c, const char *name, const char *js
 	if (sr) {
 		free(sr->json);
 		sr->json = copy;
+		sr->has_owner = cr->has_owner;
+		sr->owner = (uid_t)cr->owner;
 	} else {
 		free(copy);
 	}
@@ -49,8 +52,9 @@ static void spec_forget(struct ldr_client *c, const char *name)
 	pthread_mutex_unlock(&c->lock);
 }
 
-int ldr_create_pipeline(struct ldr_client *c, const char *spec_json, int exist_ok, char *name_out,
-                        size_t name_size)
+/* ldr_create_pipeline(), and with @has_owner the uid whose pipeline exist_ok may join. */
+static int create_call(struct ldr_client *c, const char *spec_json, int exist_ok, bool has_owner,
+                       uint32_t owner, char *name_out, size_t name_size)
 {
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
 	Loaderd__CreatePipeline cp = LOADERD__CREATE_PIPELINE__INIT;
@@ -62,6 +66,8 @@ int ldr_create_pipeline(struct ldr_client *c, const char *spec_json, int exist_o
 		return set_err(-EINVAL, "no spec");
 	cp.spec_json = (char *)spec_json;
 	cp.exist_ok = exist_ok != 0;
+	cp.has_owner = has_owner;
+	cp.owner = owner;
 	req.body_case = LOADERD__REQUEST__BODY_CREATE;
 	req.create = &cp;
 	r = call(c, &req, &rep, LOADERD__REPLY__BODY_CREATE);
@@ -69,10 +75,22 @@ int ldr_create_pipeline(struct ldr_client *c, const char *spec_json, int exist_o
 		return r;
 	if (name_out && name_size)
 		snprintf(name_out, name_size, "%s", rep->create->name);
-	spec_remember(c, rep->create->name, spec_json);
+	spec_remember(c, rep->create->name, spec_json, rep->create);
 	r = rep->create->created ? 1 : 0;
 	loaderd__reply__free_unpacked(rep, NULL);
 	return r;
+}
+
+int ldr_create_pipeline(struct ldr_client *c, const char *spec_json, int exist_ok, char *name_out,
+                        size_t name_size)
+{
+	return create_call(c, spec_json, exist_ok, false, 0, name_out, name_size);
+}
+
+int ldr_create_pipeline_of(struct ldr_client *c, const char *spec_json, uint32_t owner_uid,
+                           char *name_out, size_t name_size)
+{
+	return create_call(c, spec_json, 1, true, owner_uid, name_out, name_size);
 }
 
 int ldr_drop_pipeline(struct ldr_client *c, const char *name, int force)

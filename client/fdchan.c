@@ -9,9 +9,11 @@
 #include "libloader-private.h"
 #include "fdchan-wire.h"
 
-int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint64_t *size,
-                  int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd)
+int fetch_slab_fd(const char *path, uid_t daemon_uid, const uint8_t *token, size_t token_len,
+                  uint64_t *size, int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd)
 {
+	struct ucred cr;
+	socklen_t crlen = sizeof(cr);
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct fdchan_request rq = { .magic = FDCHAN_MAGIC, .version = FDCHAN_VERSION };
 	struct fdchan_reply rp;
@@ -41,6 +43,15 @@ int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint
 		int e = errno;
 		close(fd);
 		return set_err(-e, "cannot connect to the fd channel %s: %s", path, strerror(e));
+	}
+	/* the daemon's own, as its control socket was (whose.c): the token
+	 * goes to nobody else, and no other process's slab comes back */
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) < 0 || cr.uid != daemon_uid) {
+		char who[96], want[96];
+		close(fd);
+		return set_err(-EPERM, "the fd channel %s is served by %s, not by the daemon's %s: "
+		               "refusing it", path, crlen == sizeof(cr) ? uid_name(cr.uid, who, sizeof(who))
+		               : "an unknown uid", uid_name(daemon_uid, want, sizeof(want)));
 	}
 	if (send(fd, &rq, sizeof(rq), MSG_NOSIGNAL) != (ssize_t)sizeof(rq)) {
 		int e = errno;

@@ -133,6 +133,9 @@ struct ldr_attachment {
 	struct ldr_attach_opts opts;
 	uint64_t pos_epoch, pos_batch; /* the next batch the trainer has not taken */
 	bool lost;                /* the daemon restarted and this attachment could not follow */
+	bool has_owner;           /* what the first attach found, checked at a re-attach: */
+	uid_t owner;              /* the pipeline's owner */
+	uint64_t spec_hash;       /* and its spec (0: the daemon did not say) */
 	struct ldr_batch *held_head, *held_tail; /* taken, not kept, not released: oldest first */
 	uint32_t nheld;
 	uint32_t share;           /* leases we may hold, from the daemon; 0 unknown (nslots) */
@@ -212,6 +215,8 @@ struct spec_rec {
 	struct spec_rec *next;
 	char name[LDR_NAME_MAX + 1];
 	char *json;
+	bool has_owner;           /* the daemon said whose it was */
+	uid_t owner;              /* this client's uid when it created it; another when it joined */
 };
 
 /* A synchronous call in flight (call_timeout()), on its caller's stack. */
@@ -244,6 +249,13 @@ struct ldr_client {
 	struct timespec went_at;  /* when the connection went */
 	char gone_msg[1024];      /* why the client is disconnected for good ("" today's message) */
 	struct spec_rec *specs;   /* pipelines this client created, to re-create */
+	/* whose daemon (daemon_check(), docs/security.md "Whose pipeline, whose
+	 * daemon"), under c->lock */
+	bool has_service_uid;     /* loaderd's service user exists */
+	uid_t service_uid;        /* $LOADERD_DAEMON_USER, else the user "loaderd" */
+	bool has_daemon_uid;      /* a daemon was accepted: */
+	uid_t daemon_uid;         /* its uid, which a reconnection must find again */
+	char refused[1024];       /* why the last connection's daemon was refused, "" none */
 	struct sync_call *sync_calls; /* every synchronous call in flight, cancelled on disconnect */
 	pthread_t flusher;
 	pthread_cond_t flush_cond;
@@ -302,9 +314,20 @@ int json_call(struct ldr_client *c, Loaderd__Request *req, char **json_out);
 int hello_call(struct ldr_client *c, int timeout_ms, bool internal);
 void client_unref(struct ldr_client *c);
 
+/* whose.c */
+/* "alice (uid 1001)", or "uid 1001" when the uid has no name */
+const char *uid_name(uid_t uid, char *buf, size_t len);
+/* c->service_uid from $LOADERD_DAEMON_USER (-EINVAL when it names nobody) */
+int daemon_user_init(struct ldr_client *c);
+/* check the daemon of every connection of c->sock as it comes */
+int daemon_watch(struct ldr_client *c);
+/* -EPERM naming why when the last connection's daemon was refused, else @r */
+int daemon_refused(struct ldr_client *c, int r);
+
 /* fdchan.c */
-int fetch_slab_fd(const char *path, const uint8_t *token, size_t token_len, uint64_t *size,
-                  int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd);
+/* over @path, whose peer must be @daemon_uid */
+int fetch_slab_fd(const char *path, uid_t daemon_uid, const uint8_t *token, size_t token_len,
+                  uint64_t *size, int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd);
 
 /* amap.c */
 struct amap *amap_open(int fd, size_t size, uint32_t nslots, uint64_t slot_bytes, bool cow);

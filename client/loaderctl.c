@@ -23,6 +23,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -66,6 +67,7 @@ enum opt_id {
 	OPT_DELAY,
 	OPT_DEVICE,
 	OPT_AUGMENT_SEED,
+	OPT_OWNER,
 	OPT_INTERVAL = 'd',
 	OPT_ITERATIONS = 'n',
 	OPT_SORT = 257 + 64,
@@ -80,6 +82,8 @@ struct ctl {
 	const char *spec;
 	bool exist_ok;
 	bool scoped;
+	bool has_owner;           /* --owner: exist_ok may join this uid's */
+	uint32_t owner;
 	/* drop */
 	bool force;
 	/* consume */
@@ -204,8 +208,10 @@ static int connect_daemon(struct ctl *ctl, const char *verb, struct ldr_client *
 	if (r < 0) {
 		if (ldr_socket_path(path, sizeof(path), ctl->socket) < 0)
 			snprintf(path, sizeof(path), "%s", ctl->socket ? ctl->socket : "?");
-		/* over a quota the daemon's own sentence says which and what to do */
-		const char *msg = r == -EUSERS ? ldr_client_error(NULL) : NULL;
+		/* over a quota the daemon's own sentence says which and what to do;
+		 * another user's daemon (EPERM) or a bad LOADERD_DAEMON_USER
+		 * (EINVAL), libloader's whose and why */
+		const char *msg = r == -EUSERS || r == -EPERM || r == -EINVAL ? ldr_client_error(NULL) : NULL;
 		warnx("%s: cannot connect to loaderd at %s: %s", verb, path,
 		      msg && *msg ? msg : ldr_strerror(r));
 		return EXIT_FAILURE;
@@ -1694,7 +1700,8 @@ static int cmd_create(struct ctl *ctl, int argc, char **argv)
 		free(text);
 		return r;
 	}
-	r = ldr_create_pipeline(client, text, ctl->exist_ok, name, sizeof(name));
+	r = ctl->has_owner ? ldr_create_pipeline_of(client, text, ctl->owner, name, sizeof(name))
+	                   : ldr_create_pipeline(client, text, ctl->exist_ok, name, sizeof(name));
 	free(text);
 	if (r < 0) {
 		r = fail(client, "create", r);
@@ -2156,6 +2163,7 @@ static const struct option create_options[] = {
 	COMMON_OPTIONS,
 	{ "spec", required_argument, NULL, OPT_SPEC },
 	{ "exist-ok", no_argument, NULL, OPT_EXIST_OK },
+	{ "owner", required_argument, NULL, OPT_OWNER },
 	{ "scoped", no_argument, NULL, OPT_SCOPED },
 	{ NULL, 0, NULL, 0 },
 };
@@ -2198,7 +2206,7 @@ static const struct verb verbs[] = {
 	{ "pipelines", 0, 0, cmd_pipelines, "list the pipelines", "", no_options },
 	{ "clients", 0, 0, cmd_clients, "list the connected clients", "", no_options },
 	{ "create", 0, 0, cmd_create, "create a pipeline from a JSON spec (docs/spec.md)",
-	  "--spec FILE [--exist-ok] [--scoped]", create_options },
+	  "--spec FILE [--exist-ok] [--owner USER] [--scoped]", create_options },
 	{ "drop", 1, 1, cmd_drop, "drop a pipeline", "NAME [--force]", drop_options },
 	{ "consume", 1, 1, cmd_consume,
 	  "read batches, report throughput and a CRC-32 of their bytes",
@@ -2249,8 +2257,10 @@ static void print_help(FILE *f)
 	        "\n"
 	        "create options:\n"
 	        "  --spec FILE         the pipeline spec; '-' reads standard input\n"
-	        "  --exist-ok          succeed when an identical pipeline exists (a persistent\n"
-	        "                      create makes it persistent)\n"
+	        "  --exist-ok          succeed when an identical pipeline of yours (or the\n"
+	        "                      config's) exists (a persistent create makes it persistent)\n"
+	        "  --owner USER        --exist-ok that may also join USER's identical pipeline\n"
+	        "                      (a user name or uid; docs/security.md)\n"
 	        "  --scoped            send the spec as it is: without \"persist\" or \"ttl\" of its\n"
 	        "                      own the pipeline is dropped once unused for the daemon's\n"
 	        "                      linger (5 s by default), and loaderctl leaves at once\n"
@@ -2364,6 +2374,18 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 	case OPT_SCOPED:
 		ctl->scoped = true;
 		break;
+	case OPT_OWNER: {
+		struct passwd *pw = getpwnam(arg);
+
+		if (pw)
+			ctl->owner = (uint32_t)pw->pw_uid;
+		else if (*arg >= '0' && *arg <= '9')
+			ctl->owner = (uint32_t)arg_u64("owner", arg, 0, UINT32_MAX - 1);
+		else
+			usage_error("invalid owner -- '%s' (a user name or uid)", arg);
+		ctl->has_owner = ctl->exist_ok = true;
+		break;
+	}
 	case OPT_FORCE:
 		ctl->force = true;
 		break;

@@ -57,6 +57,37 @@ static void att_lose(struct ldr_attachment *a, int err, const char *fmt, ...)
 	va_end(ap);
 }
 
+/*
+ * Is @n, attached again, the pipeline of the owner @a found before the
+ * restart? Else set_err() says whose it is now.
+ */
+static int same_owner(const struct ldr_attachment *a, const struct ldr_attachment *n)
+{
+	char was[96], now[96];
+
+	if (a->has_owner && (!n->has_owner || n->owner != a->owner)) {
+		if (!n->has_owner)
+			return set_err(-EACCES, "the restarted daemon does not say whose pipeline '%s' is "
+			               "(it was %s's)", a->pipeline, uid_name(a->owner, was, sizeof(was)));
+		return set_err(-EACCES, "pipeline '%s' now belongs to %s, not to %s as at the attach: "
+		               "another user's pipeline of that name is never attached again",
+		               a->pipeline, uid_name(n->owner, now, sizeof(now)),
+		               uid_name(a->owner, was, sizeof(was)));
+	}
+	return 0;
+}
+
+/* ...and of the same spec (its fingerprint; the layout checked before, so
+ * that a layout that changed is named)? */
+static int same_spec(const struct ldr_attachment *a, const struct ldr_attachment *n)
+{
+	if (a->spec_hash && n->spec_hash != a->spec_hash)
+		return set_err(-ESTALE, "pipeline '%s' now has another spec than at the attach "
+		               "(fingerprint %016" PRIx64 ", was %016" PRIx64 ")", a->pipeline,
+		               n->spec_hash, a->spec_hash);
+	return 0;
+}
+
 /* Would the re-attached pipeline deliver the same batches into the same layout? */
 static bool same_layout(const struct ldr_attachment *a, const struct ldr_attachment *n)
 {
@@ -209,17 +240,21 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	n = calloc(1, sizeof(*n));
 	if (!n) {
 		r = set_err(-ENOMEM, "out of memory");
-	} else if ((r = att_read_reply(n, rep->attach)) == 0 && !same_layout(a, n)) {
+	} else if ((r = att_read_reply(n, rep->attach)) == 0 && (r = same_owner(a, n)) < 0) {
+		/* another owner's: never its batches */
+	} else if (r == 0 && !same_layout(a, n)) {
 		r = set_err(-ESTALE, "the pipeline's layout or length changed (%" PRIu64 " batches of %u per "
 		            "epoch, %" PRIu64 " epochs, %d fields; now %" PRIu64 " of %u, %" PRIu64 ", %d)",
 		            a->bpe, a->batch_size, a->epochs, a->nfields, n->bpe, n->batch_size, n->epochs,
 		            n->nfields);
+	} else if (r == 0 && (r = same_spec(a, n)) < 0) {
+		/* the same layout, other batches (another file, seed...) */
 	} else if (r == 0) {
 		const Loaderd__AttachReply *ar = rep->attach;
 		int ring_fd;
 		char err[256] = "the fd channel brought a batch ring the attach reply did not announce";
-		fd = fetch_slab_fd(ar->fd_path, ar->fd_token.data, ar->fd_token.len, &size, &dev_fd, &dev_size,
-		                   &ring_fd, &ring_efd);
+		fd = fetch_slab_fd(ar->fd_path, c->daemon_uid, ar->fd_token.data, ar->fd_token.len, &size,
+		                   &dev_fd, &dev_size, &ring_fd, &ring_efd);
 		if (dev_fd >= 0)
 			close(dev_fd);
 		if (ring_fd >= 0 && (!ar->ring_bytes || bring_map(&br, ring_fd, ar->ring_bytes, err,
@@ -265,13 +300,34 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	return 0;
 }
 
-/* Create again each pipeline this client created; a failure shows at attach. */
+/*
+ * Pipeline @name could not be created again (@r, why in tls_err): its
+ * attachments do not follow the daemon, whatever now has that name.
+ */
+static void recreate_failed(struct ldr_client *c, const char *name, int r)
+{
+	pthread_mutex_lock(&c->lock);
+	for (struct ldr_attachment *a = c->atts; a; a = a->next)
+		if (!a->detached && !a->lost && strcmp(a->pipeline, name) == 0)
+			att_lose(a, r, "the daemon at %s restarted, and pipeline '%s' could not be created "
+			         "again: %s; not attached again", c->path, name, tls_err);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/*
+ * Create again each pipeline this client created (or joined by creating).
+ * One that the new daemon does not create, nor has as the same owner's
+ * (another user's, another spec, any error), loses its attachments: they
+ * never attach to whatever took the name (docs/security.md).
+ */
 static int recreate_pipelines(struct ldr_client *c)
 {
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
 	Loaderd__CreatePipeline cp = LOADERD__CREATE_PIPELINE__INIT;
 	Loaderd__Reply *rep;
-	char name[LDR_NAME_MAX + 1];
+	char name[LDR_NAME_MAX + 1], was[96], now[96];
+	bool has_owner;
+	uid_t owner;
 	char *json;
 	int r;
 
@@ -282,8 +338,11 @@ static int recreate_pipelines(struct ldr_client *c)
 		for (sr = c->specs; sr && j < i; sr = sr->next)
 			j++;
 		json = sr ? strdup(sr->json) : NULL;
-		if (sr)
+		if (sr) {
 			snprintf(name, sizeof(name), "%s", sr->name);
+			has_owner = sr->has_owner;
+			owner = sr->owner;
+		}
 		pthread_mutex_unlock(&c->lock);
 		if (!sr)
 			return 0;
@@ -291,17 +350,29 @@ static int recreate_pipelines(struct ldr_client *c)
 			continue;
 		cp.spec_json = json;
 		cp.exist_ok = true;
+		/* the owner it had: the daemon joins no other's */
+		cp.has_owner = has_owner;
+		cp.owner = (uint32_t)owner;
 		req.body_case = LOADERD__REQUEST__BODY_CREATE;
 		req.create = &cp;
 		r = call_gen(c, &req, &rep, LOADERD__REPLY__BODY_CREATE, CALL_TIMEOUT_MS, true);
 		free(json);
 		if (r == LDR_EDISCONNECTED || r == -ETIMEDOUT)
 			return LDR_EDISCONNECTED;
-		if (r < 0)
+		if (r == 0) {
+			const Loaderd__CreatePipelineReply *cr = rep->create;
+			/* created: ours, of the same spec; joined: only the owner's it had */
+			if (!cr->created && has_owner && (!cr->has_owner || cr->owner != owner))
+				r = set_err(-EEXIST, "it exists already, owned by %s, not by %s as before",
+				            cr->has_owner ? uid_name(cr->owner, now, sizeof(now)) : "whom it does not say",
+				            uid_name(owner, was, sizeof(was)));
+			loaderd__reply__free_unpacked(rep, NULL);
+		}
+		if (r < 0) {
 			fprintf(stderr, "loaderd: cannot create pipeline '%s' again in the restarted daemon at "
 			        "%s: %s\n", name, c->path, tls_err);
-		else
-			loaderd__reply__free_unpacked(rep, NULL);
+			recreate_failed(c, name, r);
+		}
 	}
 }
 
@@ -374,7 +445,7 @@ static void reconnect_pause(struct ldr_client *c, int ms)
 void reconnect_run(struct ldr_client *c)
 {
 	char report[2048], last[512] = "no answer";
-	int pause_ms = RECONNECT_MIN_MS, r;
+	int pause_ms = RECONNECT_MIN_MS, r = 0;
 	struct timespec t0;
 	double limit;
 
@@ -424,7 +495,10 @@ void reconnect_run(struct ldr_client *c)
 	pthread_mutex_lock(&c->lock);
 	bool closing = c->closing;
 	snprintf(c->gone_msg, sizeof(c->gone_msg), "the client is closed");
-	if (!closing)
+	if (!closing && r == -EPERM && c->refused[0])
+		/* another uid's daemon took the socket (whose.c) */
+		snprintf(c->gone_msg, sizeof(c->gone_msg), "disconnected: %.900s", c->refused);
+	else if (!closing)
 		snprintf(c->gone_msg, sizeof(c->gone_msg), "disconnected from the daemon at %s: it went away "
 		         "and libloader could not reconnect within %.3g s (reconnect timeout, "
 		         "LOADERD_RECONNECT_TIMEOUT): %s", c->path, limit / 1000.0, last);

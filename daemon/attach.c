@@ -488,6 +488,8 @@ void attachment_get_info(struct attachment *a, struct attach_info *info)
 	info->credits = a->credits;
 	a->told_share = info->share;
 	info->ring_bytes = attring_bytes(a);
+	info->owner = pl->owner;
+	info->spec_hash = spec_hash(pl->spec);
 }
 
 void attachment_fail(struct attachment *a, int err, const char *msg)

@@ -66,6 +66,7 @@ static void create_answer(void *userdata, int r, const char *err)
 	Loaderd__Reply rep = LOADERD__REPLY__INIT;
 	Loaderd__CreatePipelineReply cr = LOADERD__CREATE_PIPELINE_REPLY__INIT;
 	struct client *cl;
+	uid_t owner;
 
 	for (cl = srv->clients; cl && cl->id != x->client_id; cl = cl->next)
 		;
@@ -83,6 +84,11 @@ static void create_answer(void *userdata, int r, const char *err)
 			          cl->id, cl->pid, (unsigned)cl->uid, x->name);
 		cr.name = x->name;
 		cr.created = r == 1;
+		/* whose it is, so a client sees what it joined */
+		if (engine_owner(srv->engine, x->name, &owner) == 0) {
+			cr.has_owner = true;
+			cr.owner = (uint32_t)owner;
+		}
 		rep.body_case = LOADERD__REPLY__BODY_CREATE;
 		rep.create = &cr;
 		send_reply(srv, x->c, &rep);
@@ -100,6 +106,8 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 	int r;
 
 	who_is(srv, cl, &who);
+	who.has_join_owner = m->has_owner;
+	who.join_owner = (uid_t)m->owner;
 	r = spec_parse(&spec, m->spec_json, err, sizeof(err));
 	if (r < 0) {
 		reply_error(srv, c, -r, err);
@@ -208,6 +216,9 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	ar.share = info.share;
 	ar.credits = info.credits;
 	ar.ring_bytes = info.ring_bytes;
+	ar.has_owner = true;
+	ar.owner = (uint32_t)info.owner;
+	ar.spec_hash = info.spec_hash;
 	ar.fd_path = srv->fdpath;
 	if (info.dslab) {
 		ar.device_kind = LDR_DEVICE_CUDA;

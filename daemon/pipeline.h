@@ -72,6 +72,11 @@ struct engine_ops {
 struct principal {
 	struct creds creds;
 	bool admin;
+	/* a create's exist_ok may join a pipeline of this uid, another user's
+	 * (CreatePipeline.owner): without it only the caller's own and the
+	 * daemon's (docs/security.md, "Whose pipeline, whose daemon") */
+	bool has_join_owner;
+	uid_t join_owner;
 };
 
 /* The daemon itself (the config's pipelines): its own credentials, admin. */
@@ -115,6 +120,8 @@ struct attach_info {
 	uint32_t share;       /* leases it may hold now */
 	uint32_t credits;     /* its window: asked for, or the daemon's choice */
 	uint64_t ring_bytes;  /* its batch ring's, 0 none */
+	uid_t owner;          /* the pipeline's */
+	uint64_t spec_hash;   /* spec_hash() of its spec */
 };
 
 /* One Next or Release request (docs/protocol.md, "Sharing slots"). */
@@ -264,6 +271,8 @@ bool engine_has(struct engine *eng, const char *name);
 json_t *engine_pipelines_json(struct engine *eng, const struct principal *who);
 /* May @who use (attach to, join, see) the pipeline @name? false if none. */
 bool engine_may_use(struct engine *eng, const char *name, const struct principal *who);
+/* The owner of pipeline @name: 0 and *@owner set, or -ENOENT. */
+int engine_owner(struct engine *eng, const char *name, uid_t *owner);
 
 int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
                   struct attachment **out, char *err, size_t errlen);

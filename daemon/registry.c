@@ -363,6 +363,41 @@ bool engine_may_use(struct engine *eng, const char *name, const struct principal
 	return pl && pipeline_may_use(pl, who);
 }
 
+int engine_owner(struct engine *eng, const char *name, uid_t *owner)
+{
+	struct pipeline *pl = engine_find(eng, name);
+
+	if (!pl)
+		return -ENOENT;
+	*owner = pl->owner;
+	return 0;
+}
+
+/*
+ * May an exist_ok create of @who join @pl? Its own, the daemon's (the
+ * config's, trusted as the daemon is), or the one of the owner it named:
+ * a name a client computes must never lead it into another user's data
+ * (docs/security.md, "Whose pipeline, whose daemon").
+ */
+static bool join_allowed(const struct pipeline *pl, const struct principal *who)
+{
+	return pl->owner == who->creds.uid || pl->owner == geteuid() ||
+	       (who->has_join_owner && who->join_owner == pl->owner);
+}
+
+/* -EEXIST: @pl is another user's, whom @who did not name. */
+static int join_refused(const struct pipeline *pl, const struct principal *who, char *err,
+                        size_t errlen)
+{
+	char user[128];
+
+	creds_user_name(pl->owner, user, sizeof(user));
+	return errfmt(-EEXIST, err, errlen, "pipeline '%s' exists already, owned by %s: exist_ok "
+	              "joins only your own pipelines%s; attach it by name if you mean to read it, "
+	              "or use another name", pl->spec->name, user,
+	              who->has_join_owner ? " and those of the owner you named" : "");
+}
+
 /* The spec's "access" and "group" for a pipeline @who creates. */
 static int access_init(struct pipeline *pl, const struct spec *spec, const struct principal *who,
                        uint64_t client, char *err, size_t errlen)
@@ -410,7 +445,10 @@ static int create_check(struct engine *eng, struct spec *spec, const struct prin
 		old = NULL;
 	} else if (old) {
 		char diff[640];
-		if (spec_diff(spec, old->spec, diff, sizeof(diff)) == 0) {
+		size_t ndiff = spec_diff(spec, old->spec, diff, sizeof(diff));
+		if (ndiff == 0 && exist_ok && !join_allowed(old, who)) {
+			r = join_refused(old, who, err, errlen);
+		} else if (ndiff == 0) {
 			r = exist_ok ? pipeline_join(old, spec, client) : -EEXIST;
 			/* also the note for 0, "existed" (main.c logs it) */
 			if (r == -ENOMEM)

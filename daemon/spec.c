@@ -513,6 +513,19 @@ bool spec_equal(const struct spec *a, const struct spec *b)
 	return json_equal(a->json, b->json);
 }
 
+uint64_t spec_hash(const struct spec *spec)
+{
+	char *text = json_dumps(spec->json, JSON_COMPACT | JSON_SORT_KEYS);
+	uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a 64 */
+
+	if (!text)
+		return 0;
+	for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+		h = (h ^ *p) * 0x100000001b3ULL;
+	free(text);
+	return h;
+}
+
 /* --- how two specs differ ------------------------------------------------ */
 
 #define DIFF_VALUE_MAX 72

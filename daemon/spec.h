@@ -141,6 +141,10 @@ void transform_resize_dims(const struct transform *t, uint32_t h, uint32_t w, ui
 			   uint64_t *ow);
 /* Two specs describe the same pipeline (for create with exist_ok). */
 bool spec_equal(const struct spec *a, const struct spec *b);
+/* A fingerprint of the canonical form (FNV-1a 64 of its sorted compact JSON),
+ * so a client can tell that a pipeline is still the one it attached; 0 when
+ * out of memory. */
+uint64_t spec_hash(const struct spec *spec);
 /**
  * spec_diff() - how @want differs from @have, their canonical forms compared
  * key by key (nested keys as "source.path").

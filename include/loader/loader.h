@@ -201,6 +201,13 @@ LDR_EXPORT const char *ldr_protobuf_c_version(void);
  * @param out receives the client
  * @param socket_path NULL resolves it with ldr_socket_path()
  * @param client_name shown by `loaderctl clients`, may be NULL
+ *
+ * The daemon's uid (SO_PEERCRED) must be root's, the caller's own or
+ * loaderd's service user's ($LOADERD_DAEMON_USER, a name or uid, else the
+ * user "loaderd"), else -EPERM naming the uid and the path, before anything
+ * is sent to it; -EINVAL for a $LOADERD_DAEMON_USER that names nobody.
+ * A reconnection (ldr_client_set_reconnect()) refuses a daemon of another
+ * uid than this one's (docs/security.md, "Whose pipeline, whose daemon").
  */
 LDR_EXPORT int ldr_connect(struct ldr_client **out, const char *socket_path,
                            const char *client_name);
@@ -233,15 +240,34 @@ LDR_EXPORT int ldr_client_set_reconnect(struct ldr_client *client, int timeout_m
 LDR_EXPORT int ldr_client_reconnect_timeout(const struct ldr_client *client);
 /** Reconnections to a restarted daemon that succeeded since ldr_connect(). */
 LDR_EXPORT uint64_t ldr_client_reconnects(const struct ldr_client *client);
+/**
+ * The uid of the daemon this client talks to, read from the kernel at
+ * connect (SO_PEERCRED) and checked: root, the client's own or loaderd's
+ * service user ($LOADERD_DAEMON_USER, else "loaderd"); a reconnection must
+ * find the same (docs/security.md, "Whose pipeline, whose daemon").
+ */
+LDR_EXPORT uint32_t ldr_client_daemon_uid(const struct ldr_client *client);
 
 /**
  * ldr_create_pipeline() - create a pipeline from a JSON spec (docs/spec.md).
  * @param exist_ok succeed when an identical pipeline of that name exists
+ *        and is the caller's own or the daemon's (its config's); another
+ *        user's is -EEXIST naming its owner (ldr_create_pipeline_of() joins
+ *        it, attaching by name reads it; docs/security.md)
  * @param name_out receives the pipeline's name (may be NULL)
  * Return: 1 created, 0 existed (exist_ok), or a negative error.
  */
 LDR_EXPORT int ldr_create_pipeline(struct ldr_client *client, const char *spec_json,
                                    int exist_ok, char *name_out, size_t name_size);
+/**
+ * ldr_create_pipeline_of() - ldr_create_pipeline() with exist_ok that may
+ * also join the identical pipeline of that name of @p owner_uid, another
+ * user (its access permitting): you name whose data you mean to read.
+ * Return: 1 created (yours), 0 joined, or a negative error (-EEXIST when
+ * the name is a third user's).
+ */
+LDR_EXPORT int ldr_create_pipeline_of(struct ldr_client *client, const char *spec_json,
+                                      uint32_t owner_uid, char *name_out, size_t name_size);
 /** Drop a pipeline; @p force drops it even while clients are attached. */
 LDR_EXPORT int ldr_drop_pipeline(struct ldr_client *client, const char *name, int force);
 /** The daemon's status as one JSON object; free *json_out with ldr_free(). */

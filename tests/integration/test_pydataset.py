@@ -120,7 +120,7 @@ def test_random_transforms_identical_across_workers_and_resume(ld):
     assert runs[2]["stream"] == ref, "2 workers built other bytes than 1"
     assert runs[4]["stream"] == ref, "4 workers built other bytes than 1"
     assert runs[2]["resumed"] == ref, "the resumed stream differs"
-    assert runs[1]["name"].startswith("py-randomaugment-")
+    assert runs[1]["name"].startswith(f"py-{os.geteuid()}-randomaugment-")
 
 
 # --------------------------------------------------- (b) errors and skip

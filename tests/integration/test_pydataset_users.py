@@ -211,7 +211,7 @@ def test_workers_run_as_the_creator_and_nobody_else_may_build(env):
 BROADCAST = """
     spec = {{"name": "bc-py", "access": "all", "min_clients": 2,
             "source": {{"kind": "python", "dataset": "udata:Open", "args": {{"n": 30}}}}}}
-    dl = loaderd.DataLoader(spec, batch_size=5, num_workers=2, socket=SOCK, timeout=120,
+    dl = loaderd.DataLoader({pipe}, batch_size=5, num_workers=2, socket=SOCK, timeout=120,
                             mode="broadcast", as_numpy=True)
     print("ATTACHED", dl.created, flush=True)
     got = []
@@ -265,12 +265,15 @@ def test_broadcast_goes_on_when_its_creator_exits(env):
     d, alice, bob, shared, priv, values = env
     # alice creates it (min_clients 2: the stream waits for bob), reads two
     # batches and exits; bob reads the whole epoch, built by alice's workers
-    a = start(alice, d, shared, "alice-bc", BROADCAST.format(stop=2, extra=""))
+    a = start(alice, d, shared, "alice-bc", BROADCAST.format(pipe="spec", stop=2, extra=""))
     deadline = time.monotonic() + 120
     while "ATTACHED" not in lines(a) and a.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "ATTACHED True" in lines(a), lines(a)
-    b = start(bob, d, shared, "bob-bc", BROADCAST.format(stop=-1, extra=BOB_TRIES_WRITE))
+    # bob reads alice's pipeline by its name: a create (exist_ok) would join
+    # only a pipeline of his own (docs/security.md, "Whose pipeline, whose daemon")
+    b = start(bob, d, shared, "bob-bc", BROADCAST.format(pipe='"bc-py"', stop=-1,
+                                                         extra=BOB_TRIES_WRITE))
     ra = finish(a, "alice", d)
     assert ra["created"] and ra["x"] == list(range(10))
     rb = finish(b, "bob", d)

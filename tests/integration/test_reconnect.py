@@ -255,18 +255,24 @@ def test_close_while_reconnecting(daemon, workdir):
         out.decode() + err.decode()
 
 
-def test_changed_pipeline_is_not_followed(daemon, workdir):
+@pytest.mark.parametrize("change", ["layout", "spec"])
+def test_changed_pipeline_is_not_followed(daemon, workdir, change):
     """The new daemon's pipeline of that name has other batches (its config
     changed): the attachment does not go on with another stream, it fails
-    saying what changed."""
+    saying what changed: the layout (a batch size), or, with the same layout
+    and length, the spec (it now shuffles), which the fingerprint of the
+    spec in the attach reply shows."""
     cfg, tok_path, _, _ = tokens_config(workdir, "cfg", 2000, batch_size=8)
     d1, t, out = killed_under_one_trainer(daemon, workdir, cfg, 3, "r0:cfg:partition:0:1")
-    write_json(cfg, {"pipelines": [token_spec("cfg", tok_path, L, "uint32", shuffle=False, epochs=1,
-                                              output_dtype="int64", batch_size=16)]})
+    kw = {"batch_size": 16} if change == "layout" else {"batch_size": 8, "shuffle": True, "seed": 5}
+    write_json(cfg, {"pipelines": [token_spec("cfg", tok_path, L, "uint32", epochs=1,
+                                              output_dtype="int64", **dict({"shuffle": False}, **kw))]})
     daemon("--config", cfg, socket=d1.socket)
     t.wait(timeout=120)
     err = stderr_of(t)
     assert t.returncode == 1, err
+    why = ("the pipeline's layout or length changed (250 batches of 8 per epoch, 1 epochs, 2 "
+           "fields; now 125 of 16, 1, 2)" if change == "layout" else
+           "pipeline 'cfg' now has another spec than at the attach (fingerprint ")
     assert (f"next: the daemon at {d1.socket} restarted, and pipeline 'cfg' could not be attached "
-            "again at epoch 0 batch 3: the pipeline's layout or length changed (250 batches of 8 "
-            "per epoch, 1 epochs, 2 fields; now 125 of 16, 1, 2)") in err, err
+            f"again at epoch 0 batch 3: {why}") in err, err

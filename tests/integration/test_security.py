@@ -432,7 +432,10 @@ def test_unprivileged_daemon_fails_closed(workdir, users):
             time.sleep(0.05)
         shared = shared_dir(workdir)
         spec = spec_file(shared, token_spec("b", tok, SEQ, "uint16", batch_size=4), "b.json")
-        r = bob.ctl(d, "create", "--spec", spec)
+        # bob talks to a daemon of alice's only when he names her as
+        # loaderd's service user (docs/security.md, "Whose pipeline, whose daemon")
+        r = bob.ctl(d, "create", "--spec", spec,
+                    env=dict(os.environ, LOADERD_DAEMON_USER="ldr-alice"))
         assert r.returncode != 0
         assert (f"{tok}: the daemon (uid {alice.uid}) cannot read files as ldr-bob (uid {bob.uid}):"
                 " it needs CAP_SETUID and CAP_SETGID") in r.stderr, r.stderr

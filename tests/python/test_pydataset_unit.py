@@ -359,7 +359,8 @@ def test_build_spec_learns_seeded_and_keeps_the_trainers_rng():
         ds, protocol=pickle.HIGHEST_PROTOCOL)).hexdigest()
     assert [(f["name"], f["dtype"], f["shape"]) for f in src["fields"]] == [
         ("0", "float32", [3, 24, 24]), ("1", "int64", []), ("2", "float64", [])]
-    assert spec["name"].startswith("py-randomaugment-") and len(spec["name"]) == 27
+    prefix = f"py-{os.geteuid()}-randomaugment-"   # the uid: a name of the caller's own
+    assert spec["name"].startswith(prefix) and len(spec["name"]) == len(prefix) + 10
     assert payload["nworkers"] == 2 and payload["dataset"]["pickle"]
     # the same dataset, the same spec and name; another seed, another name
     spec2, _ = P.build_spec(D.RandomAugment(n=10), overrides={"batch_size": 4, "seed": 3})

@@ -122,6 +122,8 @@ _SIGNATURES = {
     "ldr_client_id": (ctypes.c_uint64, [_P]),
     "ldr_create_pipeline": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int,
                                            ctypes.c_char_p, ctypes.c_size_t]),
+    "ldr_create_pipeline_of": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_uint32,
+                                              ctypes.c_char_p, ctypes.c_size_t]),
     "ldr_drop_pipeline": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int]),
     "ldr_status_json": (ctypes.c_int, [_P, _PP]),
     "ldr_pipelines_json": (ctypes.c_int, [_P, _PP]),
@@ -163,6 +165,7 @@ _SIGNATURES = {
     "ldr_client_set_reconnect": (ctypes.c_int, [_P, ctypes.c_int]),
     "ldr_client_reconnect_timeout": (ctypes.c_int, [_P]),
     "ldr_client_reconnects": (ctypes.c_uint64, [_P]),
+    "ldr_client_daemon_uid": (ctypes.c_uint32, [_P]),
 }
 
 _lock = threading.Lock()

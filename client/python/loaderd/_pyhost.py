@@ -85,7 +85,7 @@ class Host:
         except OSError as e:
             _log(f"cannot chdir to {p['cwd']}: {e}")
         sys.path[:] = p["sys_path"]
-        self.sock = W.connect(p["socket"] + ".workers")
+        self.sock = W.connect(p["socket"] + ".workers", p.get("daemon_uid"))
         W.hello(self.sock, W.ROLE_HOST, p["pipeline"], nworkers=p["nworkers"])
         fds = []
         try:

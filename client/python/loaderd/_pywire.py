@@ -45,9 +45,19 @@ class PeerError(Exception):
         super().__init__(f"{text} ({os.strerror(-status) if status < 0 else status})")
 
 
-def connect(path):
+def connect(path, daemon_uid=None):
+    """Connect to the daemon's <socket>.workers, whose peer (SO_PEERCRED)
+    must be @daemon_uid: the uid of the daemon the trainer's libloader
+    checked (docs/security.md, "Whose pipeline, whose daemon")."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)
+    if daemon_uid is not None:
+        _, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                     struct.calcsize("3i")))
+        if uid != daemon_uid:
+            s.close()
+            raise ProtocolError(f"{path} is served by uid {uid}, not by the daemon's uid "
+                                f"{daemon_uid}: refusing it")
     return s
 
 

@@ -54,7 +54,7 @@ class Worker:
         self.setup_error = None
 
     def connect(self):
-        self.sock = W.connect(self.p["socket"] + ".workers")
+        self.sock = W.connect(self.p["socket"] + ".workers", self.p.get("daemon_uid"))
         W.hello(self.sock, W.ROLE_WORKER, self.p["pipeline"], nworkers=self.nworkers,
                 worker_id=self.wid)
         self.w = W.parse_welcome(W.expect(self.sock, W.WELCOME, "WELCOME"))

@@ -26,6 +26,7 @@ import errno
 import json
 import os
 import pickle
+import pwd
 import subprocess
 import sys
 import time
@@ -531,13 +532,21 @@ class Client:
         self._c.check()
         return self._c.ptr
 
-    def create_pipeline(self, spec, exist_ok=False):
+    def create_pipeline(self, spec, exist_ok=False, owner=None):
         """Create a pipeline from a spec (dict or JSON text). Returns
-        (name, created): created is False when exist_ok found it there."""
+        (name, created): created is False when exist_ok found it there.
+        exist_ok joins only your own identical pipeline (or the daemon's);
+        owner (a user name or uid, implies exist_ok) also joins that user's
+        (docs/security.md, "Whose pipeline, whose daemon")."""
         text = spec if isinstance(spec, str) else json.dumps(spec)
         name = ctypes.create_string_buffer(_lib.LDR_NAME_MAX + 1)
-        r = _lib.lib().ldr_create_pipeline(self._ptr(), text.encode(), 1 if exist_ok else 0,
-                                           name, ctypes.sizeof(name))
+        if owner is not None:
+            uid = owner if isinstance(owner, int) else pwd.getpwnam(owner).pw_uid
+            r = _lib.lib().ldr_create_pipeline_of(self._ptr(), text.encode(), uid,
+                                                  name, ctypes.sizeof(name))
+        else:
+            r = _lib.lib().ldr_create_pipeline(self._ptr(), text.encode(), 1 if exist_ok else 0,
+                                               name, ctypes.sizeof(name))
         if r < 0:
             raise _err(r, "create")
         return name.value.decode(), r == 1
@@ -795,6 +804,9 @@ class DataLoader:
             raise _err(r, "socket path")
         payload["socket"] = os.path.abspath(buf.value.decode())
         payload["pipeline"] = self.pipeline
+        # the daemon libloader checked (docs/security.md): the host and its
+        # workers talk to <socket>.workers only when it is that uid's
+        payload["daemon_uid"] = int(_lib.lib().ldr_client_daemon_uid(self._client.ptr))
         self._host = _spawn_host(payload)
 
     def _out(self, b):

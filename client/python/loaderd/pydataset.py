@@ -804,7 +804,9 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
     if "name" not in spec:
         h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
         cls = src["dataset"].rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-        spec["name"] = f"py-{_sanitize(cls)}-{h}"
+        # the uid in it: a name computed here is the caller's own, and no
+        # other user's pipeline of that name is ever joined (docs/security.md)
+        spec["name"] = f"py-{os.geteuid()}-{_sanitize(cls)[:30].rstrip('-')}-{h}"
     payload = {
         "version": 1,
         "sys_path": list(sys.path),
