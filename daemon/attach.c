@@ -737,15 +737,19 @@ int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, pid_t
 	for (struct attachment *a = eng->atts; a; a = a->all_next) {
 		if (!a->token_valid || memcmp(a->token, token, FD_TOKEN_BYTES) != 0)
 			continue;
-		a->token_valid = false;
-		if (now > a->token_expiry || !a->pl)
+		/* spent only once the fd is out: after EPERM (another uid tried
+		 * it), EAGAIN or EMFILE/ENOMEM its client may still redeem it */
+		if (now > a->token_expiry || !a->pl) {
+			a->token_valid = false;
 			return -ETIMEDOUT;
+		}
 		if (uid != a->uid && uid != 0)
 			return -EPERM;
 		if (!a->pl->slab->sealed)
 			return -EAGAIN;
 		if ((r = holds_hand_out(a->pl, pid, uid, fd)) < 0)
 			return r;
+		a->token_valid = false;
 		*size = a->pl->slab->size;
 		*dev_fd = -1;
 		*dev_size = 0;
