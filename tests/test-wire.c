@@ -325,7 +325,7 @@ static int redeem(const uint8_t *token, uint32_t *nfds)
 }
 
 /* A token that another uid presented first (EPERM) is still its client's:
- * only a redemption that hands out the slab spends it. */
+ * only a redemption that hands out the slab spends it. Then bad releases. */
 static void test_token_refused_then_redeemed(void)
 {
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
@@ -335,6 +335,7 @@ static void test_token_refused_then_redeemed(void)
 	nng_socket s = raw_open();
 	uint8_t token[FDCHAN_TOKEN_BYTES];
 	char spec[512];
+	uint64_t attach_id;
 	uint32_t nfds;
 	int status;
 	pid_t pid;
@@ -355,6 +356,7 @@ static void test_token_refused_then_redeemed(void)
 	rep = call_req(s, &req);
 	assert(rep && rep->body_case == LOADERD__REPLY__BODY_ATTACH);
 	assert(rep->attach->fd_token.len == sizeof(token));
+	attach_id = rep->attach->attach_id;
 	memcpy(token, rep->attach->fd_token.data, sizeof(token));
 	loaderd__reply__free_unpacked(rep, NULL);
 
@@ -371,6 +373,32 @@ static void test_token_refused_then_redeemed(void)
 	/* its client still gets the slab, once */
 	assert(redeem(token, &nfds) == 0 && nfds >= 1);
 	assert(redeem(token, &nfds) == -ENOENT && nfds == 0);
+
+	/* releases of leases it was never given, inside a Next: the Next is
+	 * answered, the daemon counts them and logs them (1st, 2nd, 4th...) */
+	{
+		Loaderd__Next nx = LOADERD__NEXT__INIT;
+		uint64_t bogus[3] = { 424242, 424243, 424244 };
+		struct ldr_client *c;
+		char *json = NULL;
+		nx.attach_id = attach_id;
+		nx.releases = bogus;
+		nx.n_releases = 3;
+		nx.max_batches = 1;
+		req.body_case = LOADERD__REQUEST__BODY_NEXT;
+		req.next = &nx;
+		rep = call_req(s, &req);
+		assert(rep && rep->body_case == LOADERD__REPLY__BODY_BATCHES);
+		loaderd__reply__free_unpacked(rep, NULL);
+		assert(ldr_connect(&c, sock_path, "test-wire") == 0);
+		assert(ldr_status_json(c, &json) == 0);
+		if (!strstr(json, "\"bad_releases\":3")) {
+			fprintf(stderr, "no bad_releases 3 in %s\n", json);
+			abort();
+		}
+		ldr_free(json);
+		ldr_close(c);
+	}
 	nng_close(s);
 	check_alive();
 }
