@@ -190,6 +190,10 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	a->opts = *opts;
 	if ((r = att_read_reply(a, ar)) < 0)
 		goto fail;
+	if (rel_reserve(a, a->nslots) < 0) {
+		r = set_err(-ENOMEM, "out of memory");
+		goto fail;
+	}
 	/* the daemon says which window it took (an older one says nothing,
 	 * and takes 4 for a 0) */
 	a->inflight = ar->credits ? (int)ar->credits : opts->inflight ? (int)opts->inflight : 4;
