@@ -570,6 +570,7 @@ void on_sweep_timer(uv_timer_t *t)
 	if (srv->stopping)
 		return;
 	sessions_tick(srv);
+	pipes_sweep_lost(srv);
 	close_old_listeners(srv);
 	close_orphans(srv);
 	for (cl = srv->clients; cl; cl = next) {

@@ -153,6 +153,8 @@ struct server {
 	} old[WEDGED_MAX];
 	unsigned nold;
 	atomic_uint self_pipes;   /* connections from our own pid nng added (the probes) */
+	atomic_uint rem_lost;     /* disconnects whose event could not be allocated (rpc.c) */
+	unsigned rem_scans_idle;  /* sweeps since one of those was found */
 	uv_timer_t drain_timer;
 	uv_timer_t sweep_timer;
 	uint64_t ghosts;          /* clients released by the sweep (nng never said closed) */
@@ -171,6 +173,11 @@ struct server {
 /* rpc.c */
 void push_event(struct server *srv, struct event *ev);
 void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg);
+/* The memory of a pipe event (calloc). Weak: a test build replaces it with
+ * one that fails (tests/failevents.c), the only way to reach that path. */
+struct event *pipe_event_new(nng_pipe_ev type);
+/* Free the clients whose disconnect was lost (on_pipe_event()); each sweep. */
+void pipes_sweep_lost(struct server *srv);
 void sctx_drop_msg(struct sctx *c);
 void post_receivers(struct server *srv);
 void sctx_idle(struct server *srv, struct sctx *c);
