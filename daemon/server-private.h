@@ -224,9 +224,23 @@ void who_is(const struct server *srv, const struct client *cl, struct principal 
 void handle_set(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Set *m);
 void handle_reload(struct server *srv, struct sctx *c, struct client *cl);
 
-/* nngfix.c */
+/* nngfix.c: each workaround for the nng versions that need it (nngfix.c's top comment) */
+#define NNG_VERSION_BELOW(maj, min, pat)                                                    \
+	(NNG_MAJOR_VERSION < (maj) ||                                                         \
+	 (NNG_MAJOR_VERSION == (maj) && (NNG_MINOR_VERSION < (min) ||                          \
+	                                 (NNG_MINOR_VERSION == (min) && NNG_PATCH_VERSION < (pat)))))
+/* nng issue #1518, an ipc listener that stops accepting: fixed in nng 1.6.0 */
+#define NNGFIX_LISTENER_WEDGE NNG_VERSION_BELOW(1, 6, 0)
 int socket_probe(const char *path);
 int listener_start(struct server *srv, nng_listener *out, char *err, size_t errlen);
 void *probe_main(void *arg);
+#if NNGFIX_LISTENER_WEDGE
 void heal_listener(struct server *srv);
+#else
+/* never asked for: the probe pushes no EV_HEAL where nng has the fix */
+static inline void heal_listener(struct server *srv)
+{
+	(void)srv;
+}
+#endif
 void on_sweep_timer(uv_timer_t *t);
