@@ -109,10 +109,12 @@ int main(int argc, char **argv)
 	assert(ldr_connect(&c, sock_path, "test-alloc") == 0);
 	test_release_without_realloc(c);
 	ldr_close(c);
+	unlink(token_file);
 	stop_daemon();
 	start_daemon(argv[2], "alloc-events");
 	write_tokens_n(SEQ * B * NBATCHES + 1);
 	test_lost_disconnect();
+	unlink(token_file);
 	stop_daemon();
 	printf("test-alloc: ok\n");
 	return 0;

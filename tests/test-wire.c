@@ -400,6 +400,7 @@ static void test_token_refused_then_redeemed(void)
 		ldr_close(c);
 	}
 	nng_close(s);
+	unlink(token_file);
 	check_alive();
 }
 
