@@ -113,8 +113,10 @@ int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar)
 		const Loaderd__Field *fd_ = ar->fields[f];
 		struct afield *af = &a->fields[f];
 		if (fd_->n_sample_shape > LDR_MAX_DIMS - 1 || fd_->dtype >= LDR_DTYPE_COUNT ||
-		    fd_->offset + (uint64_t)a->batch_size * fd_->sample_bytes > a->slot_bytes)
-			return set_err(-EPROTO, "attach reply: field %zu is malformed", f);
+		    !field_fits(fd_->offset, a->batch_size, fd_->sample_bytes, a->slot_bytes))
+			return set_err(-EPROTO, "attach reply: field %zu is malformed (offset %" PRIu64
+			               ", %u samples of %" PRIu64 " bytes, slots of %" PRIu64 " bytes)", f,
+			               fd_->offset, a->batch_size, fd_->sample_bytes, a->slot_bytes);
 		memset(af, 0, sizeof(*af));
 		snprintf(af->name, sizeof(af->name), "%s", fd_->name);
 		af->dtype = (enum ldr_dtype)fd_->dtype;
@@ -191,6 +193,10 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	a->opts = *opts;
 	if ((r = att_read_reply(a, ar)) < 0)
 		goto fail;
+	if (rel_reserve(a, a->nslots) < 0) {
+		r = set_err(-ENOMEM, "out of memory");
+		goto fail;
+	}
 	/* the daemon says which window it took (an older one says nothing,
 	 * and takes 4 for a 0) */
 	a->inflight = ar->credits ? (int)ar->credits : opts->inflight ? (int)opts->inflight : 4;

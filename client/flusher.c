@@ -73,15 +73,13 @@ void queue_release(struct ldr_attachment *a, uint64_t lease)
 			return;
 		goto flush;
 	}
-	if (a->nrel == a->relcap) {
-		size_t cap = a->relcap ? a->relcap * 2 : 16;
-		uint64_t *n = realloc(a->rel, cap * sizeof(*n));
-		if (n) {
-			a->rel = n;
-			a->relcap = cap;
-		}
-	}
-	if (a->nrel < a->relcap)
+	/* Never full: a lease is a slot, and rel_reserve() made room for
+	 * every slot at the attach, so no allocation here can fail and lose
+	 * a lease (the daemon would never get its slot back). Only a daemon
+	 * that leases one slot twice over would need more. */
+	if (a->nrel == a->relcap && rel_reserve(a, (uint32_t)a->relcap * 2 + 16) < 0)
+		a->rel_lost++;
+	else
 		a->rel[a->nrel++] = lease;
 flush:
 	if (!c->flush_wanted && c->flusher_running) {
@@ -89,6 +87,19 @@ flush:
 		if (c->flusher_idle)
 			pthread_cond_signal(&c->flush_cond);
 	}
+}
+
+int rel_reserve(struct ldr_attachment *a, uint32_t nslots)
+{
+	uint64_t *n;
+
+	if (nslots <= a->relcap)
+		return 0;
+	if (!(n = realloc(a->rel, nslots * sizeof(*n))))
+		return -ENOMEM;
+	a->rel = n;
+	a->relcap = nslots;
+	return 0;
 }
 
 /* Send the queued releases now rather than in FLUSH_DELAY_MS (the relreq

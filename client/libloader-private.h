@@ -171,8 +171,9 @@ struct ldr_attachment {
 	bool ended;
 	int err;
 	char errmsg[16384];       /* the daemon's last error: may hold a traceback */
-	uint64_t *rel;
+	uint64_t *rel;            /* releases to send: room for every slot (rel_reserve()) */
 	size_t nrel, relcap;
+	uint64_t rel_lost;        /* leases it could not queue (a daemon leasing a slot twice) */
 	bool detached;
 	uint64_t rel_refused;     /* Release requests the daemon refused */
 	char rel_msg[256];        /* its message for the last one */
@@ -355,6 +356,8 @@ void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
 /* flusher.c */
 void *flusher_main(void *arg);
 void queue_release(struct ldr_attachment *a, uint64_t lease);
+/* Room for a release of every slot (what queue_release() may need), or -ENOMEM. */
+int rel_reserve(struct ldr_attachment *a, uint32_t nslots);
 void flush_now(struct ldr_attachment *a);
 
 /* stats.c */

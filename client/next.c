@@ -61,9 +61,15 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 				b->slot = ar->slot;
 				b->rows = ar->rows;
 				if (b->slot >= a->nslots || b->rows > a->batch_size) {
-					a->err = -EPROTO;
-					snprintf(a->errmsg, sizeof(a->errmsg), "batch descriptor out of range");
-					continue;
+					/* this call fails, not the attachment; the lease
+					 * goes back, so the daemon does not keep its slot */
+					r = set_err(-EPROTO, "batch descriptor out of range: slot %u of %u, %u rows of "
+					            "a batch of %u (lease %" PRIu64 " given back)", b->slot, a->nslots,
+					            b->rows, a->batch_size, b->lease);
+					queue_release(a, b->lease);
+					if (needs_top_up(a))
+						want_top_up(a);
+					break;
 				}
 				b->data = a->map->slotaddr[b->slot];
 				b->map = a->map;

@@ -118,7 +118,7 @@ static void wait_requests_idle(struct ldr_attachment *a)
  * what the trainer holds stays in the old mapping without its leases, which
  * went with the old daemon. Called with c->lock held.
  */
-static void att_restart(struct ldr_attachment *a, const struct ldr_attachment *n, struct amap *m,
+static void att_restart(struct ldr_attachment *a, struct ldr_attachment *n, struct amap *m,
                         const struct bring *br, int efd)
 {
 	while (a->held_head)
@@ -141,6 +141,10 @@ static void att_restart(struct ldr_attachment *a, const struct ldr_attachment *n
 	a->share = n->share;
 	a->share_seq = 0;
 	a->nslots = n->nslots;
+	free(a->rel);   /* empty: nrel is 0; the new one has room for the new slots */
+	a->rel = n->rel;
+	a->relcap = n->relcap;
+	n->rel = NULL;
 	amap_put(a, a->map);
 	a->map = m;
 	/* TrainerStats are totals since the attach: the new daemon's start at 0
@@ -274,6 +278,10 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		} else if (!(m = amap_open(fd, size, n->nslots, n->slot_bytes, a->cow))) {
 			r = set_err(-errno, "cannot map the slab: %s", strerror(errno));
 			close(fd);
+		} else if (rel_reserve(n, n->nslots) < 0) {
+			r = set_err(-ENOMEM, "out of memory");
+			amap_free(m, n->slot_bytes);
+			m = NULL;
 		}
 	}
 	loaderd__reply__free_unpacked(rep, NULL);
@@ -285,6 +293,7 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		detach_id(c, n->id); /* detached meanwhile */
 		amap_free(m, n->slot_bytes);
 		ring_drop(&br, &ring_efd);
+		free(n->rel);
 		free(n);
 		return 0;
 	}
@@ -296,6 +305,8 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	pthread_mutex_unlock(&c->lock);
 	if (r < 0 && n && n->id)
 		detach_id(c, n->id);
+	if (n)
+		free(n->rel);
 	free(n);
 	return 0;
 }

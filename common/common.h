@@ -3,6 +3,7 @@
 #pragma once
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -79,6 +80,16 @@ static inline uint64_t mix64(uint64_t z)
 static inline uint64_t splitmix64(uint64_t x)
 {
 	return mix64(x + 0x9e3779b97f4a7c15ull);
+}
+
+/* Do @rows samples of @sample_bytes from @offset end within a slot of
+ * @slot_bytes? Overflow-checked: the figures come from the wire. */
+static inline bool field_fits(uint64_t offset, uint64_t rows, uint64_t sample_bytes, uint64_t slot_bytes)
+{
+	uint64_t len, end;
+
+	return !__builtin_mul_overflow(rows, sample_bytes, &len) &&
+	       !__builtin_add_overflow(offset, len, &end) && end <= slot_bytes;
 }
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))

@@ -8,7 +8,6 @@
  * (reload.c, the same as SIGHUP): the server only checks who asks and hands
  * the request on.
  */
-#include <grp.h>
 
 #include "reload.h"
 #include "server-private.h"
@@ -29,16 +28,15 @@ static bool admin_or_reply(struct server *srv, struct sctx *c, const struct clie
 {
 	struct principal who;
 	char user[128], group[160], msg[512];
-	struct group gr, *res = NULL;
-	char buf[1024];
+	char buf[128];
 
 	who_is(srv, cl, &who);
 	if (who.admin)
 		return true;
 	if (srv->admin_gid < 0)
 		snprintf(group, sizeof(group), "no admin_group is configured");
-	else if (getgrgid_r((gid_t)srv->admin_gid, &gr, buf, sizeof(buf), &res) == 0 && res)
-		snprintf(group, sizeof(group), "the admin_group is %s", res->gr_name);
+	else if (creds_group_name((gid_t)srv->admin_gid, buf, sizeof(buf)))
+		snprintf(group, sizeof(group), "the admin_group is %s", buf);
 	else
 		snprintf(group, sizeof(group), "the admin_group is gid %d", srv->admin_gid);
 	snprintf(msg, sizeof(msg), "only root, loaderd's own user and members of the config's "

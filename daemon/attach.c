@@ -551,6 +551,7 @@ json_t *attachment_json(const struct attachment *a)
 		json_object_set_new(o, "revokes", json_integer((json_int_t)a->revokes));
 		json_object_set_new(o, "returned", json_integer((json_int_t)a->returned));
 	}
+	json_object_set_new(o, "bad_releases", json_integer((json_int_t)a->bad_releases));
 	if (a->mode == LDR_MODE_BROADCAST)
 		json_object_set_new(o, "skipped", json_integer((json_int_t)a->skipped));
 	json_object_set_new(o, "ring", json_boolean(a->ring != NULL));
@@ -687,6 +688,14 @@ int attachment_next(struct attachment *a, struct pending *p, const struct next_r
 			r = errfmt(-ENOENT, err, errlen,
 			           "release: no lease %" PRIu64 " on attachment %" PRIu64,
 			           rq->releases[i], a->id);
+			/* a Next still counts (below): the count and a line at
+			 * the 1st, 2nd, 4th... are what is left of it */
+			a->bad_releases++;
+			if (!(a->bad_releases & (a->bad_releases - 1)))
+				log_event(LOG_WARNING, "client.bad_release", "pipeline=%s attachment=%" PRIu64
+				          " client=%" PRIu64 " pid=%d lease=%" PRIu64 " bad_releases=%" PRIu64
+				          ": it holds no such lease", pl->spec->name, a->id, a->client_id,
+				          a->pid, rq->releases[i], a->bad_releases);
 			continue;
 		}
 		struct lease *l = *pp;
@@ -741,15 +750,19 @@ int engine_take_token(struct engine *eng, const uint8_t *token, uid_t uid, pid_t
 	for (struct attachment *a = eng->atts; a; a = a->all_next) {
 		if (!a->token_valid || memcmp(a->token, token, FD_TOKEN_BYTES) != 0)
 			continue;
-		a->token_valid = false;
-		if (now > a->token_expiry || !a->pl)
+		/* spent only once the fd is out: after EPERM (another uid tried
+		 * it), EAGAIN or EMFILE/ENOMEM its client may still redeem it */
+		if (now > a->token_expiry || !a->pl) {
+			a->token_valid = false;
 			return -ETIMEDOUT;
+		}
 		if (uid != a->uid && uid != 0)
 			return -EPERM;
 		if (!a->pl->slab->sealed)
 			return -EAGAIN;
 		if ((r = holds_hand_out(a->pl, pid, uid, fd)) < 0)
 			return r;
+		a->token_valid = false;
 		*size = a->pl->slab->size;
 		*dev_fd = -1;
 		*dev_size = 0;

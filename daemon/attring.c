@@ -245,8 +245,14 @@ int attring_open(struct attachment *a, char *err, size_t errlen)
 	}
 	r->pending.ring = true;
 	r->att = a;
-	uv_poll_init(a->eng->loop, &r->poll, r->efd);
-	uv_timer_init(a->eng->loop, &r->kick);
+	if ((rc = uv_poll_init(a->eng->loop, &r->poll, r->efd)) < 0) {
+		rc = errfmt(rc, err, errlen, "batch ring: %s", uv_strerror(rc));
+		close(r->efd);
+		bring_close(&r->br);
+		free(r);
+		return rc;
+	}
+	uv_timer_init(a->eng->loop, &r->kick); /* libuv's cannot fail: it returns 0 */
 	r->poll.data = r->kick.data = r;
 	r->handles = 2;
 	uv_poll_start(&r->poll, UV_READABLE, on_readable);

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -35,16 +36,71 @@ static __thread bool t_sticky;
 static __thread bool t_switched;   /* the thread holds someone else's credentials */
 static __thread struct creds t_cur;
 
+/* --- supplementary group lists ----------------------------------------- */
+
+struct gset {
+	struct gset *next;
+	unsigned n;
+	gid_t g[];
+};
+
+static struct gset *gsets;
+static pthread_mutex_t gsets_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/*
+ * The interned copy of @g[0..@n): one per distinct list (a user's processes
+ * share one), kept for the daemon's life. Only root can give a process an
+ * arbitrary list, so there are few. NULL for none, and when out of memory:
+ * then the caller has no groups, which only ever takes rights away.
+ */
+static const gid_t *groups_intern(const gid_t *g, unsigned n)
+{
+	struct gset *s;
+
+	if (!n)
+		return NULL;
+	pthread_mutex_lock(&gsets_lock);
+	for (s = gsets; s; s = s->next)
+		if (s->n == n && memcmp(s->g, g, n * sizeof(gid_t)) == 0)
+			break;
+	if (!s && (s = malloc(sizeof(*s) + n * sizeof(gid_t)))) {
+		s->n = n;
+		memcpy(s->g, g, n * sizeof(gid_t));
+		s->next = gsets;
+		gsets = s;
+	}
+	pthread_mutex_unlock(&gsets_lock);
+	return s ? s->g : NULL;
+}
+
+/* @c's groups: @g[0..@n) without its gid, interned. */
+static void groups_set(struct creds *c, const gid_t *g, size_t n)
+{
+	gid_t *own = malloc((n ? n : 1) * sizeof(gid_t));
+	unsigned k = 0;
+
+	c->ngroups = 0;
+	c->groups = NULL;
+	if (!own)
+		return;
+	for (size_t i = 0; i < n && k < CREDS_MAX_GROUPS; i++)
+		if (g[i] != c->gid)
+			own[k++] = g[i];
+	if ((c->groups = groups_intern(own, k)))
+		c->ngroups = k;
+	free(own);
+}
+
 static void self_init(void)
 {
-	gid_t g[CREDS_MAX_GROUPS + 1];
-	int n = getgroups(CREDS_MAX_GROUPS + 1, g);
+	int n = getgroups(0, NULL);
+	gid_t *g = n > 0 ? malloc((size_t)n * sizeof(gid_t)) : NULL;
 
 	self.uid = geteuid();
 	self.gid = getegid();
-	for (int i = 0; i < n && self.ngroups < CREDS_MAX_GROUPS; i++)
-		if (g[i] != self.gid)
-			self.groups[self.ngroups++] = g[i];
+	if (g && (n = getgroups(n, g)) > 0)
+		groups_set(&self, g, (size_t)n);
+	free(g);
 }
 
 void creds_self(struct creds *c)
@@ -53,9 +109,37 @@ void creds_self(struct creds *c)
 	*c = self;
 }
 
+/* The gids of a "Groups:" line of /proc/PID/status into @c (all of them:
+ * up to 65536, a line of any length). */
+static void groups_parse(struct creds *c, const char *p)
+{
+	gid_t *g = NULL;
+	size_t n = 0, cap = 0;
+	char *end;
+
+	for (;;) {
+		unsigned long v = strtoul(p, &end, 10);
+		if (end == p || n == CREDS_MAX_GROUPS)
+			break;
+		if (n == cap) {
+			gid_t *ng = realloc(g, (cap = cap ? cap * 2 : 64) * sizeof(gid_t));
+			if (!ng) {
+				n = 0; /* none rather than some: fewer rights, never more */
+				break;
+			}
+			g = ng;
+		}
+		g[n++] = (gid_t)v;
+		p = end;
+	}
+	groups_set(c, g, n);
+	free(g);
+}
+
 void creds_of_peer(struct creds *c, int pid, uid_t uid, gid_t gid)
 {
-	char path[64], line[4096];
+	char path[64], *line = NULL;
+	size_t cap = 0;
 	bool same_uid = false;
 	FILE *f;
 
@@ -65,23 +149,16 @@ void creds_of_peer(struct creds *c, int pid, uid_t uid, gid_t gid)
 	snprintf(path, sizeof(path), "/proc/%d/status", pid);
 	if (pid <= 0 || !(f = fopen(path, "re")))
 		return;
-	while (fgets(line, sizeof(line), f)) {
+	/* getline: the Groups line of a process in many groups passes 4 KiB */
+	while (getline(&line, &cap, f) > 0) {
 		unsigned long r, e;
-		if (sscanf(line, "Uid:\t%lu\t%lu", &r, &e) == 2) {
+		if (sscanf(line, "Uid:\t%lu\t%lu", &r, &e) == 2)
 			/* the pid may have been reused by another user's process */
 			same_uid = e == uid;
-		} else if (strncmp(line, "Groups:", 7) == 0 && same_uid) {
-			char *p = line + 7, *end;
-			for (;;) {
-				unsigned long g = strtoul(p, &end, 10);
-				if (end == p || c->ngroups == CREDS_MAX_GROUPS)
-					break;
-				if ((gid_t)g != gid)
-					c->groups[c->ngroups++] = (gid_t)g;
-				p = end;
-			}
-		}
+		else if (strncmp(line, "Groups:", 7) == 0 && same_uid)
+			groups_parse(c, line + 7);
 	}
+	free(line);
 	fclose(f);
 }
 
@@ -95,13 +172,134 @@ bool creds_in_group(const struct creds *c, gid_t gid)
 	return false;
 }
 
+/* --- names of users and groups ----------------------------------------- */
+
+#define LOOKUP_BUF_MAX (64u << 20) /* a group of a million members fits */
+
+enum lookup { BY_UID, BY_GID, BY_GROUP_NAME };
+
+/*
+ * One passwd or group lookup: 1 found (its name into @out, a group's gid into
+ * @gid), 0 none, or -errno. The buffer grows on ERANGE: a group of thousands
+ * of members (LDAP) needs more than any fixed size.
+ */
+static int lookup(enum lookup by, uint32_t id, const char *name, char *out, size_t len, gid_t *gid)
+{
+	for (size_t size = 4096;; size *= 2) {
+		struct passwd pw, *pr = NULL;
+		struct group gr, *grr = NULL;
+		char *buf = malloc(size);
+		int e;
+
+		if (!buf)
+			return -ENOMEM;
+		if (by == BY_UID)
+			e = getpwuid_r((uid_t)id, &pw, buf, size, &pr);
+		else if (by == BY_GID)
+			e = getgrgid_r((gid_t)id, &gr, buf, size, &grr);
+		else
+			e = getgrnam_r(name, &gr, buf, size, &grr);
+		if (e == ERANGE && size < LOOKUP_BUF_MAX) {
+			free(buf);
+			continue;
+		}
+		if (e == 0 && (pr || grr)) {
+			if (out)
+				snprintf(out, len, "%s", pr ? pr->pw_name : grr->gr_name);
+			if (gid && grr)
+				*gid = grr->gr_gid;
+		}
+		free(buf);
+		if (e == ENOENT || e == ESRCH)   /* "not found", from some NSS modules */
+			return 0;
+		return e ? -e : (pr || grr) ? 1 : 0;
+	}
+}
+
+#define NAME_CACHE 128
+
+static struct name_ent {
+	bool used, group, found;
+	uint32_t id;
+	uint64_t at_ms;
+	char name[256];
+} names[NAME_CACHE];
+static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The name of a uid or gid, from the cache while it is fresh, else looked up
+ * (outside the lock) and kept, found or not; NULL when it has none. */
+static const char *cached_name(bool group, uint32_t id, char *buf, size_t len)
+{
+	struct name_ent *e, *oldest = &names[0];
+	uint64_t now = now_ms();
+	char name[sizeof(names[0].name)];
+	int r;
+
+	pthread_mutex_lock(&names_lock);
+	for (e = names; e < names + NAME_CACHE; e++) {
+		if (e->used && e->group == group && e->id == id && now - e->at_ms < CREDS_NAME_TTL_MS) {
+			bool found = e->found;
+			if (found)
+				snprintf(buf, len, "%s", e->name);
+			pthread_mutex_unlock(&names_lock);
+			return found ? buf : NULL;
+		}
+	}
+	pthread_mutex_unlock(&names_lock);
+	r = lookup(group ? BY_GID : BY_UID, id, NULL, name, sizeof(name), NULL);
+	pthread_mutex_lock(&names_lock);
+	for (e = names; e < names + NAME_CACHE; e++) {
+		if (!e->used || (e->group == group && e->id == id)) {
+			oldest = e;
+			break;
+		}
+		if (e->at_ms < oldest->at_ms)
+			oldest = e;
+	}
+	/* an error (not "none") is not kept: the next one asks again */
+	if (r >= 0)
+		*oldest = (struct name_ent){ .used = true, .group = group, .found = r == 1, .id = id,
+		                             .at_ms = now };
+	if (r == 1)
+		snprintf(oldest->name, sizeof(oldest->name), "%s", name);
+	pthread_mutex_unlock(&names_lock);
+	if (r != 1)
+		return NULL;
+	snprintf(buf, len, "%s", name);
+	return buf;
+}
+
+const char *creds_user_name_only(uid_t uid, char *buf, size_t len)
+{
+	return cached_name(false, uid, buf, len);
+}
+
+const char *creds_group_name(gid_t gid, char *buf, size_t len)
+{
+	return cached_name(true, gid, buf, len);
+}
+
+int creds_group_by_name(const char *name, gid_t *gid)
+{
+	int r = lookup(BY_GROUP_NAME, 0, name, NULL, 0, gid);
+
+	return r < 0 ? r : r ? 0 : -ENOENT;
+}
+
 const char *creds_user_name(uid_t uid, char *buf, size_t len)
 {
-	struct passwd pw, *res = NULL;
-	char tmp[1024];
+	char name[256];
 
-	if (getpwuid_r(uid, &pw, tmp, sizeof(tmp), &res) == 0 && res)
-		snprintf(buf, len, "%s (uid %u)", pw.pw_name, (unsigned)uid);
+	if (creds_user_name_only(uid, name, sizeof(name)))
+		snprintf(buf, len, "%s (uid %u)", name, (unsigned)uid);
 	else
 		snprintf(buf, len, "uid %u", (unsigned)uid);
 	return buf;
@@ -121,8 +319,9 @@ static bool is_self(const struct creds *c)
 
 static bool same(const struct creds *a, const struct creds *b)
 {
+	/* interned lists: the same groups are the same pointer */
 	return a->uid == b->uid && a->gid == b->gid && a->ngroups == b->ngroups &&
-	       memcmp(a->groups, b->groups, a->ngroups * sizeof(gid_t)) == 0;
+	       a->groups == b->groups;
 }
 
 static void restore(void)

@@ -16,13 +16,16 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#define CREDS_MAX_GROUPS 64
+/* Linux's NGROUPS_MAX: the most supplementary groups a process may have. */
+#define CREDS_MAX_GROUPS 65536
 
 struct creds {
 	uid_t uid;
 	gid_t gid;
 	unsigned ngroups;           /* supplementary groups, gid excluded */
-	gid_t groups[CREDS_MAX_GROUPS];
+	/* Interned: one immutable copy of each distinct list, kept for the
+	 * daemon's life, so that a struct creds copies by assignment. */
+	const gid_t *groups;
 };
 
 /* The daemon's own credentials. */
@@ -31,8 +34,18 @@ void creds_self(struct creds *c);
  * /proc/PID/status (only where that process still has @uid; none else). */
 void creds_of_peer(struct creds *c, int pid, uid_t uid, gid_t gid);
 bool creds_in_group(const struct creds *c, gid_t gid);
-/* "alice (uid 1001)", or "uid 1001" when the uid has no name. */
+/* "alice (uid 1001)", or "uid 1001" when the uid has no name. Names come
+ * from a cache (CREDS_NAME_TTL_MS): a slow directory (LDAP) is asked at most
+ * once a minute per uid, not at every Status or /metrics scrape. */
 const char *creds_user_name(uid_t uid, char *buf, size_t len);
+/* The bare name of @uid into @buf, or NULL when it has none (cached). */
+const char *creds_user_name_only(uid_t uid, char *buf, size_t len);
+/* The name of @gid into @buf, or NULL when it has none (cached). */
+const char *creds_group_name(gid_t gid, char *buf, size_t len);
+/* The gid of the group @name: 0, -ENOENT (no such group) or -errno.
+ * However many members it has (the lookup's buffer grows on ERANGE). */
+int creds_group_by_name(const char *name, gid_t *gid);
+#define CREDS_NAME_TTL_MS 60000
 
 /* Worker threads keep the last credentials they took (the next sample is
  * most likely the same pipeline's): call once at the thread's start. */

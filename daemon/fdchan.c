@@ -379,6 +379,7 @@ static void on_accept(uv_poll_t *p, int status, int events)
 	for (;;) {
 		int fd = accept4(ch->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		struct conn *c;
+		int pr;
 
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
@@ -409,11 +410,15 @@ static void on_accept(uv_poll_t *p, int status, int events)
 			refuse(ch, fd, &cred, "out of memory");
 			continue;
 		}
+		if ((pr = uv_poll_init(ch->loop, &c->poll, fd)) < 0) {
+			free(c);
+			refuse(ch, fd, &cred, uv_strerror(pr));
+			continue;
+		}
 		c->ch = ch;
 		c->fd = fd;
 		c->uid = cred.uid;
-		uv_poll_init(ch->loop, &c->poll, fd);
-		uv_timer_init(ch->loop, &c->timer);
+		uv_timer_init(ch->loop, &c->timer); /* libuv's cannot fail: it returns 0 */
 		c->poll.data = c->timer.data = c;
 		c->next = ch->conns;
 		ch->conns = c;
@@ -453,7 +458,11 @@ int fdchan_new(struct fdchan **out, uv_loop_t *loop, const char *path, unsigned 
 		errno = -r;
 		goto fail;
 	}
-	uv_poll_init(loop, &ch->poll, ch->fd);
+	if ((r = uv_poll_init(loop, &ch->poll, ch->fd)) < 0) {
+		unlink(ch->path);
+		errno = -r;
+		goto fail;
+	}
 	ch->poll.data = ch;
 	uv_poll_start(&ch->poll, UV_READABLE, on_accept);
 	*out = ch;

@@ -226,6 +226,30 @@ static void on_signal(uv_signal_t *h, int signum)
 	server_stop(d->srv, on_stopped, d);
 }
 
+/* SIGTERM, SIGINT, SIGHUP and the watchdog's timer; on failure none is left
+ * on the loop. */
+static int start_signals(struct daemon *d)
+{
+	uv_signal_t *sigs[] = { &d->sigterm, &d->sigint, &d->sighup };
+	static const int signums[] = { SIGTERM, SIGINT, SIGHUP };
+	size_t n;
+	int r = 0;
+
+	for (n = 0; n < ARRAY_SIZE(sigs); n++) {
+		if ((r = uv_signal_init(&d->loop, sigs[n])) < 0)
+			break;
+		sigs[n]->data = d;
+	}
+	if (r == 0 && (r = uv_timer_init(&d->loop, &d->watchdog)) == 0) {
+		for (n = 0; n < ARRAY_SIZE(sigs); n++)
+			uv_signal_start(sigs[n], on_signal, signums[n]);
+		return 0;
+	}
+	while (n-- > 0)   /* the ones initialised */
+		uv_close((uv_handle_t *)sigs[n], NULL);
+	return r;
+}
+
 static int parse_args(struct daemon *d, int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -366,7 +390,12 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	uv_loop_init(&d.loop);
+	if ((r = uv_loop_init(&d.loop)) < 0) {
+		fprintf(stderr, "loaderd: cannot set up the event loop: %s\n", uv_strerror(r));
+		settings_clear(&d.cfg);
+		ds_clear_roots();
+		return 1;
+	}
 	r = server_new(&d.srv, &d.loop, &sc, err, sizeof(err));
 	if (r < 0) {
 		/* server_new always says why; strerror is the fallback of last resort */
@@ -398,14 +427,17 @@ int main(int argc, char **argv)
 	server_set_reload(d.srv, config_reload, &d.run);
 	if (d.cfg.pipelines && config_run_pipelines(&d.run, &d.cfg) < 0)
 		log_warn("some pipelines of %s were not created", d.cfg.path);
-	uv_signal_init(&d.loop, &d.sigterm);
-	uv_signal_init(&d.loop, &d.sigint);
-	uv_signal_init(&d.loop, &d.sighup);
-	d.sigterm.data = d.sigint.data = d.sighup.data = &d;
-	uv_signal_start(&d.sigterm, on_signal, SIGTERM);
-	uv_signal_start(&d.sigint, on_signal, SIGINT);
-	uv_signal_start(&d.sighup, on_signal, SIGHUP);
-	uv_timer_init(&d.loop, &d.watchdog);
+	if ((r = start_signals(&d)) < 0) {
+		fprintf(stderr, "loaderd: cannot catch signals: %s\n", uv_strerror(r));
+		metrics_close(d.metrics);
+		server_stop(d.srv, NULL, NULL);
+		uv_run(&d.loop, UV_RUN_DEFAULT);
+		uv_loop_close(&d.loop);
+		settings_clear(&d.cfg);
+		config_run_clear(&d.run);
+		ds_clear_roots();
+		return 1;
+	}
 	if (notify_init() && notify_watchdog_usec()) {
 		uint64_t ms = notify_watchdog_usec() / 2000;
 		uv_timer_start(&d.watchdog, on_watchdog, ms ? ms : 1, ms ? ms : 1);

@@ -397,8 +397,15 @@ int metrics_new(struct metrics **out, uv_loop_t *loop, const struct metrics_addr
 		free(m);
 		return r;
 	}
-	uv_poll_init(loop, &m->poll, info->epoll_fd);
-	uv_timer_init(loop, &m->timer);
+	if ((r = uv_poll_init(loop, &m->poll, info->epoll_fd)) < 0) {
+		MHD_stop_daemon(m->mhd);
+		if (addr->is_unix)
+			unlink(addr->path);
+		r = errfmt(r, err, errlen, "metrics_address %s: %s", m->name, uv_strerror(r));
+		free(m);
+		return r;
+	}
+	uv_timer_init(loop, &m->timer); /* libuv's cannot fail: it returns 0 */
 	m->poll.data = m->timer.data = m;
 	uv_poll_start(&m->poll, UV_READABLE, on_poll);
 	log_notice("metrics on http://%s/metrics", m->name);

@@ -1,18 +1,28 @@
 /* SPDX-License-Identifier: MIT */
-/* nngfix - every workaround for nng 1.5.2 (Debian 12) bugs in the daemon
+/* nngfix - every workaround for nng bugs in the daemon (Debian 12 has 1.5.2)
  *
- * nng issue #1518 (fixed in 1.6): a peer that hangs up in the middle of the SP
- * handshake stops the ipc listener from accepting; the watchdog (probe_main)
- * asks the daemon's own socket twice a second with a hand-framed SP handshake
- * and Hello, and heal_listener() binds a new listener over the path when the
- * connection never reaches the socket or the Hello is not answered; it cuts the
- * connections the old one holds, and close_old_listeners() frees what nng
- * 1.5.2 never frees of it (its fds) once its clients are gone. nng_close() of a REQ socket can block nng's reaper for good, so the
- * probe uses a plain AF_UNIX socket. A reply racing a killed client's close can
- * wedge the reaper too: the dead-pid sweep (on_sweep_timer) releases clients
- * whose process is gone, and once no close has been reported for 30 s it
- * closes the fds nng closed and left to that reaper (close_orphans). The
- * bounded close lives in common/nngclose.c, shared with libloader. A newer nng deletes this file and those calls.
+ * Each is compiled only for the nng versions that need it (NNG_*_VERSION of
+ * the nng.h built against, server-private.h):
+ *
+ * - NNGFIX_LISTENER_WEDGE, nng < 1.6.0: nng issue #1518, fixed in nng 1.6.0
+ *   ("ipc listener stops accepting"): a peer that hangs up in the middle of
+ *   the SP handshake stops the ipc listener from accepting. When the
+ *   watchdog's probe fails, heal_listener() binds a new listener over the
+ *   path; it cuts the connections the old one holds, and
+ *   close_old_listeners() frees what nng 1.5.2 never frees of it (its fds)
+ *   once its clients are gone.
+ * - The reaper wedge, every version: nng_close() of a REQ socket can block
+ *   nng's one reaper thread for good (nng issues #1543 and #1813: the fix of
+ *   #1543, PR #1616, was backed out, and #1813 reports it again in 1.7.3), and
+ *   a reply racing a killed client's close wedged it here too. No nng release
+ *   is known to fix these, so for every version: the watchdog (probe_main)
+ *   asks the daemon's own socket twice a second with a hand-framed SP
+ *   handshake and Hello over a plain AF_UNIX socket (never an nng socket), its
+ *   connections being the reaper's heartbeat; the dead-pid sweep
+ *   (on_sweep_timer) releases clients whose process is gone; once no close
+ *   has been reported for 30 s, close_orphans() closes the fds nng closed and
+ *   left to the reaper. The bounded close lives in common/nngclose.c, shared
+ *   with libloader.
  */
 #include "server-private.h"
 
@@ -24,18 +34,7 @@ bool server_nng_leaked(void)
 	return nng_leaks_memory;
 }
 
-/*
- * Is a daemon listening on @path, and does its nng listener answer? Asked with
- * a complete SP handshake over a plain AF_UNIX socket: the 8-byte header of a
- * REQ peer out, a REP peer's back, within @timeout_ms, then a clean close.
- * Never a bare connect(): nng 1.5.2's ipc listener stops accepting after a
- * peer that hangs up in the middle of the handshake (nng issue #1518, fixed in
- * 1.6), so a bare probe would break the very daemon it finds. And never an nng
- * socket of our own: nng_close() of a REQ socket can block for good in 1.5.2,
- * and in the daemon it blocks nng's one reaper thread, after which no
- * connection is ever reaped (clients that went away stay listed, stop hangs).
- * Return: 0 answered; -ECONNREFUSED nobody listens; -EIO no handshake.
- */
+/* Exactly @len bytes from @fd, or false. */
 static bool recv_all(int fd, void *buf, size_t len)
 {
 	size_t n = 0;
@@ -133,6 +132,19 @@ static int sp_probe(const char *path, int timeout_ms, bool hello, atomic_uint *a
 	return 0;
 }
 
+/*
+ * socket_probe() - is a daemon listening on @path, and does its nng listener
+ * answer? Asked with a complete SP handshake over a plain AF_UNIX socket: the
+ * 8-byte header of a REQ peer out, a REP peer's back, within PROBE_WAIT_MS,
+ * then a clean close.
+ * Never a bare connect(): nng 1.5.2's ipc listener stops accepting after a
+ * peer that hangs up in the middle of the handshake (nng issue #1518, fixed in
+ * 1.6), so a bare probe would break the very daemon it finds. And never an nng
+ * socket of our own: nng_close() of a REQ socket can block for good in 1.5.2,
+ * and in the daemon it blocks nng's one reaper thread, after which no
+ * connection is ever reaped (clients that went away stay listed, stop hangs).
+ * Return: 0 answered; -ECONNREFUSED nobody listens; -EIO no handshake.
+ */
 int socket_probe(const char *path)
 {
 	return sp_probe(path, PROBE_WAIT_MS, false, NULL);
@@ -217,6 +229,7 @@ void *probe_main(void *arg)
 		pthread_mutex_unlock(&srv->probe_lock);
 		bool ok = probe_once(srv);
 		pthread_mutex_lock(&srv->probe_lock);
+#if NNGFIX_LISTENER_WEDGE
 		if (!ok && !srv->probe_stop) {
 			struct event *ev = calloc(1, sizeof(*ev));
 			if (ev) {
@@ -224,10 +237,15 @@ void *probe_main(void *arg)
 				push_event(srv, ev);
 			}
 		}
+#else
+		(void)ok; /* its connection is what counts: the reaper's heartbeat */
+#endif
 	}
 	pthread_mutex_unlock(&srv->probe_lock);
 	return NULL;
 }
+
+#define STUCK_MAX 1024
 
 /*
  * Our AF_UNIX sockets bound to <path>.<gen> (a listener's name before its
@@ -269,6 +287,7 @@ static int named_fds(struct server *srv, unsigned gen, int *fds, unsigned max, u
 	return listening;
 }
 
+#if NNGFIX_LISTENER_WEDGE
 /* The fd of our current nng listener: the unix socket bound to its name. */
 static int find_listen_fd(struct server *srv)
 {
@@ -276,8 +295,6 @@ static int find_listen_fd(struct server *srv)
 
 	return named_fds(srv, srv->heals, NULL, 0, &n);
 }
-
-#define STUCK_MAX 1024
 
 /*
  * The connections a wedged listener took and will never hand to the socket:
@@ -435,6 +452,7 @@ void heal_listener(struct server *srv)
 	log_warn("listener on %s stopped accepting (a peer hung up during the handshake); replaced it"
 	         "%s", srv->path, cut ? ", and told the connections it held to retry" : "");
 }
+#endif /* NNGFIX_LISTENER_WEDGE */
 
 #define ORPHAN_AFTER_MS 30000
 
@@ -570,7 +588,10 @@ void on_sweep_timer(uv_timer_t *t)
 	if (srv->stopping)
 		return;
 	sessions_tick(srv);
+	pipes_sweep_lost(srv);
+#if NNGFIX_LISTENER_WEDGE
 	close_old_listeners(srv);
+#endif
 	close_orphans(srv);
 	for (cl = srv->clients; cl; cl = next) {
 		next = cl->next;

@@ -213,6 +213,7 @@ struct attachment {
 	uint32_t told_share;      /* the share the client last heard of */
 	uint64_t revokes;         /* Revokes sent */
 	uint64_t returned;        /* deliveries handed back unread */
+	uint64_t bad_releases;    /* releases of leases it does not hold (logged 1, 2, 4...) */
 	struct lease *leases;
 	size_t nleases;
 	uint8_t token[FD_TOKEN_BYTES];

@@ -863,6 +863,7 @@ static void on_accept(uv_poll_t *p, int status, int events)
 		struct ucred cred = { .pid = 0, .uid = (uid_t)-1 };
 		socklen_t clen = sizeof(cred);
 		struct pyw_conn *c;
+		int pr;
 
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
@@ -885,12 +886,16 @@ static void on_accept(uv_poll_t *p, int status, int events)
 			refuse(srv, fd, &cred, "out of memory");
 			continue;
 		}
+		if ((pr = uv_poll_init(srv->loop, &c->poll, fd)) < 0) {
+			free(c);
+			refuse(srv, fd, &cred, uv_strerror(pr));
+			continue;
+		}
 		c->srv = srv;
 		c->fd = fd;
 		c->uid = cred.uid;
 		c->pid = cred.pid;
-		uv_poll_init(srv->loop, &c->poll, fd);
-		uv_timer_init(srv->loop, &c->timer);
+		uv_timer_init(srv->loop, &c->timer); /* libuv's cannot fail: it returns 0 */
 		c->poll.data = c->timer.data = c;
 		c->next = srv->conns;
 		srv->conns = c;
@@ -928,7 +933,11 @@ int pyw_server_new(struct pyw_server **out, uv_loop_t *loop, struct engine *eng,
 		errno = -r;
 		goto fail;
 	}
-	uv_poll_init(loop, &srv->poll, srv->fd);
+	if ((r = uv_poll_init(loop, &srv->poll, srv->fd)) < 0) {
+		unlink(srv->path);
+		errno = -r;
+		goto fail;
+	}
 	srv->poll.data = srv;
 	uv_poll_start(&srv->poll, UV_READABLE, on_accept);
 	eng->pyw = srv;

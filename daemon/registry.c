@@ -14,7 +14,6 @@
  * "persist": true) stay until dropped. One timer, armed for the earliest
  * expiry; dropping happens only in its callback, never under a caller.
  */
-#include <pwd.h>
 
 #include "imagecache.h"
 #include "pipeline-private.h"
@@ -314,11 +313,8 @@ static bool lingering_gives_way(struct pipeline *old, const struct spec *spec,
 
 static void owner_lookup(struct pipeline *pl)
 {
-	struct passwd pw, *res = NULL;
-	char buf[1024];
-
-	if (getpwuid_r(pl->owner, &pw, buf, sizeof(buf), &res) == 0 && res)
-		snprintf(pl->owner_name, sizeof(pl->owner_name), "%s", res->pw_name);
+	if (!creds_user_name_only(pl->owner, pl->owner_name, sizeof(pl->owner_name)))
+		pl->owner_name[0] = '\0';
 }
 
 static const char *access_name(int access)

@@ -40,10 +40,16 @@ static void on_ctx_aio(void *arg)
 	push_event(srv, &c->ev);
 }
 
+__attribute__((weak)) struct event *pipe_event_new(nng_pipe_ev type)
+{
+	(void)type;
+	return calloc(1, sizeof(struct event));
+}
+
 void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg)
 {
 	struct server *srv = arg;
-	struct event *ev = calloc(1, sizeof(*ev));
+	struct event *ev = pipe_event_new(type);
 
 	if (type == NNG_PIPE_EV_ADD_POST) {
 		uint64_t pid = 0;
@@ -52,11 +58,48 @@ void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg)
 		if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) == 0 && pid == (uint64_t)getpid())
 			atomic_fetch_add(&srv->self_pipes, 1);
 	}
-	if (!ev)
+	if (!ev) {
+		/* A lost connect is harmless: the first request makes its
+		 * client. A lost disconnect would keep the client and its
+		 * leases for good: the sweep looks for it (pipes_sweep_lost()). */
+		if (type == NNG_PIPE_EV_REM_POST)
+			atomic_fetch_add(&srv->rem_lost, 1);
 		return;
+	}
 	ev->type = type == NNG_PIPE_EV_ADD_POST ? EV_PIPE_ADD : EV_PIPE_REM;
 	ev->pipe = (uint32_t)nng_pipe_id(p);
 	push_event(srv, ev);
+}
+
+/*
+ * After a lost disconnect, the clients whose pipe nng no longer knows
+ * (NNG_ENOENT) are gone: free them, one sweep after another until as many
+ * were found, or until 10 sweeps found none (another path freed it).
+ */
+void pipes_sweep_lost(struct server *srv)
+{
+	unsigned lost = atomic_load(&srv->rem_lost), found = 0;
+	struct client *cl, *next;
+
+	if (!lost)
+		return;
+	for (cl = srv->clients; cl && found < lost; cl = next) {
+		nng_pipe p = NNG_PIPE_INITIALIZER;
+		uint64_t pid;
+		next = cl->next;
+		memcpy(&p, &cl->pipe, sizeof(cl->pipe));
+		if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) != NNG_ENOENT)
+			continue;
+		log_warn("client %" PRIu64 " (pid %d): its disconnect was lost (out of memory); "
+		         "released now", cl->id, cl->pid);
+		client_free(srv, cl);
+		found++;
+	}
+	srv->rem_scans_idle = found ? 0 : srv->rem_scans_idle + 1;
+	if (found || srv->rem_scans_idle >= 10) {
+		atomic_fetch_sub(&srv->rem_lost, found ? found : lost);
+		srv->rem_scans_idle = 0;
+	}
 }
 
 /* --- contexts ----------------------------------------------------------- */

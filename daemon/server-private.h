@@ -153,6 +153,8 @@ struct server {
 	} old[WEDGED_MAX];
 	unsigned nold;
 	atomic_uint self_pipes;   /* connections from our own pid nng added (the probes) */
+	atomic_uint rem_lost;     /* disconnects whose event could not be allocated (rpc.c) */
+	unsigned rem_scans_idle;  /* sweeps since one of those was found */
 	uv_timer_t drain_timer;
 	uv_timer_t sweep_timer;
 	uint64_t ghosts;          /* clients released by the sweep (nng never said closed) */
@@ -171,6 +173,11 @@ struct server {
 /* rpc.c */
 void push_event(struct server *srv, struct event *ev);
 void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg);
+/* The memory of a pipe event (calloc). Weak: a test build replaces it with
+ * one that fails (tests/failevents.c), the only way to reach that path. */
+struct event *pipe_event_new(nng_pipe_ev type);
+/* Free the clients whose disconnect was lost (on_pipe_event()); each sweep. */
+void pipes_sweep_lost(struct server *srv);
 void sctx_drop_msg(struct sctx *c);
 void post_receivers(struct server *srv);
 void sctx_idle(struct server *srv, struct sctx *c);
@@ -217,9 +224,23 @@ void who_is(const struct server *srv, const struct client *cl, struct principal 
 void handle_set(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Set *m);
 void handle_reload(struct server *srv, struct sctx *c, struct client *cl);
 
-/* nngfix.c */
+/* nngfix.c: each workaround for the nng versions that need it (nngfix.c's top comment) */
+#define NNG_VERSION_BELOW(maj, min, pat)                                                    \
+	(NNG_MAJOR_VERSION < (maj) ||                                                         \
+	 (NNG_MAJOR_VERSION == (maj) && (NNG_MINOR_VERSION < (min) ||                          \
+	                                 (NNG_MINOR_VERSION == (min) && NNG_PATCH_VERSION < (pat)))))
+/* nng issue #1518, an ipc listener that stops accepting: fixed in nng 1.6.0 */
+#define NNGFIX_LISTENER_WEDGE NNG_VERSION_BELOW(1, 6, 0)
 int socket_probe(const char *path);
 int listener_start(struct server *srv, nng_listener *out, char *err, size_t errlen);
 void *probe_main(void *arg);
+#if NNGFIX_LISTENER_WEDGE
 void heal_listener(struct server *srv);
+#else
+/* never asked for: the probe pushes no EV_HEAL where nng has the fix */
+static inline void heal_listener(struct server *srv)
+{
+	(void)srv;
+}
+#endif
 void on_sweep_timer(uv_timer_t *t);

@@ -124,8 +124,15 @@ struct client *client_get(struct server *srv, nng_pipe p)
 		return cl;
 	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_PID, &pid) != 0)
 		return NULL;
-	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid);
-	nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_GID, &gid);
+	if (nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) != 0 ||
+	    nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_GID, &gid) != 0) {
+		/* no uid: no rule could be applied to it (and uid -1 means
+		 * "every uid" to the refusal log) */
+		log_warn("refusing a connection from pid %d: its uid and gid cannot be read "
+		         "(SO_PEERCRED)", (int)pid);
+		nng_pipe_close(p);
+		return NULL;
+	}
 	if (srv->stopping) {
 		log_warn("refusing a connection from pid %d: shutting down", (int)pid);
 		nng_pipe_close(p);

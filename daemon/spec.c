@@ -14,7 +14,6 @@
  * found through the kind table.
  */
 #include <errno.h>
-#include <grp.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,6 +21,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "creds.h"
 #include "source-private.h"
 #include "spec.h"
 
@@ -361,8 +361,8 @@ static int parse_access(struct spec *spec, json_t *obj, char *err, size_t errlen
 	static const char *const names[] = { [SPEC_ACCESS_OWNER] = "owner",
 					     [SPEC_ACCESS_GROUP] = "group", [SPEC_ACCESS_ALL] = "all" };
 	json_t *v = json_object_get(obj, "access"), *g = json_object_get(obj, "group");
-	struct group gr, *res = NULL;
-	char buf[4096];
+	gid_t gid;
+	int r;
 
 	if (v) {
 		const char *t = json_is_string(v) ? json_string_value(v) : "";
@@ -377,10 +377,13 @@ static int parse_access(struct spec *spec, json_t *obj, char *err, size_t errlen
 	if (spec->access != SPEC_ACCESS_GROUP)
 		return spec_fail(err, errlen, "group: only with \"access\": \"group\"");
 	if (json_is_string(g) && *json_string_value(g)) {
-		if (getgrnam_r(json_string_value(g), &gr, buf, sizeof(buf), &res) != 0 || !res)
+		if ((r = creds_group_by_name(json_string_value(g), &gid)) == -ENOENT)
 			return spec_fail(err, errlen, "group: no group %s on this machine",
 					 json_string_value(g));
-		spec->group = (unsigned)res->gr_gid;
+		if (r < 0)
+			return spec_fail(err, errlen, "group: cannot look up the group %s: %s",
+					 json_string_value(g), strerror(-r));
+		spec->group = (unsigned)gid;
 	} else if (json_is_integer(g) && json_integer_value(g) >= 0 &&
 		   json_integer_value(g) < (json_int_t)UINT32_MAX) {
 		spec->group = (unsigned)json_integer_value(g);

@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: MIT */
 /* status - the JSON that `loaderctl status` and `pipelines` show */
-#include <grp.h>
 
 #include "pipeline-private.h"
 
@@ -179,10 +178,9 @@ static void access_json(const struct pipeline *pl, json_t *o)
 {
 	json_object_set_new(o, "access", json_string(access_names[pl->access]));
 	if (pl->access == SPEC_ACCESS_GROUP) {
-		struct group gr, *res = NULL;
-		char buf[1024];
-		const char *name = getgrgid_r(pl->group, &gr, buf, sizeof(buf), &res) == 0 && res
-		                   ? res->gr_name : NULL;
+		char buf[256];
+		/* cached (creds.c): no directory lookup at every Status and scrape */
+		const char *name = creds_group_name(pl->group, buf, sizeof(buf));
 		json_object_set_new(o, "group", json_pack("{s:I, s:s?}", "gid", (json_int_t)pl->group,
 		                                          "name", name));
 	}

@@ -341,6 +341,7 @@ struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t
 	if (mode == LDR_MODE_DYNAMIC)
 		s->returned = calloc(pl->nslots, sizeof(*s->returned));
 	if (!s->ring || (mode == LDR_MODE_DYNAMIC && !s->returned)) {
+		free(s->returned);
 		free(s->ring);
 		free(s);
 		return NULL;

@@ -6,7 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "creds.h"
 #include "spec.h"
 
 static char err[512];
@@ -337,6 +342,62 @@ static void test_python(void)
 		     "\"pad\": true}, {\"name\": \"tok_len\", \"dtype\": \"int64\", \"shape\": []}]}}"));
 }
 
+#define BIG_GID 4242424
+#define BIG_MEMBERS 5000
+
+/* In a mount namespace of its own (no change to the machine's /etc/group):
+ * /etc/group with one more group, of 5000 members (about 55 KB on its line,
+ * as an LDAP group can be). Returns 77 where no namespace can be made. */
+static int big_group_child(void)
+{
+	char path[] = "/tmp/ldr-test-group-XXXXXX", buf[4096], name[64];
+	struct spec *s;
+	size_t n;
+	gid_t gid = 0;
+	FILE *in, *out;
+	int fd;
+
+	if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		return 77;
+	assert((fd = mkstemp(path)) >= 0);
+	assert((out = fdopen(fd, "w")) && (in = fopen("/etc/group", "r")));
+	while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+		assert(fwrite(buf, 1, n, out) == n);
+	fclose(in);
+	fprintf(out, "ldr-big-test:x:%d:", BIG_GID);
+	for (int i = 0; i < BIG_MEMBERS; i++)
+		fprintf(out, "%smember%04d", i ? "," : "", i);
+	fprintf(out, "\n");
+	assert(fclose(out) == 0);
+	assert(mount(path, "/etc/group", NULL, MS_BIND, NULL) == 0);
+	unlink(path); /* the mount keeps it */
+
+	s = ok("{\"name\": \"g\", " TOK ", \"access\": \"group\", \"group\": \"ldr-big-test\"}");
+	assert(s->has_group && s->group == BIG_GID);
+	spec_free(s);
+	assert(creds_group_by_name("ldr-big-test", &gid) == 0 && gid == BIG_GID);
+	assert(creds_group_by_name("ldr-no-such-group-x", &gid) == -ENOENT);
+	assert(creds_group_name(BIG_GID, name, sizeof(name)) == name);
+	assert(strcmp(name, "ldr-big-test") == 0);
+	return 0;
+}
+
+/* A group too big for a fixed lookup buffer (ERANGE) is found all the same. */
+static void test_big_group(void)
+{
+	int status;
+	pid_t pid = fork();
+
+	assert(pid >= 0);
+	if (pid == 0)
+		_exit(big_group_child());
+	assert(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+	if (WEXITSTATUS(status) == 77)
+		printf("test-spec: big group: skipped (no mount namespace: not root?)\n");
+	else
+		assert(WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
 	test_defaults();
@@ -345,6 +406,7 @@ int main(void)
 	test_equal();
 	test_lifetime();
 	test_diff();
+	test_big_group();
 	printf("test-spec: ok\n");
 	return 0;
 }

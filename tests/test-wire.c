@@ -10,6 +10,7 @@
 #undef NDEBUG
 #include <assert.h>
 #include <errno.h>
+#include <grp.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 #include <signal.h>
@@ -17,10 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fdchan-wire.h"
 #include "loader.pb-c.h"
 #include "loader/loader.h"
 #include "test-daemon.h"
@@ -299,6 +302,108 @@ static void test_fdchan(void)
 	check_alive();
 }
 
+/* Present @token on the fd channel; the reply's status (the fds it brings are closed). */
+static int redeem(const uint8_t *token, uint32_t *nfds)
+{
+	struct fdchan_request rq = { .magic = FDCHAN_MAGIC, .version = FDCHAN_VERSION };
+	struct fdchan_reply rp;
+	char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	struct iovec iov = { .iov_base = &rp, .iov_len = sizeof(rp) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+	                     .msg_controllen = sizeof(cbuf) };
+	int fd = unix_connect(fd_path);
+
+	memcpy(rq.token, token, sizeof(rq.token));
+	assert(write(fd, &rq, sizeof(rq)) == (ssize_t)sizeof(rq));
+	assert(recvmsg(fd, &mh, MSG_CMSG_CLOEXEC) == (ssize_t)sizeof(rp));
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+		for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+			close(((int *)CMSG_DATA(cm))[i]);
+	close(fd);
+	*nfds = rp.nfds;
+	return rp.status;
+}
+
+/* A token that another uid presented first (EPERM) is still its client's:
+ * only a redemption that hands out the slab spends it. Then bad releases. */
+static void test_token_refused_then_redeemed(void)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__CreatePipeline cp = LOADERD__CREATE_PIPELINE__INIT;
+	Loaderd__Attach at = LOADERD__ATTACH__INIT;
+	Loaderd__Reply *rep;
+	nng_socket s = raw_open();
+	uint8_t token[FDCHAN_TOKEN_BYTES];
+	char spec[512];
+	uint64_t attach_id;
+	uint32_t nfds;
+	int status;
+	pid_t pid;
+
+	write_tokens_n(1024);
+	hello(s, LDR_PROTOCOL_VERSION, 0);
+	snprintf(spec, sizeof(spec), "{\"name\": \"tok\", \"source\": {\"kind\": \"tokens\", \"path\": \"%s\","
+	         " \"seq_len\": 8}, \"batch_size\": 4}", token_file);
+	cp.spec_json = spec;
+	req.body_case = LOADERD__REQUEST__BODY_CREATE;
+	req.create = &cp;
+	rep = call_req(s, &req);
+	assert(rep && rep->body_case == LOADERD__REPLY__BODY_CREATE);
+	loaderd__reply__free_unpacked(rep, NULL);
+	at.pipeline = "tok";
+	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
+	req.attach = &at;
+	rep = call_req(s, &req);
+	assert(rep && rep->body_case == LOADERD__REPLY__BODY_ATTACH);
+	assert(rep->attach->fd_token.len == sizeof(token));
+	attach_id = rep->attach->attach_id;
+	memcpy(token, rep->attach->fd_token.data, sizeof(token));
+	loaderd__reply__free_unpacked(rep, NULL);
+
+	/* ldr-alice (uid 1001) may reach the channel, not redeem root's token */
+	assert(chmod(dir, 0711) == 0 && chmod(fd_path, 0666) == 0);
+	pid = fork();
+	assert(pid >= 0);
+	if (pid == 0) {
+		if (setgroups(0, NULL) < 0 || setgid(1001) < 0 || setuid(1001) < 0)
+			_exit(3);
+		_exit(redeem(token, &nfds) == -EPERM && nfds == 0 ? 0 : 1);
+	}
+	assert(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	/* its client still gets the slab, once */
+	assert(redeem(token, &nfds) == 0 && nfds >= 1);
+	assert(redeem(token, &nfds) == -ENOENT && nfds == 0);
+
+	/* releases of leases it was never given, inside a Next: the Next is
+	 * answered, the daemon counts them and logs them (1st, 2nd, 4th...) */
+	{
+		Loaderd__Next nx = LOADERD__NEXT__INIT;
+		uint64_t bogus[3] = { 424242, 424243, 424244 };
+		struct ldr_client *c;
+		char *json = NULL;
+		nx.attach_id = attach_id;
+		nx.releases = bogus;
+		nx.n_releases = 3;
+		nx.max_batches = 1;
+		req.body_case = LOADERD__REQUEST__BODY_NEXT;
+		req.next = &nx;
+		rep = call_req(s, &req);
+		assert(rep && rep->body_case == LOADERD__REPLY__BODY_BATCHES);
+		loaderd__reply__free_unpacked(rep, NULL);
+		assert(ldr_connect(&c, sock_path, "test-wire") == 0);
+		assert(ldr_status_json(c, &json) == 0);
+		if (!strstr(json, "\"bad_releases\":3")) {
+			fprintf(stderr, "no bad_releases 3 in %s\n", json);
+			abort();
+		}
+		ldr_free(json);
+		ldr_close(c);
+	}
+	nng_close(s);
+	unlink(token_file);
+	check_alive();
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -320,6 +425,8 @@ int main(int argc, char **argv)
 	test_garbage_framing();
 	fprintf(stderr, "test-wire: test_fdchan\n");
 	test_fdchan();
+	fprintf(stderr, "test-wire: test_token_refused_then_redeemed\n");
+	test_token_refused_then_redeemed();
 	stop_daemon();
 	printf("test-wire: ok\n");
 	return 0;

@@ -447,3 +447,30 @@ def test_unprivileged_daemon_fails_closed(workdir, users):
         p.terminate()
         assert p.wait(timeout=15) == 0
         log.close()
+
+
+@pytest.mark.parametrize("extra, first_gid, target", [(100, 70000, 80000), (700, 3000000, 4000000)],
+                         ids=["past-64-groups", "past-a-4096-byte-status-line"])
+def test_group_access_past_many_supplementary_groups(setup, extra, first_gid, target):
+    """bob's membership of a pipeline's group counts however many groups come
+    before it in his process's list (the kernel sorts it: the group's gid is
+    the largest): 100 (the daemon kept 64), or 700 of 7 digits, whose
+    /proc/PID/status Groups line (about 5.6 KB) the daemon cut at 4096
+    bytes. The gids need not exist: a process may hold any. root (an admin)
+    creates the pipeline, for a group none of alice's."""
+    d, alice, bob, tok, tokens, shared = setup
+    spec = token_spec("many", tok, SEQ, "uint16", batch_size=8, access="group", group=target)
+    d.ctl("create", "--spec", spec_file(shared, spec, "many.json"))
+    kw = bob.popen_kwargs(team=False)
+    for with_target in (False, True):
+        kw["extra_groups"] = list(range(first_gid, first_gid + extra)) + [target] * with_target
+        dump = os.path.join(shared, f"many-{extra}-{with_target}.bin")
+        r = subprocess.run(d.ctl_cmd("consume", "many", "--dump", dump), capture_output=True,
+                           text=True, timeout=120, **kw)
+        if not with_target:
+            assert r.returncode != 0
+            assert "pipeline 'many' belongs to root (uid 0), access group" in r.stderr, r.stderr
+            continue
+        assert r.returncode == 0, r.stderr
+        with open(dump, "rb") as f:
+            assert f.read() == expected(tokens)
