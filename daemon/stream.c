@@ -362,3 +362,19 @@ struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t
 	pl->nstreams++;
 	return s;
 }
+
+void stream_retire(struct stream *s)
+{
+	struct pipeline *pl = s->pl;
+
+	if (pl->shared[s->mode] == s)
+		pl->shared[s->mode] = NULL;
+	s->dead = true;
+	pl->nstreams--;
+	while (s->nreturned)
+		slot_unref(pl, s->returned[--s->nreturned].slot);
+	/* ready batches now; in-flight ones when their job ends (job_done()) */
+	while (s->ring_len && s->ring[s->ring_head].ready)
+		ring_pop_head(s);
+	stream_maybe_free(s);
+}
