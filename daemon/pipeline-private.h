@@ -383,6 +383,12 @@ struct batch *ring_at(struct stream *s, uint64_t seq);
 void stream_maybe_free(struct stream *s);
 void slot_unref(struct pipeline *pl, struct slot *slot);
 void ring_pop_head(struct stream *s);
+/* Slots the next batch @s builds takes (UINT32_MAX: none to build): a
+ * ready batch of a broadcast stream that lacks the slot of a seed group
+ * whose client has still to receive it (*@refill), else a new one (0: all
+ * its clients are past it). */
+uint32_t stream_next_build(const struct stream *s, struct batch **refill);
+/* Build what stream_next_build() says (without checking the quota). */
 int stream_start_batch(struct stream *s);
 void job_done(struct job *job);
 /* Record @job's first failure (the first caller wins; any thread). */
