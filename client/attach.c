@@ -82,6 +82,7 @@ static int read_attach_opts(const struct ldr_attach_opts *in, struct ldr_attach_
 		o->has_augment_seed = in->has_augment_seed;
 		o->augment_seed = in->augment_seed;
 	}
+	OPT(job);
 #undef OPT
 	o->size = sizeof(*o);
 	return 0;
@@ -138,9 +139,33 @@ bool ring_wanted(void)
 	return !v || strcmp(v, "0") != 0;
 }
 
+/*
+ * The job of an attach (docs/spec.md, "Jobs") into @buf: @job, else
+ * torchrun's run id (its default "none" names no run), else "" (the daemon
+ * takes the process as its job).
+ */
+static int attach_job(const char *job, char *buf, size_t len)
+{
+	const char *v = job && *job ? job : getenv("TORCHELASTIC_RUN_ID");
+
+	if (!v || (v != job && strcmp(v, "none") == 0))
+		v = "";
+	if (strlen(v) > LDR_JOB_MAX)
+		return set_err(-EINVAL, "job %s is %zu bytes, the most is %d", v == job ? "name" :
+		               "$TORCHELASTIC_RUN_ID", strlen(v), LDR_JOB_MAX);
+	for (const char *p = v; *p; p++)
+		if (*p < 0x20 || *p > 0x7e)
+			return set_err(-EINVAL, "job %s has byte 0x%02x at %zu: printable ASCII only",
+			               v == job ? "name" : "$TORCHELASTIC_RUN_ID", (unsigned char)*p,
+			               (size_t)(p - v));
+	snprintf(buf, len, "%s", v);
+	return 0;
+}
+
 int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *user_opts,
                struct ldr_attachment **out)
 {
+	char job[LDR_JOB_MAX + 1];
 	struct ldr_attach_opts opts_buf;
 	const struct ldr_attach_opts *opts = &opts_buf;
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
@@ -153,8 +178,10 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	char err[512];
 
 	CHECK_PID(c);
-	if ((r = read_attach_opts(user_opts, &opts_buf)) < 0)
+	if ((r = read_attach_opts(user_opts, &opts_buf)) < 0 ||
+	    (r = attach_job(opts_buf.job, job, sizeof(job))) < 0)
 		return r;
+	opts_buf.job = NULL; /* the caller's: a->job keeps the copy */
 	if (!pipeline || strlen(pipeline) > LDR_NAME_MAX)
 		return set_err(-EINVAL, "invalid pipeline name");
 	if (opts->inflight > MAX_INFLIGHT)
@@ -172,6 +199,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	at.has_augment_seed = opts->has_augment_seed != 0;
 	at.augment_seed = opts->augment_seed;
 	at.ring = opts->device_kind == LDR_DEVICE_HOST && ring_wanted();
+	at.job = job;
 	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
 	req.attach = &at;
 	r = call(c, &req, &rep, LOADERD__REPLY__BODY_ATTACH);
@@ -191,6 +219,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	a->ring_efd = -1;
 	snprintf(a->pipeline, sizeof(a->pipeline), "%s", pipeline);
 	a->opts = *opts;
+	snprintf(a->job, sizeof(a->job), "%s", job);
 	if ((r = att_read_reply(a, ar)) < 0)
 		goto fail;
 	if (rel_reserve(a, a->nslots) < 0) {

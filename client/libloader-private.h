@@ -130,7 +130,8 @@ struct ldr_attachment {
 	bool cow;                 /* slots are whole pages: mapped copy-on-write */
 	/* what a re-attach after a daemon restart needs (reconnect_run()) */
 	char pipeline[LDR_NAME_MAX + 1];
-	struct ldr_attach_opts opts;
+	struct ldr_attach_opts opts;  /* job: NULL, see job[] */
+	char job[LDR_JOB_MAX + 1];    /* the job it attached as, "" the daemon's choice */
 	uint64_t pos_epoch, pos_batch; /* the next batch the trainer has not taken */
 	bool lost;                /* the daemon restarted and this attachment could not follow */
 	bool has_owner;           /* what the first attach found, checked at a re-attach: */

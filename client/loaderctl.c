@@ -68,6 +68,7 @@ enum opt_id {
 	OPT_DEVICE,
 	OPT_AUGMENT_SEED,
 	OPT_OWNER,
+	OPT_JOB,
 	OPT_INTERVAL = 'd',
 	OPT_ITERATIONS = 'n',
 	OPT_SORT = 257 + 64,
@@ -104,6 +105,7 @@ struct ctl {
 	int device_index;
 	bool has_augment_seed;
 	uint64_t augment_seed;
+	const char *job;
 	/* top */
 	double interval;
 	uint64_t iterations;
@@ -1869,6 +1871,7 @@ static int cmd_consume(struct ctl *ctl, int argc, char **argv)
 	opts.device_index = ctl->device_index;
 	opts.has_augment_seed = ctl->has_augment_seed;
 	opts.augment_seed = ctl->augment_seed;
+	opts.job = ctl->job;
 
 	if (ctl->dump) {
 		if (!strcmp(ctl->dump, "-")) {
@@ -2190,6 +2193,7 @@ static const struct option consume_options[] = {
 	{ "verbose", no_argument, NULL, OPT_VERBOSE },
 	{ "device", required_argument, NULL, OPT_DEVICE },
 	{ "augment-seed", required_argument, NULL, OPT_AUGMENT_SEED },
+	{ "job", required_argument, NULL, OPT_JOB },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -2212,7 +2216,8 @@ static const struct verb verbs[] = {
 	  "read batches, report throughput and a CRC-32 of their bytes",
 	  "NAME [--mode M] [--rank R --world-size W] [--start-epoch E --start-batch B]\n"
 	  "          [--batches N | --epochs E] [--dump FILE] [--inflight K] [--timeout MS]\n"
-	  "          [--delay MS] [--device cpu|cuda:N] [--augment-seed S] [--verbose]",
+	  "          [--delay MS] [--device cpu|cuda:N] [--augment-seed S] [--job NAME]\n"
+	  "          [--verbose]",
 	  consume_options },
 	{ "set", 2, 3, cmd_set, "change a setting of the running daemon now (admins only)",
 	  "workers N | prefetch PIPELINE N | log-level LEVEL | memory-limit SIZE", no_options },
@@ -2293,6 +2298,9 @@ static void print_help(FILE *f)
 	        "                      (0..2^63-1) instead of the spec's seed: the batches a solo\n"
 	        "                      run of the spec with \"seed\": S gives; the samples and\n"
 	        "                      their order stay the spec's (docs/spec.md, \"Augment seeds\")\n"
+	        "  --job NAME          the job this consumer is part of (default: torchrun's\n"
+	        "                      $TORCHELASTIC_RUN_ID, else this process): a stream no\n"
+	        "                      client reads starts again for another job (docs/spec.md, \"Jobs\")\n"
 	        "  -v, --verbose       one line per batch: epoch, batch index, rows, bytes\n"
 	        "\n"
 	        "top options:\n"
@@ -2413,6 +2421,9 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 	case OPT_AUGMENT_SEED:
 		ctl->augment_seed = arg_u64("augment seed (0..2^63-1)", arg, 0, INT64_MAX);
 		ctl->has_augment_seed = true;
+		break;
+	case OPT_JOB:
+		ctl->job = arg;
 		break;
 	case OPT_START_BATCH:
 		ctl->start_batch = arg_u64("start batch", arg, 0, UINT64_MAX);

@@ -211,6 +211,7 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	/* the same seed: its stream goes on as it would have */
 	at.has_augment_seed = a->opts.has_augment_seed != 0;
 	at.augment_seed = a->opts.augment_seed;
+	at.job = a->job; /* the same job: a dynamic stream goes on with it */
 	if (a->opts.mode != LDR_MODE_DYNAMIC) {
 		at.mode = LOADERD__MODE__PARTITION;
 		if (a->opts.mode == LDR_MODE_BROADCAST) {

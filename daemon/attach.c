@@ -285,6 +285,80 @@ static uint32_t window_auto(const struct pipeline *pl)
 	return n < WINDOW_AUTO_MIN ? WINDOW_AUTO_MIN : (uint32_t)n;
 }
 
+/* The start time of process @pid (/proc/PID/stat, field 22), 0 if unknown. */
+static unsigned long long proc_start(int pid)
+{
+	char path[64], buf[1024];
+	unsigned long long start = 0;
+	const char *p;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	if (pid <= 0 || !(f = fopen(path, "re")))
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	/* after the command's ")" come fields 3 (state) .. 22 (starttime) */
+	if (!(p = strrchr(buf, ')')) ||
+	    sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
+	                  "%*d %llu", &start) != 1)
+		return 0;
+	return start;
+}
+
+/*
+ * The job of an attach (docs/spec.md, "Jobs"): its name into @a->job and its
+ * key, the uid's and the name's hash (so that another user's job is always
+ * another job); without a name, the client process, by pid and start time.
+ * -EINVAL for a name the client should not have sent.
+ */
+static int attach_job(struct attachment *a, const struct attach_params *p, uint64_t *key,
+                      char *err, size_t errlen)
+{
+	const char *job = p->job ? p->job : "";
+	size_t len = strlen(job);
+	uint64_t h = 1469598103934665603ull; /* FNV-1a */
+	unsigned char kind = *job ? 'j' : 'p';
+
+	if (len > LDR_JOB_MAX)
+		return errfmt(-EINVAL, err, errlen, "attach: job is %zu bytes, the most is %d", len,
+		              LDR_JOB_MAX);
+	for (size_t i = 0; i < len; i++)
+		if (job[i] < 0x20 || job[i] > 0x7e)
+			return errfmt(-EINVAL, err, errlen, "attach: job has byte 0x%02x at %zu: printable "
+			              "ASCII only", (unsigned char)job[i], i);
+	if (*job)
+		snprintf(a->job, sizeof(a->job), "%s", job);
+	else
+		snprintf(a->job, sizeof(a->job), "process %d@%llu", p->pid, proc_start(p->pid));
+	for (const unsigned char *c = (const unsigned char *)&p->uid; c < (const unsigned char *)(&p->uid + 1); c++)
+		h = (h ^ *c) * 1099511628211ull;
+	h = (h ^ kind) * 1099511628211ull;
+	for (const char *c = a->job; *c; c++)
+		h = (h ^ (unsigned char)*c) * 1099511628211ull;
+	*key = h;
+	return 0;
+}
+
+static bool stream_has_job(const struct stream *s, uint64_t key)
+{
+	for (uint32_t i = 0; i < s->njob_keys; i++)
+		if (s->job_keys[i] == key)
+			return true;
+	return false;
+}
+
+static void stream_add_job(struct stream *s, uint64_t key)
+{
+	if (stream_has_job(s, key))
+		return;
+	if (s->njob_keys == STREAM_JOBS_MAX)
+		memmove(s->job_keys, s->job_keys + 1, --s->njob_keys * sizeof(s->job_keys[0]));
+	s->job_keys[s->njob_keys++] = key;
+}
+
 int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
                   struct attachment **out, char *err, size_t errlen)
 {
@@ -293,6 +367,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	struct stream *s;
 	uint32_t world = p->world ? p->world : 1;
 	char rerr[256];
+	uint64_t job_key = 0;
 	int r;
 
 	if (eng->shutdown)
@@ -336,6 +411,10 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	a = calloc(1, sizeof(*a));
 	if (!a)
 		return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
+	if ((r = attach_job(a, p, &job_key, err, errlen)) < 0) {
+		free(a);
+		return r;
+	}
 	if (getrandom(a->token, sizeof(a->token), 0) != sizeof(a->token)) {
 		r = errfmt(-EAGAIN, err, errlen, "attach: no random bytes for the fd-channel token: %s",
 		           strerror(errno));
@@ -382,6 +461,16 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 			s->groups[0].seed = p->seed;
 	} else {
 		s = pl->shared[p->mode];
+		/* a stream the clients of other jobs left: this job's starts anew,
+		 * as on a fresh daemon (docs/spec.md, "Jobs") */
+		if (s && !s->natts && !stream_has_job(s, job_key)) {
+			char q[LOG_QUOTE_MAX], q2[LOG_QUOTE_MAX];
+			log_event(LOG_INFO, "stream.restart", "pipeline=%s mode=%s job=%s why=\"the jobs "
+			          "that read it have left\"", log_quote(q2, name), mode_name(p->mode),
+			          log_quote(q, a->job));
+			stream_retire(s);
+			s = NULL;
+		}
 		if (!s) {
 			s = stream_new(pl, p->mode, 0, 1);
 			if (!s) {
@@ -416,6 +505,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	a->has_seed = p->has_seed;
 	a->seed = p->seed;
 	s->groups[a->group].natts++;
+	stream_add_job(s, job_key);
 	a->start_seq = a->cursor;
 	a->rv_dno = UINT64_MAX;
 	a->token_valid = true;
@@ -533,6 +623,7 @@ json_t *attachment_json(const struct attachment *a)
 		"pending", (json_int_t)a->npending);
 	if (a->has_seed)
 		json_object_set_new(o, "augment_seed", json_integer((json_int_t)a->seed));
+	json_object_set_new(o, "job", json_string(a->job));
 	/* its window, and whether the daemon chose it (the client asked for 0) */
 	json_object_set_new(o, "inflight", json_integer(a->credits));
 	json_object_set_new(o, "inflight_auto", json_boolean(a->credits_auto));

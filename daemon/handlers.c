@@ -160,7 +160,7 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 		.has_start = m->has_start, .start_epoch = m->start_epoch, .start_batch = m->start_batch,
 		.credits = m->credits, .has_seed = m->has_augment_seed, .seed = m->augment_seed,
 		.client_id = cl->id, .uid = cl->uid, .pid = cl->pid,
-		.ring = m->ring,
+		.ring = m->ring, .job = m->job,
 	};
 	struct attachment *a;
 	struct attach_info info;

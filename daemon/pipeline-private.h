@@ -94,6 +94,12 @@ struct slot {
  * client leaves (stream_drop_unread). */
 #define AUG_GROUPS_MAX (LDR_AUGMENT_SEEDS_MAX + 1)
 
+/* Jobs (docs/spec.md, "Jobs"): a shared stream keeps the keys of the jobs
+ * whose clients read it (uid and job name hashed, the oldest forgotten
+ * first); once no client reads it, a client of another job starts a new
+ * stream in its place, from the first batch (attach.c). */
+#define STREAM_JOBS_MAX 16
+
 struct aug_group {
 	uint64_t seed;
 	uint32_t natts;           /* attachments reading it */
@@ -178,6 +184,8 @@ struct stream {
 	bool dead;
 	struct aug_group groups[AUG_GROUPS_MAX]; /* [0]: the stream's own seed */
 	uint32_t ngroups;         /* entries of groups[] in use, >= 1 */
+	uint64_t job_keys[STREAM_JOBS_MAX]; /* the jobs that read it */
+	uint32_t njob_keys;
 };
 
 struct attachment {
@@ -199,6 +207,7 @@ struct attachment {
 	bool has_seed;            /* its augment_seed, for status */
 	uint64_t seed;
 	uint32_t group;           /* its seed group in its stream */
+	char job[LDR_JOB_MAX + 32]; /* its job's name, or "process PID@START" (attach.c) */
 	uint64_t start_seq;
 	uint64_t cursor;
 	uint64_t deliver_no;
@@ -378,12 +387,21 @@ struct batch *ring_at(struct stream *s, uint64_t seq);
 void stream_maybe_free(struct stream *s);
 void slot_unref(struct pipeline *pl, struct slot *slot);
 void ring_pop_head(struct stream *s);
+/* Slots the next batch @s builds takes (UINT32_MAX: none to build): a
+ * ready batch of a broadcast stream that lacks the slot of a seed group
+ * whose client has still to receive it (*@refill), else a new one (0: all
+ * its clients are past it). */
+uint32_t stream_next_build(const struct stream *s, struct batch **refill);
+/* Build what stream_next_build() says (without checking the quota). */
 int stream_start_batch(struct stream *s);
 void job_done(struct job *job);
 /* Record @job's first failure (the first caller wins; any thread). */
 void job_set_error(struct job *job, int err, const char *msg);
 void job_free(struct job *job);
 struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
+/* Shared stream @s, which no client reads, leaves its pipeline for a new
+ * job's (docs/spec.md, "Jobs"): its batches go, it is freed when done. */
+void stream_retire(struct stream *s);
 /* Slots a new batch of @s takes: one per seed group read (at least 1). */
 uint32_t stream_batch_slots(const struct stream *s);
 /* Drop the ring's references to @b's slots. */

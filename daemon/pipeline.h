@@ -98,6 +98,7 @@ struct attach_params {
 	const struct principal *who; /* checked against the pipeline's access */
 	const struct cuda_device_info *cuda; /* CUDA delivery on that device, NULL host */
 	bool ring;            /* deliver through a batch ring (host only) */
+	const char *job;      /* its job (docs/spec.md, "Jobs"); NULL or "": its process */
 };
 
 /* What a client needs to read the batches of an attachment. */

@@ -6,10 +6,12 @@
  * attachment may hold its share of leases (its stream's quota, split between
  * the attachments of the dynamic stream); a stream below its quota with no
  * slot free takes back the newest ready batches nobody has received from the
- * streams above theirs (they are rebuilt later, identical); an attachment
+ * streams above theirs (they are rebuilt later, identical), and from a
+ * broadcast stream any slot no lease holds, received or not (its batch is
+ * built again for its clients that have not: stream_next_build()); an attachment
  * above its share is sent a Revoke on its watch and gives back what its
- * trainer has not taken. So no stream's prefetched batches, idle clients or
- * slow trainer can hold another stream's slots: only a trainer that holds
+ * trainer has not taken. So no stream's prefetched batches, idle clients,
+ * clients far apart or slow trainer can hold another stream's slots: only a trainer that holds
  * its whole share waits, and libloader then keeps (copies) its oldest batch.
  */
 #include "pipeline-private.h"
@@ -61,10 +63,13 @@ uint32_t att_share(const struct attachment *a)
 	return q ? q : 1;
 }
 
-/* Would @s build another batch if a slot were free? */
-static bool stream_wants(const struct stream *s)
+/* Would @s build another batch (or a slot of one) if slots were free? How
+ * many it needs then in *@need. */
+static bool stream_wants(const struct stream *s, uint32_t *need)
 {
-	if (s->dead || s->next_produce >= s->end_seq || s->ring_len >= s->pl->nslots)
+	struct batch *refill;
+
+	if (s->dead)
 		return false;
 	if (s->mode == LDR_MODE_PARTITION && s->natts == 0)
 		return false;
@@ -75,7 +80,8 @@ static bool stream_wants(const struct stream *s)
 	    s->natts < s->pl->spec->min_clients && source_augments(s->pl->src))
 		return false;
 	/* a batch takes a slot per seed group read (docs/spec.md, "Augment seeds") */
-	return s->slots_held + stream_batch_slots(s) <= stream_quota(s);
+	*need = stream_next_build(s, &refill);
+	return *need != UINT32_MAX && s->slots_held + *need <= stream_quota(s);
 }
 
 /* First seq none of @s's attachments has received. */
@@ -143,38 +149,104 @@ static void pipeline_drop_orphan_returns(struct pipeline *pl, uint32_t need)
 		}
 }
 
+/* The newest slot of broadcast stream @s that only its ring holds (no lease,
+ * no device copy), whoever received its batch: given back, its batch is
+ * built again for the clients that have not (stream_next_build()); those
+ * that have do not wait for the others' slowest beyond the stream's quota. */
+static bool stream_slot_reclaimable(struct stream *s, struct batch **bp, uint32_t *gp)
+{
+	for (uint32_t i = s->ring_len; i-- > 0;) {
+		struct batch *b = &s->ring[(s->ring_head + i) % s->pl->nslots];
+		if (!b->ready)
+			continue;
+		for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++) {
+			const struct slot *slot = batch_slot(b, g);
+			if (slot && slot->refs == 1 && !slot->leases) {
+				*bp = b;
+				*gp = g;
+				return true;
+			}
+		}
+	}
+	return false;
+}
+
+static bool batch_has_slots(const struct batch *b)
+{
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++)
+		if (batch_slot(b, g))
+			return true;
+	return false;
+}
+
+static void stream_reclaim_slot(struct stream *s, struct batch *b, uint32_t g)
+{
+	struct slot *slot = batch_slot(b, g);
+
+	if (g)
+		b->more[g - 1] = NULL;
+	else
+		b->slot = NULL;
+	s->reclaimed++;
+	s->pl->reclaimed++;
+	slot_unref(s->pl, slot);
+	/* the newest batches left without a slot leave the ring: built again
+	 * (the same bytes) when the stream has room */
+	while (s->ring_len) {
+		struct batch *t = &s->ring[(s->ring_head + s->ring_len - 1) % s->pl->nslots];
+		if (!t->ready || batch_has_slots(t))
+			break;
+		s->ring_len--;
+		s->next_produce = t->seq;
+	}
+}
+
 /* Free as many slots as the streams below their quota can use, from the
- * streams above theirs: streams nobody reads first, then the most above. */
+ * streams above theirs: streams nobody reads first, then the most above. A
+ * broadcast stream gives back single slots, received or not: so no stream's
+ * slow client holds another stream's slots. */
 static void pipeline_reclaim(struct pipeline *pl)
 {
-	uint32_t need = 0;
+	uint32_t need = 0, n;
 
 	for (struct stream *s = pl->streams; s; s = s->next)
-		if (s->natts && stream_wants(s))
+		if (s->natts && stream_wants(s, &n))
 			need += stream_quota(s) - s->slots_held;
 	while (pl->nfree < need) {
 		struct stream *victim = NULL;
 		struct batch *vb = NULL;
+		uint32_t vg = 0;
 		int64_t most = 0;
 		for (struct stream *t = pl->streams; t; t = t->next) {
 			int64_t over;
 			struct batch *b;
+			uint32_t g = AUG_GROUPS_MAX;
 			if (t->dead)
 				continue;
 			over = (int64_t)t->slots_held - (t->natts ? stream_quota(t) : 0);
-			if (over <= 0 || !(b = stream_reclaimable(t)))
+			if (over <= 0)
 				continue;
+			if (t->mode == LDR_MODE_BROADCAST && t->natts) {
+				if (!stream_slot_reclaimable(t, &b, &g))
+					continue;
+			} else if (!(b = stream_reclaimable(t))) {
+				continue;
+			}
 			if (!t->natts)
 				over += pl->nslots;
 			if (over > most) {
 				most = over;
 				victim = t;
 				vb = b;
+				vg = g;
 			}
 		}
 		if (!victim)
 			break;
-		stream_reclaim(victim, vb);
+		if (vg < AUG_GROUPS_MAX)
+			stream_reclaim_slot(victim, vb, vg);
+		else
+			stream_reclaim(victim, vb);
 	}
 	pipeline_drop_orphan_returns(pl, need);
 }
@@ -238,7 +310,8 @@ static void pipeline_pump(struct pipeline *pl)
 	while (progress) {
 		progress = false;
 		for (struct stream *s = pl->streams; s; s = s->next) {
-			if (pl->nfree < stream_batch_slots(s) || !stream_wants(s))
+			uint32_t need;
+			if (!stream_wants(s, &need) || pl->nfree < need)
 				continue;
 			if (stream_start_batch(s) < 0)
 				return;

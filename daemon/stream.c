@@ -176,17 +176,79 @@ static void task_run(struct work *work)
 	}
 }
 
+/* The lowest cursor of each seed group's broadcast clients into @mins
+ * (UINT64_MAX: none), so that a group's slot is built only for a batch one
+ * of its clients has still to receive (sched.c gives back the slots of a
+ * broadcast stream above its quota, received or not). Other streams: 0. */
+static void group_cursors(const struct stream *s, uint64_t mins[AUG_GROUPS_MAX])
+{
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++)
+		mins[g] = s->mode == LDR_MODE_BROADCAST ? UINT64_MAX : 0;
+	if (s->mode != LDR_MODE_BROADCAST)
+		return;
+	for (const struct attachment *a = s->atts; a; a = a->next)
+		if (a->cursor < mins[a->group])
+			mins[a->group] = a->cursor;
+}
+
+/* Does seed group @g need a slot in the batch at @seq, which has none? */
+static bool group_wants(const struct stream *s, const uint64_t *mins, uint32_t g, uint64_t seq)
+{
+	if (!s->natts)
+		return !g;   /* a stream without clients builds for its own seed */
+	return s->groups[g].natts && mins[g] <= seq;
+}
+
+/* The slots the batch at @seq needs for the groups @b (NULL: a new batch)
+ * has none of. */
+static uint32_t batch_missing(const struct stream *s, const uint64_t *mins, const struct batch *b,
+                              uint64_t seq)
+{
+	uint32_t n = 0;
+
+	for (uint32_t g = 0; g < s->ngroups; g++)
+		n += (!b || !batch_slot(b, g)) && group_wants(s, mins, g, seq);
+	return n;
+}
+
+uint32_t stream_next_build(const struct stream *s, struct batch **refill)
+{
+	uint64_t mins[AUG_GROUPS_MAX];
+	uint32_t n;
+
+	*refill = NULL;
+	group_cursors(s, mins);
+	/* a ready batch whose slot of a group was given back, that a client of
+	 * the group has still to receive: the oldest first */
+	if (s->mode == LDR_MODE_BROADCAST)
+		for (uint32_t i = 0; i < s->ring_len; i++) {
+			struct batch *b = &s->ring[(s->ring_head + i) % s->pl->nslots];
+			if (b->ready && (n = batch_missing(s, mins, b, b->seq))) {
+				*refill = b;
+				return n;
+			}
+		}
+	if (s->next_produce >= s->end_seq || s->ring_len >= s->pl->nslots)
+		return UINT32_MAX;
+	return batch_missing(s, mins, NULL, s->next_produce);
+}
+
 int stream_start_batch(struct stream *s)
 {
 	struct pipeline *pl = s->pl;
 	struct engine *eng = pl->eng;
 	unsigned nworkers = workers_count(eng->workers);
-	struct batch *b;
+	struct batch *b, *refill;
 	struct slot *slot;
 	struct job *job;
 	uint32_t rows, ntasks;
-	uint64_t seq = s->next_produce;
+	uint64_t seq = s->next_produce, mins[AUG_GROUPS_MAX];
 
+	if (stream_next_build(s, &refill) == UINT32_MAX)
+		return 0;
+	if (refill)
+		seq = refill->seq;
+	group_cursors(s, mins);
 	rows = sampler_batch_rows(&s->sampler, seq % s->bpe);
 	/* Several batches are in flight anyway; split one only when it is big
 	 * enough to pay for the extra wake-ups (they cost more than small copies). */
@@ -204,13 +266,17 @@ int stream_start_batch(struct stream *s)
 	if (!job)
 		return -ENOMEM;
 
-	b = &s->ring[(s->ring_head + s->ring_len) % pl->nslots];
-	/* a slot for each seed group read (group 0 alone when none is), the
-	 * first one's the job's base */
-	b->slot = NULL;
-	memset(b->more, 0, sizeof(b->more));
+	if (refill) {
+		b = refill;
+	} else {
+		b = &s->ring[(s->ring_head + s->ring_len) % pl->nslots];
+		b->slot = NULL;
+		memset(b->more, 0, sizeof(b->more));
+	}
+	/* a slot for each seed group that reads it and has none (group 0 alone
+	 * in a stream without clients), the first one's the job's base */
 	for (uint32_t g = 0; g < s->ngroups; g++) {
-		if (s->groups[g].natts == 0 && (g || s->natts))
+		if (batch_slot(b, g) || !group_wants(s, mins, g, seq))
 			continue;
 		slot = &pl->slots[pl->free_slots[--pl->nfree]];
 		for (struct devcopy *dc = pl->devs; dc; dc = dc->next)
@@ -231,16 +297,24 @@ int stream_start_batch(struct stream *s)
 			job->seeds[++job->nmore] = s->groups[g].seed;
 		}
 	}
-
-	if (s->ring_len == 0)
-		s->head_seq = seq;
-	s->ring_len++;
-	b->seq = seq;
-	b->epoch = seq / s->bpe;
-	b->index = seq % s->bpe;
-	b->rows = rows;
 	b->ready = false;
-	s->next_produce++;
+	if (!refill) {
+		if (s->ring_len == 0)
+			s->head_seq = seq;
+		s->ring_len++;
+		b->seq = seq;
+		b->epoch = seq / s->bpe;
+		b->index = seq % s->bpe;
+		b->rows = rows;
+		s->next_produce++;
+	}
+	if (!job->base) {
+		/* every client of the stream has it (sched.c gave its slots back
+		 * after they received it): a place in the ring, nothing to build */
+		b->ready = true;
+		job_free(job);
+		return 0;
+	}
 	s->jobs++;
 	pl->jobs++;
 
@@ -362,4 +436,20 @@ struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t
 	pl->streams = s;
 	pl->nstreams++;
 	return s;
+}
+
+void stream_retire(struct stream *s)
+{
+	struct pipeline *pl = s->pl;
+
+	if (pl->shared[s->mode] == s)
+		pl->shared[s->mode] = NULL;
+	s->dead = true;
+	pl->nstreams--;
+	while (s->nreturned)
+		slot_unref(pl, s->returned[--s->nreturned].slot);
+	/* ready batches now; in-flight ones when their job ends (job_done()) */
+	while (s->ring_len && s->ring[s->ring_head].ready)
+		ring_pop_head(s);
+	stream_maybe_free(s);
 }

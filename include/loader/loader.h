@@ -155,12 +155,25 @@ struct ldr_attach_opts {
 	/* --- LDR_ATTACH_OPTS_SIZE_V2: augmentation seeds (docs/spec.md, "Augment seeds") --- */
 	int has_augment_seed;     /**< draw random transforms from augment_seed, not the spec's seed */
 	uint64_t augment_seed;    /**< 0..2^63-1 as a spec seed, 0 included; broadcast and partition only */
+	/* --- LDR_ATTACH_OPTS_SIZE_V3: jobs (docs/spec.md, "Jobs") --- */
+	/**
+	 * The job this client belongs to, at most LDR_JOB_MAX bytes of printable
+	 * ASCII; NULL or "": $TORCHELASTIC_RUN_ID when torchrun set it (not
+	 * "none"), else the daemon takes this process as a job of its own. A
+	 * broadcast or dynamic stream that no client reads any more is started
+	 * again from its first batch for a client of another job.
+	 */
+	const char *job;
 };
 
 /** Size of the first versioned layout (every field up to device_index); what size 0 means. */
 #define LDR_ATTACH_OPTS_SIZE_V1 (offsetof(struct ldr_attach_opts, device_index) + sizeof(int))
 /** The layout with has_augment_seed and augment_seed. */
 #define LDR_ATTACH_OPTS_SIZE_V2 (offsetof(struct ldr_attach_opts, augment_seed) + sizeof(uint64_t))
+/** The layout with job. */
+#define LDR_ATTACH_OPTS_SIZE_V3 (offsetof(struct ldr_attach_opts, job) + sizeof(const char *))
+/** Longest job name (ldr_attach_opts.job), in bytes. */
+#define LDR_JOB_MAX 128
 /**
  * Most distinct augment seeds one pipeline's broadcast clients may use at
  * once, the spec's own seed (clients without augment_seed) counted.

@@ -21,6 +21,7 @@ pytest.importorskip("torchvision")
 
 from imgtest import image_spec, make_folder  # noqa: E402
 from ldrtest import BUILD_DIR, python_client_env  # noqa: E402
+from users import open_to_all, shared_config, users  # noqa: E402,F401 (fixture)
 
 N = 10          # images
 BATCH = 4       # 3 batches an epoch: 4, 4, 2
@@ -456,3 +457,67 @@ def test_seeds_come_and_go_under_a_long_reader(ld, workdir):
         runs += 1
     assert runs >= 1
     assert a.wait(check=True).dump == truth[7]
+
+
+@pytest.mark.parametrize("seeded", [True, False], ids=["8 seeds", "no seed"])
+def test_seeded_clients_leave_another_stream_its_slots(daemon, workdir, users, seeded):
+    """bob reads alice's `access: all` pipeline with 8 broadcast clients of 8
+    augment seeds (or none): the first takes a batch and holds it, the
+    second reads as fast as it can, the other six attach then. His broadcast stream,
+    alone, took every slot, most in batches his fast client received and
+    his first has not. alice's own partition stream of the pipeline still
+    gets its share of the slots (docs/protocol.md, "Sharing slots"): her
+    whole epoch, exact, while bob's clients hold theirs (no slow-client
+    timeout frees them: it is an hour)."""
+    alice, bob = users
+    open_to_all(workdir)
+    root = images(workdir)
+    shared = os.path.join(workdir, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o1777)
+    subprocess.run(["chmod", "-R", "a+rX", root], check=True)
+    d = daemon("--config", shared_config(workdir))
+    d.create(spec("ref", root, 7, epochs=1))
+    truth = d.consume("ref", "--mode", "partition").dump
+    assert len(truth) == (4 + 4 + 2) * (16 * 16 * 3 + 8)
+    path = os.path.join(shared, "open.json")
+    with open(path, "w") as f:
+        json.dump(spec("open", root, 7, epochs=0, prefetch=64, access="all", persist=True,
+                       slow_client_timeout=3600), f)
+    os.chmod(path, 0o644)
+    alice.ctl(d, "create", "--spec", path, check=True)
+
+    def as_bob(seed, *args):
+        seed = ["--augment-seed", seed] if seeded else []
+        p = subprocess.Popen(d.ctl_cmd("consume", "open", *seed, *args),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **bob.popen_kwargs())
+        d._children.append(p)
+        return p
+
+    def bobs(st):
+        return {c["pid"]: a for c in st["clients"] if c["uid"] == bob.uid
+                for a in c["attachments"]}
+    hold = as_bob(100, "--delay", 3600000, "--batches", 1)
+    d.wait_for(lambda st: any(a["leases"] for a in bobs(st).values()), "bob's first holds")
+    fast = as_bob(101, "--batches", 1000000)
+    def pipeline(st):
+        return [x for x in st["pipelines"] if x["name"] == "open"][0]
+    d.wait_for(lambda st: (pipeline(st)["held_back_by"] or {}).get("pid") == hold.pid,
+               "bob's fast client held back by his first")
+    held = [hold, fast] + [as_bob(102 + i, "--delay", 3600000, "--batches", 1) for i in range(6)]
+    d.wait_for(lambda st: len(bobs(st)) == 8, "bob's 8 clients attached")
+    p = pipeline(d.status())
+    # his batches take a slot per seed: the stream can build no more
+    assert p["stats"]["slots_free"] < (8 if seeded else 1), p["stats"]
+    dump = os.path.join(shared, "alice.bin")
+    r = alice.ctl(d, "consume", "open", "--mode", "partition", "--epochs", 1, "--timeout", 30000,
+                  "--dump", dump, json_out=True)
+    assert r.returncode == 0, r.stderr
+    with open(dump, "rb") as f:
+        assert f.read() == truth
+    # bob's clients held their batches all along, and still do
+    assert all(p.poll() is None for p in held)
+    assert bobs(d.status())[hold.pid]["leases"] >= 1
+    for p in held:
+        p.kill()
+        p.wait()

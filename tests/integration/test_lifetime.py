@@ -138,10 +138,14 @@ def trainer_env():
     return env
 
 
-def run_trainer(d, workdir, spec=None, check=True, **kw):
-    """Run the trainer to its end; its JSON line."""
+def run_trainer(d, workdir, spec=None, check=True, run_id=None, **kw):
+    """Run the trainer to its end (in torchrun's run @run_id, if given); its
+    JSON line."""
+    env = trainer_env()
+    if run_id is not None:
+        env["TORCHELASTIC_RUN_ID"] = run_id
     p = subprocess.run(trainer_args(d, workdir, spec, **kw), capture_output=True, text=True,
-                       timeout=120, env=trainer_env())
+                       timeout=120, env=env)
     if check and p.returncode != 0:
         raise AssertionError(f"trainer exit {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}\n"
                              f"daemon log:\n{d.log()[-3000:]}")
@@ -267,18 +271,22 @@ def test_relaunch_with_another_spec_replaces_a_lingering_pipeline(daemon, workdi
 def test_persist_survives(daemon, workdir):
     d = start(daemon, workdir, linger=0.2)
     s = spec(workdir, persist=True)
-    assert run_trainer(d, workdir, s)["created"] is True
+    assert run_trainer(d, workdir, s, run_id="run-1")["created"] is True
     # unused for a second (counted from when the daemon saw the trainer go)
     st = d.wait_for(lambda s: (find(s, "job") or {}).get("idle_s", 0) >= 1, "job idle 1 s")
     p = find(st, "job")
     assert p["persist"] is True and p["expires_in_s"] is None and p["linger_s"] is None
     assert p["in_use"] is False and p["idle_s"] >= 1
-    # a later run joins it: persist is not part of the spec's identity
-    again = run_trainer(d, workdir, spec(workdir))
+    # a later trainer of the same job (torchrun's run id) joins it: persist is
+    # not part of the spec's identity
+    again = run_trainer(d, workdir, spec(workdir), run_id="run-1")
     assert again["created"] is False
-    # the stream goes on where the first run left it (what it had in flight is consumed)
+    # the stream goes on where the first left it (what it had in flight is consumed)
     first = again["batches"][0][1]
     assert first >= 3 and again["batches"] == [[0, first], [0, first + 1], [0, first + 2]]
+    # another job's trainer starts the stream again (docs/spec.md, "Jobs")
+    other = run_trainer(d, workdir, spec(workdir), run_id="run-2")
+    assert other["created"] is False and other["batches"] == [[0, 0], [0, 1], [0, 2]]
     assert "spec" in p and "persist" not in p["spec"]
     d.ctl("drop", "job")
     assert names(d.status()) == []

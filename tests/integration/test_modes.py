@@ -172,8 +172,10 @@ def test_dynamic_verbose_positions(ld, workdir):
     n, bs, epochs = 200, 10, 3
     path = pos_file(workdir, n)
     ld.create(token_spec("dv", path, L, "uint32", batch_size=bs, epochs=epochs, prefetch=3))
-    a = ld.popen_consume("dv", "--mode", "dynamic", "--verbose", dump=False)
-    b = ld.popen_consume("dv", "--mode", "dynamic", "--verbose", dump=False)
+    # one job: if a reads to the end before b attaches, b gets the end, not
+    # a stream of its own (docs/spec.md, "Jobs")
+    a = ld.popen_consume("dv", "--mode", "dynamic", "--verbose", "--job", "dv", dump=False)
+    b = ld.popen_consume("dv", "--mode", "dynamic", "--verbose", "--job", "dv", dump=False)
     ra, rb = a.wait(check=True), b.wait(check=True)
     pairs = []
     for res in (ra, rb):

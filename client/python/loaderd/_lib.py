@@ -99,6 +99,7 @@ class ldr_attach_opts(ctypes.Structure):
         ("device_index", ctypes.c_int),
         ("has_augment_seed", ctypes.c_int),  # LDR_ATTACH_OPTS_SIZE_V2
         ("augment_seed", ctypes.c_uint64),
+        ("job", ctypes.c_char_p),            # LDR_ATTACH_OPTS_SIZE_V3
     ]
 
     def __init__(self, *args, **kwargs):

@@ -124,7 +124,7 @@ class _Attachment:
     """Owns one ldr_attachment*; keeps its _Client alive."""
 
     def __init__(self, client, pipeline, mode, rank, world, start, inflight, device=None,
-                 augment_seed=None):
+                 augment_seed=None, job=None):
         self.ptr = None
         self.device = device  # None: host memory; N: cuda:N
         self.detached = False
@@ -151,6 +151,8 @@ class _Attachment:
         if augment_seed is not None:
             opts.has_augment_seed = 1
             opts.augment_seed = augment_seed
+        if job is not None:
+            opts.job = job.encode()  # libloader copies it
         out = ctypes.c_void_p()
         r = L.ldr_attach(client.ptr, pipeline.encode(), ctypes.byref(opts), ctypes.byref(out))
         if r < 0:
@@ -638,7 +640,7 @@ class DataLoader:
                  drop_last=None, mode=None, rank=None, world_size=None, socket=None,
                  timeout=None, device="cpu", as_numpy=False, progress=False, epochs=None,
                  inflight=None, name=None, on_error=None, fields=None, pipeline_name=None,
-                 reconnect_timeout=None, augment_seed=None, **torch_compat):
+                 reconnect_timeout=None, augment_seed=None, job=None, **torch_compat):
         # your own Dataset (docs/python.md, "Your own Dataset"): a map-style
         # Dataset object, or a spec whose source.kind is "python"
         self._py = pydataset.is_dataset(pipeline_or_spec) or (
@@ -679,6 +681,11 @@ class DataLoader:
             raise ValueError("augment_seed must be an integer in 0..2**63-1 (a spec seed), "
                              f"not {augment_seed!r}")
         self.augment_seed = augment_seed
+        if job is not None and (not isinstance(job, str) or not job or len(job) > 128 or
+                                not all(" " <= ch <= "~" for ch in job)):
+            raise ValueError("job must be a name of 1..128 printable ASCII characters, "
+                             f"not {job!r}")
+        self.job = job
 
         # mode, rank, world: a private stream (partition rank 0 of 1) unless
         # torchrun's RANK/WORLD_SIZE or the arguments say otherwise; sharing
@@ -861,7 +868,7 @@ class DataLoader:
         if start is not None and mode == "broadcast":
             mode = "partition"  # resume: a private stream, identical content (rank 0 of 1)
         self._att = _Attachment(self._client, self.pipeline, mode, self.rank, self.world_size,
-                                start, self._inflight, self._cuda, self.augment_seed)
+                                start, self._inflight, self._cuda, self.augment_seed, self.job)
         self._attached_mode = mode
         self._ended = False
         self._pos = tuple(start) if start is not None else None
