@@ -270,6 +270,18 @@ uint64_t ldr_client_reconnects(const struct ldr_client *client)
 	return n;
 }
 
+unsigned ldr_client_calls_in_flight(const struct ldr_client *client)
+{
+	struct ldr_client *c = (struct ldr_client *)client;
+	unsigned n = 0;
+
+	bool locked = reader_lock(c);
+	for (const struct sync_call *sc = c->sync_calls; sc; sc = sc->next)
+		n++;
+	reader_unlock(c, locked);
+	return n;
+}
+
 uint64_t ldr_client_id(const struct ldr_client *client)
 {
 	struct ldr_client *c = (struct ldr_client *)client; /* its lock: a reconnection changes it */

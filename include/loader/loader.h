@@ -233,6 +233,10 @@ LDR_EXPORT int ldr_client_set_reconnect(struct ldr_client *client, int timeout_m
 LDR_EXPORT int ldr_client_reconnect_timeout(const struct ldr_client *client);
 /** Reconnections to a restarted daemon that succeeded since ldr_connect(). */
 LDR_EXPORT uint64_t ldr_client_reconnects(const struct ldr_client *client);
+/** Synchronous calls of @p client (ldr_status_json(), ldr_create_pipeline(), ...),
+ * from every thread, sent or being sent and not answered yet: each one the
+ * daemon going away cancels. */
+LDR_EXPORT unsigned ldr_client_calls_in_flight(const struct ldr_client *client);
 
 /**
  * ldr_create_pipeline() - create a pipeline from a JSON spec (docs/spec.md).
