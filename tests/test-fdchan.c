@@ -8,7 +8,6 @@
  * What the daemon logs is captured from stderr and compared exactly.
  */
 #include <assert.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -31,6 +30,7 @@
 #include <uv.h>
 
 #include "fdchan.h"
+#include "test-proc.h"
 
 /* fdchan.c's CONN_TIMEOUT_MS and MAX_CONNS */
 #define CONN_TIMEOUT_MS 5000
@@ -84,15 +84,7 @@ static bool is_readable(int fd)
  * channel's end of each one it accepted. */
 static unsigned count_fds(void)
 {
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	unsigned n = 0;
-
-	assert(d);
-	while ((e = readdir(d)))
-		n += e->d_name[0] != '.';
-	closedir(d);
-	return n - 1; /* the listing's own */
+	return proc_entries("/proc/self/fd") - 1; /* the listing's own */
 }
 
 /* Run the loop until this process has @want fds: the channel accepted (or

@@ -11,7 +11,6 @@
  * and freed by the loop, so that ASan sees any touch of a work after its fn.
  */
 #include <assert.h>
-#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -27,6 +26,7 @@
 #include <uv.h>
 
 #include "workers.h"
+#include "test-proc.h"
 
 static uint64_t now_ms(void)
 {
@@ -112,15 +112,7 @@ static bool gate_await_waiters(struct gate *g, unsigned n, unsigned ms)
  * count less what ran before it was made (main, a sanitizer's own). */
 static unsigned count_threads(void)
 {
-	DIR *d = opendir("/proc/self/task");
-	struct dirent *e;
-	unsigned n = 0;
-
-	assert(d);
-	while ((e = readdir(d)))
-		n += e->d_name[0] != '.';
-	closedir(d);
-	return n;
+	return proc_entries("/proc/self/task");
 }
 
 /* Wait until this process has @n threads (those asked to leave exit a
