@@ -297,6 +297,18 @@ uint32_t ldr_client_daemon_uid(const struct ldr_client *client)
 	return uid;
 }
 
+unsigned ldr_client_calls_in_flight(const struct ldr_client *client)
+{
+	struct ldr_client *c = (struct ldr_client *)client;
+	unsigned n = 0;
+
+	bool locked = reader_lock(c);
+	for (const struct sync_call *sc = c->sync_calls; sc; sc = sc->next)
+		n++;
+	reader_unlock(c, locked);
+	return n;
+}
+
 uint64_t ldr_client_id(const struct ldr_client *client)
 {
 	struct ldr_client *c = (struct ldr_client *)client; /* its lock: a reconnection changes it */

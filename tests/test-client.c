@@ -32,6 +32,13 @@
 #define SEQ 16
 #define NTOK (SEQ * 100 + 1)
 
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
 
 static void create(struct ldr_client *c, const char *name, int batch, int epochs)
 {
@@ -515,7 +522,13 @@ static void test_daemon_gone(struct ldr_client *c)
 	while (sync_calls.started < NSYNC)
 		pthread_cond_wait(&sync_calls.cond, &sync_calls.lock);
 	pthread_mutex_unlock(&sync_calls.lock);
-	usleep(500000); /* into their calls, answered by nobody */
+	/* all into their calls, answered by nobody: libloader counts them (far
+	 * less than the calls' own timeout, 60 s, when they would come back) */
+	for (double end = now_s() + 30; ldr_client_calls_in_flight(c) < NSYNC && now_s() < end;)
+		usleep(1000);
+	if (ldr_client_calls_in_flight(c) != NSYNC)
+		fprintf(stderr, "%u of %d synchronous calls in flight\n", ldr_client_calls_in_flight(c), NSYNC);
+	assert(ldr_client_calls_in_flight(c) == NSYNC);
 	pthread_mutex_lock(&sync_calls.lock);
 	assert(sync_calls.done == 0);
 	pthread_mutex_unlock(&sync_calls.lock);

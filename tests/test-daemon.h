@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* One daemon per test process, on a private socket under /tmp. */
@@ -25,12 +26,18 @@ static void start_daemon(const char *exe, const char *tag)
 		execl(exe, exe, "--socket", sock_path, "--workers", "2", "--log-level", "warning", (char *)NULL);
 		_exit(127);
 	}
-	for (int i = 0; i < 200; i++) {
+	/* 30 s in time, not in turns: a sanitizer build on a loaded machine
+	 * may take seconds to start */
+	struct timespec now, end;
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += 30;
+	do {
 		if (access(fd_path, F_OK) == 0 && access(sock_path, F_OK) == 0)
 			return;
 		usleep(20000);
-	}
-	assert(!"daemon did not start");
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (now.tv_sec < end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec < end.tv_nsec));
+	assert(!"daemon did not start within 30 s");
 }
 
 static __attribute__((unused)) void stop_daemon(void)

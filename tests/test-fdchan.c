@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -28,6 +30,7 @@
 #include <uv.h>
 
 #include "fdchan.h"
+#include "test-proc.h"
 
 /* fdchan.c's CONN_TIMEOUT_MS and MAX_CONNS */
 #define CONN_TIMEOUT_MS 5000
@@ -75,6 +78,39 @@ static bool is_readable(int fd)
 {
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 	return poll(&p, 1, 0) > 0;
+}
+
+/* Open fds of this process: a client's end of each connection and the
+ * channel's end of each one it accepted. */
+static unsigned count_fds(void)
+{
+	return proc_entries("/proc/self/fd") - 1; /* the listing's own */
+}
+
+/* Run the loop until this process has @want fds: the channel accepted (or
+ * closed) what the test waits for. 30 s at most. */
+static void pump_until_fds(unsigned want)
+{
+	uint64_t end = now_ms() + 30000;
+
+	while (count_fds() != want && now_ms() < end)
+		pump(1);
+	if (count_fds() != want)
+		fprintf(stderr, "%u fds, not %u\n", count_fds(), want);
+	assert(count_fds() == want);
+}
+
+/* Run the loop until the channel has read all that @fd sent (nothing of it
+ * left in the socket), and once more: an answer to it would be there now. */
+static void pump_until_read(int fd)
+{
+	uint64_t end = now_ms() + 30000;
+	int left;
+
+	while (ioctl(fd, SIOCOUTQ, &left) == 0 && left > 0 && now_ms() < end)
+		pump(1);
+	assert(ioctl(fd, SIOCOUTQ, &left) == 0 && left == 0);
+	uv_run(&loop, UV_RUN_NOWAIT);
 }
 
 /* ---- what the daemon logs ---- */
@@ -408,10 +444,10 @@ static void test_exchange(void)
 		int fd = client_connect(path);
 		const char *p = (const char *)&rq;
 		send_all(fd, p, 3);
-		pump(20);
+		pump_until_read(fd);
 		assert(!is_readable(fd));
 		send_all(fd, p + 3, 9);
-		pump(20);
+		pump_until_read(fd);
 		assert(!is_readable(fd));
 		send_all(fd, p + 12, sizeof(rq) - 12);
 		g = recv_reply(fd);
@@ -520,9 +556,14 @@ static void test_malformed(void)
 	}
 	assert(L.calls == calls);
 
-	/* a peer that connects and hangs up at once */
-	close(client_connect(path));
-	pump(20);
+	/* a peer that connects and hangs up at once: the channel closes its
+	 * end once it saw that (an EOF here), and asked nobody */
+	{
+		int fd = client_connect(path);
+		assert(shutdown(fd, SHUT_WR) == 0);
+		assert(wait_readable(fd, 30000) >= 0);
+		close(fd);
+	}
 	assert(L.calls == calls);
 
 	/* a full request, and the peer gone before the reply: no SIGPIPE, the
@@ -533,7 +574,8 @@ static void test_malformed(void)
 		rq = make_req(t2->token);
 		send_all(fd, &rq, sizeof(rq));
 		close(fd);
-		pump(50);
+		for (uint64_t end = now_ms() + 30000; L.calls == calls && now_ms() < end;)
+			pump(1);
 		assert(L.calls == calls + 1 && t2->used);
 	}
 
@@ -681,12 +723,13 @@ static void test_idle(void)
 	ch = open_chan(path, 0660, -1);
 
 	/* MAX_CONNS peers that say nothing; the loop accepts each */
+	unsigned fds0 = count_fds();
 	t0 = now_ms();
 	for (int i = 0; i < MAX_CONNS; i++) {
 		idle[i] = client_connect(path);
 		uv_run(&loop, UV_RUN_NOWAIT);
 	}
-	pump(50);
+	pump_until_fds(fds0 + 2 * MAX_CONNS);
 	for (int i = 0; i < MAX_CONNS; i++)
 		assert(!is_readable(idle[i])); /* held open, not answered */
 
@@ -711,9 +754,10 @@ static void test_idle(void)
 	}
 
 	/* one idle peer leaves: its place serves a real request, while the rest wait */
+	unsigned fds1 = count_fds();
 	close(idle[0]);
 	idle[0] = -1;
-	pump(20);
+	pump_until_fds(fds1 - 2); /* the channel closed its end too */
 	t = add_token(60, getuid(), 4096, 0);
 	rq = make_req(t->token);
 	g = exchange(path, &rq, sizeof(rq));
@@ -750,11 +794,12 @@ static void test_idle(void)
 	{
 		static int fds[MAX_CONNS];
 		struct tok *tk = add_token(61, getuid(), 4096, 0);
+		unsigned fds2 = count_fds();
 		for (int i = 0; i < MAX_CONNS; i++) {
 			fds[i] = client_connect(path);
 			uv_run(&loop, UV_RUN_NOWAIT);
 		}
-		pump(20);
+		pump_until_fds(fds2 + 2 * MAX_CONNS);
 		rq = make_req(tk->token);
 		send_all(fds[MAX_CONNS - 1], &rq, sizeof(rq));
 		g = recv_reply(fds[MAX_CONNS - 1]);
@@ -836,6 +881,7 @@ static void test_uid_share(void)
 	sockpath(path, sizeof(path), "u.fds");
 	ch = open_chan(path, 0666, -1);
 	/* one uid: MAX_CONNS_PER_UID held, the next one refused */
+	unsigned fds0 = count_fds();
 	capture_begin();
 	closed = child_idle(path, 4243, MAX_CONNS_PER_UID + 1, 1);
 	log = capture_end();
@@ -844,16 +890,16 @@ static void test_uid_share(void)
 	assert(closed == 1);
 	assert(strstr(log, "fd channel: refusing a connection of uid 4243 (pid ") &&
 	       strstr(log, "): too many connections of that uid (1 refused so far)\n"));
-	pump(20);
+	pump_until_fds(fds0); /* the child's connections closed: the channel's ends too */
 	/* full of root's idle connections: another uid's new one takes the
 	 * place of root's oldest, not a refusal */
 	for (int i = 0; i < MAX_CONNS; i++) {
 		idle[i] = client_connect(path);
 		uv_run(&loop, UV_RUN_NOWAIT);
 	}
-	pump(50);
+	pump_until_fds(fds0 + 2 * MAX_CONNS);
 	assert(child_idle(path, 4244, 1, 0) == 0);
-	pump(20);
+	assert(wait_readable(idle[0], 30000) >= 0);
 	{
 		char b;
 		assert(is_readable(idle[0]) && recv(idle[0], &b, 1, MSG_DONTWAIT) == 0);
@@ -1040,7 +1086,7 @@ static void test_new(void)
 	assert(ch2 == NULL);
 	snprintf(want, sizeof(want), "another loaderd is already listening on %s", path);
 	assert(strcmp(err, want) == 0);
-	pump(20); /* the claim's probe connection: accepted and closed, no harm */
+	/* the claim's probe connection: accepted before the next (one queue), no harm */
 	t = add_token(71, getuid(), 8192, 0);
 	rq = make_req(t->token);
 	g = exchange(path, &rq, sizeof(rq));

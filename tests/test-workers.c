@@ -20,11 +20,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include "workers.h"
+#include "test-proc.h"
 
 static uint64_t now_ms(void)
 {
@@ -104,6 +106,42 @@ static bool gate_await_waiters(struct gate *g, unsigned n, unsigned ms)
 	ok = g->waiting >= n;
 	pthread_mutex_unlock(&g->lock);
 	return ok;
+}
+
+/* Threads of this process: /proc/self/task. A pool's threads are the
+ * count less what ran before it was made (main, a sanitizer's own). */
+static unsigned count_threads(void)
+{
+	return proc_entries("/proc/self/task");
+}
+
+/* Wait until this process has @n threads (those asked to leave exit a
+ * moment after their last work); false after @ms. */
+static bool await_threads(unsigned n, unsigned ms)
+{
+	uint64_t end = now_ms() + ms;
+
+	while (count_threads() != n && now_ms() < end)
+		usleep(1000);
+	return count_threads() == n;
+}
+
+/* Is thread @tid of this process asleep (blocked in a call)? */
+static bool thread_sleeps(pid_t tid)
+{
+	char path[64], buf[512], *p;
+	FILE *f;
+	size_t len;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+	f = fopen(path, "re");
+	if (!f)
+		return false;
+	len = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[len] = 0;
+	p = strrchr(buf, ')'); /* the state follows the name */
+	return p && p[1] == ' ' && p[2] == 'S';
 }
 
 /* ---- 1. arguments, count, NULL ---- */
@@ -233,6 +271,7 @@ static void test_concurrency(unsigned n)
 	memset(&c, 0, sizeof(c));
 	gate_init(&c.gate);
 	pthread_mutex_init(&c.tlock, NULL);
+	unsigned before = count_threads();
 	assert(workers_new(&w, n) == 0);
 	for (unsigned i = 0; i < nw; i++) {
 		ws[i].work.fn = conc_run;
@@ -241,8 +280,12 @@ static void test_concurrency(unsigned n)
 	}
 	/* all n threads take one each and block: n run at once ... */
 	assert(gate_await_waiters(&c.gate, n, 10000));
-	usleep(50 * 1000);
-	/* ... and not one more, while the other 3n wait in the queue */
+	/* ... and not one more, while the other 3n wait in the queue: the
+	 * pool has n threads, and each of them is in a work at the gate */
+	assert(count_threads() == before + n);
+	pthread_mutex_lock(&c.tlock);
+	assert(c.nthreads == n);
+	pthread_mutex_unlock(&c.tlock);
 	assert(atomic_load(&c.active) == n);
 	assert(atomic_load(&c.ran) == 0);
 	gate_open(&c.gate);
@@ -258,12 +301,14 @@ static void test_concurrency(unsigned n)
 
 /* ---- 3b. resize: grow and shrink with works queued ---- */
 
-/* Submit @nw blocking works to @w, expect @n of them at once, release them
- * all; every work runs once. */
-static void resize_round(struct workers *w, unsigned n, unsigned nw, struct conc_work *ws,
-                         void (*between)(struct workers *))
+/* Submit @nw blocking works to @w, a pool of @n threads (@others: the
+ * process's threads besides the pool's), expect @n of them at once, release
+ * them all; every work runs once. */
+static void resize_round(struct workers *w, unsigned others, unsigned n, unsigned nw,
+                         struct conc_work *ws, void (*between)(struct workers *))
 {
-	struct conc c;
+	struct conc c, fence;
+	struct conc_work fences[64] = { 0 };
 
 	memset(&c, 0, sizeof(c));
 	gate_init(&c.gate);
@@ -274,16 +319,33 @@ static void resize_round(struct workers *w, unsigned n, unsigned nw, struct conc
 		workers_submit(w, &ws[i].work);
 	}
 	assert(gate_await_waiters(&c.gate, n, 10000));
-	usleep(50 * 1000);
+	/* the pool is n threads, each in a work at the gate: none takes more */
+	assert(await_threads(others + n, 30000));
 	assert(atomic_load(&c.active) == n);
 	if (between)
 		between(w);
 	gate_open(&c.gate);
-	while (atomic_load(&c.ran) < nw)
-		usleep(1000);
-	usleep(20 * 1000);
-	assert(atomic_load(&c.ran) == nw); /* none twice */
+	/* a fence: n works queued after them, each waiting until all n wait.
+	 * The queue is one FIFO, so once every thread is in a fence, every
+	 * work before them was taken and has run */
+	memset(&fence, 0, sizeof(fence));
+	gate_init(&fence.gate);
+	pthread_mutex_init(&fence.tlock, NULL);
+	unsigned nf = workers_count(w);
+	for (unsigned i = 0; i < nf; i++) {
+		fences[i].work.fn = conc_run;
+		fences[i].c = &fence;
+		workers_submit(w, &fences[i].work);
+	}
+	assert(gate_await_waiters(&fence.gate, nf, 10000));
+	assert(atomic_load(&c.ran) == nw); /* each once: none twice, none left */
 	assert(atomic_load(&c.timeouts) == 0);
+	gate_open(&fence.gate);
+	for (uint64_t end = now_ms() + 10000; atomic_load(&fence.ran) < nf && now_ms() < end;)
+		usleep(1000);
+	assert(atomic_load(&fence.ran) == nf && atomic_load(&fence.timeouts) == 0);
+	pthread_mutex_destroy(&fence.tlock);
+	gate_destroy(&fence.gate);
 	pthread_mutex_destroy(&c.tlock);
 	gate_destroy(&c.gate);
 }
@@ -299,19 +361,20 @@ static void test_resize(void)
 {
 	struct conc_work ws[64];
 	struct workers *w;
+	unsigned others = count_threads();
 
 	assert(workers_new(&w, 2) == 0);
 	assert(workers_resize(w, 0) == -EINVAL);
 	assert(workers_resize(w, WORKERS_MAX + 1) == -EINVAL);
 	assert(workers_count(w) == 2);
-	resize_round(w, 2, 8, ws, NULL);
+	resize_round(w, others, 2, 8, ws, NULL);
 	assert(workers_resize(w, 6) == 0);
 	assert(workers_count(w) == 6);
-	resize_round(w, 6, 24, ws, shrink_to_1);
-	resize_round(w, 1, 4, ws, NULL);
+	resize_round(w, others, 6, 24, ws, shrink_to_1);
+	resize_round(w, others, 1, 4, ws, NULL);
 	/* shrink and grow again before the leaving threads are joined */
 	assert(workers_resize(w, 4) == 0 && workers_resize(w, 2) == 0 && workers_resize(w, 3) == 0);
-	resize_round(w, 3, 9, ws, NULL);
+	resize_round(w, others, 3, 9, ws, NULL);
 	assert(workers_free(w) == NULL);
 	printf("resize 2 -> 6 -> 1 -> 3 with works queued, each run once: ok\n");
 }
@@ -320,6 +383,7 @@ static void test_resize(void)
 
 struct free_args {
 	struct workers *w;
+	atomic_int tid;       /* set just before workers_free() */
 	atomic_bool returned;
 };
 
@@ -327,6 +391,7 @@ static void *free_thread(void *arg)
 {
 	struct free_args *fa = arg;
 
+	atomic_store(&fa->tid, (int)syscall(SYS_gettid));
 	workers_free(fa->w);
 	atomic_store(&fa->returned, true);
 	return NULL;
@@ -381,6 +446,7 @@ static void test_shutdown_with_queue(unsigned n)
 	assert(n <= 8);
 	gate_init(&gate);
 	assert(workers_new(&fa.w, n) == 0);
+	atomic_init(&fa.tid, 0);
 	atomic_init(&fa.returned, false);
 	/* every worker busy, then a long queue behind them */
 	for (unsigned i = 0; i < n; i++) {
@@ -396,7 +462,12 @@ static void test_shutdown_with_queue(unsigned n)
 	workers_submit(fa.w, &chain.work);
 
 	assert(pthread_create(&t, NULL, free_thread, &fa) == 0);
-	usleep(100 * 1000);
+	/* workers_free() is called and blocks (in its join: the workers take no
+	 * lock it wants while they wait at the gate) */
+	uint64_t end = now_ms() + 30000;
+	while (!(atomic_load(&fa.tid) && thread_sleeps(atomic_load(&fa.tid))) && now_ms() < end)
+		usleep(1000);
+	assert(atomic_load(&fa.tid) && thread_sleeps(atomic_load(&fa.tid)));
 	/* workers_free waits for the running works; nothing queued was dropped yet */
 	assert(!atomic_load(&fa.returned));
 	assert(atomic_load(&pos) == 0);

@@ -260,6 +260,10 @@ LDR_EXPORT uint64_t ldr_client_reconnects(const struct ldr_client *client);
  * find the same (docs/security.md, "Whose pipeline, whose daemon").
  */
 LDR_EXPORT uint32_t ldr_client_daemon_uid(const struct ldr_client *client);
+/** Synchronous calls of @p client (ldr_status_json(), ldr_create_pipeline(), ...),
+ * from every thread, sent or being sent and not answered yet: each one the
+ * daemon going away cancels. */
+LDR_EXPORT unsigned ldr_client_calls_in_flight(const struct ldr_client *client);
 
 /**
  * ldr_create_pipeline() - create a pipeline from a JSON spec (docs/spec.md).

@@ -67,6 +67,23 @@ def fuse_mount(workdir, script, mnt, ready, *args):
             fs.wait()
 
 
+def wait_log(d, needle, what, count=1, timeout=20.0):
+    """Poll daemon @d's log until @needle (a string, or a compiled regular
+    expression) occurs at least @count times; the log. Shows that the path
+    that writes the line ran, rather than sleeping for a guess of when."""
+    deadline = time.monotonic() + timeout
+    while True:
+        log = d.log()
+        n = len(needle.findall(log)) if hasattr(needle, "findall") else log.count(needle)
+        if n >= count:
+            return log
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what} ({count} of "
+                                 f"{getattr(needle, 'pattern', needle)!r} in the log, "
+                                 f"{n} there):\n{log[-3000:]}")
+        time.sleep(0.05)
+
+
 def crc(data):
     return zlib.crc32(data) & 0xFFFFFFFF
 

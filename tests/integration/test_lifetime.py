@@ -18,7 +18,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 from ldrtest import BUILD_DIR, position_tokens, token_spec
 
@@ -193,6 +192,17 @@ def wait_unused(d, name, timeout=15):
     return find(st, name)
 
 
+def outlive_the_linger(d, workdir, name="witness"):
+    """Wait until every pipeline that went unused before now and that the
+    linger drops is dropped: a pipeline of the same linger goes unused now
+    (its trainer creates it and exits) and is waited for until it is gone.
+    One timer drops every pipeline that is due (registry.c, on_linger), so a
+    pipeline still there then was kept by something other than the clock."""
+    run_trainer(d, workdir, spec(workdir, name=name), batches=0)
+    wait_gone(d, name)
+    assert f'pipeline.drop pipeline={name} why="unused for ' in d.log()
+
+
 # ---------------------------------------------------------------- the job
 
 def test_script_run_twice_starts_afresh(daemon, workdir):
@@ -219,7 +229,10 @@ def test_linger_lets_a_later_rank_attach(daemon, workdir):
     assert r0["batches"] == [[0, 0], [0, 1], [0, 2]]
     p = wait_unused(d, "ddp")
     assert p["in_use"] is False and p["expires_in_s"] is not None and p["linger_s"] == 4
-    time.sleep(1)
+    # a while unused, in the daemon's view: the linger, not rank 0, keeps it
+    p = find(d.wait_for(lambda s: (find(s, "ddp") or {}).get("idle_s", 0) >= 1, "ddp idle 1 s"),
+             "ddp")
+    assert p["in_use"] is False and p["expires_in_s"] is not None
     # rank 1 attaches by name (no create): the linger kept the pipeline for it
     r1 = run_trainer(d, workdir, None, name="ddp", mode=PARTITION, rank=1, world=2)
     assert r1["batches"] == [[0, 0], [0, 1], [0, 2]]
@@ -236,7 +249,8 @@ def test_exist_ok_create_during_the_linger_keeps_it(daemon, workdir):
     assert first["created"] is True
     h = Holder(d, workdir, s, batches=0)
     assert h.out["created"] is False, "exist_ok did not find the lingering pipeline"
-    time.sleep(3.5)
+    # past the end of the linger the first run started: kept by the holder
+    outlive_the_linger(d, workdir)
     p = d.pipeline("job")
     assert p["in_use"] is True and p["idle_s"] == 0 and p["expires_in_s"] is None
     assert p["created_by"] == first["client_id"]
@@ -248,7 +262,9 @@ def test_creator_connection_holds_the_pipeline(daemon, workdir):
     d = start(daemon, workdir, linger=0.2)
     h = Holder(d, workdir, spec(workdir), batches=2)
     assert h.out["batches"] == [[0, 0], [0, 1]]
-    time.sleep(1)     # detached, but the creating connection is open
+    # detached (the daemon saw it), but the creating connection is open
+    d.wait_for(lambda s: (find(s, "job") or {}).get("clients") == 0, "the holder detached")
+    outlive_the_linger(d, workdir)
     p = d.pipeline("job")
     assert p["in_use"] is True and p["clients"] == 0 and p["created_by"] == h.out["client_id"]
     h.release()
@@ -301,7 +317,8 @@ def test_persist_request_upgrades_a_scoped_pipeline(daemon, workdir):
     assert "pipeline job exists" in r.stdout
     assert d.pipeline("job")["persist"] is True
     h.release()
-    time.sleep(1)
+    assert wait_unused(d, "job")["persist"] is True
+    outlive_the_linger(d, workdir)
     assert d.pipeline("job")["persist"] is True
 
 
@@ -309,8 +326,8 @@ def test_ttl_is_the_pipelines_own_linger(daemon, workdir):
     d = start(daemon, workdir, linger=0.2)
     run_trainer(d, workdir, spec(workdir, name="long", ttl=30))
     run_trainer(d, workdir, spec(workdir, name="short"))
+    # "short" went unused after "long": the linger that dropped it is over for both
     wait_gone(d, "short")
-    time.sleep(1)
     p = d.pipeline("long")
     assert p["persist"] is False and p["linger_s"] == 30
     assert 0 < p["expires_in_s"] <= 30
@@ -337,7 +354,8 @@ def test_config_pipelines_persist(daemon, workdir):
     d = start(daemon, workdir, linger=0.1, extra={"pipelines": [spec(workdir, name="cfg", epochs=1)]})
     res = d.consume("cfg", "--batches", "3")
     assert res.json["batches"] == 3
-    time.sleep(1)
+    wait_unused(d, "cfg")
+    outlive_the_linger(d, workdir)
     p = d.pipeline("cfg")
     assert p["created_by"] == "config" and p["persist"] is True and p["expires_in_s"] is None
 
@@ -359,8 +377,8 @@ def test_loaderctl_create_persists_unless_scoped(daemon, workdir):
     d.create(spec(workdir, name="admin"))
     r = d.ctl("create", "--scoped", "--spec", d.spec_file(spec(workdir, name="scoped")))
     assert "created pipeline scoped" in r.stdout
+    # "scoped" went unused after "admin": the linger that dropped it is over for both
     wait_gone(d, "scoped")
-    time.sleep(0.5)
     p = d.pipeline("admin")
     assert p["persist"] is True and isinstance(p["created_by"], int)
     # a ttl of the spec's own is kept as it is: no persist added

@@ -7,7 +7,6 @@ import collections
 import os
 import re
 import signal
-import time
 
 import numpy as np
 
@@ -230,29 +229,31 @@ def test_broadcast_late_joiner_starts_at_oldest_held_batch(ld, workdir):
     ld.wait_for(lambda s: any(c["pid"] == a.pid and c["leases"] >= 1 for c in s["clients"]),
                 "A holds a lease")
     a.signal(signal.SIGSTOP)
-    # A's leases and position once they stay put: releases A wrote to its ring
-    # just before it stopped can reach the daemon after a first look (which
-    # would then name a batch older than the oldest A still holds), and the
-    # daemon may still fill A's window
-    def a_now():
+    # The oldest batch A holds: the next it would receive less its leases (it
+    # releases in order). The daemon filling A's window moves both alike;
+    # only A's releases move it, and A, stopped, makes none: what it wrote
+    # to its ring before the stop is announced on the ring's eventfd, which
+    # the daemon's loop has taken by the time it answers a later request. So
+    # two looks, one after the other, agree; the first may not.
+    def a_oldest():
         me = [c for c in ld.status()["clients"] if c["pid"] == a.pid][0]
-        return me["leases"], me["attachments"][0]["position"]
-    seen, since, deadline = None, time.monotonic(), time.monotonic() + 30
+        att = me["attachments"][0]
+        assert att["ring"] is True, "A reads through its batch ring: its releases come that way"
+        pos = att["position"]
+        return me["leases"], pos["epoch"] * bpe + pos["batch"] - me["leases"]
+    looks = [a_oldest()]
     while True:
-        now = a_now()
-        if now != seen:
-            seen, since = now, time.monotonic()
-        elif time.monotonic() - since >= 0.5:
+        looks.append(a_oldest())
+        if looks[-1][1] == looks[-2][1]:
             break
-        assert time.monotonic() < deadline, f"A's leases and position never settled: {now}"
-        time.sleep(0.05)
-    held, pos = seen
-    a_next = pos["epoch"] * bpe + pos["batch"]          # next batch A would receive
+        assert len(looks) < 50, f"A's oldest held batch moves while A is stopped: {looks}"
+    held, oldest = looks[-1]
     assert held >= 1
     b = ld.popen_consume("late", "--batches", 100, "--timeout", 60000)
+    # where B starts is set as it attaches (attach.c, group_start())
     ld.wait_for(lambda s: any(c["pid"] == b.pid and c["pipeline"] == "late" for c in s["clients"]),
                 "B attached")
-    time.sleep(0.3)
+    assert a_oldest()[1] == oldest, "A's oldest held batch moved while A was stopped"
     a.signal(signal.SIGCONT)
     ra, rb = a.wait(check=True), b.wait(check=True)
     one = token_dump(tok, L, sequential_batches(n, bs))
@@ -262,7 +263,7 @@ def test_broadcast_late_joiner_starts_at_oldest_held_batch(ld, workdir):
     first = rb.json["first_epoch"] * bpe + rb.json["first_batch"]
     assert rb.dump == stream[first * batch_bytes:(first + 100) * batch_bytes], \
         "B's stream is not a contiguous run of the pipeline"
-    assert first <= a_next - held, (
+    assert first <= oldest, (
         f"B started at batch {first}, but A still held leases on batches "
-        f"{a_next - held}..{a_next - 1} when B attached (B joined at the head, "
+        f"{oldest}..{oldest + held - 1} when B attached (B joined at the head, "
         f"not at the oldest batch the pipeline still holds)")

@@ -44,6 +44,13 @@ def wait_until(ready, procs, what, timeout=60):
         time.sleep(0.02)
 
 
+def main_thread_sleeps(pid):
+    """Is process @pid's main thread asleep (blocked in a call)? /proc's
+    state, the third field of its stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
 def wait_file(path, procs, what):
     wait_until(lambda: os.path.exists(path), procs, what)
 
@@ -125,7 +132,11 @@ def test_restart_under_two_trainers(daemon, workdir, how):
         d1.stop(signal.SIGTERM, reap_first=False)
     for who, t, clients in (("a", ta, 1), ("b", tb, 2)):
         let_go(os.path.join(workdir, who), t, clients)
-    time.sleep(1.0)  # the trainers wait in next() meanwhile
+    # the trainers went on and wait in next() (nothing but next() sleeps
+    # after "resumed") while no daemon answers
+    for who, t in (("a", ta), ("b", tb)):
+        wait_until(lambda: os.path.exists(os.path.join(workdir, who, "resumed")) and
+                   main_thread_sleeps(t.pid), [ta, tb], f"trainer {who} waiting in next()")
     daemon("--config", cfg, socket=sock)
     ea, eb = finish(ta, "trainer a"), finish(tb, "trainer b")
 
@@ -136,6 +147,10 @@ def test_restart_under_two_trainers(daemon, workdir, how):
         held = read(os.path.join(workdir, who, "held.dump"))
         assert held == read(os.path.join(workdir, who, "held.expected")) and len(held) > 0
         assert read(os.path.join(workdir, who, "reconnects")) == b"1"
+        # each loader's first batch since it went on came after the reconnection
+        across = json.loads(read(os.path.join(workdir, who, "across")))
+        names = ["r0"] if who == "a" else ["r1", "own"]
+        assert across == {"before": dict.fromkeys(names, 0), "after": dict.fromkeys(names, 1)}, across
         # re-attached through the new daemon's batch ring, as at the first attach
         rings = json.loads(read(os.path.join(workdir, who, "rings")))
         assert rings == [True] * (1 if who == "a" else 2), rings

@@ -614,6 +614,7 @@ def test_reloads_asked_for_meanwhile_follow_the_running_one(daemon, workdir, slo
     deadline = time.monotonic() + 60
     while not os.path.exists(opening) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert os.path.exists(opening), "the reload never opened the new pipeline's file"
     os.kill(d.pid, signal.SIGHUP)
     d.wait_for(lambda s: 'config.reload by=SIGHUP queued="a reload is in progress: this one '
                          'follows it"' in d.log(), "the SIGHUP queued")
@@ -649,6 +650,7 @@ def test_a_reload_whose_files_open_while_the_daemon_stops_changes_nothing(daemon
     deadline = time.monotonic() + 60
     while "Terminated received" not in d.log() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert "Terminated received" in d.log(), d.log()[-3000:]
     os.unlink(hang)                                 # the open ends while the daemon stops
     # the stop closed the connections: loaderctl has no answer; the log says why
     rl.communicate(timeout=60)

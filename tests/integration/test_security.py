@@ -425,10 +425,11 @@ def test_unprivileged_daemon_fails_closed(workdir, users):
                 return ["%s/client/loaderctl" % BUILD, "--socket", sock] + \
                        (["--json"] if json_out else []) + [str(a) for a in args]
         d = D()
-        for _ in range(200):
-            if alice.ctl(d, "status").returncode == 0:
-                break
-            import time
+        import time
+        deadline = time.monotonic() + 30
+        while alice.ctl(d, "status").returncode != 0:
+            assert p.poll() is None and time.monotonic() < deadline, \
+                open(os.path.join(workdir, "alice-daemon.log")).read()
             time.sleep(0.05)
         shared = shared_dir(workdir)
         spec = spec_file(shared, token_spec("b", tok, SEQ, "uint16", batch_size=4), "b.json")

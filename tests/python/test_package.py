@@ -353,10 +353,14 @@ def test_torch_tensor_keeps_batch(ld, workdir):
         v = t[3:5]        # views keep the batch
         del t
         gc.collect()
-        time.sleep(0.1)
+        # still held: libloader counts a release as it is made, before the
+        # daemon hears of it (a sleep here could end before the daemon did)
+        assert dl._att.held() == 1
         assert my_leases(ld.status()) == 2
         np.testing.assert_array_equal(v.numpy(), x[3:5])
         del v
+        gc.collect()
+        assert dl._att.held() == 0
         ld.wait_for(lambda s: my_leases(s) == 1, "1 lease")
         np.testing.assert_array_equal(t2.numpy(), x[3:5] * 2)
 
