@@ -37,7 +37,11 @@ def _exc_text(what, e, wid, pipeline):
         last = frames[-1]
         where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
     msg = str(e)
-    return (f"{what} {type(e).__name__}: {msg}{where}\n"
+    # a builtin by its name, else module.qualname: what the trainer re-raises
+    # it as (errors.dataset_error)
+    t = type(e)
+    tname = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return (f"{what} {tname}: {msg}{where}\n"
             f"worker {wid} (pid {os.getpid()}) of pipeline {pipeline!r}:\n"
             + "".join(traceback.format_exception(type(e), e, tb)))
 
