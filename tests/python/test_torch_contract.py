@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import loaderd  # noqa: E402
+from conftest import run_python  # noqa: E402
 from torch.utils.data import _utils as torch_utils  # noqa: E402
 
 
@@ -275,6 +276,52 @@ def test_dataset_exception_type_reraised(L, kind):
     assert "bad sample 3" in text and "Traceback" in text, text
     back = roundtrip(e.value)
     assert isinstance(back, kind)
+
+
+MAIN_SCRIPT = """
+import sys, torch, loaderd
+
+class MyError(Exception):
+    pass
+
+class Fails(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        if i == 2:
+            raise MyError(f"sample {i} is bad")
+        return torch.tensor(i)
+
+if __name__ == "__main__":
+    if sys.argv[1] == "torch":
+        dl = torch.utils.data.DataLoader(Fails(), num_workers=1)
+    else:
+        dl = loaderd.DataLoader(Fails(), num_workers=1, socket=sys.argv[2])
+    got = []
+    try:
+        for b in dl:
+            got.append(b.item())
+    except MyError as e:
+        print("caught MyError", got, "sample 2 is bad" in str(e))
+        print(str(e).splitlines()[0])
+"""
+
+
+def test_exception_type_of_the_trainers_script(L, workdir):
+    # a training script's own exception class: its module is __main__ there
+    # and __mp_main__ in the workers
+    path = f"{workdir}/train.py"
+    with open(path, "w") as f:
+        f.write(MAIN_SCRIPT)
+    which = "torch" if L.cls is torch.utils.data.DataLoader else "loaderd"
+    sock = L.extra.get("socket", "")
+    r = run_python([path, which, sock], timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "caught MyError [0, 1] True", r.stdout + r.stderr
+    if which == "loaderd":  # named as the trainer knows it, not as __mp_main__.MyError
+        assert "dataset[2] raised __main__.MyError: sample 2 is bad (at train.py:" in lines[1], \
+            lines[1]
 
 
 @pytest.mark.parametrize("name,args", [
