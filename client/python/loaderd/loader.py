@@ -828,6 +828,7 @@ class DataLoader:
         self._host = None        # the workers' host this loader spawned (python source)
         self._structure = None   # python source: how a batch is rebuilt from its fields
         self._types = None       # python source: its namedtuple classes (pydataset.own_types)
+        self._own_code = False   # python source: created here, from this trainer's Dataset
         self._cuda = _cuda.parse_device(device)
         if not as_numpy and _torch is None:
             as_numpy = True  # no torch here: numpy arrays (CudaArray on a GPU)
@@ -969,6 +970,7 @@ class DataLoader:
         self._structure = src["structure"]
         self._pads = {f["name"] for f in src["fields"] if f["pad"]}
         self._types = pydataset.own_types(self._structure)
+        self._own_code = True    # its workers run this trainer's code (dataset_error)
         cl = Client.__new__(Client)
         cl._c = self._client
         self.pipeline, self.created = cl.create_pipeline(spec, exist_ok=True)
@@ -1149,7 +1151,9 @@ class DataLoader:
                             "clone() the tensors you store, or raise the spec's 'prefetch'",
                             "next")
             e = _err(r, "next")
-            raise (dataset_error(e) if self._py else e)
+            # the Dataset's own exception type only for this trainer's own
+            # Dataset: an error text of another user's pipeline picks no class
+            raise (dataset_error(e) if self._own_code else e)
         lease = _Lease(att.out.value, att)
         info = att.info
         b = Batch()
