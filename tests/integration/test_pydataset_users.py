@@ -410,3 +410,72 @@ def test_host_code_never_from_the_trainers_directory(env):
     assert not os.path.exists(marker), open(marker).read()
     assert r["values"] == values.tolist() and r["uids"] == [alice.uid]
     assert r["cwd"] == plant and r["host_cwd"] == plant   # the Dataset's relative paths hold
+
+
+# ---------- a Dataset's exception type: only in its own trainer (issue 26)
+
+BOBRAISE = """
+import os
+import numpy as np
+FLAG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fail-now")
+class Raiser:
+    def __init__(self, n):
+        self.n = n
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        if os.path.exists(FLAG):
+            raise ValueError("bad sample %d" % i)
+        return {"n": np.int64(i)}
+"""
+
+READ_UNTIL_ERROR = """
+        dl = loaderd.DataLoader({pipe}, socket=SOCK, timeout=120, as_numpy=True)
+        it = iter(dl)
+        got = len(next(it)["n"])
+        print("READY", flush=True)
+        try:
+            for b in it:
+                got += len(b["n"])
+            out(got=got, error=None)
+        except Exception as e:
+            out(value_error=isinstance(e, ValueError),
+                dataset_error=isinstance(e, loaderd.DatasetError),
+                loaderd_error=isinstance(e, loaderd.Error), says="bad sample" in str(e))
+"""
+
+
+def wait_ready(p):
+    deadline = time.monotonic() + 120
+    while "READY" not in lines(p) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "READY" in lines(p), lines(p)
+
+
+def test_dataset_exception_type_only_in_its_own_trainer(env):
+    """bob's Dataset starts raising ValueError while his trainer and alice's
+    (attached to his pipeline by name) read it: his own trainer gets it as
+    torch gives it (a ValueError, also a loaderd.DatasetError); alice gets a
+    plain loaderd.Error with the same text: a class the error text of another
+    user's pipeline names is never built in her process (docs/security.md,
+    "Python pipelines: nobody else's code")."""
+    d, alice, bob, shared, priv, values = env
+    path = os.path.join(shared, "bobraise.py")
+    with open(path, "w") as f:
+        f.write(BOBRAISE)
+    os.chown(path, bob.uid, bob.gid)
+    os.chmod(path, 0o644)
+    spec = ('{"name": "shared-raise", "access": "all", "persist": True, "batch_size": 4, '
+            '"source": {"kind": "python", "dataset": "bobraise:Raiser", '
+            '"args": {"n": 100000}, "fields": [{"name": "n", "dtype": "int64", "shape": []}]}}')
+    b = start(bob, d, shared, "bob-raise", READ_UNTIL_ERROR.format(pipe=spec))
+    wait_ready(b)
+    a = start(alice, d, shared, "alice-raise", READ_UNTIL_ERROR.format(pipe='"shared-raise"'))
+    wait_ready(a)
+    open(os.path.join(shared, "fail-now"), "w").close()   # from now on every sample raises
+    rb, ra = finish(b, "bob", d), finish(a, "alice", d)
+    assert rb == {"value_error": True, "dataset_error": True, "loaderd_error": True,
+                  "says": True}
+    assert ra == {"value_error": False, "dataset_error": False, "loaderd_error": True,
+                  "says": True}
+    bob.ctl(d, "drop", "shared-raise", check=True)

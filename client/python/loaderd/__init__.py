@@ -11,7 +11,7 @@ is found). Documentation: docs/python.md.
 """
 
 from ._lib import library_path
-from .errors import Disconnected, Error, ForkedError, InvalidSpec, NotFound, Timeout
+from .errors import DatasetError, Disconnected, Error, ForkedError, InvalidSpec, NotFound, Timeout
 from ._cuda import CudaArray
 from .pydataset import get_worker_info
 
@@ -42,5 +42,6 @@ def version():
             "nng": L.ldr_nng_version().decode()}
 
 
-__all__ = ["Batch", "Client", "CudaArray", "DataLoader", "Disconnected", "Error", "ForkedError",
-           "InvalidSpec", "NotFound", "Timeout", "get_worker_info", "library_path", "version"]
+__all__ = ["Batch", "Client", "CudaArray", "DataLoader", "DatasetError", "Disconnected", "Error",
+           "ForkedError", "InvalidSpec", "NotFound", "Timeout", "get_worker_info", "library_path",
+           "version"]

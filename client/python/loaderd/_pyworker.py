@@ -37,7 +37,13 @@ def _exc_text(what, e, wid, pipeline):
         last = frames[-1]
         where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
     msg = str(e)
-    return (f"{what} {type(e).__name__}: {msg}{where}\n"
+    # a builtin by its name, else module.qualname: what the trainer re-raises
+    # it as (errors.dataset_error)
+    # (the trainer's script runs here as __mp_main__, multiprocessing's spawn)
+    t = type(e)
+    mod = "__main__" if t.__module__ == "__mp_main__" else t.__module__
+    tname = t.__qualname__ if mod == "builtins" else f"{mod}.{t.__qualname__}"
+    return (f"{what} {tname}: {msg}{where}\n"
             f"worker {wid} (pid {os.getpid()}) of pipeline {pipeline!r}:\n"
             + "".join(traceback.format_exception(type(e), e, tb)))
 

@@ -6,7 +6,10 @@ subclass) carrying ``code``, libloader's negative errno (or ``LDR_E*``), and
 ``message``, the daemon's own words when the daemon refused the request.
 """
 
+import builtins as _builtins
 import errno as _errno
+import re as _re
+import sys as _sys
 
 from . import _lib
 
@@ -25,6 +28,10 @@ class Error(Exception):
         text = f"{operation}: {self.message}" if operation else self.message
         super().__init__(text)
 
+    def __reduce__(self):
+        # args holds the text only: rebuild from what __init__ takes
+        return (type(self), (self.code, self.message, self.operation))
+
 
 class NotFound(Error, LookupError):
     """No such pipeline (-ENOENT)."""
@@ -38,8 +45,9 @@ class Disconnected(Error, ConnectionError):
     """The daemon went away, closed the connection or cannot be reached."""
 
 
-class Timeout(Error, TimeoutError):
-    """No batch within the timeout (-ETIMEDOUT)."""
+class Timeout(Error, TimeoutError, RuntimeError):
+    """No batch within the timeout (-ETIMEDOUT). A RuntimeError too, as
+    torch's DataLoader timeout is."""
 
 
 class ForkedError(Error):
@@ -47,6 +55,80 @@ class ForkedError(Error):
 
     libloader's handles (nng) do not survive fork: create the loader inside
     the process that uses it (after fork, or in a spawned worker)."""
+
+
+class DatasetError(Error):
+    """The Dataset (or collate_fn) raised in a worker. What is raised is a
+    subclass of this and of the Dataset's own exception type when the trainer
+    knows that type (dataset_error()), as torch re-raises it; the message
+    carries the worker's traceback."""
+
+
+_DATASET_TYPES = {}   # the Dataset's exception class -> its DatasetError subclass
+# 'dataset[IDX] raised TYPE: ' or 'collate_fn of the batch of dataset[IDX], ...
+# (N rows) raised TYPE: ' (_pyworker._exc_text): TYPE is a builtin's name or
+# module.qualname
+_RAISED = _re.compile(r"(?:dataset\[\d+\]|\(\d+ rows\)) raised ([A-Za-z_][\w.]*): ")
+
+
+def _raised_type(name):
+    """The exception class @name names, found among the builtins and the
+    modules this process imported already (nothing is imported): None when
+    unknown or not an Exception."""
+    cls = None
+    if "." not in name:
+        cls = getattr(_builtins, name, None)
+    else:
+        parts = name.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            mod = _sys.modules.get(".".join(parts[:i]))
+            if mod is None:
+                continue
+            cls = mod
+            for attr in parts[i:]:
+                cls = getattr(cls, attr, None)
+            break
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, Error):
+        return cls
+    return None
+
+
+def _dataset_class(cls):
+    sub = _DATASET_TYPES.get(cls)
+    if sub is None:
+        try:
+            sub = type(cls.__name__, (DatasetError, cls), {"__module__": __name__,
+                                                          "__reduce__": _dataset_reduce,
+                                                          # KeyError's repr()s its text
+                                                          "__str__": BaseException.__str__})
+        except TypeError:  # a layout that cannot be combined with Exception's
+            sub = DatasetError
+        _DATASET_TYPES[cls] = sub
+    return sub
+
+
+def _dataset_reduce(self):
+    return (_remake_dataset_error, (self._raised, self.code, self.message, self.operation))
+
+
+def _remake_dataset_error(cls, code, message, operation):
+    e = _dataset_class(cls)(code, message, operation)
+    e._raised = cls
+    return e
+
+
+def dataset_error(err):
+    """@err (an Error whose message says the Dataset raised) as a DatasetError
+    that is also the Dataset's exception type, when that type is known here;
+    else @err itself."""
+    m = _RAISED.search(err.message)
+    cls = _raised_type(m.group(1)) if m else None
+    if cls is None:
+        return err
+    try:
+        return _remake_dataset_error(cls, err.code, err.message, err.operation)
+    except Exception:  # its __init__ wants other arguments (UnicodeError)
+        return DatasetError(err.code, err.message, err.operation)
 
 
 _DISCONNECTED = {_lib.LDR_EDISCONNECTED, -_errno.ECONNREFUSED, -_errno.ECONNRESET,

@@ -30,13 +30,14 @@ import pwd
 import subprocess
 import sys
 import time
+import types
 import warnings
 import weakref
 
 import numpy as np
 
 from . import _cuda, _lib, pydataset
-from .errors import Error, ForkedError, InvalidSpec, from_code
+from .errors import Error, ForkedError, InvalidSpec, dataset_error, from_code
 
 try:  # torch is optional: without it batches are numpy arrays
     import torch as _torch
@@ -488,17 +489,29 @@ _COMPAT_ACCEPT = {
     "persistent_workers": "the daemon's workers always persist; persistent_workers is ignored",
     "multiprocessing_context": "loaderd starts no worker processes; multiprocessing_context is ignored",
 }
+_NOT_YET = "not supported yet (issue 26, \"a real drop-in\")"
 _COMPAT_REJECT = {
     "collate_fn": "loaderd collates in the daemon, in place; transform the batch dict in "
                   "your loop instead of passing collate_fn",
     "worker_init_fn": "loaderd runs no Python workers; worker_init_fn has nothing to run in",
-    "sampler": "the order is the spec's (shuffle, seed) and the attachment's mode/rank; "
-               "pass shuffle=, seed=, mode='partition', rank=, world_size= instead of a sampler",
-    "batch_sampler": "batches are built by the daemon from batch_size/drop_last; "
-                     "batch_sampler is not supported",
-    "generator": "the shuffle is the spec's seeded permutation: pass seed= instead of a generator",
+    "sampler": f"{_NOT_YET}: the order is the spec's (shuffle, seed) and the attachment's "
+               "mode/rank; pass shuffle=, seed=, and for DistributedSampler rank= and "
+               "world_size= (its rank and num_replicas) instead of a sampler",
+    "batch_sampler": f"{_NOT_YET}: batches are built by the daemon from batch_size/drop_last; "
+                     "pass batch_size=, drop_last= (and shuffle=, seed=) instead",
+    "generator": f"{_NOT_YET}: the shuffle is the spec's seeded permutation; pass seed= "
+                 "instead of a generator",
 }
 _compat_warned = set()
+
+# torch's DataLoader (1.13) arguments the loader keeps as attributes, and
+# their defaults there
+_TORCH_DEFAULTS = {"num_workers": 0, "collate_fn": None, "pin_memory": False, "timeout": 0,
+                   "worker_init_fn": None, "multiprocessing_context": None, "generator": None,
+                   "prefetch_factor": 2, "persistent_workers": False, "pin_memory_device": ""}
+# set after __init__: torch's ValueError
+_FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+_UNSET = object()  # batch_size not given
 
 
 def _torch_compat(kwargs):
@@ -512,6 +525,125 @@ def _torch_compat(kwargs):
         if key not in _compat_warned:
             _compat_warned.add(key)
             warnings.warn(f"loaderd.DataLoader: {_COMPAT_ACCEPT[key]}", UserWarning, stacklevel=3)
+
+
+def _is_iterable_dataset(obj):
+    if _torch is not None and isinstance(obj, _torch.utils.data.IterableDataset):
+        return True
+    return hasattr(obj, "__iter__") and not hasattr(obj, "__getitem__") and \
+        not isinstance(obj, (str, dict))
+
+
+def _torch_checks(ds, batch_size, shuffle, drop_last, timeout, args):
+    """torch's DataLoader argument checks (1.13's order, types and words)
+    for the combinations it refuses, before what loaderd cannot do yet."""
+    nw, pf = args.get("num_workers", 0), args.get("prefetch_factor")
+    sampler, batch_sampler = args.get("sampler"), args.get("batch_sampler")
+    if nw < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
+                         "disable multiprocessing.")
+    if timeout is not None and timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if nw == 0 and pf is not None and pf != 2:
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                         "let num_workers > 0 to enable multiprocessing.")
+    if pf is not None and pf <= 0:
+        raise ValueError(f"prefetch_factor must be > 0, not {pf!r}")
+    if args.get("persistent_workers") and nw == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    if _is_iterable_dataset(ds):
+        if shuffle not in {False, None}:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified shuffle "
+                             f"option, but got shuffle={shuffle}")
+        if sampler is not None:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified sampler "
+                             f"option, but got sampler={sampler}")
+        if batch_sampler is not None:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified "
+                             f"batch_sampler option, but got batch_sampler={batch_sampler}")
+        raise TypeError(f"loaderd.DataLoader: an IterableDataset ({type(ds).__name__}) is "
+                        f"{_NOT_YET}: give a map-style Dataset (__getitem__ and __len__), or "
+                        "use torch.utils.data.DataLoader for this one")
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if batch_sampler is not None:
+        if batch_size not in (1, _UNSET) or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                             "shuffle, sampler, and drop_last")
+    elif batch_size is None:
+        if drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+    elif batch_size is not _UNSET:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError("batch_size should be a positive integer value, but got "
+                             f"batch_size={batch_size}")
+    if drop_last is not None and batch_size is not None and not isinstance(drop_last, bool):
+        raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
+
+
+class Sampler:
+    """loader.sampler: what code asks of torch's sampler. The order itself is
+    the daemon's (docs/spec.md, "Order and determinism"): ``set_epoch(e)``
+    is the loader's (the next ``for`` is epoch e), ``len()`` the samples of
+    this loader's share per epoch; it cannot be iterated in the trainer."""
+
+    __slots__ = ("_loader",)
+
+    def __init__(self, loader):
+        self._loader = weakref.ref(loader)  # no cycle: the loader frees at once
+
+    def _get(self):
+        dl = self._loader()
+        if dl is None:
+            raise ReferenceError("loaderd: the sampler's DataLoader is gone")
+        return dl
+
+    def set_epoch(self, epoch):
+        self._get().set_epoch(epoch)
+
+    def __len__(self):
+        return self._get().samples_per_epoch
+
+    def __iter__(self):
+        raise TypeError("loaderd.DataLoader's sampler is the daemon's: its indices are not "
+                        f"iterable in the trainer ({_NOT_YET})")
+
+
+class BatchSampler(Sampler):
+    """loader.batch_sampler: ``batch_size``, ``drop_last``, ``sampler`` and
+    ``len()`` (batches per epoch of this loader's share) as torch's."""
+
+    __slots__ = ()
+
+    @property
+    def batch_size(self):
+        return self._get().batch_size
+
+    @property
+    def drop_last(self):
+        return self._get().drop_last
+
+    @property
+    def sampler(self):
+        return self._get().sampler
+
+    def __len__(self):
+        return len(self._get())
+
+
+def _frozen(name):
+    attr = "_" + name
+
+    def get(self):
+        return getattr(self, attr)
+
+    def set_(self, value):
+        if getattr(self, "_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after "
+                             f"{self.__class__.__name__} is initialized")
+        object.__setattr__(self, attr, value)
+    return property(get, set_, doc=f"torch's DataLoader.{name} (read-only after __init__)")
 
 
 # ------------------------------------------------------------------- client
@@ -634,9 +766,23 @@ class DataLoader:
     1, or $RANK of $WORLD_SIZE under torchrun) and re-attaches at batch 0 of
     the wanted epoch when a loop was broken off or set_epoch() chose another
     epoch. mode="broadcast" and mode="dynamic" share one stream between
-    loaders instead (docs/python.md, "Epochs and iteration")."""
+    loaders instead (docs/python.md, "Epochs and iteration").
 
-    def __init__(self, pipeline_or_spec, batch_size=None, shuffle=None, seed=None,
+    torch's attributes (dataset, batch_size, drop_last, sampler, ...) are
+    there too (docs/python.md, "torch DataLoader arguments")."""
+
+    batch_size = _frozen("batch_size")
+    batch_sampler = _frozen("batch_sampler")
+    sampler = _frozen("sampler")
+    drop_last = _frozen("drop_last")
+    dataset = _frozen("dataset")
+    persistent_workers = _frozen("persistent_workers")
+
+    def __class_getitem__(cls, item):
+        # DataLoader[T], as torch's Generic[T_co] DataLoader
+        return types.GenericAlias(cls, item)
+
+    def __init__(self, pipeline_or_spec, batch_size=_UNSET, shuffle=None, seed=None,
                  drop_last=None, mode=None, rank=None, world_size=None, socket=None,
                  timeout=None, device="cpu", as_numpy=False, progress=False, epochs=None,
                  inflight=None, name=None, on_error=None, fields=None, pipeline_name=None,
@@ -647,6 +793,21 @@ class DataLoader:
             isinstance(pipeline_or_spec, dict) and
             isinstance(pipeline_or_spec.get("source"), dict) and
             pipeline_or_spec["source"].get("kind") == "python")
+        _torch_checks(pipeline_or_spec, batch_size, shuffle, drop_last, timeout, torch_compat)
+        given = {k: torch_compat[k] for k in _TORCH_DEFAULTS if k in torch_compat}
+        own = pydataset.is_dataset(pipeline_or_spec)  # a Dataset object: torch's defaults
+        # batch_size=None: no automatic batching, each sample as it is
+        # (torch's default_convert); your own Dataset only
+        self._unbatched = batch_size is None
+        if self._unbatched and not own:
+            raise ValueError("batch_size=None (no automatic batching) is for your own Dataset "
+                             "object; a pipeline's batches are built by the daemon: leave "
+                             "batch_size out for its spec's batch_size, or give a number")
+        if self._unbatched and torch_compat.get("collate_fn") is not None:
+            raise TypeError(f"loaderd.DataLoader: collate_fn with batch_size=None is {_NOT_YET}: "
+                            "call it on each sample in your loop instead")
+        if own and batch_size is _UNSET:
+            batch_size = 1  # torch's default
         py_args = {}
         if self._py:
             for k in ("num_workers", "collate_fn", "worker_init_fn"):
@@ -655,9 +816,21 @@ class DataLoader:
             raise TypeError("loaderd.DataLoader: fields= and pipeline_name= are for your own "
                             "Dataset (a Dataset object or a spec of source kind \"python\")")
         _torch_compat(torch_compat)
+        for k, v in _TORCH_DEFAULTS.items():
+            setattr(self, k, given.get(k, v))
+        self.timeout = timeout if timeout is not None else 0
+        if self.prefetch_factor is None:
+            self.prefetch_factor = 2
+        self.collate_fn = py_args.get("collate_fn")
+        if self.collate_fn is None and own and _torch is not None:
+            from torch.utils.data import _utils as _tu
+            self.collate_fn = (_tu.collate.default_convert if self._unbatched
+                               else _tu.collate.default_collate)
+        self._scalars = set()    # unbatched: the fields that were Python numbers in dataset[0]
         self._host = None        # the workers' host this loader spawned (python source)
         self._structure = None   # python source: how a batch is rebuilt from its fields
         self._types = None       # python source: its namedtuple classes (pydataset.own_types)
+        self._own_code = False   # python source: created here, from this trainer's Dataset
         self._cuda = _cuda.parse_device(device)
         if not as_numpy and _torch is None:
             as_numpy = True  # no torch here: numpy arrays (CudaArray on a GPU)
@@ -669,9 +842,7 @@ class DataLoader:
         self.as_numpy = bool(as_numpy)
         self.device = "cpu" if self._cuda is None else f"cuda:{self._cuda}"
         self.progress = progress
-        if timeout is not None and timeout < 0:
-            raise ValueError("timeout must be >= 0 seconds (0 or None: wait forever)")
-        self.timeout = timeout if timeout else None
+        self._timeout = timeout if timeout else None  # seconds, None: forever
         if inflight is not None and not 1 <= inflight <= _lib.LDR_INFLIGHT_MAX:
             raise ValueError(f"inflight must be in 1..{_lib.LDR_INFLIGHT_MAX}")
         self._inflight = inflight
@@ -721,10 +892,12 @@ class DataLoader:
             _reconnect_ms(reconnect_timeout)  # a bad value fails before connecting
         self._client = _Client(socket, name, reconnect_timeout)
         self._closed = False
+        if self._unbatched:
+            batch_size, drop_last = 1, False  # one sample a batch, its dimension taken off
         overrides = {k: v for k, v in (("batch_size", batch_size), ("shuffle", shuffle),
                                        ("seed", seed), ("drop_last", drop_last),
                                        ("epochs", epochs), ("on_error", on_error))
-                     if v is not None}
+                     if v is not None and v is not _UNSET}
         if self._py:
             self._create_python(pipeline_or_spec, overrides, fields, py_args, pipeline_name)
         elif isinstance(pipeline_or_spec, dict):
@@ -777,9 +950,14 @@ class DataLoader:
                                   "attach") from None
         self.slots_total = int(info.get("slots_total", 0))
         self.dataset = _Dataset(self.pipeline, int(info.get("samples", 0)))
-        if self._py and pydataset.is_dataset(pipeline_or_spec):
+        if self._py and own:
             self.dataset = pipeline_or_spec  # as torch's loader.dataset
         self._attach(None if self._shared else (0, 0))
+        self.batch_size = None if self._unbatched else int(self._att.batch_size)
+        self.drop_last = bool((info.get("spec") or {}).get("drop_last", False))
+        self.sampler = Sampler(self)
+        self.batch_sampler = None if self._unbatched else BatchSampler(self)
+        self._initialized = True
         if _Lease._release_fn is None:
             _Lease._release_after_fn = _lib.lib().ldr_release_after
             _Lease._release_fn = _lib.lib().ldr_release
@@ -792,13 +970,14 @@ class DataLoader:
         spec, payload = pydataset.build_spec(
             ds, overrides=overrides, num_workers=py_args.get("num_workers"),
             collate_fn=py_args.get("collate_fn"), worker_init_fn=py_args.get("worker_init_fn"),
-            fields=fields, name=pipeline_name)
+            fields=fields, name=pipeline_name, scalars=self._scalars)
         spec.setdefault("epochs", 0)  # endless: each `for` is one epoch
         self.spec = spec
         src = spec["source"]
         self._structure = src["structure"]
         self._pads = {f["name"] for f in src["fields"] if f["pad"]}
         self._types = pydataset.own_types(self._structure)
+        self._own_code = True    # its workers run this trainer's code (dataset_error)
         cl = Client.__new__(Client)
         cl._c = self._client
         self.pipeline, self.created = cl.create_pipeline(spec, exist_ok=True)
@@ -821,12 +1000,17 @@ class DataLoader:
         rebuilt (as torch's default_collate), else the Batch."""
         if b is None or self._structure is None:
             return b
+        if self._unbatched:
+            # torch's default_convert of one sample: its batch dimension off,
+            # Python numbers as numbers
+            s = self._scalars
+            b = {k: (v[0].item() if k in s else v[0]) for k, v in b.items()}
         return pydataset.rebuild(self._structure, b, self._pads, self._types)
 
     def _attach_python(self, start):
         """Attach, waiting while the pipeline's Python workers start (the
         daemon refuses with EAGAIN until they are ready)."""
-        limit = self.timeout or 120.0
+        limit = self._timeout or 120.0
         deadline = time.monotonic() + limit
         while True:
             try:
@@ -894,10 +1078,6 @@ class DataLoader:
         return int(self._att.batches_per_epoch) if self._att else 0
 
     @property
-    def batch_size(self):
-        return int(self._att.batch_size)
-
-    @property
     def samples_per_epoch(self):
         return int(self._att.samples_per_epoch)
 
@@ -941,7 +1121,7 @@ class DataLoader:
     def _next_raw(self):
         """The next batch of the stream, or None at its end."""
         att = self._att
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
         while True:
             # the trainer at its share: keep the oldest batches it holds (the
             # fields still alive) so that the stream goes on
@@ -968,15 +1148,19 @@ class DataLoader:
             if r == -errno.ETIMEDOUT and (deadline is None or time.monotonic() < deadline):
                 continue
             if r == -errno.ETIMEDOUT:
-                raise from_code(r, f"no batch within {self.timeout} s from pipeline "
-                                f"{self.pipeline!r}", "next")
+                # torch's words (its timeout is a RuntimeError; Timeout is one)
+                raise from_code(r, f"DataLoader timed out after {self.timeout} seconds: no "
+                                f"batch from pipeline {self.pipeline!r}", "next")
             if r == -errno.ENOBUFS and att.device is not None:
                 raise Error(r, f"this process holds {att.held()} batches of pipeline "
                             f"{self.pipeline!r} in GPU memory, its whole share of the slots: "
                             "device batches cannot be kept (copied out) as host batches are; "
                             "clone() the tensors you store, or raise the spec's 'prefetch'",
                             "next")
-            raise _err(r, "next")
+            e = _err(r, "next")
+            # the Dataset's own exception type only for this trainer's own
+            # Dataset: an error text of another user's pipeline picks no class
+            raise (dataset_error(e) if self._own_code else e)
         lease = _Lease(att.out.value, att)
         info = att.info
         b = Batch()

@@ -724,10 +724,11 @@ def _sanitize(s):
 
 
 def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
-               worker_init_fn=None, fields=None, name=None):
+               worker_init_fn=None, fields=None, name=None, scalars=None):
     """(spec, payload) of a python pipeline: the spec the daemon gets and
     what the workers' host reads on stdin (only builtin types: the host
-    unpickles no user object)."""
+    unpickles no user object). @scalars, a set: gets the names of the fields
+    that are Python numbers (int, float, bool) in dataset[0]."""
     nworkers = 1 if not num_workers else int(num_workers)
     if not 1 <= nworkers <= 256:
         raise ValueError("num_workers must be in 0..256 (0 means 1: loaderd always builds "
@@ -792,6 +793,8 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
             if collate_fn is not None:
                 sample = collate_fn([sample])
         fields, structure = learn_fields(sample, batched=collate_fn is not None)
+        if scalars is not None and collate_fn is None:
+            scalars.update(n for n, x in flatten(sample)[1] if type(x) in (int, float, bool))
         learnt = True
     check_structure(structure, fields)
     text = json.dumps(structure)
