@@ -462,8 +462,9 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	} else {
 		s = pl->shared[p->mode];
 		/* a stream the clients of other jobs left: this job's starts anew,
-		 * as on a fresh daemon (docs/spec.md, "Jobs") */
-		if (s && !s->natts && !stream_has_job(s, job_key)) {
+		 * as on a fresh daemon; a config pipeline's is a service, shared by
+		 * every job (docs/spec.md, "Jobs") */
+		if (s && !s->natts && !pl->from_config && !stream_has_job(s, job_key)) {
 			char q[LOG_QUOTE_MAX], q2[LOG_QUOTE_MAX];
 			log_event(LOG_INFO, "stream.restart", "pipeline=%s mode=%s job=%s why=\"the jobs "
 			          "that read it have left\"", log_quote(q2, name), mode_name(p->mode),

@@ -128,3 +128,28 @@ def test_dataloader_job(ld, workdir):
     assert lines[:4] == [bad + "''", bad + repr("x" * 129), bad + repr("a\nb"), bad + "7"]
     firsts = json.loads(lines[4])
     assert firsts[0] == 0 and firsts[1] >= 4 and firsts[2] == 0, firsts
+
+
+def test_a_config_pipeline_is_shared_by_every_job(daemon, workdir):
+    """A pipeline of the daemon's config is a service: a dynamic consumer of
+    another job that attaches after the last one left goes on where the
+    stream stands (each batch still goes to one client once), and no
+    stream.restart is logged; a broadcast reader too."""
+    path = os.path.join(workdir, "pos.bin")
+    position_tokens(path, N * L + 1)
+    cfg = os.path.join(workdir, "loaderd.json")
+    with open(cfg, "w") as f:
+        json.dump({"log_level": "info", "pipelines": [
+            token_spec("svc", path, L, "uint32", batch_size=BATCH, prefetch=4, epochs=0)]}, f)
+    d = daemon("--config", cfg)
+    seen = []
+    for job in ("d1", "d2"):
+        r = d.consume("svc", "--mode", "dynamic", "--job", job, "--batches", 2, "--verbose")
+        seen.append([b[0] // BATCH for b in position_indices(r.dump, L, [BATCH] * 2)])
+        d.wait_for(lambda s: attached(d, "svc") == 0, f"{job} left")
+    assert seen[0] == [0, 1] and seen[1][0] >= 2 and seen[1][1] > seen[1][0], seen
+    r = d.consume("svc", "--job", "b1", "--batches", 2)
+    d.wait_for(lambda s: attached(d, "svc") == 0, "b1 left")
+    r = d.consume("svc", "--job", "b2", "--batches", 2)
+    assert starts(r)[0] >= 2, starts(r)
+    assert "stream.restart" not in d.log()
