@@ -36,6 +36,7 @@ ARRS = {
     "f2": np.linspace(0, 1, N).astype(np.float16), "f4": np.linspace(-1, 1, N).astype(np.float32),
     "f8": np.linspace(0, 3, N), "u2": np.arange(N, dtype=np.uint16) + 60000,
     "u4": np.arange(N, dtype=np.uint32) + 4000000000,
+    "u8": np.arange(N, dtype=np.uint64) + (1 << 63) + 5,
 }
 
 # Every batch of pipeline argv[2] as JSON: per batch, per field the dtype,
@@ -98,8 +99,9 @@ def test_same_batches_as_the_python_path(ld, workdir, as_numpy):
     assert {b["_lease"] for b in slow} == {"loaderd.loader._Lease"}
     strip = lambda bs: [{k: v for k, v in b.items() if k != "_lease"} for b in bs]  # noqa: E731
     assert strip(fast) == strip(slow)
-    # zero-copy where the dtype has no widening (torch < 2.3 has no uint16/32)
-    widened = set() if as_numpy or hasattr(torch, "uint16") else {"u2", "u4"}
+    # zero-copy where the dtype has no widening (torch < 2.3 has no
+    # uint16/32/64; torch >= 2.3 has all three)
+    widened = set() if as_numpy or hasattr(torch, "uint16") else {"u2", "u4", "u8"}
     for b in fast:
         for k in ARRS:
             assert b[k][3] == (k not in widened), (k, b["_index"])

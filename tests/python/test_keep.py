@@ -122,9 +122,11 @@ def test_eval_loop_keeps_only_the_labels(ld, workdir):
         # a label field is 128 bytes (a page or two copied); an image field 192 KiB
         assert nbytes <= nkept * 2 * 4096, (nkept, nbytes)
         assert f"copied {nkept} batches" in msg
-        torch.testing.assert_close(torch.cat(targets), torch.from_numpy(y))
-        ref = model(torch.from_numpy(x))
-        torch.testing.assert_close(torch.cat(outputs), ref)
+        assert torch.equal(torch.cat(targets), torch.from_numpy(y))
+        # the model on the same batches (torch >= 2's CPU matmul rounds
+        # differently for 480 rows than for 16 at a time)
+        ref = torch.cat([model(torch.from_numpy(x[i:i + 16]).clone()) for i in range(0, n, 16)])
+        assert torch.equal(torch.cat(outputs), ref)
 
 
 @needs_torch
