@@ -43,6 +43,8 @@ try:  # torch is optional: without it batches are numpy arrays
     import torch as _torch
 except Exception:  # pragma: no cover - depends on the machine
     _torch = None
+# torch 2's DataLoader: prefetch_factor defaults to None, and its checks word it so
+_TORCH2 = _torch is not None and int(_torch.__version__.split(".")[0]) >= 2
 
 _POLL_MS = 200  # ldr_next waits in slices, so that Ctrl-C gets through
 
@@ -504,11 +506,12 @@ _COMPAT_REJECT = {
 }
 _compat_warned = set()
 
-# torch's DataLoader (1.13) arguments the loader keeps as attributes, and
-# their defaults there
+# torch's DataLoader arguments the loader keeps as attributes, and their
+# defaults there (prefetch_factor: 2 in 1.13; None in 2.x, 2 once num_workers > 0)
 _TORCH_DEFAULTS = {"num_workers": 0, "collate_fn": None, "pin_memory": False, "timeout": 0,
                    "worker_init_fn": None, "multiprocessing_context": None, "generator": None,
-                   "prefetch_factor": 2, "persistent_workers": False, "pin_memory_device": ""}
+                   "prefetch_factor": None if _TORCH2 else 2, "persistent_workers": False,
+                   "pin_memory_device": ""}
 # set after __init__: torch's ValueError
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 _UNSET = object()  # batch_size not given
@@ -544,11 +547,19 @@ def _torch_checks(ds, batch_size, shuffle, drop_last, timeout, args):
                          "disable multiprocessing.")
     if timeout is not None and timeout < 0:
         raise ValueError("timeout option should be non-negative")
-    if nw == 0 and pf is not None and pf != 2:
-        raise ValueError("prefetch_factor option could only be specified in multiprocessing."
-                         "let num_workers > 0 to enable multiprocessing.")
-    if pf is not None and pf <= 0:
-        raise ValueError(f"prefetch_factor must be > 0, not {pf!r}")
+    if _TORCH2:  # the words of the torch this trainer runs
+        if nw == 0 and pf is not None:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                             "let num_workers > 0 to enable multiprocessing, otherwise set "
+                             "prefetch_factor to None.")
+        if pf is not None and pf < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+    else:
+        if nw == 0 and pf is not None and pf != 2:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                             "let num_workers > 0 to enable multiprocessing.")
+        if pf is not None and pf <= 0:
+            raise ValueError(f"prefetch_factor must be > 0, not {pf!r}")
     if args.get("persistent_workers") and nw == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     if _is_iterable_dataset(ds):
@@ -819,7 +830,7 @@ class DataLoader:
         for k, v in _TORCH_DEFAULTS.items():
             setattr(self, k, given.get(k, v))
         self.timeout = timeout if timeout is not None else 0
-        if self.prefetch_factor is None:
+        if self.prefetch_factor is None and (not _TORCH2 or self.num_workers > 0):
             self.prefetch_factor = 2
         self.collate_fn = py_args.get("collate_fn")
         if self.collate_fn is None and own and _torch is not None:
