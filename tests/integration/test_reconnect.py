@@ -266,8 +266,8 @@ def test_close_while_reconnecting(daemon, workdir):
     d1.kill9()
     out, err = p.communicate(b"\n", timeout=60)
     assert p.returncode == 0, err.decode()
-    assert out.decode() == "TIMEOUT no batch within 1 s from pipeline 'p'\nclosed 0\n", \
-        out.decode() + err.decode()
+    assert out.decode() == ("TIMEOUT DataLoader timed out after 1 seconds: no batch from "
+                            "pipeline 'p'\nclosed 0\n"), out.decode() + err.decode()
 
 
 @pytest.mark.parametrize("change", ["layout", "spec"])

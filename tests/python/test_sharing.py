@@ -4,7 +4,7 @@
 mix of modes, idle clients, two loaders of one spec in one process.
 
 Every loader here has a timeout, so a stall fails the test with loaderd's
-"no batch within" error instead of hanging it. The pipelines have 8
+"DataLoader timed out" error instead of hanging it. The pipelines have 8
 slots, named in their spec, unless a test says otherwise."""
 
 import itertools
