@@ -210,6 +210,10 @@ def client_main(cfg):
         opts.has_start = 1
         opts.start_epoch, opts.start_batch = cfg["start"]
     opts.inflight = cfg["inflight"]
+    # every soak client is of one job (docs/spec.md, "Jobs"): a client-created
+    # pipeline's shared stream goes on where it stands for the next client,
+    # so "each dynamic batch once" holds across clients that come and go
+    opts.job = b"soak"
     att = ctypes.c_void_p()
     r = L.ldr_attach(cl, p["name"].encode(), ctypes.byref(opts), ctypes.byref(att))
     if r == -errno.ENOSPC:
