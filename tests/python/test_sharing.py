@@ -96,6 +96,10 @@ DDP_RANK = textwrap.dedent(r"""
             seen.append(np.asarray(b["y"]).tolist())
     with open(out, "w") as f:
         json.dump(seen, f)
+    loader.close()
+    # every rank done before any tears gloo down: torch 2.x's gloo aborts a
+    # rank ("terminate called without an active exception") whose peer left first
+    dist.barrier()
     dist.destroy_process_group()
 """) % {"timeout": TIMEOUT}
 
