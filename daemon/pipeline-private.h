@@ -3,7 +3,8 @@
  *
  * The engine (pipeline.h) is split by concept: engine.c (workers, completions,
  * shutdown), registry.c (pipelines by name, memory budget), stream.c (a
- * stream's ring and its production), sched.c (how slots are shared between
+ * stream's ring and its production), order.c (the batches a client gives
+ * its stream), sched.c (how slots are shared between
  * streams: quotas, reclaim, shares), deliver.c (parked requests, leases,
  * answers), attach.c (attachments), devcopy.c (device copies), status.c
  * (status JSON). All of it runs on the loop thread but the worker tasks'

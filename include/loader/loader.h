@@ -365,7 +365,9 @@ LDR_EXPORT int ldr_detach(struct ldr_attachment *att);
  *
  * @return 0, or a negative errno with ldr_client_error() naming what the
  * daemon refused (an index out of range, a batch above batch_size, an epoch
- * that does not continue the order): what it refused was not taken.
+ * that does not continue the order, -EDQUOT past the memory limit): the
+ * request it refused was not taken, but those sent before it in the same
+ * call were (the epoch is open there: continue it, or attach again).
  */
 LDR_EXPORT int ldr_order(struct ldr_attachment *att, uint64_t epoch, uint64_t first_batch,
                          const uint32_t *sizes, size_t nbatches, const uint64_t *indices, int last);

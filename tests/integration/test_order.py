@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import textwrap
-import time
 
 from ldrtest import position_tokens, python_client_env, sequential_batches, token_dump, \
     random_tokens, token_spec
@@ -189,3 +188,28 @@ def test_client_dies_mid_order(ld):
     """)
     assert res["got"] == [[0, 0, [399, 0]]]
     assert "half" in [x["name"] for x in ld.status()["pipelines"]]
+
+
+def test_order_bytes_bounded(daemon):
+    """What a stream keeps of its client's order counts against the memory
+    limit (root's: --memory-limit): an epoch of more indices than it allows is
+    refused with the limit and what is held (at the chunk that passes it),
+    and the daemon goes on."""
+    d = daemon(memory_limit=8 << 20)
+    pos_pipeline(d, "big", 100, 4, prefetch=2)
+    res = client(d, "big", """
+        a = attach()
+        n = 1 << 20                                # 8 MiB of indices: over the limit
+        sizes = (ctypes.c_uint32 * (n // 4))(*([4] * (n // 4)))
+        idx = (ctypes.c_uint64 * n)()
+        r = L.ldr_order(a, 0, 0, sizes, n // 4, idx, 1)
+        err = L.ldr_client_error(c).decode()
+        # the chunks before the refused one were taken: a new attachment
+        L.ldr_detach(a)
+        a = attach()
+        ok = order(a, 0, 0, [[7, 8, 9]], True)
+        result(r=r, err=err, ok=ok, got=read(a, 1, 8))
+    """)
+    assert res["r"] < 0 and "more bytes of sampler order would pass the memory_limit of" \
+        in res["err"], res
+    assert res["ok"] == [0, ""] and res["got"] == [[0, 0, [7, 8, 9]]]
