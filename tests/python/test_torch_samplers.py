@@ -261,6 +261,16 @@ def test_batch_over_capacity(L):
     assert "give the batch_sampler a batch_size attribute that is its largest batch" in str(e.value)
 
 
+def test_index_out_of_range_is_index_error(L):
+    """A sampler's index past the dataset: torch's Dataset raises IndexError
+    in its worker; loaderd's daemon refuses the index, as an IndexError."""
+    dl = L.make(Pairs(4), sampler=[1, 9], batch_size=2)
+    with pytest.raises(IndexError) as e:
+        epochs(dl, 1)
+    if L.cls is loaderd.DataLoader:
+        assert "index 9 is out of range for the 4 samples of pipeline" in str(e.value)
+
+
 def test_mode_with_a_sampler_refused(L):
     if L.cls is torch.utils.data.DataLoader:
         return  # torch has no mode=: nothing to compare

@@ -225,6 +225,9 @@ class _Attachment:
         r = self._L.ldr_order(self.ptr, epoch, first,
                               sizes.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), len(batches),
                               idx.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), int(last))
+        if r == -errno.ERANGE:
+            # an index past the dataset: what torch's Dataset would raise
+            raise IndexError(f"loaderd: {_err(r, 'order')}") from None
         if r < 0:
             raise _err(r, "order")
 
