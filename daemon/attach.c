@@ -665,6 +665,20 @@ json_t *attachment_json(const struct attachment *a)
 			"epoch", (json_int_t)(pos / a->stream->bpe),
 			"batch", (json_int_t)(pos % a->stream->bpe)));
 	}
+	if (a->stream && a->stream->client_order) {
+		/* where its next batch and its next Order stand (order.c) */
+		const struct stream *s = a->stream;
+		const struct order_batch *ob = order_at(s, a->cursor);
+		if (ob)
+			json_object_set_new(o, "position", json_pack("{s:I, s:I}",
+				"epoch", (json_int_t)ob->epoch, "batch", (json_int_t)ob->index));
+		json_object_set_new(o, "client_order", json_pack("{s:I, s:I, s:b, s:I, s:I}",
+			"next_epoch", (json_int_t)s->corder.next_epoch,
+			"next_batch", (json_int_t)s->corder.next_batch,
+			"open", s->corder.open,
+			"batches_ahead", (json_int_t)(order_end(s) - a->cursor),
+			"bytes", (json_int_t)order_bytes(s)));
+	}
 	if (a->stream) {
 		json_object_set_new(o, "share", json_integer(att_share(a)));
 		json_object_set_new(o, "revokes", json_integer((json_int_t)a->revokes));

@@ -78,8 +78,8 @@ def client(ld, name, body, check=True, wait=True):
         f.write(CLIENT + textwrap.dedent(body))
     cmd = ["/usr/bin/python3", path, ld.socket, name]
     if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=python_client_env())
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=python_client_env())
     r = subprocess.run(cmd, capture_output=True, text=True, env=python_client_env(), timeout=120)
     res = [line[7:] for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     if check:
@@ -173,10 +173,19 @@ def test_client_dies_mid_order(ld):
         assert order(a, 0, 0, [[i] for i in range(40)], False) == (0, "")
         read(a, 3, 8)
         print("SENT", flush=True)
+        sys.stdin.readline()
         os.kill(os.getpid(), signal.SIGKILL)
     """, wait=False)
-    out, _ = p.communicate(timeout=120)
-    assert "SENT" in out and p.returncode == -signal.SIGKILL
+    assert p.stdout.readline().strip() == "SENT"
+    me = [c for c in ld.status()["clients"] if c["pid"] == p.pid][0]["attachments"][0]
+    co = me["client_order"]
+    assert (co["next_epoch"], co["next_batch"], co["open"]) == (0, 40, True)
+    # the next delivery (libloader keeps a window of them), and what is left
+    pos = me["position"]
+    assert pos["epoch"] == 0 and 3 <= pos["batch"] < 40
+    assert co["batches_ahead"] == 40 - pos["batch"] and co["bytes"] > 0
+    out, _ = p.communicate("go\n", timeout=120)
+    assert p.returncode == -signal.SIGKILL
     ld.wait_for(lambda s: not any(c["pid"] == p.pid for c in s["clients"]),
                 "the killed client gone", timeout=20)
     r = ld.consume("other")
