@@ -64,8 +64,8 @@ int ldr_order(struct ldr_attachment *a, uint64_t epoch, uint64_t first_batch,
 			k += sizes[b + n];
 			n++;
 		}
-		if ((r = order_send(a, epoch, first_batch + b, sizes + b, n, indices + off, k,
-		                    last && b + n == nbatches)) < 0)
+		if ((r = order_send(a, epoch, first_batch + b, n ? sizes + b : NULL, n,
+		                    k ? indices + off : NULL, k, last && b + n == nbatches)) < 0)
 			return r;
 		b += n;
 		off += k;

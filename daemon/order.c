@@ -62,7 +62,7 @@ static void order_trim(struct stream *s)
 	for (const struct attachment *a = s->atts; a; a = a->next)
 		if (a->cursor < keep)
 			keep = a->cursor;
-	if (keep <= o->base_seq)
+	if (keep <= o->base_seq || !o->n)
 		return;
 	drop = keep - o->base_seq;
 	if (drop > o->n)
@@ -195,7 +195,8 @@ int attachment_order(struct attachment *a, const struct order_msg *m, char *err,
 			.off = o->nidx, .rows = m->sizes[i] };
 		o->nidx += m->sizes[i];
 	}
-	memcpy(o->idx + o->nidx - m->nindices, m->indices, m->nindices * sizeof(*m->indices));
+	if (m->nindices)
+		memcpy(o->idx + o->nidx - m->nindices, m->indices, m->nindices * sizeof(*m->indices));
 	o->started = true;
 	o->open = !m->last;
 	o->next_epoch = m->last ? m->epoch + 1 : m->epoch;
