@@ -222,3 +222,41 @@ def test_order_bytes_bounded(daemon):
     assert res["r"] < 0 and "more bytes of sampler order would pass the memory_limit of" \
         in res["err"], res
     assert res["ok"] == [0, ""] and res["got"] == [[0, 0, [7, 8, 9]]]
+
+
+def test_client_order_not_followed_across_a_restart(daemon):
+    """The order a client gave was the old daemon's: after a restart its
+    attachment does not re-attach (an order-less stream would wait forever)
+    but fails, saying so."""
+    d1 = daemon()
+    pos_pipeline(d1, "r", 100, 4)
+    env = python_client_env()
+    env["LOADERD_RECONNECT_TIMEOUT"] = "60"
+    path = os.path.join(d1.dir, "restart.py")
+    with open(path, "w") as f:
+        f.write(CLIENT + textwrap.dedent("""
+            a = attach()
+            assert order(a, 0, 0, [[1], [2], [3]], True) == (0, "")
+            read(a, 1, 8)
+            print("took", flush=True)
+            sys.stdin.readline()
+            n = 0                  # those delivered before the restart are read
+            while True:
+                b = ctypes.c_void_p()
+                r = L.ldr_next(a, 30000, ctypes.byref(b))
+                if r < 0:
+                    break
+                L.ldr_release(b)
+                n += 1
+            result(r=r, n=n, err=L.ldr_client_error(c).decode())
+        """))
+    p = subprocess.Popen(["/usr/bin/python3", path, d1.socket, "r"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline() == "took\n"
+    d1.kill9()
+    daemon(socket=d1.socket)
+    out, err = p.communicate("\n", timeout=120)
+    res = json.loads([line[7:] for line in out.splitlines() if line.startswith("RESULT ")][0])
+    assert res["r"] == -4093 and res["n"] <= 2, (out, err)
+    assert "an attachment that gives its own order (client_order) does not follow it" \
+        in res["err"], res
