@@ -83,6 +83,7 @@ static int read_attach_opts(const struct ldr_attach_opts *in, struct ldr_attach_
 		o->augment_seed = in->augment_seed;
 	}
 	OPT(job);
+	OPT(client_order);
 #undef OPT
 	o->size = sizeof(*o);
 	return 0;
@@ -200,6 +201,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	at.augment_seed = opts->augment_seed;
 	at.ring = opts->device_kind == LDR_DEVICE_HOST && ring_wanted();
 	at.job = job;
+	at.client_order = opts->client_order != 0;
 	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
 	req.attach = &at;
 	r = call(c, &req, &rep, LOADERD__REPLY__BODY_ATTACH);

@@ -198,6 +198,13 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		pthread_mutex_unlock(&c->lock);
 		return 0;
 	}
+	if (a->opts.client_order) {
+		att_lose(a, LDR_EDISCONNECTED, "the daemon at %s restarted, and an attachment that gives "
+		         "its own order (client_order) does not follow it (the order it sent was the old "
+		         "daemon's): attach pipeline '%s' again", c->path, a->pipeline);
+		pthread_mutex_unlock(&c->lock);
+		return 0;
+	}
 	wait_requests_idle(a);
 	at.pipeline = a->pipeline;
 	at.mode = (Loaderd__Mode)a->opts.mode;

@@ -397,6 +397,9 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	if (world > 1u << 20 || p->rank >= world)
 		return errfmt(-EINVAL, err, errlen,
 		              "attach: rank %u out of range for world_size %u", p->rank, world);
+	if (p->client_order && (p->mode != LDR_MODE_PARTITION || p->rank || world != 1))
+		return errfmt(-EINVAL, err, errlen, "attach: client_order is for a partition attachment "
+		              "of rank 0 of 1 (a stream of its own: the order it gives is its share)");
 	if (p->credits > ATTACH_MAX_CREDITS)
 		return errfmt(-EINVAL, err, errlen,
 		              "attach: credits %u above the limit of %d", p->credits, ATTACH_MAX_CREDITS);
@@ -428,7 +431,24 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 			return r;
 		}
 	}
-	if (p->mode == LDR_MODE_PARTITION) {
+	if (p->client_order) {
+		/* a stream of its own whose batches its client gives (order.c) */
+		s = stream_new(pl, LDR_MODE_PARTITION, 0, 1);
+		if (!s) {
+			att_free_unattached(a);
+			return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
+		}
+		s->client_order = true;
+		s->bpe = 0;
+		s->end_seq = UINT64_MAX;
+		if (p->has_start) {
+			s->corder.next_epoch = p->start_epoch;
+			s->corder.next_batch = p->start_batch;
+		}
+		if (p->has_seed && source_augments(pl->src))
+			s->groups[0].seed = p->seed;
+		a->cursor = 0;
+	} else if (p->mode == LDR_MODE_PARTITION) {
 		s = stream_new(pl, p->mode, p->rank, world);
 		if (!s) {
 			att_free_unattached(a);
@@ -497,6 +517,7 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	a->id = ++eng->att_ctr;
 	a->client_id = p->client_id;
 	a->uid = p->uid;
+	a->admin = !p->who || p->who->admin;
 	a->pid = p->pid;
 	a->mode = p->mode;
 	a->rank = p->rank;
@@ -567,9 +588,15 @@ void attachment_get_info(struct attachment *a, struct attach_info *info)
 	info->batch_size = pl->spec->batch_size;
 	info->batches_per_epoch = s->bpe;
 	info->epochs = pl->spec->epochs;
-	info->samples = sampler_samples_per_epoch(&s->sampler);
-	info->start_epoch = a->start_seq / s->bpe;
-	info->start_batch = a->start_seq % s->bpe;
+	if (s->client_order) {
+		/* its client's order says how many (0 here) and where it starts */
+		info->start_epoch = s->corder.next_epoch;
+		info->start_batch = s->corder.next_batch;
+	} else {
+		info->samples = sampler_samples_per_epoch(&s->sampler);
+		info->start_epoch = a->start_seq / s->bpe;
+		info->start_batch = a->start_seq % s->bpe;
+	}
 	info->nfields = pl->nfields;
 	info->fields = pl->fields;
 	info->field_offsets = pl->field_off;
@@ -637,6 +664,20 @@ json_t *attachment_json(const struct attachment *a)
 		json_object_set_new(o, "position", json_pack("{s:I, s:I}",
 			"epoch", (json_int_t)(pos / a->stream->bpe),
 			"batch", (json_int_t)(pos % a->stream->bpe)));
+	}
+	if (a->stream && a->stream->client_order) {
+		/* where its next batch and its next Order stand (order.c) */
+		const struct stream *s = a->stream;
+		const struct order_batch *ob = order_at(s, a->cursor);
+		if (ob)
+			json_object_set_new(o, "position", json_pack("{s:I, s:I}",
+				"epoch", (json_int_t)ob->epoch, "batch", (json_int_t)ob->index));
+		json_object_set_new(o, "client_order", json_pack("{s:I, s:I, s:b, s:I, s:I}",
+			"next_epoch", (json_int_t)s->corder.next_epoch,
+			"next_batch", (json_int_t)s->corder.next_batch,
+			"open", s->corder.open,
+			"batches_ahead", (json_int_t)(order_end(s) - a->cursor),
+			"bytes", (json_int_t)order_bytes(s)));
 	}
 	if (a->stream) {
 		json_object_set_new(o, "share", json_integer(att_share(a)));

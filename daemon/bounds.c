@@ -213,6 +213,27 @@ int bounds_may_allocate(struct engine *eng, const struct principal *who, const c
 	              "%s; drop some first", name, need, w, has, limit, parts);
 }
 
+int bounds_may_order(struct engine *eng, uid_t uid, bool admin, uint64_t need, char *err,
+                     size_t errlen)
+{
+	struct usage u = usage_of(eng, uid);
+	uint64_t orders = 0, has, limit = admin ? eng->memory_limit : user_memory_limit(eng);
+	char w[96];
+
+	for (const struct attachment *a = eng->atts; a; a = a->all_next)
+		if (a->uid == uid && a->stream && a->stream->client_order)
+			orders += order_bytes(a->stream);
+	has = (admin ? 0 : u.bytes + holds_bytes_of(eng, uid)) + orders;
+	if (has <= limit && need <= limit - has)
+		return 0;
+	fmt_who(w, sizeof(w), &u);
+	return errfmt(-EDQUOT, err, errlen, "order: %" PRIu64 " more bytes of sampler order would pass "
+	              "the %s of %s (%" PRIu64 " bytes; it has %" PRIu64 ", %" PRIu64 " of them "
+	              "orders): the daemon keeps an epoch's order until its batches are read; use a "
+	              "sampler with fewer samples per epoch, or raise the limit",
+	              need, admin ? "memory_limit" : "memory_limit_per_user", w, limit, has, orders);
+}
+
 int bounds_may_attach(struct engine *eng, const struct principal *who, const char *name,
                       char *err, size_t errlen)
 {

@@ -160,7 +160,7 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 		.has_start = m->has_start, .start_epoch = m->start_epoch, .start_batch = m->start_batch,
 		.credits = m->credits, .has_seed = m->has_augment_seed, .seed = m->augment_seed,
 		.client_id = cl->id, .uid = cl->uid, .pid = cl->pid,
-		.ring = m->ring, .job = m->job,
+		.ring = m->ring, .job = m->job, .client_order = m->client_order,
 	};
 	struct attachment *a;
 	struct attach_info info;
@@ -397,6 +397,23 @@ static void handle_detach(struct server *srv, struct sctx *c, struct client *cl,
 	reply_ok(srv, c);
 }
 
+static void handle_order(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Order *m)
+{
+	struct attachment *a = att_or_reply(srv, c, cl, m->attach_id, NULL);
+	char err[512] = "";
+	int r;
+
+	if (!a)
+		return;
+	r = attachment_order(a, &(struct order_msg){ .epoch = m->epoch, .first = m->first_batch,
+		.sizes = m->sizes, .nbatches = m->n_sizes, .indices = m->indices,
+		.nindices = m->n_indices, .last = m->last }, err, sizeof(err));
+	if (r < 0)
+		reply_error(srv, c, -r, err);
+	else
+		reply_ok(srv, c);
+}
+
 /* Is a client of clients_json() one @who may see: its own user's, or one
  * attached to a pipeline @who may use? */
 static bool client_visible(struct server *srv, json_t *c, const struct principal *who)
@@ -539,6 +556,9 @@ void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
 		break;
 	case LOADERD__REQUEST__BODY_RELOAD:
 		handle_reload(srv, c, cl);
+		break;
+	case LOADERD__REQUEST__BODY_ORDER:
+		handle_order(srv, c, cl, req->order);
 		break;
 	default:
 		reply_error(srv, c, EPROTO, "malformed request: empty or unknown request type");

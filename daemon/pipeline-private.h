@@ -3,7 +3,8 @@
  *
  * The engine (pipeline.h) is split by concept: engine.c (workers, completions,
  * shutdown), registry.c (pipelines by name, memory budget), stream.c (a
- * stream's ring and its production), sched.c (how slots are shared between
+ * stream's ring and its production), order.c (the batches a client gives
+ * its stream), sched.c (how slots are shared between
  * streams: quotas, reclaim, shares), deliver.c (parked requests, leases,
  * answers), attach.c (attachments), devcopy.c (device copies), status.c
  * (status JSON). All of it runs on the loop thread but the worker tasks'
@@ -154,6 +155,26 @@ struct lease {
 	uint32_t rows;
 };
 
+/* order.c: the batches a client_order stream's client gave (docs/spec.md,
+ * "Client order"), from the oldest one still in use to the newest. */
+struct order_batch {
+	uint64_t epoch, index;
+	uint64_t off;             /* its first index in order.idx */
+	uint32_t rows;
+};
+
+struct order {
+	struct order_batch *b;    /* the batches of seq base_seq .. base_seq + n - 1 */
+	uint64_t base_seq;
+	size_t n, cap;
+	uint64_t *idx;            /* their dataset indices, batch after batch */
+	size_t nidx, idx_cap;
+	uint64_t next_epoch;      /* what the next Order continues: this epoch, */
+	uint64_t next_batch;      /* from this batch */
+	bool open;                /* next_epoch has begun, its last chunk has not come */
+	bool started;             /* an Order came */
+};
+
 struct stream {
 	struct stream *next;
 	struct pipeline *pl;
@@ -186,6 +207,8 @@ struct stream {
 	uint32_t ngroups;         /* entries of groups[] in use, >= 1 */
 	uint64_t job_keys[STREAM_JOBS_MAX]; /* the jobs that read it */
 	uint32_t njob_keys;
+	bool client_order;        /* its batches are its client's Orders (order.c): bpe 0 */
+	struct order corder;      /* client_order: what its client gave */
 };
 
 struct attachment {
@@ -199,6 +222,7 @@ struct attachment {
 	uint64_t id;
 	uint64_t client_id;
 	uid_t uid;
+	bool admin;               /* its principal's: its bounds are the daemon's */
 	int pid;                  /* the client's, for the log */
 	int mode;
 	uint32_t rank, world;
@@ -340,6 +364,8 @@ struct job {
 	atomic_uint_fast64_t stage_ns[STAGES];
 	char *errmsg;             /* the first failure's words (job_set_error()), or NULL:
 	                           * a traceback may be 16 KiB, and a job is made per batch */
+	const uint64_t *idx;      /* a client_order stream's batch: its rows' dataset
+	                           * indices (a copy, after tasks[]), else NULL */
 	unsigned ntasks;
 	struct task {
 		struct work work;
@@ -381,6 +407,24 @@ struct engine {
 	uv_timer_t *stats_timer;  /* stats.c: the snapshots' tick */
 	bool shutdown;
 };
+
+/* The dataset index of row @row of @job's batch. */
+static inline uint64_t job_sample(const struct job *job, uint32_t row)
+{
+	if (job->idx)
+		return job->idx[row];
+	return sampler_sample(&job->stream->sampler, job->epoch, job->index, row);
+}
+
+/* order.c (docs/spec.md, "Client order") */
+/* Batches of @s whose order has come: it builds up to this seq. */
+uint64_t order_end(const struct stream *s);
+/* The batch at @seq (below order_end()), or NULL when trimmed. */
+const struct order_batch *order_at(const struct stream *s, uint64_t seq);
+const uint64_t *order_indices(const struct stream *s, const struct order_batch *b);
+/* Bytes of its order @s holds now. */
+uint64_t order_bytes(const struct stream *s);
+void order_free(struct stream *s);
 
 /* stream.c */
 struct batch *ring_at(struct stream *s, uint64_t seq);
@@ -521,6 +565,10 @@ int bounds_may_allocate(struct engine *eng, const struct principal *who, const c
 /* -EMFILE within the descriptors kept for admins. */
 int bounds_may_attach(struct engine *eng, const struct principal *who, const char *name,
                       char *err, size_t errlen);
+/* -EDQUOT when @need more bytes of client orders (order.c) pass @uid's
+ * memory_limit_per_user with what it has (an admin: memory_limit). */
+int bounds_may_order(struct engine *eng, uid_t uid, bool admin, uint64_t need, char *err,
+                     size_t errlen);
 /* "; ldr-alice (uid 1001) holds 6291456 bytes in pipelines a, b; ..." for a
  * create refused for memory: who has it, most first. */
 void bounds_explain_users(struct engine *eng, char *buf, size_t len);

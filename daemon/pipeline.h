@@ -99,6 +99,7 @@ struct attach_params {
 	const struct cuda_device_info *cuda; /* CUDA delivery on that device, NULL host */
 	bool ring;            /* deliver through a batch ring (host only) */
 	const char *job;      /* its job (docs/spec.md, "Jobs"); NULL or "": its process */
+	bool client_order;    /* its client gives the order (docs/spec.md, "Client order") */
 };
 
 /* What a client needs to read the batches of an attachment. */
@@ -284,6 +285,22 @@ uint64_t attachment_id(const struct attachment *att);
 uint64_t attachment_client(const struct attachment *att);
 size_t attachment_leases(const struct attachment *att);
 json_t *attachment_json(const struct attachment *att);
+/* The next batches of a client_order attachment (order.c; docs/protocol.md,
+ * "Client order"): batches @first, @first + 1, ... of @epoch, @sizes[i]
+ * samples each, their dataset indices one batch after the other; @last ends
+ * the epoch. */
+struct order_msg {
+	uint64_t epoch;
+	uint64_t first;
+	const uint32_t *sizes;
+	size_t nbatches;
+	const uint64_t *indices;
+	size_t nindices;
+	bool last;
+};
+/* Return: 0, or a negative errno with @err naming what was wrong (nothing
+ * of it taken: the attachment goes on as before). */
+int attachment_order(struct attachment *att, const struct order_msg *m, char *err, size_t errlen);
 /**
  * attachment_next() - release leases, take back a Revoke's returns, queue @p.
  * @p: the request to answer (NULL: release only), at once or later

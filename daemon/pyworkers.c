@@ -243,7 +243,7 @@ static int send_task(struct pyw_conn *w, struct ptask *t)
 	}
 	idx = w->idx;
 	for (uint32_t k = 0; k < nrows; k++)
-		idx[k] = sampler_sample(&job->stream->sampler, job->epoch, job->index, tk->begin + k);
+		idx[k] = job_sample(job, tk->begin + k);
 	return conn_send(w, PYW_TASK, &m, sizeof(m), idx, (size_t)nrows * sizeof(*idx));
 }
 

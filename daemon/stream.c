@@ -30,6 +30,7 @@ void stream_maybe_free(struct stream *s)
 		}
 	free(s->ring);
 	free(s->returned);
+	order_free(s);
 	free(s);
 }
 
@@ -149,7 +150,7 @@ static void task_run(struct work *work)
 	char err[512];
 
 	for (uint32_t r = t->begin; r < t->end && !atomic_load(&job->err); r++) {
-		uint64_t idx = sampler_sample(&job->stream->sampler, job->epoch, job->index, r);
+		uint64_t idx = job_sample(job, r);
 		int rc;
 
 		for (size_t f = 0; f < pl->nfields; f++) {
@@ -230,6 +231,9 @@ uint32_t stream_next_build(const struct stream *s, struct batch **refill)
 		}
 	if (s->next_produce >= s->end_seq || s->ring_len >= s->pl->nslots)
 		return UINT32_MAX;
+	/* a client's order: only the batches whose order has come */
+	if (s->client_order && s->next_produce >= order_end(s))
+		return UINT32_MAX;
 	return batch_missing(s, mins, NULL, s->next_produce);
 }
 
@@ -239,6 +243,7 @@ int stream_start_batch(struct stream *s)
 	struct engine *eng = pl->eng;
 	unsigned nworkers = workers_count(eng->workers);
 	struct batch *b, *refill;
+	const struct order_batch *ob = NULL;
 	struct slot *slot;
 	struct job *job;
 	uint32_t rows, ntasks;
@@ -249,7 +254,13 @@ int stream_start_batch(struct stream *s)
 	if (refill)
 		seq = refill->seq;
 	group_cursors(s, mins);
-	rows = sampler_batch_rows(&s->sampler, seq % s->bpe);
+	if (s->client_order) {
+		if (!(ob = order_at(s, seq)))
+			return -EPROTO; /* kept until past the ring's head: not reached */
+		rows = ob->rows;
+	} else {
+		rows = sampler_batch_rows(&s->sampler, seq % s->bpe);
+	}
 	/* Several batches are in flight anyway; split one only when it is big
 	 * enough to pay for the extra wake-ups (they cost more than small copies). */
 	ntasks = (uint32_t)(((uint64_t)rows * pl->row_bytes + TASK_MIN_BYTES - 1) / TASK_MIN_BYTES);
@@ -262,9 +273,17 @@ int stream_start_batch(struct stream *s)
 		ntasks = rows;
 	if (ntasks == 0)
 		ntasks = 1;
-	job = calloc(1, sizeof(*job) + ntasks * sizeof(job->tasks[0]));
+	/* a client's order: the job's copy of the indices, which the loop
+	 * thread may move while the workers read */
+	job = calloc(1, sizeof(*job) + ntasks * sizeof(job->tasks[0]) +
+	                (ob ? rows * sizeof(uint64_t) : 0));
 	if (!job)
 		return -ENOMEM;
+	if (ob) {
+		uint64_t *idx = (uint64_t *)&job->tasks[ntasks];
+		memcpy(idx, order_indices(s, ob), rows * sizeof(*idx));
+		job->idx = idx;
+	}
 
 	if (refill) {
 		b = refill;
@@ -303,8 +322,8 @@ int stream_start_batch(struct stream *s)
 			s->head_seq = seq;
 		s->ring_len++;
 		b->seq = seq;
-		b->epoch = seq / s->bpe;
-		b->index = seq % s->bpe;
+		b->epoch = ob ? ob->epoch : seq / s->bpe;
+		b->index = ob ? ob->index : seq % s->bpe;
 		b->rows = rows;
 		s->next_produce++;
 	}

@@ -164,6 +164,16 @@ struct ldr_attach_opts {
 	 * again from its first batch for a client of another job.
 	 */
 	const char *job;
+	/* --- LDR_ATTACH_OPTS_SIZE_V4: the client's order (docs/spec.md, "Client order") --- */
+	/**
+	 * 1: this attachment's batches are the ones its client lists with
+	 * ldr_order(), epoch after epoch (a sampler's order, batches of any size
+	 * up to the pipeline's batch_size); partition mode, rank 0 of 1, a stream
+	 * of its own; has_start says where its first ldr_order() begins. The
+	 * daemon builds nothing it was not given. Such an attachment does not
+	 * follow a restarted daemon (its next ldr_next() fails: attach again).
+	 */
+	int client_order;
 };
 
 /** Size of the first versioned layout (every field up to device_index); what size 0 means. */
@@ -172,6 +182,8 @@ struct ldr_attach_opts {
 #define LDR_ATTACH_OPTS_SIZE_V2 (offsetof(struct ldr_attach_opts, augment_seed) + sizeof(uint64_t))
 /** The layout with job. */
 #define LDR_ATTACH_OPTS_SIZE_V3 (offsetof(struct ldr_attach_opts, job) + sizeof(const char *))
+/** The layout with client_order. */
+#define LDR_ATTACH_OPTS_SIZE_V4 (offsetof(struct ldr_attach_opts, client_order) + sizeof(int))
 /** Longest job name (ldr_attach_opts.job), in bytes. */
 #define LDR_JOB_MAX 128
 /**
@@ -338,6 +350,27 @@ LDR_EXPORT int ldr_attach(struct ldr_client *client, const char *pipeline,
  * last batch is released. NULL is fine.
  */
 LDR_EXPORT int ldr_detach(struct ldr_attachment *att);
+
+/**
+ * ldr_order() - give the next batches of a client_order attachment.
+ *
+ * Batches @p first_batch, @p first_batch + 1, ... of epoch @p epoch, of
+ * @p sizes[i] samples each (1 up to the pipeline's batch_size), whose dataset
+ * indices @p indices lists batch after batch. An epoch's batches come in
+ * order, in one call or several; @p last says the epoch ends after these
+ * (the next call begins an epoch, at its batch 0). The daemon builds a batch
+ * once its order has come; ldr_next() delivers them in this order, with
+ * these epoch and index numbers. Long orders go in several requests, each
+ * under the message limit.
+ *
+ * @return 0, or a negative errno with ldr_client_error() naming what the
+ * daemon refused (an index out of range, a batch above batch_size, an epoch
+ * that does not continue the order, -EDQUOT past the memory limit): the
+ * request it refused was not taken, but those sent before it in the same
+ * call were (the epoch is open there: continue it, or attach again).
+ */
+LDR_EXPORT int ldr_order(struct ldr_attachment *att, uint64_t epoch, uint64_t first_batch,
+                         const uint32_t *sizes, size_t nbatches, const uint64_t *indices, int last);
 
 /**
  * ldr_attachment_release_refused() - releases of this attachment's leases

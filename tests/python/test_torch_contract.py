@@ -217,28 +217,6 @@ def test_iterable_dataset_shuffle_as_torch(L):
                             "option, but got shuffle=True")
 
 
-UNSUPPORTED = [
-    ("sampler", lambda ds: dict(sampler=torch.utils.data.SequentialSampler(ds)), "seed="),
-    ("batch_sampler", lambda ds: dict(batch_sampler=torch.utils.data.BatchSampler(
-        torch.utils.data.SequentialSampler(ds), 2, False)), "batch_size="),
-    ("generator", lambda ds: dict(generator=torch.Generator()), "seed="),
-]
-
-
-@pytest.mark.parametrize("what,kw,instead", UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
-def test_unsupported_arguments_refused_clearly(L, what, kw, instead):
-    ds = Pairs(4)
-    if L.cls is torch.utils.data.DataLoader:
-        assert len(list(L.make(ds, **kw(ds)))) in (2, 4)  # torch takes it
-        return
-    with pytest.raises(TypeError) as e:
-        L.make(ds, **kw(ds))
-    text = str(e.value)
-    assert text.startswith(f"loaderd.DataLoader: {what} is not supported: not supported yet "
-                           "(issue 26"), text
-    assert instead in text and "instead" in text, text
-
-
 def test_iterable_dataset_refused_clearly(L):
     if L.cls is torch.utils.data.DataLoader:
         assert [t.tolist() for t in L.make(Stream())] == [[0], [1], [2], [3]]

@@ -100,6 +100,7 @@ class ldr_attach_opts(ctypes.Structure):
         ("has_augment_seed", ctypes.c_int),  # LDR_ATTACH_OPTS_SIZE_V2
         ("augment_seed", ctypes.c_uint64),
         ("job", ctypes.c_char_p),            # LDR_ATTACH_OPTS_SIZE_V3
+        ("client_order", ctypes.c_int),      # LDR_ATTACH_OPTS_SIZE_V4
     ]
 
     def __init__(self, *args, **kwargs):
@@ -161,6 +162,10 @@ _SIGNATURES = {
     "ldr_attachment_held": (ctypes.c_uint32, [_P]),
     "ldr_attachment_kept": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64),
                                            ctypes.POINTER(ctypes.c_uint64)]),
+    # a client_order attachment's batches (docs/protocol.md, "Client order")
+    "ldr_order": (ctypes.c_int, [_P, ctypes.c_uint64, ctypes.c_uint64,
+                                 ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t,
+                                 ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]),
     "ldr_attachment_release_refused": (ctypes.c_uint64, [_P, ctypes.c_char_p, ctypes.c_size_t]),
     # reconnecting to a restarted daemon (docs/reliability.md)
     "ldr_client_set_reconnect": (ctypes.c_int, [_P, ctypes.c_int]),

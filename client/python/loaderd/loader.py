@@ -23,6 +23,7 @@ pid first (libloader checks it too).
 
 import ctypes
 import errno
+import itertools
 import json
 import os
 import pickle
@@ -36,7 +37,7 @@ import weakref
 
 import numpy as np
 
-from . import _cuda, _lib, pydataset
+from . import _cuda, _lib, _order, pydataset
 from .errors import Error, ForkedError, InvalidSpec, dataset_error, from_code
 
 try:  # torch is optional: without it batches are numpy arrays
@@ -127,7 +128,7 @@ class _Attachment:
     """Owns one ldr_attachment*; keeps its _Client alive."""
 
     def __init__(self, client, pipeline, mode, rank, world, start, inflight, device=None,
-                 augment_seed=None, job=None):
+                 augment_seed=None, job=None, client_order=False):
         self.ptr = None
         self.device = device  # None: host memory; N: cuda:N
         self.detached = False
@@ -156,6 +157,7 @@ class _Attachment:
             opts.augment_seed = augment_seed
         if job is not None:
             opts.job = job.encode()  # libloader copies it
+        opts.client_order = int(client_order)
         out = ctypes.c_void_p()
         r = L.ldr_attach(client.ptr, pipeline.encode(), ctypes.byref(opts), ctypes.byref(out))
         if r < 0:
@@ -213,6 +215,21 @@ class _Attachment:
         r = self._next_fn(self.ptr, wait, *self.next_args)
         self.described = r != _lib.LDR_EFORKED
         return r
+
+    def order(self, epoch, first, batches, last):
+        """ldr_order(): batches @first.. of @epoch (lists of dataset
+        indices) are this client_order attachment's next ones."""
+        sizes = np.fromiter((len(b) for b in batches), dtype=np.uint32, count=len(batches))
+        idx = np.fromiter(itertools.chain.from_iterable(batches), dtype=np.uint64,
+                          count=int(sizes.sum()))
+        r = self._L.ldr_order(self.ptr, epoch, first,
+                              sizes.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)), len(batches),
+                              idx.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), int(last))
+        if r == -errno.ERANGE:
+            # an index past the dataset: what torch's Dataset would raise
+            raise IndexError(f"loaderd: {_err(r, 'order')}") from None
+        if r < 0:
+            raise _err(r, "order")
 
     def live_leases(self):
         """The leases still alive, oldest first."""
@@ -496,13 +513,6 @@ _COMPAT_REJECT = {
     "collate_fn": "loaderd collates in the daemon, in place; transform the batch dict in "
                   "your loop instead of passing collate_fn",
     "worker_init_fn": "loaderd runs no Python workers; worker_init_fn has nothing to run in",
-    "sampler": f"{_NOT_YET}: the order is the spec's (shuffle, seed) and the attachment's "
-               "mode/rank; pass shuffle=, seed=, and for DistributedSampler rank= and "
-               "world_size= (its rank and num_replicas) instead of a sampler",
-    "batch_sampler": f"{_NOT_YET}: batches are built by the daemon from batch_size/drop_last; "
-                     "pass batch_size=, drop_last= (and shuffle=, seed=) instead",
-    "generator": f"{_NOT_YET}: the shuffle is the spec's seeded permutation; pass seed= "
-                 "instead of a generator",
 }
 _compat_warned = set()
 
@@ -826,6 +836,26 @@ class DataLoader:
         elif fields is not None or pipeline_name is not None:
             raise TypeError("loaderd.DataLoader: fields= and pipeline_name= are for your own "
                             "Dataset (a Dataset object or a spec of source kind \"python\")")
+        # torch's sampler=, batch_sampler=, generator=: this loader's own order,
+        # sent to the daemon epoch by epoch (_order.py)
+        sampler = torch_compat.pop("sampler", None)
+        batch_sampler = torch_compat.pop("batch_sampler", None)
+        generator = torch_compat.pop("generator", None)
+        self._corder = sampler is not None or batch_sampler is not None or generator is not None
+        largest = None
+        if self._corder:
+            if _torch is None:
+                raise TypeError("loaderd.DataLoader: sampler=, batch_sampler= and generator= "
+                                "need torch, which this interpreter cannot import")
+            if mode not in (None, "partition") or rank is not None or world_size is not None:
+                raise ValueError("loaderd.DataLoader: with sampler=, batch_sampler= or generator= "
+                                 "the sampler gives this loader's batches (a stream of its own): "
+                                 "leave mode=, rank= and world_size= out (a DistributedSampler "
+                                 "gives a rank its share)")
+            if batch_sampler is not None:
+                largest = _order.largest_batch(batch_sampler)  # the slots' rows
+                if not isinstance(pipeline_or_spec, str):
+                    batch_size = largest
         _torch_compat(torch_compat)
         for k, v in _TORCH_DEFAULTS.items():
             setattr(self, k, given.get(k, v))
@@ -873,6 +903,8 @@ class DataLoader:
         # torchrun's RANK/WORLD_SIZE or the arguments say otherwise; sharing
         # one stream between loaders (broadcast, dynamic) is asked for
         env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        if self._corder:
+            env_rank, env_world = 0, 1  # the sampler says what this rank reads
         if mode is None:
             mode = "partition"
         if mode not in _lib.MODES:
@@ -945,6 +977,8 @@ class DataLoader:
         self._loop = None       # private stream: (token, epoch) of the active `for`
         self._kept_warned = False
         self._kept_prev = (0, 0)  # kept by attachments detached since
+        self._order_at = None   # own order: where the attachment's next Order goes on
+        self._seeded = False    # own order: torch's base seed drawn (persistent_workers)
         cl = Client.__new__(Client)
         cl._c = self._client
         info = cl.pipeline(self.pipeline)
@@ -964,14 +998,81 @@ class DataLoader:
         if self._py and own:
             self.dataset = pipeline_or_spec  # as torch's loader.dataset
         self._attach(None if self._shared else (0, 0))
-        self.batch_size = None if self._unbatched else int(self._att.batch_size)
-        self.drop_last = bool((info.get("spec") or {}).get("drop_last", False))
-        self.sampler = Sampler(self)
-        self.batch_sampler = None if self._unbatched else BatchSampler(self)
+        if self._corder:
+            self._order_setup(sampler, batch_sampler, generator, shuffle, drop_last, largest)
+        else:
+            self.batch_size = None if self._unbatched else int(self._att.batch_size)
+            self.drop_last = bool((info.get("spec") or {}).get("drop_last", False))
+            self.sampler = Sampler(self)
+            self.batch_sampler = None if self._unbatched else BatchSampler(self)
         self._initialized = True
         if _Lease._release_fn is None:
             _Lease._release_after_fn = _lib.lib().ldr_release_after
             _Lease._release_fn = _lib.lib().ldr_release
+
+    # ---------------------------------------------------------- own order
+
+    def _order_setup(self, sampler, batch_sampler, generator, shuffle, drop_last, largest):
+        """torch's samplers for sampler=, batch_sampler=, generator= (the
+        user's objects are loader.sampler and loader.batch_sampler)."""
+        cap = 1 if self._unbatched else int(self._att.batch_size)
+        if largest is not None and largest > cap:
+            raise ValueError(f"loaderd.DataLoader: the batch_sampler's largest batch has {largest} "
+                             f"samples, and pipeline {self.pipeline!r} holds {cap} a batch (its "
+                             "batch_size): create it with batch_size at least that")
+        bsz = None if self._unbatched or batch_sampler is not None else cap
+        self.sampler, self.batch_sampler, self._index_sampler = _order.samplers(
+            self.dataset, sampler, batch_sampler, generator, shuffle, bsz, drop_last)
+        self._order_cap = cap
+        self.batch_size = bsz
+        self.drop_last = bool(drop_last) if batch_sampler is None else False
+
+    def _order_iter(self):
+        """iter() of a loader with its own order: what torch's iterator does
+        at its start (iter(batch_sampler), the base seed from the generator,
+        its workers' prefetch), then the epoch (_order.py)."""
+        epoch, start = self._want
+        it = iter(self._index_sampler)
+        if not (self._seeded and self.persistent_workers and self.num_workers > 0):
+            _torch.empty((), dtype=_torch.int64).random_(generator=self.generator)
+            self._seeded = True
+        at = self._order_at
+        if at is None or not ((epoch, start) == at or (epoch > at[0] and start == 0)):
+            self._attach((epoch, start))  # a loop broken off, a resume
+        for _ in itertools.islice(it, start):
+            pass  # load_state_dict: the batches before the restored one
+        ahead = self.prefetch_factor * self.num_workers if self.num_workers > 0 else 0
+        feed = _order.Feed(self._att, it, epoch, start, self._order_cap, self._unbatched, ahead,
+                           _order._draws_once(self._index_sampler))
+        token = object()
+        self._loop = (token, epoch)
+        self._want = (epoch + 1, 0)  # the next `for`, whether this one ends or breaks
+        self._order_at = None        # mid-epoch until it ends
+        feed.start()
+        return self._order_epoch(feed, epoch, token)
+
+    def _order_epoch(self, feed, epoch, token):
+        k = 0
+        try:
+            while True:
+                if self._loop is None or self._loop[0] is not token:
+                    return  # load_state_dict or another `for` took over
+                if feed.beyond(k):
+                    break
+                b = self._next_raw()
+                if b is None:
+                    return
+                self._pos = (epoch, feed.first + k + 1)
+                feed.handed(k)
+                k += 1
+                # the frame keeps no reference while the trainer has the batch
+                box, b = [b], None
+                yield self._out(box.pop())
+            self._order_at = self._pos = (epoch + 1, 0)
+        finally:
+            if self._loop is not None and self._loop[0] is token:
+                self._loop = None
+            self._warn_kept(3)
 
     # ------------------------------------------------------ python source
 
@@ -1063,7 +1164,10 @@ class DataLoader:
         if start is not None and mode == "broadcast":
             mode = "partition"  # resume: a private stream, identical content (rank 0 of 1)
         self._att = _Attachment(self._client, self.pipeline, mode, self.rank, self.world_size,
-                                start, self._inflight, self._cuda, self.augment_seed, self.job)
+                                start, self._inflight, self._cuda, self.augment_seed, self.job,
+                                self._corder)
+        if self._corder:
+            self._order_at = tuple(start) if start is not None else (0, 0)
         self._attached_mode = mode
         self._ended = False
         self._pos = tuple(start) if start is not None else None
@@ -1085,7 +1189,10 @@ class DataLoader:
 
     def __len__(self):
         """Batches per epoch of this loader's share (per rank in partition;
-        in dynamic mode an upper bound)."""
+        in dynamic mode an upper bound). With a sampler: torch's, the
+        batch sampler's len()."""
+        if self._corder:
+            return len(self._index_sampler)
         return int(self._att.batches_per_epoch) if self._att else 0
 
     @property
@@ -1300,7 +1407,10 @@ class DataLoader:
         first batch. Shared stream: from the stream's next batch to the end of
         its epoch."""
         self._check()
-        if self._shared:
+        if self._corder:
+            e, start = self._want
+            it = self._order_iter()
+        elif self._shared:
             it = self._shared_epoch()
             start = self._pos[1] if self._pos is not None else 0
             e = self.epoch
@@ -1319,6 +1429,10 @@ class DataLoader:
         would (set_epoch, load_state_dict), and a `for` after it goes on from
         there to the end of that epoch."""
         self._check()
+        if self._corder:
+            raise TypeError("loaderd.DataLoader: next_batch() reads the daemon's order; a loader "
+                            "with sampler=, batch_sampler= or generator= reads its sampler's: "
+                            "iterate it (next(iter(loader)))")
         if self._shared:
             if self._pending is not None:
                 b, self._pending = self._pending, None
