@@ -32,6 +32,7 @@ import re
 import sys
 
 M64 = (1 << 64) - 1
+M63 = (1 << 63) - 1  # torch's seeds are int64 (torch.initial_seed(), get_worker_info().seed)
 SEED_TAG = 0x5059444154415345  # "PYDATASE": keeps sample seeds apart from the permutation's keys
 
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
@@ -73,16 +74,18 @@ def epoch_seed(seed, epoch):
 
 
 def sample_seed(seed, epoch, index, epoch_value=None):
-    """The 64-bit seed of sample @index in epoch @epoch of a pipeline of
-    spec seed @seed (docs/python.md, "Seeding"); @epoch_value, when given, is
+    """The seed of sample @index in epoch @epoch of a pipeline of spec seed
+    @seed (docs/python.md, "Seeding"): 63 bits, as torch's seeds, so that
+    torch.initial_seed() in the Dataset is one torch itself could give
+    (a torch.tensor of it, an int64 of it work); @epoch_value, when given, is
     epoch_seed(seed, epoch), computed once."""
     s = epoch_seed(seed, epoch) if epoch_value is None else epoch_value
-    return splitmix64(s ^ (int(index) & M64))
+    return splitmix64(s ^ (int(index) & M64)) & M63
 
 
 def seed_all(s):
     """Seed Python's random, numpy's global RNG and torch's default
-    generator (when torch is imported) from the 64-bit seed @s."""
+    generator (when torch is imported) from the seed @s (sample_seed())."""
     import random
     random.seed(s)
     np = sys.modules.get("numpy")
@@ -150,8 +153,9 @@ def get_worker_info():
 
 
 def worker_seed(seed, worker_id):
-    """WorkerInfo.seed (torch's get_worker_info().seed as well)."""
-    return splitmix64(((int(seed) & M64) ^ SEED_TAG) + int(worker_id) & M64)
+    """WorkerInfo.seed (torch's get_worker_info().seed as well): 63 bits,
+    as torch's base_seed + worker_id."""
+    return splitmix64(((int(seed) & M64) ^ SEED_TAG) + int(worker_id) & M64) & M63
 
 
 # ------------------------------------------------------------------ leaves
