@@ -51,3 +51,245 @@ def test_seeds_are_torchs_int64(L, workers):
     if not is_torch(L):  # per sample: the same seeds whatever the worker count
         from loaderd import pydataset as P
         assert seeds == [P.sample_seed(0, 0, i) for i in range(16)]
+
+
+# ---------------------------------------------------------- num_workers=0
+
+class Pids(torch.utils.data.Dataset):
+    """(the index, the pid that ran __getitem__, a caption): a str, which
+    default_collate makes a list of."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return torch.tensor(i), os.getpid(), f"image {i}"
+
+
+class Count(torch.utils.data.IterableDataset):
+    """A generator over 0..n-1, as a file or a stream is read."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return (torch.tensor(i) for i in range(self.n))
+
+
+class BadSample(ValueError):
+    pass
+
+
+class Raises(torch.utils.data.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise BadSample(f"bad sample {i}")
+        return torch.tensor(i)
+
+
+def flat(batches):
+    return [[x.tolist() if isinstance(x, torch.Tensor) else x for x in b] for b in batches]
+
+
+def test_num_workers_0_is_torchs_single_process_loading(L):
+    # torch's own sampler in this process: the trainer's RNG orders it
+    torch.manual_seed(5)
+    want = flat(torch.utils.data.DataLoader(Pids(), batch_size=3, shuffle=True))
+    dl = L.make(Pids(), batch_size=3, shuffle=True)
+    torch.manual_seed(5)
+    got = flat(dl)
+    assert got == want
+    assert sorted(i for b in got for i in b[0]) == list(range(10))
+    assert all(p == os.getpid() for b in got for p in b[1])  # in the trainer
+    assert list(got[0][2]) == [f"image {i}" for i in got[0][0]]
+    assert dl.num_workers == 0 and len(dl) == 4
+
+
+def test_num_workers_0_takes_torchs_samplers(L):
+    ds = Pids()
+    weights = [float(i % 3) for i in range(10)]
+    kws = [dict(sampler=torch.utils.data.WeightedRandomSampler(weights, 12), batch_size=4),
+           dict(batch_sampler=[[3, 1], [0, 2, 4, 9], [7]]),
+           dict(shuffle=True, batch_size=4, generator=torch.Generator().manual_seed(3))]
+    for kw in kws:
+        torch.manual_seed(11)
+        want = flat(torch.utils.data.DataLoader(ds, **kw))
+        if "generator" in kw:
+            kw["generator"].manual_seed(3)
+        torch.manual_seed(11)
+        assert flat(L.make(ds, **kw)) == want, kw
+
+
+def test_num_workers_0_raises_the_datasets_own_exception(L):
+    dl = L.make(Raises())
+    got = []
+    with pytest.raises(BadSample) as e:
+        for b in dl:
+            got.append(b.tolist())
+    assert got == [[0], [1], [2]]
+    assert type(e.value) is BadSample and str(e.value) == "bad sample 3"  # not wrapped
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_iterable_dataset_num_workers_0(L, drop_last):
+    dl = L.make(Count(10), batch_size=3, drop_last=drop_last)
+    want = [[0, 1, 2], [3, 4, 5], [6, 7, 8]] + ([] if drop_last else [[9]])
+    assert [b.tolist() for b in dl] == want
+    assert [b.tolist() for b in dl] == want  # each `for` iterates it again
+
+
+def test_num_workers_0_daemon_arguments_refused(ld):
+    with pytest.raises(ValueError) as e:
+        loaderd.DataLoader(Pids(), rank=1, world_size=2, socket=ld.socket)
+    assert "rank=, world_size= are for the daemon's worker processes" in str(e.value)
+    assert "sampler=DistributedSampler(dataset)" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        loaderd.DataLoader(Pids(), timeout=5)
+    assert "timeout=5 is for num_workers > 0" in str(e.value)
+
+
+# ------------------------------------------------------------------ state
+
+try:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+except Exception:  # torch 1.13 (Debian's): no torchdata
+    StatefulDataLoader = None
+
+# torchdata's single-process state keys (accelerate reads and adjusts the first three)
+TORCHDATA_KEYS = {"_num_yielded", "_sampler_iter_yielded", "_iterator_finished",
+                  "_index_sampler_state", "_sampler_iter_state", "_IterableDataset_len_called",
+                  "_shared_seed", "fetcher_state", "dataset_state"}
+
+
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return torch.tensor(i)
+
+
+@pytest.fixture(params=["torchdata", "loaderd", "loaderd-workers"])
+def S(request):
+    """Stateful loaders: torchdata's StatefulDataLoader, loaderd's with
+    num_workers=0 (in this process) and with 2 workers (the daemon's)."""
+    if request.param == "torchdata":
+        if StatefulDataLoader is None:
+            pytest.skip("torchdata is not installed (torch 1.13)")
+        yield Loaders(StatefulDataLoader, {})
+        return
+    ld = request.getfixturevalue("ld")
+    extra = {"socket": ld.socket}
+    if request.param == "loaderd-workers":
+        extra.update(num_workers=2, seed=7)
+    loaders = Loaders(loaderd.DataLoader, extra)
+    yield loaders
+    for dl in loaders.made:
+        dl.close()
+
+
+def shuffled(S):
+    torch.manual_seed(7)  # the order's seed where it is the trainer's RNG
+    return S.make(Numbers(), batch_size=3, shuffle=True)
+
+
+def lightning_set_epoch(dl, epoch):
+    """What Lightning does at each epoch's start: the samplers' set_epoch."""
+    for s in (getattr(dl, "sampler", None), getattr(dl.batch_sampler, "sampler", None)):
+        if hasattr(s, "set_epoch"):
+            s.set_epoch(epoch)
+
+
+def test_state_dict_mid_epoch_resumes_at_the_next_batch(S):
+    a = shuffled(S)
+    first = [b.tolist() for b in a]           # epoch 0
+    it = iter(a)                              # epoch 1
+    head = [next(it).tolist() for _ in range(2)]
+    state = a.state_dict()
+    rest = [b.tolist() for b in it]
+    assert sorted(sum(head + rest, [])) == list(range(20)) and head + rest != first
+    assert TORCHDATA_KEYS <= set(state)
+    assert state["_num_yielded"] == 2 and state["_iterator_finished"] is False
+
+    torch.manual_seed(1234)  # another trainer RNG: the state carries the order
+    b = S.make(Numbers(), batch_size=3, shuffle=True)
+    b.load_state_dict(state)
+    lightning_set_epoch(b, 1)
+    assert [x.tolist() for x in b] == rest
+
+
+def test_set_epoch_after_load_keeps_the_position(S):
+    if S.cls is StatefulDataLoader:
+        pytest.skip("torchdata's StatefulDataLoader has no set_epoch")
+    a = shuffled(S)
+    list(a)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    rest = [x.tolist() for x in it]
+    want_next = [x.tolist() for x in a]       # epoch 2
+    b = S.make(Numbers(), batch_size=3, shuffle=True)
+    b.load_state_dict(state)
+    b.set_epoch(1)                            # the loop head of the restored epoch
+    assert [x.tolist() for x in b] == rest
+    if S.extra.get("num_workers"):            # the daemon's epochs: (seed, epoch)
+        b.set_epoch(2)
+        assert [x.tolist() for x in b] == want_next
+    c = S.make(Numbers(), batch_size=3, shuffle=True)
+    c.load_state_dict(state)
+    c.set_epoch(2)                            # another epoch: its start
+    assert len([x for x in c]) == 7
+
+
+def accelerate_adjust(state, factor, batch_size):
+    """What accelerate's DataLoaderAdapter.adjust_state_dict_for_prefetch
+    does to a StatefulDataLoader state: @factor batches less."""
+    st = dict(state)
+    st["_sampler_iter_yielded"] -= factor
+    st["_num_yielded"] -= factor
+    if st.get("_index_sampler_state") is not None:
+        st["_index_sampler_state"] = dict(st["_index_sampler_state"])
+        st["_index_sampler_state"]["samples_yielded"] -= batch_size * factor
+    return st
+
+
+def test_state_as_accelerate_adjusts_it(S):
+    # accelerate (the HF Trainer) subtracts its prefetch from _num_yielded
+    # and sets _iterator_finished itself
+    if S.cls is StatefulDataLoader:
+        pytest.skip("torchdata's RandomSampler keeps its own count, which accelerate leaves")
+    a = shuffled(S)
+    it = iter(a)
+    batches = [next(it).tolist() for _ in range(7)]
+    state = a.state_dict()
+    assert state["_num_yielded"] == 7
+    back = accelerate_adjust(state, 2, 3)
+    b = S.make(Numbers(), batch_size=3, shuffle=True)
+    b.load_state_dict(back)
+    assert [x.tolist() for x in b] == batches[5:]
+    end = dict(state, _iterator_finished=True)   # the epoch's last batch was yielded
+    c = S.make(Numbers(), batch_size=3, shuffle=True)
+    c.load_state_dict(end)
+    nxt = [x.tolist() for x in c]
+    assert len(nxt) == 7 and sorted(sum(nxt, [])) == list(range(20))
+    if S.cls is loaderd.DataLoader:
+        assert c.epoch == 2 and c.state_dict()["epoch"] == 2  # epoch 1 was iterated
+
+
+def test_older_loaderd_state_still_loads(ld):
+    a = loaderd.DataLoader(Numbers(), batch_size=3, shuffle=True, seed=7, num_workers=1,
+                           socket=ld.socket)
+    it = iter(a)
+    next(it)
+    rest = [x.tolist() for x in it]
+    b = loaderd.DataLoader(Numbers(), batch_size=3, shuffle=True, seed=7, num_workers=1,
+                           socket=ld.socket)
+    b.load_state_dict({"pipeline": b.pipeline, "epoch": 0, "batch": 1, "rank": 0,
+                       "world_size": 1})
+    assert [x.tolist() for x in b] == rest
+    a.close()
+    b.close()
+
