@@ -293,3 +293,46 @@ def test_older_loaderd_state_still_loads(ld):
     a.close()
     b.close()
 
+
+# ---------------------------------------------------------------- seeding
+
+class Draws(torch.utils.data.Dataset):
+    """A random augmentation: one draw from torch's global RNG per sample."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.rand(1)
+
+
+def seed_1234(worker_id):
+    torch.manual_seed(1234 + worker_id)
+
+
+def test_worker_init_fn_seeding_as_torchs(L):
+    # torch: the one worker seeded by worker_init_fn, its draws going on
+    # sample after sample; loaderd's seeding="worker" keeps that
+    torch.manual_seed(1234)
+    want = [torch.rand(1).item() for _ in range(6)]
+    kw = {} if is_torch(L) else {"seeding": "worker"}
+    dl = L.make(Draws(), batch_size=2, num_workers=1, worker_init_fn=seed_1234, **kw)
+    assert [x for b in dl for x in b.flatten().tolist()] == want
+
+
+def test_per_sample_seeding_overrides_worker_init_fn(ld):
+    # the default: each sample seeded from (seed, epoch, index), after
+    # worker_init_fn, whatever the number of workers
+    from loaderd import pydataset as P
+    want = []
+    for i in range(6):
+        P.seed_all(P.sample_seed(0, 0, i))
+        want.append(torch.rand(1).item())
+    for workers in (1, 3):
+        dl = loaderd.DataLoader(Draws(), batch_size=2, num_workers=workers,
+                                worker_init_fn=seed_1234, socket=ld.socket)
+        assert [x for b in dl for x in b.flatten().tolist()] == want
+        dl.close()
+    with pytest.raises(ValueError) as e:
+        loaderd.DataLoader(Draws(), num_workers=1, seeding="epoch", socket=ld.socket)
+    assert "seeding must be \"sample\"" in str(e.value)

@@ -27,7 +27,7 @@ from . import loader as _loader
 _DAEMON_ONLY = {
     "mode": None, "rank": None, "world_size": None, "device": "cpu", "as_numpy": False,
     "epochs": None, "inflight": None, "on_error": None, "fields": None,
-    "pipeline_name": None, "augment_seed": None,
+    "pipeline_name": None, "augment_seed": None, "seeding": None,
 }
 # loaderd's connection arguments: there is no daemon to connect to
 _UNUSED = ("socket", "name", "reconnect_timeout", "job")
@@ -57,6 +57,7 @@ class InProcessLoader(_loader.DataLoader):
         a = dict(bound.arguments)
         a.pop("self")
         targs = dict(a.pop("torch_compat", {}))
+        a["seeding"] = targs.pop("seeding", None)  # loaderd's, in **torch_compat
         dataset = a.pop("pipeline_or_spec")
         bad = [k for k, default in _DAEMON_ONLY.items() if k in a and a[k] != default]
         if bad:

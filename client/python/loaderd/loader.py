@@ -871,7 +871,7 @@ class DataLoader:
             batch_size = 1  # torch's default
         py_args = {}
         if self._py:
-            for k in ("num_workers", "collate_fn", "worker_init_fn"):
+            for k in ("num_workers", "collate_fn", "worker_init_fn", "seeding"):
                 py_args[k] = torch_compat.pop(k, None)
         elif fields is not None or pipeline_name is not None:
             raise TypeError("loaderd.DataLoader: fields= and pipeline_name= are for your own "
@@ -1032,7 +1032,8 @@ class DataLoader:
         spec, payload = pydataset.build_spec(
             ds, overrides=overrides, num_workers=py_args.get("num_workers"),
             collate_fn=py_args.get("collate_fn"), worker_init_fn=py_args.get("worker_init_fn"),
-            fields=fields, name=pipeline_name, scalars=self._scalars)
+            fields=fields, name=pipeline_name, scalars=self._scalars,
+            seeding=py_args.get("seeding"))
         spec.setdefault("epochs", 0)  # endless: each `for` is one epoch
         self.spec = spec
         src = spec["source"]

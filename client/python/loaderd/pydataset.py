@@ -728,11 +728,13 @@ def _sanitize(s):
 
 
 def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
-               worker_init_fn=None, fields=None, name=None, scalars=None):
+               worker_init_fn=None, fields=None, name=None, scalars=None, seeding=None):
     """(spec, payload) of a python pipeline: the spec the daemon gets and
     what the workers' host reads on stdin (only builtin types: the host
     unpickles no user object). @scalars, a set: gets the names of the fields
-    that are Python numbers (int, float, bool) in dataset[0]."""
+    that are Python numbers (int, float, bool) in dataset[0]. @seeding:
+    "sample" (None: the spec's, else that) or "worker" (docs/python.md,
+    "Seeding")."""
     nworkers = 1 if not num_workers else int(num_workers)
     if not 1 <= nworkers <= 256:
         raise ValueError("num_workers must be in 0..256 (0 means 1: loaderd always builds "
@@ -772,6 +774,15 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
             return dataset
     if name is not None:
         spec["name"] = name
+    if seeding is None:
+        seeding = src.get("seeding", "sample")
+    if seeding not in ("sample", "worker"):
+        raise ValueError("seeding must be \"sample\" (each sample seeded from seed, epoch "
+                         "and index: the same draws for any number of workers) or \"worker\" "
+                         f"(each worker seeded once, as torch's), not {seeding!r}")
+    src.pop("seeding", None)
+    if seeding == "worker":
+        src["seeding"] = "worker"  # the daemon's canonical form leaves "sample" out
     spec.update(overrides)
     seed = int(spec.get("seed", 0) or 0)
 
@@ -828,6 +839,7 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
         "learnt": learnt,
         "structure": structure,
         "seed": seed,
+        "seeding": seeding,
     }
     return spec, payload
 
