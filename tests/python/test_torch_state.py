@@ -279,6 +279,20 @@ def test_state_as_accelerate_adjusts_it(S):
         assert c.epoch == 2 and c.state_dict()["epoch"] == 2  # epoch 1 was iterated
 
 
+def test_iterable_dataset_state_resumes(S):
+    if S.extra.get("num_workers"):
+        pytest.skip("an IterableDataset runs with num_workers=0 only")
+    a = S.make(Count(10), batch_size=3)
+    it = iter(a)
+    next(it)
+    next(it)
+    state = a.state_dict()
+    assert state["_num_yielded"] == 2
+    b = S.make(Count(10), batch_size=3)
+    b.load_state_dict(state)  # iterated past the first two batches, as torchdata does
+    assert [x.tolist() for x in b] == [[6, 7, 8], [9]]
+
+
 def test_older_loaderd_state_still_loads(ld):
     a = loaderd.DataLoader(Numbers(), batch_size=3, shuffle=True, seed=7, num_workers=1,
                            socket=ld.socket)
