@@ -29,8 +29,7 @@ _DAEMON_ONLY = {
     "epochs": None, "inflight": None, "on_error": None, "fields": None,
     "pipeline_name": None, "augment_seed": None, "seeding": None,
 }
-# loaderd's connection arguments: there is no daemon to connect to
-_UNUSED = ("socket", "name", "reconnect_timeout", "job")
+# (socket, name, reconnect_timeout, job: not used, there is nothing to connect to)
 # torch's attributes, read and set on torch's DataLoader (its set-after-init
 # ValueError included)
 _ATTRS = ("dataset", "batch_size", "batch_sampler", "sampler", "drop_last", "num_workers",
@@ -258,7 +257,8 @@ class InProcessLoader(_loader.DataLoader):
         self._loop = None
 
     def __repr__(self):
-        return f"<loaderd.DataLoader in-process (num_workers=0) of {type(self._dl.dataset).__name__}>"
+        name = type(self._dl.dataset).__name__
+        return f"<loaderd.DataLoader in-process (num_workers=0) of {name}>"
 
 
 for _n in _ATTRS:
