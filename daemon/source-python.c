@@ -7,7 +7,7 @@
  * rows to the owner's worker processes, which write them into the slots. The
  * source only describes; source_read() is never called for it.
  *
- * "dataset", "args", "digest", "collate" and "structure" are the client's:
+ * "dataset", "args", "digest", "collate", "seeding" and "structure" are the client's:
  * the daemon keeps them in the canonical form, so that two trainers join one
  * pipeline only when they name the same dataset, and hands them back in
  * status for a client that attaches by name.
@@ -159,10 +159,11 @@ static int parse_field(json_t *v, size_t i, struct field_desc *f, bool *pad, jso
 static int parse_python(struct spec *spec, json_t *src, char *err, size_t errlen)
 {
 	static const char *const keys[] = { "kind", "dataset", "args", "digest", "samples", "fields",
-					    "structure", "collate", NULL };
+					    "structure", "collate", "seeding", NULL };
 	struct field_desc fields[SOURCE_MAX_FIELDS];
 	bool pad[SOURCE_MAX_FIELDS];
 	const char *key, *dataset, *digest = "", *collate = "";
+	bool seed_per_worker = false;
 	json_t *v, *args, *jfields, *structure, *canon = NULL, *cfields = NULL;
 	int64_t samples = 0;
 	size_t nfields;
@@ -193,6 +194,14 @@ static int parse_python(struct spec *spec, json_t *src, char *err, size_t errlen
 			return spec_fail(err, errlen, "source.collate: must be \"\" or name the collate_fn "
 					 "as \"module:qualname\"");
 		collate = json_string_value(v);
+	}
+	if ((v = json_object_get(src, "seeding"))) {
+		const char *sv = spec_plain_string(v);
+		if (!sv || (strcmp(sv, "sample") != 0 && strcmp(sv, "worker") != 0))
+			return spec_fail(err, errlen, "source.seeding: must be \"sample\" (each sample "
+					 "seeded from seed, epoch, index) or \"worker\" (each worker "
+					 "seeded once, as torch's)");
+		seed_per_worker = sv[0] == 'w';
 	}
 	if (!json_object_get(src, "samples"))
 		return spec_fail(err, errlen, "source.samples: is required (len(dataset))");
@@ -255,6 +264,11 @@ static int parse_python(struct spec *spec, json_t *src, char *err, size_t errlen
 			  "digest", digest, "samples", (json_int_t)samples, "fields", cfields,
 			  "structure", structure ? json_incref(structure) : json_null(),
 			  "collate", collate);
+	/* "sample", the default, is left out: the canonical form of older specs */
+	if (canon && seed_per_worker && json_object_set_new(canon, "seeding", json_string("worker")) < 0) {
+		json_decref(canon);
+		canon = NULL;
+	}
 	if (!canon)
 		return -ENOMEM;
 	spec->source.py = canon;

@@ -313,6 +313,17 @@ static void test_python(void)
 	       "\"structure\": {\"t\": [\"image\", \"label\"]}, \"args\": {\"root\": \"/d\"}") "}");
 	assert(s->source.py_collate && !s->on_error_fail);
 	spec_free(s);
+	/* seeding: "sample" (the default) is left out of the canonical form */
+	s = ok("{\"name\": \"p\", " PYSRC(", \"seeding\": \"sample\"") "}");
+	assert(!json_object_get(json_object_get(s->json, "source"), "seeding"));
+	spec_free(s);
+	s = ok("{\"name\": \"p\", " PYSRC(", \"seeding\": \"worker\"") "}");
+	assert(strcmp(json_string_value(json_object_get(json_object_get(s->json, "source"),
+							"seeding")), "worker") == 0);
+	spec_free(s);
+	bad("{\"name\": \"p\", " PYSRC(", \"seeding\": \"epoch\"") "}",
+	    "source.seeding: must be \"sample\" (each sample seeded from seed, epoch, index) or "
+	    "\"worker\"");
 	/* a spec of another kind does not take the python keys */
 	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"samples\": 1}}",
 	    "source.dataset: must name the Dataset class as \"module:QualName\"");

@@ -57,6 +57,8 @@ class Worker:
         self.nworkers = payload["nworkers"]
         self.fields = payload["fields"]
         self.learnt = payload.get("learnt", False)
+        # "sample": seeded before each sample; "worker": once, before worker_init_fn
+        self.per_sample = payload.get("seeding", "sample") == "sample"
         self.setup_error = None
 
     def connect(self):
@@ -107,6 +109,8 @@ class Worker:
             from torch.utils.data._utils import worker as tw
             tw._worker_info = tw.WorkerInfo(id=self.wid, num_workers=self.nworkers, seed=seed,
                                             dataset=self.dataset)
+        if not self.per_sample:
+            P.seed_all(seed)  # as torch seeds its workers; worker_init_fn's seeding stays
         if init is not None:
             init(self.wid)
 
@@ -202,6 +206,8 @@ class Worker:
     # ----------------------------------------------------------- samples
 
     def sample(self, epoch, idx):
+        if not self.per_sample:
+            return self.dataset[idx]  # the worker's RNGs go on from its seeding
         es = self._epoch_seed
         if es is None or es[0] != epoch:
             es = self._epoch_seed = (epoch, P.epoch_seed(self.w["seed"], epoch))

@@ -582,9 +582,10 @@ def _torch_checks(ds, batch_size, shuffle, drop_last, timeout, args):
         if batch_sampler is not None:
             raise ValueError("DataLoader with IterableDataset: expected unspecified "
                              f"batch_sampler option, but got batch_sampler={batch_sampler}")
-        raise TypeError(f"loaderd.DataLoader: an IterableDataset ({type(ds).__name__}) is "
-                        f"{_NOT_YET}: give a map-style Dataset (__getitem__ and __len__), or "
-                        "use torch.utils.data.DataLoader for this one")
+        raise TypeError(f"loaderd.DataLoader: an IterableDataset ({type(ds).__name__}) with "
+                        f"num_workers > 0 is {_NOT_YET}: num_workers=0 iterates it in this "
+                        "process, as torch's DataLoader does; or give a map-style Dataset "
+                        "(__getitem__ and __len__)")
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle")
     if batch_sampler is not None:
@@ -665,6 +666,45 @@ def _frozen(name):
                              f"{self.__class__.__name__} is initialized")
         object.__setattr__(self, attr, value)
     return property(get, set_, doc=f"torch's DataLoader.{name} (read-only after __init__)")
+
+
+# ----------------------------------------------------- state, torchdata's shape
+
+# torchdata's StatefulDataLoader (num_workers=0) state keys: Lightning and the
+# HF Trainer (accelerate) checkpoint the dict as it is, and accelerate adjusts
+# _num_yielded, _sampler_iter_yielded and _iterator_finished in it, so those
+# say where the epoch stands; loaderd's own keys ("pipeline", "epoch",
+# "batch", "rank", "world_size", older loaderd's whole state) stay beside them.
+_STATE_NONE = ("_index_sampler_state", "_sampler_iter_state", "_IterableDataset_len_called",
+               "_shared_seed", "fetcher_state", "dataset_state")
+
+
+def _state(epoch, num_yielded, own):
+    """A state_dict() in torchdata's shape: @num_yielded batches of epoch
+    @epoch yielded (its iterator not finished: a number of batches equal to
+    the epoch's resumes at the next epoch), loaderd's keys @own added."""
+    st = dict.fromkeys(_STATE_NONE)
+    st.update({"_sampler_iter_yielded": int(num_yielded), "_num_yielded": int(num_yielded),
+               "_iterator_finished": False})
+    st.update(own)
+    st.update({"epoch": int(epoch), "batch": int(num_yielded)})
+    return st
+
+
+def _state_position(state, batches_per_epoch=None):
+    """(epoch, batch) of the next batch a state_dict() points at: its epoch
+    from _num_yielded on (older loaderd's states: "batch"), or the next
+    epoch's start when that epoch's iterator finished (or yielded all
+    @batches_per_epoch)."""
+    if not isinstance(state, dict) or "epoch" not in state or \
+            ("_num_yielded" not in state and "batch" not in state):
+        raise ValueError("load_state_dict: not a loaderd.DataLoader state (it has no 'epoch' "
+                         "and '_num_yielded'): give what state_dict() returned")
+    epoch = int(state["epoch"])
+    n = max(0, int(state["_num_yielded"] if "_num_yielded" in state else state["batch"]))
+    if state.get("_iterator_finished") or (batches_per_epoch and n >= batches_per_epoch):
+        return epoch + 1, 0
+    return epoch, n
 
 
 # ------------------------------------------------------------------- client
@@ -799,6 +839,16 @@ class DataLoader:
     dataset = _frozen("dataset")
     persistent_workers = _frozen("persistent_workers")
 
+    def __new__(cls, pipeline_or_spec=None, *args, **kwargs):
+        # num_workers=0 (torch's default) with your own Dataset: it runs in
+        # this process, as torch's does (loaderd._inprocess)
+        if cls is DataLoader and _torch is not None and kwargs.get("num_workers", 0) == 0 and \
+                (pydataset.is_dataset(pipeline_or_spec) or
+                 _is_iterable_dataset(pipeline_or_spec)):
+            from ._inprocess import InProcessLoader
+            cls = InProcessLoader
+        return object.__new__(cls)
+
     def __class_getitem__(cls, item):
         # DataLoader[T], as torch's Generic[T_co] DataLoader
         return types.GenericAlias(cls, item)
@@ -831,7 +881,7 @@ class DataLoader:
             batch_size = 1  # torch's default
         py_args = {}
         if self._py:
-            for k in ("num_workers", "collate_fn", "worker_init_fn"):
+            for k in ("num_workers", "collate_fn", "worker_init_fn", "seeding"):
                 py_args[k] = torch_compat.pop(k, None)
         elif fields is not None or pipeline_name is not None:
             raise TypeError("loaderd.DataLoader: fields= and pipeline_name= are for your own "
@@ -975,6 +1025,7 @@ class DataLoader:
         self._pos = None        # (epoch, batch) of the attachment's next batch
         self._want = (0, 0)     # private stream: where the next `for` starts
         self._loop = None       # private stream: (token, epoch) of the active `for`
+        self._restored = None   # private stream: the position load_state_dict() set
         self._kept_warned = False
         self._kept_prev = (0, 0)  # kept by attachments detached since
         self._order_at = None   # own order: where the attachment's next Order goes on
@@ -1082,7 +1133,8 @@ class DataLoader:
         spec, payload = pydataset.build_spec(
             ds, overrides=overrides, num_workers=py_args.get("num_workers"),
             collate_fn=py_args.get("collate_fn"), worker_init_fn=py_args.get("worker_init_fn"),
-            fields=fields, name=pipeline_name, scalars=self._scalars)
+            fields=fields, name=pipeline_name, scalars=self._scalars,
+            seeding=py_args.get("seeding"))
         spec.setdefault("epochs", 0)  # endless: each `for` is one epoch
         self.spec = spec
         src = spec["source"]
@@ -1351,6 +1403,7 @@ class DataLoader:
             self._attach((epoch, start))  # a loop broken off, set_epoch, resume
         token = object()
         self._loop = (token, epoch)
+        self._restored = None
         self._want = (epoch + 1, 0)  # the next `for`, whether this one ends or breaks
         try:
             while self._loop is not None and self._loop[0] is token:
@@ -1482,22 +1535,30 @@ class DataLoader:
     def set_epoch(self, epoch):
         """Private stream: the next `for` iterates epoch @epoch from its first
         batch (re-attaching there if the stream is elsewhere; nothing to do
-        when the last loop ended just before it). Broadcast and dynamic: the
-        shared stream decides the epoch, a different one only warns."""
+        when the last loop ended just before it), or, when load_state_dict()
+        restored a position in epoch @epoch, from that position. Broadcast and
+        dynamic: the shared stream decides the epoch, a different one only
+        warns."""
         self._check()
         epoch = int(epoch)
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
         if not self._shared:
+            if self._restored is not None and self._restored == self._want and \
+                    self._restored[0] == epoch:
+                return  # the loop head of the restored epoch: keep its position
             self._want = (epoch, 0)
+            self._restored = None
             return
         if self._pos is not None and self._pos[0] != epoch:
             warnings.warn(f"loaderd: set_epoch({epoch}) has no effect in {self.mode} mode: the "
                           f"shared stream is at epoch {self._pos[0]}", UserWarning, stacklevel=2)
 
     def state_dict(self):
-        """The position of the next batch this loader will yield: inside a
-        `for`, the rest of that loop; else the start of the next `for`."""
+        """The position of the next batch this loader will yield, in
+        torchdata's StatefulDataLoader shape (docs/python.md, "Exact
+        resume"): inside a `for`, the rest of that loop; else the start of
+        the next `for`."""
         self._check()
         if self.mode == "dynamic":
             raise Error(-errno.EINVAL, "dynamic mode has no fixed assignment of batches: "
@@ -1506,20 +1567,24 @@ class DataLoader:
             epoch, batch = self._pos if self._pos is not None else (0, 0)
         elif self._loop is not None:
             epoch, batch = self._pos
+            if epoch != self._loop[1]:  # the loop's last batch is in hand
+                epoch, batch = self._loop[1], len(self)
         else:
             epoch, batch = self._want
-        return {"pipeline": self.pipeline, "epoch": int(epoch), "batch": int(batch),
-                "rank": self.rank, "world_size": self.world_size}
+        return _state(epoch, batch, {"pipeline": self.pipeline, "rank": self.rank,
+                                     "world_size": self.world_size})
 
     def load_state_dict(self, state):
-        """Resume exactly where @state (from state_dict()) stood: the next
-        `for` (or next_batch()) yields the batches from that position on.
-        Re-attaches a private stream as rank/world partition starting there."""
+        """Resume exactly where @state (from state_dict(); loaderd's older
+        {"pipeline", "epoch", "batch", "rank", "world_size"} too) stood: the
+        next `for` (or next_batch()) yields the batches from that position
+        on, set_epoch() of its epoch keeping it. Re-attaches a private stream
+        as rank/world partition starting there."""
         self._check()
         if self.mode == "dynamic":
             raise Error(-errno.EINVAL, "dynamic mode cannot resume (see state_dict)", "load_state_dict")
-        for k in ("pipeline", "epoch", "batch", "rank", "world_size"):
-            if k not in state:
+        for k in ("pipeline", "epoch", "rank", "world_size"):
+            if not isinstance(state, dict) or k not in state:
                 raise ValueError(f"load_state_dict: the state has no {k!r}")
         if state["pipeline"] != self.pipeline:
             raise ValueError(f"load_state_dict: the state is of pipeline {state['pipeline']!r}, "
@@ -1527,9 +1592,9 @@ class DataLoader:
         if (state["rank"], state["world_size"]) != (self.rank, self.world_size):
             raise ValueError(f"load_state_dict: the state is of rank {state['rank']}/"
                              f"{state['world_size']}, this loader is {self.rank}/{self.world_size}")
-        pos = (int(state["epoch"]), int(state["batch"]))
+        pos = _state_position(state, len(self))
         self._loop = None  # a `for` still running ends here
-        self._want = pos
+        self._want = self._restored = pos
         self._attach(pos)
 
     # ------------------------------------------------------------- closing

@@ -32,6 +32,7 @@ import re
 import sys
 
 M64 = (1 << 64) - 1
+M63 = (1 << 63) - 1  # torch's seeds are int64 (torch.initial_seed(), get_worker_info().seed)
 SEED_TAG = 0x5059444154415345  # "PYDATASE": keeps sample seeds apart from the permutation's keys
 
 DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
@@ -73,16 +74,18 @@ def epoch_seed(seed, epoch):
 
 
 def sample_seed(seed, epoch, index, epoch_value=None):
-    """The 64-bit seed of sample @index in epoch @epoch of a pipeline of
-    spec seed @seed (docs/python.md, "Seeding"); @epoch_value, when given, is
+    """The seed of sample @index in epoch @epoch of a pipeline of spec seed
+    @seed (docs/python.md, "Seeding"): 63 bits, as torch's seeds, so that
+    torch.initial_seed() in the Dataset is one torch itself could give
+    (a torch.tensor of it, an int64 of it work); @epoch_value, when given, is
     epoch_seed(seed, epoch), computed once."""
     s = epoch_seed(seed, epoch) if epoch_value is None else epoch_value
-    return splitmix64(s ^ (int(index) & M64))
+    return splitmix64(s ^ (int(index) & M64)) & M63
 
 
 def seed_all(s):
     """Seed Python's random, numpy's global RNG and torch's default
-    generator (when torch is imported) from the 64-bit seed @s."""
+    generator (when torch is imported) from the seed @s (sample_seed())."""
     import random
     random.seed(s)
     np = sys.modules.get("numpy")
@@ -150,8 +153,9 @@ def get_worker_info():
 
 
 def worker_seed(seed, worker_id):
-    """WorkerInfo.seed (torch's get_worker_info().seed as well)."""
-    return splitmix64(((int(seed) & M64) ^ SEED_TAG) + int(worker_id) & M64)
+    """WorkerInfo.seed (torch's get_worker_info().seed as well): 63 bits,
+    as torch's base_seed + worker_id."""
+    return splitmix64(((int(seed) & M64) ^ SEED_TAG) + int(worker_id) & M64) & M63
 
 
 # ------------------------------------------------------------------ leaves
@@ -724,11 +728,13 @@ def _sanitize(s):
 
 
 def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
-               worker_init_fn=None, fields=None, name=None, scalars=None):
+               worker_init_fn=None, fields=None, name=None, scalars=None, seeding=None):
     """(spec, payload) of a python pipeline: the spec the daemon gets and
     what the workers' host reads on stdin (only builtin types: the host
     unpickles no user object). @scalars, a set: gets the names of the fields
-    that are Python numbers (int, float, bool) in dataset[0]."""
+    that are Python numbers (int, float, bool) in dataset[0]. @seeding:
+    "sample" (None: the spec's, else that) or "worker" (docs/python.md,
+    "Seeding")."""
     nworkers = 1 if not num_workers else int(num_workers)
     if not 1 <= nworkers <= 256:
         raise ValueError("num_workers must be in 0..256 (0 means 1: loaderd always builds "
@@ -768,6 +774,15 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
             return dataset
     if name is not None:
         spec["name"] = name
+    if seeding is None:
+        seeding = src.get("seeding", "sample")
+    if seeding not in ("sample", "worker"):
+        raise ValueError("seeding must be \"sample\" (each sample seeded from seed, epoch "
+                         "and index: the same draws for any number of workers) or \"worker\" "
+                         f"(each worker seeded once, as torch's), not {seeding!r}")
+    src.pop("seeding", None)
+    if seeding == "worker":
+        src["seeding"] = "worker"  # the daemon's canonical form leaves "sample" out
     spec.update(overrides)
     seed = int(spec.get("seed", 0) or 0)
 
@@ -824,6 +839,7 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
         "learnt": learnt,
         "structure": structure,
         "seed": seed,
+        "seeding": seeding,
     }
     return spec, payload
 
