@@ -552,9 +552,15 @@ def test_torch_compat_arguments(ld, workdir):
         assert sum(m in s for s in msgs) <= 1
     a.close()
     b.close()
-    for bad in ("collate_fn", "worker_init_fn", "sampler", "batch_sampler", "generator"):
+    for bad in ("collate_fn", "worker_init_fn"):
         with pytest.raises(TypeError, match=bad):
             loaderd.DataLoader(npy_spec(paths), socket=ld.socket, **{bad: object()})
+    # a sampler gives a spec's loader its order too (the daemon reads what it says)
+    rev = list(range(99, -1, -7))
+    with loaderd.DataLoader(npy_spec(paths), socket=ld.socket, as_numpy=True, batch_size=16,
+                            sampler=rev) as dl:
+        got = [int(v) for b in dl for v in b["y"]]
+    assert got == rev
     with pytest.raises(TypeError, match="bogus"):
         loaderd.DataLoader(npy_spec(paths), socket=ld.socket, bogus=1)
     with pytest.raises(ValueError, match="cuda"):
