@@ -92,24 +92,36 @@ class Stream(torch.utils.data.IterableDataset):
 # ------------------------------------------------------------------ loaders
 
 class Loaders:
-    """One loader class: `cls` itself, make(dataset, **kw) a loader of it."""
+    """One loader class: `cls` itself, make(dataset, **kw) a loader of it.
+    @workers: the num_workers a loader gets where the test gives none (the
+    daemon's worker processes for loaderd; torch's default 0 runs the
+    Dataset in the trainer, loaderd's too)."""
 
-    def __init__(self, cls, extra):
-        self.cls, self.extra, self.made = cls, extra, []
+    def __init__(self, cls, extra, workers=None):
+        self.cls, self.extra, self.made, self.workers = cls, extra, [], workers
+
+    @property
+    def in_trainer(self):
+        """loaderd with num_workers=0: torch's own single-process loading."""
+        return self.cls is loaderd.DataLoader and self.workers is None
 
     def make(self, dataset, **kw):
+        if self.workers is not None and "num_workers" not in kw and \
+                not isinstance(dataset, (str, dict)):
+            kw["num_workers"] = self.workers
         dl = self.cls(dataset, **kw, **self.extra)
         self.made.append(dl)
         return dl
 
 
-@pytest.fixture(params=["torch", "loaderd"])
+@pytest.fixture(params=["torch", "loaderd", "loaderd-workers"])
 def L(request):
     if request.param == "torch":
         yield Loaders(torch.utils.data.DataLoader, {})
         return
     ld = request.getfixturevalue("ld")
-    loaders = Loaders(loaderd.DataLoader, {"socket": ld.socket})
+    loaders = Loaders(loaderd.DataLoader, {"socket": ld.socket},
+                      2 if request.param == "loaderd-workers" else None)
     yield loaders
     for dl in loaders.made:
         dl.close()
@@ -149,11 +161,13 @@ def test_attributes_as_torch(L):
     ds = Pairs(6)
     dl = L.make(ds, batch_size=2, drop_last=True)
     assert dl.dataset is ds
+    nw = L.workers or 0
     assert (dl.batch_size, dl.drop_last, dl.num_workers, dl.pin_memory, dl.timeout) == \
-        (2, True, 0, False, 0)
+        (2, True, nw, False, 0)
     assert dl.worker_init_fn is None and dl.multiprocessing_context is None
     assert dl.generator is None
-    assert dl.prefetch_factor == (None if TORCH2 else 2) and dl.persistent_workers is False
+    assert dl.prefetch_factor == (None if TORCH2 and not nw else 2)
+    assert dl.persistent_workers is False
     assert dl.collate_fn is torch_utils.collate.default_collate
     bs = dl.batch_sampler
     assert (bs.batch_size, bs.drop_last, len(bs)) == (2, True, 3)
@@ -205,6 +219,8 @@ BAD = [
 
 @pytest.mark.parametrize("kw,message", BAD, ids=[",".join(k) for k, _ in BAD])
 def test_bad_arguments_as_torch(L, kw, message):
+    if L.workers and kw.keys() & {"prefetch_factor", "persistent_workers"}:
+        pytest.skip("an error of num_workers=0 only")
     with pytest.raises(ValueError) as e:
         L.make(Pairs(4), **kw)
     assert str(e.value) == message

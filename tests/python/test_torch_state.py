@@ -95,6 +95,8 @@ def flat(batches):
 
 
 def test_num_workers_0_is_torchs_single_process_loading(L):
+    if L.workers:
+        pytest.skip("num_workers=0 only")
     # torch's own sampler in this process: the trainer's RNG orders it
     torch.manual_seed(5)
     want = flat(torch.utils.data.DataLoader(Pids(), batch_size=3, shuffle=True))
@@ -109,6 +111,8 @@ def test_num_workers_0_is_torchs_single_process_loading(L):
 
 
 def test_num_workers_0_takes_torchs_samplers(L):
+    if L.workers:
+        pytest.skip("num_workers=0 only")
     ds = Pids()
     weights = [float(i % 3) for i in range(10)]
     kws = [dict(sampler=torch.utils.data.WeightedRandomSampler(weights, 12), batch_size=4),
@@ -124,6 +128,8 @@ def test_num_workers_0_takes_torchs_samplers(L):
 
 
 def test_num_workers_0_raises_the_datasets_own_exception(L):
+    if L.workers:
+        pytest.skip("num_workers=0 only")
     dl = L.make(Raises())
     got = []
     with pytest.raises(BadSample) as e:
@@ -135,6 +141,8 @@ def test_num_workers_0_raises_the_datasets_own_exception(L):
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_iterable_dataset_num_workers_0(L, drop_last):
+    if L.workers:
+        pytest.skip("num_workers=0 only")
     dl = L.make(Count(10), batch_size=3, drop_last=drop_last)
     want = [[0, 1, 2], [3, 4, 5], [6, 7, 8]] + ([] if drop_last else [[9]])
     assert [b.tolist() for b in dl] == want
