@@ -111,6 +111,11 @@ struct batch {
 	uint64_t index;
 	uint32_t rows;
 	bool ready;
+	/* on_error "raise": its build failed. It keeps its place, with no slot:
+	 * each client gets this error there instead of a batch (deliver.c) */
+	bool failed;
+	int err;                  /* positive errno */
+	char *errmsg;             /* the job's words (a traceback), malloc'd */
 	struct slot *slot;        /* group 0's, or NULL when built without it */
 	struct slot *more[AUG_GROUPS_MAX - 1]; /* group g's at more[g - 1], or NULL */
 };
@@ -319,6 +324,8 @@ struct pipeline {
 	struct pl_counts st_snap[STATS_SNAPS];
 	uint8_t st_nsnap, st_head;
 	uint64_t job_errors;      /* batches whose build failed */
+	uint64_t batch_errors;    /* of them, delivered as errors (on_error "raise") */
+	char last_batch_error[320]; /* the last one's first words, "" none */
 	struct work_queue queue;  /* its tasks, in turn with other pipelines' (workers.h) */
 };
 
