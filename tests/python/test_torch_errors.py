@@ -14,6 +14,7 @@ The Datasets are module-level classes: loaderd's workers import them."""
 
 import ctypes
 import os
+import pickle
 import re
 import time
 
@@ -183,6 +184,36 @@ def test_broadcast_readers_meet_the_error_in_the_same_place(ld):
         b.close()
 
 
+def test_dynamic_readers_one_gets_the_error(ld):
+    # dynamic: each batch to one client, whoever asks first; the failed one too
+    ds = FailsAt({5})
+    a = loaderd.DataLoader(ds, batch_size=2, num_workers=2, mode="dynamic", socket=ld.socket,
+                           timeout=120, name="dyn-errors", epochs=1)
+    b = loaderd.DataLoader(ds, batch_size=2, num_workers=2, mode="dynamic", socket=ld.socket,
+                           timeout=120, name="dyn-errors", epochs=1)
+    try:
+        got, raised = [], 0
+        done = set()
+        while len(done) < 2:
+            for name, dl in (("a", a), ("b", b)):
+                if name in done:
+                    continue
+                try:
+                    x = dl.next_batch()
+                except KeyError as e:
+                    assert "bad sample 5" in str(e)
+                    raised += 1
+                    continue
+                if x is None:
+                    done.add(name)
+                else:
+                    got.append(x.tolist())
+        assert raised == 1 and sorted(got) == [[0, 1], [2, 3], [6, 7], [8, 9], [10, 11]]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_status_counts_failed_batches_and_their_slots_go_back(ld):
     # 100 batches of 1, the 50 odd ones fail, two epochs: none may keep a slot
     ds = FailsAt(set(range(1, 100, 2)), n=100)
@@ -217,3 +248,10 @@ def test_state_dict_counts_the_failed_batch(ld):
     dl2.load_state_dict(state)
     assert [b.tolist() for b in dl2] == [[6, 7], [8, 9], [10, 11]]
     dl2.close()
+
+
+def test_worker_error_pickles_as_a_runtime_error():
+    e = loaderd.WorkerError(-10, "DataLoader worker (pid(s) 42) exited unexpectedly", "next")
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is loaderd.WorkerError and isinstance(back, RuntimeError)
+    assert (back.code, back.message, back.operation) == (e.code, e.message, e.operation)
