@@ -158,12 +158,14 @@ def wait_for(cond, what, timeout=30):
         time.sleep(0.05)
 
 
+def two_readers(ld, mode):
+    """Two loaders of FailsAt({5}) in @mode: one pipeline (the same Dataset)."""
+    return [loaderd.DataLoader(FailsAt({5}), batch_size=2, num_workers=2, mode=mode,
+                               socket=ld.socket, timeout=120, epochs=1) for _ in range(2)]
+
+
 def test_broadcast_readers_meet_the_error_in_the_same_place(ld):
-    ds = FailsAt({5})
-    a = loaderd.DataLoader(ds, batch_size=2, num_workers=2, mode="broadcast", socket=ld.socket,
-                           timeout=120, name="shared-errors", epochs=1)
-    b = loaderd.DataLoader(ds, batch_size=2, num_workers=2, mode="broadcast", socket=ld.socket,
-                           timeout=120, name="shared-errors", epochs=1)
+    a, b = two_readers(ld, "broadcast")
     try:
         assert a.created and not b.created
         got = {"a": [], "b": []}
@@ -186,11 +188,7 @@ def test_broadcast_readers_meet_the_error_in_the_same_place(ld):
 
 def test_dynamic_readers_one_gets_the_error(ld):
     # dynamic: each batch to one client, whoever asks first; the failed one too
-    ds = FailsAt({5})
-    a = loaderd.DataLoader(ds, batch_size=2, num_workers=2, mode="dynamic", socket=ld.socket,
-                           timeout=120, name="dyn-errors", epochs=1)
-    b = loaderd.DataLoader(ds, batch_size=2, num_workers=2, mode="dynamic", socket=ld.socket,
-                           timeout=120, name="dyn-errors", epochs=1)
+    a, b = two_readers(ld, "dynamic")
     try:
         got, raised = [], 0
         done = set()
