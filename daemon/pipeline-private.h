@@ -392,6 +392,8 @@ struct engine {
 /* stream.c */
 struct batch *ring_at(struct stream *s, uint64_t seq);
 void stream_maybe_free(struct stream *s);
+/* Free @s, out of its pipeline's list, and what its ring still holds. */
+void stream_free(struct stream *s);
 void slot_unref(struct pipeline *pl, struct slot *slot);
 void ring_pop_head(struct stream *s);
 /* Slots the next batch @s builds takes (UINT32_MAX: none to build): a

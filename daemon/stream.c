@@ -28,8 +28,13 @@ void stream_maybe_free(struct stream *s)
 			*pp = s->next;
 			break;
 		}
+	stream_free(s);
+}
+
+void stream_free(struct stream *s)
+{
 	for (uint32_t i = 0; i < s->ring_len; i++)
-		free(s->ring[(s->ring_head + i) % pl->nslots].errmsg);
+		free(s->ring[(s->ring_head + i) % s->pl->nslots].errmsg);
 	free(s->ring);
 	free(s->returned);
 	free(s);
