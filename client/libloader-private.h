@@ -133,6 +133,8 @@ struct ldr_attachment {
 	struct ldr_attach_opts opts;  /* job: NULL, see job[] */
 	char job[LDR_JOB_MAX + 1];    /* the job it attached as, "" the daemon's choice */
 	uint64_t pos_epoch, pos_batch; /* the next batch the trainer has not taken */
+	int failed_err;           /* the last failed batch ldr_next() reported (LDR_EBATCH) */
+	uint64_t failed_epoch, failed_index;
 	bool lost;                /* the daemon restarted and this attachment could not follow */
 	bool has_owner;           /* what the first attach found, checked at a re-attach: */
 	uid_t owner;              /* the pipeline's owner */

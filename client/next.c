@@ -15,6 +15,17 @@ static int ms_until(const struct timespec *ts)
 	return ns <= 0 ? 0 : (int)((ns + 999999) / 1000000);
 }
 
+/* The trainer took the delivery of (@epoch, @index): its position is after it. */
+static void advance_pos(struct ldr_attachment *a, uint64_t epoch, uint64_t index)
+{
+	a->pos_epoch = epoch;
+	a->pos_batch = index + 1;
+	if (a->pos_batch >= a->bpe) {
+		a->pos_epoch++;
+		a->pos_batch = 0;
+	}
+}
+
 int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 {
 	struct ldr_client *c = a->c;
@@ -53,6 +64,20 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 			ar->present = false;
 			a->next_seq++;
 			a->arrived--;
+			if (ar->kind == LOADERD__REPLY__BODY_BATCHES && ar->err) {
+				/* this position's batch failed to build: its error
+				 * once, in its place; the next call goes on */
+				a->failed_err = ar->err;
+				a->failed_epoch = ar->epoch;
+				a->failed_index = ar->index;
+				advance_pos(a, ar->epoch, ar->index);
+				r = set_err(LDR_EBATCH, "%s", ar->msg && *ar->msg ? ar->msg : error_name(ar->err));
+				free(ar->msg);
+				ar->msg = NULL;
+				if (needs_top_up(a))
+					want_top_up(a);
+				break;
+			}
 			if (ar->kind == LOADERD__REPLY__BODY_BATCHES) {
 				b->att = a;
 				b->lease = ar->lease;
@@ -75,12 +100,7 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 				b->map = a->map;
 				b->map->refs++;
 				held_add(a, b);
-				a->pos_epoch = b->epoch;
-				a->pos_batch = b->index + 1;
-				if (a->pos_batch >= a->bpe) {
-					a->pos_epoch++;
-					a->pos_batch = 0;
-				}
+				advance_pos(a, b->epoch, b->index);
 				if (needs_top_up(a))
 					want_top_up(a);
 				atomic_fetch_add(&a->refs, 1);
@@ -212,4 +232,20 @@ void ldr_release(struct ldr_batch *b)
 	if (a->c->pid == self_pid())
 		batch_done(b, true);
 	batch_free(b);
+}
+
+int ldr_attachment_failed(const struct ldr_attachment *a, uint64_t *epoch, uint64_t *index)
+{
+	struct ldr_client *c = a->c;
+	int err;
+
+	CHECK_PID(c);
+	pthread_mutex_lock(&c->lock);
+	err = a->failed_err;
+	if (epoch)
+		*epoch = a->failed_epoch;
+	if (index)
+		*index = a->failed_index;
+	pthread_mutex_unlock(&c->lock);
+	return err;
 }

@@ -41,7 +41,8 @@ void answer_revoke(struct ldr_attachment *a)
 	}
 	while (j < a->rv_count && j < MAX_INFLIGHT && upto - j > a->next_seq) {
 		const struct arrived *ar = &a->ring[(upto - j - 1) % MAX_INFLIGHT];
-		if (!ar->present || ar->kind != LOADERD__REPLY__BODY_BATCHES)
+		/* a failed batch has no lease to hand back: the run stops there */
+		if (!ar->present || ar->kind != LOADERD__REPLY__BODY_BATCHES || ar->err)
 			break;
 		j++;
 	}

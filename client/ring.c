@@ -54,6 +54,13 @@ void ring_pull(struct ldr_attachment *a, bool all)
 		char msg[BRING_MSG_BYTES];
 
 		switch (d.kind) {
+		case BRING_FAILED:
+			/* a failed batch: a Batch with its error (lease, slot, rows 0) */
+			memcpy(msg, a->br.msg, sizeof(msg));
+			msg[sizeof(msg) - 1] = '\0';
+			bt.error_code = d.err ? d.err : EIO;
+			bt.error = msg;
+			/* fall through */
 		case BRING_BATCH:
 			bt.seq = d.seq;
 			bt.lease = d.lease;

@@ -144,6 +144,12 @@ static bool store_one(struct ldr_attachment *a, uint64_t seq, int kind, const Lo
 		ar->index = b->index;
 		ar->slot = b->slot;
 		ar->rows = b->rows;
+		if (b->error_code) {
+			/* a failed batch (on_error "raise"): its error in its place */
+			ar->err = b->error_code > 0 && b->error_code < 4096 ? -b->error_code : -EIO;
+			ar->msg = strdup(b->error ? b->error : "");
+			ar->lease = 0;
+		}
 	} else if (e) {
 		ar->err = e->code > 0 ? -e->code : -EIO;
 		ar->msg = strdup(e->message ? e->message : "");

@@ -63,7 +63,10 @@
 #define BRING_DESC_OFF (BRING_MSG_OFF + BRING_MSG_BYTES)
 #define BRING_CAP_MAX 4096      /* entries of either ring at most */
 
-enum bring_kind { BRING_BATCH = 1, BRING_END = 2, BRING_ERROR = 3 };
+/* BRING_FAILED: the batch at (epoch, index) failed to build (on_error
+ * "raise"): err and the text at BRING_MSG_OFF say why, there is no lease nor
+ * slot; the daemon delivers nothing after it until the client took it. */
+enum bring_kind { BRING_BATCH = 1, BRING_END = 2, BRING_ERROR = 3, BRING_FAILED = 4 };
 
 /* bring_shared.flags: what the daemon that made the ring reads in it */
 #define BRING_F_STATS 1u        /* the trainer's figures, in st */
@@ -85,7 +88,7 @@ struct bring_desc {
 	uint32_t slot;
 	uint32_t rows;
 	uint32_t kind;            /* enum bring_kind */
-	int32_t err;              /* BRING_ERROR: a positive errno; the text at BRING_MSG_OFF */
+	int32_t err;              /* BRING_ERROR, _FAILED: a positive errno; the text at BRING_MSG_OFF */
 	uint32_t share;           /* BRING_BATCH: leases the attachment may hold now */
 	uint32_t reserved[3];
 };

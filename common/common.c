@@ -123,6 +123,8 @@ const char *error_name(int err)
 		return "disconnected from the daemon";
 	case LDR_EVERSION:
 		return "protocol version mismatch between client and daemon";
+	case LDR_EBATCH:
+		return "this batch failed to build (the stream goes on)";
 	default:
 		if (err < 0 && err > -4096)
 			return strerror(-err);

@@ -129,7 +129,9 @@ static uint64_t group_start(const struct stream *s, uint32_t g)
 {
 	uint32_t i = s->ring_len;
 
-	while (i && batch_slot(&s->ring[(s->ring_head + i - 1) % s->pl->nslots], g))
+	/* a failed batch has no slot for any group: every client gets its error */
+	while (i && (s->ring[(s->ring_head + i - 1) % s->pl->nslots].failed ||
+	             batch_slot(&s->ring[(s->ring_head + i - 1) % s->pl->nslots], g)))
 		i--;
 	return i < s->ring_len ? s->head_seq + i : s->next_produce;
 }

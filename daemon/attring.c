@@ -185,6 +185,14 @@ void attring_deliver(struct pending *p, const struct delivery *d)
 			x = (struct bring_desc){ .seq = b->seq, .lease = b->lease, .epoch = b->epoch,
 				.index = b->index, .slot = b->slot, .rows = b->rows, .kind = BRING_BATCH,
 				.share = d->share };
+			if (b->err) {
+				/* a failed batch, its delivery's last: its text waits
+				 * in the ring until the client took it */
+				x.kind = BRING_FAILED;
+				x.err = b->err;
+				snprintf(r->br.msg, BRING_MSG_BYTES, "%s", b->msg ? b->msg : "");
+				r->stopped = true;
+			}
 			bring_daemon_put(&r->br, &x);
 		}
 		break;

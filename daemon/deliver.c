@@ -54,14 +54,23 @@ static void answer_end(struct attachment *a, struct pending *p)
 	deliver(a->eng, p, &d);
 }
 
-/* Lease @b to @a and describe the delivery in @out. */
+/* Lease @b to @a and describe the delivery in @out (a failed batch: its
+ * error, no lease; the caller ends the delivery with it). */
 static int lease_batch(struct attachment *a, struct batch *b, struct delivered_batch *out)
 {
 	struct pipeline *pl = a->pl;
 	struct slot *slot = batch_slot(b, a->group); /* its seed group's */
-	struct lease *l = malloc(sizeof(*l));
+	struct lease *l;
 
-	if (!l)
+	if (b->failed) {
+		/* on_error "raise": its error in its place, no lease (the
+		 * delivery's last: a ring carries one error text at a time) */
+		a->delivered++;
+		*out = (struct delivered_batch){ .seq = a->deliver_no++, .epoch = b->epoch,
+			.index = b->index, .err = b->err, .msg = b->errmsg };
+		return 0;
+	}
+	if (!(l = malloc(sizeof(*l))))
 		return -ENOMEM;
 	*l = (struct lease){ .next = a->leases, .id = ++pl->lease_ctr, .slot = slot,
 		.dseq = a->deliver_no, .seq = b->seq, .epoch = b->epoch, .index = b->index, .rows = b->rows };
@@ -197,12 +206,18 @@ static void dynamic_dispatch(struct stream *s)
 		if (!p || !b || !batch_ready(p->att, b))
 			return;
 		dyn_unlink(s, pp, prev);
+		struct batch *failed = NULL;
 		while (n < p->max && att_has_room(p->att) && (b = dyn_next(s)) && batch_ready(p->att, b) &&
 		       lease_batch(p->att, b, &out[n]) == 0) {
-			n++;
+			if (out[n++].err) {
+				failed = b; /* its words go with the answer: taken after it */
+				break;
+			}
 			dyn_taken(s, b);
 		}
 		answer_batches(p->att, p, out, n);
+		if (failed)
+			dyn_taken(s, failed);
 	}
 }
 
@@ -262,8 +277,9 @@ static void stream_dispatch(struct stream *s)
 			p = att_pop_pending(a);
 			while (n < p->max && a->cursor < s->end_seq && att_has_room(a) &&
 			       (b = ring_at(s, a->cursor)) && batch_ready(a, b) && lease_batch(a, b, &out[n]) == 0) {
-				n++;
 				a->cursor++;
+				if (out[n++].err)
+					break;
 			}
 			answer_batches(a, p, out, n);
 		}

@@ -128,6 +128,8 @@ bool batch_ready(struct attachment *a, struct batch *b)
 	struct devcopy *dc = a->dev;
 	struct slot *slot = batch_slot(b, a->group);
 
+	if (b->ready && b->failed)
+		return true; /* its error is delivered: nothing to copy */
 	if (!b->ready || !slot)
 		return false;
 	if (!dc || dc->state[slot->idx] == DEV_DONE)

@@ -112,6 +112,11 @@ struct batch {
 	uint64_t index;
 	uint32_t rows;
 	bool ready;
+	/* on_error "raise": its build failed. It keeps its place, with no slot:
+	 * each client gets this error there instead of a batch (deliver.c) */
+	bool failed;
+	int err;                  /* positive errno */
+	char *errmsg;             /* the job's words (a traceback), malloc'd */
 	struct slot *slot;        /* group 0's, or NULL when built without it */
 	struct slot *more[AUG_GROUPS_MAX - 1]; /* group g's at more[g - 1], or NULL */
 };
@@ -343,6 +348,8 @@ struct pipeline {
 	struct pl_counts st_snap[STATS_SNAPS];
 	uint8_t st_nsnap, st_head;
 	uint64_t job_errors;      /* batches whose build failed */
+	uint64_t batch_errors;    /* of them, delivered as errors (on_error "raise") */
+	char last_batch_error[320]; /* the last one's first words, "" none */
 	struct work_queue queue;  /* its tasks, in turn with other pipelines' (workers.h) */
 };
 
@@ -429,6 +436,8 @@ void order_free(struct stream *s);
 /* stream.c */
 struct batch *ring_at(struct stream *s, uint64_t seq);
 void stream_maybe_free(struct stream *s);
+/* Free @s, out of its pipeline's list, and what its ring still holds. */
+void stream_free(struct stream *s);
 void slot_unref(struct pipeline *pl, struct slot *slot);
 void ring_pop_head(struct stream *s);
 /* Slots the next batch @s builds takes (UINT32_MAX: none to build): a

@@ -44,6 +44,9 @@ struct delivered_batch {
 	uint64_t index;
 	uint32_t slot;
 	uint32_t rows;
+	int err;              /* a failed batch (on_error "raise"): positive errno, no
+	                       * lease nor slot; the last of its delivery */
+	const char *msg;      /* its words */
 };
 
 struct delivery {

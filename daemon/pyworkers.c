@@ -49,7 +49,12 @@ struct ptask {
 	uint64_t id;
 	uint64_t order;           /* dispatch order: a task sent again goes first */
 	struct pyw_conn *on;      /* the worker building it, NULL while queued */
-	unsigned deaths;
+	uint64_t sent;            /* when it was sent to it (pp->send_ctr): a worker
+	                           * builds its tasks in that order */
+	unsigned deaths;          /* workers that died building it */
+	bool awaiting_exit;       /* failed with its last worker, whose end (the host's
+	                           * WORKER_EXIT for worker dead_wid) names the signal */
+	uint32_t dead_wid;
 };
 
 /* pl->py */
@@ -63,9 +68,11 @@ struct pyw_pipeline {
 	bool mapped;                  /* sealed: attachments may come */
 	bool host_gone;
 	struct ptask *tasks;       /* queued and in flight */
-	uint64_t task_ctr, order_ctr;
+	uint64_t task_ctr, order_ctr, send_ctr;
 	uint64_t samples_built, tasks_resent, worker_exits;
 	char last_exit[160];          /* the host's last WORKER_EXIT, as words */
+	uint32_t last_exit_wid;       /* and its worker id */
+	uint32_t last_exit_pid;
 	uv_timer_t *start_timer;
 };
 
@@ -259,11 +266,12 @@ static void dispatch(struct pyw_pipeline *pp)
 		if (!w)
 			return;
 		for (struct ptask *t = pp->tasks; t; t = t->next)
-			if (!t->on && (!best || t->order < best->order))
+			if (!t->on && !t->awaiting_exit && (!best || t->order < best->order))
 				best = t;
 		if (!best)
 			return;
 		best->on = w;
+		best->sent = ++pp->send_ctr;
 		if (w->inflight++ == 0)
 			w->busy_since = mono_ns();
 		if (send_task(w, best) < 0) {
@@ -509,6 +517,21 @@ static void describe_exit(char *buf, size_t n, const struct pyw_worker_exit *e)
 			 st & 0x7f, strsignal(st & 0x7f));
 }
 
+/* @t failed on its PYW_MAX_DEATHS-th worker, which ended as @how says: its
+ * error in torch's words ("DataLoader worker (pid(s) N) exited
+ * unexpectedly"), then ours. Its job is the caller's to end. */
+static void task_died(struct ptask *t, uint32_t pid, const char *how)
+{
+	const struct task *tk = &t->job->tasks[t->t];
+	char msg[512];
+
+	snprintf(msg, sizeof(msg), "DataLoader worker (pid(s) %u) exited unexpectedly: Python %s "
+		 "building batch %" PRIu64 " of epoch %" PRIu64 " (rows %u..%u), the %u%s worker to die "
+		 "on it", pid, how, t->job->index, t->job->epoch, tk->begin, tk->end - 1, t->deaths,
+		 t->deaths == 1 ? "st" : t->deaths == 2 ? "nd" : t->deaths == 3 ? "rd" : "th");
+	job_set_error(t->job, ECHILD, msg);
+}
+
 static void on_worker_exit(struct pyw_conn *c, const uint8_t *p, size_t len)
 {
 	struct pyw_worker_exit e;
@@ -528,7 +551,21 @@ static void on_worker_exit(struct pyw_conn *c, const uint8_t *p, size_t len)
 	}
 	pp->worker_exits++;
 	describe_exit(pp->last_exit, sizeof(pp->last_exit), &e);
+	pp->last_exit_wid = e.worker_id;
+	pp->last_exit_pid = e.pid;
 	log_warn("pipeline %s: Python %s; the host starts another", pp->pl->spec->name, pp->last_exit);
+	/* the task that worker died on for the last time fails now, in its words */
+	for (struct ptask **pt = &pp->tasks; *pt; pt = &(*pt)->next) {
+		struct ptask *t = *pt;
+		if (t->awaiting_exit && t->dead_wid == e.worker_id) {
+			struct job *job = t->job;
+			task_died(t, e.pid, pp->last_exit);
+			*pt = t->next;
+			free(t);
+			job_task_over(job); /* may free the pipeline: the last thing done */
+			return;
+		}
+	}
 }
 
 static void on_done(struct pyw_conn *c, const uint8_t *p, size_t len)
@@ -746,13 +783,15 @@ static void on_conn_closed(uv_handle_t *h)
 	srv_maybe_free(srv);
 }
 
-/* A worker's connection went: its tasks go back to the queue, or fail after
- * PYW_MAX_DEATHS. Jobs that fail are ended last, as ending one may free the
- * pipeline. */
+/* A worker's connection went: its tasks go back to the queue. The one it was
+ * building (the first sent) counts a death, and fails after PYW_MAX_DEATHS:
+ * once the host said how the worker ended (on_worker_exit()), so that the
+ * error names its signal. A job that fails is ended last, as ending one may
+ * free the pipeline. */
 static void worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 {
-	struct job *over[PYW_MAX_WORKERS];
-	unsigned nover = 0;
+	struct ptask *running = NULL;
+	struct job *over = NULL;
 
 	for (struct pyw_conn **pc = &pp->workers; *pc; pc = &(*pc)->pnext)
 		if (*pc == c) {
@@ -760,6 +799,9 @@ static void worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 			pp->nworkers--;
 			break;
 		}
+	for (struct ptask *t = pp->tasks; t; t = t->next)
+		if (t->on == c && (!running || t->sent < running->sent))
+			running = t;
 	for (struct ptask **pt = &pp->tasks; *pt;) {
 		struct ptask *t = *pt;
 		if (t->on != c) {
@@ -769,25 +811,26 @@ static void worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 		t->on = NULL;
 		t->order = 0;             /* first again */
 		pp->tasks_resent++;
-		if (++t->deaths < PYW_MAX_DEATHS || nover == PYW_MAX_WORKERS) {
+		if (t != running || ++t->deaths < PYW_MAX_DEATHS) {
 			pt = &t->next;
 			continue;
 		}
-		char msg[512];
-		const struct task *tk = &t->job->tasks[t->t];
-		snprintf(msg, sizeof(msg), "python workers died %u times building batch %" PRIu64
-			 " of epoch %" PRIu64 " (rows %u..%u); the last: %s", t->deaths, t->job->index,
-			 t->job->epoch, tk->begin, tk->end - 1,
-			 pp->last_exit[0] ? pp->last_exit : "its connection closed");
-		job_set_error(t->job, EIO, msg);
-		over[nover++] = t->job;
+		if (pp->last_exit_wid != c->worker_id || pp->last_exit_pid != (uint32_t)c->pid) {
+			/* its WORKER_EXIT is still to come */
+			t->awaiting_exit = true;
+			t->dead_wid = c->worker_id;
+			pt = &t->next;
+			continue;
+		}
+		task_died(t, pp->last_exit_pid, pp->last_exit);
+		over = t->job;
 		*pt = t->next;
 		free(t);
 	}
 	if (!pp->pl->dropped)
 		dispatch(pp);
-	for (unsigned i = 0; i < nover; i++)
-		job_task_over(over[i]);
+	if (over)
+		job_task_over(over);
 }
 
 static void host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)

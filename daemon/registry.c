@@ -43,9 +43,7 @@ void pipeline_free(struct pipeline *pl)
 	while (pl->streams) {
 		struct stream *s = pl->streams;
 		pl->streams = s->next;
-		free(s->ring);
-		free(s->returned);
-		free(s);
+		stream_free(s);
 	}
 	while (pl->devs) {
 		struct devcopy *dc = pl->devs;

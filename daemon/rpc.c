@@ -248,6 +248,9 @@ void on_deliver(void *userdata, struct pending *p, const struct delivery *d)
 			bs[i].index = d->batches[i].index;
 			bs[i].slot = d->batches[i].slot;
 			bs[i].rows = d->batches[i].rows;
+			bs[i].error_code = d->batches[i].err;
+			if (d->batches[i].err)
+				bs[i].error = (char *)(d->batches[i].msg ? d->batches[i].msg : "");
 			bp[i] = &bs[i];
 		}
 		bl.n_batches = d->nbatches;

@@ -107,7 +107,8 @@ static struct batch *stream_reclaimable(struct stream *s)
 	if (!s->ring_len)
 		return NULL;
 	b = &s->ring[(s->ring_head + s->ring_len - 1) % s->pl->nslots];
-	if (!b->ready || b->seq < stream_unreceived(s))
+	/* a failed batch holds no slot, and is not built twice */
+	if (!b->ready || b->failed || b->seq < stream_unreceived(s))
 		return NULL;
 	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++) {
 		const struct slot *slot = batch_slot(b, g);
@@ -194,7 +195,7 @@ static void stream_reclaim_slot(struct stream *s, struct batch *b, uint32_t g)
 	 * (the same bytes) when the stream has room */
 	while (s->ring_len) {
 		struct batch *t = &s->ring[(s->ring_head + s->ring_len - 1) % s->pl->nslots];
-		if (!t->ready || batch_has_slots(t))
+		if (!t->ready || t->failed || batch_has_slots(t))
 			break;
 		s->ring_len--;
 		s->next_produce = t->seq;

@@ -285,24 +285,31 @@ static json_t *python_json(const struct spec *spec)
 	return json_deep_copy(spec->source.py);
 }
 
-/* on_error: "fail" (the default here) or "skip" */
+/* on_error: "raise" (the default here: torch's DataLoader re-raises a
+ * failed batch's exception in the trainer, and a later next() goes on),
+ * "fail" or "skip" */
 static int parse_python_options(struct spec *spec, json_t *obj, char *err, size_t errlen)
 {
 	json_t *v = json_object_get(obj, "on_error");
+	const char *s = json_is_string(v) ? json_string_value(v) : NULL;
 
 	spec->on_error_fail = true;
+	spec->on_error_raise = true;
 	if (!v)
 		return 0;
-	if (json_is_string(v) && strcmp(json_string_value(v), "skip") == 0)
-		spec->on_error_fail = false;
-	else if (!json_is_string(v) || strcmp(json_string_value(v), "fail") != 0)
-		return spec_fail(err, errlen, "on_error: must be fail or skip");
+	if (s && strcmp(s, "skip") == 0)
+		spec->on_error_fail = spec->on_error_raise = false;
+	else if (s && strcmp(s, "fail") == 0)
+		spec->on_error_raise = false;
+	else if (!s || strcmp(s, "raise") != 0)
+		return spec_fail(err, errlen, "on_error: must be raise, fail or skip");
 	return 0;
 }
 
 static int python_options_json(const struct spec *spec, json_t *obj)
 {
-	return json_object_set_new(obj, "on_error", json_string(spec->on_error_fail ? "fail" : "skip"));
+	return json_object_set_new(obj, "on_error", json_string(spec->on_error_raise ? "raise"
+	                                                        : spec->on_error_fail ? "fail" : "skip"));
 }
 
 static const char *const python_options[] = { "on_error", NULL };

@@ -70,6 +70,9 @@ struct spec {
 	bool image_nhwc;              /* output.layout NHWC (default NCHW) */
 	uint32_t image_h, image_w;    /* the fixed output size, from the transforms */
 	bool on_error_fail;           /* on_error: "fail" (default "skip") */
+	bool on_error_raise;          /* on_error: "raise" (python sources' default): a
+	                               * failed batch is an error at its place in the
+	                               * stream, which goes on (stream.c, job_done()) */
 	bool dct_scaling;             /* decode.dct_scaling, default true */
 	uint64_t max_pixels;          /* decode.max_pixels, default SPEC_MAX_PIXELS_DEFAULT */
 	/* "cache" (docs/spec.md, "Decoded-image cache"); part of the canonical

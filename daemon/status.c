@@ -115,6 +115,12 @@ static json_t *pipeline_json(struct pipeline *pl)
 		json_object_set_new(o, "seed_groups", seed_groups_json(pl));
 	if (o)
 		json_object_set_new(o, "generation", json_integer((json_int_t)pl->generation));
+	/* on_error "raise": batches delivered as errors, and the last one's words */
+	if (o)
+		json_object_set_new(o, "batches_failed", json_integer((json_int_t)pl->batch_errors));
+	if (o)
+		json_object_set_new(o, "last_batch_error", pl->last_batch_error[0]
+		                    ? json_string(pl->last_batch_error) : json_null());
 	/* a decoded-image cache: hits, misses, entries, bytes (imagecache.h) */
 	if (o) {
 		json_t *cache = pl->src ? source_cache_json(pl->src) : NULL;

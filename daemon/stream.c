@@ -28,6 +28,13 @@ void stream_maybe_free(struct stream *s)
 			*pp = s->next;
 			break;
 		}
+	stream_free(s);
+}
+
+void stream_free(struct stream *s)
+{
+	for (uint32_t i = 0; i < s->ring_len; i++)
+		free(s->ring[(s->ring_head + i) % s->pl->nslots].errmsg);
 	free(s->ring);
 	free(s->returned);
 	order_free(s);
@@ -56,6 +63,9 @@ void batch_unref(struct pipeline *pl, struct batch *b)
 	}
 	b->slot = NULL;
 	memset(b->more, 0, sizeof(b->more));
+	free(b->errmsg);
+	b->errmsg = NULL;
+	b->failed = false;
 }
 
 bool batch_leased(const struct batch *b)
@@ -224,7 +234,7 @@ uint32_t stream_next_build(const struct stream *s, struct batch **refill)
 	if (s->mode == LDR_MODE_BROADCAST)
 		for (uint32_t i = 0; i < s->ring_len; i++) {
 			struct batch *b = &s->ring[(s->ring_head + i) % s->pl->nslots];
-			if (b->ready && (n = batch_missing(s, mins, b, b->seq))) {
+			if (b->ready && !b->failed && (n = batch_missing(s, mins, b, b->seq))) {
 				*refill = b;
 				return n;
 			}
@@ -291,6 +301,8 @@ int stream_start_batch(struct stream *s)
 		b = &s->ring[(s->ring_head + s->ring_len) % pl->nslots];
 		b->slot = NULL;
 		memset(b->more, 0, sizeof(b->more));
+		b->failed = false;
+		b->errmsg = NULL;
 	}
 	/* a slot for each seed group that reads it and has none (group 0 alone
 	 * in a stream without clients), the first one's the job's base */
@@ -381,6 +393,21 @@ void job_free(struct job *job)
 	}
 }
 
+/* The first line of @msg as the pipeline's last batch error (status), cut
+ * at a character's boundary (it goes out as JSON). */
+static void last_error_set(struct pipeline *pl, const char *msg)
+{
+	size_t n = strcspn(msg, "\n"), cap = sizeof(pl->last_batch_error) - 1;
+
+	if (n > cap) {
+		n = cap;
+		while (n && ((unsigned char)msg[n] & 0xc0) == 0x80)
+			n--;   /* within a UTF-8 sequence: before its lead byte */
+	}
+	memcpy(pl->last_batch_error, msg, n);
+	pl->last_batch_error[n] = '\0';
+}
+
 void job_done(struct job *job)
 {
 	struct pipeline *pl = job->pl;
@@ -390,7 +417,22 @@ void job_done(struct job *job)
 	s->jobs--;
 	pl->jobs--;
 	struct batch *b = ring_at(s, job->seq);
-	if (b && err && !s->dead && !pl->dropped) {
+	bool live = !s->dead && !pl->dropped;
+	if (b && err && live && pl->spec->on_error_raise) {
+		/* torch's semantics: this batch is an error at its place, for
+		 * every client that reaches it; the stream goes on. Its slots go
+		 * back now: nothing is delivered from them. */
+		pl->job_errors++;
+		pl->batch_errors++;
+		last_error_set(pl, job->errmsg ? job->errmsg : strerror(err));
+		batch_unref(pl, b);
+		b->ready = true;
+		b->failed = true;
+		b->err = err;
+		b->errmsg = job->errmsg ? job->errmsg : strdup(strerror(err));
+		job->errmsg = NULL;
+		pl->produced++;
+	} else if (b && err && live) {
 		/* The pipeline fails when a client reaches this batch, not now:
 		 * the batches before it are delivered first, whichever job
 		 * failed first (deliver.c, stream_failed()). It stays unready. */
@@ -405,7 +447,7 @@ void job_done(struct job *job)
 		b->ready = true;
 		pl->produced++;
 		stats_job_done(job);
-		if (!err && !s->dead && !pl->dropped)
+		if (!err && live)
 			stream_prefetch_devices(s, b);
 		/* built for a seed group whose last client left since */
 		if (s->mode == LDR_MODE_BROADCAST && !s->dead)

@@ -299,8 +299,10 @@ static void test_python(void)
 	struct spec *s = ok("{\"name\": \"p\", " PYSRC("") "}");
 	char *text = json_dumps(s->json, JSON_SORT_KEYS | JSON_COMPACT);
 
-	/* every default in the canonical form, on_error "fail" for this kind */
-	assert(strstr(text, "\"on_error\":\"fail\""));
+	/* every default in the canonical form, on_error "raise" for this kind
+	 * (torch's: a failed batch is an error in its place, the stream goes on) */
+	assert(strstr(text, "\"on_error\":\"raise\""));
+	assert(s->on_error_raise && s->on_error_fail);
 	assert(strstr(text, "\"source\":{\"args\":{},\"collate\":\"\",\"dataset\":\"mypkg.data:DS\","
 			    "\"digest\":\"\",\"fields\":[{\"dtype\":\"float32\",\"name\":\"image\","
 			    "\"pad\":false,\"shape\":[3,4]},{\"dtype\":\"int64\",\"name\":\"label\","
@@ -311,7 +313,13 @@ static void test_python(void)
 	spec_free(s);
 	s = ok("{\"name\": \"p\", \"on_error\": \"skip\", " PYSRC(", \"collate\": \"m:f\", "
 	       "\"structure\": {\"t\": [\"image\", \"label\"]}, \"args\": {\"root\": \"/d\"}") "}");
-	assert(s->source.py_collate && !s->on_error_fail);
+	assert(s->source.py_collate && !s->on_error_fail && !s->on_error_raise);
+	spec_free(s);
+	s = ok("{\"name\": \"p\", \"on_error\": \"fail\", " PYSRC("") "}");
+	assert(s->on_error_fail && !s->on_error_raise);
+	text = json_dumps(s->json, JSON_SORT_KEYS | JSON_COMPACT);
+	assert(strstr(text, "\"on_error\":\"fail\""));
+	free(text);
 	spec_free(s);
 	/* seeding: "sample" (the default) is left out of the canonical form */
 	s = ok("{\"name\": \"p\", " PYSRC(", \"seeding\": \"sample\"") "}");
@@ -346,7 +354,7 @@ static void test_python(void)
 	bad("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"a:B\", \"samples\": 3, "
 	    "\"fields\": [{\"name\": \"tok\", \"dtype\": \"int64\", \"shape\": [16], \"pad\": true}]}}",
 	    "source.fields[0]: \"pad\": true needs a field \"tok_len\" (int64, shape [])");
-	bad("{\"name\": \"p\", \"on_error\": \"retry\", " PYSRC("") "}", "on_error: must be fail or skip");
+	bad("{\"name\": \"p\", \"on_error\": \"retry\", " PYSRC("") "}", "on_error: must be raise, fail or skip");
 	bad("{\"name\": \"p\", \"transforms\": [], " PYSRC("") "}", "transforms: only for");
 	spec_free(ok("{\"name\": \"p\", \"source\": {\"kind\": \"python\", \"dataset\": \"a:B\", "
 		     "\"samples\": 3, \"fields\": [{\"name\": \"tok\", \"dtype\": \"int64\", \"shape\": [16], "

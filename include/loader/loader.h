@@ -71,6 +71,13 @@ extern "C" {
 #define LDR_EDISCONNECTED (-4093)
 /** The daemon speaks another protocol version. */
 #define LDR_EVERSION (-4092)
+/**
+ * The batch at this position of the stream failed to build (a Python
+ * Dataset raised: the spec's on_error "raise"). ldr_client_error() says why
+ * (a worker's traceback), ldr_attachment_failed() where; the next ldr_next()
+ * goes on with the batch after it, as torch's DataLoader does.
+ */
+#define LDR_EBATCH (-4091)
 
 /** Element types of batch fields (values are part of the wire protocol). */
 enum ldr_dtype {
@@ -440,11 +447,20 @@ LDR_EXPORT int ldr_attachment_kept(const struct ldr_attachment *att, uint64_t *b
  * miss what was written during the copy).
  *
  * Return: 0 with *out set, LDR_EOF at the end of a finite pipeline,
- * -ETIMEDOUT, -ENOBUFS when a CUDA attachment's trainer holds its whole
+ * LDR_EBATCH for a batch that failed to build (*out not set; the next call
+ * goes on), -ETIMEDOUT, -ENOBUFS when a CUDA attachment's trainer holds its whole
  * share (device batches cannot be kept: release some), or another negative
  * error.
  */
 LDR_EXPORT int ldr_next(struct ldr_attachment *att, int timeout_ms, struct ldr_batch **out);
+/**
+ * ldr_attachment_failed() - the last failed batch ldr_next() reported
+ * (LDR_EBATCH): its epoch and index (either pointer may be NULL).
+ * Return: the daemon's error for it, a negative errno (-ECHILD: a Python
+ * worker died building it), or 0 when none failed yet.
+ */
+LDR_EXPORT int ldr_attachment_failed(const struct ldr_attachment *att, uint64_t *epoch,
+                                     uint64_t *index);
 /**
  * ldr_release() - release a batch: its slot may be reused. The pages the
  * process wrote in it are discarded first; a kept batch's copy is freed.

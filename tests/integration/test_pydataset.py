@@ -172,6 +172,79 @@ def test_on_error_skip_counts(ld):
     assert res["skipped"] == 1, res
 
 
+@pytest.mark.parametrize("ring", ["1", "0"])
+def test_on_error_raise_keeps_the_stream_going(ld, ring):
+    # the daemon's side of torch's semantics, over the batch ring and over
+    # Next replies: the failed batch is an error in its place for every
+    # reader, the batches after it come, and the pipeline stays running
+    res, _ = trainer(ld, f"""
+        os.environ["LOADERD_RING"] = "{ring}"
+        def read(dl, n):
+            got = []
+            for _ in range(n):
+                try:
+                    b = dl.next_batch()
+                    got.append(None if b is None else [int(v) for v in b[1]])
+                except loaderd.Error as e:
+                    got.append(["raised", type(e).__name__, e.code, e.message.splitlines()[0]])
+            return got
+        owner = loaderd.DataLoader(D.Plain(n=12, fail={{5, 9}}), batch_size=2, socket=SOCK,
+                                   num_workers=2, epochs=1, timeout=60, as_numpy=True,
+                                   on_error="raise", mode="broadcast")
+        # a client by name runs none of the Dataset's code: a plain Error
+        other = loaderd.DataLoader(owner.pipeline, socket=SOCK, timeout=60, as_numpy=True,
+                                   mode="broadcast")
+        got = {{"owner": [], "other": []}}
+        for _ in range(7):
+            got["owner"] += read(owner, 1)
+            got["other"] += read(other, 1)
+        # done once the last releases are in (they travel on their own)
+        deadline = time.monotonic() + 30
+        while True:
+            st = loaderd.Client(SOCK).pipeline(owner.pipeline)
+            if st["state"] != "running" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        out(got=got, spec_on_error=owner.spec.get("on_error"), state=st["state"],
+            failed=st["batches_failed"], errors=st["stats"]["errors_total"])
+    """)
+    raised = lambda i, typ: ["raised", typ, -errno.EINVAL,
+                             f"dataset[{i}] raised ValueError: bad sample {i} (at "
+                             "pydatasets.py:108 in __getitem__)"]
+    want = lambda typ: [[0, 1], [2, 3], raised(5, typ), [6, 7], raised(9, typ), [10, 11], None]
+    assert res["got"]["owner"] == want("ValueError"), res["got"]
+    assert res["got"]["other"] == want("Error"), res["got"]
+    assert res["spec_on_error"] == "raise"
+    assert res["state"] == "done" and res["failed"] == 2 and res["errors"] == 2, res
+
+
+def test_on_error_fail_still_fails_the_pipeline(ld):
+    res, _ = trainer(ld, """
+        dl = loaderd.DataLoader(D.Plain(n=12, fail={5}), batch_size=2, socket=SOCK,
+                                num_workers=2, epochs=1, timeout=60, as_numpy=True,
+                                on_error="fail")
+        it = iter(dl)
+        got = [[int(v) for v in next(it)[1]] for _ in range(2)]
+        raised = []
+        try:
+            next(it)
+        except ValueError as e:
+            raised.append(str(e).splitlines()[0])
+        try:   # the epoch ended with it
+            next(it)
+        except StopIteration:
+            raised.append("StopIteration")
+        st = loaderd.Client(SOCK).pipeline(dl.pipeline)
+        out(got=got, raised=raised, state=st["state"], failed=st["batches_failed"],
+            error=st["error"].splitlines()[0])
+    """)
+    assert res["got"] == [[0, 1], [2, 3]]
+    assert len(res["raised"]) == 2 and "dataset[5] raised ValueError: bad sample 5" in \
+        res["raised"][0] and res["raised"][1] == "StopIteration", res
+    assert res["state"] == "failed" and res["failed"] == 0, res
+    assert res["error"].startswith("dataset[5] raised ValueError: bad sample 5"), res
+
+
 # ------------------------------------------ (c) a worker killed mid-epoch
 
 def test_sigkill_worker_mid_epoch(ld):

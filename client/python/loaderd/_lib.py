@@ -32,6 +32,7 @@ LDR_EOF = -4095
 LDR_EFORKED = -4094
 LDR_EDISCONNECTED = -4093
 LDR_EVERSION = -4092
+LDR_EBATCH = -4091  # this batch failed to build; the next ldr_next goes on
 LDR_NAME_MAX = 63
 LDR_MAX_DIMS = 8
 LDR_INFLIGHT_MAX = 64  # most batches in one window; tests/python/test_abi.py checks it
@@ -160,6 +161,8 @@ _SIGNATURES = {
     "ldr_batch_is_kept": (ctypes.c_int, [_P]),
     "ldr_attachment_share": (ctypes.c_uint32, [_P]),
     "ldr_attachment_held": (ctypes.c_uint32, [_P]),
+    "ldr_attachment_failed": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64),
+                                             ctypes.POINTER(ctypes.c_uint64)]),
     "ldr_attachment_kept": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint64),
                                            ctypes.POINTER(ctypes.c_uint64)]),
     # a client_order attachment's batches (docs/protocol.md, "Client order")

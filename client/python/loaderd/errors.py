@@ -50,6 +50,13 @@ class Timeout(Error, TimeoutError, RuntimeError):
     torch's DataLoader timeout is."""
 
 
+class WorkerError(Error, RuntimeError):
+    """A worker died building a batch (-ECHILD: a segfault, os._exit, the
+    OOM killer) or its host went: a RuntimeError too, as torch's "DataLoader
+    worker (pid(s) N) exited unexpectedly" is; the message names the pid and
+    how it ended."""
+
+
 class ForkedError(Error):
     """A loader (or client) was used in a process forked after it was made.
 
@@ -147,6 +154,8 @@ def from_code(code, message="", operation=""):
         return Disconnected(code, message, operation)
     if code == -_errno.ETIMEDOUT:
         return Timeout(code, message, operation)
+    if code == -_errno.ECHILD:
+        return WorkerError(code, message, operation)
     if code == -_errno.ENOENT:
         return NotFound(code, message, operation)
     if code == -_errno.EINVAL:

@@ -231,6 +231,12 @@ class _Attachment:
         if r < 0:
             raise _err(r, "order")
 
+    def failed(self):
+        """(error code, epoch, index) of the batch ldr_next just said failed."""
+        epoch, index = ctypes.c_uint64(), ctypes.c_uint64()
+        code = self._L.ldr_attachment_failed(self.ptr, ctypes.byref(epoch), ctypes.byref(index))
+        return code, epoch.value, index.value
+
     def live_leases(self):
         """The leases still alive, oldest first."""
         return [l for l in (ref() for _, ref in sorted(self.leases.items())) if l is not None]
@@ -1162,7 +1168,7 @@ class DataLoader:
     def _out(self, b):
         """The batch as the trainer gets it: a python pipeline's structure
         rebuilt (as torch's default_collate), else the Batch."""
-        if b is None or self._structure is None:
+        if b is None or self._structure is None or b.__class__ is _Failed:
             return b
         if self._unbatched:
             # torch's default_convert of one sample: its batch dimension off,
@@ -1315,6 +1321,16 @@ class DataLoader:
             if r == _lib.LDR_EOF:
                 self._ended = True
                 return None
+            if r == _lib.LDR_EBATCH:
+                # this position's batch failed (on_error "raise"): its error
+                # in its place, raised by the iterator; the stream goes on
+                code, epoch, index = att.failed()
+                msg = _lib.lib().ldr_client_error(None)
+                msg = msg.decode("utf-8", "replace") if msg else ""
+                # a dead worker is a RuntimeError (WorkerError), as torch's;
+                # else the code is the worker's word, no cause of ours
+                e = (from_code if code == -errno.ECHILD else Error)(code, msg, "next")
+                return _Failed(epoch, index, dataset_error(e) if self._own_code else e)
             if r == -errno.ETIMEDOUT and (deadline is None or time.monotonic() < deadline):
                 continue
             if r == -errno.ETIMEDOUT:
@@ -1474,7 +1490,7 @@ class DataLoader:
             from ._progress import progress
             total = max(0, len(self) - start)
             it = progress(it, total, self.pipeline + (f" epoch {e}" if e is not None else ""))
-        return it
+        return _EpochIter(it)
 
     def next_batch(self):
         """The next batch of the stream regardless of epochs, or None at its
@@ -1505,6 +1521,8 @@ class DataLoader:
             if outside:
                 self._want = self._pos
         self._warn_kept(3)  # at the trainer's line: warn, _warn_kept, next_batch, its caller
+        if b.__class__ is _Failed:
+            raise b.exc
         return self._out(b)
 
     def _warn_kept(self, stacklevel):
@@ -1635,6 +1653,41 @@ class DataLoader:
     def __repr__(self):
         return (f"<loaderd.DataLoader {self.pipeline!r} mode {self.mode} rank {self.rank}/"
                 f"{self.world_size} batches/epoch {len(self)}>")
+
+
+class _Failed:
+    """A batch that failed to build (on_error "raise"): its place in the
+    stream, and what the iterator raises there."""
+
+    __slots__ = ("epoch", "index", "exc")
+
+    def __init__(self, epoch, index, exc):
+        self.epoch, self.index, self.exc = epoch, index, exc
+
+
+class _EpochIter:
+    """One epoch's iterator: raises a failed batch's error in its place and
+    stays usable, as torch's iterator does (a `for` ends at the exception;
+    next() after it gives the batch after the failed one)."""
+
+    __slots__ = ("_it",)
+
+    def __init__(self, it):
+        self._it = it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        b = next(self._it)
+        if b.__class__ is _Failed:
+            raise b.exc
+        return b
+
+    def close(self):
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
 
 
 class _HostProcess(subprocess.Popen):
