@@ -11,7 +11,8 @@ is found). Documentation: docs/python.md.
 """
 
 from ._lib import library_path
-from .errors import DatasetError, Disconnected, Error, ForkedError, InvalidSpec, NotFound, Timeout
+from .errors import (DatasetError, Disconnected, Error, ForkedError, InvalidSpec, NotFound,
+                     Timeout, WorkerDied)
 from ._cuda import CudaArray
 from .pydataset import get_worker_info
 
@@ -43,5 +44,6 @@ def version():
 
 
 __all__ = ["Batch", "Client", "CudaArray", "DataLoader", "DatasetError", "Disconnected", "Error",
-           "ForkedError", "InvalidSpec", "NotFound", "Timeout", "get_worker_info", "library_path",
+           "ForkedError", "InvalidSpec", "NotFound", "Timeout", "WorkerDied", "get_worker_info",
+           "library_path",
            "version"]
