@@ -264,3 +264,50 @@ def test_dataset_of_a_script_under_mp_spawn(L, workdir, ctx):
     r = run_python([path, which, L.extra.get("socket", ""), ctx], timeout=240, cwd=workdir)
     assert r.returncode == 0, (r.stdout, r.stderr[-4000:])
     assert r.stdout.splitlines() == ["rank 0 [[0, 1, 4], [9, 16, 25]]"], r.stdout
+
+
+# ------------------------------ the forked host keeps none of the trainer's sockets
+
+def test_forked_host_holds_no_socket_of_the_trainers(ld):
+    """The host outlives the trainer: a socket of the trainer's it held
+    would keep a DDP rendezvous port listening (and the trainer's connection
+    to the daemon open) after the trainer is gone. Its open files it keeps."""
+    import socket
+    import loaderd
+    store = socket.create_server(("127.0.0.1", 0))   # a TCPStore's listening socket
+    ds = Transformed(4, lambda x: x + 1)
+    with loaderd.DataLoader(ds, batch_size=2, num_workers=1, socket=ld.socket) as dl:
+        assert [b.tolist() for b in dl] == [[[1, 1], [2, 2]], [[3, 3], [4, 4]]]
+        pid = dl._host.pid
+        fds = {}
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                fds[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                pass
+    mine = f"socket:[{os.fstat(store.fileno()).st_ino}]"
+    assert fds.get(store.fileno()) == "/dev/null", fds   # the number stays taken
+    assert mine not in fds.values(), fds
+    store.close()
+
+
+def test_pipeline_identity_with_and_without_a_pickle(ld):
+    """A picklable dataset: the same pipeline for the same dataset and
+    settings, whichever context and process (the digest is of the pickles,
+    never of the pid); an unpicklable one: a pipeline of each loader's own."""
+    import loaderd
+    from loaderd import pydataset
+    a = loaderd.DataLoader(Growing(4), batch_size=2, socket=ld.socket)
+    b = loaderd.DataLoader(Growing(4), batch_size=2, socket=ld.socket,
+                           multiprocessing_context="spawn", num_workers=1)
+    assert (a.created, b.created, b.pipeline) == (True, False, a.pipeline)
+    spec, _ = pydataset.build_spec(Growing(4), overrides={"batch_size": 2})
+    assert spec["source"]["digest"] == a.spec["source"]["digest"]
+    ds = Transformed(4, lambda x: x)
+    c = loaderd.DataLoader(ds, batch_size=2, socket=ld.socket)
+    d = loaderd.DataLoader(ds, batch_size=2, socket=ld.socket)
+    assert c.created and d.created and c.pipeline != d.pipeline
+    assert c.spec["source"]["digest"].startswith("unique-")
+    assert [x.tolist() for x in d] == [[[0, 0], [1, 1]], [[2, 2], [3, 3]]]
+    for dl in (a, b, c, d):
+        dl.close()

@@ -1044,7 +1044,9 @@ class DataLoader:
                              f"{self.spec['source']['samples']} samples: a pipeline's length "
                              "is fixed; leave pipeline_name= out to follow len() per epoch "
                              "(a new pipeline of the new length)")
-        self._host = None
+        host, self._host = self._host, None
+        if host is not None:
+            host.close()  # it serves the old pipeline on, as long as that lives
         self._create_python(ds, overrides, fields, py_args, pipeline_name)
         self._fields = None
         self._attach(None if self._shared else self._want)
@@ -1477,6 +1479,9 @@ class DataLoader:
         self._loop = None
         att, self._att = self._att, None
         client, self._client = self._client, None
+        host, self._host = self._host, None
+        if host is not None:
+            host.close()  # the trainer's end of its channel: the host serves on
         if att is not None:
             att.warn_device_batches()
             att.detach()
