@@ -228,9 +228,28 @@ def test_spawn_context_pickles_as_torch(L):
     assert "Can't pickle local object" in str(e.value) and "Local" in str(e.value)
 
 
-def test_spawn_context_module_level_dataset(L):
-    dl = L.make(Growing(5), batch_size=2, num_workers=1, multiprocessing_context="spawn")
+@pytest.mark.parametrize("ctx", ["spawn", "forkserver", "context"])
+def test_spawn_context_module_level_dataset(L, ctx):
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn") if ctx == "context" else ctx
+    dl = L.make(Growing(5), batch_size=2, num_workers=1, multiprocessing_context=ctx)
     assert [b.tolist() for b in dl] == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("kw,err,message", [
+    (dict(multiprocessing_context="spawn"), ValueError,
+     "multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+     "but got num_workers=0"),
+    (dict(multiprocessing_context="nope", num_workers=1), ValueError,
+     "multiprocessing_context option should specify a valid start method in ['fork', 'spawn', "
+     "'forkserver'], but got multiprocessing_context='nope'"),
+    (dict(multiprocessing_context=3, num_workers=1), TypeError,
+     "multiprocessing_context option should be a valid context object or a string specifying "
+     "the start method, but got multiprocessing_context=3")], ids=["workers0", "name", "type"])
+def test_bad_multiprocessing_context_as_torch(L, kw, err, message):
+    with pytest.raises(err) as e:
+        L.make(Growing(2), **kw)
+    assert str(e.value) == message
 
 
 # ------------------------------------ a script under torch.multiprocessing.spawn

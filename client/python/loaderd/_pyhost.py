@@ -213,7 +213,10 @@ def learn_in_child(chan, payload):
 def serve(chan, payload):
     """The host's life once started (exec'd: main(); forked: loaderd._pystart),
     @chan its trainer's channel: learn, wait for "go", serve. Its exit status."""
-    chan_send(chan, {"pid": os.getpid()})
+    try:
+        chan_send(chan, {"pid": os.getpid()})
+    except OSError:
+        return 0  # the trainer is gone already
     # the trainer's directory and sys.path (for the Dataset's modules), only
     # now that the host's own code is imported (a no-op when forked)
     try:
@@ -226,7 +229,10 @@ def serve(chan, payload):
         res = learn_in_child(chan, payload)
         if res is None:
             return 0
-        chan_send(chan, res)
+        try:
+            chan_send(chan, res)
+        except OSError:
+            return 0  # the trainer went away meanwhile
         if "error" in res:
             return 0
     msg = chan_recv(chan)

@@ -49,9 +49,9 @@ def start_method(ctx, num_workers):
     if ctx is None:
         name = "fork"
     else:
-        if num_workers == 0:
+        if not num_workers:
             raise ValueError("multiprocessing_context can only be used with multi-process "
-                             f"loading (num_workers > 0), but got num_workers={num_workers}")
+                             f"loading (num_workers > 0), but got num_workers={num_workers or 0}")
         if isinstance(ctx, str):
             valid = multiprocessing.get_all_start_methods()
             if ctx not in valid:
@@ -152,7 +152,7 @@ class HostHandle:
         self.exit_code = None
         self.eof = False
 
-    def _pump(self, timeout):
+    def pump(self, timeout):
         """Read the host's next message, waiting up to @timeout seconds
         (None: forever): False when none came."""
         if self.eof:
@@ -183,7 +183,7 @@ class HostHandle:
     def pid(self):
         deadline = time.monotonic() + 60
         while self._pid is None and not self.eof and time.monotonic() < deadline:
-            self._pump(0.2)
+            self.pump(0.2)
         return self._pid
 
     def learn(self, timeout=None):
@@ -197,7 +197,7 @@ class HostHandle:
                 raise from_code(-errno.ETIMEDOUT, f"DataLoader timed out after {timeout} seconds: "
                                 "dataset[0] did not return in worker 0 (loaderd learns the "
                                 "pipeline's fields from it)", "")
-            self._pump(0.2 if left is None else min(0.2, left))
+            self.pump(0.2 if left is None else min(0.2, left))
         res = self.result
         if res is None:
             raise Error(-errno.ECHILD, "the Python workers' host exited before it learnt the "
@@ -216,7 +216,7 @@ class HostHandle:
     def failure(self):
         """None while the host is starting or serves; else why it does not
         (it exited, or could not connect) before its workers started."""
-        while self._pump(0):
+        while self.pump(0):
             pass
         if self.ready:
             return None
@@ -237,7 +237,7 @@ class HostHandle:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
-            self._pump(left)
+            self.pump(left)
         if self.proc is not None:
             self.proc.wait(timeout)
         return self.exit_code

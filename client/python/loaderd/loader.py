@@ -1083,7 +1083,11 @@ class DataLoader:
                     raise from_code(-errno.ETIMEDOUT, f"pipeline {self.pipeline!r}: its Python "
                                     f"workers did not start within {limit:g} s ({e.message})",
                                     "attach") from None
-                time.sleep(0.1)
+                host = self._host
+                if host is not None and not host.ready and not host.eof:
+                    host.pump(0.1)  # back at once when the host says its slab is mapped
+                else:
+                    time.sleep(0.05)
 
     # --------------------------------------------------------- attachment
 
