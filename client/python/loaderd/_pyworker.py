@@ -392,7 +392,6 @@ def learn(payload):
     ask = payload["learn"]
     w = Worker(payload, None, 0, None)
     w.w = {"seed": payload["seed"]}
-    label = None
     try:
         w.setup()
     except Exception as e:
@@ -403,7 +402,7 @@ def learn(payload):
     try:
         n = len(w.dataset)
     except Exception as e:
-        return {"error": {"kind": "raised", "text": _exc_text("len(dataset) raised", e, 0, label)}}
+        return {"error": {"kind": "raised", "text": _exc_text("len(dataset) raised", e, 0, None)}}
     if ask.get("samples"):
         out["samples"] = n
     if ask.get("fields"):
@@ -412,13 +411,13 @@ def learn(payload):
         try:
             sample = w.sample(0, 0)
         except Exception as e:
-            return {"error": {"kind": "raised", "text": _exc_text("dataset[0] raised", e, 0, label)}}
+            return {"error": {"kind": "raised", "text": _exc_text("dataset[0] raised", e, 0, None)}}
         if w.collate is not None:
             try:
                 sample = w.collate([sample])
             except Exception as e:
                 return {"error": {"kind": "raised", "text": _exc_text(
-                    "collate_fn of the batch of dataset[0] (1 rows) raised", e, 0, label)}}
+                    "collate_fn of the batch of dataset[0] (1 rows) raised", e, 0, None)}}
         try:
             out.update(P.learnt_of(sample, w.collate is not None))
         except P.SampleError as e:

@@ -16,8 +16,10 @@ module level (the workers' host, loaderd._pyhost, must stay clean of torch):
   check_structure(): a structure read from a spec, which another process
   (another user) may have written: its vocabulary is closed (loaderd's
   own containers), and nothing it names is ever imported or called;
-- build_spec(): the "python" spec and the host's payload from a Dataset
-  object, or from a spec naming its class by import path;
+- plan_spec() and finish_spec(): the "python" spec and the host's payload
+  from a Dataset object, or from a spec naming its class by import path,
+  before and after what a worker learns (learnt_of(): dataset[0]'s fields);
+  identity(): the digest of the pickles; build_spec() learns in-process;
 - get_worker_info() (loaderd.get_worker_info()).
 """
 
