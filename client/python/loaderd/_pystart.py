@@ -33,6 +33,7 @@ import socket
 import stat
 import sys
 import time
+import warnings
 
 from . import _pyhost
 from .errors import DatasetError, Error, WorkerDied, dataset_error, from_code
@@ -92,7 +93,11 @@ def start(payload, method):
     parent, child = socket.socketpair()
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python 3.12 warns of a fork with threads running (libloader's are):
+        # the host never touches what they hold (module doc)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         def middle():
             parent.close()
