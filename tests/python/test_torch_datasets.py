@@ -145,6 +145,26 @@ def test_dataset0_raises_its_own_type_with_the_workers_traceback(L):
     assert CALLED_HERE == []   # it raised in a worker, not here
 
 
+class SlowFirst(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        CALLED_HERE.append(i)
+        if i == 0:
+            import time
+            time.sleep(30)   # the worker is stopped before (torch's at shutdown)
+        return torch.tensor(i)
+
+
+def test_dataset0_that_hangs_is_bounded_by_timeout(L):
+    CALLED_HERE.clear()
+    with pytest.raises(RuntimeError) as e:
+        next(iter(L.make(SlowFirst(), num_workers=1, timeout=1)))
+    assert "DataLoader timed out after 1 seconds" in str(e.value), str(e.value)
+    assert CALLED_HERE == []
+
+
 SEGV_SCRIPT = """
 import ctypes, os, sys, torch, loaderd
 
