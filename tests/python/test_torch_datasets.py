@@ -350,3 +350,15 @@ def test_pipeline_identity_with_and_without_a_pickle(ld):
     assert [x.tolist() for x in d] == [[[0, 0], [1, 1]], [[2, 2], [3, 3]]]
     for dl in (a, b, c, d):
         dl.close()
+
+
+def test_len_read_per_epoch_shared_stream(ld):
+    """A broadcast loader follows len() too, between the epochs of its
+    shared stream (the new pipeline's stream from its first batch)."""
+    import loaderd
+    ds = Growing(4)
+    with loaderd.DataLoader(ds, batch_size=2, mode="broadcast", socket=ld.socket) as dl:
+        assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
+        ds.n = 6
+        assert len(dl) == 3
+        assert [b.tolist() for b in dl] == [[0, 1], [2, 3], [4, 5]]

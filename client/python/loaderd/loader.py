@@ -1032,9 +1032,10 @@ class DataLoader:
         (the same settings; another name: the length is part of the spec),
         attached at the epoch the next `for` iterates. Not inside a `for`
         (its epoch goes on as it began), nor for a resume in mid-epoch."""
-        if self._py_create is None or self._closed or \
-                (not self._shared and (self._loop is not None or self._want[1] != 0)):
+        if self._py_create is None or self._closed or (not self._shared and self._loop):
             return
+        if (self._pos or (0, 0))[1] if self._shared else self._want[1]:
+            return  # in mid-epoch
         ds, overrides, fields, py_args, pipeline_name = self._py_create
         if not pydataset.is_dataset(ds) or len(ds) == self.spec["source"]["samples"]:
             return
