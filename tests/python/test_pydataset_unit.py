@@ -22,7 +22,7 @@ import pytest
 import pydatasets as D
 from loaderd import _pywire as W
 from loaderd import pydataset as P
-from loaderd.loader import host_command
+from loaderd import _pystart
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import default_collate  # noqa: E402
@@ -382,7 +382,8 @@ def test_build_spec_import_path_collate_and_pickling_errors():
     assert [(f["name"], f["dtype"], f["shape"]) for f in src["fields"]] == [
         ("0", "float32", [3]), ("1", "int32", [])]
     assert payload["dataset"] == {"import": "pydatasets:Plain", "args": {"n": 9}}
-    with pytest.raises(TypeError, match="worker_init_fn cannot be pickled"):
+    with pytest.raises(AttributeError, match="Can't pickle local object.*worker_init_fn cannot "
+                                             "be pickled"):
         P.build_spec(D.Plain(), overrides={}, worker_init_fn=lambda w: None)
     with pytest.raises(P.SampleError, match="'name'"):
         P.build_spec(D.WithString(), overrides={})
@@ -498,13 +499,10 @@ class FakeDaemon:
 
 def start_host(fd, ds, overrides=None, **kw):
     spec, payload = P.build_spec(ds, overrides=dict(overrides or {}), **kw)
-    payload["socket"] = fd.path
-    argv, cwd, env = host_command()   # as the trainer starts it
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True, cwd=cwd,
-                            env=env)
-    proc.stdin.write(pickle.dumps(payload))
-    proc.stdin.close()
-    return spec, proc
+    host = _pystart.start(payload, "exec")   # as the trainer starts it (host_command)
+    host.go(payload, fd.path, None)
+    host.proc.channel = host                 # the trainer's end stays open
+    return spec, host.proc
 
 
 def expected(ds, seed, epoch, idx):

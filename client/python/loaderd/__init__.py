@@ -12,7 +12,7 @@ is found). Documentation: docs/python.md.
 
 from ._lib import library_path
 from .errors import (DatasetError, Disconnected, Error, ForkedError, InvalidSpec, NotFound, Timeout,
-                     WorkerError)
+                     WorkerDied, WorkerError)
 from ._cuda import CudaArray
 from .pydataset import get_worker_info
 
@@ -44,5 +44,5 @@ def version():
 
 
 __all__ = ["Batch", "Client", "CudaArray", "DataLoader", "DatasetError", "Disconnected", "Error",
-           "ForkedError", "InvalidSpec", "NotFound", "Timeout", "WorkerError", "get_worker_info",
-           "library_path", "version"]
+           "ForkedError", "InvalidSpec", "NotFound", "Timeout", "WorkerDied", "WorkerError",
+           "get_worker_info", "library_path", "version"]

@@ -1,25 +1,43 @@
 # SPDX-License-Identifier: MIT
-"""The host of a python pipeline's workers: `python -m loaderd._pyhost` (loader.host_command).
+"""The host of a python pipeline's workers (loaderd._pystart starts it).
 
-The trainer that created the pipeline spawns it (a fresh interpreter, the
-trainer's user) with a pickled payload of builtin types on stdin
-(loaderd.pydataset.build_spec). The host is a zygote: it imports no torch,
-unpickles no user object and stays single-threaded. It connects to the
-daemon's <socket>.workers, says HELLO (role HOST), maps the slab read-write
-from the memfd passed with WELCOME, says MAPPED, waits for READY (the daemon
-sealed the slab: nobody can map it writable any more), then forks its
-workers, which inherit the writable mapping (loaderd._pyworker). It restarts
-a worker that dies (reporting WORKER_EXIT), and when the daemon closes the
-connection (the pipeline was dropped or failed) or on SIGTERM it stops its
-workers (SIGTERM, SIGKILL after 2 s) and exits.
+The trainer starts it before the pipeline exists, in one of two ways
+(multiprocessing_context): **forked** from the trainer (the default on
+Linux, as torch's fork workers: the Dataset, collate_fn and worker_init_fn
+are the trainer's objects as they are, nothing pickled or re-imported), or
+**exec'd** as a fresh interpreter, `python -P -m loaderd._pyhost` (spawn,
+forkserver), that gets a payload of builtin types and pickles and then is a
+zygote: it imports no torch and unpickles no user object. Either way it
+talks to its trainer over a socketpair (its stdin when exec'd; messages
+chan_send() frames) and:
+
+1. forks worker 0 to learn what the trainer does not compute itself
+   (len() of a Dataset named by import path, the fields of dataset[0]:
+   loaderd._pyworker.learn) and sends it back, or how that failed
+   (the exception's text, or the signal that killed the worker);
+2. waits for the trainer's "go" (the pipeline it created, the socket, the
+   daemon's uid) or EOF (the pipeline existed: another host serves it; or
+   the trainer failed or went away), then exits or goes on;
+3. connects to the daemon's <socket>.workers, says HELLO (role HOST), maps
+   the slab read-write from the memfd passed with WELCOME, says MAPPED,
+   waits for READY (the daemon sealed the slab: nobody can map it writable
+   any more), says "ready" to the trainer, then forks its workers, which
+   inherit the writable mapping (loaderd._pyworker). It restarts a worker
+   that dies (reporting WORKER_EXIT), and when the daemon closes the
+   connection (the pipeline was dropped or failed) or on SIGTERM it stops
+   its workers (SIGTERM, SIGKILL after 2 s), says "exit" and its status to
+   the trainer if it still listens, and exits.
 """
 
 import ctypes
+import json
 import mmap
 import os
 import pickle
 import select
 import signal
+import socket
+import struct
 import sys
 import time
 import traceback
@@ -37,6 +55,8 @@ RESTART_FAST = 5         # deaths in a row of one worker before restarts wait
 RESTART_DELAY = 1.0      # seconds
 LIVED_LONG = 10.0        # a worker that lived this long resets its count
 STOP_GRACE = 2.0
+CHAN_HDR = struct.Struct("=cI")   # kind (b"J" JSON, b"P" pickle: the exec'd host's payload), length
+CHAN_MAX = 1 << 30
 
 
 def _log(msg):
@@ -62,9 +82,192 @@ def map_shared(fd, size):
     return addr, (ctypes.c_uint8 * size).from_address(addr)
 
 
+# ------------------------------------------------------- the trainer's channel
+
+def chan_send(sock, obj, pickled=False):
+    """One message to the other end of the trainer's channel: JSON, or (the
+    trainer's payload to an exec'd host only) a pickle of builtin types."""
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if pickled else \
+        json.dumps(obj).encode()
+    sock.sendall(CHAN_HDR.pack(b"P" if pickled else b"J", len(body)) + body)
+
+
+def _read_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            if buf:
+                raise W.ProtocolError("the channel closed in the middle of a message")
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def chan_recv(sock, allow_pickle=False):
+    """The next message of the channel, or None at EOF. A pickle only where
+    @allow_pickle (the exec'd host's first message, from its own trainer)."""
+    hdr = _read_exact(sock, CHAN_HDR.size)
+    if hdr is None:
+        return None
+    kind, n = CHAN_HDR.unpack(hdr)
+    if n > CHAN_MAX or kind not in (b"J", b"P") or (kind == b"P" and not allow_pickle):
+        raise W.ProtocolError(f"the channel sent a message of kind {kind!r}, {n} bytes")
+    body = _read_exact(sock, n)
+    if body is None:
+        raise W.ProtocolError("the channel closed in the middle of a message")
+    return pickle.loads(body) if kind == b"P" else json.loads(body)
+
+
+def reset_signals():
+    """A forked child's signals as a fresh process has them: no handler or
+    wakeup fd of the process it was forked from runs in it."""
+    signal.set_wakeup_fd(-1)
+    for s in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(s)) or s in (signal.SIGTERM, signal.SIGCHLD,
+                                                      signal.SIGINT):
+                signal.signal(s, signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def child_exit(fn):
+    """In a forked child: run @fn, print what it raises, and leave by
+    os._exit with its status: no finalizer, atexit handler or code of the
+    parent's runs after it."""
+    code = 1
+    try:
+        code = fn()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _die_with_parent(parent):
+    try:
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+    if os.getppid() != parent:
+        os._exit(1)  # the parent died before prctl
+
+
+def learn_in_child(chan, payload):
+    """Fork worker 0 to learn what payload["learn"] asks (_pyworker.learn);
+    its answer, a dict, or None when the trainer went away meanwhile (the
+    child is killed). A child that dies without an answer (a segfault in
+    __getitem__) is {"error": {"kind": "died", "pid", "status"}}."""
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        def child():
+            os.close(r)
+            chan.close()
+            reset_signals()
+            _die_with_parent(parent)
+            view = memoryview(json.dumps(_pyworker.learn(payload)).encode())
+            while view:
+                view = view[os.write(w, view):]
+            return 0
+        child_exit(child)
+    os.close(w)
+    buf = bytearray()
+    try:
+        while True:
+            ready, _, _ = select.select([r, chan], [], [])
+            if chan in ready and not chan.recv(1, socket.MSG_PEEK):
+                os.kill(pid, signal.SIGKILL)  # the trainer is gone (or gave up)
+                os.waitpid(pid, 0)
+                return None
+            if r in ready:
+                chunk = os.read(r, 1 << 16)
+                if not chunk:
+                    break
+                buf += chunk
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if buf:
+        try:
+            return json.loads(bytes(buf))
+        except ValueError:
+            pass
+    return {"error": {"kind": "died", "pid": pid, "status": status}}
+
+
+def serve(chan, payload):
+    """The host's life once started (exec'd: main(); forked: loaderd._pystart),
+    @chan its trainer's channel: learn, wait for "go", serve. Its exit status."""
+    try:
+        chan_send(chan, {"pid": os.getpid()})
+    except OSError:
+        return 0  # the trainer is gone already
+    # the trainer's directory and sys.path (for the Dataset's modules), only
+    # now that the host's own code is imported (a no-op when forked)
+    try:
+        os.chdir(payload["cwd"])
+    except OSError as e:
+        _log(f"cannot chdir to {payload['cwd']}: {e}")
+    sys.path[:] = payload["sys_path"]
+    ask = payload.get("learn") or {}
+    if ask.get("samples") or ask.get("fields"):
+        res = learn_in_child(chan, payload)
+        if res is None:
+            return 0
+        try:
+            chan_send(chan, res)
+        except OSError:
+            return 0  # the trainer went away meanwhile
+        if "error" in res:
+            return 0
+    msg = chan_recv(chan)
+    if not isinstance(msg, dict) or not isinstance(msg.get("go"), dict):
+        return 0  # the pipeline existed (another host serves it), or the trainer failed
+    payload.update(msg["go"])
+    host = Host(payload, chan)
+    try:
+        host.setup()
+    except W.PeerError as e:
+        text = f"pipeline {payload.get('pipeline')!r}: the daemon refused: {e}"
+        code = 3
+    except (OSError, W.ProtocolError) as e:
+        text = f"pipeline {payload.get('pipeline')!r}: {e}"
+        code = 4
+    else:
+        chan_send(chan, {"ready": True})
+        code = host.run()
+        try:
+            chan_send(chan, {"exit": code})
+        except OSError:
+            pass  # the trainer no longer listens
+        return code
+    _log(text)
+    try:
+        chan_send(chan, {"error": {"kind": "host", "text": text}})
+    except OSError:
+        pass
+    return code
+
+
 class Host:
-    def __init__(self, payload):
+    def __init__(self, payload, chan=None):
         self.p = payload
+        self.chan = chan         # the trainer's channel (its workers close it)
         self.sock = None
         self.welcome = None
         self.slab = None
@@ -80,11 +283,6 @@ class Host:
 
     def setup(self):
         p = self.p
-        try:
-            os.chdir(p["cwd"])
-        except OSError as e:
-            _log(f"cannot chdir to {p['cwd']}: {e}")
-        sys.path[:] = p["sys_path"]
         self.sock = W.connect(p["socket"] + ".workers", p.get("daemon_uid"))
         W.hello(self.sock, W.ROLE_HOST, p["pipeline"], nworkers=p["nworkers"])
         fds = []
@@ -106,32 +304,16 @@ class Host:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            code = 1
-            try:
-                signal.set_wakeup_fd(-1)
-                for s in (signal.SIGTERM, signal.SIGCHLD, signal.SIGINT):
-                    signal.signal(s, signal.SIG_DFL)
-                try:
-                    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-                except Exception:
-                    pass
-                if os.getppid() != self.host_pid:
-                    os._exit(1)  # the host died before prctl
+            def worker():
+                reset_signals()
+                _die_with_parent(self.host_pid)
                 self.sock.close()
+                if self.chan is not None:
+                    self.chan.close()
                 os.close(self.wake_r)
                 os.close(self.wake_w)
-                code = _pyworker.main(self.p, self.welcome, wid, self.addr, self.slab)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(code)
+                return _pyworker.main(self.p, self.welcome, wid, self.addr, self.slab)
+            child_exit(worker)
         self.workers[pid] = wid
         self.by_id[wid] = pid
         self.started[wid] = time.monotonic()
@@ -268,30 +450,20 @@ class Host:
 
 
 def main():
+    """The exec'd host: its channel is its stdin, the payload the first
+    message (host_command, loaderd._pystart)."""
     try:
-        payload = pickle.load(sys.stdin.buffer)
-    except Exception as e:
-        _log(f"cannot read the payload on stdin: {e}")
-        return 2
-    try:
-        sys.stdin.close()
-        os.close(0)
+        chan = socket.socket(fileno=os.dup(0))
         fd = os.open(os.devnull, os.O_RDONLY)
-        if fd != 0:
-            os.dup2(fd, 0)
-            os.close(fd)
-    except OSError:
-        pass
-    host = Host(payload)
-    try:
-        host.setup()
-    except W.PeerError as e:
-        _log(f"pipeline {payload.get('pipeline')!r}: the daemon refused: {e}")
-        return 3
-    except (OSError, W.ProtocolError) as e:
-        _log(f"pipeline {payload.get('pipeline')!r}: {e}")
-        return 4
-    return host.run()
+        os.dup2(fd, 0)
+        os.close(fd)
+        payload = chan_recv(chan, allow_pickle=True)
+    except (OSError, W.ProtocolError, pickle.UnpicklingError, EOFError) as e:
+        _log(f"cannot read the payload from the trainer: {e}")
+        return 2
+    if not isinstance(payload, dict):
+        return 2  # the trainer went away
+    return serve(chan, payload)
 
 
 if __name__ == "__main__":

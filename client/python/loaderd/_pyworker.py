@@ -43,9 +43,20 @@ def _exc_text(what, e, wid, pipeline):
     t = type(e)
     mod = "__main__" if t.__module__ == "__mp_main__" else t.__module__
     tname = t.__qualname__ if mod == "builtins" else f"{mod}.{t.__qualname__}"
+    of = f"of pipeline {pipeline!r}" if pipeline else "learning the fields of a new pipeline"
     return (f"{what} {tname}: {msg}{where}\n"
-            f"worker {wid} (pid {os.getpid()}) of pipeline {pipeline!r}:\n"
+            f"worker {wid} (pid {os.getpid()}) {of}:\n"
             + "".join(traceback.format_exception(type(e), e, tb)))
+
+
+def _callable(v):
+    """A collate_fn or worker_init_fn of the payload: None, the object
+    itself (forked from the trainer), its pickle, or an import path."""
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        return v["object"] if "object" in v else P.resolve(v["import"])
+    return pickle.loads(v)
 
 
 class Worker:
@@ -95,12 +106,14 @@ class Worker:
         except ImportError:
             torch = None
         ds = p["dataset"]
-        if "pickle" in ds:
+        if "object" in ds:  # forked from the trainer: its own object, as it is
+            self.dataset = ds["object"]
+        elif "pickle" in ds:
             self.dataset = pickle.loads(ds["pickle"])
         else:
             self.dataset = P.resolve(ds["import"])(**(ds.get("args") or {}))
-        self.collate = pickle.loads(p["collate_fn"]) if p.get("collate_fn") else None
-        init = pickle.loads(p["worker_init_fn"]) if p.get("worker_init_fn") else None
+        self.collate = _callable(p.get("collate_fn"))
+        init = _callable(p.get("worker_init_fn"))
         seed = P.worker_seed(self.w["seed"], self.wid)
         P._worker_info = P.WorkerInfo(id=self.wid, num_workers=self.nworkers, seed=seed,
                                       dataset=self.dataset, pipeline=p["pipeline"],
@@ -372,3 +385,47 @@ def main(payload, host_welcome, wid, addr, slab):
     except W.PeerError as e:
         sys.stderr.write(f"loaderd worker {wid} (pid {os.getpid()}): the daemon says: {e}\n")
         return 3
+
+
+def learn(payload):
+    """Worker 0 before its pipeline exists (the host forks it for this):
+    set up as a worker (worker info, worker_init_fn), then what
+    payload["learn"] asks: len(dataset), and dataset[0] seeded as a worker
+    seeds epoch 0 index 0 (through collate_fn when there is one) flattened
+    into fields. {"learnt": {...}} or {"error": {"kind", "text"}}: kind
+    "raised" (the text as a worker's FAIL words it: errors.dataset_error
+    finds the type), "sample" (a SampleError), "empty", "start"."""
+    ask = payload["learn"]
+    w = Worker(payload, None, 0, None)
+    w.w = {"seed": payload["seed"]}
+    try:
+        w.setup()
+    except Exception as e:
+        return {"error": {"kind": "start", "text": (
+            f"worker 0 (pid {os.getpid()}) could not start: {type(e).__name__}: {e}\n"
+            + traceback.format_exc())}}
+    out = {}
+    try:
+        n = len(w.dataset)
+    except Exception as e:
+        return {"error": {"kind": "raised", "text": _exc_text("len(dataset) raised", e, 0, None)}}
+    if ask.get("samples"):
+        out["samples"] = n
+    if ask.get("fields"):
+        if n < 1:
+            return {"error": {"kind": "empty", "text": "loaderd: the dataset is empty (len 0)"}}
+        try:
+            sample = w.sample(0, 0)
+        except Exception as e:
+            return {"error": {"kind": "raised", "text": _exc_text("dataset[0] raised", e, 0, None)}}
+        if w.collate is not None:
+            try:
+                sample = w.collate([sample])
+            except Exception as e:
+                return {"error": {"kind": "raised", "text": _exc_text(
+                    "collate_fn of the batch of dataset[0] (1 rows) raised", e, 0, None)}}
+        try:
+            out.update(P.learnt_of(sample, w.collate is not None))
+        except P.SampleError as e:
+            return {"error": {"kind": "sample", "text": str(e)}}
+    return {"learnt": out}

@@ -64,6 +64,10 @@ class ForkedError(Error):
     the process that uses it (after fork, or in a spawned worker)."""
 
 
+# a worker that died learning dataset[0] at construction: the same error
+WorkerDied = WorkerError
+
+
 class DatasetError(Error):
     """The Dataset (or collate_fn) raised in a worker. What is raised is a
     subclass of this and of the Dataset's own exception type when the trainer
@@ -75,7 +79,8 @@ _DATASET_TYPES = {}   # the Dataset's exception class -> its DatasetError subcla
 # 'dataset[IDX] raised TYPE: ' or 'collate_fn of the batch of dataset[IDX], ...
 # (N rows) raised TYPE: ' (_pyworker._exc_text): TYPE is a builtin's name or
 # module.qualname
-_RAISED = _re.compile(r"(?:dataset\[\d+\]|\(\d+ rows\)) raised ([A-Za-z_][\w.]*): ")
+# (or 'len(dataset) raised TYPE: ', when a worker learns a Dataset's length)
+_RAISED = _re.compile(r"(?:dataset\[\d+\]|\(\d+ rows\)|len\(dataset\)) raised ([A-Za-z_][\w.]*): ")
 
 
 def _raised_type(name):

@@ -26,7 +26,6 @@ import errno
 import itertools
 import json
 import os
-import pickle
 import pwd
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import weakref
 
 import numpy as np
 
-from . import _cuda, _lib, _order, pydataset
+from . import _cuda, _lib, _order, _pystart, pydataset
 from .errors import Error, ForkedError, InvalidSpec, dataset_error, from_code
 
 try:  # torch is optional: without it batches are numpy arrays
@@ -887,7 +886,8 @@ class DataLoader:
             batch_size = 1  # torch's default
         py_args = {}
         if self._py:
-            for k in ("num_workers", "collate_fn", "worker_init_fn", "seeding"):
+            for k in ("num_workers", "collate_fn", "worker_init_fn", "seeding",
+                      "multiprocessing_context"):
                 py_args[k] = torch_compat.pop(k, None)
         elif fields is not None or pipeline_name is not None:
             raise TypeError("loaderd.DataLoader: fields= and pipeline_name= are for your own "
@@ -924,7 +924,8 @@ class DataLoader:
             self.collate_fn = (_tu.collate.default_convert if self._unbatched
                                else _tu.collate.default_collate)
         self._scalars = set()    # unbatched: the fields that were Python numbers in dataset[0]
-        self._host = None        # the workers' host this loader spawned (python source)
+        self._host = None        # the workers' host this loader started (python source)
+        self._py_create = None   # python source: what made its pipeline (_follow_len)
         self._structure = None   # python source: how a batch is rebuilt from its fields
         self._types = None       # python source: its namedtuple classes (pydataset.own_types)
         self._own_code = False   # python source: created here, from this trainer's Dataset
@@ -1134,36 +1135,82 @@ class DataLoader:
     # ------------------------------------------------------ python source
 
     def _create_python(self, ds, overrides, fields, py_args, pipeline_name):
-        """Build the spec of a python pipeline, create it (exist_ok) and, when
-        this loader created it, spawn its workers' host."""
-        spec, payload = pydataset.build_spec(
+        """Create the python pipeline of @ds (exist_ok) and, when this loader
+        created it, have its workers' host serve it. The host starts first
+        (forked from here or exec'd: _pystart) and its worker 0 learns the
+        fields; this process never runs __getitem__."""
+        self._py_create = (ds, overrides, fields, py_args, pipeline_name)  # _follow_len
+        method = _pystart.start_method(py_args.get("multiprocessing_context"),
+                                       py_args.get("num_workers"))
+        spec, payload = pydataset.plan_spec(
             ds, overrides=overrides, num_workers=py_args.get("num_workers"),
             collate_fn=py_args.get("collate_fn"), worker_init_fn=py_args.get("worker_init_fn"),
-            fields=fields, name=pipeline_name, scalars=self._scalars,
+            fields=fields, name=pipeline_name, forked=method == "fork",
             seeding=py_args.get("seeding"))
-        spec.setdefault("epochs", 0)  # endless: each `for` is one epoch
-        self.spec = spec
-        src = spec["source"]
-        self._structure = src["structure"]
-        self._pads = {f["name"] for f in src["fields"] if f["pad"]}
-        self._types = pydataset.own_types(self._structure)
-        self._own_code = True    # its workers run this trainer's code (dataset_error)
-        cl = Client.__new__(Client)
-        cl._c = self._client
-        self.pipeline, self.created = cl.create_pipeline(spec, exist_ok=True)
-        if not self.created:
-            return  # another trainer's host serves it
-        buf = ctypes.create_string_buffer(4096)
-        sarg = self._client.socket_arg
-        r = _lib.lib().ldr_socket_path(buf, ctypes.sizeof(buf), sarg.encode() if sarg else None)
-        if r < 0:
-            raise _err(r, "socket path")
-        payload["socket"] = os.path.abspath(buf.value.decode())
-        payload["pipeline"] = self.pipeline
-        # the daemon libloader checked (docs/security.md): the host and its
-        # workers talk to <socket>.workers only when it is that uid's
-        payload["daemon_uid"] = int(_lib.lib().ldr_client_daemon_uid(self._client.ptr))
-        self._host = _spawn_host(payload)
+        host = None
+        try:
+            learnt = None
+            if payload["learn"]["samples"] or payload["learn"]["fields"]:
+                host = _pystart.start(payload, method)
+                learnt = host.learn(self._timeout)
+            spec, payload = pydataset.finish_spec(spec, payload, learnt, self._scalars)
+            spec.setdefault("epochs", 0)  # endless: each `for` is one epoch
+            self.spec = spec
+            src = spec["source"]
+            self._structure = src["structure"]
+            self._pads = {f["name"] for f in src["fields"] if f["pad"]}
+            pydataset.adopt_types(self._structure)
+            self._types = pydataset.own_types(self._structure)
+            self._own_code = True    # its workers run this trainer's code (dataset_error)
+            cl = Client.__new__(Client)
+            cl._c = self._client
+            self.pipeline, self.created = cl.create_pipeline(spec, exist_ok=True)
+            if not self.created:
+                return  # another trainer's host serves it (ours, if started, exits)
+            buf = ctypes.create_string_buffer(4096)
+            sarg = self._client.socket_arg
+            r = _lib.lib().ldr_socket_path(buf, ctypes.sizeof(buf),
+                                           sarg.encode() if sarg else None)
+            if r < 0:
+                raise _err(r, "socket path")
+            if host is None:
+                host = _pystart.start(payload, method)
+            # the daemon libloader checked (docs/security.md): the host and its
+            # workers talk to <socket>.workers only when it is that uid's
+            payload["pipeline"] = self.pipeline
+            host.go(payload, os.path.abspath(buf.value.decode()),
+                    int(_lib.lib().ldr_client_daemon_uid(self._client.ptr)))
+            self._host, host = host, None
+        finally:
+            if host is not None:
+                host.close()
+
+    def _follow_len(self):
+        """len() read per epoch, as torch's sampler reads it: when the
+        trainer's own Dataset object has another len() than its pipeline's
+        samples, its pipeline from now on is a new one of that many samples
+        (the same settings; another name: the length is part of the spec),
+        attached at the epoch the next `for` iterates. Not inside a `for`
+        (its epoch goes on as it began), nor for a resume in mid-epoch."""
+        if self._py_create is None or self._closed or (not self._shared and self._loop):
+            return
+        if (self._pos or (0, 0))[1] if self._shared else self._want[1]:
+            return  # in mid-epoch
+        ds, overrides, fields, py_args, pipeline_name = self._py_create
+        if not pydataset.is_dataset(ds) or len(ds) == self.spec["source"]["samples"]:
+            return
+        if pipeline_name is not None:
+            raise ValueError(f"loaderd: len(dataset) is {len(ds)} now, pipeline "
+                             f"{pipeline_name!r} (pipeline_name=) has "
+                             f"{self.spec['source']['samples']} samples: a pipeline's length "
+                             "is fixed; leave pipeline_name= out to follow len() per epoch "
+                             "(a new pipeline of the new length)")
+        host, self._host = self._host, None
+        if host is not None:
+            host.close()  # it serves the old pipeline on, as long as that lives
+        self._create_python(ds, overrides, fields, py_args, pipeline_name)
+        self._fields = None
+        self._attach(None if self._shared else self._want)
 
     def _out(self, b):
         """The batch as the trainer gets it: a python pipeline's structure
@@ -1188,17 +1235,20 @@ class DataLoader:
             except Error as e:
                 if e.code != -errno.EAGAIN:
                     raise
-                host = self._host
-                if host is not None and host.poll() is not None:
+                why = self._host.failure() if self._host is not None else None
+                if why is not None:
                     raise Error(-errno.ECHILD, f"the Python workers' host of pipeline "
-                                f"{self.pipeline!r} exited with status {host.returncode} before "
-                                "its workers started (its messages are on this process's "
-                                "stderr)", "attach") from None
+                                f"{self.pipeline!r} {why}, before its workers started",
+                                "attach") from None
                 if time.monotonic() >= deadline:
                     raise from_code(-errno.ETIMEDOUT, f"pipeline {self.pipeline!r}: its Python "
                                     f"workers did not start within {limit:g} s ({e.message})",
                                     "attach") from None
-                time.sleep(0.1)
+                host = self._host
+                if host is not None and not host.ready and not host.eof:
+                    host.pump(0.1)  # back at once when the host says its slab is mapped
+                else:
+                    time.sleep(0.05)
 
     # --------------------------------------------------------- attachment
 
@@ -1251,10 +1301,12 @@ class DataLoader:
         batch sampler's len()."""
         if self._corder:
             return len(self._index_sampler)
+        self._follow_len()
         return int(self._att.batches_per_epoch) if self._att else 0
 
     @property
     def samples_per_epoch(self):
+        self._follow_len()
         return int(self._att.samples_per_epoch)
 
     @property
@@ -1476,6 +1528,8 @@ class DataLoader:
         first batch. Shared stream: from the stream's next batch to the end of
         its epoch."""
         self._check()
+        if not self._corder:
+            self._follow_len()
         if self._corder:
             e, start = self._want
             it = self._order_iter()
@@ -1502,6 +1556,8 @@ class DataLoader:
             raise TypeError("loaderd.DataLoader: next_batch() reads the daemon's order; a loader "
                             "with sampler=, batch_sampler= or generator= reads its sampler's: "
                             "iterate it (next(iter(loader)))")
+        if self._loop is None:
+            self._follow_len()
         if self._shared:
             if self._pending is not None:
                 b, self._pending = self._pending, None
@@ -1627,6 +1683,9 @@ class DataLoader:
         self._loop = None
         att, self._att = self._att, None
         client, self._client = self._client, None
+        host, self._host = self._host, None
+        if host is not None:
+            host.close()  # the trainer's end of its channel: the host serves on
         if att is not None:
             att.warn_device_batches()
             att.detach()
@@ -1714,19 +1773,6 @@ def host_command():
                                       if env.get("PYTHONPATH") else "")
     safe = ["-P"] if sys.version_info >= (3, 11) else []
     return [sys.executable] + safe + ["-m", "loaderd._pyhost"], pkg_parent, env
-
-
-def _spawn_host(payload):
-    """Start the workers' host (a fresh interpreter, this user; host_command)
-    in its own session, the payload on its stdin; stdout/stderr are ours."""
-    argv, cwd, env = host_command()
-    proc = _HostProcess(argv, stdin=subprocess.PIPE, start_new_session=True, cwd=cwd, env=env)
-    try:
-        proc.stdin.write(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    return proc
 
 
 class _Dataset:

@@ -16,8 +16,10 @@ module level (the workers' host, loaderd._pyhost, must stay clean of torch):
   check_structure(): a structure read from a spec, which another process
   (another user) may have written: its vocabulary is closed (loaderd's
   own containers), and nothing it names is ever imported or called;
-- build_spec(): the "python" spec and the host's payload from a Dataset
-  object, or from a spec naming its class by import path;
+- plan_spec() and finish_spec(): the "python" spec and the host's payload
+  from a Dataset object, or from a spec naming its class by import path,
+  before and after what a worker learns (learnt_of(): dataset[0]'s fields);
+  identity(): the digest of the pickles; build_spec() learns in-process;
 - get_worker_info() (loaderd.get_worker_info()).
 """
 
@@ -30,6 +32,7 @@ import os
 import pickle
 import re
 import sys
+import uuid
 
 M64 = (1 << 64) - 1
 M63 = (1 << 63) - 1  # torch's seeds are int64 (torch.initial_seed(), get_worker_info().seed)
@@ -679,6 +682,24 @@ def _import_path(obj, what):
     return f"{mod}:{qual}"
 
 
+def _spec_path(obj):
+    """The spec's "module:QualName" label of the class (or function) of
+    @obj: a callable object is named by its class, a local class or a lambda
+    by its qualname with what the daemon's import-path check refuses
+    ("<locals>", "<lambda>") made a name. A label: the workers get the
+    object itself (forked) or its pickle, never this path."""
+    if not isinstance(obj, type) and getattr(obj, "__qualname__", None) is None:
+        obj = type(obj)
+    mod = getattr(obj, "__module__", None) or "builtins"
+    qual = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    if mod == "__mp_main__":
+        mod = "__main__"  # the trainer's script, as multiprocessing's spawn names it
+    parts = [re.sub(r"\W", "_", p) or "_" for p in f"{mod}.{qual}".split(".")]
+    parts = ["_" + p if p[0].isdigit() else p for p in parts]
+    n = len(mod.split("."))
+    return (".".join(parts[:n]) + ":" + ".".join(parts[n:]))[:255]
+
+
 def resolve(path):
     """The object of an import path "module:qualname"."""
     if not isinstance(path, str) or ":" not in path:
@@ -691,12 +712,49 @@ def resolve(path):
 
 
 def _dumps(obj, what):
+    """The pickle of @obj for workers that do not share the trainer's
+    memory (multiprocessing_context "spawn" or "forkserver"): what cannot
+    be pickled fails as it does with torch's DataLoader in those contexts,
+    the exception's own type and words, and says what to do."""
     try:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
-        raise TypeError(f"loaderd: the {what} cannot be pickled for the worker processes "
-                        f"({type(e).__name__}: {e}); define it at the top level of a module "
-                        "(not a lambda or a local function)") from e
+        text = (f"{e} (loaderd: the {what} cannot be pickled for the worker processes, as "
+                "torch pickles it with a spawn or forkserver multiprocessing_context: define "
+                "it at the top level of a module (not a lambda, a local class or function, "
+                "no open file), or leave multiprocessing_context unset to fork the workers "
+                "from this process)")
+        try:
+            err = type(e)(text)
+        except Exception:
+            err = TypeError(text)
+        raise err from e
+
+
+class _HashWriter:
+    """A file for pickle.Pickler that only hashes what is written."""
+
+    def __init__(self):
+        self.h = hashlib.sha256()
+
+    def write(self, b):
+        self.h.update(b)
+        return len(b)
+
+
+def identity(*objs):
+    """The digest of the pickles of @objs (None ones left out): the same
+    objects, the same digest, in any process; None when one cannot be
+    pickled (docs/python.md, "Your own Dataset": its pipeline is then this
+    loader's own). The pickles are hashed as they are written, never held."""
+    w = _HashWriter()
+    try:
+        for o in objs:
+            if o is not None:
+                pickle.Pickler(w, protocol=pickle.HIGHEST_PROTOCOL).dump(o)
+    except Exception:
+        return None
+    return w.h.hexdigest()
 
 
 def main_info():
@@ -727,12 +785,16 @@ def _sanitize(s):
     return s[:40] or "dataset"
 
 
-def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
-               worker_init_fn=None, fields=None, name=None, scalars=None, seeding=None):
-    """(spec, payload) of a python pipeline: the spec the daemon gets and
-    what the workers' host reads on stdin (only builtin types: the host
-    unpickles no user object). @scalars, a set: gets the names of the fields
-    that are Python numbers (int, float, bool) in dataset[0]. @seeding:
+def plan_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
+              worker_init_fn=None, fields=None, name=None, forked=False, seeding=None):
+    """(spec, payload) of a python pipeline before what a worker learns:
+    payload["learn"] says what that is (samples: len() of a Dataset the spec
+    names by import path; fields: dataset[0]'s), finish_spec() completes
+    both. @forked: the workers' host is forked from this process and uses
+    the objects themselves (nothing pickled but for the digest), else the
+    payload holds their pickles (only builtin types: the host, a fresh
+    interpreter, unpickles no user object). The trainer runs no __getitem__
+    and, for the import-path form, imports nothing of the Dataset's. @seeding:
     "sample" (None: the spec's, else that) or "worker" (docs/python.md,
     "Seeding")."""
     nworkers = 1 if not num_workers else int(num_workers)
@@ -742,36 +804,33 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
     if isinstance(dataset_or_spec, dict):
         spec = json.loads(json.dumps(dataset_or_spec))
         src = spec.setdefault("source", {})
-        path = src.get("dataset")
         args = src.get("args") or {}
         if not isinstance(args, dict):
             raise TypeError("loaderd: source.args must be a dict of keyword arguments")
         src.setdefault("args", args)
-        ds_payload = {"import": path, "args": args}
-        dataset = None
+        ds_payload = {"import": src.get("dataset"), "args": args}
         if fields is None and src.get("fields") is not None:
             fields = src["fields"]
-
-        def get_dataset():
-            nonlocal dataset
-            if dataset is None:
-                dataset = resolve(path)(**args)
-            return dataset
-        if "samples" not in src:
-            src["samples"] = len(get_dataset())
         src.setdefault("digest", "")
     else:
         dataset = dataset_or_spec
-        blob = _dumps(dataset, "dataset")
-        spec = {"source": {"kind": "python",
-                           "dataset": _import_path(type(dataset), "dataset class"),
-                           "args": {}, "digest": hashlib.sha256(blob).hexdigest(),
-                           "samples": len(dataset)}}
+        n = len(dataset)
+        if n < 1:
+            raise ValueError("loaderd: the dataset is empty (len 0)")
+        if forked:
+            ds_payload = {"object": dataset}
+            digest = identity(dataset, collate_fn, worker_init_fn)
+            if digest is None:
+                # no pickle, no identity across processes: a pipeline of
+                # this loader's own (docs/python.md, "Your own Dataset")
+                digest = "unique-" + uuid.uuid4().hex
+        else:
+            blob = _dumps(dataset, "dataset")
+            ds_payload = {"pickle": blob}
+            digest = None
+        spec = {"source": {"kind": "python", "dataset": _spec_path(type(dataset)),
+                           "args": {}, "digest": digest, "samples": n}}
         src = spec["source"]
-        ds_payload = {"pickle": blob}
-
-        def get_dataset():
-            return dataset
     if name is not None:
         spec["name"] = name
     if seeding is None:
@@ -787,30 +846,81 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
     seed = int(spec.get("seed", 0) or 0)
 
     if collate_fn is None and src.get("collate"):
-        collate_fn = resolve(src["collate"])
-    collate_blob = _dumps(collate_fn, "collate_fn") if collate_fn is not None else None
-    src["collate"] = _import_path(collate_fn, "collate_fn") if collate_fn is not None else ""
-    init_blob = _dumps(worker_init_fn, "worker_init_fn") if worker_init_fn is not None else None
+        collate = {"import": src["collate"]}  # resolved by the workers
+        batched = True
+    elif forked:
+        collate = {"object": collate_fn} if collate_fn is not None else None
+        batched = collate_fn is not None
+    else:
+        collate = _dumps(collate_fn, "collate_fn") if collate_fn is not None else None
+        batched = collate_fn is not None
+    if collate_fn is not None:
+        src["collate"] = _spec_path(collate_fn)
+    src.setdefault("collate", "")
+    if forked:
+        init = {"object": worker_init_fn} if worker_init_fn is not None else None
+    else:
+        init = _dumps(worker_init_fn, "worker_init_fn") if worker_init_fn is not None else None
+    if src.get("digest") is None:  # the pickles made here: the digest as identity() makes it
+        h = hashlib.sha256(ds_payload["pickle"])
+        for b in (collate, init):
+            if b is not None:
+                h.update(b)
+        src["digest"] = h.hexdigest()
 
+    structure = None
     if fields is not None:
         fields = check_fields(fields)
         structure = src.get("structure") or structure_from_names(fields)
-        if collate_fn is not None and "collated" not in structure:
+        if batched and "collated" not in structure:
             structure = {"collated": structure}
-        learnt = False
-    else:
-        ds = get_dataset()
-        if len(ds) < 1:
+    payload = {
+        "version": 2,
+        "sys_path": list(sys.path),
+        "cwd": os.getcwd(),
+        "main": {} if forked or not _mentions_main(ds_payload, collate, init) else main_info(),
+        "pipeline": spec.get("name"),
+        "nworkers": nworkers,
+        "dataset": ds_payload,
+        "collate_fn": collate,
+        "worker_init_fn": init,
+        "fields": fields,
+        "learnt": fields is None,
+        "structure": structure,
+        "seed": seed,
+        "seeding": seeding,
+        "learn": {"samples": "samples" not in src, "fields": fields is None},
+    }
+    return spec, payload
+
+
+def learnt_of(sample, batched):
+    """What dataset[0] (@batched: collate_fn([dataset[0]])) teaches: its
+    fields, structure and the names of its Python-number fields."""
+    fields, structure = learn_fields(sample, batched)
+    scalars = [] if batched else [n for n, x in flatten(sample)[1]
+                                  if type(x) in (int, float, bool)]
+    return {"fields": fields, "structure": structure, "scalars": scalars}
+
+
+def finish_spec(spec, payload, learnt=None, scalars=None):
+    """Complete (spec, payload) of plan_spec() with what a worker learnt
+    (learnt_of(), and "samples"): the fields, the structure, the name.
+    @scalars, a set: gets the names of the fields that were Python numbers
+    in dataset[0]."""
+    src = spec["source"]
+    learnt = learnt or {}
+    if "samples" in learnt:
+        src["samples"] = int(learnt["samples"])
+        if src["samples"] < 1:
             raise ValueError("loaderd: the dataset is empty (len 0)")
-        with _SavedRNG():
-            seed_all(sample_seed(seed, 0, 0))
-            sample = ds[0]
-            if collate_fn is not None:
-                sample = collate_fn([sample])
-        fields, structure = learn_fields(sample, batched=collate_fn is not None)
-        if scalars is not None and collate_fn is None:
-            scalars.update(n for n, x in flatten(sample)[1] if type(x) in (int, float, bool))
-        learnt = True
+    if payload["learn"]["fields"]:
+        fields = check_fields(learnt["fields"])
+        structure = learnt["structure"]
+        if scalars is not None:
+            scalars.update(learnt.get("scalars") or ())
+    else:
+        fields, structure = payload["fields"], payload["structure"]
     check_structure(structure, fields)
     text = json.dumps(structure)
     if len(text) > MAX_STRUCTURE:
@@ -825,27 +935,84 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
         # the uid in it: a name computed here is the caller's own, and no
         # other user's pipeline of that name is ever joined (docs/security.md)
         spec["name"] = f"py-{os.geteuid()}-{_sanitize(cls)[:30].rstrip('-')}-{h}"
-    payload = {
-        "version": 1,
-        "sys_path": list(sys.path),
-        "cwd": os.getcwd(),
-        "main": main_info() if _mentions_main(ds_payload, collate_blob, init_blob) else {},
-        "pipeline": spec["name"],
-        "nworkers": nworkers,
-        "dataset": ds_payload,
-        "collate_fn": collate_blob,
-        "worker_init_fn": init_blob,
-        "fields": fields,
-        "learnt": learnt,
-        "structure": structure,
-        "seed": seed,
-        "seeding": seeding,
-    }
+    payload.update(pipeline=spec["name"], fields=fields, structure=structure, learn={})
     return spec, payload
+
+
+def _find_class(path):
+    """The class "module:QualName" among the modules imported here, or None
+    (nothing is imported)."""
+    mod, _, qual = path.partition(":")
+    for name in (mod, {"__mp_main__": "__main__", "__main__": "__mp_main__"}.get(mod)):
+        obj = sys.modules.get(name) if name else None
+        for part in qual.split(".") if obj is not None else ():
+            obj = getattr(obj, part, None)
+        if isinstance(obj, type):
+            return obj
+    return None
+
+
+def adopt_types(structure):
+    """Remember the namedtuple classes of @structure, learnt by a worker of
+    this trainer from the trainer's own Dataset, so that own_types() gives
+    them: found among the modules imported here, never imported; one not
+    found (a local class) is a namedtuple loaderd makes, of the same name
+    and fields. Never for a structure read from the daemon."""
+    types = {}
+
+    def walk(s):
+        if not isinstance(s, dict):
+            return
+        for kind in ("tuple", "list"):
+            for sub in s.get(kind) or ():
+                walk(sub)
+        for kv in s.get("dict") or ():
+            walk(kv[1])
+        walk(s.get("collated"))
+        path = s.get("type")
+        if "tuple" in s and isinstance(path, str):
+            cls = _find_class(path)
+            if cls is not None and issubclass(cls, tuple) and \
+                    list(getattr(cls, "_fields", ())) == s.get("names"):
+                types[path] = cls
+    walk(structure)
+    if types:
+        _remember_types(structure, types)
+
+
+def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
+               worker_init_fn=None, fields=None, name=None, scalars=None, seeding=None):
+    """(spec, payload) of a python pipeline for a host started by exec, with
+    what a worker learns learnt here, in this process, seeded as a worker
+    seeds epoch 0 index 0 (this process's random states kept): for tools and
+    tests. loaderd.DataLoader learns in a worker instead (loaderd._pystart)."""
+    spec, payload = plan_spec(dataset_or_spec, overrides=overrides, num_workers=num_workers,
+                              collate_fn=collate_fn, worker_init_fn=worker_init_fn,
+                              fields=fields, name=name, seeding=seeding)
+    learn, learnt = payload["learn"], {}
+    if learn["samples"] or learn["fields"]:
+        ds = dataset_or_spec
+        if isinstance(ds, dict):
+            ds = resolve(ds["source"]["dataset"])(**payload["dataset"]["args"])
+        if learn["samples"]:
+            learnt["samples"] = len(ds)
+        if learn["fields"]:
+            if len(ds) < 1:
+                raise ValueError("loaderd: the dataset is empty (len 0)")
+            collate = collate_fn
+            if collate is None and isinstance(payload["collate_fn"], dict):
+                collate = resolve(payload["collate_fn"]["import"])
+            with _SavedRNG():
+                seed_all(sample_seed(payload["seed"], 0, 0))
+                sample = ds[0]
+                if collate is not None:
+                    sample = collate([sample])
+            learnt.update(learnt_of(sample, collate is not None))
+    return finish_spec(spec, payload, learnt, scalars)
 
 
 def _mentions_main(ds_payload, *blobs):
     for b in (ds_payload.get("pickle"),) + blobs:
-        if b and b"__main__" in b:
+        if isinstance(b, bytes) and (b"__main__" in b or b"__mp_main__" in b):
             return True
-    return str(ds_payload.get("import") or "").startswith("__main__:")
+    return str(ds_payload.get("import") or "").startswith(("__main__:", "__mp_main__:"))
