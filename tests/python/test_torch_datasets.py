@@ -257,7 +257,7 @@ def test_spawn_context_module_level_dataset(L, ctx):
 
 
 @pytest.mark.parametrize("kw,err,message", [
-    (dict(multiprocessing_context="spawn"), ValueError,
+    (dict(multiprocessing_context="spawn", num_workers=0), ValueError,
      "multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
      "but got num_workers=0"),
     (dict(multiprocessing_context="nope", num_workers=1), ValueError,
@@ -336,15 +336,15 @@ def test_pipeline_identity_with_and_without_a_pickle(ld):
     never of the pid); an unpicklable one: a pipeline of each loader's own."""
     import loaderd
     from loaderd import pydataset
-    a = loaderd.DataLoader(Growing(4), batch_size=2, socket=ld.socket)
+    a = loaderd.DataLoader(Growing(4), batch_size=2, socket=ld.socket, num_workers=1)
     b = loaderd.DataLoader(Growing(4), batch_size=2, socket=ld.socket,
                            multiprocessing_context="spawn", num_workers=1)
     assert (a.created, b.created, b.pipeline) == (True, False, a.pipeline)
-    spec, _ = pydataset.build_spec(Growing(4), overrides={"batch_size": 2})
+    spec, _ = pydataset.build_spec(Growing(4), overrides={"batch_size": 2}, num_workers=1)
     assert spec["source"]["digest"] == a.spec["source"]["digest"]
     ds = Transformed(4, lambda x: x)
-    c = loaderd.DataLoader(ds, batch_size=2, socket=ld.socket)
-    d = loaderd.DataLoader(ds, batch_size=2, socket=ld.socket)
+    c = loaderd.DataLoader(ds, batch_size=2, socket=ld.socket, num_workers=1)
+    d = loaderd.DataLoader(ds, batch_size=2, socket=ld.socket, num_workers=1)
     assert c.created and d.created and c.pipeline != d.pipeline
     assert c.spec["source"]["digest"].startswith("unique-")
     assert [x.tolist() for x in d] == [[[0, 0], [1, 1]], [[2, 2], [3, 3]]]
@@ -357,7 +357,8 @@ def test_len_read_per_epoch_shared_stream(ld):
     shared stream (the new pipeline's stream from its first batch)."""
     import loaderd
     ds = Growing(4)
-    with loaderd.DataLoader(ds, batch_size=2, mode="broadcast", socket=ld.socket) as dl:
+    with loaderd.DataLoader(ds, batch_size=2, mode="broadcast", socket=ld.socket,
+                            num_workers=1) as dl:
         assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
         ds.n = 6
         assert len(dl) == 3

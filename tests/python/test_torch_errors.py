@@ -45,6 +45,21 @@ class FailsAt(torch.utils.data.Dataset):
         return torch.tensor(i)
 
 
+class GatedFailsAt(FailsAt):
+    """FailsAt whose samples past 0 wait for the file @gate: no batch is
+    built before both readers are there (a broadcast reader joins the
+    stream where it stands)."""
+
+    def __init__(self, bad, gate):
+        super().__init__(bad)
+        self.gate = gate
+
+    def __getitem__(self, i):
+        while i > 0 and not os.path.exists(self.gate):
+            time.sleep(0.01)
+        return super().__getitem__(i)
+
+
 class Segfaults(torch.utils.data.Dataset):
     """Sample 5 reads address 0: the worker dies of SIGSEGV."""
 
@@ -163,9 +178,14 @@ def wait_for(cond, what, timeout=30):
 
 
 def two_readers(ld, mode):
-    """Two loaders of FailsAt({5}) in @mode: one pipeline (the same Dataset)."""
-    return [loaderd.DataLoader(FailsAt({5}), batch_size=2, num_workers=2, mode=mode,
-                               socket=ld.socket, timeout=120, epochs=1) for _ in range(2)]
+    """Two loaders of one FailsAt({5}) in @mode: one pipeline (the same
+    Dataset), both attached before its first batch is built."""
+    gate = os.path.join(ld.dir, "gate")
+    ds = GatedFailsAt({5}, gate)
+    readers = [loaderd.DataLoader(ds, batch_size=2, num_workers=2, mode=mode, socket=ld.socket,
+                                  timeout=120, epochs=1) for _ in range(2)]
+    open(gate, "w").close()
+    return readers
 
 
 def test_broadcast_readers_meet_the_error_in_the_same_place(ld):
