@@ -5,6 +5,7 @@ Object graph and lifetimes (no cycles, so CPython frees in this order):
 
     DataLoader ──► _Attachment ──► _Client          (ldr_attachment*, ldr_client*)
     tensor ► ndarray ► _Mem ► _Lease ──► _Attachment (ldr_batch*)
+    object part's tensor ► its field's ndarray ► _Mem   (a python pipeline, _objpart)
     Batch (dict) ─────────────► _Lease
     _Lease ┄┄► _Mem (weak, one per field: which fields are still alive)
 
