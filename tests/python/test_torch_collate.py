@@ -10,6 +10,7 @@ are views of the slot, its capacity is object_bytes=.
 The Datasets and collate functions are module-level: loaderd's workers
 import them."""
 
+import collections
 import dataclasses
 
 import pytest
@@ -184,6 +185,29 @@ def test_tokenizer_padding_per_batch(L):
          "texts": ["a bb ccc"]}]
 
 
+def numeric_pad_collate(batch):
+    """pad_collate without the texts: numbers only, padded per batch."""
+    out = pad_collate(batch)
+    del out["texts"]
+    return out
+
+
+def test_numeric_padding_per_batch(L):
+    # collate_fn([dataset[0]]) is all numbers ([1, 1] ids): later batches'
+    # longer ids travel as objects, the labels stay a field
+    dl = L.make(Sentences(), batch_size=3, collate_fn=numeric_pad_collate)
+    got = []
+    for b in dl:
+        assert in_slot(L, dl, b["input_ids"]) and in_slot(L, dl, b["labels"])
+        got.append({k: v.tolist() for k, v in b.items()})
+    assert got == [
+        {"input_ids": [[1, 0, 0], [1, 2, 0], [1, 2, 3]],
+         "attention_mask": [[1, 0, 0], [1, 1, 0], [1, 1, 1]], "labels": [0, 1, 0]},
+        {"input_ids": [[1, 2, 3, 4], [1, 0, 0, 0], [1, 2, 0, 0]],
+         "attention_mask": [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]], "labels": [1, 0, 1]},
+        {"input_ids": [[1, 2, 3]], "attention_mask": [[1, 1, 1]], "labels": [0]}]
+
+
 def test_detection_tuple_of_images_and_targets(L):
     ds = Detection()
     dl = L.make(ds, batch_size=2, shuffle=False, collate_fn=tuple_collate)
@@ -274,3 +298,53 @@ def test_object_part_over_capacity(L):
     assert "pass object_bytes=200128 or more to loaderd.DataLoader" in text, text
     got = [b["note"] for b in L.make(Notes(), batch_size=2, object_bytes=200128)]
     assert [len(n) for b in got for n in b] == [1, 2, 3, 200000]
+
+
+class Sequences(torch.utils.data.Dataset):
+    """A sequence of i % 3 + 1 steps of 2 features."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.arange(2 * (i % 3 + 1), dtype=torch.float32).reshape(-1, 2) + i
+
+
+def packed_collate(batch):
+    return torch.nn.utils.rnn.pack_sequence(batch, enforce_sorted=False)
+
+
+def test_packed_sequence_batch(L):
+    ds = Sequences()
+    got = list(L.make(ds, batch_size=3, collate_fn=packed_collate))
+    assert [type(b) for b in got] == [torch.nn.utils.rnn.PackedSequence] * 2
+    for k, b in enumerate(got):
+        want = packed_collate([ds[i] for i in range(3 * k, 3 * k + 3)])
+        for name in ("data", "batch_sizes", "sorted_indices", "unsorted_indices"):
+            assert torch.equal(getattr(b, name), getattr(want, name)), name
+        padded, lengths = torch.nn.utils.rnn.pad_packed_sequence(b, batch_first=True)
+        assert lengths.tolist() == [1, 2, 3]
+
+
+class Encoding(collections.UserDict):
+    """A BatchEncoding-like mapping (a UserDict with a method)."""
+
+    def to(self, device):
+        return Encoding({k: v.to(device) if isinstance(v, torch.Tensor) else v
+                         for k, v in self.items()})
+
+
+def encoding_collate(batch):
+    enc = pad_collate(batch)
+    enc["offsets"] = [[(0, len(w)) for w in s["text"].split()] for s in batch]
+    return Encoding(enc)
+
+
+def test_batch_encoding_like_mapping(L):
+    dl = L.make(Sentences(), batch_size=4, collate_fn=encoding_collate)
+    got = [b.to("cpu") for b in dl]
+    assert [type(b) for b in got] == [Encoding, Encoding]
+    assert got[1]["input_ids"].tolist() == [[1, 0, 0], [1, 2, 0], [1, 2, 3]]
+    assert got[1]["offsets"] == [[(0, 1)], [(0, 1), (0, 2)], [(0, 1), (0, 2), (0, 3)]]
+    assert got[0]["texts"] == ["a", "a bb", "a bb ccc", "a bb ccc dddd"]
+    assert in_slot(L, dl, next(iter(dl))["input_ids"])

@@ -276,9 +276,13 @@ def learn_fields(sample, batched=False, object_bytes=None):
     A leaf that cannot be a field (a str, None, an object, an empty tensor;
     @batched: no leading dimension 1) is an object leaf {"o": name}: the
     rows then have an object part (the pad field OBJ) of @object_bytes per
-    row, by default max(64 KiB, 4x this sample's); @object_bytes 0: none,
-    such a leaf is refused as before; given for an all-numeric sample: an
-    object part all the same (for later samples that do not fit)."""
+    row, by default max(64 KiB, 4x this sample's object leaves pickled).
+    @batched (a collate_fn's output) always has one by default, of max(64
+    KiB, 4x the whole output pickled): a collate_fn's later outputs may
+    have other shapes (padded per batch) or another structure, whatever
+    collate_fn([dataset[0]]) was. @object_bytes 0: none, such a leaf is
+    refused as before; given for an all-numeric sample: an object part all
+    the same (for later samples that do not fit)."""
     types = {}
     structure, leaves = flatten(sample, batched, types)
     fields, objects = [], {}
@@ -308,9 +312,9 @@ def learn_fields(sample, batched=False, object_bytes=None):
         fields.append({"name": name, "dtype": dtype, "shape": list(shape), "pad": False})
     if objects:
         structure = _mark_objects(structure, set(objects))
-    if objects or object_bytes:
+    if objects or object_bytes or (batched and object_bytes is None):
         if object_bytes is None:
-            object_bytes = O.default_bytes(O.blob_size(objects)[2])
+            object_bytes = O.default_bytes(O.blob_size(sample if batched else objects)[2])
         fields.append({"name": O.OBJ, "dtype": "uint8", "shape": [int(object_bytes)],
                        "pad": True})
     fields = check_fields(fields)
