@@ -348,3 +348,25 @@ def test_batch_encoding_like_mapping(L):
     assert got[1]["offsets"] == [[(0, 1)], [(0, 1), (0, 2)], [(0, 1), (0, 2), (0, 3)]]
     assert got[0]["texts"] == ["a", "a bb", "a bb ccc", "a bb ccc dddd"]
     assert in_slot(L, dl, next(iter(dl))["input_ids"])
+
+
+def test_as_numpy_objects_are_lists_and_stacked_arrays(ld):
+    """loaderd's as_numpy=True (torch has none): object leaves are lists,
+    arrays that did not fit their field np.stack-ed (ValueError when
+    their shapes differ, as np.stack says)."""
+    import numpy as np
+    dl = loaderd.DataLoader(Texts(), batch_size=2, as_numpy=True, socket=ld.socket)
+    got = [[b[0], b[1].tolist()] for b in dl]
+    assert got[0] == [["caption 0", "caption 1!"], [0, 1]]
+    dl.close()
+    dl = loaderd.DataLoader(Ragged(), batch_size=2, as_numpy=True, object_bytes=4096,
+                            socket=ld.socket)
+    with pytest.raises(ValueError, match="same shape"):
+        next(iter(dl))
+    dl.close()
+    dl = loaderd.DataLoader(Ragged(), batch_size=1, as_numpy=True, object_bytes=4096,
+                            socket=ld.socket)
+    got = list(dl)
+    assert [type(b) for b in got] == [np.ndarray] * 4
+    assert [b.tolist() for b in got] == [[[0]], [[1, 2]], [[2]], [[3, 4]]]
+    dl.close()

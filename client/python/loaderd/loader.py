@@ -1583,11 +1583,17 @@ def _convert_one(values):
 
 
 def _np_collate(values):
-    """Objects' collate with as_numpy (or no torch): arrays and numbers
-    stacked (ValueError when their shapes differ), anything else a list."""
-    if all(isinstance(v, (np.ndarray, np.generic, int, float)) for v in values):
-        return np.stack([np.asarray(v) for v in values])
-    return list(values)
+    """Objects' collate with as_numpy (or no torch): arrays (tensors as
+    numpy arrays) and numbers stacked (ValueError when their shapes
+    differ), anything else a list."""
+    arrays = []
+    for v in values:
+        if _torch is not None and isinstance(v, _torch.Tensor):
+            v = v.numpy()
+        if not isinstance(v, (np.ndarray, np.generic, int, float)):
+            return list(values)
+        arrays.append(np.asarray(v))
+    return np.stack(arrays)
 
 
 def _pins(pin_memory, device):
