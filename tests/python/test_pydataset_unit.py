@@ -4,6 +4,7 @@ as torch's default_collate, field learning and its refusals, the seeding
 function) and the workers' host and workers (loaderd._pyhost, _pyworker)
 against a fake daemon that speaks daemon/pyw-wire.h on <socket>.workers."""
 
+import collections
 import functools
 import json
 import os
@@ -139,8 +140,12 @@ def test_object_part_round_trip_zero_copy_and_restricted():
     obj = {"t": torch.arange(6, dtype=torch.float32).reshape(2, 3), "s": "text",
            "a": np.arange(4, dtype=np.int16), "n": None, "bf": torch.ones(2, dtype=torch.bfloat16),
            "sc": np.float32(1.5), "empty": torch.zeros(0, 3)}
-    n = O.pack(obj, region)
+    plain = {"c": 1 + 2j, "set": {1, 2}, "fs": frozenset([3]), "od": collections.OrderedDict(a=1),
+             "size": torch.Size([2, 3]), "dev": torch.device("cpu"), "dt": torch.float16,
+             "ba": bytearray(b"xy"), "b": b"raw", "l": [1, (2.5, True)]}
+    n = O.pack(dict(obj, **plain), region)
     back = O.unpack(region[:n], trusted=False)
+    assert {k: back[k] for k in plain} == plain
     assert back["s"] == "text" and back["n"] is None and back["sc"] == np.float32(1.5)
     assert back["t"].tolist() == [[0, 1, 2], [3, 4, 5]] and back["a"].tolist() == [0, 1, 2, 3]
     assert back["bf"].dtype == torch.bfloat16 and back["empty"].shape == (0, 3)

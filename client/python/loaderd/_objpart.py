@@ -157,7 +157,6 @@ def pack(obj, dst):
 _ALLOWED = {
     (__name__, "_tensor"), (__name__, "_array"), (__name__, "_scalar"),
     ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"),
-    ("builtins", "bytearray"), ("builtins", "slice"), ("builtins", "range"),
     ("collections", "OrderedDict"), ("torch", "Size"), ("torch", "device"),
 }
 
