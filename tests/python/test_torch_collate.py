@@ -370,3 +370,13 @@ def test_as_numpy_objects_are_lists_and_stacked_arrays(ld):
     assert [type(b) for b in got] == [np.ndarray] * 4
     assert [b.tolist() for b in got] == [[[0]], [[1, 2]], [[2]], [[3, 4]]]
     dl.close()
+
+
+def test_object_part_to_a_gpu_refused_before_anything_is_created(ld):
+    with pytest.raises(ValueError) as e:
+        loaderd.DataLoader(Texts(), batch_size=2, device="cuda:0", as_numpy=True,
+                           socket=ld.socket)
+    assert "device='cuda:0' cannot deliver (not supported yet" in str(e.value)
+    assert "use device='cpu'" in str(e.value)
+    with loaderd.Client(ld.socket) as c:
+        assert c.pipelines() == []

@@ -972,12 +972,7 @@ class DataLoader:
                 raise InvalidSpec(-errno.EINVAL, f"pipeline {self.pipeline!r}: {e}",
                                   "attach") from None
             self._obj = pydataset.object_bytes_of(src["fields"]) is not None
-        if self._obj and self._cuda is not None:
-            raise ValueError(f"loaderd.DataLoader: pipeline {self.pipeline!r} has batches with "
-                             "parts that are not fixed-shape arrays (strings, objects, tensors "
-                             f"of varying shapes), which device={self.device!r} cannot deliver "
-                             "(not supported yet, issue 26): use device='cpu' and move the "
-                             "tensors yourself (.to(device, non_blocking=True))")
+            self._check_obj_device(self.pipeline)
         self.slots_total = int(info.get("slots_total", 0))
         self.dataset = _Dataset(self.pipeline, int(info.get("samples", 0)))
         if self._py and own:
@@ -994,6 +989,15 @@ class DataLoader:
 
     # ------------------------------------------------------ python source
 
+    def _check_obj_device(self, pipeline):
+        if self._obj and self._cuda is not None:
+            raise ValueError(f"loaderd.DataLoader: pipeline {pipeline!r} has batches with parts "
+                             "that are not fixed-shape arrays (strings, objects, tensors of "
+                             "varying shapes, a collate_fn's output), which "
+                             f"device={self.device!r} cannot deliver (not supported yet, issue "
+                             "26): use device='cpu' and move the tensors yourself "
+                             "(.to(device, non_blocking=True))")
+
     def _create_python(self, ds, overrides, fields, py_args, pipeline_name, object_bytes):
         """Build the spec of a python pipeline, create it (exist_ok) and, when
         this loader created it, spawn its workers' host."""
@@ -1007,6 +1011,7 @@ class DataLoader:
         self._structure = src["structure"]
         self._pads = {f["name"] for f in src["fields"] if f["pad"] and f["name"] != _objpart.OBJ}
         self._obj = pydataset.object_bytes_of(src["fields"]) is not None
+        self._check_obj_device(spec["name"])  # before anything is created
         self._types = pydataset.own_types(self._structure)
         self._own_code = True    # its workers run this trainer's code (dataset_error)
         cl = Client.__new__(Client)
