@@ -49,6 +49,15 @@ uint32_t ldr_attachment_batch_size(const struct ldr_attachment *a)
 	return a->batch_size;
 }
 
+int ldr_attachment_owner(const struct ldr_attachment *a, uint32_t *uid)
+{
+	if (!a->has_owner)
+		return -ENODATA;
+	if (uid)
+		*uid = (uint32_t)a->owner;
+	return 0;
+}
+
 const void *ldr_attachment_slab(const struct ldr_attachment *a, size_t *size)
 {
 	struct ldr_client *c = a->c;

@@ -404,6 +404,15 @@ LDR_EXPORT uint64_t ldr_attachment_epochs(const struct ldr_attachment *att);
 /** Rows of a full batch. */
 LDR_EXPORT uint32_t ldr_attachment_batch_size(const struct ldr_attachment *att);
 /**
+ * ldr_attachment_owner() - the uid that owns the attached pipeline, as the
+ * daemon said at the attach (a re-attach after a restart checks it is the
+ * same). A client decides by it whether the pipeline's batches were written
+ * by its own user's code (docs/security.md).
+ * @param uid receives the owner's uid
+ * Return: 0, or -ENODATA when the daemon did not say (an older daemon).
+ */
+LDR_EXPORT int ldr_attachment_owner(const struct ldr_attachment *att, uint32_t *uid);
+/**
  * Base address and size of the mapped slab (copy-on-write). Slot i lies at
  * base + i * slot bytes until a batch in slot i is kept: its copy then stays
  * there and the slot's later batches are mapped elsewhere, so take a batch's

@@ -479,3 +479,81 @@ def test_dataset_exception_type_only_in_its_own_trainer(env):
     assert ra == {"value_error": False, "dataset_error": False, "loaderd_error": True,
                   "says": True}
     bob.ctl(d, "drop", "shared-raise", check=True)
+
+
+BOBFREE = """
+import os
+import torch
+MARKER = {marker!r}
+
+class Run:
+    def __init__(self, cmd):
+        self.cmd = cmd
+    def __reduce__(self):   # unpickling it runs the command
+        return (os.system, (self.cmd,))
+
+class Texts(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return {{"text": "t%d" % i, "ids": torch.arange(i % 3 + 1) + i}}
+
+def collate(batch):
+    n = max(len(b["ids"]) for b in batch)
+    ids = torch.stack([torch.cat([b["ids"], torch.zeros(n - len(b["ids"]), dtype=torch.int64)])
+                       for b in batch])
+    out = {{"texts": [b["text"] for b in batch], "ids": ids}}
+    if batch[0]["text"] == "t4":   # the second batch carries an object of bob's
+        out["evil"] = Run("echo unpickled as uid $(id -u) >> " + MARKER)
+    return out
+"""
+
+
+def test_free_form_batches_of_another_user_never_unpickle_his_classes(env):
+    """bob's pipeline ("access": "all") has a collate_fn whose output (a
+    list of str, a tensor padded per batch, in its second batch an object
+    whose pickle runs a shell command) travels pickled in the object part.
+    alice attaches by name: she gets the strings and the tensor (a view of
+    the slab), and the batch with bob's object raises a loaderd.Error
+    naming it, without running anything of bob's."""
+    d, alice, bob, shared, priv, values = env
+    marker = os.path.join(shared, "free-marker")
+    path = os.path.join(shared, "bobfree.py")
+    with open(path, "w") as f:
+        f.write(BOBFREE.format(marker=marker))
+    os.chown(path, bob.uid, bob.gid)
+    os.chmod(path, 0o644)
+    rb = finish(start(bob, d, shared, "bob-free", """
+        spec = {"name": "shared-free", "access": "all", "persist": True, "batch_size": 4,
+                "source": {"kind": "python", "dataset": "bobfree:Texts",
+                           "collate": "bobfree:collate"}}
+        dl = loaderd.DataLoader(spec, socket=SOCK, num_workers=1, timeout=120)
+        out(created=dl.created, fields=[f["name"] for f in dl.spec["source"]["fields"]])
+        dl.close()
+    """), "bob", d)
+    assert rb == {"created": True, "fields": ["ids", "__obj__", "__obj___len"]}
+
+    ra = finish(start(alice, d, shared, "alice-free", """
+        import errno
+        dl = loaderd.DataLoader("shared-free", socket=SOCK, timeout=120)
+        it = iter(dl)
+        b = next(it)
+        base, size = dl.slab
+        first = dict(texts=b["texts"], ids=b["ids"].tolist(),
+                     in_slab=base <= b["ids"].data_ptr() < base + size)
+        try:
+            next(it)
+            second = "no error"
+        except loaderd.Error as e:
+            second = [e.code == -errno.EPERM, str(e)]
+        out(first=first, second=second, bobfree="bobfree" in sys.modules)
+        dl.close()
+    """), "alice", d)
+    assert not os.path.exists(marker), open(marker).read()
+    assert ra["first"] == {"texts": ["t0", "t1", "t2", "t3"],
+                           "ids": [[0, 0, 0], [1, 2, 0], [2, 3, 4], [3, 0, 0]], "in_slab": True}
+    code_ok, text = ra["second"]
+    assert code_ok and "holds a posix.system object" in text, text
+    assert f"another user's (uid {bob.uid})" in text and "docs/security.md" in text, text
+    assert ra["bobfree"] is False
+    bob.ctl(d, "drop", "shared-free", check=True)

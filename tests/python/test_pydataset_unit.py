@@ -4,6 +4,7 @@ as torch's default_collate, field learning and its refusals, the seeding
 function) and the workers' host and workers (loaderd._pyhost, _pyworker)
 against a fake daemon that speaks daemon/pyw-wire.h on <socket>.workers."""
 
+import collections
 import functools
 import json
 import os
@@ -104,10 +105,65 @@ def test_rebuild_bare_tensor_and_names():
 
 def test_leaf_dtypes():
     f, _ = P.learn_fields({"i": 1, "f": 1.0, "b": True, "n": np.uint16(3),
-                           "t": torch.zeros(2, dtype=torch.bfloat16), "a": np.zeros((2, 0))})
+                           "t": torch.zeros(2, dtype=torch.bfloat16)})
     assert [(x["name"], x["dtype"], x["shape"]) for x in f] == [
         ("i", "int64", []), ("f", "float64", []), ("b", "bool", []), ("n", "uint16", []),
-        ("t", "bfloat16", [2]), ("a", "float64", [2, 0])]
+        ("t", "bfloat16", [2])]
+
+
+def test_object_leaves_and_their_part():
+    """What cannot be a field (a str, None, bytes, an empty or a string
+    array) is an object leaf {"o": name}; the rows then have an object part
+    of max(64 KiB, 4x sample 0's) bytes, hidden from the structure."""
+    f, st = P.learn_fields({"x": np.zeros(2), "name": "s0", "none": None,
+                            "e": np.zeros((2, 0)), "u": np.array(["a", "b"])})
+    assert [(x["name"], x["dtype"], x["shape"], x["pad"]) for x in f] == [
+        ("x", "float64", [2], False), ("__obj__", "uint8", [65536], True),
+        ("__obj___len", "int64", [], False)]
+    assert st == {"dict": [["x", {"f": "x"}], ["name", {"o": "name"}], ["none", {"o": "none"}],
+                           ["e", {"o": "e"}], ["u", {"o": "u"}]]}
+    assert P.check_structure(st, f) is st and P.object_bytes_of(f) == 65536
+    big = P.learn_fields(("s" * 40000, 1))[0]
+    assert P.object_bytes_of(big) == 160384   # 4x its blob (40 089 bytes), 64-aligned
+    # collated: a leaf without the batch as its first dimension is an object
+    f, st = P.learn_fields((torch.zeros(3, 5), torch.zeros(1, 2)), batched=True)
+    assert st == {"collated": {"tuple": [{"o": "0"}, {"f": "1"}]}}
+    assert P.object_bytes_of(P.learn_fields(1, object_bytes=4096)[0]) == 4096
+    assert P.object_bytes_of(P.learn_fields(1)[0]) is None   # all numbers: none
+    with pytest.raises(P.SampleError, match="no '__obj__'"):
+        P.check_structure({"o": "x"}, [{"name": "x", "dtype": "int8", "shape": []}])
+
+
+def test_object_part_round_trip_zero_copy_and_restricted():
+    from loaderd import _objpart as O
+    region = np.zeros(1 << 16, dtype=np.uint8)
+    obj = {"t": torch.arange(6, dtype=torch.float32).reshape(2, 3), "s": "text",
+           "a": np.arange(4, dtype=np.int16), "n": None, "bf": torch.ones(2, dtype=torch.bfloat16),
+           "sc": np.float32(1.5), "empty": torch.zeros(0, 3)}
+    plain = {"c": 1 + 2j, "set": {1, 2}, "fs": frozenset([3]), "od": collections.OrderedDict(a=1),
+             "size": torch.Size([2, 3]), "dev": torch.device("cpu"), "dt": torch.float16,
+             "ba": bytearray(b"xy"), "b": b"raw", "l": [1, (2.5, True)]}
+    n = O.pack(dict(obj, **plain), region)
+    back = O.unpack(region[:n], trusted=False)
+    assert {k: back[k] for k in plain} == plain
+    assert back["s"] == "text" and back["n"] is None and back["sc"] == np.float32(1.5)
+    assert back["t"].tolist() == [[0, 1, 2], [3, 4, 5]] and back["a"].tolist() == [0, 1, 2, 3]
+    assert back["bf"].dtype == torch.bfloat16 and back["empty"].shape == (0, 3)
+    lo, hi = region.ctypes.data, region.ctypes.data + n
+    assert lo <= back["t"].data_ptr() < hi and lo <= back["a"].ctypes.data < hi   # views
+    # a class (here one whose pickle runs a function) only with the full unpickler
+    n = O.pack({"d": D.Plain()}, region)
+    assert type(O.unpack(region[:n], trusted=True)["d"]) is D.Plain
+    with pytest.raises(O.Refused, match="pydatasets.Plain"):
+        O.unpack(region[:n], trusted=False)
+    evil = pickle.dumps(functools.partial(print, "ran"), protocol=5)
+    with pytest.raises(O.Refused, match="functools.partial"):
+        O.RestrictedUnpickler(__import__("io").BytesIO(evil)).load()
+    with pytest.raises(O.TooBig) as e:
+        O.pack(torch.zeros(20000), region)
+    assert e.value.needed > 80000 and e.value.capacity == 1 << 16
+    with pytest.raises(pickle.UnpicklingError, match="malformed"):
+        O.unpack(np.frombuffer(b"LDO1" + b"\xff" * 60, dtype=np.uint8), trusted=False)
 
 
 @pytest.mark.parametrize("sample,words", [
@@ -123,7 +179,7 @@ def test_leaf_dtypes():
 ])
 def test_refusals(sample, words):
     with pytest.raises(P.SampleError) as ei:
-        P.learn_fields(sample)
+        P.learn_fields(sample, object_bytes=0)   # no object part: refused
     for w in words:
         assert w in str(ei.value), str(ei.value)
 
@@ -379,14 +435,17 @@ def test_build_spec_import_path_collate_and_pickling_errors():
     src = spec["source"]
     assert src["samples"] == 9 and src["digest"] == "" and src["collate"] == \
         "pydatasets:stack_collate"
+    # a collate_fn's output has an object part by default (its later outputs
+    # may have other shapes): 64 KiB a row here
     assert [(f["name"], f["dtype"], f["shape"]) for f in src["fields"]] == [
-        ("0", "float32", [3]), ("1", "int32", [])]
+        ("0", "float32", [3]), ("1", "int32", []), ("__obj__", "uint8", [65536]),
+        ("__obj___len", "int64", [])]
     assert payload["dataset"] == {"import": "pydatasets:Plain", "args": {"n": 9}}
     with pytest.raises(AttributeError, match="Can't pickle local object.*worker_init_fn cannot "
                                              "be pickled"):
         P.build_spec(D.Plain(), overrides={}, worker_init_fn=lambda w: None)
     with pytest.raises(P.SampleError, match="'name'"):
-        P.build_spec(D.WithString(), overrides={})
+        P.build_spec(D.WithString(), overrides={}, object_bytes=0)
     with pytest.raises(ValueError, match="num_workers"):
         P.build_spec(D.Plain(), overrides={}, num_workers=1000)
 

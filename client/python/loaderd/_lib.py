@@ -140,6 +140,7 @@ _SIGNATURES = {
     "ldr_attachment_samples_per_epoch": (ctypes.c_uint64, [_P]),
     "ldr_attachment_epochs": (ctypes.c_uint64, [_P]),
     "ldr_attachment_batch_size": (ctypes.c_uint32, [_P]),
+    "ldr_attachment_owner": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_uint32)]),
     "ldr_attachment_slab": (ctypes.c_void_p, [_P, ctypes.POINTER(ctypes.c_size_t)]),
     "ldr_next": (ctypes.c_int, [_P, ctypes.c_int, _PP]),
     "ldr_release": (None, [_P]),

@@ -7,7 +7,10 @@ torch and the user's code and unpickles the dataset. For each TASK it builds
 the rows: seeds the sample (pydataset.sample_seed), runs dataset[idx],
 flattens it, checks each leaf against its field and copies it into the
 slab, in place (one copy, no pickling), then answers DONE, or FAIL with the
-index and the traceback.
+index and the traceback. What does not fit a field (a str, None, an object,
+a tensor of another shape, a sample or collate_fn output of another
+structure) goes pickled into the rows' object part when the pipeline has
+one (loaderd._objpart).
 """
 
 import errno
@@ -17,6 +20,7 @@ import struct
 import sys
 import traceback
 
+from . import _objpart as O
 from . import _pywire as W
 from . import pydataset as P
 
@@ -153,6 +157,16 @@ class Worker:
         self.views = {}
         st = self.p.get("structure") or {}
         self.sstruct = None if "collated" in st else st
+        self.cstruct = st.get("collated")
+        self.obj = by_name.get(O.OBJ)          # the object part's field, None: none
+        self.obj_len = by_name.get(O.OBJ_LEN)
+
+    def region(self, slot, row, nrows, i):
+        """Rows @row..@row+@nrows-1 of field @i of slot @slot, as one uint8
+        array (a field's rows are contiguous)."""
+        off, sb, _, _ = self.places[i]
+        start = slot * self.w["slot_bytes"] + off + row * sb
+        return self.base[start:start + nrows * sb]
 
     def view(self, slot, row, i):
         key = (slot, row, i)
@@ -165,22 +179,27 @@ class Worker:
                 self.views[key] = v
         return v
 
-    def match(self, s, x, out):
-        """Append (field, leaf) of sample @x to @out when it has exactly the
-        learnt structure @s (a quick walk, no names checked); False when not
-        (the full flatten then says what differs)."""
+    def match(self, s, x, out, objs):
+        """Append (field, leaf) of sample @x to @out, and put its object
+        leaves in @objs, when it has exactly the learnt structure @s (a quick
+        walk, no names checked); False when not (the full flatten then says
+        what differs)."""
         f = s.get("f")
         if f is not None:
             if isinstance(x, (tuple, list, dict)) and not P._is_tensor(x):
                 return False
             out.append((f, x))
             return True
+        o = s.get("o")
+        if o is not None:
+            objs[o] = x
+            return True
         d = s.get("dict")
         if d is not None:
             if type(x) is not dict or len(x) != len(d):
                 return False
             for k, sub in d:
-                if k not in x or not self.match(sub, x[k], out):
+                if k not in x or not self.match(sub, x[k], out, objs):
                     return False
             return True
         items = s.get("tuple")
@@ -189,32 +208,93 @@ class Worker:
         if items is None or not isinstance(x, (tuple, list)) or len(x) != len(items):
             return False
         for sub, v in zip(items, x):
-            if not self.match(sub, v, out):
+            if not self.match(sub, v, out, objs):
                 return False
         return True
 
+    def misfit(self, idx, i, x, nrows=None):
+        """None when leaf @x fits field @i (@nrows: as the rows of a
+        collated batch), else what is wrong."""
+        f = self.fields[i]
+        ok = self.ok[i]
+        key = (type(x), getattr(x, "dtype", None), getattr(x, "shape", None))
+        if key in ok:
+            return None
+        name = f["name"]
+        try:
+            dtype, shape = P.leaf_info(name, x)
+        except P.SampleError as e:
+            return f"{'collate_fn output' if nrows else f'dataset[{idx}]'}: {e}"
+        if nrows is None:
+            msg = P.check_leaf(idx, f, dtype, shape, self.learnt)
+        elif not shape or shape[0] != nrows:
+            msg = (f"collate_fn: field {name!r} has shape {list(shape)}, its first dimension "
+                   f"must be the batch's {nrows} rows")
+        else:
+            msg = P.check_leaf(idx, f, dtype, shape[1:], self.learnt)
+            msg = msg and "collate_fn output: " + msg
+        if msg is None and len(ok) < 256:
+            ok.add(key)
+        return msg
+
     def put(self, idx, sample, slot, row):
         """Write one sample into row @row of slot @slot."""
-        out = []
-        if self.sstruct is None or not self.match(self.sstruct, sample, out):
-            out = list(self.leaves(idx, sample, False).items())  # raises what differs
-        by_name, fields, ok = self.by_name, self.fields, self.ok
+        out, objs = [], {}
+        if self.sstruct is None or not self.match(self.sstruct, sample, out, objs):
+            if self.obj is None:
+                out = list(self.leaves(idx, sample, False).items())  # raises what differs
+            else:
+                out, objs = [], {O.WHOLE: sample}  # another structure: the whole sample
+        by_name, fields = self.by_name, self.fields
         for name, x in out:
             i = by_name[name]
             f = fields[i]
-            key = (type(x), getattr(x, "dtype", None), getattr(x, "shape", None))
-            if key not in ok[i]:
-                try:
-                    dtype, shape = P.leaf_info(name, x)
-                except P.SampleError as e:
-                    raise _Fail(idx, f"dataset[{idx}]: {e}")
-                msg = P.check_leaf(idx, f, dtype, shape, self.learnt)
-                if msg:
-                    raise _Fail(idx, msg)
-                if len(ok[i]) < 256:
-                    ok[i].add(key)
+            msg = self.misfit(idx, i, x)
+            if msg is not None:
+                if self.obj is None or f["pad"]:
+                    raise _Fail(idx, msg + self.obj_hint())
+                objs[name] = x  # travels as an object: default_collate decides
+                continue
             P.write_leaf(self.view(slot, row, i), x, f,
                          self.view(slot, row, self.len_of[i]) if f["pad"] else None)
+        if self.obj is not None:
+            self.put_objects(idx, objs, slot, row, None)
+
+    def obj_hint(self):
+        if self.obj is not None or not self.learnt:
+            return ""
+        return (" (or pass object_bytes= to loaderd.DataLoader: what does not fit a field then "
+                "travels pickled with the batch, as torch's DataLoader takes it)")
+
+    def put_objects(self, idx, objs, slot, row, nrows):
+        """The object part of row @row (@nrows: of the collated batch of
+        that many rows from @row): @objs pickled, or empty."""
+        n = nrows or 1
+        lens = self.region(slot, row, n, self.obj_len).view(self.np.int64)
+        if not objs:
+            lens[:] = 0
+            return
+        region = self.region(slot, row, n, self.obj)
+        where = (f"dataset[{idx}]" if nrows is None else
+                 f"the collate_fn output of the batch of dataset[{idx}], ... ({nrows} rows)")
+        what = ("the whole sample, not of dataset[0]'s structure" if O.WHOLE in objs else
+                "leaf " + ", ".join(repr(k) for k in objs))
+        try:
+            size = O.pack(objs, region)
+        except O.TooBig as e:
+            per_row = O.round_up(-(-e.needed // n))
+            raise _Fail(idx, f"{where}: what travels pickled with the batch ({what}: what is "
+                             "not a fixed-shape array of its field) takes "
+                             f"{e.needed} bytes, more than the {e.capacity} bytes "
+                             f"{'its row has' if nrows is None else 'the batch has'} for it "
+                             f"({e.capacity // n} a row): pass object_bytes={per_row} or more "
+                             "to loaderd.DataLoader (bytes per row; the default is "
+                             "max(64 KiB, 4x what dataset[0]'s needed))", -errno.EMSGSIZE)
+        except Exception as e:
+            raise _Fail(idx, f"{where}: {what} cannot travel with the batch: pickling it "
+                             f"failed ({type(e).__name__}: {e})")
+        lens[:] = 0
+        lens[0] = size
 
     # ----------------------------------------------------------- samples
 
@@ -328,8 +408,33 @@ class Worker:
                 raise _Fail(idx[0], _exc_text(f"collate_fn of the batch of dataset[{idx[0]}], "
                                               f"... ({nrows} rows) raised", e, self.wid,
                                               self.p["pipeline"]))
-            self.write(idx[0], self.leaves(idx[0], out, True), slot, row0, nrows)
+            self.put_batch(idx[0], out, slot, row0, nrows)
         return task_id, skipped
+
+    def put_batch(self, idx, out, slot, row0, nrows):
+        """Write a collate_fn's output @out: its leaves that fit their field
+        as @nrows rows from @row0, the rest in the object part."""
+        fixed, objs = [], {}
+        if self.cstruct is None or not self.match(self.cstruct, out, fixed, objs):
+            if self.obj is None:
+                self.write(idx, self.leaves(idx, out, True), slot, row0, nrows)  # or raises
+                return
+            fixed, objs = [], {O.WHOLE: out}  # another structure: the whole output
+        for name, x in fixed:
+            i = self.by_name[name]
+            f = self.fields[i]
+            msg = self.misfit(idx, i, x, nrows)
+            if msg is not None:
+                if self.obj is None or f["pad"]:
+                    raise _Fail(idx, msg + self.obj_hint())
+                objs[name] = x
+                continue
+            a = P.leaf_array(x, f["dtype"])
+            for r in range(nrows):
+                P.write_leaf(self.view(slot, row0 + r, i), a[r], f,
+                             self.view(slot, row0 + r, self.len_of[i]) if f["pad"] else None)
+        if self.obj is not None:
+            self.put_objects(idx, objs, slot, row0, nrows)
 
     def loop(self):
         while True:
@@ -425,7 +530,7 @@ def learn(payload):
                 return {"error": {"kind": "raised", "text": _exc_text(
                     "collate_fn of the batch of dataset[0] (1 rows) raised", e, 0, None)}}
         try:
-            out.update(P.learnt_of(sample, w.collate is not None))
+            out.update(P.learnt_of(sample, w.collate is not None, p.get("object_bytes")))
         except P.SampleError as e:
             return {"error": {"kind": "sample", "text": str(e)}}
     return {"learnt": out}

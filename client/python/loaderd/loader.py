@@ -5,6 +5,7 @@ Object graph and lifetimes (no cycles, so CPython frees in this order):
 
     DataLoader ──► _Attachment ──► _Client          (ldr_attachment*, ldr_client*)
     tensor ► ndarray ► _Mem ► _Lease ──► _Attachment (ldr_batch*)
+    object part's tensor ► its field's ndarray ► _Mem   (a python pipeline, _objpart)
     Batch (dict) ─────────────► _Lease
     _Lease ┄┄► _Mem (weak, one per field: which fields are still alive)
 
@@ -21,6 +22,7 @@ Objects inherited across fork never call into nng: every finalizer checks the
 pid first (libloader checks it too).
 """
 
+import collections.abc
 import ctypes
 import errno
 import itertools
@@ -36,7 +38,7 @@ import weakref
 
 import numpy as np
 
-from . import _cuda, _lib, _order, _pystart, pydataset
+from . import _cuda, _lib, _objpart, _order, _pystart, pydataset
 from .errors import Error, ForkedError, InvalidSpec, dataset_error, from_code
 
 try:  # torch is optional: without it batches are numpy arrays
@@ -167,6 +169,10 @@ class _Attachment:
         self.samples_per_epoch = L.ldr_attachment_samples_per_epoch(self.ptr)
         self.epochs = L.ldr_attachment_epochs(self.ptr)
         self.batch_size = L.ldr_attachment_batch_size(self.ptr)
+        uid = ctypes.c_uint32()
+        # whose code wrote the batches (a python pipeline's object part)
+        self.owner = uid.value if L.ldr_attachment_owner(self.ptr, ctypes.byref(uid)) == 0 \
+            else None
         # what ldr_next_described() fills, one call per batch: the batch, its
         # fields, the keeping counters (held, share, kept) at that moment
         self.info = _lib.ldr_batch_info()
@@ -506,7 +512,8 @@ _COMPAT_ACCEPT = {
                    "(loaderd --workers N); num_workers is ignored",
     "pin_memory": "batches arrive in the daemon's shared-memory slots without a copy, and "
                   "with device='cuda:N' in GPU memory, copied from the daemon's pinned memory; "
-                  "pin_memory is ignored",
+                  "pin_memory pins no tensor (your own Dataset: an object of the batch gets "
+                  "its pin_memory() called where torch's DataLoader calls it)",
     "pin_memory_device": "see pin_memory; pin_memory_device is ignored",
     "prefetch_factor": "the daemon prefetches the spec's 'prefetch' slots and libloader keeps "
                        "'inflight' requests out; prefetch_factor is ignored",
@@ -862,7 +869,8 @@ class DataLoader:
                  drop_last=None, mode=None, rank=None, world_size=None, socket=None,
                  timeout=None, device="cpu", as_numpy=False, progress=False, epochs=None,
                  inflight=None, name=None, on_error=None, fields=None, pipeline_name=None,
-                 reconnect_timeout=None, augment_seed=None, job=None, **torch_compat):
+                 reconnect_timeout=None, augment_seed=None, job=None, object_bytes=None,
+                 **torch_compat):
         # your own Dataset (docs/python.md, "Your own Dataset"): a map-style
         # Dataset object, or a spec whose source.kind is "python"
         self._py = pydataset.is_dataset(pipeline_or_spec) or (
@@ -889,9 +897,10 @@ class DataLoader:
             for k in ("num_workers", "collate_fn", "worker_init_fn", "seeding",
                       "multiprocessing_context"):
                 py_args[k] = torch_compat.pop(k, None)
-        elif fields is not None or pipeline_name is not None:
-            raise TypeError("loaderd.DataLoader: fields= and pipeline_name= are for your own "
-                            "Dataset (a Dataset object or a spec of source kind \"python\")")
+        elif fields is not None or pipeline_name is not None or object_bytes is not None:
+            raise TypeError("loaderd.DataLoader: fields=, pipeline_name= and object_bytes= are "
+                            "for your own Dataset (a Dataset object or a spec of source kind "
+                            "\"python\")")
         # torch's sampler=, batch_sampler=, generator=: this loader's own order,
         # sent to the daemon epoch by epoch (_order.py)
         sampler = torch_compat.pop("sampler", None)
@@ -929,6 +938,8 @@ class DataLoader:
         self._structure = None   # python source: how a batch is rebuilt from its fields
         self._types = None       # python source: its namedtuple classes (pydataset.own_types)
         self._own_code = False   # python source: created here, from this trainer's Dataset
+        self._obj = False        # python source: its rows have an object part (_objpart)
+        self._pin = _pins(self.pin_memory, self.pin_memory_device)
         self._cuda = _cuda.parse_device(device)
         if not as_numpy and _torch is None:
             as_numpy = True  # no torch here: numpy arrays (CudaArray on a GPU)
@@ -999,7 +1010,8 @@ class DataLoader:
                                        ("epochs", epochs), ("on_error", on_error))
                      if v is not None and v is not _UNSET}
         if self._py:
-            self._create_python(pipeline_or_spec, overrides, fields, py_args, pipeline_name)
+            self._create_python(pipeline_or_spec, overrides, fields, py_args, pipeline_name,
+                                object_bytes)
         elif isinstance(pipeline_or_spec, dict):
             spec = dict(pipeline_or_spec)
             spec.update(overrides)
@@ -1051,6 +1063,8 @@ class DataLoader:
             except pydataset.SampleError as e:
                 raise InvalidSpec(-errno.EINVAL, f"pipeline {self.pipeline!r}: {e}",
                                   "attach") from None
+            self._obj = pydataset.object_bytes_of(src["fields"]) is not None
+            self._check_obj_device(self.pipeline)
         self.slots_total = int(info.get("slots_total", 0))
         self.dataset = _Dataset(self.pipeline, int(info.get("samples", 0)))
         if self._py and own:
@@ -1125,7 +1139,7 @@ class DataLoader:
                 k += 1
                 # the frame keeps no reference while the trainer has the batch
                 box, b = [b], None
-                yield self._out(box.pop())
+                yield self._out_safe(box.pop())
             self._order_at = self._pos = (epoch + 1, 0)
         finally:
             if self._loop is not None and self._loop[0] is token:
@@ -1134,19 +1148,29 @@ class DataLoader:
 
     # ------------------------------------------------------ python source
 
-    def _create_python(self, ds, overrides, fields, py_args, pipeline_name):
+    def _check_obj_device(self, pipeline):
+        if self._obj and self._cuda is not None:
+            raise ValueError(f"loaderd.DataLoader: pipeline {pipeline!r} has batches with parts "
+                             "that are not fixed-shape arrays (strings, objects, tensors of "
+                             "varying shapes, a collate_fn's output), which "
+                             f"device={self.device!r} cannot deliver (not supported yet, issue "
+                             "26): use device='cpu' and move the tensors yourself "
+                             "(.to(device, non_blocking=True))")
+
+    def _create_python(self, ds, overrides, fields, py_args, pipeline_name, object_bytes):
         """Create the python pipeline of @ds (exist_ok) and, when this loader
         created it, have its workers' host serve it. The host starts first
         (forked from here or exec'd: _pystart) and its worker 0 learns the
         fields; this process never runs __getitem__."""
-        self._py_create = (ds, overrides, fields, py_args, pipeline_name)  # _follow_len
+        self._py_create = (ds, overrides, fields, py_args, pipeline_name,
+                           object_bytes)  # _follow_len
         method = _pystart.start_method(py_args.get("multiprocessing_context"),
                                        py_args.get("num_workers"))
         spec, payload = pydataset.plan_spec(
             ds, overrides=overrides, num_workers=py_args.get("num_workers"),
             collate_fn=py_args.get("collate_fn"), worker_init_fn=py_args.get("worker_init_fn"),
             fields=fields, name=pipeline_name, forked=method == "fork",
-            seeding=py_args.get("seeding"))
+            seeding=py_args.get("seeding"), object_bytes=object_bytes)
         host = None
         try:
             learnt = None
@@ -1158,7 +1182,10 @@ class DataLoader:
             self.spec = spec
             src = spec["source"]
             self._structure = src["structure"]
-            self._pads = {f["name"] for f in src["fields"] if f["pad"]}
+            self._pads = {f["name"] for f in src["fields"]
+                          if f["pad"] and f["name"] != _objpart.OBJ}
+            self._obj = pydataset.object_bytes_of(src["fields"]) is not None
+            self._check_obj_device(spec["name"])  # before anything is created
             pydataset.adopt_types(self._structure)
             self._types = pydataset.own_types(self._structure)
             self._own_code = True    # its workers run this trainer's code (dataset_error)
@@ -1196,7 +1223,7 @@ class DataLoader:
             return
         if (self._pos or (0, 0))[1] if self._shared else self._want[1]:
             return  # in mid-epoch
-        ds, overrides, fields, py_args, pipeline_name = self._py_create
+        ds, overrides, fields, py_args, pipeline_name, object_bytes = self._py_create
         if not pydataset.is_dataset(ds) or len(ds) == self.spec["source"]["samples"]:
             return
         if pipeline_name is not None:
@@ -1208,21 +1235,73 @@ class DataLoader:
         host, self._host = self._host, None
         if host is not None:
             host.close()  # it serves the old pipeline on, as long as that lives
-        self._create_python(ds, overrides, fields, py_args, pipeline_name)
+        self._create_python(ds, overrides, fields, py_args, pipeline_name, object_bytes)
         self._fields = None
         self._attach(None if self._shared else self._want)
+
+    def _out_safe(self, b):
+        """_out(), an exception of it (torch's default_collate of a batch's
+        objects: TypeError for None, RuntimeError for tensors of different
+        shapes) the batch's error in its place: the iterator goes on after
+        it, as torch's does."""
+        try:
+            return self._out(b)
+        except Exception as e:
+            return _Failed(None, None, e)
 
     def _out(self, b):
         """The batch as the trainer gets it: a python pipeline's structure
         rebuilt (as torch's default_collate), else the Batch."""
         if b is None or self._structure is None or b.__class__ is _Failed:
             return b
+        objects = self._objects(b) if self._obj else None
         if self._unbatched:
             # torch's default_convert of one sample: its batch dimension off,
             # Python numbers as numbers
             s = self._scalars
             b = {k: (v[0].item() if k in s else v[0]) for k, v in b.items()}
-        return pydataset.rebuild(self._structure, b, self._pads, self._types)
+        out = pydataset.rebuild(self._structure, b, self._pads, self._types, objects)
+        if objects is not None and self._pin:
+            out = _pin_objects(out)
+        return out
+
+    def _objects(self, b):
+        """The object part of batch @b (taken out of it), unpickled: a
+        pydataset.Objects, or None when no row has one. Its tensors and
+        arrays are views of the slot, keeping the batch's lease."""
+        data, lens = b.pop(_objpart.OBJ), b.pop(_objpart.OBJ_LEN)
+        if not isinstance(lens, np.ndarray):
+            data, lens = data.numpy(), lens.numpy()
+        if not lens.any():
+            return None
+        owner = self._att.owner
+        trusted = owner is not None and owner == os.geteuid()
+        collated = "collated" in self._structure
+        try:
+            if collated:
+                rows = [_objpart.unpack(data.reshape(-1)[:int(lens[0])], trusted)]
+            else:
+                rows = [_objpart.unpack(data[r, :n], trusted) if n else {}
+                        for r, n in enumerate(lens.tolist())]
+        except _objpart.Refused as e:
+            raise Error(-errno.EPERM, f"a batch of pipeline {self.pipeline!r} holds a {e} "
+                        f"object: the pipeline is another user's (uid {owner}), whose classes "
+                        "are never imported here (their pickles could run that user's code "
+                        "in this process); only str, bytes, numbers, None, lists, tuples, "
+                        "dicts, sets, tensors and numpy arrays are rebuilt (docs/security.md, "
+                        "\"Python pipelines: nobody else's code\")", "next") from None
+        except Exception as e:
+            raise Error(-errno.EINVAL, f"a batch of pipeline {self.pipeline!r}: its part "
+                        "that travels pickled (strings, objects, tensors of varying shapes) "
+                        f"could not be unpickled here ({type(e).__name__}: {e}): the classes "
+                        "in a batch must be importable in the trainer", "next") from e
+        if self.as_numpy or _torch is None:
+            collate = _np_collate
+        elif self._unbatched:
+            collate = _convert_one
+        else:
+            collate = _torch.utils.data._utils.collate.default_collate
+        return pydataset.Objects(rows, collated, collate, self._scalars, self._unbatched)
 
     def _attach_python(self, start):
         """Attach, waiting while the pipeline's Python workers start (the
@@ -1484,7 +1563,7 @@ class DataLoader:
                 # the frame keeps no reference while the trainer has the
                 # batch: a `del` in the loop body gives its slot back at once
                 box, b = [b], None
-                yield self._out(box.pop())
+                yield self._out_safe(box.pop())
                 if last:
                     return
         finally:
@@ -1516,7 +1595,7 @@ class DataLoader:
                 # the frame keeps no reference while the trainer has the
                 # batch: a `del` in the loop body gives its slot back at once
                 box, b = [b], None
-                yield self._out(box.pop())
+                yield self._out_safe(box.pop())
                 if last:
                     return
         finally:
@@ -1790,6 +1869,68 @@ class _Dataset:
 
     def __repr__(self):
         return f"<loaderd pipeline {self.pipeline!r} source: {self.samples} samples>"
+
+
+def _convert_one(values):
+    """Objects' collate when unbatched: torch's default_convert of the one
+    value (a numpy array becomes a tensor, the rest stays)."""
+    return _torch.utils.data._utils.collate.default_convert(values[0])
+
+
+def _np_collate(values):
+    """Objects' collate with as_numpy (or no torch): arrays (tensors as
+    numpy arrays) and numbers stacked (ValueError when their shapes
+    differ), anything else a list."""
+    arrays = []
+    for v in values:
+        if _torch is not None and isinstance(v, _torch.Tensor):
+            v = v.numpy()
+        if not isinstance(v, (np.ndarray, np.generic, int, float)):
+            return list(values)
+        arrays.append(np.asarray(v))
+    return np.stack(arrays)
+
+
+def _pins(pin_memory, device):
+    """Would torch's DataLoader pin (call pin_memory on) its batches here:
+    pin_memory and an accelerator (torch 2 with torch.accelerator), CUDA or
+    a pin_memory_device (torch 1.13 and early 2.x)."""
+    if not pin_memory or _torch is None:
+        return False
+    acc = getattr(_torch, "accelerator", None)
+    if acc is not None:
+        return bool(acc.is_available())
+    return bool(device) or _torch.cuda.is_available()
+
+
+def _pin_objects(data):
+    """torch's pin_memory() walk over a rebuilt batch, for the objects of
+    its object part: an object's own pin_memory() is called as torch calls
+    it (a custom batch class); tensors and arrays stay where they are (the
+    slot: docs/python.md, "torch DataLoader arguments", pin_memory)."""
+    if isinstance(data, (np.ndarray, str, bytes)) or \
+            (_torch is not None and isinstance(data, _torch.Tensor)):
+        return data
+    if _TORCH2 and hasattr(data, "pin_memory"):  # torch 2 asks first
+        return data.pin_memory()
+    if isinstance(data, collections.abc.Mapping):
+        try:
+            return type(data)({k: _pin_objects(v) for k, v in data.items()})
+        except TypeError:
+            return {k: _pin_objects(v) for k, v in data.items()}
+    if isinstance(data, tuple):
+        if hasattr(data, "_fields"):
+            return type(data)(*(_pin_objects(v) for v in data))
+        return type(data)(_pin_objects(v) for v in data) if _TORCH2 else \
+            [_pin_objects(v) for v in data]  # torch 1.13: a list
+    if isinstance(data, collections.abc.Sequence):
+        try:
+            return type(data)([_pin_objects(v) for v in data])
+        except TypeError:
+            return [_pin_objects(v) for v in data]
+    if hasattr(data, "pin_memory"):
+        return data.pin_memory()
+    return data
 
 
 def _size(n):

@@ -10,7 +10,9 @@ module level (the workers' host, loaderd._pyhost, must stay clean of torch):
   tuple/list/dict of them, nested) -> its structure (JSON) and its leaves,
   named as fields ("0", "1.0", "a.b"; a bare leaf is "sample");
 - learn_fields(): fields from a sample (dtype, shape), check_leaf() and
-  write_leaf() (into a field's place in the slab);
+  write_leaf() (into a field's place in the slab); the leaves that are not
+  fixed-shape numbers (str, None, objects, empty tensors) travel in the
+  rows' object part (loaderd._objpart), a leaf of the structure {"o": name};
 - rebuild(): the batch the trainer gets, as torch's default_collate would
   have made it (tuple -> list, dict -> dict, a tensor -> the batched tensor);
   check_structure(): a structure read from a spec, which another process
@@ -33,6 +35,8 @@ import pickle
 import re
 import sys
 import uuid
+
+from . import _objpart as O
 
 M64 = (1 << 64) - 1
 M63 = (1 << 63) - 1  # torch's seeds are int64 (torch.initial_seed(), get_worker_info().seed)
@@ -271,26 +275,79 @@ def flatten(sample, batched=False, types=None):
     return structure, leaves
 
 
-def learn_fields(sample, batched=False):
+def learn_fields(sample, batched=False, object_bytes=None):
     """(fields, structure) learnt from one sample (or one collated batch of
     one sample when @batched: the leading dimension 1 is the batch's). The
-    namedtuple classes of the sample are remembered for own_types()."""
+    namedtuple classes of the sample are remembered for own_types().
+
+    A leaf that cannot be a field (a str, None, an object, an empty tensor;
+    @batched: no leading dimension 1) is an object leaf {"o": name}: the
+    rows then have an object part (the pad field OBJ) of @object_bytes per
+    row, by default max(64 KiB, 4x this sample's object leaves pickled).
+    @batched (a collate_fn's output) always has one by default, of max(64
+    KiB, 4x the whole output pickled): a collate_fn's later outputs may
+    have other shapes (padded per batch) or another structure, whatever
+    collate_fn([dataset[0]]) was. @object_bytes 0: none, such a leaf is
+    refused as before; given for an all-numeric sample: an object part all
+    the same (for later samples that do not fit)."""
     types = {}
     structure, leaves = flatten(sample, batched, types)
-    fields = []
+    fields, objects = [], {}
     for name, x in leaves:
-        dtype, shape = leaf_info(name, x)
-        if batched:
-            if not shape or shape[0] != 1:
+        if name in (O.OBJ, O.OBJ_LEN):
+            raise SampleError(f"field {name!r}: the name is loaderd's own (the object part)")
+        try:
+            dtype, shape = leaf_info(name, x)
+        except SampleError:
+            if object_bytes == 0:
+                raise
+            objects[name] = x
+            continue
+        if batched and (not shape or shape[0] != 1):
+            if object_bytes == 0:
                 raise SampleError(f"field {name!r}: collate_fn([dataset[0]]) gave shape "
                                   f"{list(shape)}: a collate_fn's output must have the batch as "
-                                  "its first dimension (1 here)")
+                                  "its first dimension (1 here), or travel as an object "
+                                  "(object_bytes= above 0)")
+            objects[name] = x
+            continue
+        if batched:
             shape = shape[1:]
+        if 0 in shape and object_bytes != 0:
+            objects[name] = x  # an empty tensor: no field can hold it
+            continue
         fields.append({"name": name, "dtype": dtype, "shape": list(shape), "pad": False})
+    if objects:
+        structure = _mark_objects(structure, set(objects))
+    if objects or object_bytes or (batched and object_bytes is None):
+        if object_bytes is None:
+            object_bytes = O.default_bytes(O.blob_size(sample if batched else objects)[2])
+        fields.append({"name": O.OBJ, "dtype": "uint8", "shape": [int(object_bytes)],
+                       "pad": True})
     fields = check_fields(fields)
     if types:
         _remember_types(structure, types)
     return fields, structure
+
+
+def _mark_objects(s, names):
+    """@s with its leaves of @names as object leaves {"o": name}."""
+    if "f" in s:
+        return {"o": s["f"]} if s["f"] in names else s
+    if "collated" in s:
+        return {"collated": _mark_objects(s["collated"], names)}
+    if "dict" in s:
+        return {"dict": [[k, _mark_objects(v, names)] for k, v in s["dict"]]}
+    kind = "tuple" if "tuple" in s else "list"
+    return dict(s, **{kind: [_mark_objects(v, names) for v in s[kind]]})
+
+
+def object_bytes_of(fields):
+    """The object part's bytes per row of @fields, None when it has none."""
+    for f in fields:
+        if f["name"] == O.OBJ:
+            return f["shape"][0]
+    return None
 
 
 def check_fields(fields):
@@ -334,6 +391,11 @@ def check_fields(fields):
             if ln["dtype"] != "int64" or ln["shape"] or ln["pad"]:
                 raise SampleError(f"field {ln['name']!r}: the length of pad field {f['name']!r} "
                                   "must be int64 of shape []")
+    for f in out:
+        if f["name"] == O.OBJ and (f["dtype"] != "uint8" or len(f["shape"]) != 1 or
+                                   not f["pad"]):
+            raise SampleError(f"field {O.OBJ!r} (the object part) must be uint8 of shape "
+                              "[bytes per row], \"pad\": true")
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise SampleError(f"field {sorted(dup)[0]!r} is declared twice")
@@ -347,7 +409,7 @@ def structure_from_names(fields):
     """The structure of declared fields: dotted names nest; a level whose keys
     are 0..k-1 is a list, else a dict; a lone field "sample" is a bare leaf."""
     lens = {f["name"] + "_len" for f in fields if f["pad"]}
-    names = [f["name"] for f in fields if f["name"] not in lens]
+    names = [f["name"] for f in fields if f["name"] not in lens and f["name"] != O.OBJ]
     if names == [BARE]:
         return {"f": BARE}
     tree = {}
@@ -375,19 +437,97 @@ def structure_from_names(fields):
 
 # ------------------------------------------------------------------ rebuild
 
-def rebuild(structure, batch, pads=(), types=None):
+def rebuild(structure, batch, pads=(), types=None, objects=None):
     """The trainer's batch from the fields of @batch (name -> tensor), in the
     form torch's default_collate gives (tuple -> list), or as a collate_fn
     made it. A pad field becomes its padded tensor plus its "<name>_len"
     lengths: a sibling key "<key>_len" in a dict, else the pair
     [padded, lengths]. A namedtuple is its class in @types (own_types()),
-    else a namedtuple loaderd makes with its field names. (No closures: the
-    result must not keep @batch alive through a reference cycle, or its
-    slot would wait for the GC.)"""
+    else a namedtuple loaderd makes with its field names. @objects (an
+    Objects): the batch's object part, unpickled. (No closures: the result
+    must not keep @batch alive through a reference cycle, or its slot would
+    wait for the GC.)"""
     collated = "collated" in structure
     if collated:
         structure = structure["collated"]
-    return _rebuild(structure, batch, pads, collated, types or _NO_TYPES)
+    types = types or _NO_TYPES
+    if objects is not None:
+        whole = objects.whole(structure, batch, types)
+        if whole is not _NOTHING:
+            return whole
+    return _rebuild(structure, batch, pads, collated, types, objects)
+
+
+_NOTHING = object()
+
+
+class Objects:
+    """A batch's object part for rebuild(): @rows, a list of dicts (leaf
+    name -> object, O.WHOLE -> a whole sample that did not match the
+    structure) one per row, or for a collated batch a list of one dict (the
+    collate_fn's output). @collate: what makes the batch of a leaf from its
+    per-row values (torch's default_collate; default_convert of the one
+    value when unbatched). @scalars: the fields that were Python numbers.
+    @sliced: @batch holds row 0 itself (unbatched)."""
+
+    __slots__ = ("rows", "collated", "collate", "scalars", "sliced")
+
+    def __init__(self, rows, collated, collate, scalars=(), sliced=False):
+        self.rows, self.collated, self.collate = rows, collated, collate
+        self.scalars, self.sliced = scalars, sliced
+
+    def row_value(self, batch, f, r):
+        v = batch[f] if self.sliced else batch[f][r]
+        return v.item() if f in self.scalars else v
+
+    def leaf(self, batch, f, seq):
+        """Field @f's batch when a row holds it as an object, else _NOTHING.
+        @seq: in a tuple or list, whose items default_collate gets as a
+        tuple (zip), where a dict's are a list (a str leaf stays so)."""
+        rows = self.rows
+        if self.collated:
+            return rows[0].get(f, _NOTHING)
+        if not any(f in row for row in rows):
+            return _NOTHING
+        values = [row[f] if f in row else self.row_value(batch, f, r)
+                  for r, row in enumerate(rows)]
+        return self.collate(tuple(values) if seq else values)
+
+    def obj(self, name, seq):
+        if self.collated:
+            return self.rows[0][name]
+        values = [row[name] for row in self.rows]
+        return self.collate(tuple(values) if seq else values)
+
+    def whole(self, s, batch, types):
+        """The batch when a row is a whole sample (default collate: all the
+        rows' samples collated), else _NOTHING."""
+        rows = self.rows
+        if not any(O.WHOLE in row for row in rows):
+            return _NOTHING
+        if self.collated:
+            return rows[0][O.WHOLE]
+        return self.collate([row[O.WHOLE] if O.WHOLE in row else
+                             self._sample(s, batch, r, row, types)
+                             for r, row in enumerate(rows)])
+
+    def _sample(self, s, batch, r, row, types):
+        """Row @r as the sample it was (its leaves rows of the fields)."""
+        f = s.get("f")
+        if f is not None:
+            return row[f] if f in row else self.row_value(batch, f, r)
+        o = s.get("o")
+        if o is not None:
+            return row[o]
+        d = s.get("dict")
+        if d is not None:
+            return {k: self._sample(v, batch, r, row, types) for k, v in d}
+        t = s.get("tuple")
+        if t is not None:
+            items = [self._sample(v, batch, r, row, types) for v in t]
+            cls = _tuple_class(s, types)
+            return cls(*items) if cls is not None else tuple(items)
+        return [self._sample(v, batch, r, row, types) for v in s["list"]]
 
 
 # A structure is read by every trainer that attaches to the pipeline, and
@@ -491,19 +631,26 @@ def check_structure(structure, fields, where="the structure"):
             fail(path, f"is nested too deep: a structure has at most {MAX_DEPTH} levels")
         if not isinstance(s, dict):
             fail(path, f"must be an object, not {type(s).__name__}")
-        kinds = [k for k in ("f", "dict", "list", "tuple") if k in s]
+        kinds = [k for k in ("f", "o", "dict", "list", "tuple") if k in s]
         top_only = " (\"collated\" is only the top node)" if "collated" in s else ""
         if len(kinds) != 1:
-            fail(path, "must have one of the keys \"f\", \"dict\", \"list\", \"tuple\"" +
-                 top_only)
+            fail(path, "must have one of the keys \"f\", \"o\", \"dict\", \"list\", "
+                 "\"tuple\"" + top_only)
         kind = kinds[0]
         extra = set(s) - {kind} - ({"type", "names"} if kind == "tuple" else set())
         if extra:
             fail(path, f"has the unknown key {sorted(map(str, extra))[0]!r}{top_only}")
         v = s[kind]
         if kind == "f":
-            if not isinstance(v, str) or v not in declared:
+            if not isinstance(v, str) or v not in declared or v in (O.OBJ, O.OBJ_LEN):
                 raise SampleError(f"{where} names field {str(v)[:80]!r}, which is not declared")
+            return
+        if kind == "o":
+            if not isinstance(v, str) or not _NAME_RE.match(v):
+                fail(path, "\"o\" must name an object leaf: 1..63 characters of A-Z a-z 0-9 "
+                     ". _ -")
+            if O.OBJ not in declared:
+                fail(path, f"is an object leaf, but the fields have no {O.OBJ!r} (object part)")
             return
         if not isinstance(v, list) or not v:
             fail(path, f"\"{kind}\" must be a non-empty array")
@@ -548,14 +695,22 @@ def reader_structure(src):
         structure = structure_from_names(check_fields(fields))
     check_structure(structure, fields, "its spec's source.structure")
     names = {f["name"] for f in fields}
-    pads = {f["name"] for f in fields if f.get("pad") and f["name"] + "_len" in names}
+    pads = {f["name"] for f in fields if f.get("pad") and f["name"] + "_len" in names and
+            f["name"] != O.OBJ}
     return structure, pads, own_types(structure)
 
 
-def _rebuild(s, batch, pads, collated, types):
+def _rebuild(s, batch, pads, collated, types, ob, seq=False):
     f = s.get("f")
     if f is not None:
+        if ob is not None and f not in pads:
+            v = ob.leaf(batch, f, seq)
+            if v is not _NOTHING:
+                return v
         return [batch[f], batch[f + "_len"]] if f in pads else batch[f]
+    o = s.get("o")
+    if o is not None:
+        return ob.obj(o, seq)
     d = s.get("dict")
     if d is not None:
         out = {}
@@ -566,16 +721,16 @@ def _rebuild(s, batch, pads, collated, types):
                 if k + "_len" not in out:
                     out[k + "_len"] = batch[f + "_len"]
             else:
-                out[k] = _rebuild(sub, batch, pads, collated, types)
+                out[k] = _rebuild(sub, batch, pads, collated, types, ob)
         return out
     t = s.get("tuple")
     if t is not None:
-        items = [_rebuild(v, batch, pads, collated, types) for v in t]
+        items = [_rebuild(v, batch, pads, collated, types, ob, True) for v in t]
         cls = _tuple_class(s, types)
         if cls is not None:
             return cls(*items)
         return tuple(items) if collated else items
-    return [_rebuild(v, batch, pads, collated, types) for v in s["list"]]
+    return [_rebuild(v, batch, pads, collated, types, ob, True) for v in s["list"]]
 
 
 # -------------------------------------------------------- check and write
@@ -786,7 +941,8 @@ def _sanitize(s):
 
 
 def plan_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
-              worker_init_fn=None, fields=None, name=None, forked=False, seeding=None):
+              worker_init_fn=None, fields=None, name=None, forked=False, seeding=None,
+              object_bytes=None):
     """(spec, payload) of a python pipeline before what a worker learns:
     payload["learn"] says what that is (samples: len() of a Dataset the spec
     names by import path; fields: dataset[0]'s), finish_spec() completes
@@ -796,7 +952,15 @@ def plan_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
     interpreter, unpickles no user object). The trainer runs no __getitem__
     and, for the import-path form, imports nothing of the Dataset's. @seeding:
     "sample" (None: the spec's, else that) or "worker" (docs/python.md,
-    "Seeding")."""
+    "Seeding"). @object_bytes: the object part's bytes per row (learn_fields;
+    with @fields, an object part only when given)."""
+    if object_bytes is not None and (isinstance(object_bytes, bool) or
+                                     not isinstance(object_bytes, int) or
+                                     not 0 <= object_bytes <= 1 << 30):
+        raise ValueError("object_bytes must be the bytes per row of the object part, "
+                         f"0..{1 << 30} (0: none), not {object_bytes!r}")
+    if object_bytes:
+        object_bytes = O.round_up(object_bytes)  # rows 64-byte aligned: the buffers in them
     nworkers = 1 if not num_workers else int(num_workers)
     if not 1 <= nworkers <= 256:
         raise ValueError("num_workers must be in 0..256 (0 means 1: loaderd always builds "
@@ -870,6 +1034,11 @@ def plan_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
 
     structure = None
     if fields is not None:
+        if isinstance(fields, dict):
+            fields = [dict(v, name=k) for k, v in fields.items()]
+        if object_bytes and object_bytes_of(fields) is None:
+            fields = list(fields) + [{"name": O.OBJ, "dtype": "uint8",
+                                      "shape": [object_bytes], "pad": True}]
         fields = check_fields(fields)
         structure = src.get("structure") or structure_from_names(fields)
         if batched and "collated" not in structure:
@@ -889,15 +1058,17 @@ def plan_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
         "structure": structure,
         "seed": seed,
         "seeding": seeding,
+        "object_bytes": object_bytes,
         "learn": {"samples": "samples" not in src, "fields": fields is None},
     }
     return spec, payload
 
 
-def learnt_of(sample, batched):
+def learnt_of(sample, batched, object_bytes=None):
     """What dataset[0] (@batched: collate_fn([dataset[0]])) teaches: its
-    fields, structure and the names of its Python-number fields."""
-    fields, structure = learn_fields(sample, batched)
+    fields, structure and the names of its Python-number fields
+    (@object_bytes: learn_fields())."""
+    fields, structure = learn_fields(sample, batched, object_bytes=object_bytes)
     scalars = [] if batched else [n for n, x in flatten(sample)[1]
                                   if type(x) in (int, float, bool)]
     return {"fields": fields, "structure": structure, "scalars": scalars}
@@ -981,14 +1152,16 @@ def adopt_types(structure):
 
 
 def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
-               worker_init_fn=None, fields=None, name=None, scalars=None, seeding=None):
+               worker_init_fn=None, fields=None, name=None, scalars=None, seeding=None,
+               object_bytes=None):
     """(spec, payload) of a python pipeline for a host started by exec, with
     what a worker learns learnt here, in this process, seeded as a worker
     seeds epoch 0 index 0 (this process's random states kept): for tools and
     tests. loaderd.DataLoader learns in a worker instead (loaderd._pystart)."""
     spec, payload = plan_spec(dataset_or_spec, overrides=overrides, num_workers=num_workers,
                               collate_fn=collate_fn, worker_init_fn=worker_init_fn,
-                              fields=fields, name=name, seeding=seeding)
+                              fields=fields, name=name, seeding=seeding,
+                              object_bytes=object_bytes)
     learn, learnt = payload["learn"], {}
     if learn["samples"] or learn["fields"]:
         ds = dataset_or_spec
@@ -1007,7 +1180,7 @@ def build_spec(dataset_or_spec, *, overrides, num_workers=None, collate_fn=None,
                 sample = ds[0]
                 if collate is not None:
                     sample = collate([sample])
-            learnt.update(learnt_of(sample, collate is not None))
+            learnt.update(learnt_of(sample, collate is not None, payload["object_bytes"]))
     return finish_spec(spec, payload, learnt, scalars)
 
 
