@@ -23,14 +23,19 @@ from test_torch_contract import L  # noqa: E402,F401 (the fixture)
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 
 
+def daemon(L):
+    """loaderd with the daemon's workers (not num_workers=0's torch loading)."""
+    return L.cls is loaderd.DataLoader and not L.in_trainer
+
+
 def only_loaderd(L, **kw):
     """Keywords for loaderd's loader only (torch's takes no such keyword)."""
-    return kw if L.cls is loaderd.DataLoader else {}
+    return kw if daemon(L) else {}
 
 
 def in_slot(L, dl, t):
     """True for torch's loader; for loaderd's: @t's memory is in the slab."""
-    if L.cls is not loaderd.DataLoader:
+    if not daemon(L):
         return True
     base, size = dl.slab
     return base <= t.data_ptr() < base + size
@@ -259,6 +264,10 @@ def test_none_raises_as_torch(L):
         next(it)
     assert "default_collate: batch must contain tensors" in str(e.value)
     assert "found <class 'NoneType'>" in str(e.value)
+    with pytest.raises(TypeError, match="found <class 'NoneType'>"):
+        next(it)   # the iterator goes on after the failed batch: the second one
+    with pytest.raises(StopIteration):
+        next(it)
 
 
 def test_ragged_tensors_as_torch(L):
@@ -273,7 +282,7 @@ def test_ragged_tensors_as_torch(L):
 
 def test_ragged_without_object_part_says_what_to_do(L):
     it = iter(L.make(Ragged(), batch_size=1))
-    if L.cls is not loaderd.DataLoader:
+    if not daemon(L):
         assert [b.tolist() for b in it] == [[[0]], [[1, 2]], [[2]], [[3, 4]]]
         return
     assert next(it).tolist() == [[0]]
@@ -284,7 +293,7 @@ def test_ragged_without_object_part_says_what_to_do(L):
 
 
 def test_object_part_over_capacity(L):
-    if L.cls is not loaderd.DataLoader:
+    if not daemon(L):
         got = [b["note"] for b in L.make(Notes(), batch_size=2)]
         assert [len(n) for b in got for n in b] == [1, 2, 3, 200000]
         return
@@ -355,17 +364,18 @@ def test_as_numpy_objects_are_lists_and_stacked_arrays(ld):
     arrays that did not fit their field np.stack-ed (ValueError when
     their shapes differ, as np.stack says)."""
     import numpy as np
-    dl = loaderd.DataLoader(Texts(), batch_size=2, as_numpy=True, socket=ld.socket)
+    dl = loaderd.DataLoader(Texts(), batch_size=2, as_numpy=True, socket=ld.socket,
+                            num_workers=1)
     got = [[b[0], b[1].tolist()] for b in dl]
     assert got[0] == [["caption 0", "caption 1!"], [0, 1]]
     dl.close()
     dl = loaderd.DataLoader(Ragged(), batch_size=2, as_numpy=True, object_bytes=4096,
-                            socket=ld.socket)
+                            socket=ld.socket, num_workers=1)
     with pytest.raises(ValueError, match="same shape"):
         next(iter(dl))
     dl.close()
     dl = loaderd.DataLoader(Ragged(), batch_size=1, as_numpy=True, object_bytes=4096,
-                            socket=ld.socket)
+                            socket=ld.socket, num_workers=1)
     got = list(dl)
     assert [type(b) for b in got] == [np.ndarray] * 4
     assert [b.tolist() for b in got] == [[[0]], [[1, 2]], [[2]], [[3, 4]]]
@@ -374,7 +384,7 @@ def test_as_numpy_objects_are_lists_and_stacked_arrays(ld):
 
 def test_object_part_to_a_gpu_refused_before_anything_is_created(ld):
     with pytest.raises(ValueError) as e:
-        loaderd.DataLoader(Texts(), batch_size=2, device="cuda:0", as_numpy=True,
+        loaderd.DataLoader(Texts(), batch_size=2, device="cuda:0", as_numpy=True, num_workers=1,
                            socket=ld.socket)
     assert "device='cuda:0' cannot deliver (not supported yet" in str(e.value)
     assert "use device='cpu'" in str(e.value)

@@ -146,7 +146,17 @@ class InProcessLoader(_loader.DataLoader):
         token = object()
         self._loop = token
         try:
-            for b in it:
+            while True:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    break
+                except Exception as e:
+                    # torch's iterator goes on after a batch that raised: the
+                    # error in its place (_EpochIter raises it), then the next
+                    cur["yielded"] += 1
+                    yield _loader._Failed(None, None, e)
+                    continue
                 cur["yielded"] += 1
                 box, b = [b], None  # no reference kept while the loop body runs
                 yield box.pop()
@@ -163,7 +173,7 @@ class InProcessLoader(_loader.DataLoader):
             except TypeError:
                 total = 0
             it = progress(it, total, f"in-process epoch {self._epoch}")
-        return it
+        return _loader._EpochIter(it)
 
     def __len__(self):
         return len(self._dl)

@@ -530,7 +530,7 @@ def learn(payload):
                 return {"error": {"kind": "raised", "text": _exc_text(
                     "collate_fn of the batch of dataset[0] (1 rows) raised", e, 0, None)}}
         try:
-            out.update(P.learnt_of(sample, w.collate is not None, p.get("object_bytes")))
+            out.update(P.learnt_of(sample, w.collate is not None, payload.get("object_bytes")))
         except P.SampleError as e:
             return {"error": {"kind": "sample", "text": str(e)}}
     return {"learnt": out}
