@@ -310,10 +310,12 @@ def test_dataset_of_a_script_under_mp_spawn(L, workdir, ctx):
 def test_forked_host_holds_no_socket_of_the_trainers(ld):
     """The host outlives the trainer: a socket of the trainer's it held
     would keep a DDP rendezvous port listening (and the trainer's connection
-    to the daemon open) after the trainer is gone. Its open files it keeps."""
+    to the daemon open) after the trainer is gone, a pipe the end of file
+    mp.spawn's join waits for. Its open files it keeps."""
     import socket
     import loaderd
     store = socket.create_server(("127.0.0.1", 0))   # a TCPStore's listening socket
+    sentinel_r, sentinel_w = os.pipe()   # multiprocessing's sentinel, mp.spawn joins on it
     ds = Transformed(4, lambda x: x + 1)
     with loaderd.DataLoader(ds, batch_size=2, num_workers=1, socket=ld.socket) as dl:
         assert [b.tolist() for b in dl] == [[[1, 1], [2, 2]], [[3, 3], [4, 4]]]
@@ -327,7 +329,11 @@ def test_forked_host_holds_no_socket_of_the_trainers(ld):
     mine = f"socket:[{os.fstat(store.fileno()).st_ino}]"
     assert fds.get(store.fileno()) == "/dev/null", fds   # the number stays taken
     assert mine not in fds.values(), fds
+    pipe = f"pipe:[{os.fstat(sentinel_w).st_ino}]"
+    assert fds.get(sentinel_w) == "/dev/null" and pipe not in fds.values(), fds
     store.close()
+    os.close(sentinel_r)
+    os.close(sentinel_w)
 
 
 def test_pipeline_identity_with_and_without_a_pickle(ld):

@@ -15,8 +15,10 @@ existed already (another trainer's host serves it).
   never the trainer's child, no zombie there), no signal handler of the
   trainer's, and nothing that would keep the trainer's resources alive or
   touch libloader's state: the trainer's sockets (its connections to the
-  daemon, a DDP rendezvous port) and GPU device files are replaced by
-  /dev/null (the numbers stay taken), the trainer's mappings of slabs are
+  daemon, a DDP rendezvous port), pipes (multiprocessing's sentinel of a
+  process that torch.multiprocessing.spawn waits for) and GPU device files
+  are replaced by /dev/null (the numbers stay taken; its stdin too, while
+  stdout and stderr stay the trainer's), the trainer's mappings of slabs are
   unmapped, and it leaves only by os._exit (no finalizer, no atexit).
 - **exec** ("spawn", "forkserver"): `python -P -m loaderd._pyhost`
   (loader.host_command), the payload pickled as torch pickles for those
@@ -130,7 +132,7 @@ def _leave_trainer(keep):
                     os.readlink(f"/proc/self/fd/{fd}").startswith(_GPU_FILES)
             except OSError:
                 continue  # the listing's own fd, closed by now
-            if stat.S_ISSOCK(st.st_mode) or gpu:
+            if stat.S_ISSOCK(st.st_mode) or stat.S_ISFIFO(st.st_mode) or gpu:
                 os.dup2(null, fd)
     finally:
         os.close(null)
