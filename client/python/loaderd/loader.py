@@ -1144,7 +1144,7 @@ class DataLoader:
         finally:
             if self._loop is not None and self._loop[0] is token:
                 self._loop = None
-            self._warn_kept(3)
+            self._warn_kept(4)  # warn, _warn_kept, this generator, _EpochIter, the trainer
 
     # ------------------------------------------------------ python source
 
@@ -1569,7 +1569,7 @@ class DataLoader:
         finally:
             if self._loop is not None and self._loop[0] is token:
                 self._loop = None
-            self._warn_kept(3)
+            self._warn_kept(4)  # warn, _warn_kept, this generator, _EpochIter, the trainer
 
     def _shared_epoch(self):
         """One `for` over a shared stream (broadcast, dynamic): from the next
@@ -1599,7 +1599,7 @@ class DataLoader:
                 if last:
                     return
         finally:
-            self._warn_kept(3)
+            self._warn_kept(4)  # warn, _warn_kept, this generator, _EpochIter, the trainer
 
     def __iter__(self):
         """One epoch. Private stream (the default): the whole epoch the
