@@ -23,8 +23,8 @@ batch, in order, and the losses of a tiny model after torch.manual_seed.
   seed) with set_epoch each epoch, and a mid-epoch checkpoint of
   loader.state_dict() resumed with load_state_dict() in a fresh loader;
   the same loop stopped by a time limit, its checkpoint written after the
-  loop (xfail: loaderd's state_dict() after a broken loop is the next
-  epoch's start, torchdata's StatefulDataLoader's the rest of this one).
+  loop (state_dict() is the rest of the broken loop, as torchdata's
+  StatefulDataLoader has it).
 
 The Datasets here are deterministic: random transforms in workers are
 seeded per sample by loaderd (docs/python.md, "Seeding"), not as torch's."""
@@ -534,10 +534,6 @@ def preemptible_train(DataLoader, dataset, stop_after=None, state=None):
     return seen, (loader.state_dict() if stop_after else None)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="loaderd's state_dict() after a loop broken off is the "
-                   "next epoch's batch 0 (docs/python.md, 'Exact resume'), where torchdata's "
-                   "StatefulDataLoader gives the broken loop's position, the rest of the epoch")
 def test_checkpoint_after_a_broken_loop(loaders):
     dataset = Squares(25)
     ref, _ = preemptible_train(loaders["torch"], dataset)

@@ -1045,6 +1045,7 @@ class DataLoader:
         self._want = (0, 0)     # private stream: where the next `for` starts
         self._loop = None       # private stream: (token, epoch) of the active `for`
         self._restored = None   # private stream: the position load_state_dict() set
+        self._broken = None     # private stream: where the last `for`, broken off, stood
         self._kept_warned = False
         self._kept_prev = (0, 0)  # kept by attachments detached since
         self._order_at = None   # own order: where the attachment's next Order goes on
@@ -1125,14 +1126,18 @@ class DataLoader:
 
     def _order_epoch(self, feed, epoch, token):
         k = 0
+        self._broken = None
+        done = False
         try:
             while True:
                 if self._loop is None or self._loop[0] is not token:
+                    done = True
                     return  # load_state_dict or another `for` took over
                 if feed.beyond(k):
                     break
                 b = self._next_raw()
                 if b is None:
+                    done = True
                     return
                 self._pos = (epoch, feed.first + k + 1)
                 feed.handed(k)
@@ -1140,10 +1145,13 @@ class DataLoader:
                 # the frame keeps no reference while the trainer has the batch
                 box, b = [b], None
                 yield self._out_safe(box.pop())
+            done = True
             self._order_at = self._pos = (epoch + 1, 0)
         finally:
             if self._loop is not None and self._loop[0] is token:
                 self._loop = None
+                if not done and self._pos is not None and self._pos[0] == epoch:
+                    self._broken = self._pos  # state_dict(): the rest of this loop
             self._warn_kept(4)  # warn, _warn_kept, this generator, _EpochIter, the trainer
 
     # ------------------------------------------------------ python source
@@ -1551,13 +1559,17 @@ class DataLoader:
         token = object()
         self._loop = (token, epoch)
         self._restored = None
+        self._broken = None
         self._want = (epoch + 1, 0)  # the next `for`, whether this one ends or breaks
+        done = False
         try:
             while self._loop is not None and self._loop[0] is token:
                 if self._pos[0] != epoch:
+                    done = True
                     return  # next_batch() took the rest of this epoch
                 b = self._next_raw()
                 if b is None:
+                    done = True
                     return
                 last = self._advance(b)
                 # the frame keeps no reference while the trainer has the
@@ -1565,10 +1577,13 @@ class DataLoader:
                 box, b = [b], None
                 yield self._out_safe(box.pop())
                 if last:
+                    done = True
                     return
         finally:
             if self._loop is not None and self._loop[0] is token:
                 self._loop = None
+                if not done and self._pos is not None and self._pos[0] == epoch:
+                    self._broken = self._pos  # state_dict(): the rest of this loop
             self._warn_kept(4)  # warn, _warn_kept, this generator, _EpochIter, the trainer
 
     def _shared_epoch(self):
@@ -1646,6 +1661,7 @@ class DataLoader:
                 self._advance(b)
         else:
             outside = self._loop is None
+            self._broken = None
             if outside and self._pos != self._want:
                 if self.epochs and self._want[0] >= self.epochs:
                     return None
@@ -1700,6 +1716,7 @@ class DataLoader:
             if self._restored is not None and self._restored == self._want and \
                     self._restored[0] == epoch:
                 return  # the loop head of the restored epoch: keep its position
+            self._broken = None
             self._want = (epoch, 0)
             self._restored = None
             return
@@ -1710,8 +1727,10 @@ class DataLoader:
     def state_dict(self):
         """The position of the next batch this loader will yield, in
         torchdata's StatefulDataLoader shape (docs/python.md, "Exact
-        resume"): inside a `for`, the rest of that loop; else the start of
-        the next `for`."""
+        resume"): inside a `for`, the rest of that loop; after a `for`
+        broken off (and no set_epoch() since), the rest of that loop too, as
+        torchdata's StatefulDataLoader has it; else the start of the next
+        `for`."""
         self._check()
         if self.mode == "dynamic":
             raise Error(-errno.EINVAL, "dynamic mode has no fixed assignment of batches: "
@@ -1722,6 +1741,10 @@ class DataLoader:
             epoch, batch = self._pos
             if epoch != self._loop[1]:  # the loop's last batch is in hand
                 epoch, batch = self._loop[1], len(self)
+        elif self._broken is not None:
+            # a `for` broken off (a preempted job checkpoints after it): the
+            # rest of that loop, as torchdata's StatefulDataLoader says it
+            epoch, batch = self._broken
         else:
             epoch, batch = self._want
         return _state(epoch, batch, {"pipeline": self.pipeline, "rank": self.rank,
@@ -1747,6 +1770,7 @@ class DataLoader:
                              f"{state['world_size']}, this loader is {self.rank}/{self.world_size}")
         pos = _state_position(state, len(self))
         self._loop = None  # a `for` still running ends here
+        self._broken = None
         self._want = self._restored = pos
         self._attach(pos)
 
