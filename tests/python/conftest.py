@@ -50,3 +50,18 @@ def ld(workdir):
 def pytest_configure(config):
     config.addinivalue_line("markers", "install: pip-installs client/python into a fresh venv "
                                        "(needs PyPI for numpy)")
+
+
+# A sanitizer runtime in this process (the sanitizer builds' pytest-python):
+# loaderd.DataLoader's default context then starts the workers' host by exec,
+# not by fork (docs/python.md, "Who runs what, and for how long"), so what
+# only a forked host does (the trainer's own objects, unpickled) is not there.
+def _sanitized():
+    from loaderd import _pystart
+    return _pystart.sanitizer_runtime() is not None
+
+
+needs_forked_host = pytest.mark.skipif(
+    _sanitized(), reason="a sanitizer runtime: the default context starts the workers' host "
+                         "by exec (its allocator is not fork-safe with threads)")
+

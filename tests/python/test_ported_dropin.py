@@ -42,7 +42,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import loaderd  # noqa: E402
-from conftest import run_python  # noqa: E402
+from conftest import needs_forked_host, run_python  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import BatchSampler, Sampler  # noqa: E402
 
@@ -492,6 +492,7 @@ if __name__ == "__main__":
 '''
 
 
+@needs_forked_host
 def test_ddp_spawn_distributed_sampler_resume(ld, workdir):
     script = os.path.join(workdir, "ddp_train.py")
     with open(script, "w") as f:

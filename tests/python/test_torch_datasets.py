@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import run_python  # noqa: E402
+from conftest import needs_forked_host, run_python  # noqa: E402
 from test_torch_contract import L, Loaders  # noqa: E402,F401
 
 TORCH = torch.utils.data.DataLoader
@@ -35,6 +35,7 @@ class BadSample(ValueError):
 
 # ---------------------------------------------------------- what torch takes
 
+@needs_forked_host
 def test_local_class(L):
     class Local(torch.utils.data.Dataset):   # not importable: only fork sees it
         def __len__(self):
@@ -62,6 +63,7 @@ class Transformed(torch.utils.data.Dataset):
         return self.transform(torch.full((2,), i))
 
 
+@needs_forked_host
 def test_lambda_transform(L):
     scale = 3
     dl = L.make(Transformed(4, lambda x: x * scale + 1), batch_size=4, num_workers=1)
@@ -82,6 +84,7 @@ class Records(torch.utils.data.Dataset):
         return torch.frombuffer(bytearray(raw), dtype=torch.int32)
 
 
+@needs_forked_host
 def test_open_file_handle(L, workdir):
     path = os.path.join(workdir, "records.bin")
     with open(path, "wb") as f:
@@ -194,6 +197,7 @@ if __name__ == "__main__":
 """
 
 
+@needs_forked_host
 def test_segfault_in_getitem_leaves_the_trainer_alive(L, workdir):
     path = os.path.join(workdir, "segv.py")
     with open(path, "w") as f:
@@ -307,6 +311,7 @@ def test_dataset_of_a_script_under_mp_spawn(L, workdir, ctx):
 
 # ------------------------------ the forked host keeps none of the trainer's sockets
 
+@needs_forked_host
 def test_forked_host_holds_no_socket_of_the_trainers(ld):
     """The host outlives the trainer: a socket of the trainer's it held
     would keep a DDP rendezvous port listening (and the trainer's connection
@@ -336,6 +341,7 @@ def test_forked_host_holds_no_socket_of_the_trainers(ld):
     os.close(sentinel_w)
 
 
+@needs_forked_host
 def test_pipeline_identity_with_and_without_a_pickle(ld):
     """A picklable dataset: the same pipeline for the same dataset and
     settings, whichever context and process (the digest is of the pickles,

@@ -68,8 +68,37 @@ def start_method(ctx, num_workers):
                             "or a string specifying the start method, but got "
                             f"multiprocessing_context={ctx}")
     if name == "fork" and hasattr(os, "fork") and sys.platform.startswith("linux"):
+        if ctx is None and sanitizer_runtime():
+            return "exec"  # the default only: an explicit "fork" is the user's choice
         return "fork"
     return "exec"
+
+
+_SANITIZER = None
+
+
+def sanitizer_runtime():
+    """The AddressSanitizer or ThreadSanitizer runtime this process runs
+    with (a libloader built with one, the runtime preloaded), or None. Its
+    allocator is not safe across fork() in a process with threads
+    (libloader's are running): a host forked from such a trainer deadlocks
+    in its first malloc now and then, so the default context starts the
+    host by exec there (docs/python.md, "Who runs what, and for how long")."""
+    global _SANITIZER
+    if _SANITIZER is None:
+        _SANITIZER = ""
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    for lib in ("libasan", "libtsan"):
+                        if lib in line:
+                            _SANITIZER = lib
+                            break
+                    if _SANITIZER:
+                        break
+        except OSError:
+            pass
+    return _SANITIZER or None
 
 
 def start(payload, method):
