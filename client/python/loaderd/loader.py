@@ -1148,11 +1148,7 @@ class DataLoader:
             done = True
             self._order_at = self._pos = (epoch + 1, 0)
         finally:
-            if self._loop is not None and self._loop[0] is token:
-                self._loop = None
-                if not done and self._pos is not None and self._pos[0] == epoch:
-                    self._broken = self._pos  # state_dict(): the rest of this loop
-            self._warn_kept(4)  # warn, _warn_kept, this generator, _EpochIter, the trainer
+            self._loop_ended(token, epoch, done)
 
     # ------------------------------------------------------ python source
 
@@ -1580,11 +1576,18 @@ class DataLoader:
                     done = True
                     return
         finally:
-            if self._loop is not None and self._loop[0] is token:
-                self._loop = None
-                if not done and self._pos is not None and self._pos[0] == epoch:
-                    self._broken = self._pos  # state_dict(): the rest of this loop
-            self._warn_kept(4)  # warn, _warn_kept, this generator, _EpochIter, the trainer
+            self._loop_ended(token, epoch, done)
+
+    def _loop_ended(self, token, epoch, done):
+        """The end of the private `for` @token over @epoch (@done: it read
+        the epoch out; else it was broken off, and state_dict() says the rest
+        of it, as torchdata's does)."""
+        if self._loop is not None and self._loop[0] is token:
+            self._loop = None
+            if not done and self._pos is not None and self._pos[0] == epoch:
+                self._broken = self._pos
+        # warn, _warn_kept, _loop_ended, the generator, _EpochIter, the trainer
+        self._warn_kept(5)
 
     def _shared_epoch(self):
         """One `for` over a shared stream (broadcast, dynamic): from the next
