@@ -233,16 +233,9 @@ def test_iterable_dataset_shuffle_as_torch(L):
                             "option, but got shuffle=True")
 
 
-def test_iterable_dataset_refused_clearly(L):
-    # num_workers=0 iterates it in the trainer (test_torch_state.py)
-    if L.cls is torch.utils.data.DataLoader:
-        assert [t.tolist() for t in L.make(Stream(), num_workers=1)] == [[0], [1], [2], [3]]
-        return
-    with pytest.raises(TypeError) as e:
-        L.make(Stream(), num_workers=1)
-    assert "an IterableDataset (Stream) with num_workers > 0 is not supported yet (issue 26" \
-        in str(e.value)
-    assert "num_workers=0 iterates it in this process" in str(e.value)
+def test_iterable_dataset_with_workers_is_torchs(L):
+    # the rest of the contract: test_torch_iterable.py
+    assert [t.tolist() for t in L.make(Stream(), num_workers=1)] == [[0], [1], [2], [3]]
 
 
 # ------------------------------------------------------------------ errors

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""num_workers=0: your own Dataset runs in the trainer, as torch's does.
+"""num_workers=0, or an IterableDataset: torch's own loading, in the trainer.
 
 torch's DataLoader with num_workers=0 calls __getitem__ (or iterates an
 IterableDataset) in the trainer's process, with its sampler drawing from the
@@ -11,6 +11,14 @@ in this process; no daemon, no worker. What loaderd adds is what a drop-in
 needs of it: state_dict()/load_state_dict() in torchdata's StatefulDataLoader
 shape, resuming at the next batch with the order the interrupted epoch had
 (the RNG state the sampler drew from is in the state), and set_epoch().
+
+An IterableDataset with num_workers >= 1 is loaded the same way, by torch's
+own DataLoader with its worker processes: each worker iterates its own copy
+(get_worker_info() telling it which), batches come round-robin from the
+workers, a worker whose iterator ends drops out: torch's per-worker
+semantics by construction. The daemon's workers build samples by index, and
+an iterator's order lives in each worker of each trainer: there is nothing
+one pipeline could share.
 
 The arguments that only mean something for the daemon's workers (mode,
 rank, world_size, device, ...) are refused with what to do instead.
@@ -47,8 +55,9 @@ def _forward(name):
 
 
 class InProcessLoader(_loader.DataLoader):
-    """loaderd.DataLoader(dataset, num_workers=0): torch's single-process
-    loading (docs/python.md, "num_workers=0"). DataLoader.__new__ makes one."""
+    """loaderd.DataLoader(dataset, num_workers=0), or of an IterableDataset:
+    torch's own loading (docs/python.md, "num_workers=0" and "An
+    IterableDataset"). DataLoader.__new__ makes one."""
 
     def __init__(self, *args, **kwargs):
         bound = inspect.signature(_loader.DataLoader.__init__).bind(self, *args, **kwargs)
@@ -58,11 +67,22 @@ class InProcessLoader(_loader.DataLoader):
         targs = dict(a.pop("torch_compat", {}))
         a["seeding"] = targs.pop("seeding", None)  # loaderd's, in **torch_compat
         dataset = a.pop("pipeline_or_spec")
+        self._iterable = _loader._is_iterable_dataset(dataset)
+        workers = targs.get("num_workers", 0)
         bad = [k for k, default in _DAEMON_ONLY.items() if k in a and a[k] != default]
         if bad:
+            s = f"{', '.join(f'{k}=' for k in bad)} {'is' if len(bad) == 1 else 'are'}"
+            if self._iterable:
+                raise ValueError(
+                    f"loaderd.DataLoader: {s} for the daemon's worker processes, which build "
+                    f"samples by index: an IterableDataset ({type(dataset).__name__}) is "
+                    "iterated by torch's own DataLoader, in this process or torch's workers; "
+                    "give a map-style Dataset (__getitem__ and __len__) for them" +
+                    ("; for a rank's share of an IterableDataset, split it in __iter__ by "
+                     "torch.distributed's rank" if {"mode", "rank", "world_size"} & set(bad)
+                     else ""))
             raise ValueError(
-                f"loaderd.DataLoader: {', '.join(f'{k}=' for k in bad)} "
-                f"{'is' if len(bad) == 1 else 'are'} for the daemon's worker processes: with "
+                f"loaderd.DataLoader: {s} for the daemon's worker processes: with "
                 "num_workers=0 the Dataset runs in this process, as torch's DataLoader runs it; "
                 "give num_workers >= 1 for them" +
                 ("; for a rank's share here, pass sampler=DistributedSampler(dataset)"
@@ -84,7 +104,7 @@ class InProcessLoader(_loader.DataLoader):
             targs["timeout"] = timeout
         # torch's checks first, in its words
         self._dl = torch.utils.data.DataLoader(dataset, **targs)
-        if timeout:  # torch's single-process iterator asserts it, at iter()
+        if timeout and not workers:  # torch's single-process iterator asserts it, at iter()
             raise ValueError(f"loaderd.DataLoader: timeout={timeout!r} is for num_workers > 0: "
                              "with num_workers=0 the Dataset runs in this process, and torch's "
                              "single-process loading requires timeout=0")
@@ -95,7 +115,8 @@ class InProcessLoader(_loader.DataLoader):
         self._client = None
         self._reconnects_final = 0
         self.pipeline, self.spec, self.created = None, None, False
-        self.mode, self.rank, self.world_size = "in-process", 0, 1
+        self.mode = "torch-workers" if workers else "in-process"
+        self.rank, self.world_size = 0, 1
         self.device, self.as_numpy, self.augment_seed, self.job = "cpu", False, None, None
         self._epoch = 0         # the epoch the next `for` iterates
         self._cur = None        # the running or last `for`: its epoch, RNG states, yielded, ended
@@ -265,9 +286,15 @@ class InProcessLoader(_loader.DataLoader):
     def close(self):
         self._closed = True
         self._loop = None
+        it, self._dl._iterator = getattr(self._dl, "_iterator", None), None
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()  # persistent_workers: torch's kept them
 
     def __repr__(self):
         name = type(self._dl.dataset).__name__
+        if self._dl.num_workers:
+            return (f"<loaderd.DataLoader of {name} by torch's DataLoader "
+                    f"(num_workers={self._dl.num_workers})>")
         return f"<loaderd.DataLoader in-process (num_workers=0) of {name}>"
 
 

@@ -594,10 +594,11 @@ def _torch_checks(ds, batch_size, shuffle, drop_last, timeout, args):
         if batch_sampler is not None:
             raise ValueError("DataLoader with IterableDataset: expected unspecified "
                              f"batch_sampler option, but got batch_sampler={batch_sampler}")
-        raise TypeError(f"loaderd.DataLoader: an IterableDataset ({type(ds).__name__}) with "
-                        f"num_workers > 0 is {_NOT_YET}: num_workers=0 iterates it in this "
-                        "process, as torch's DataLoader does; or give a map-style Dataset "
-                        "(__getitem__ and __len__)")
+        # loaderd.DataLoader itself hands it to torch's loader (__new__)
+        raise TypeError("loaderd.DataLoader: an IterableDataset "
+                        f"({type(ds).__name__}) is iterated by torch's own DataLoader, which "
+                        "loaderd.DataLoader(dataset) uses; a subclass of loaderd.DataLoader "
+                        "takes a map-style Dataset (__getitem__ and __len__) or a spec")
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle")
     if batch_sampler is not None:
@@ -853,10 +854,11 @@ class DataLoader:
 
     def __new__(cls, pipeline_or_spec=None, *args, **kwargs):
         # num_workers=0 (torch's default) with your own Dataset: it runs in
-        # this process, as torch's does (loaderd._inprocess)
-        if cls is DataLoader and _torch is not None and kwargs.get("num_workers", 0) == 0 and \
-                (pydataset.is_dataset(pipeline_or_spec) or
-                 _is_iterable_dataset(pipeline_or_spec)):
+        # this process, as torch's does; an IterableDataset with workers runs
+        # in torch's own worker processes (loaderd._inprocess)
+        if cls is DataLoader and _torch is not None and (
+                _is_iterable_dataset(pipeline_or_spec) or
+                (kwargs.get("num_workers", 0) == 0 and pydataset.is_dataset(pipeline_or_spec))):
             from ._inprocess import InProcessLoader
             cls = InProcessLoader
         return object.__new__(cls)
