@@ -629,6 +629,72 @@ static PyTypeObject HostType = {
 	.tp_methods = host_methods,
 };
 
+/* --- a worker's per-sample seeding of Python's random ---------------------- */
+
+/* CPython's _random.Random object (Modules/_randommodule.c): the Mersenne
+ * Twister's 624 words and its position. random.seed(int) fills them with
+ * MT's init_by_array, about 7 us a call, more than anything else a worker
+ * does for a near-free sample; loaderd's per-sample seeding fills them from
+ * splitmix64 instead (docs/python.md, "Seeding"): pair k of words is
+ * splitmix64(s + k), low half first, the position at the end (the next draw
+ * regenerates). The package checks once per process that this layout is
+ * the running interpreter's (getstate() after a fill, against the words
+ * computed in Python) and otherwise seeds through random.setstate(). */
+#define MT_N 624
+typedef struct {
+	PyObject_HEAD
+	int index;
+	uint32_t state[MT_N];
+} MTObject;
+
+static PyTypeObject *mt_type; /* _random.Random, from mt_setup() */
+
+static uint64_t splitmix64(uint64_t x)
+{
+	uint64_t z = x + 0x9e3779b97f4a7c15ull;
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* mt_setup(_random.Random): the type mt_seed() fills. */
+static PyObject *fast_mt_setup(PyObject *self, PyObject *arg)
+{
+	(void)self;
+	if (!PyType_Check(arg) || ((PyTypeObject *)arg)->tp_basicsize < (Py_ssize_t)sizeof(MTObject)) {
+		PyErr_SetString(PyExc_TypeError, "mt_setup: _random.Random, of CPython's layout");
+		return NULL;
+	}
+	Py_XSETREF(mt_type, (PyTypeObject *)Py_NewRef(arg));
+	Py_RETURN_NONE;
+}
+
+/* mt_seed(random_instance, s): its state from the 64-bit seed s. */
+static PyObject *fast_mt_seed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+	unsigned long long s;
+	MTObject *m;
+
+	(void)self;
+	if (nargs != 2 || !mt_type || !PyObject_TypeCheck(args[0], mt_type)) {
+		PyErr_SetString(PyExc_TypeError, "mt_seed(random instance, seed) after mt_setup()");
+		return NULL;
+	}
+	s = PyLong_AsUnsignedLongLongMask(args[1]);
+	if (s == (unsigned long long)-1 && PyErr_Occurred())
+		return NULL;
+	m = (MTObject *)args[0];
+	for (unsigned k = 0; k < MT_N / 2; k++) {
+		uint64_t z = splitmix64((uint64_t)s + k);
+
+		m->state[2 * k] = (uint32_t)z;
+		m->state[2 * k + 1] = (uint32_t)(z >> 32);
+	}
+	m->index = MT_N;
+	Py_RETURN_NONE;
+}
+
 /* --- the module ------------------------------------------------------------ */
 
 /* setup(release_addr): libloader's ldr_release, as ctypes loaded it. */
@@ -649,6 +715,9 @@ static PyObject *fast_setup(PyObject *self, PyObject *arg)
 
 static PyMethodDef fast_methods[] = {
 	{ "setup", fast_setup, METH_O, "setup(ldr_release address)" },
+	{ "mt_setup", fast_mt_setup, METH_O, "mt_setup(_random.Random)" },
+	{ "mt_seed", (PyCFunction)(void (*)(void))fast_mt_seed, METH_FASTCALL,
+	  "mt_seed(random instance, seed): its state from splitmix64(seed + k)" },
 	{ NULL }
 };
 

@@ -482,6 +482,8 @@ def main_worker(rank, world_size):
             loader.load_state_dict(state["loader"])
             sampler.set_epoch(epoch)
         train(loader, epoch)
+        if sys.argv[1] == "loaderd":
+            log.append(["pipeline", epoch, loader.pipeline])
     with open(os.path.join(OUT, f"rank{rank}.json"), "w") as f:
         json.dump(log, f)
     dist.destroy_process_group()
@@ -507,8 +509,13 @@ def test_ddp_spawn_distributed_sampler_resume(ld, workdir):
         for rank in range(2):
             with open(os.path.join(out, f"rank{rank}.json")) as f:
                 logs[kind].append(json.load(f))
+    # the ranks' DistributedSamplers share one pipeline (its workers), also
+    # after the restart
+    names = [[e[2] for e in logs["loaderd"][r] if e[0] == "pipeline"] for r in range(2)]
+    assert names[0] == names[1] and len(set(names[0])) == 1 and len(names[0]) == 2, names
+    assert names[0][0].startswith(f"py-{os.geteuid()}-squares-"), names
     for rank in range(2):
-        got = logs["loaderd"][rank]
+        got = [e for e in logs["loaderd"][rank] if e[0] != "pipeline"]
         assert ["state", 1, 2] in got, repr(got)  # the checkpoint two batches into epoch 1
         got.remove(["state", 1, 2])
         assert got == logs["torch"][rank], rank

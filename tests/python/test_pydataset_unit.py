@@ -386,6 +386,32 @@ def test_sample_seed_is_the_documented_function():
     assert len({P.sample_seed(1, e, i) for e in range(4) for i in range(50)}) == 200
 
 
+def test_python_random_state_is_the_documented_one():
+    # docs/python.md, "Seeding": pair k of the 624 words is splitmix64(s + k)
+    s = 4980929881311350946
+    words = []
+    for k in range(312):
+        z = _ref_splitmix(s + k)
+        words += [z & 0xffffffff, z >> 32]
+    want = (3, tuple(words) + (624,), None)
+    got = []
+    for how in ("C", "numpy"):  # loaderd._fast's fill, and without it
+        P._mt_seed = None if how == "C" else False
+        random.seed(1)
+        random.gauss(0, 1)  # a cached second normal, which seeding clears
+        P.seed_all(s)
+        assert random.getstate() == want, how
+        got.append((random.random(), random.gauss(0, 1), np.random.random(),
+                    torch.rand(1).item()))
+    P._mt_seed = None
+    assert P._mt_fill(), "loaderd._fast was built: its mt_seed is used"
+    P.seeder()(s)  # a worker's per-sample seeding: the same states
+    assert random.getstate() == want
+    got.append((random.random(), random.gauss(0, 1), np.random.random(), torch.rand(1).item()))
+    assert got[0] == got[1] == got[2]
+    assert (words[0], words[1], words[623]) == (0x1fcb4557, 0xa9039a5f, 0xc9ca2617)
+
+
 def test_seed_all_reproduces_a_sample():
     ds = D.RandomAugment(n=4)
     outs = []

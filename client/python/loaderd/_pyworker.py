@@ -74,6 +74,7 @@ class Worker:
         self.learnt = payload.get("learnt", False)
         # "sample": seeded before each sample; "worker": once, before worker_init_fn
         self.per_sample = payload.get("seeding", "sample") == "sample"
+        self.seed_all = P.seed_all
         self.setup_error = None
 
     def connect(self):
@@ -130,6 +131,7 @@ class Worker:
             P.seed_all(seed)  # as torch seeds its workers; worker_init_fn's seeding stays
         if init is not None:
             init(self.wid)
+        self.seed_all = P.seeder()  # per sample: seed_all(), its lookups done once
 
     def prepare_views(self):
         np = self.np
@@ -160,6 +162,12 @@ class Worker:
         self.cstruct = st.get("collated")
         self.obj = by_name.get(O.OBJ)          # the object part's field, None: none
         self.obj_len = by_name.get(O.OBJ_LEN)
+        # a sample that is a tuple (list) of leaves: (its types, the fields
+        # in its order), put_rows()'s quick walk; else None (match())
+        self.flat = None
+        items = self.sstruct and (self.sstruct.get("tuple") or self.sstruct.get("list"))
+        if items and all(set(it) == {"f"} for it in items):
+            self.flat = ((tuple, list), [by_name[it["f"]] for it in items])
 
     def region(self, slot, row, nrows, i):
         """Rows @row..@row+@nrows-1 of field @i of slot @slot, as one uint8
@@ -260,6 +268,85 @@ class Worker:
         if self.obj is not None:
             self.put_objects(idx, objs, slot, row, None)
 
+    def put_rows(self, idxs, samples, slot, row0):
+        """Write @samples (of indices @idxs) into rows @row0.. of slot
+        @slot: each field's leaves in one copy (np.stack, torch.stack or a
+        list assignment) when every sample has the learnt structure and
+        fits; else row by row (put(), which names what differs)."""
+        if self.sstruct is None or self.obj is not None or self.len_of:
+            for k, x in enumerate(samples):
+                self.put(idxs[k], x, slot, row0 + k)
+            return
+        cols = [[] for _ in self.fields]
+        by_name, st, match, misfit = self.by_name, self.sstruct, self.match, self.misfit
+        flat, ok = self.flat, self.ok
+        for k, x in enumerate(samples):
+            if flat is not None and type(x) in flat[0] and len(x) == len(flat[1]):
+                # a tuple or list of leaves, as learnt: its leaves in field order
+                for i, leaf in zip(flat[1], x):
+                    key = (type(leaf), getattr(leaf, "dtype", None), getattr(leaf, "shape", None))
+                    if key not in ok[i]:
+                        if isinstance(leaf, (tuple, list, dict)) and not P._is_tensor(leaf):
+                            break  # not a leaf: put() says what differs
+                        msg = misfit(idxs[k], i, leaf)
+                        if msg is not None:
+                            raise _Fail(idxs[k], msg + self.obj_hint())
+                    cols[i].append(leaf)
+                else:
+                    continue
+            else:
+                out = []
+                if match(st, x, out, {}):
+                    for name, leaf in out:
+                        i = by_name[name]
+                        msg = misfit(idxs[k], i, leaf)
+                        if msg is not None:
+                            raise _Fail(idxs[k], msg + self.obj_hint())
+                        cols[i].append(leaf)
+                    continue
+            for k2, x2 in enumerate(samples):  # raises at the first that differs
+                self.put(idxs[k2], x2, slot, row0 + k2)
+            return
+        n = len(samples)
+        for i, col in enumerate(cols):
+            off, sb, dt, shape = self.places[i]
+            start = slot * self.w["slot_bytes"] + off + row0 * sb
+            region = self.base[start:start + n * sb].view(dt).reshape((n,) + shape)
+            if len(col) == n and self.put_column(region, col, self.fields[i]["dtype"]):
+                continue
+            for r, leaf in enumerate(col):
+                P.write_leaf(region[r], leaf, self.fields[i])
+
+    def put_column(self, region, col, dtype):
+        """One copy of leaves @col into @region (n rows of their field),
+        where they are alike: numpy arrays, CPU tensors or numbers; False
+        when not done (row by row then: write_leaf's casts and errors)."""
+        if dtype == "bfloat16":
+            return False
+        t = type(col[0])
+        for x in col:
+            if type(x) is not t:
+                return False
+        np = self.np
+        try:
+            if t in (int, float, bool) or issubclass(t, np.generic):
+                region[...] = col
+            elif issubclass(t, np.ndarray) and region.ndim > 1:
+                # each leaf has the field's shape: one concatenation along
+                # its first dimension (np.stack indexes every leaf again,
+                # which costs a np.memmap's rows 2 us each)
+                np.concatenate(col, out=region.reshape((-1,) + region.shape[2:]))
+            elif issubclass(t, np.ndarray):
+                region[...] = col
+            elif P._is_tensor(col[0]):
+                import torch
+                torch.stack(col, out=torch.from_numpy(region))
+            else:
+                return False
+        except Exception:  # a cast stack refuses, a tensor needing grad, on a GPU
+            return False
+        return True
+
     def obj_hint(self):
         if self.obj is not None or not self.learnt:
             return ""
@@ -304,7 +391,7 @@ class Worker:
         es = self._epoch_seed
         if es is None or es[0] != epoch:
             es = self._epoch_seed = (epoch, P.epoch_seed(self.w["seed"], epoch))
-        P.seed_all(P.sample_seed(self.w["seed"], epoch, idx, es[1]))
+        self.seed_all(P.sample_seed(self.w["seed"], epoch, idx, es[1]))
         return self.dataset[idx]
 
     def sample_or_skip(self, epoch, idx):
@@ -392,10 +479,13 @@ class Worker:
             raise _Fail(idx[0] if idx else 0, self.setup_error)
         skipped = 0
         if self.collate is None:
-            for k, i in enumerate(idx):
-                s, used, sk = self.sample_or_skip(epoch, i)
+            samples, used = [], []
+            for i in idx:
+                s, u, sk = self.sample_or_skip(epoch, i)
                 skipped += sk
-                self.put(used, s, slot, row0 + k)
+                samples.append(s)
+                used.append(u)
+            self.put_rows(used, samples, slot, row0)
         else:
             samples = []
             for i in idx:

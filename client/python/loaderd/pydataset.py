@@ -90,11 +90,64 @@ def sample_seed(seed, epoch, index, epoch_value=None):
     return splitmix64(s ^ (int(index) & M64)) & M63
 
 
+def mt_words(s):
+    """The 624 words of Python's random state for seed @s (docs/python.md,
+    "Seeding"): pair k is splitmix64(s + k), low half first."""
+    out = []
+    for k in range(312):
+        z = splitmix64((int(s) + k) & M64)
+        out += (z & 0xffffffff, z >> 32)
+    return out
+
+
+_mt_seed = None  # loaderd._fast.mt_seed where it fills Python's random as mt_words() says
+
+
+def _mt_fill():
+    """loaderd._fast.mt_seed, checked once against mt_words(), or False."""
+    global _mt_seed
+    if _mt_seed is None:
+        _mt_seed = False
+        try:
+            import _random
+            import random
+            from . import _lib
+            mod = _lib.fast()
+            if mod is not None and hasattr(mod, "mt_seed"):
+                mod.mt_setup(_random.Random)
+                r = random.Random()
+                mod.mt_seed(r, 0x123456789abcdef)
+                if r.getstate() == (3, tuple(mt_words(0x123456789abcdef)) + (624,), None):
+                    _mt_seed = mod.mt_seed
+        except Exception:  # no libloader, no _fast, another interpreter's layout
+            pass
+    return _mt_seed
+
+
+def seed_random(s):
+    """Python's random (its module functions' instance) seeded with @s:
+    the state mt_words(@s), as setstate() takes it; in C where it can."""
+    import random
+    fill = _mt_fill()
+    if fill:
+        fill(random._inst, s)
+        random._inst.gauss_next = None
+        return
+    import numpy as np
+    k = np.arange(312, dtype=np.uint64) + np.uint64(int(s) & M64) + np.uint64(0x9e3779b97f4a7c15)
+    z = (k ^ (k >> np.uint64(30))) * np.uint64(0xbf58476d1ce4e5b9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94d049bb133111eb)
+    z ^= z >> np.uint64(31)
+    words = np.empty(624, dtype=np.uint32)
+    words[0::2] = z & np.uint64(0xffffffff)
+    words[1::2] = z >> np.uint64(32)
+    random.setstate((3, tuple(words.tolist()) + (624,), None))
+
+
 def seed_all(s):
     """Seed Python's random, numpy's global RNG and torch's default
     generator (when torch is imported) from the seed @s (sample_seed())."""
-    import random
-    random.seed(s)
+    seed_random(s)
     np = sys.modules.get("numpy")
     if np is not None:
         # one 32-bit word, as numpy's legacy seeding takes it: 5 us a sample
@@ -108,6 +161,33 @@ def seed_all(s):
         cuda = getattr(torch, "cuda", None)
         if cuda is not None and cuda.is_initialized():
             cuda.manual_seed_all(s)
+
+
+def seeder():
+    """seed_all() for a worker's hot path, per sample: the same states, the
+    lookups done once.
+    Made after the Dataset is set up: a numpy or torch imported later is
+    still seeded, through seed_all()."""
+    import random
+    np = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    inst = random._inst
+    fill = _mt_fill()
+    if not fill or np is None or torch is None:
+        return seed_all
+    np_seed = np.random.seed
+    gen = torch.default_generator
+    cuda = getattr(torch, "cuda", None)
+    cuda_on = cuda.is_initialized if cuda is not None else (lambda: False)
+
+    def seed(s):
+        fill(inst, s)
+        inst.gauss_next = None
+        np_seed((s ^ (s >> 32)) & 0xffffffff)
+        gen.manual_seed(s)
+        if cuda_on():
+            cuda.manual_seed_all(s)
+    return seed
 
 
 class _SavedRNG:
