@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""tests/layers.py - the layering check: which folder's code may include which.
+
+    tests/layers.py [ROOT]        check the tree at ROOT (default: the repository)
+    tests/layers.py --self-test   a deliberately wrong include and a circle in a
+                                  temporary tree must fail the check
+
+A layer is a folder whose public header declares, in its top comment, the
+layers its files may include (docs/architecture.md, "Layers"):
+
+     * layer: daemon/engine -> daemon/sources daemon/gpu daemon/base common include
+
+A C file or header belongs to the deepest folder above it that declares a
+layer; a folder without a declaration anywhere above it is not checked. An
+`#include "..."` (or `<loader/...>`, the public headers) is resolved to a file
+of the tree: beside the including file, else from the root, include/ or
+common/, else the one file of the tree that ends with that path. The check
+fails, one line per finding, when
+  - a file includes a file of another layer that its layer does not list;
+  - the declared directions run in a circle (a layer reaching itself);
+  - the files of declared layers include each other in a circle: a file and
+    its header (the same name, .c and .h, in one folder) are one unit, a unit
+    reaches another when one of its files includes the other's header.
+An include that names no file of the tree, or several, is a finding too.
+Exit status: 0 clean, 1 findings, 2 usage.
+"""
+
+import os
+import re
+import sys
+import tempfile
+
+TOP = ("daemon", "client", "common", "include")
+LAYER_RE = re.compile(r"^\s*\*?\s*layer:\s*(\S+)\s*->\s*(.*?)\s*(\*/)?\s*$")
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+
+
+def sources(root):
+    for top in TOP:
+        for d, dirs, files in os.walk(os.path.join(root, top)):
+            dirs[:] = sorted(x for x in dirs if not x.startswith(".") and x != "python")
+            for f in sorted(files):
+                if f.endswith((".c", ".h")):
+                    yield os.path.relpath(os.path.join(d, f), root)
+
+
+def declarations(root, files):
+    """{layer folder: (allowed folders, the header that says so)}"""
+    layers, problems = {}, []
+    for f in files:
+        if not f.endswith(".h"):
+            continue
+        with open(os.path.join(root, f), errors="replace") as fh:
+            head = fh.read(8192)
+        for line in head.splitlines():
+            m = LAYER_RE.match(line)
+            if not m:
+                continue
+            name, allowed = m.group(1).rstrip("/"), m.group(2).split()
+            if os.path.dirname(f) != name and not os.path.dirname(f).startswith(name + "/"):
+                problems.append(f"{f}: declares layer {name}, but lies outside that folder")
+            elif name in layers and layers[name][1] != f:
+                problems.append(f"{f}: layer {name} is declared again (first in {layers[name][1]})")
+            else:
+                layers[name] = ([a.rstrip("/") for a in allowed], f)
+    return layers, problems
+
+
+def layer_of(path, layers):
+    d = os.path.dirname(path)
+    while d:
+        if d in layers:
+            return d
+        d = os.path.dirname(d)
+    for top in ("include", "common"):  # undeclared shared folders are layers of their own name
+        if path.startswith(top + "/"):
+            return top
+    return None
+
+
+def resolve(root, f, name, by_suffix):
+    for base in (os.path.dirname(f), "", "include", "common"):
+        cand = os.path.normpath(os.path.join(base, name))
+        if os.path.isfile(os.path.join(root, cand)):
+            return cand, None
+    hits = by_suffix.get(os.path.basename(name), [])
+    hits = [h for h in hits if h == name or h.endswith("/" + name)]
+    if len(hits) == 1:
+        return hits[0], None
+    if len(hits) > 1:
+        return None, f"names several files ({', '.join(hits)})"
+    return None, "names no file of the tree"
+
+
+def unit(path):
+    return os.path.splitext(path)[0]
+
+
+def check(root):
+    files = list(sources(root))
+    layers, findings = declarations(root, files)
+    by_suffix = {}
+    for f in files:
+        by_suffix.setdefault(os.path.basename(f), []).append(f)
+    edges = {}  # unit -> {unit: the include that makes the edge}
+    for f in files:
+        mine = layer_of(f, layers)
+        with open(os.path.join(root, f), errors="replace") as fh:
+            lines = fh.read().splitlines()
+        for n, line in enumerate(lines, 1):
+            m = INCLUDE_RE.match(line)
+            if not m:
+                continue
+            kind, name = m.groups()
+            if kind == "<" and not name.startswith("loader/"):
+                continue  # the system's and the libraries'
+            target, why = resolve(root, f, name, by_suffix)
+            if target is None:
+                if kind == '"' and mine in layers:
+                    findings.append(f"{f}:{n}: #include \"{name}\" {why}")
+                continue
+            theirs = layer_of(target, layers)
+            if mine in layers and theirs is not None and theirs != mine and \
+                    theirs not in layers[mine][0]:
+                findings.append(f"{f}:{n}: includes {target}: layer {mine} may include "
+                                f"{' '.join(layers[mine][0]) or 'no other layer'} "
+                                f"({layers[mine][1]}), not {theirs}")
+            if mine in layers and unit(target) != unit(f):
+                edges.setdefault(unit(f), {}).setdefault(unit(target), f"{f}:{n}")
+    # the declared directions: no layer reaches itself
+    for name in sorted(layers):
+        seen, todo = set(), list(layers[name][0])
+        while todo:
+            x = todo.pop()
+            if x == name:
+                findings.append(f"{layers[name][1]}: layer {name} reaches itself through the "
+                                "declared directions")
+                break
+            if x in seen or x not in layers:
+                continue
+            seen.add(x)
+            todo.extend(layers[x][0])
+    findings.extend(file_circles(edges))
+    return findings
+
+
+def file_circles(edges):
+    """One finding per circle of units (Tarjan's strongly connected sets)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                group.sort()
+                where = [edges[a][b] for a in group for b in edges.get(a, {}) if b in group]
+                out.append(f"a circle of files: {' '.join(group)} (through "
+                           f"{', '.join(sorted(where)[:6])})")
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def self_test():
+    """A tree with one wrong include and one circle: both must be found."""
+    with tempfile.TemporaryDirectory() as d:
+        def put(path, text):
+            os.makedirs(os.path.dirname(os.path.join(d, path)), exist_ok=True)
+            with open(os.path.join(d, path), "w") as fh:
+                fh.write(text)
+        put("daemon/base/base.h", "/* base\n * layer: daemon/base -> common\n */\n")
+        put("daemon/engine/engine.h", "/* engine\n * layer: daemon/engine -> daemon/base\n */\n")
+        put("daemon/engine/a.h", '#include "b.h"\n')
+        put("daemon/engine/b.h", '#include "a.h"\n')
+        put("daemon/engine/a.c", '#include "a.h"\n#include "base.h"\n')
+        put("daemon/base/bad.c", '#include "base.h"\n#include "engine.h"\n')
+        got = check(d)
+        want = ["daemon/base/bad.c:2: includes daemon/engine/engine.h: layer daemon/base may "
+                "include common (daemon/base/base.h), not daemon/engine",
+                "a circle of files: daemon/engine/a daemon/engine/b (through "
+                "daemon/engine/a.h:1, daemon/engine/b.h:1)"]
+        if got != want:
+            print("layers --self-test: expected\n  " + "\n  ".join(want) + "\ngot\n  " +
+                  "\n  ".join(got))
+            return 1
+        os.remove(os.path.join(d, "daemon/base/bad.c"))
+        os.remove(os.path.join(d, "daemon/engine/b.h"))
+        put("daemon/engine/b.h", "\n")
+        got = check(d)
+        if got:
+            print("layers --self-test: a clean tree gave\n  " + "\n  ".join(got))
+            return 1
+    print("layers --self-test: ok (a wrong include and a circle found, a clean tree clean)")
+    return 0
+
+
+def main(argv):
+    if argv[1:2] == ["--self-test"]:
+        return self_test()
+    if len(argv) > 2 or argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__.strip().splitlines()[0] + "\n" + "\n".join(__doc__.splitlines()[2:4]))
+        return 2 if len(argv) > 2 else 0
+    root = argv[1] if len(argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    findings = check(root)
+    layers, _ = declarations(root, list(sources(root)))
+    for f in findings:
+        print(f)
+    print(f"layers: {len(layers)} declared, {len(findings)} finding(s)")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
