@@ -781,3 +781,103 @@ def test_other_structure_is_named(fake):
     assert state == "fail" and index == 3 and "has no field '1'" in text, text
     # a dict with the same names is not the learnt tuple, but its leaves fit
     assert fd.task(0, 0, 0, 0, [4]) == ("done", 0)
+
+
+# ----------------------------------------------- a task's rows, field by field
+
+def _worker_over(fields, structure, dataset, rows):
+    """A worker (loaderd._pyworker.Worker) over a slab in memory: one slot
+    of @rows rows of @fields, @dataset its Dataset, no daemon."""
+    from loaderd import _pyworker as PW
+    sizes = []
+    for f in fields:
+        n = int(np.prod(f["shape"], dtype=np.int64)) if f["shape"] else 1
+        sizes.append(n * P.field_np_dtype(f["dtype"]).itemsize)
+    offs, off = [], 0
+    for sb in sizes:
+        offs.append(off)
+        off += sb * rows
+    slab = bytearray(off)
+    w = PW.Worker({"nworkers": 1, "fields": fields, "learnt": True, "seeding": "sample",
+                   "dataset": {"object": dataset}, "pipeline": "p", "structure": structure},
+                  None, 0, slab)
+    w.w = {"seed": 1, "slot_bytes": off, "fields": list(zip(offs, sizes)), "on_error": 0,
+           "nsamples": len(dataset), "nfields": len(fields)}
+    w.setup()
+    w.prepare_views()
+
+    def field(i):
+        f = fields[i]
+        return np.frombuffer(slab, P.field_np_dtype(f["dtype"]), count=rows * (sizes[i] //
+                             P.field_np_dtype(f["dtype"]).itemsize), offset=offs[i]).reshape(
+                             [rows] + list(f["shape"]))
+    return w, field
+
+
+def _task(w, idx):
+    return W.TASK_S.pack(1, 0, 0, 0, len(idx), 0) + struct.pack(f"={len(idx)}Q", *idx)
+
+
+class _Rows:
+    """Samples of several shapes of structure, as Datasets return them."""
+
+    def __init__(self, kind, n=6):
+        self.kind, self.n = kind, n
+        self.m = np.arange(n * 4, dtype=np.float64).reshape(n, 4)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.kind == "tuple":     # a float64 row into a float32 field, a label
+            return self.m[i], i * 10
+        if self.kind == "dict":      # tensors, a numpy scalar
+            return {"x": torch.tensor(self.m[i], dtype=torch.float32), "y": np.float32(i) / 2}
+        if self.kind == "one":       # a single leaf: a bfloat16 tensor
+            return torch.tensor(self.m[i], dtype=torch.bfloat16)
+        if self.kind == "mixed":     # a numpy row, then a tensor row: row by row
+            return (self.m[i] if i % 2 else torch.tensor(self.m[i]), i)
+        raise AssertionError(self.kind)
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "one", "mixed"])
+def test_a_tasks_rows_are_written_as_each_sample_would_be(kind):
+    ds = _Rows(kind)
+    if kind in ("tuple", "mixed"):
+        fields = [dict(name="0", dtype="float32", shape=[4], pad=False),
+                  dict(name="1", dtype="int64", shape=[], pad=False)]
+        st = {"tuple": [{"f": "0"}, {"f": "1"}]}
+    elif kind == "dict":
+        fields = [dict(name="x", dtype="float32", shape=[4], pad=False),
+                  dict(name="y", dtype="float64", shape=[], pad=False)]
+        st = {"dict": [["x", {"f": "x"}], ["y", {"f": "y"}]]}
+    else:
+        fields = [dict(name="sample", dtype="bfloat16", shape=[4], pad=False)]
+        st = {"f": "sample"}
+    w, field = _worker_over(fields, st, ds, 4)
+    idx = [5, 0, 3, 2]
+    w.task(_task(w, idx))
+    rows = np.array([ds.m[i] for i in idx])
+    if kind == "one":
+        got = torch.from_numpy(field(0).view(np.int16).copy()).view(torch.bfloat16).float().numpy()
+        assert got.tolist() == rows.tolist()  # small integers: exact in bfloat16
+        return
+    assert field(0).tolist() == rows.astype(np.float32).tolist()
+    if kind == "dict":
+        assert field(1).tolist() == [i / 2 for i in idx]
+    else:
+        assert field(1).tolist() == [i * 10 if kind == "tuple" else i for i in idx]
+
+
+def test_a_tasks_misfit_names_the_sample():
+    class Bad(_Rows):
+        def __getitem__(self, i):
+            return (np.zeros(5 if i == 3 else 4), i)
+    fields = [dict(name="0", dtype="float32", shape=[4], pad=False),
+              dict(name="1", dtype="int64", shape=[], pad=False)]
+    w, _ = _worker_over(fields, {"tuple": [{"f": "0"}, {"f": "1"}]}, Bad("tuple"), 4)
+    from loaderd import _pyworker as PW
+    with pytest.raises(PW._Fail) as e:
+        w.task(_task(w, [1, 2, 3, 4]))
+    assert e.value.index == 3
+    assert e.value.text.startswith("dataset[3]: field '0' has shape (5,), the pipeline's is (4,)")

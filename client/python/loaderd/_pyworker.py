@@ -162,12 +162,19 @@ class Worker:
         self.cstruct = st.get("collated")
         self.obj = by_name.get(O.OBJ)          # the object part's field, None: none
         self.obj_len = by_name.get(O.OBJ_LEN)
-        # a sample that is a tuple (list) of leaves: (its types, the fields
-        # in its order), put_rows()'s quick walk; else None (match())
+        # a sample that is one leaf, or a tuple, list or dict of leaves:
+        # (its shape, the dict's keys, the fields in that order),
+        # put_rows()'s quick walk; else None (match())
         self.flat = None
-        items = self.sstruct and (self.sstruct.get("tuple") or self.sstruct.get("list"))
-        if items and all(set(it) == {"f"} for it in items):
-            self.flat = ((tuple, list), [by_name[it["f"]] for it in items])
+        st = self.sstruct or {}
+        items = st.get("tuple") or st.get("list")
+        if "f" in st:
+            self.flat = ("one", None, [by_name[st["f"]]])
+        elif items and all(set(it) == {"f"} for it in items):
+            self.flat = ("seq", None, [by_name[it["f"]] for it in items])
+        elif st.get("dict") and all(set(sub) == {"f"} for _, sub in st["dict"]):
+            self.flat = ("dict", [k for k, _ in st["dict"]], [by_name[sub["f"]]
+                                                             for _, sub in st["dict"]])
 
     def region(self, slot, row, nrows, i):
         """Rows @row..@row+@nrows-1 of field @i of slot @slot, as one uint8
@@ -281,9 +288,10 @@ class Worker:
         by_name, st, match, misfit = self.by_name, self.sstruct, self.match, self.misfit
         flat, ok = self.flat, self.ok
         for k, x in enumerate(samples):
-            if flat is not None and type(x) in flat[0] and len(x) == len(flat[1]):
-                # a tuple or list of leaves, as learnt: its leaves in field order
-                for i, leaf in zip(flat[1], x):
+            got = self.flat_leaves(x) if flat is not None else None
+            if got is not None:
+                # the learnt structure: its leaves in field order
+                for i, leaf in zip(flat[2], got):
                     key = (type(leaf), getattr(leaf, "dtype", None), getattr(leaf, "shape", None))
                     if key not in ok[i]:
                         if isinstance(leaf, (tuple, list, dict)) and not P._is_tensor(leaf):
@@ -316,6 +324,21 @@ class Worker:
                 continue
             for r, leaf in enumerate(col):
                 P.write_leaf(region[r], leaf, self.fields[i])
+
+    def flat_leaves(self, x):
+        """@x's leaves in self.flat's field order when it has that shape
+        (a container's items are checked to be leaves by the caller), or None."""
+        kind, keys, fields = self.flat
+        if kind == "seq":
+            return x if type(x) in (tuple, list) and len(x) == len(fields) else None
+        if kind == "dict":
+            if type(x) is not dict or len(x) != len(keys):
+                return None
+            try:
+                return [x[k] for k in keys]
+            except KeyError:
+                return None
+        return (x,)
 
     def put_column(self, region, col, dtype):
         """One copy of leaves @col into @region (n rows of their field),
