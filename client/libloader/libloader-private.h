@@ -1,10 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /* libloader-private.h - what the files of libloader share (not installed)
  *
+ * layer: client/libloader -> common include
+ *
  * The client library is one concept a file (see the map in libloader.c);
  * this header holds the handles' structures and the functions one file
  * calls in another. Everything here is hidden (-fvisibility=hidden and
  * libloader.map export only ldr_*).
+ *
+ * Directions: libloader's files may include the public API (include/loader,
+ * which they implement), common/ (the helpers and the wire formats it shares
+ * with the daemon: bring.h, fdchan-wire.h, cudadrv.h, nngclose.h) and the
+ * generated loader.pb-c.h; never the daemon's files, nor loaderctl's or the
+ * Python package's, which sit above it.
  */
 #ifndef LOADERD_LIBLOADER_PRIVATE_H
 #define LOADERD_LIBLOADER_PRIVATE_H
