@@ -366,6 +366,8 @@ void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
 
 /* flusher.c */
 void *flusher_main(void *arg);
+
+/* release.c */
 void queue_release(struct ldr_attachment *a, uint64_t lease);
 /* Room for a release of every slot (what queue_release() may need), or -ENOMEM. */
 int rel_reserve(struct ldr_attachment *a, uint32_t nslots);

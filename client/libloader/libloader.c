@@ -39,6 +39,7 @@
  *   window.c      the window of Next requests (top_up()) and their replies
  *   revoke.c      sharing slots: the watch and the daemon's Revoke
  *   flusher.c     the client's thread: top-ups and releases off the trainer's path
+ *   release.c     an attachment's queue of releases, which the flusher sends
  *   stats.c       stall accounting (TrainerStats)
  *   keep.c        batches held and kept (copy-on-write), make_room()
  *   next.c        ldr_next(), ldr_release()
