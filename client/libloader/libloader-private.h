@@ -322,7 +322,9 @@ int json_call_timeout(struct ldr_client *c, Loaderd__Request *req, char **json_o
                              int timeout_ms);
 int json_call(struct ldr_client *c, Loaderd__Request *req, char **json_out);
 
-/* connect.c */
+/* client.c */
+struct ldr_client *client_alloc(pid_t self, const char *path, const char *name);
+void client_free(struct ldr_client *c);
 int hello_call(struct ldr_client *c, int timeout_ms, bool internal);
 void client_unref(struct ldr_client *c);
 

@@ -30,7 +30,8 @@
  * structures they share):
  *   libloader.c   this map, errors (set_err()), the small exported helpers
  *   rpc.c         synchronous calls (call_gen())
- *   connect.c     ldr_connect() and the Hello, losing the connection, ldr_close()
+ *   client.c      the client handle: allocation, references, the Hello
+ *   connect.c     ldr_connect(), losing the connection, ldr_close()
  *   whose.c       whose daemon: each connection's peer uid, checked
  *   control.c     create, drop, status, list, set, reload
  *   fdchan.c      fetching the slab's fd over the fd channel
