@@ -355,12 +355,16 @@ int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar);
 void att_unref(struct ldr_attachment *a);
 
 /* window.c */
-int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask);
 bool needs_top_up(const struct ldr_attachment *a);
 void top_up(struct ldr_attachment *a);
-void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
 void req_cb(void *arg);
 void want_top_up(struct ldr_attachment *a);
+
+/* request.c */
+int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask);
+
+/* arrived.c */
+void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
 
 /* revoke.c */
 void answer_revoke(struct ldr_attachment *a);

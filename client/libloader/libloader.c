@@ -38,6 +38,8 @@
  *   amap.c        an attachment's mapping of a slab
  *   attach.c      ldr_attach(), ldr_detach()
  *   window.c      the window of Next requests (top_up()) and their replies
+ *   request.c     sending a Next, a Release or the watch (req_send())
+ *   arrived.c     the deliveries that arrived, by delivery number (store_reply())
  *   revoke.c      sharing slots: the watch and the daemon's Revoke
  *   flusher.c     the client's thread: top-ups and releases off the trainer's path
  *   release.c     an attachment's queue of releases, which the flusher sends
