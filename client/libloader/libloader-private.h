@@ -367,8 +367,9 @@ int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask);
 void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
 
 /* revoke.c */
-void answer_revoke(struct ldr_attachment *a);
-void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
+/* true: it answered, the caller tops the window up */
+bool answer_revoke(struct ldr_attachment *a);
+bool watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
 
 /* flusher.c */
 void *flusher_main(void *arg);

@@ -74,7 +74,8 @@ void req_cb(void *arg)
 	}
 	r->state = REQ_IDLE;
 	if (r->is_watch) {
-		watch_reply(a, rep, rv);
+		if (watch_reply(a, rep, rv))
+			top_up(a);
 	} else if (r->is_release) {
 		if (rep && rep->body_case == LOADERD__REPLY__BODY_ERROR && !a->detached) {
 			/* a refused release is a bug of ours (or the pipeline was
@@ -92,7 +93,7 @@ void req_cb(void *arg)
 		a->requested -= (int)r->asked;
 		store_reply(a, rep, rv);
 		if (a->rv_pending)
-			answer_revoke(a);
+			answer_revoke(a); /* the room it makes, top_up() fills */
 		top_up(a);
 	}
 	if (rep)
