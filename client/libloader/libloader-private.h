@@ -384,8 +384,9 @@ void flush_now(struct ldr_attachment *a);
 Loaderd__TrainerStats *stats_report(struct ldr_attachment *a, Loaderd__TrainerStats *st,
                                            bool release);
 void stats_enter(struct ldr_attachment *a, uint64_t t0);
-void stats_live(struct ldr_attachment *a, uint64_t now);
-void stats_leave(struct ldr_attachment *a, uint64_t t0, int r);
+/* true: a Release is due for the figures, the caller sends it */
+bool stats_live(struct ldr_attachment *a, uint64_t now);
+bool stats_leave(struct ldr_attachment *a, uint64_t t0, int r);
 
 /* keep.c */
 uint32_t share_now(const struct ldr_attachment *a);
@@ -416,7 +417,7 @@ void ring_pull(struct ldr_attachment *a, bool all);
 int ring_wait(struct ldr_attachment *a, int ms);
 bool ring_release(struct ldr_attachment *a, uint64_t lease);
 void ring_poke(struct ldr_attachment *a);
-void ring_stats(struct ldr_attachment *a);
+bool ring_stats_now(const struct ldr_attachment *a);
 bool ring_stats_due(const struct ldr_attachment *a);
 bool ring_has_stats(const struct ldr_attachment *a);
 void ring_close(struct ldr_attachment *a);
