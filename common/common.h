@@ -55,7 +55,7 @@ int sockpath_fdchan(char *buf, size_t size, const char *sock);
  * The public API (include/loader/loader.h) takes no err buffers: it is
  * where this idiom ends. libloader's internal helpers (devmap.c, cudadrv.c)
  * fill a buffer this way; the ldr_* function that called them hands the
- * sentence to the thread's last error with set_err() (client/libloader.c),
+ * sentence to the thread's last error with set_err() (client/libloader/libloader.c),
  * which ldr_client_error() returns.
  */
 int errfmt(int r, char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 4, 5)));

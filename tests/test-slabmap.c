@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-slabmap - libloader's copy-on-write slab mapping (client/slabmap.c)
+/* test-slabmap - libloader's copy-on-write slab mapping (client/libloader/slabmap.c)
  *
  * A memfd plays the daemon's slab: written through a MAP_SHARED mapping,
  * sealed against writes as the daemon seals it, and read back by the client

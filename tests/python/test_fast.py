@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""loaderd._fast (client/pyfast.c): the DataLoader's per-batch path in C.
+"""loaderd._fast (client/python/pyfast.c): the DataLoader's per-batch path in C.
 
 The build under test has it (meson builds it where Python's headers are, and
 scripts/bootstrap installs them), so the rest of this suite runs on it from

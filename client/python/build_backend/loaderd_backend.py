@@ -23,7 +23,7 @@ headers of nng and protobuf-c: on Debian ``meson ninja-build gcc cmake
 pkg-config libnng-dev libprotobuf-c-dev protobuf-c-compiler``
 (scripts/bootstrap installs them). With the headers of the Python that runs
 the build (``python3-dev``) the wheel also carries ``loaderd/_fast*.so``
-(client/pyfast.c, the per-batch path in C) for that Python; without, the
+(client/python/pyfast.c, the per-batch path in C) for that Python; without, the
 package takes its batches in pure Python. It needs nothing from PyPI on Python >=
 3.11 (tomli on older ones, to read pyproject.toml).
 
@@ -73,7 +73,8 @@ def _pyproject():
 
 def _is_source_tree(d):
     mb = os.path.join(d, "meson.build")
-    if not (os.path.isfile(mb) and os.path.isfile(os.path.join(d, "client", "libloader.c"))):
+    lib = os.path.join(d, "client", "libloader", "libloader.c")
+    if not (os.path.isfile(mb) and os.path.isfile(lib)):
         return False
     with open(mb, encoding="utf-8") as f:
         return re.search(r"project\(\s*'loaderd'", f.read()) is not None
@@ -88,7 +89,7 @@ def _source_tree():
             return os.path.abspath(d)
     raise BuildError(
         "loaderd: cannot find the C sources of libloader (a loaderd checkout's meson.build "
-        f"and client/libloader.c); looked in {', '.join(cands)}. Install from the checkout "
+        f"and client/libloader/libloader.c); looked in {', '.join(cands)}. Install from the checkout "
         "(pip install <checkout>/client/python with pip >= 21.3, which builds the directory "
         "in place) or set LOADERD_SOURCE_DIR to the checkout.")
 
@@ -343,6 +344,8 @@ def build_sdist(sdist_directory, config_settings=None):
             for n in sorted(names):
                 p = os.path.join(d, n)
                 files.append((p, "csrc/" + os.path.relpath(p, src).replace(os.sep, "/")))
+    # but loaderd._fast's C source lies there too, built by client/meson.build
+    files.append((os.path.join(src, "client", "python", "pyfast.c"), "csrc/client/python/pyfast.c"))
     name = base + ".tar.gz"
     epoch = _epoch()
 

@@ -14,7 +14,7 @@ Where the library comes from, first match wins:
    ``<repo>/build/client/libloader.so`` (``client/python/loaderd`` → ``<repo>``);
 4. the system: ``ctypes.util.find_library("loader")``, then ``libloader.so.0``.
 
-The package's per-batch path in C, ``loaderd._fast`` (client/pyfast.c), is
+The package's per-batch path in C, ``loaderd._fast`` (client/python/pyfast.c), is
 looked for beside the libloader that was loaded (a wheel carries both in the
 package; a build tree has it in build/client/), for this interpreter's
 extension suffix: :func:`fast` returns it, or None where it was not built

@@ -247,7 +247,7 @@ class _Attachment:
         return [l for l in (ref() for _, ref in sorted(self.leases.items())) if l is not None]
 
     def add_lease(self, lease):
-        # loaderd._fast (client/pyfast.c) does the same for its leases
+        # loaderd._fast (client/python/pyfast.c) does the same for its leases
         self.leases[self.seq] = weakref.ref(lease)
         self.seq += 1
         if len(self.leases) >= self.prune_at:

@@ -151,12 +151,14 @@ int ldr_next(struct ldr_attachment *a, int timeout_ms, struct ldr_batch **out)
 				r = set_err(-ETIMEDOUT, "no batch within %d ms", timeout_ms);
 				break;
 			}
-			stats_live(a, mono_ns());
+			if (stats_live(a, mono_ns()))
+				req_send(a, &a->relreq, 0);
 		}
 	}
-	stats_leave(a, t0, r);
-	if (r == 0)
-		ring_stats(a);
+	if (stats_leave(a, t0, r))
+		req_send(a, &a->relreq, 0);
+	if (r == 0 && ring_stats_now(a))
+		req_send(a, &a->relreq, 0);
 	pthread_mutex_unlock(&c->lock);
 	free(b);
 	return r;

@@ -1,10 +1,23 @@
 /* SPDX-License-Identifier: MIT */
 /* libloader-private.h - what the files of libloader share (not installed)
  *
+ * layer: client/libloader -> common include
+ *
  * The client library is one concept a file (see the map in libloader.c);
  * this header holds the handles' structures and the functions one file
  * calls in another. Everything here is hidden (-fvisibility=hidden and
  * libloader.map export only ldr_*).
+ *
+ * Directions: libloader's files may include the public API (include/loader,
+ * which they implement), common/ (the helpers and the wire formats it shares
+ * with the daemon: bring.h, fdchan-wire.h, cudadrv.h, nngclose.h) and the
+ * generated loader.pb-c.h; never the daemon's files, nor loaderctl's or the
+ * Python package's, which sit above it. Inside, calls run one way, from the
+ * entry points (ldr_*) down to the state they change: the declarations at
+ * the end of this header go from the bottom up, and a file calls only the
+ * sections above its own. A lower file that must have a higher one act
+ * returns what it wants done (answer_revoke(), stats_live()) or signals a
+ * condition variable (queue_release() wakes the flusher); it never calls up.
  */
 #ifndef LOADERD_LIBLOADER_PRIVATE_H
 #define LOADERD_LIBLOADER_PRIVATE_H
@@ -296,6 +309,14 @@ static inline void reader_unlock(struct ldr_client *c, bool locked)
 			return set_err(LDR_EFORKED, "%s", error_name(LDR_EFORKED)); \
 	} while (0)
 
+/*
+ * The files' functions, from the bottom up: a file calls only the functions
+ * of its own section and of the sections above it (slabmap.h and devmap.h,
+ * the mappings, lie below them all), never one below. The files with no
+ * section here (connect.c, control.c, order.c, cudawait.c, accessors.c)
+ * are entry points only: nothing of the library calls them.
+ */
+
 /* libloader.c */
 int set_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int set_err(int err, const char *fmt, ...);
@@ -313,10 +334,6 @@ int call(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out
 int json_call_timeout(struct ldr_client *c, Loaderd__Request *req, char **json_out,
                              int timeout_ms);
 int json_call(struct ldr_client *c, Loaderd__Request *req, char **json_out);
-
-/* connect.c */
-int hello_call(struct ldr_client *c, int timeout_ms, bool internal);
-void client_unref(struct ldr_client *c);
 
 /* whose.c */
 /* "alice (uid 1001)", or "uid 1001" when the uid has no name */
@@ -340,52 +357,8 @@ void amap_put(struct ldr_attachment *a, struct amap *m);
 uint8_t *spare_pop(struct amap *m, uint32_t slot);
 void spare_push(struct amap *m, uint32_t slot, uint8_t *addr);
 
-/* attach.c */
-int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar);
-void att_unref(struct ldr_attachment *a);
-
-/* window.c */
-int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask);
-bool needs_top_up(const struct ldr_attachment *a);
-void top_up(struct ldr_attachment *a);
+/* arrived.c */
 void store_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
-void req_cb(void *arg);
-void want_top_up(struct ldr_attachment *a);
-
-/* revoke.c */
-void answer_revoke(struct ldr_attachment *a);
-void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
-
-/* flusher.c */
-void *flusher_main(void *arg);
-void queue_release(struct ldr_attachment *a, uint64_t lease);
-/* Room for a release of every slot (what queue_release() may need), or -ENOMEM. */
-int rel_reserve(struct ldr_attachment *a, uint32_t nslots);
-void flush_now(struct ldr_attachment *a);
-
-/* stats.c */
-Loaderd__TrainerStats *stats_report(struct ldr_attachment *a, Loaderd__TrainerStats *st,
-                                           bool release);
-void stats_enter(struct ldr_attachment *a, uint64_t t0);
-void stats_live(struct ldr_attachment *a, uint64_t now);
-void stats_leave(struct ldr_attachment *a, uint64_t t0, int r);
-
-/* keep.c */
-uint32_t share_now(const struct ldr_attachment *a);
-void held_add(struct ldr_attachment *a, struct ldr_batch *b);
-void held_del(struct ldr_attachment *a, struct ldr_batch *b);
-int keep_locked(struct ldr_attachment *a, struct ldr_batch *b, uint64_t mask, bool release);
-int make_room(struct ldr_attachment *a);
-
-/* next.c */
-void batch_done(struct ldr_batch *b, bool give_lease);
-void batch_free(struct ldr_batch *b);
-
-/* attach.c: ask the daemon for a batch ring ($LOADERD_RING) */
-bool ring_wanted(void);
-
-/* reconnect.c */
-void reconnect_run(struct ldr_client *c);
 
 /* ring.c */
 int ring_open(struct ldr_attachment *a, int fd, int efd, uint64_t bytes);
@@ -399,9 +372,67 @@ void ring_pull(struct ldr_attachment *a, bool all);
 int ring_wait(struct ldr_attachment *a, int ms);
 bool ring_release(struct ldr_attachment *a, uint64_t lease);
 void ring_poke(struct ldr_attachment *a);
-void ring_stats(struct ldr_attachment *a);
+bool ring_stats_now(const struct ldr_attachment *a);
 bool ring_stats_due(const struct ldr_attachment *a);
 bool ring_has_stats(const struct ldr_attachment *a);
 void ring_close(struct ldr_attachment *a);
+
+/* stats.c */
+Loaderd__TrainerStats *stats_report(struct ldr_attachment *a, Loaderd__TrainerStats *st,
+                                           bool release);
+void stats_enter(struct ldr_attachment *a, uint64_t t0);
+/* true: a Release is due for the figures, the caller sends it */
+bool stats_live(struct ldr_attachment *a, uint64_t now);
+bool stats_leave(struct ldr_attachment *a, uint64_t t0, int r);
+
+/* request.c */
+int req_send(struct ldr_attachment *a, struct req *r, uint32_t ask);
+
+/* release.c */
+void queue_release(struct ldr_attachment *a, uint64_t lease);
+/* Room for a release of every slot (what queue_release() may need), or -ENOMEM. */
+int rel_reserve(struct ldr_attachment *a, uint32_t nslots);
+void flush_now(struct ldr_attachment *a);
+
+/* keep.c */
+uint32_t share_now(const struct ldr_attachment *a);
+void held_add(struct ldr_attachment *a, struct ldr_batch *b);
+void held_del(struct ldr_attachment *a, struct ldr_batch *b);
+int keep_locked(struct ldr_attachment *a, struct ldr_batch *b, uint64_t mask, bool release);
+int make_room(struct ldr_attachment *a);
+
+/* client.c */
+struct ldr_client *client_alloc(pid_t self, const char *path, const char *name);
+void client_free(struct ldr_client *c);
+int hello_call(struct ldr_client *c, int timeout_ms, bool internal);
+void client_unref(struct ldr_client *c);
+
+/* revoke.c */
+/* true: it answered, the caller tops the window up */
+bool answer_revoke(struct ldr_attachment *a);
+bool watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv);
+
+/* window.c */
+bool needs_top_up(const struct ldr_attachment *a);
+void top_up(struct ldr_attachment *a);
+void req_cb(void *arg);
+void want_top_up(struct ldr_attachment *a);
+
+/* attach.c */
+int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar);
+void att_unref(struct ldr_attachment *a);
+
+/* attach.c: ask the daemon for a batch ring ($LOADERD_RING) */
+bool ring_wanted(void);
+
+/* next.c */
+void batch_done(struct ldr_batch *b, bool give_lease);
+void batch_free(struct ldr_batch *b);
+
+/* reconnect.c */
+void reconnect_run(struct ldr_client *c);
+
+/* flusher.c */
+void *flusher_main(void *arg);
 
 #endif

@@ -163,30 +163,13 @@ static int attach_job(const char *job, char *buf, size_t len)
 	return 0;
 }
 
-int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *user_opts,
-               struct ldr_attachment **out)
+/* Ask the daemon to attach to @pipeline with @opts, as job @job. */
+static int attach_call(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *opts,
+                       char *job, Loaderd__Reply **rep)
 {
-	char job[LDR_JOB_MAX + 1];
-	struct ldr_attach_opts opts_buf;
-	const struct ldr_attach_opts *opts = &opts_buf;
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
 	Loaderd__Attach at = LOADERD__ATTACH__INIT;
-	Loaderd__Reply *rep;
-	Loaderd__AttachReply *ar;
-	struct ldr_attachment *a;
-	uint64_t size = 0, dev_size = 0;
-	int r, fd, dev_fd = -1, ring_fd = -1, ring_efd = -1;
-	char err[512];
 
-	CHECK_PID(c);
-	if ((r = read_attach_opts(user_opts, &opts_buf)) < 0 ||
-	    (r = attach_job(opts_buf.job, job, sizeof(job))) < 0)
-		return r;
-	opts_buf.job = NULL; /* the caller's: a->job keeps the copy */
-	if (!pipeline || strlen(pipeline) > LDR_NAME_MAX)
-		return set_err(-EINVAL, "invalid pipeline name");
-	if (opts->inflight > MAX_INFLIGHT)
-		return set_err(-EINVAL, "inflight %u above the limit of %d", opts->inflight, MAX_INFLIGHT);
 	at.pipeline = (char *)pipeline;
 	at.mode = (Loaderd__Mode)opts->mode;
 	at.rank = opts->rank;
@@ -204,7 +187,149 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	at.client_order = opts->client_order != 0;
 	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
 	req.attach = &at;
-	r = call(c, &req, &rep, LOADERD__REPLY__BODY_ATTACH);
+	return call(c, &req, rep, LOADERD__REPLY__BODY_ATTACH);
+}
+
+/*
+ * Map what the attach reply @ar announces: the slab (its fd fetched over the
+ * fd channel), the batch ring, the device slab of a CUDA attachment. On a
+ * failure every fd it fetched is closed; the attachment's own state goes with
+ * it (att_unref()). 0 or a negative errno, set_err() set.
+ */
+static int attach_map(struct ldr_attachment *a, const Loaderd__AttachReply *ar)
+{
+	uint64_t size = 0, dev_size = 0;
+	int r = 0, fd, dev_fd = -1, ring_fd = -1, ring_efd = -1;
+	char err[512];
+
+	fd = fetch_slab_fd(ar->fd_path, a->c->daemon_uid, ar->fd_token.data, ar->fd_token.len, &size,
+	                   &dev_fd, &dev_size, &ring_fd, &ring_efd);
+	if (fd < 0)
+		return fd;
+	if (ar->ring_bytes && ring_fd < 0)
+		r = set_err(-EPROTO, "attach reply: a batch ring of %" PRIu64 " bytes, but the fd channel "
+		            "brought none", ar->ring_bytes);
+	else if (ring_fd >= 0 && !ar->ring_bytes)
+		r = set_err(-EPROTO, "the fd channel brought a batch ring the attach reply did not announce");
+	else if (ring_fd >= 0)
+		r = ring_open(a, ring_fd, ring_efd, ar->ring_bytes);
+	if (r < 0 || (ring_fd >= 0 && !a->ringed)) {
+		if (ring_fd >= 0) {
+			close(ring_fd);
+			close(ring_efd);
+		}
+		close(fd);
+		if (dev_fd >= 0)
+			close(dev_fd);
+		return r;
+	}
+	if (size != ar->slab_bytes || size < (uint64_t)a->nslots * a->slot_bytes) {
+		close(fd);
+		if (dev_fd >= 0)
+			close(dev_fd);
+		return set_err(-EPROTO, "slab size mismatch");
+	}
+	if (ar->device_kind == LDR_DEVICE_CUDA) {
+		a->device_kind = LDR_DEVICE_CUDA;
+		a->device_index = ar->device_index;
+		a->dstride = ar->device_slot_stride;
+		if (a->dstride < a->slot_bytes || ar->device_slot_stride * a->nslots > ar->device_slab_bytes ||
+		    (dev_fd >= 0 && dev_size != ar->device_slab_bytes)) {
+			r = set_err(-EPROTO, "attach reply: device slab of %" PRIu64 " bytes cannot hold %u slots "
+			            "%" PRIu64 " bytes apart", ar->device_slab_bytes, a->nslots, a->dstride);
+			if (dev_fd >= 0)
+				close(dev_fd);
+		} else {
+			r = devmap_open(&a->dev, ar->device_index, ar->device_memory, dev_fd, ar->device_slab_bytes,
+			                ar->device_ipc_handle.data, ar->device_ipc_handle.len, err, sizeof(err));
+			if (r < 0)
+				set_err(r, "%s", err);
+		}
+		if (r < 0) {
+			close(fd);
+			return r;
+		}
+	} else if (dev_fd >= 0) {
+		close(dev_fd);
+	}
+	/* Copy-on-write: the trainer may write into its batches (a written page
+	 * becomes its own, and is discarded before the lease goes back). It
+	 * needs slots of whole pages, as the daemon lays them out (4096 bytes). */
+	a->cow = a->slot_bytes > 0 && a->slot_bytes % slabmap_page() == 0;
+	if (!(a->map = amap_open(fd, size, a->nslots, a->slot_bytes, a->cow))) {
+		r = set_err(-errno, "cannot map the slab: %s", strerror(errno));
+		close(fd);
+		return r;
+	}
+	return 0;
+}
+
+/* The request contexts: the window's, the Release's, and the watch's when
+ * @watch. 0 or a negative errno, set_err() set. */
+static int attach_open_reqs(struct ldr_attachment *a, bool watch)
+{
+	int r;
+
+	for (int i = 0; i < a->inflight; i++)
+		if ((r = req_open(a->c, &a->reqs[i], a, false)) < 0)
+			return set_err(r, "cannot open request contexts");
+	if ((r = req_open(a->c, &a->relreq, a, true)) < 0)
+		return set_err(r < 0 ? r : -ENOMEM, "cannot open request contexts");
+	/* A daemon that reports a share parks watches; an older one would take
+	 * a watch for a Next asking for one batch. */
+	if (watch) {
+		if ((r = req_open(a->c, &a->watch, a, false)) < 0)
+			return set_err(r, "cannot open request contexts");
+		a->watch.is_watch = true;
+	}
+	return 0;
+}
+
+/* A failed attach: close what it opened, tell the daemon, drop @a. */
+static void attach_undo(struct ldr_attachment *a)
+{
+	Loaderd__Request dreq = LOADERD__REQUEST__INIT;
+	Loaderd__Detach det = LOADERD__DETACH__INIT;
+	Loaderd__Reply *drep;
+	char keep[sizeof(tls_err)];
+
+	for (int i = 0; i < MAX_INFLIGHT; i++)
+		req_close(&a->reqs[i]);
+	req_close(&a->relreq);
+	req_close(&a->watch);
+	/* tell the daemon, so it does not keep a slot for us (the attach's
+	 * error stays the thread's) */
+	det.attach_id = a->id;
+	dreq.body_case = LOADERD__REQUEST__BODY_DETACH;
+	dreq.detach = &det;
+	memcpy(keep, tls_err, sizeof(keep));
+	if (call(a->c, &dreq, &drep, LOADERD__REPLY__BODY_OK) == 0)
+		loaderd__reply__free_unpacked(drep, NULL);
+	memcpy(tls_err, keep, sizeof(keep));
+	att_unref(a);
+}
+
+int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_attach_opts *user_opts,
+               struct ldr_attachment **out)
+{
+	char job[LDR_JOB_MAX + 1];
+	struct ldr_attach_opts opts_buf;
+	const struct ldr_attach_opts *opts = &opts_buf;
+	Loaderd__Reply *rep;
+	Loaderd__AttachReply *ar;
+	struct ldr_attachment *a;
+	int r;
+
+	CHECK_PID(c);
+	if ((r = read_attach_opts(user_opts, &opts_buf)) < 0 ||
+	    (r = attach_job(opts_buf.job, job, sizeof(job))) < 0)
+		return r;
+	opts_buf.job = NULL; /* the caller's: a->job keeps the copy */
+	if (!pipeline || strlen(pipeline) > LDR_NAME_MAX)
+		return set_err(-EINVAL, "invalid pipeline name");
+	if (opts->inflight > MAX_INFLIGHT)
+		return set_err(-EINVAL, "inflight %u above the limit of %d", opts->inflight, MAX_INFLIGHT);
+	r = attach_call(c, pipeline, opts, job, &rep);
 	if (r < 0)
 		return r;
 	ar = rep->attach;
@@ -236,86 +361,10 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 		            ar->credits, opts->inflight, MAX_INFLIGHT);
 		goto fail;
 	}
-	fd = fetch_slab_fd(ar->fd_path, c->daemon_uid, ar->fd_token.data, ar->fd_token.len, &size,
-	                   &dev_fd, &dev_size, &ring_fd, &ring_efd);
-	if (fd < 0) {
-		r = fd;
+	if ((r = attach_map(a, ar)) < 0)
 		goto fail;
-	}
-	if (ar->ring_bytes && ring_fd < 0)
-		r = set_err(-EPROTO, "attach reply: a batch ring of %" PRIu64 " bytes, but the fd channel "
-		            "brought none", ar->ring_bytes);
-	else if (ring_fd >= 0 && !ar->ring_bytes)
-		r = set_err(-EPROTO, "the fd channel brought a batch ring the attach reply did not announce");
-	else if (ring_fd >= 0)
-		r = ring_open(a, ring_fd, ring_efd, ar->ring_bytes);
-	if (r < 0 || (ring_fd >= 0 && !a->ringed)) {
-		if (ring_fd >= 0) {
-			close(ring_fd);
-			close(ring_efd);
-		}
-		close(fd);
-		if (dev_fd >= 0)
-			close(dev_fd);
+	if ((r = attach_open_reqs(a, ar->share != 0)) < 0)
 		goto fail;
-	}
-	if (size != ar->slab_bytes || size < (uint64_t)a->nslots * a->slot_bytes) {
-		close(fd);
-		if (dev_fd >= 0)
-			close(dev_fd);
-		r = set_err(-EPROTO, "slab size mismatch");
-		goto fail;
-	}
-	if (ar->device_kind == LDR_DEVICE_CUDA) {
-		a->device_kind = LDR_DEVICE_CUDA;
-		a->device_index = ar->device_index;
-		a->dstride = ar->device_slot_stride;
-		if (a->dstride < a->slot_bytes || ar->device_slot_stride * a->nslots > ar->device_slab_bytes ||
-		    (dev_fd >= 0 && dev_size != ar->device_slab_bytes)) {
-			r = set_err(-EPROTO, "attach reply: device slab of %" PRIu64 " bytes cannot hold %u slots "
-			            "%" PRIu64 " bytes apart", ar->device_slab_bytes, a->nslots, a->dstride);
-			if (dev_fd >= 0)
-				close(dev_fd);
-		} else {
-			r = devmap_open(&a->dev, ar->device_index, ar->device_memory, dev_fd, ar->device_slab_bytes,
-			                ar->device_ipc_handle.data, ar->device_ipc_handle.len, err, sizeof(err));
-			if (r < 0)
-				set_err(r, "%s", err);
-		}
-		if (r < 0) {
-			close(fd);
-			goto fail;
-		}
-	} else if (dev_fd >= 0) {
-		close(dev_fd);
-	}
-	/* Copy-on-write: the trainer may write into its batches (a written page
-	 * becomes its own, and is discarded before the lease goes back). It
-	 * needs slots of whole pages, as the daemon lays them out (4096 bytes). */
-	a->cow = a->slot_bytes > 0 && a->slot_bytes % slabmap_page() == 0;
-	if (!(a->map = amap_open(fd, size, a->nslots, a->slot_bytes, a->cow))) {
-		r = set_err(-errno, "cannot map the slab: %s", strerror(errno));
-		close(fd);
-		goto fail;
-	}
-	for (int i = 0; i < a->inflight; i++)
-		if ((r = req_open(c, &a->reqs[i], a, false)) < 0) {
-			r = set_err(r, "cannot open request contexts");
-			goto fail;
-		}
-	if ((r = req_open(c, &a->relreq, a, true)) < 0) {
-		r = set_err(r < 0 ? r : -ENOMEM, "cannot open request contexts");
-		goto fail;
-	}
-	/* A daemon that reports a share parks watches; an older one would take
-	 * a watch for a Next asking for one batch. */
-	if (ar->share) {
-		if ((r = req_open(c, &a->watch, a, false)) < 0) {
-			r = set_err(r, "cannot open request contexts");
-			goto fail;
-		}
-		a->watch.is_watch = true;
-	}
 	loaderd__reply__free_unpacked(rep, NULL);
 
 	pthread_mutex_lock(&c->lock);
@@ -329,25 +378,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	return 0;
 
 fail:
-	for (int i = 0; i < MAX_INFLIGHT; i++)
-		req_close(&a->reqs[i]);
-	req_close(&a->relreq);
-	req_close(&a->watch);
-	{
-		/* tell the daemon, so it does not keep a slot for us */
-		Loaderd__Request dreq = LOADERD__REQUEST__INIT;
-		Loaderd__Detach det = LOADERD__DETACH__INIT;
-		Loaderd__Reply *drep;
-		char keep[sizeof(tls_err)];
-		det.attach_id = a->id;
-		dreq.body_case = LOADERD__REQUEST__BODY_DETACH;
-		dreq.detach = &det;
-		memcpy(keep, tls_err, sizeof(keep));
-		if (call(c, &dreq, &drep, LOADERD__REPLY__BODY_OK) == 0)
-			loaderd__reply__free_unpacked(drep, NULL);
-		memcpy(tls_err, keep, sizeof(keep));
-	}
-	att_unref(a);
+	attach_undo(a);
 fail_rep:
 	loaderd__reply__free_unpacked(rep, NULL);
 	return r;

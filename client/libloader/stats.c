@@ -64,25 +64,26 @@ void stats_enter(struct ldr_attachment *a, uint64_t t0)
  * at all (no request goes out while it waits). Once a second of a wait
  * (ldr_next()'s own slices, or the Python package's polls that time out), a
  * Release carries the time waited so far, with the leases queued if any.
- * Only a waiting trainer pays for it. Called with c->lock held.
+ * Only a waiting trainer pays for it. Called with c->lock held. Return true
+ * when that Release is due: the caller sends it (req_send() on a->relreq),
+ * as stats.c sends nothing itself (req_send() asks it what to report).
  */
-void stats_live(struct ldr_attachment *a, uint64_t now)
+bool stats_live(struct ldr_attachment *a, uint64_t now)
 {
 	a->st_wait_ns += now - a->st_counted;
 	a->st_counted = now;
 	if (ring_has_stats(a)) {
 		stats_to_ring(a);
-		return;
+		return false;
 	}
-	if (now - a->st_sent_ns >= (uint64_t)STATS_LIVE_MS * 1000000u && !a->detached &&
-	    !a->c->disconnected && a->relreq.open && a->relreq.state == REQ_IDLE)
-		req_send(a, &a->relreq, 0);
+	return now - a->st_sent_ns >= (uint64_t)STATS_LIVE_MS * 1000000u && !a->detached &&
+	       !a->c->disconnected && a->relreq.open && a->relreq.state == REQ_IDLE;
 }
 
 /* ldr_next() that began at @t0 returns @r. A wait ends with anything but a
  * timeout: ldr_next with a timeout in a loop (the Python DataLoader polls in
- * slices) is one wait. */
-void stats_leave(struct ldr_attachment *a, uint64_t t0, int r)
+ * slices) is one wait. True when a Release is due, as stats_live() says. */
+bool stats_leave(struct ldr_attachment *a, uint64_t t0, int r)
 {
 	uint64_t t1 = mono_ns();
 
@@ -91,13 +92,12 @@ void stats_leave(struct ldr_attachment *a, uint64_t t0, int r)
 	a->st_open += t1 - t0;
 	a->st_mark = r == 0 || r == -ETIMEDOUT ? t1 : 0;
 	a->st_waiting = r == -ETIMEDOUT;
-	if (a->st_waiting) {
-		stats_live(a, t1);
-		return;
-	}
+	if (a->st_waiting)
+		return stats_live(a, t1);
 	a->st_buckets[wait_bucket(a->st_open)]++;
 	a->st_calls++;
 	a->st_open = 0;
 	if (ring_has_stats(a))
 		stats_to_ring(a);
+	return false;
 }

@@ -159,12 +159,12 @@ bool ring_stats_due(const struct ldr_attachment *a)
 }
 
 /* ... and ldr_next() one at most every STATS_EVERY_NS while batches are
- * taken but kept (no release). Called with c->lock held. */
-void ring_stats(struct ldr_attachment *a)
+ * taken but kept (no release): true when it is due now (ldr_next() sends
+ * it). Called with c->lock held. */
+bool ring_stats_now(const struct ldr_attachment *a)
 {
-	if (a->ringed && !ring_has_stats(a) && mono_ns() - a->st_sent_ns >= STATS_EVERY_NS && !a->detached &&
-	    !a->c->disconnected && a->relreq.open && a->relreq.state == REQ_IDLE)
-		req_send(a, &a->relreq, 0);
+	return a->ringed && !ring_has_stats(a) && mono_ns() - a->st_sent_ns >= STATS_EVERY_NS &&
+	       !a->detached && !a->c->disconnected && a->relreq.open && a->relreq.state == REQ_IDLE;
 }
 
 void ring_retire(struct ldr_attachment *a)

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* libloader: connecting and the Hello, the client handle, its reconnect
- * timeout, losing the connection (on_pipe_rem()), ldr_close().
+/* libloader: connecting (ldr_connect()), the client's reconnect timeout,
+ * losing the connection (on_pipe_rem()), ldr_close(). The handle itself and
+ * the Hello are client.c's, below the attachments and the reconnection that
+ * use them.
  */
 #include "libloader-private.h"
 #include <nng/protocol/reqrep0/req.h> /* after nng.h */
@@ -57,40 +59,6 @@ static int client_open_socket(struct ldr_client *c)
 	return daemon_watch(c);
 }
 
-static struct ldr_client *client_alloc(pid_t self, const char *path, const char *name)
-{
-	struct ldr_client *c = calloc(1, sizeof(*c));
-	pthread_condattr_t ca;
-
-	if (!c)
-		return NULL;
-	c->pid = self;
-	atomic_init(&c->refs, 1);
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&c->cond, &ca);
-	pthread_cond_init(&c->flush_cond, &ca);
-	pthread_condattr_destroy(&ca);
-	snprintf(c->path, sizeof(c->path), "%s", path);
-	snprintf(c->name, sizeof(c->name), "%s", name);
-	return c;
-}
-
-static void client_free(struct ldr_client *c)
-{
-	while (c->specs) {
-		struct spec_rec *sr = c->specs;
-		c->specs = sr->next;
-		free(sr->json);
-		free(sr);
-	}
-	pthread_cond_destroy(&c->flush_cond);
-	pthread_cond_destroy(&c->cond);
-	pthread_mutex_destroy(&c->lock);
-	free(c);
-}
-
 /*
  * Close the socket of a client that was never handed out, as ldr_close()
  * does: nng 1.5.2 can block in nng_close() forever. Returns true, and frees
@@ -126,33 +94,6 @@ static int reconnect_ms_from_env(int *ms)
 	*ms = (int)(sec * 1000 + 0.5);
 	if (sec > 0 && *ms == 0)
 		*ms = 1;
-	return 0;
-}
-
-/* Shake hands on the client's socket; sets c->id. */
-int hello_call(struct ldr_client *c, int timeout_ms, bool internal)
-{
-	Loaderd__Request req = LOADERD__REQUEST__INIT;
-	Loaderd__Hello hello = LOADERD__HELLO__INIT;
-	Loaderd__Reply *rep;
-	int r;
-
-	hello.protocol = LDR_PROTOCOL_VERSION;
-	hello.client_name = c->name;
-	req.body_case = LOADERD__REQUEST__BODY_HELLO;
-	req.hello = &hello;
-	/* a daemon refused (whose.c) hears nothing, not even our name */
-	if ((r = daemon_refused(c, 0)) < 0)
-		return r;
-	r = call_gen(c, &req, &rep, LOADERD__REPLY__BODY_HELLO, timeout_ms, internal);
-	if (r < 0)
-		r = daemon_refused(c, r);
-	if (r < 0)
-		return r == -EPROTONOSUPPORT ? LDR_EVERSION : r;
-	pthread_mutex_lock(&c->lock);
-	c->id = rep->hello->client_id;
-	pthread_mutex_unlock(&c->lock);
-	loaderd__reply__free_unpacked(rep, NULL);
 	return 0;
 }
 
@@ -318,13 +259,6 @@ uint64_t ldr_client_id(const struct ldr_client *client)
 	id = c->id;
 	reader_unlock(c, locked);
 	return id;
-}
-
-void client_unref(struct ldr_client *c)
-{
-	if (atomic_fetch_sub(&c->refs, 1) != 1)
-		return;
-	client_free(c);
 }
 
 void ldr_close(struct ldr_client *c)

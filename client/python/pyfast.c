@@ -724,7 +724,7 @@ static PyMethodDef fast_methods[] = {
 static struct PyModuleDef fast_module = {
 	PyModuleDef_HEAD_INIT,
 	.m_name = "_fast",
-	.m_doc = "loaderd's per-batch path in C (client/pyfast.c)",
+	.m_doc = "loaderd's per-batch path in C (client/python/pyfast.c)",
 	.m_size = -1,
 	.m_methods = fast_methods,
 };

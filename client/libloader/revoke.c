@@ -21,23 +21,25 @@ static void discard_unseen(struct ldr_attachment *a, const struct arrived *ar)
  * upto_seq, at most count, that the trainer has not taken and that are
  * batches. They leave the ring; the daemon rewinds and delivers them again
  * from return_from, which the ring then accepts like any new delivery, and the
- * window has room for them again. Called with c->lock held.
+ * window has room for them again. Called with c->lock held. Return true
+ * when it answered: the caller then tops the window up (top_up(), window.c,
+ * which calls here: so this file never calls it back).
  */
-void answer_revoke(struct ldr_attachment *a)
+bool answer_revoke(struct ldr_attachment *a)
 {
 	uint64_t upto = a->rv_upto, from;
 	uint32_t j = 0;
 
 	if (!a->rv_pending || !a->watching || a->watch.state != REQ_IDLE || a->detached ||
 	    a->c->disconnected)
-		return;
+		return false;
 	ring_pull(a, true); /* the deliveries below upto_seq are in the ring, or here */
 	if (upto > a->next_seq) {
 		if (upto - a->next_seq > MAX_INFLIGHT)
-			return;
+			return false;
 		for (uint64_t s = a->next_seq; s < upto; s++)
 			if (!a->ring[s % MAX_INFLIGHT].present)
-				return; /* on its way */
+				return false; /* on its way */
 	}
 	while (j < a->rv_count && j < MAX_INFLIGHT && upto - j > a->next_seq) {
 		const struct arrived *ar = &a->ring[(upto - j - 1) % MAX_INFLIGHT];
@@ -66,15 +68,16 @@ void answer_revoke(struct ldr_attachment *a)
 			snprintf(a->errmsg, sizeof(a->errmsg), "cannot answer the daemon's revoke: out of memory");
 		}
 	}
-	top_up(a);
+	return true;
 }
 
-/* The watch came back. Called with c->lock held. */
-void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
+/* The watch came back. Called with c->lock held. True when the window
+ * has room again (answer_revoke()). */
+bool watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
 {
 	if (rv != 0 || !rep) {
 		a->watching = false; /* cancelled, or the connection went */
-		return;
+		return false;
 	}
 	switch (rep->body_case) {
 	case LOADERD__REPLY__BODY_REVOKE:
@@ -84,8 +87,7 @@ void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
 		a->rv_pending = true;
 		a->rv_upto = rep->revoke->upto_seq;
 		a->rv_count = rep->revoke->count;
-		answer_revoke(a);
-		return;
+		return answer_revoke(a);
 	case LOADERD__REPLY__BODY_ERROR: {
 		int code = rep->error->code;
 		a->watching = false; /* detached, shutting down...: not sent again */
@@ -99,7 +101,7 @@ void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
 			         rep->error->message && *rep->error->message ? rep->error->message
 			                                                     : error_name(a->err));
 		}
-		return;
+		return false;
 	}
 	case LOADERD__REPLY__BODY_BATCHES:
 	case LOADERD__REPLY__BODY_END:
@@ -107,9 +109,9 @@ void watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
 		 * delivered, and send no more watches */
 		a->watching = false;
 		store_reply(a, rep, 0);
-		return;
+		return false;
 	default:
 		a->watching = false;
-		return;
+		return false;
 	}
 }

@@ -30,15 +30,19 @@
  * structures they share):
  *   libloader.c   this map, errors (set_err()), the small exported helpers
  *   rpc.c         synchronous calls (call_gen())
- *   connect.c     ldr_connect() and the Hello, losing the connection, ldr_close()
+ *   client.c      the client handle: allocation, references, the Hello
+ *   connect.c     ldr_connect(), losing the connection, ldr_close()
  *   whose.c       whose daemon: each connection's peer uid, checked
  *   control.c     create, drop, status, list, set, reload
  *   fdchan.c      fetching the slab's fd over the fd channel
  *   amap.c        an attachment's mapping of a slab
  *   attach.c      ldr_attach(), ldr_detach()
  *   window.c      the window of Next requests (top_up()) and their replies
+ *   request.c     sending a Next, a Release or the watch (req_send())
+ *   arrived.c     the deliveries that arrived, by delivery number (store_reply())
  *   revoke.c      sharing slots: the watch and the daemon's Revoke
  *   flusher.c     the client's thread: top-ups and releases off the trainer's path
+ *   release.c     an attachment's queue of releases, which the flusher sends
  *   stats.c       stall accounting (TrainerStats)
  *   keep.c        batches held and kept (copy-on-write), make_room()
  *   next.c        ldr_next(), ldr_release()
