@@ -16,16 +16,16 @@
 
 #include "common.h"
 #include "config.h"
-#include "creds.h"
-#include "imagecache.h"
-#include "log.h"
-#include "metrics.h"
+#include "base/creds.h"
+#include "sources/images/imagecache.h"
+#include "base/log.h"
+#include "server/metrics.h"
 #include "notify.h"
-#include "pipeline.h"
+#include "engine/engine.h"
 #include "reload.h"
-#include "server.h"
+#include "server/server.h"
 #include "settings.h"
-#include "spec.h"
+#include "sources/spec.h"
 
 #define DEFAULT_CONFIG "/etc/loaderd/loaderd.json"
 

@@ -18,13 +18,13 @@
 #include <string.h>
 
 #include "common.h"
-#include "creds.h"
-#include "log.h"
+#include "base/creds.h"
+#include "base/log.h"
 #include "notify.h"
-#include "pipeline.h"
+#include "engine/engine.h"
 #include "reload.h"
-#include "server.h"
-#include "source.h"
+#include "server/server.h"
+#include "sources/source.h"
 
 int config_spec(json_t *spec_json, struct spec **out, char *err, size_t errlen)
 {

@@ -6,8 +6,8 @@
 #include <stdint.h>
 
 #include "settings.h"
-#include "server.h"
-#include "spec.h"
+#include "server/server.h"
+#include "sources/spec.h"
 
 struct server;
 

@@ -28,8 +28,8 @@
 #include <string.h>
 
 #include "common.h"
-#include "log.h"
-#include "metrics.h"
+#include "base/log.h"
+#include "server/metrics.h"
 #include "settings.h"
 
 /* errfmt with the file's name in front ("PATH: "), and -EINVAL: every
