@@ -30,6 +30,7 @@
 #include <uv.h>
 
 #include "fdchan.h"
+#include "sockpath.h"
 #include "test-proc.h"
 
 /* fdchan.c's CONN_TIMEOUT_MS and MAX_CONNS */

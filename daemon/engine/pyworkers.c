@@ -29,7 +29,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "server/fdchan.h"
+#include "base/sockpath.h"
 #include "engine-private.h"
 #include "pyw-wire.h"
 #include "pyworkers.h"

@@ -29,7 +29,7 @@
 
 #include "common.h"
 #include "config.h"
-#include "fdchan.h"
+#include "base/sockpath.h"
 #include "base/log.h"
 #include "metrics.h"
 

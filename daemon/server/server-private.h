@@ -29,6 +29,7 @@
 #include "nngclose.h"
 #include "loader.pb-c.h"
 #include "base/log.h"
+#include "base/sockpath.h"
 #include "engine/engine.h"
 #include "engine/pyworkers.h"
 #include "server.h"
