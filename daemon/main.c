@@ -19,6 +19,7 @@
 #include "base/creds.h"
 #include "sources/images/imagecache.h"
 #include "base/log.h"
+#include "base/size.h"
 #include "server/metrics.h"
 #include "notify.h"
 #include "engine/engine.h"
@@ -286,12 +287,12 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 			d->cfg.workers = (unsigned)n;
 			break;
 		case 'm':
-			if (settings_parse_size(optarg, &d->cfg.memory_limit) == -ERANGE) {
+			if (size_parse(optarg, &d->cfg.memory_limit) == -ERANGE) {
 				fprintf(stderr, "loaderd: memory limit above the largest size, %" PRId64
-				        " bytes -- '%s'\n", (int64_t)SETTINGS_SIZE_MAX, optarg);
+				        " bytes -- '%s'\n", (int64_t)SIZE_PARSE_MAX, optarg);
 				return 2;
 			}
-			if (settings_parse_size(optarg, &d->cfg.memory_limit) < 0 || !d->cfg.memory_limit) {
+			if (size_parse(optarg, &d->cfg.memory_limit) < 0 || !d->cfg.memory_limit) {
 				fprintf(stderr, "loaderd: invalid memory limit -- '%s' (bytes, or like 512M, 4G)\n", optarg);
 				return 2;
 			}

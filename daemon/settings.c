@@ -29,6 +29,7 @@
 
 #include "common.h"
 #include "base/log.h"
+#include "base/size.h"
 #include "server/metrics.h"
 #include "settings.h"
 
@@ -47,36 +48,6 @@ static int settings_fail(char *err, size_t errlen, const char *path, const char 
 	return -EINVAL;
 }
 
-int settings_parse_size(const char *text, uint64_t *out)
-{
-	char *end;
-	double v;
-	double mul = 1;
-
-	errno = 0;
-	v = strtod(text, &end);
-	if (end == text || errno || v < 0 || !isfinite(v))
-		return -EINVAL;
-	switch (*end) {
-	case 'k': case 'K': mul = 1024.0; end++; break;
-	case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-	case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-	case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-	default: break;
-	}
-	if (*end == 'i' || *end == 'B')
-		end += *end == 'i' ? 1 : 0;
-	if (*end == 'B')
-		end++;
-	if (*end)
-		return -EINVAL;
-	v *= mul;
-	if (v >= 9223372036854775808.0) /* 2^63: above SETTINGS_SIZE_MAX */
-		return -ERANGE;
-	*out = (uint64_t)v;
-	return 0;
-}
-
 /* A size key of @path: bytes, or a string "8G" (@example); 0 is none. */
 static int size_key(const char *path, const char *key, json_t *v, const char *example,
                     uint64_t *out, char *err, size_t errlen)
@@ -89,10 +60,10 @@ static int size_key(const char *path, const char *key, json_t *v, const char *ex
 		return 0;
 	}
 	if (json_is_string(v))
-		r = settings_parse_size(json_string_value(v), &size);
+		r = size_parse(json_string_value(v), &size);
 	if (r == -ERANGE)
 		return settings_fail(err, errlen, path, "%s: \"%s\" is above the largest size, %" PRId64
-		                     " bytes", key, json_string_value(v), (int64_t)SETTINGS_SIZE_MAX);
+		                     " bytes", key, json_string_value(v), (int64_t)SIZE_PARSE_MAX);
 	if (r < 0 || !size)
 		return settings_fail(err, errlen, path, "%s: must be bytes or a size like \"%s\"", key,
 		                     example);

@@ -46,12 +46,6 @@ struct settings {
 #define SETTINGS_LINGER_DEFAULT_MS 5000
 #define SETTINGS_LINGER_MAX_S 31536000
 
-/* Parse "1073741824", "512M", "4G", "1.5G"; -EINVAL if it is none of these,
- * -ERANGE above SETTINGS_SIZE_MAX (replies, logs and status carry sizes as
- * JSON's signed 64-bit integers). */
-#define SETTINGS_SIZE_MAX INT64_MAX
-int settings_parse_size(const char *text, uint64_t *out);
-
 /**
  * settings_load() - read a config file into @cfg (values already set win).
  * @err: names the file and the key, e.g. "/etc/loaderd/loaderd.json: workers:

@@ -11,7 +11,7 @@
 
 #include "reload.h"
 #include "server-private.h"
-#include "settings.h"
+#include "base/size.h"
 #include "engine/workers.h"
 
 /* "ldr-alice (uid 1001), pid 4242": who asked, for the log. */
@@ -125,13 +125,13 @@ static void set_memory_limit(struct server *srv, struct sctx *c, const struct cl
 	uint64_t old = engine_memory_limit(srv->engine), used = engine_memory_used(srv->engine), n = 0;
 	char msg[320];
 
-	if (value && settings_parse_size(value, &n) == -ERANGE) {
+	if (value && size_parse(value, &n) == -ERANGE) {
 		snprintf(msg, sizeof(msg), "memory_limit: '%.64s' is above the largest size, %" PRId64
-		         " bytes", value, (int64_t)SETTINGS_SIZE_MAX);
+		         " bytes", value, (int64_t)SIZE_PARSE_MAX);
 		reply_error(srv, c, ERANGE, msg);
 		return;
 	}
-	if (!value || settings_parse_size(value, &n) < 0 || !n) {
+	if (!value || size_parse(value, &n) < 0 || !n) {
 		snprintf(msg, sizeof(msg), "memory_limit: '%s' is not a size (bytes, or like 512M, "
 		         "4G)", value ? value : "");
 		reply_error(srv, c, EINVAL, msg);

@@ -27,7 +27,7 @@
 
 #include "common.h"
 #include "imagecache.h"
-#include "settings.h"
+#include "base/size.h"
 #include "sources/source-private.h"
 
 #define ENTRY_ALIGN 64                /* entries on their own cache lines */
@@ -89,12 +89,12 @@ int imagecache_parse(struct spec *spec, json_t *v, char *err, size_t errlen)
 	if (json_is_integer(b) && json_integer_value(b) > 0) {
 		spec->cache_bytes = (uint64_t)json_integer_value(b);
 	} else {
-		r = json_is_string(b) ? settings_parse_size(json_string_value(b), &spec->cache_bytes)
+		r = json_is_string(b) ? size_parse(json_string_value(b), &spec->cache_bytes)
 				      : -EINVAL;
 		if (r == -ERANGE)
 			return spec_fail(err, errlen,
 					 "cache.bytes: \"%.64s\" is above the largest size, %" PRId64 " bytes",
-					 json_string_value(b), (int64_t)SETTINGS_SIZE_MAX);
+					 json_string_value(b), (int64_t)SIZE_PARSE_MAX);
 		if (r < 0 || !spec->cache_bytes)
 			return spec_fail(err, errlen,
 					 "cache.bytes: must be bytes (an integer above 0) or a size like \"8G\"");
