@@ -9,7 +9,7 @@
  * the request on.
  */
 
-#include "reload.h"
+#include "base/config-change.h"
 #include "server-private.h"
 #include "base/size.h"
 #include "engine/workers.h"
