@@ -274,8 +274,8 @@ static int apply_settings(struct reload_job *j, const struct settings *f, char *
 	       cr->user_memory ? json_integer((json_int_t)cr->user_memory) : json_null(),
 	       "for creates from now on");
 	change(j, "max_pipelines_per_user", NULL,
-	       json_integer(was.max_pipelines ? was.max_pipelines : SETTINGS_PIPELINES_PER_USER_DEFAULT),
-	       json_integer(cr->max_pipelines ? cr->max_pipelines : SETTINGS_PIPELINES_PER_USER_DEFAULT),
+	       json_integer(was.max_pipelines ? was.max_pipelines : ENGINE_PIPELINES_PER_USER_DEFAULT),
+	       json_integer(cr->max_pipelines ? cr->max_pipelines : ENGINE_PIPELINES_PER_USER_DEFAULT),
 	       "for creates from now on");
 	server_set_access(cr->srv, cr->admin_gid, cr->max_conn);
 	change(j, "admin_group", NULL, gid_json(was.admin_gid), gid_json(cr->admin_gid),

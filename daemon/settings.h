@@ -38,8 +38,8 @@ struct settings {
 #define SETTINGS_CONN_PER_UID_DEFAULT 64
 #define SETTINGS_CONN_MAX 512
 
-/* Pipelines one uid may own without "max_pipelines_per_user" (bounds.c). */
-#define SETTINGS_PIPELINES_PER_USER_DEFAULT 64
+/* Pipelines one uid may own with "max_pipelines_per_user"; without it
+ * ENGINE_PIPELINES_PER_USER_DEFAULT (engine.h). */
 #define SETTINGS_PIPELINES_PER_USER_MAX 100000
 
 /* The linger without a "linger" key: 5 s. */

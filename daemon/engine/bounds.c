@@ -26,7 +26,6 @@
 #include <sys/resource.h>
 
 #include "engine-private.h"
-#include "settings.h"
 
 #define FD_RESERVE_MIN 64        /* descriptors kept for admins, at least */
 #define FD_RESERVE_SHARE 16      /* ... or this share of RLIMIT_NOFILE */
@@ -48,7 +47,7 @@ static uint64_t user_memory_limit(const struct engine *eng)
 
 static unsigned max_pipelines(const struct engine *eng)
 {
-	return eng->max_pipelines_user ? eng->max_pipelines_user : SETTINGS_PIPELINES_PER_USER_DEFAULT;
+	return eng->max_pipelines_user ? eng->max_pipelines_user : ENGINE_PIPELINES_PER_USER_DEFAULT;
 }
 
 static uint64_t pipeline_bytes(const struct pipeline *pl)

@@ -340,6 +340,8 @@ void engine_set_max_held(struct engine *eng, uint64_t bytes);
 /* memory_limit_per_user (0: memory_limit / 2) and max_pipelines_per_user (0:
  * the default), for the creates from now on (bounds.c). */
 void engine_set_user_bounds(struct engine *eng, uint64_t bytes, unsigned npipelines);
+/* Pipelines one uid may own without "max_pipelines_per_user". */
+#define ENGINE_PIPELINES_PER_USER_DEFAULT 64
 /* Status: the bounds, the descriptors, and per user its pipelines and bytes
  * (every user's for an admin, else @who's own), set into @status. */
 void engine_bounds_status(struct engine *eng, json_t *status, const struct principal *who);
