@@ -5,6 +5,7 @@
  * leases on the slots it was delivered, and its fd-channel token.
  */
 #include "engine-private.h"
+#include "pyworkers.h"
 
 static void att_unlink(struct attachment *a)
 {

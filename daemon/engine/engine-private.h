@@ -26,7 +26,6 @@
 #include "base/log.h"
 #include "engine.h"
 #include "pyw-wire.h"
-#include "pyworkers.h"
 #include "sampler.h"
 #include "slab.h"
 #include "sources/source.h"

@@ -346,5 +346,13 @@ void engine_set_user_bounds(struct engine *eng, uint64_t bytes, unsigned npipeli
  * (every user's for an admin, else @who's own), set into @status. */
 void engine_bounds_status(struct engine *eng, json_t *status, const struct principal *who);
 uint64_t holds_max_held(const struct engine *eng);
+/* The Python workers' socket, <socket>.workers (pyworkers.c): the server
+ * listens on @path (mode and group as the fd channel's) for the engine. */
+struct pyw_server;
+int pyw_server_new(struct pyw_server **out, uv_loop_t *loop, struct engine *eng, const char *path,
+		   unsigned mode, int gid, char *err, size_t errlen);
+/* Close the listener and every connection (the pipelines stay as they are:
+ * the engine frees them). */
+void pyw_server_close(struct pyw_server *srv);
 /* The copy engines' state for status (an empty object before any CUDA attach). */
 json_t *engine_cuda_json(struct engine *eng);

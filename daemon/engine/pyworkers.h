@@ -25,14 +25,7 @@ struct job;
 #define PYW_MAX_DEATHS 3          /* deaths of workers over one task before it fails */
 #define PYW_START_MS 60000        /* from create to the host's MAPPED */
 
-struct pyw_server;
-
-/* Listen on @path (mode and group as the fd channel's). */
-int pyw_server_new(struct pyw_server **out, uv_loop_t *loop, struct engine *eng, const char *path,
-		   unsigned mode, int gid, char *err, size_t errlen);
-/* Close the listener and every connection (the pipelines stay as they are:
- * the engine frees them). */
-void pyw_server_close(struct pyw_server *srv);
+/* The workers' listener, pyw_server_new(), is the server's to open: engine.h. */
 
 /* A python pipeline was created: its state, and the timer for its host. */
 int pyw_pipeline_new(struct pipeline *pl, char *err, size_t errlen);

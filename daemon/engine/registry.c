@@ -17,6 +17,7 @@
 
 #include "sources/images/imagecache.h"
 #include "engine-private.h"
+#include "pyworkers.h"
 
 /* --- pipelines ---------------------------------------------------------- */
 

@@ -14,6 +14,7 @@
  */
 
 #include "engine-private.h"
+#include "pyworkers.h"
 
 #define STATS_TICK_MS 1000
 

@@ -2,6 +2,7 @@
 /* status - the JSON that `loaderctl status` and `pipelines` show */
 
 #include "engine-private.h"
+#include "pyworkers.h"
 
 static const char *pipeline_state(const struct pipeline *pl)
 {

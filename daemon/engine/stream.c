@@ -8,6 +8,7 @@
  * and one per lease; it goes back to the pool when none is left.
  */
 #include "engine-private.h"
+#include "pyworkers.h"
 
 struct batch *ring_at(struct stream *s, uint64_t seq)
 {

@@ -31,7 +31,6 @@
 #include "base/log.h"
 #include "base/sockpath.h"
 #include "engine/engine.h"
-#include "engine/pyworkers.h"
 #include "server.h"
 #include "sources/source.h"
 #include "wedged.h"
