@@ -22,6 +22,7 @@
 
 #include "common.h"
 #include "source-private.h"
+#include "spec.h"
 
 /* A new kind: its file, its enum source_kind value and a line here. */
 const struct source_kind_entry source_kinds[] = {

@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "source-private.h"
+#include "spec.h"
 
 #define SPEC_NPY_MAX_PATHS 16
 #define NPY_HEADER_MAX (1u << 20)

@@ -17,7 +17,8 @@
 
 #include "base/creds.h"
 #include "source.h"
-#include "spec.h"
+
+struct spec;                     /* spec.h: the kinds parse and open it */
 
 /* An open source; a kind's own state follows it (ops->size bytes in all). */
 struct source {

@@ -19,6 +19,7 @@
 
 #include "common.h"
 #include "source-private.h"
+#include "spec.h"
 
 #define PY_SAMPLES_MAX (1ull << 40)
 #define PY_DIM_MAX (1ll << 31)

@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "source-private.h"
+#include "spec.h"
 
 #define SEQ_LEN_MAX (1u << 24)
 

@@ -2,12 +2,25 @@
 /* source - where samples come from: token files, .npy arrays, images */
 #pragma once
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "loader/loader.h"
-#include "spec.h"
+
+/*
+ * The kinds of source. Each is parsed, opened and read by its own source_ops
+ * (source-private.h; image_folder and webdataset share source-images.c), and
+ * the kind table in kinds.c names them.
+ */
+enum source_kind {
+	SOURCE_TOKENS,
+	SOURCE_NPY,
+	SOURCE_IMAGE_FOLDER,
+	SOURCE_WEBDATASET,
+	SOURCE_PYTHON,           /* a user's torch Dataset, built by its Python workers */
+};
 
 #define SOURCE_MAX_FIELDS 16
 
@@ -20,6 +33,7 @@ struct field_desc {
 };
 
 struct source;
+struct spec;                     /* spec.h */
 
 /*
  * What a sample's random draws depend on besides its index (docs/spec.md,

@@ -7,19 +7,7 @@
 #include <stdint.h>
 
 #include "loader/loader.h"
-
-/*
- * The kinds of source. Each is parsed, opened and read by its own source_ops
- * (source-private.h; image_folder and webdataset share source-images.c), and
- * the kind table in kinds.c names them.
- */
-enum source_kind {
-	SOURCE_TOKENS,
-	SOURCE_NPY,
-	SOURCE_IMAGE_FOLDER,
-	SOURCE_WEBDATASET,
-	SOURCE_PYTHON,           /* a user's torch Dataset, built by its Python workers */
-};
+#include "source.h"
 
 /* Image transforms, applied in order (docs/spec.md, "Image pipelines"). */
 enum transform_op {

@@ -29,6 +29,7 @@
 #include "imagecache.h"
 #include "base/size.h"
 #include "sources/source-private.h"
+#include "sources/spec.h"
 
 #define ENTRY_ALIGN 64                /* entries on their own cache lines */
 enum {

@@ -24,6 +24,7 @@
 #include "imageop.h"
 #include "imageset.h"
 #include "sources/source-private.h"
+#include "sources/spec.h"
 
 struct images_source {
 	struct source base;
