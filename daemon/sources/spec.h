@@ -123,13 +123,6 @@ int spec_from_json(struct spec **out, json_t *obj, char *err, size_t errlen);
 struct spec *spec_free(struct spec *spec);
 /* The source is image_folder or webdataset (transforms, output...); source-images.c. */
 bool spec_is_image(const struct spec *spec);
-/*
- * The size of an image of @h x @w after resize @t, as torchvision computes it
- * (an integer size is the shorter side: long = int(size * long / short));
- * source-images.c.
- */
-void transform_resize_dims(const struct transform *t, uint32_t h, uint32_t w, uint64_t *oh,
-			   uint64_t *ow);
 /* Two specs describe the same pipeline (for create with exist_ok). */
 bool spec_equal(const struct spec *a, const struct spec *b);
 /* A fingerprint of the canonical form (FNV-1a 64 of its sorted compact JSON),

@@ -368,6 +368,29 @@ void imageop_init(struct imageop *op, const struct spec *spec)
 
 /* ---- planning ---- */
 
+void transform_resize_dims(const struct transform *t, uint32_t h, uint32_t w, uint64_t *oh,
+			   uint64_t *ow)
+{
+	uint64_t shorter, longer, nlong;
+
+	if (t->size[1]) {
+		*oh = t->size[0];
+		*ow = t->size[1];
+		return;
+	}
+	/* torchvision: new_long = int(size * long / short), in double */
+	shorter = w <= h ? w : h;
+	longer = w <= h ? h : w;
+	nlong = (uint64_t)((double)((uint64_t)t->size[0] * longer) / (double)shorter);
+	if (w <= h) {
+		*ow = t->size[0];
+		*oh = nlong;
+	} else {
+		*oh = t->size[0];
+		*ow = nlong;
+	}
+}
+
 static void stage_reset(struct imageop_stage *st, int w, int h)
 {
 	memset(st, 0, sizeof(*st));

@@ -116,6 +116,14 @@ int imageop_decode_run_many(const struct imageop *op, struct image_scratch *s,
 			    size_t len, const struct image_info *info, void *const *dsts,
 			    unsigned *decodes, char *err, size_t errlen);
 
+/*
+ * The size of an image of @h x @w after resize @t, as torchvision computes it
+ * (an integer size is the shorter side: long = int(size * long / short)):
+ * the plans here, and the spec's output size (source-images.c).
+ */
+void transform_resize_dims(const struct transform *t, uint32_t h, uint32_t w, uint64_t *oh,
+			   uint64_t *ow);
+
 /* The @n-th uniform draw in [0, 1) of @key. */
 double imageop_uniform(uint64_t key, uint64_t n);
 

@@ -266,29 +266,6 @@ static int parse_transform(struct transform *t, json_t *op, size_t i, char *err,
 	return 0;
 }
 
-void transform_resize_dims(const struct transform *t, uint32_t h, uint32_t w, uint64_t *oh,
-			   uint64_t *ow)
-{
-	uint64_t shorter, longer, nlong;
-
-	if (t->size[1]) {
-		*oh = t->size[0];
-		*ow = t->size[1];
-		return;
-	}
-	/* torchvision: new_long = int(size * long / short), in double */
-	shorter = w <= h ? w : h;
-	longer = w <= h ? h : w;
-	nlong = (uint64_t)((double)((uint64_t)t->size[0] * longer) / (double)shorter);
-	if (w <= h) {
-		*ow = t->size[0];
-		*oh = nlong;
-	} else {
-		*oh = t->size[0];
-		*ow = nlong;
-	}
-}
-
 /*
  * The output size after the transforms, from what each one fixes: a crop or an
  * exact resize fixes both sides; resizing the shorter side keeps the size
