@@ -17,7 +17,7 @@
 #include "common.h"
 #include "config.h"
 #include "base/creds.h"
-#include "sources/images/imagecache.h"
+#include "sources/source.h"
 #include "base/log.h"
 #include "base/size.h"
 #include "server/metrics.h"
@@ -151,7 +151,7 @@ static int check_config(const char *file, uint64_t cli_memory_limit)
 			n++;
 			/* a cache above the limit the daemon would run with, as create says */
 			if (config_spec(spec_json, &spec, err, sizeof(err)) < 0 ||
-			    imagecache_check_limit(spec, limit, err, sizeof(err)) < 0) {
+			    source_check_limit(spec, limit, err, sizeof(err)) < 0) {
 				fprintf(stderr, "loaderd: %s: pipelines[%zu]: %s\n", cfg.path ? cfg.path : file,
 				        i, err);
 				bad++;

@@ -15,7 +15,6 @@
  * expiry; dropping happens only in its callback, never under a caller.
  */
 
-#include "sources/images/imagecache.h"
 #include "engine-private.h"
 #include "pyworkers.h"
 
@@ -460,7 +459,7 @@ static int create_check(struct engine *eng, struct spec *spec, const struct prin
 		return r;
 	}
 	/* before the dataset is listed: this one can never fit */
-	if ((r = imagecache_check_limit(spec, eng->memory_limit, err, errlen)) < 0) {
+	if ((r = source_check_limit(spec, eng->memory_limit, err, errlen)) < 0) {
 		spec_free(spec);
 		return r;
 	}

@@ -181,6 +181,13 @@ void source_add_skipped(struct source *src, uint64_t n)
 	atomic_fetch_add_explicit(&src->skipped, n, memory_order_relaxed);
 }
 
+int source_check_limit(const struct spec *spec, uint64_t limit, char *err, size_t errlen)
+{
+	const struct source_ops *ops = source_kind_ops(spec->kind);
+
+	return ops && ops->check_limit ? ops->check_limit(spec, limit, err, errlen) : 0;
+}
+
 uint64_t source_index_bytes(const struct source *src)
 {
 	return src->index_bytes;

@@ -58,6 +58,9 @@ struct source_ops {
 		    void *const *dsts, char *err, size_t errlen);
 	/* Status "cache" (source_cache_json()); NULL: the kind has none. */
 	json_t *(*cache_json)(const struct source *src);
+	/* source_check_limit(): what the spec will hold beside the slab against
+	 * the memory limit, before anything is opened; NULL: nothing. */
+	int (*check_limit)(const struct spec *spec, uint64_t limit, char *err, size_t errlen);
 	/* Release what open got, also after a failed open. */
 	void (*close)(struct source *src);
 	/* Built outside the daemon (python: pyworkers.c); read is never called. */

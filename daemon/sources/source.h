@@ -105,6 +105,11 @@ uint64_t source_index_bytes(const struct source *src);
 /* Memory the source holds beside the slab that counts against the memory
  * limit: an image pipeline's decoded-image cache (its arena); 0 for others. */
 uint64_t source_memory_bytes(const struct source *src);
+/* -ENOSPC with @err set when what @spec's source would hold beside the slab
+ * (an image pipeline's decoded-image cache, cache.bytes) is above the memory
+ * limit @limit: checked at create, before the dataset is listed, and by
+ * --check-config. 0 for the kinds that hold nothing so. */
+int source_check_limit(const struct spec *spec, uint64_t limit, char *err, size_t errlen);
 /* Status "cache" of an image pipeline with a decoded-image cache (hits,
  * misses, entries, bytes_used...; imagecache.h), else NULL. */
 json_t *source_cache_json(const struct source *src);

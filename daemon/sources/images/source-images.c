@@ -778,5 +778,6 @@ const struct source_ops source_images_ops = {
 	.open = images_open,
 	.read = images_read,
 	.cache_json = images_cache_json,
+	.check_limit = imagecache_check_limit,
 	.close = images_close,
 };
