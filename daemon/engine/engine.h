@@ -1,5 +1,17 @@
 /* SPDX-License-Identifier: MIT */
-/* engine - pipelines, their streams, slots and leases (loop thread only) */
+/* engine - pipelines, their streams, slots and leases (loop thread only)
+ *
+ * The engine layer: pipelines, streams, scheduling, delivery, attachments,
+ * holds, bounds, stats, the slabs, the sampler, the worker threads and the
+ * Python worker processes; its files share engine-private.h. This header is
+ * all the server sees of it. The engine reads samples through the sources'
+ * one interface, sources/source.h (their ops table behind it), copies to GPUs
+ * through gpu/cudadev.h, whose completions come back through the callbacks
+ * the engine gives it, and uses base/. It never calls up: the server hears
+ * of deliveries only through struct engine_ops, given to engine_new().
+ *
+ * layer: daemon/engine -> daemon/sources daemon/gpu daemon/base common include
+ */
 #pragma once
 
 #include <jansson.h>

@@ -1,5 +1,14 @@
 /* SPDX-License-Identifier: MIT */
-/* cudadev - device delivery: the attach check, device slabs, one copy engine per device */
+/* cudadev - device delivery: the attach check, device slabs, one copy engine per device
+ *
+ * The gpu layer: the CUDA driver (loaded at run time), device slabs and one
+ * copy engine per device. It knows nothing of pipelines: the engine
+ * (engine/devcopy.c) asks it for device slabs and copies, and hears a copy's
+ * end through the cuda_copy_done_fn it passed; the server asks it whether a
+ * client's device can be served. It includes only base/ besides common/.
+ *
+ * layer: daemon/gpu -> daemon/base common include
+ */
 #ifndef LOADERD_CUDADEV_H
 #define LOADERD_CUDADEV_H
 

@@ -1,5 +1,18 @@
 /* SPDX-License-Identifier: MIT */
-/* server - the nng REP endpoint, client sessions and request dispatch */
+/* server - the nng REP endpoint, client sessions and request dispatch
+ *
+ * The server layer: the socket, the sessions, the requests (handlers.c,
+ * admin.c), the fd channel, /metrics and the nng workarounds. It speaks the
+ * wire (proto/) and turns each request into calls of the engine, which it
+ * sees through engine.h alone; it parses a spec (sources/spec.h) and checks a
+ * CUDA device (gpu/cudadev.h) before it asks the engine, and uses base/.
+ * Nothing below calls it: the engine answers a parked request through the
+ * engine_ops callbacks the server gave it, and the process (main.c,
+ * reload.c) reaches it through this header and gives it the reload as a
+ * callback (server_set_reload()).
+ *
+ * layer: daemon/server -> daemon/engine daemon/sources daemon/gpu daemon/base common include
+ */
 #pragma once
 
 #include <stdbool.h>

@@ -1,5 +1,17 @@
 /* SPDX-License-Identifier: MIT */
-/* source - where samples come from: token files, .npy arrays, images */
+/* source - where samples come from: token files, .npy arrays, images
+ *
+ * The sources layer: the spec (spec.h, the pipeline's language), the kind
+ * table (kinds.c) and one file or folder per kind behind a struct
+ * source_ops (source-private.h: what a kind implements and may use). A
+ * source writes a sample into the place in the slot it is given and knows
+ * nothing of pipelines, streams or clients: it never calls the engine nor
+ * the server, and includes only base/ (opening files as the pipeline's
+ * owner: creds.h) besides common/. Above it, the engine and the server see
+ * this header and spec.h, never a kind's own files.
+ *
+ * layer: daemon/sources -> daemon/base common include
+ */
 #pragma once
 
 #include <jansson.h>
