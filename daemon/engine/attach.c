@@ -362,24 +362,13 @@ static void stream_add_job(struct stream *s, uint64_t key)
 	s->job_keys[s->njob_keys++] = key;
 }
 
-int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
-                  struct attachment **out, char *err, size_t errlen)
+/* An attach's refusals before anything is made: who asks, the pipeline's
+ * state, the parameters. */
+static int attach_check(struct engine *eng, struct pipeline *pl, const char *name,
+                        const struct attach_params *p, uint32_t world, char *err, size_t errlen)
 {
-	struct pipeline *pl = engine_find(eng, name);
-	struct attachment *a;
-	struct stream *s;
-	uint32_t world = p->world ? p->world : 1;
-	char rerr[256];
-	uint64_t job_key = 0;
 	int r;
 
-	if (eng->shutdown)
-		return errfmt(-ESHUTDOWN, err, errlen, "daemon is shutting down");
-	if (!pl && (pl = engine_find_retired(eng, name)) && pl->retired == RETIRE_DRAIN)
-		return errfmt(-ENOENT, err, errlen, "pipeline '%s' was removed from the config by a "
-		              "reload: its clients finish their epoch, no new ones attach", name);
-	if (!pl)
-		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
 	if (p->who && !pipeline_may_use(pl, p->who))
 		return pipeline_owned_error(pl, -EACCES, "", err, errlen);
 	if (pl->failed)
@@ -406,6 +395,174 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	if (p->credits > ATTACH_MAX_CREDITS)
 		return errfmt(-EINVAL, err, errlen,
 		              "attach: credits %u above the limit of %d", p->credits, ATTACH_MAX_CREDITS);
+	return 0;
+}
+
+/* A client_order attachment's stream: its own, whose batches its client
+ * gives (order.c); NULL when out of memory. */
+static struct stream *attach_order_stream(struct pipeline *pl, const struct attach_params *p,
+                                          struct attachment *a)
+{
+	struct stream *s = stream_new(pl, LDR_MODE_PARTITION, 0, 1);
+
+	if (!s)
+		return NULL;
+	s->client_order = true;
+	s->bpe = 0;
+	s->end_seq = UINT64_MAX;
+	if (p->has_start) {
+		s->corder.next_epoch = p->start_epoch;
+		s->corder.next_batch = p->start_batch;
+	}
+	if (p->has_seed && source_augments(pl->src))
+		s->groups[0].seed = p->seed;
+	a->cursor = 0;
+	return s;
+}
+
+/* A partition attachment's stream: its own, from its start. Return: 0 with
+ * *@out, or a negative errno with @err set (the stream dropped). */
+static int attach_partition_stream(struct pipeline *pl, const struct attach_params *p,
+                                   uint32_t world, struct attachment *a, struct stream **out,
+                                   char *err, size_t errlen)
+{
+	struct stream *s = stream_new(pl, p->mode, p->rank, world);
+	uint64_t start = 0;
+	int r;
+
+	if (!s)
+		return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
+	if (s->bpe == 0) {
+		r = errfmt(-EINVAL, err, errlen,
+		           "attach: rank %u of %u gets no batch (%" PRIu64 " samples, batch_size %u)",
+		           p->rank, world, s->sampler.nsamples, pl->spec->batch_size);
+		goto drop_stream;
+	}
+	if (p->has_start) {
+		if (p->start_batch >= s->bpe ||
+		    __builtin_mul_overflow(p->start_epoch, s->bpe, &start) ||
+		    __builtin_add_overflow(start, p->start_batch, &start) ||
+		    start > s->end_seq) {
+			r = errfmt(-EINVAL, err, errlen,
+			           "attach: start (epoch %" PRIu64 ", batch %" PRIu64 ") is outside the stream "
+			           "(%" PRIu64 " batches per epoch, %" PRIu64 " epochs)",
+			           p->start_epoch, p->start_batch, s->bpe, pl->spec->epochs);
+			goto drop_stream;
+		}
+	}
+	s->next_produce = s->head_seq = s->cursor = start;
+	a->cursor = start;
+	/* its own stream: the seed is the stream's (a pure function of
+	 * (spec, seed, epoch, index), as a reconnect needs) */
+	if (p->has_seed && source_augments(pl->src))
+		s->groups[0].seed = p->seed;
+	*out = s;
+	return 0;
+
+drop_stream:
+	/* a partition stream made for this attachment alone, refused */
+	s->dead = true;
+	pl->nstreams--;
+	stream_maybe_free(s);
+	return r;
+}
+
+/* A broadcast or dynamic attachment's stream: the pipeline's shared one of
+ * its mode, made (or made anew for another job) when no client reads it;
+ * @nstreams: the active streams with it. Return: 0 with *@out, or a negative
+ * errno with @err set. */
+static int attach_shared_stream(struct pipeline *pl, const struct attach_params *p,
+                                const char *name, uint64_t job_key, uint32_t nstreams,
+                                struct attachment *a, struct stream **out, char *err,
+                                size_t errlen)
+{
+	struct stream *s = pl->shared[p->mode];
+	int r;
+
+	/* a stream the clients of other jobs left: this job's starts anew,
+	 * as on a fresh daemon; a config pipeline's is a service, shared by
+	 * every job (docs/spec.md, "Jobs") */
+	if (s && !s->natts && !pl->from_config && !stream_has_job(s, job_key)) {
+		char q[LOG_QUOTE_MAX], q2[LOG_QUOTE_MAX];
+		log_event(LOG_INFO, "stream.restart", "pipeline=%s mode=%s job=%s why=\"the jobs "
+		          "that read it have left\"", log_quote(q2, name), mode_name(p->mode),
+		          log_quote(q, a->job));
+		stream_retire(s);
+		s = NULL;
+	}
+	if (!s) {
+		s = stream_new(pl, p->mode, 0, 1);
+		if (!s)
+			return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
+		pl->shared[p->mode] = s;
+	}
+	a->cursor = s->ring_len ? s->head_seq : s->next_produce;
+	if (p->mode == LDR_MODE_BROADCAST && source_augments(pl->src)) {
+		uint64_t seed = p->has_seed ? p->seed : s->groups[0].seed;
+		r = seed_group(s, seed, nstreams, &a->group, err, errlen);
+		if (r < 0)
+			return r;
+	}
+	a->cursor = group_start(s, a->group);
+	*out = s;
+	return 0;
+}
+
+/* @a, on @s, into its stream, its pipeline and the engine: attached. */
+static void attach_link(struct engine *eng, struct pipeline *pl, struct stream *s,
+                        struct attachment *a, const struct attach_params *p, uint32_t world,
+                        uint64_t job_key)
+{
+	a->eng = eng;
+	a->pl = pl;
+	a->stream = s;
+	a->id = ++eng->att_ctr;
+	a->client_id = p->client_id;
+	a->uid = p->uid;
+	a->admin = !p->who || p->who->admin;
+	a->pid = p->pid;
+	a->mode = p->mode;
+	a->rank = p->rank;
+	a->world = world;
+	a->credits = p->credits ? p->credits : window_auto(pl);
+	a->credits_auto = !p->credits;
+	a->has_seed = p->has_seed;
+	a->seed = p->seed;
+	s->groups[a->group].natts++;
+	stream_add_job(s, job_key);
+	a->start_seq = a->cursor;
+	a->rv_dno = UINT64_MAX;
+	a->token_valid = true;
+	a->token_expiry = uv_now(eng->loop) + TOKEN_TTL_MS;
+	a->next = s->atts;
+	s->atts = a;
+	s->natts++;
+	pl->natts++;
+	a->all_next = eng->atts;
+	eng->atts = a;
+	stats_att_init(a);
+}
+
+int engine_attach(struct engine *eng, const char *name, const struct attach_params *p,
+                  struct attachment **out, char *err, size_t errlen)
+{
+	struct pipeline *pl = engine_find(eng, name);
+	struct attachment *a;
+	struct stream *s = NULL;
+	uint32_t world = p->world ? p->world : 1;
+	char rerr[256];
+	uint64_t job_key = 0;
+	int r;
+
+	if (eng->shutdown)
+		return errfmt(-ESHUTDOWN, err, errlen, "daemon is shutting down");
+	if (!pl && (pl = engine_find_retired(eng, name)) && pl->retired == RETIRE_DRAIN)
+		return errfmt(-ENOENT, err, errlen, "pipeline '%s' was removed from the config by a "
+		              "reload: its clients finish their epoch, no new ones attach", name);
+	if (!pl)
+		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
+	if ((r = attach_check(eng, pl, name, p, world, err, errlen)) < 0)
+		return r;
 	struct stream *shared = p->mode == LDR_MODE_PARTITION ? NULL : pl->shared[p->mode];
 	uint32_t active = pipeline_active_streams(pl);
 	bool new_stream = !shared || !shared->natts;
@@ -435,113 +592,19 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 		}
 	}
 	if (p->client_order) {
-		/* a stream of its own whose batches its client gives (order.c) */
-		s = stream_new(pl, LDR_MODE_PARTITION, 0, 1);
-		if (!s) {
-			att_free_unattached(a);
-			return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
-		}
-		s->client_order = true;
-		s->bpe = 0;
-		s->end_seq = UINT64_MAX;
-		if (p->has_start) {
-			s->corder.next_epoch = p->start_epoch;
-			s->corder.next_batch = p->start_batch;
-		}
-		if (p->has_seed && source_augments(pl->src))
-			s->groups[0].seed = p->seed;
-		a->cursor = 0;
+		s = attach_order_stream(pl, p, a);
+		r = s ? 0 : errfmt(-ENOMEM, err, errlen, "attach: out of memory");
 	} else if (p->mode == LDR_MODE_PARTITION) {
-		s = stream_new(pl, p->mode, p->rank, world);
-		if (!s) {
-			att_free_unattached(a);
-			return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
-		}
-		if (s->bpe == 0) {
-			r = errfmt(-EINVAL, err, errlen,
-			           "attach: rank %u of %u gets no batch (%" PRIu64 " samples, batch_size %u)",
-			           p->rank, world, s->sampler.nsamples, pl->spec->batch_size);
-			goto drop_stream;
-		}
-		uint64_t start = 0;
-		if (p->has_start) {
-			if (p->start_batch >= s->bpe ||
-			    __builtin_mul_overflow(p->start_epoch, s->bpe, &start) ||
-			    __builtin_add_overflow(start, p->start_batch, &start) ||
-			    start > s->end_seq) {
-				r = errfmt(-EINVAL, err, errlen,
-				           "attach: start (epoch %" PRIu64 ", batch %" PRIu64 ") is outside the stream "
-				           "(%" PRIu64 " batches per epoch, %" PRIu64 " epochs)",
-				           p->start_epoch, p->start_batch, s->bpe, pl->spec->epochs);
-				goto drop_stream;
-			}
-		}
-		s->next_produce = s->head_seq = s->cursor = start;
-		a->cursor = start;
-		/* its own stream: the seed is the stream's (a pure function of
-		 * (spec, seed, epoch, index), as a reconnect needs) */
-		if (p->has_seed && source_augments(pl->src))
-			s->groups[0].seed = p->seed;
+		r = attach_partition_stream(pl, p, world, a, &s, err, errlen);
 	} else {
-		s = pl->shared[p->mode];
-		/* a stream the clients of other jobs left: this job's starts anew,
-		 * as on a fresh daemon; a config pipeline's is a service, shared by
-		 * every job (docs/spec.md, "Jobs") */
-		if (s && !s->natts && !pl->from_config && !stream_has_job(s, job_key)) {
-			char q[LOG_QUOTE_MAX], q2[LOG_QUOTE_MAX];
-			log_event(LOG_INFO, "stream.restart", "pipeline=%s mode=%s job=%s why=\"the jobs "
-			          "that read it have left\"", log_quote(q2, name), mode_name(p->mode),
-			          log_quote(q, a->job));
-			stream_retire(s);
-			s = NULL;
-		}
-		if (!s) {
-			s = stream_new(pl, p->mode, 0, 1);
-			if (!s) {
-				att_free_unattached(a);
-				return errfmt(-ENOMEM, err, errlen, "attach: out of memory");
-			}
-			pl->shared[p->mode] = s;
-		}
-		a->cursor = s->ring_len ? s->head_seq : s->next_produce;
-		if (p->mode == LDR_MODE_BROADCAST && source_augments(pl->src)) {
-			uint64_t seed = p->has_seed ? p->seed : s->groups[0].seed;
-			r = seed_group(s, seed, active + (new_stream ? 1 : 0), &a->group, err, errlen);
-			if (r < 0) {
-				att_free_unattached(a);
-				return r;
-			}
-		}
-		a->cursor = group_start(s, a->group);
+		r = attach_shared_stream(pl, p, name, job_key, active + (new_stream ? 1 : 0), a, &s,
+		                         err, errlen);
 	}
-	a->eng = eng;
-	a->pl = pl;
-	a->stream = s;
-	a->id = ++eng->att_ctr;
-	a->client_id = p->client_id;
-	a->uid = p->uid;
-	a->admin = !p->who || p->who->admin;
-	a->pid = p->pid;
-	a->mode = p->mode;
-	a->rank = p->rank;
-	a->world = world;
-	a->credits = p->credits ? p->credits : window_auto(pl);
-	a->credits_auto = !p->credits;
-	a->has_seed = p->has_seed;
-	a->seed = p->seed;
-	s->groups[a->group].natts++;
-	stream_add_job(s, job_key);
-	a->start_seq = a->cursor;
-	a->rv_dno = UINT64_MAX;
-	a->token_valid = true;
-	a->token_expiry = uv_now(eng->loop) + TOKEN_TTL_MS;
-	a->next = s->atts;
-	s->atts = a;
-	s->natts++;
-	pl->natts++;
-	a->all_next = eng->atts;
-	eng->atts = a;
-	stats_att_init(a);
+	if (r < 0) {
+		att_free_unattached(a);
+		return r;
+	}
+	attach_link(eng, pl, s, a, p, world, job_key);
 	if (p->ring && !a->dev && attring_open(a, rerr, sizeof(rerr)) < 0)
 		/* the client reads through Next requests instead */
 		log_warn("attach %" PRIu64 " (pipeline '%s'): no batch ring: %s", a->id, name, rerr);
@@ -550,14 +613,6 @@ int engine_attach(struct engine *eng, const char *name, const struct attach_para
 	pipeline_update(pl);
 	attring_start(a);
 	return 0;
-
-drop_stream:
-	/* a partition stream made for this attachment alone, refused */
-	s->dead = true;
-	pl->nstreams--;
-	stream_maybe_free(s);
-	att_free_unattached(a);
-	return r;
 }
 
 void attachment_detach(struct attachment *a)
