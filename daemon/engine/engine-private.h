@@ -4,10 +4,10 @@
  * The engine (engine.h) is split by concept: core.c (workers, completions,
  * shutdown), registry.c (pipelines by name, memory budget), stream.c (a
  * stream's ring and its production), order.c (the batches a client gives
- * its stream), sched.c (how slots are shared between
- * streams: quotas, reclaim, shares), deliver.c (parked requests, leases,
- * answers), attach.c (attachments), devcopy.c (device copies), status.c
- * (status JSON). All of it runs on the loop thread but the worker tasks'
+ * its stream), sched.c (how slots are shared between streams: quotas,
+ * reclaim, shares), deliver.c (parked requests, leases, answers), attach.c
+ * (making an attachment), attachment.c (its requests, its leaving),
+ * devcopy.c (device copies), status.c (status JSON). All of it runs on the loop thread but the worker tasks'
  * bodies (stream.c: task_run).
  */
 #pragma once
@@ -493,7 +493,7 @@ void attring_stats(struct attachment *a);
 /* @a's requests the daemon has nothing for: its parked Next requests, and its
  * ring's request while its client has taken every delivery (it waits). */
 uint32_t att_waiting(const struct attachment *a);
-/* attach.c: @a fails for good with @msg (its client's garbage): leases
+/* attachment.c: @a fails for good with @msg (its client's garbage): leases
  * released, requests answered with the error, the same error from now on. */
 void attachment_fail(struct attachment *a, int err, const char *msg);
 void att_fail_pending(struct attachment *a, int err, const char *msg);
@@ -506,7 +506,7 @@ bool batch_ready(struct attachment *a, struct batch *b);
 int devcopy_get(struct pipeline *pl, const struct cuda_device_info *info, struct devcopy **out,
                 char *err, size_t errlen);
 
-/* attach.c */
+/* attachment.c */
 void att_disconnect(struct attachment *a, int err, const char *msg);
 /* Take @a out of its stream (pending requests answered with @err), keeping
  * its pipeline and its leases: the slots it holds are not rebuilt under a
