@@ -2,13 +2,14 @@
 /* engine-private - what the engine's files share: pipelines, streams, slots, leases
  *
  * The engine (engine.h) is split by concept: core.c (workers, completions,
- * shutdown), registry.c (pipelines by name, memory budget), stream.c (a
- * stream's ring and its production), order.c (the batches a client gives
- * its stream), sched.c (how slots are shared between streams: quotas,
- * reclaim, shares), deliver.c (parked requests, leases, answers), attach.c
- * (making an attachment), attachment.c (its requests, its leaving),
- * devcopy.c (device copies), status.c (status JSON). All of it runs on the loop thread but the worker tasks'
- * bodies (stream.c: task_run).
+ * shutdown), registry.c (pipelines by name, access, lifetimes), create.c
+ * (making one within the memory budget), stream.c (a stream's ring and its
+ * production), order.c (the batches a client gives its stream), sched.c
+ * (how slots are shared between streams: quotas, reclaim, shares),
+ * deliver.c (parked requests, leases, answers), attach.c (making an
+ * attachment), attachment.c (its requests, its leaving), devcopy.c (device
+ * copies), status.c (status JSON). All of it runs on the loop thread but the
+ * worker tasks' bodies (stream.c: task_run).
  */
 #pragma once
 
@@ -43,7 +44,7 @@
  * trips; large ones keep the minimum, as many as the workers need to build
  * ahead. Beyond the minimum the slots take at most 1/PREFETCH_AUTO_SHARE of
  * the memory limit's free bytes, so the next pipeline still fits
- * (registry.c, prefetch_auto(); docs/spec.md, "prefetch").
+ * (create.c, prefetch_auto(); docs/spec.md, "prefetch").
  */
 #define PREFETCH_AUTO_BYTES (64u << 20)
 #define PREFETCH_AUTO_MIN 8u
@@ -398,7 +399,7 @@ struct engine {
 	uv_timer_t *linger_timer; /* armed for the next pipeline to expire, or NULL */
 	uint64_t slow_timeout_ms; /* the daemon's slow_client_timeout */
 	uv_timer_t *slow_timer;   /* slow.c: runs while a pipeline is held back */
-	struct create_req *creating; /* creates whose files are being opened (registry.c) */
+	struct create_req *creating; /* creates whose files are being opened (create.c) */
 	unsigned ncreating;
 	struct pyw_server *pyw;   /* the Python workers' socket, NULL without a server */
 	/* holds.c: slabs of dropped pipelines that clients still map */
@@ -530,6 +531,12 @@ void pipeline_maybe_free(struct pipeline *pl);
 void pipeline_fail(struct pipeline *pl, int err, const char *msg);
 /* After an attachment or a holder came or went: start or cancel its linger. */
 void pipeline_lifetime(struct pipeline *pl);
+/* @client's connection holds @pl (a create or an exist_ok join, create.c):
+ * 0 or -ENOMEM. */
+int pipeline_holder_add(struct pipeline *pl, uint64_t client);
+/* Drop @pl now: its attachments are told, its workers' jobs end; @why for
+ * the log (NULL: "dropped"). May free it. */
+void pipeline_drop_now(struct pipeline *pl, const char *why);
 uint64_t pipeline_linger_ms(const struct pipeline *pl);
 /* From engine_free(): close the linger timer. */
 void registry_close(struct engine *eng);
