@@ -15,6 +15,10 @@
  * daemon's answers are queued when the socket is full. A peer that sends
  * something malformed is told so (ERROR) and closed; for a worker that is
  * the same as dying: its tasks go to the others.
+ *
+ * Here: the tasks, the messages of a connection, a worker or host that goes,
+ * the pipelines' side; pyw-conn.c: the socket (listening, accepting, bytes
+ * in and out, closing), around pyw-private.h.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,171 +33,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "base/sockpath.h"
-#include "engine-private.h"
-#include "pyw-wire.h"
+#include "pyw-private.h"
 #include "pyworkers.h"
 
-#define HELLO_TIMEOUT_MS 5000
-#define MAX_CONNS 4096
-#define MAX_CONNS_PER_UID (PYW_MAX_WORKERS + 16)
-#define TASKS_PER_WORKER 2        /* in flight at once: one built while the next waits */
-#define REFUSAL_LOG_MS 1000
-
-struct pyw_conn;
-
-struct ptask {
-	struct ptask *next;    /* in pp->tasks */
-	struct job *job;
-	uint32_t t;               /* job->tasks[t] */
-	uint64_t id;
-	uint64_t order;           /* dispatch order: a task sent again goes first */
-	struct pyw_conn *on;      /* the worker building it, NULL while queued */
-	uint64_t sent;            /* when it was sent to it (pp->send_ctr): a worker
-	                           * builds its tasks in that order */
-	unsigned deaths;          /* workers that died building it */
-	bool awaiting_exit;       /* failed with its last worker, whose end (the host's
-	                           * WORKER_EXIT for worker dead_wid) names the signal */
-	uint32_t dead_wid;
-};
-
-/* pl->py */
-struct pyw_pipeline {
-	struct pipeline *pl;
-	struct pyw_conn *host;
-	struct pyw_conn *workers;     /* pnext list */
-	unsigned nworkers;            /* connected */
-	unsigned nworkers_want;       /* the host's HELLO */
-	pid_t host_pid;
-	bool mapped;                  /* sealed: attachments may come */
-	bool host_gone;
-	struct ptask *tasks;       /* queued and in flight */
-	uint64_t task_ctr, order_ctr, send_ctr;
-	uint64_t samples_built, tasks_resent, worker_exits;
-	char last_exit[160];          /* the host's last WORKER_EXIT, as words */
-	uint32_t last_exit_wid;       /* and its worker id */
-	uint32_t last_exit_pid;
-	uv_timer_t *start_timer;
-};
-
-struct pyw_conn {
-	struct pyw_conn *next;        /* in srv->conns */
-	struct pyw_conn *pnext;       /* in pp->workers */
-	struct pyw_server *srv;
-	struct pyw_pipeline *pp;      /* after HELLO */
-	uv_poll_t poll;
-	uv_timer_t timer;
-	int fd;
-	uid_t uid;
-	pid_t pid;
-	int role;
-	uint32_t worker_id;
-	unsigned inflight;
-	uint64_t busy_since;      /* mono ns: it began its first task in flight, or the last one ended */
-	uint64_t *idx;            /* a TASK's sample indices (send_task) */
-	uint32_t idx_cap;
-	int closing;              /* handles still to close, 0 while open */
-	bool want_write;
-	uint8_t *in;
-	size_t in_len, in_cap;
-	uint8_t *out;
-	size_t out_off, out_len, out_cap;
-};
-
-struct pyw_server {
-	uv_loop_t *loop;
-	struct engine *eng;
-	uv_poll_t poll;
-	int fd;
-	char path[108];
-	struct pyw_conn *conns;
-	unsigned nconns;
-	int pending_closes;
-	bool closing;
-	uint64_t refused, refused_logged_ms;
-	struct log_limit lim_bad;
-};
-
-static void conn_close(struct pyw_conn *c);
 static void dispatch(struct pyw_pipeline *pp);
-
-/* --- sending ------------------------------------------------------------ */
-
-static void on_conn_event(uv_poll_t *p, int status, int events);
-
-static void conn_poll(struct pyw_conn *c)
-{
-	if (!c->closing)
-		uv_poll_start(&c->poll, UV_READABLE | (c->out_len ? UV_WRITABLE : 0), on_conn_event);
-}
-
-static int conn_flush(struct pyw_conn *c)
-{
-	while (c->out_off < c->out_len) {
-		ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
-				 MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno == EAGAIN)
-			break;
-		if (n < 0)
-			return -errno;
-		c->out_off += (size_t)n;
-	}
-	if (c->out_off == c->out_len)
-		c->out_off = c->out_len = 0;
-	if (c->want_write != (c->out_len != 0)) {
-		c->want_write = c->out_len != 0;
-		conn_poll(c);
-	}
-	return 0;
-}
-
-/* Queue one message (@a then @b as its payload) and send what the socket takes. */
-static int conn_send(struct pyw_conn *c, uint16_t type, const void *a, size_t alen, const void *b,
-		     size_t blen)
-{
-	struct pyw_hdr h = { .magic = PYW_MAGIC, .type = type, .len = (uint32_t)(alen + blen) };
-	size_t need = c->out_len + sizeof(h) + alen + blen;
-
-	if (c->closing)
-		return -EPIPE;
-	if (need > c->out_cap) {
-		size_t cap = c->out_cap ? c->out_cap : 4096;
-		uint8_t *p;
-		while (cap < need)
-			cap *= 2;
-		if (!(p = realloc(c->out, cap)))
-			return -ENOMEM;
-		c->out = p;
-		c->out_cap = cap;
-	}
-	memcpy(c->out + c->out_len, &h, sizeof(h));
-	if (alen)
-		memcpy(c->out + c->out_len + sizeof(h), a, alen);
-	if (blen)
-		memcpy(c->out + c->out_len + sizeof(h) + alen, b, blen);
-	c->out_len = need;
-	return conn_flush(c);
-}
-
-/* ERROR, sent at once if the socket takes it, then close. */
-static void conn_refuse(struct pyw_conn *c, int status, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static void conn_refuse(struct pyw_conn *c, int status, const char *fmt, ...)
-{
-	char msg[512];
-	int32_t st = status;
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	if (log_limit_pass(&c->srv->lim_bad, uv_now(c->srv->loop)))
-		log_warn("python workers: pid %d (uid %u): %s", (int)c->pid, (unsigned)c->uid, msg);
-	conn_send(c, PYW_ERROR, &st, sizeof(st), msg, strlen(msg));
-	conn_close(c);
-}
 
 /* --- tasks -------------------------------------------------------------- */
 
@@ -251,7 +94,7 @@ static int send_task(struct pyw_conn *w, struct ptask *t)
 	idx = w->idx;
 	for (uint32_t k = 0; k < nrows; k++)
 		idx[k] = job_sample(job, tk->begin + k);
-	return conn_send(w, PYW_TASK, &m, sizeof(m), idx, (size_t)nrows * sizeof(*idx));
+	return pyw_conn_send(w, PYW_TASK, &m, sizeof(m), idx, (size_t)nrows * sizeof(*idx));
 }
 
 static void dispatch(struct pyw_pipeline *pp)
@@ -275,7 +118,7 @@ static void dispatch(struct pyw_pipeline *pp)
 		if (w->inflight++ == 0)
 			w->busy_since = mono_ns();
 		if (send_task(w, best) < 0) {
-			conn_close(w); /* its tasks go back to the queue */
+			pyw_conn_close(w); /* its tasks go back to the queue */
 			continue;
 		}
 	}
@@ -321,20 +164,20 @@ static struct pyw_pipeline *find_pipeline(struct pyw_conn *c, const struct pyw_h
 	name[sizeof(h->pipeline)] = '\0';
 	pl = engine_find(c->srv->eng, name);
 	if (!pl || pl->dropped) {
-		conn_refuse(c, -ENOENT, "no pipeline named '%s'", name);
+		pyw_conn_refuse(c, -ENOENT, "no pipeline named '%s'", name);
 		return NULL;
 	}
 	if (!pl->py) {
-		conn_refuse(c, -EINVAL, "pipeline '%s' is not a python pipeline", name);
+		pyw_conn_refuse(c, -EINVAL, "pipeline '%s' is not a python pipeline", name);
 		return NULL;
 	}
 	if (c->uid != pl->owner) {
-		conn_refuse(c, -EPERM, "pipeline '%s' belongs to uid %u: only its owner's processes "
+		pyw_conn_refuse(c, -EPERM, "pipeline '%s' belongs to uid %u: only its owner's processes "
 			    "build its batches", name, (unsigned)pl->owner);
 		return NULL;
 	}
 	if (pl->failed) {
-		conn_refuse(c, -EIO, "pipeline '%s' failed: %s", name, pl->error);
+		pyw_conn_refuse(c, -EIO, "pipeline '%s' failed: %s", name, pl->error);
 		return NULL;
 	}
 	return pl->py;
@@ -366,8 +209,8 @@ static void welcome(struct pyw_conn *c, struct pyw_pipeline *pp, bool with_fd)
 	memcpy(buf + sizeof(h), &w, sizeof(w));
 	memcpy(buf + sizeof(h) + sizeof(w), f, pl->nfields * sizeof(f[0]));
 	if (!with_fd) {
-		if (conn_send(c, PYW_WELCOME, buf + sizeof(h), h.len, NULL, 0) < 0)
-			conn_close(c);
+		if (pyw_conn_send(c, PYW_WELCOME, buf + sizeof(h), h.len, NULL, 0) < 0)
+			pyw_conn_close(c);
 		return;
 	}
 	/* the host's own description of the slab, with a hold (holds.c): a
@@ -376,13 +219,13 @@ static void welcome(struct pyw_conn *c, struct pyw_pipeline *pp, bool with_fd)
 	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
 		log_warn("python workers: pipeline %s: no peer credentials: %s", pl->spec->name,
 			 strerror(errno));
-		conn_close(c);
+		pyw_conn_close(c);
 		return;
 	}
 	if ((r = holds_hand_out_rw(pl, cred.pid, cred.uid, &fd)) < 0) {
 		log_warn("python workers: pipeline %s: cannot hand the slab to its host (pid %d): %s",
 			 pl->spec->name, (int)cred.pid, strerror(-r));
-		conn_close(c);
+		pyw_conn_close(c);
 		return;
 	}
 	/* the first message on the connection: the socket takes it whole */
@@ -402,7 +245,7 @@ static void welcome(struct pyw_conn *c, struct pyw_pipeline *pp, bool with_fd)
 	if (n != (ssize_t)len) {
 		log_warn("python workers: pipeline %s: cannot send the slab to its host (pid %d): %s",
 			 pl->spec->name, (int)c->pid, n < 0 ? strerror(errno) : "short send");
-		conn_close(c);
+		pyw_conn_close(c);
 	}
 }
 
@@ -412,21 +255,21 @@ static void on_hello(struct pyw_conn *c, const uint8_t *p, size_t len)
 	struct pyw_pipeline *pp;
 
 	if (c->role) {
-		conn_refuse(c, -EPROTO, "a second HELLO");
+		pyw_conn_refuse(c, -EPROTO, "a second HELLO");
 		return;
 	}
 	if (len != sizeof(h)) {
-		conn_refuse(c, -EPROTO, "HELLO of %zu bytes, expected %zu", len, sizeof(h));
+		pyw_conn_refuse(c, -EPROTO, "HELLO of %zu bytes, expected %zu", len, sizeof(h));
 		return;
 	}
 	memcpy(&h, p, sizeof(h));
 	if (h.version != PYW_VERSION) {
-		conn_refuse(c, -EPROTO, "protocol version %u, this daemon speaks %u: the loaderd "
+		pyw_conn_refuse(c, -EPROTO, "protocol version %u, this daemon speaks %u: the loaderd "
 			    "Python package and the daemon differ", h.version, PYW_VERSION);
 		return;
 	}
 	if (h.role != PYW_ROLE_HOST && h.role != PYW_ROLE_WORKER) {
-		conn_refuse(c, -EPROTO, "unknown role %u", h.role);
+		pyw_conn_refuse(c, -EPROTO, "unknown role %u", h.role);
 		return;
 	}
 	if (!(pp = find_pipeline(c, &h)))
@@ -439,13 +282,13 @@ static void on_hello(struct pyw_conn *c, const uint8_t *p, size_t len)
 			  pp->pl->spec->name, (int)c->pid, h.pid);
 	if (h.role == PYW_ROLE_HOST) {
 		if (pp->host || pp->mapped || pp->host_gone) {
-			conn_refuse(c, -EBUSY, "pipeline '%s' has had its worker host already (pid %d): "
+			pyw_conn_refuse(c, -EBUSY, "pipeline '%s' has had its worker host already (pid %d): "
 				    "its slab is sealed, no other process can write it",
 				    pp->pl->spec->name, (int)pp->host_pid);
 			return;
 		}
 		if (h.nworkers < 1 || h.nworkers > PYW_MAX_WORKERS) {
-			conn_refuse(c, -EINVAL, "nworkers %u: must be in 1..%d", h.nworkers, PYW_MAX_WORKERS);
+			pyw_conn_refuse(c, -EINVAL, "nworkers %u: must be in 1..%d", h.nworkers, PYW_MAX_WORKERS);
 			return;
 		}
 		c->role = PYW_ROLE_HOST;
@@ -459,12 +302,12 @@ static void on_hello(struct pyw_conn *c, const uint8_t *p, size_t len)
 		return;
 	}
 	if (!pp->mapped || !pp->host) {
-		conn_refuse(c, -EAGAIN, "pipeline '%s' has no worker host: workers come from the host "
+		pyw_conn_refuse(c, -EAGAIN, "pipeline '%s' has no worker host: workers come from the host "
 			    "after its READY", pp->pl->spec->name);
 		return;
 	}
 	if (h.worker_id >= pp->nworkers_want) {
-		conn_refuse(c, -EINVAL, "worker_id %u: the host runs %u workers", h.worker_id,
+		pyw_conn_refuse(c, -EINVAL, "worker_id %u: the host runs %u workers", h.worker_id,
 			    pp->nworkers_want);
 		return;
 	}
@@ -487,21 +330,21 @@ static void on_mapped(struct pyw_conn *c)
 	int r;
 
 	if (c->role != PYW_ROLE_HOST || pp->mapped) {
-		conn_refuse(c, -EPROTO, "MAPPED from a worker, or twice");
+		pyw_conn_refuse(c, -EPROTO, "MAPPED from a worker, or twice");
 		return;
 	}
 	r = slab_seal(pp->pl->slab);
 	if (r < 0) {
 		char msg[256];
 		snprintf(msg, sizeof(msg), "cannot seal the slab: %s", strerror(-r));
-		conn_refuse(c, r, "%s", msg);
+		pyw_conn_refuse(c, r, "%s", msg);
 		pipeline_fail(pp->pl, -r, msg);
 		return;
 	}
 	pp->mapped = true;
 	if (pp->start_timer)
 		uv_timer_stop(pp->start_timer);
-	conn_send(c, PYW_READY, NULL, 0, NULL, 0);
+	pyw_conn_send(c, PYW_READY, NULL, 0, NULL, 0);
 	log_info("pipeline %s: slab sealed, its Python workers start", pp->pl->spec->name);
 }
 
@@ -538,7 +381,7 @@ static void on_worker_exit(struct pyw_conn *c, const uint8_t *p, size_t len)
 	struct pyw_pipeline *pp = c->pp;
 
 	if (c->role != PYW_ROLE_HOST || len != sizeof(e)) {
-		conn_refuse(c, -EPROTO, "malformed WORKER_EXIT");
+		pyw_conn_refuse(c, -EPROTO, "malformed WORKER_EXIT");
 		return;
 	}
 	memcpy(&e, p, sizeof(e));
@@ -577,18 +420,18 @@ static void on_done(struct pyw_conn *c, const uint8_t *p, size_t len)
 	uint32_t rows;
 
 	if (c->role != PYW_ROLE_WORKER || len != sizeof(d)) {
-		conn_refuse(c, -EPROTO, "malformed DONE");
+		pyw_conn_refuse(c, -EPROTO, "malformed DONE");
 		return;
 	}
 	memcpy(&d, p, sizeof(d));
 	if (!(t = task_by_id(pp, c, d.task_id))) {
-		conn_refuse(c, -EPROTO, "DONE for task %" PRIu64 ", which it does not build", d.task_id);
+		pyw_conn_refuse(c, -EPROTO, "DONE for task %" PRIu64 ", which it does not build", d.task_id);
 		return;
 	}
 	rows = t->job->tasks[t->t].end - t->job->tasks[t->t].begin;
 	if (d.skipped > rows) {
 		/* its task goes to another worker (conn_close) */
-		conn_refuse(c, -EPROTO, "pipeline '%s': DONE for task %" PRIu64 " skipped %" PRIu64
+		pyw_conn_refuse(c, -EPROTO, "pipeline '%s': DONE for task %" PRIu64 " skipped %" PRIu64
 			    " samples, more than its %u rows", pp->pl->spec->name, d.task_id, d.skipped,
 			    rows);
 		return;
@@ -615,16 +458,16 @@ static void on_fail(struct pyw_conn *c, const uint8_t *p, size_t len)
 	size_t mlen;
 
 	if (c->role != PYW_ROLE_WORKER || len < sizeof(f) || len - sizeof(f) > PYW_MSG_MAX) {
-		conn_refuse(c, -EPROTO, "malformed FAIL");
+		pyw_conn_refuse(c, -EPROTO, "malformed FAIL");
 		return;
 	}
 	memcpy(&f, p, sizeof(f));
 	if (!(t = task_by_id(pp, c, f.task_id))) {
-		conn_refuse(c, -EPROTO, "FAIL for task %" PRIu64 ", which it does not build", f.task_id);
+		pyw_conn_refuse(c, -EPROTO, "FAIL for task %" PRIu64 ", which it does not build", f.task_id);
 		return;
 	}
 	if (f.index >= source_nsamples(pp->pl->src)) {
-		conn_refuse(c, -EPROTO, "pipeline '%s': FAIL for task %" PRIu64 " names sample %" PRIu64
+		pyw_conn_refuse(c, -EPROTO, "pipeline '%s': FAIL for task %" PRIu64 " names sample %" PRIu64
 			    ", the source has %" PRIu64, pp->pl->spec->name, f.task_id, f.index,
 			    (uint64_t)source_nsamples(pp->pl->src));
 		return;
@@ -649,10 +492,10 @@ static void on_fail(struct pyw_conn *c, const uint8_t *p, size_t len)
 }
 
 /* One whole message in c->in; false when the connection was closed. */
-static bool on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *p)
+bool pyw_on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *p)
 {
 	if (!c->role && h->type != PYW_HELLO) {
-		conn_refuse(c, -EPROTO, "message %u before HELLO", h->type);
+		pyw_conn_refuse(c, -EPROTO, "message %u before HELLO", h->type);
 		return false;
 	}
 	switch (h->type) {
@@ -672,115 +515,10 @@ static bool on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_
 		on_fail(c, p, h->len);
 		break;
 	default:
-		conn_refuse(c, -EPROTO, "unknown message type %u", h->type);
+		pyw_conn_refuse(c, -EPROTO, "unknown message type %u", h->type);
 		break;
 	}
 	return !c->closing;
-}
-
-static void conn_read(struct pyw_conn *c)
-{
-	for (;;) {
-		ssize_t n;
-		size_t off = 0;
-
-		if (c->in_cap - c->in_len < 65536) {
-			size_t cap = c->in_cap ? c->in_cap * 2 : 65536;
-			uint8_t *q;
-			if (cap > PYW_MAX_PAYLOAD + sizeof(struct pyw_hdr) + 65536) {
-				conn_refuse(c, -EMSGSIZE, "message over %u bytes", PYW_MAX_PAYLOAD);
-				return;
-			}
-			if (!(q = realloc(c->in, cap))) {
-				conn_close(c);
-				return;
-			}
-			c->in = q;
-			c->in_cap = cap;
-		}
-		n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && errno == EAGAIN)
-			return;
-		if (n <= 0) {
-			conn_close(c);
-			return;
-		}
-		c->in_len += (size_t)n;
-		while (c->in_len - off >= sizeof(struct pyw_hdr)) {
-			struct pyw_hdr h;
-			memcpy(&h, c->in + off, sizeof(h));
-			if (h.magic != PYW_MAGIC || h.flags) {
-				conn_refuse(c, -EPROTO, "malformed message (magic %08x)", h.magic);
-				return;
-			}
-			if (h.len > PYW_MAX_PAYLOAD) {
-				conn_refuse(c, -EMSGSIZE, "message of %u bytes, the most is %u", h.len,
-					    PYW_MAX_PAYLOAD);
-				return;
-			}
-			if (c->in_len - off < sizeof(h) + h.len)
-				break;
-			if (!on_message(c, &h, c->in + off + sizeof(h)))
-				return;
-			off += sizeof(h) + h.len;
-		}
-		memmove(c->in, c->in + off, c->in_len - off);
-		c->in_len -= off;
-	}
-}
-
-static void on_conn_event(uv_poll_t *p, int status, int events)
-{
-	struct pyw_conn *c = p->data;
-
-	if (status < 0) {
-		conn_close(c);
-		return;
-	}
-	if ((events & UV_WRITABLE) && conn_flush(c) < 0) {
-		conn_close(c);
-		return;
-	}
-	if (events & UV_READABLE)
-		conn_read(c);
-}
-
-static void on_hello_timeout(uv_timer_t *t)
-{
-	struct pyw_conn *c = t->data;
-
-	conn_refuse(c, -ETIMEDOUT, "no HELLO within %d ms", HELLO_TIMEOUT_MS);
-}
-
-/* --- closing ------------------------------------------------------------ */
-
-static void srv_maybe_free(struct pyw_server *srv)
-{
-	if (srv->closing && !srv->pending_closes && !srv->conns)
-		free(srv);
-}
-
-static void on_conn_closed(uv_handle_t *h)
-{
-	struct pyw_conn *c = h->data;
-	struct pyw_server *srv = c->srv;
-
-	if (--c->closing > 0)
-		return;
-	close(c->fd);
-	for (struct pyw_conn **pc = &srv->conns; *pc; pc = &(*pc)->next)
-		if (*pc == c) {
-			*pc = c->next;
-			break;
-		}
-	srv->nconns--;
-	free(c->in);
-	free(c->idx);
-	free(c->out);
-	free(c);
-	srv_maybe_free(srv);
 }
 
 /* A worker's connection went: its tasks go back to the queue. The one it was
@@ -788,7 +526,7 @@ static void on_conn_closed(uv_handle_t *h)
  * once the host said how the worker ended (on_worker_exit()), so that the
  * error names its signal. A job that fails is ended last, as ending one may
  * free the pipeline. */
-static void worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
+void pyw_worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 {
 	struct ptask *running = NULL;
 	struct job *over = NULL;
@@ -833,7 +571,7 @@ static void worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 		job_task_over(over);
 }
 
-static void host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
+void pyw_host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 {
 	char msg[320];
 
@@ -846,191 +584,8 @@ static void host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 		 "write its sealed slab; drop it and create it again", (int)pp->host_pid);
 	/* the workers die with the host (PR_SET_PDEATHSIG); close them here too */
 	while (pp->workers)
-		conn_close(pp->workers);
+		pyw_conn_close(pp->workers);
 	pipeline_fail(pp->pl, EIO, msg);
-}
-
-static void conn_close(struct pyw_conn *c)
-{
-	struct pyw_pipeline *pp = c->pp;
-
-	if (c->closing)
-		return;
-	c->closing = 2;
-	c->pp = NULL;
-	uv_poll_stop(&c->poll);
-	uv_close((uv_handle_t *)&c->poll, on_conn_closed);
-	uv_close((uv_handle_t *)&c->timer, on_conn_closed);
-	if (!pp || c->srv->closing)
-		return;
-	if (c->role == PYW_ROLE_WORKER)
-		worker_gone(pp, c);
-	else if (c->role == PYW_ROLE_HOST && pp->host == c)
-		host_gone(pp, c);
-}
-
-/* --- accepting ---------------------------------------------------------- */
-
-static unsigned conns_of(const struct pyw_server *srv, uid_t uid)
-{
-	unsigned n = 0;
-
-	for (struct pyw_conn *c = srv->conns; c; c = c->next)
-		if (c->uid == uid && !c->closing)
-			n++;
-	return n;
-}
-
-static void refuse(struct pyw_server *srv, int fd, const struct ucred *cred, const char *why)
-{
-	uint64_t now = uv_now(srv->loop);
-
-	srv->refused++;
-	if (now - srv->refused_logged_ms >= REFUSAL_LOG_MS || !srv->refused_logged_ms) {
-		log_warn("python workers: refusing a connection of uid %u (pid %d): %s (%" PRIu64
-			 " refused so far)", (unsigned)cred->uid, (int)cred->pid, why, srv->refused);
-		srv->refused_logged_ms = now ? now : 1;
-	}
-	close(fd);
-}
-
-static void on_accept(uv_poll_t *p, int status, int events)
-{
-	struct pyw_server *srv = p->data;
-
-	(void)events;
-	if (status < 0)
-		return;
-	for (;;) {
-		int fd = accept4(srv->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		struct ucred cred = { .pid = 0, .uid = (uid_t)-1 };
-		socklen_t clen = sizeof(cred);
-		struct pyw_conn *c;
-		int pr;
-
-		if (fd < 0) {
-			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-				log_warn("python workers: accept: %s", strerror(errno));
-			return;
-		}
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
-			refuse(srv, fd, &cred, "no peer credentials");
-			continue;
-		}
-		if (srv->nconns >= MAX_CONNS) {
-			refuse(srv, fd, &cred, "too many connections");
-			continue;
-		}
-		if (conns_of(srv, cred.uid) >= MAX_CONNS_PER_UID) {
-			refuse(srv, fd, &cred, "too many connections of that uid");
-			continue;
-		}
-		if (!(c = calloc(1, sizeof(*c)))) {
-			refuse(srv, fd, &cred, "out of memory");
-			continue;
-		}
-		if ((pr = uv_poll_init(srv->loop, &c->poll, fd)) < 0) {
-			free(c);
-			refuse(srv, fd, &cred, uv_strerror(pr));
-			continue;
-		}
-		c->srv = srv;
-		c->fd = fd;
-		c->uid = cred.uid;
-		c->pid = cred.pid;
-		uv_timer_init(srv->loop, &c->timer); /* libuv's cannot fail: it returns 0 */
-		c->poll.data = c->timer.data = c;
-		c->next = srv->conns;
-		srv->conns = c;
-		srv->nconns++;
-		uv_poll_start(&c->poll, UV_READABLE, on_conn_event);
-		uv_timer_start(&c->timer, on_hello_timeout, HELLO_TIMEOUT_MS, 0);
-	}
-}
-
-int pyw_server_new(struct pyw_server **out, uv_loop_t *loop, struct engine *eng, const char *path,
-		   unsigned mode, int gid, char *err, size_t errlen)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct pyw_server *srv;
-	int r;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return errfmt(-ENAMETOOLONG, err, errlen, "%s: socket path too long", path);
-	r = sock_claim_path(path, NULL, err, errlen);
-	if (r < 0)
-		return r;
-	if (!(srv = calloc(1, sizeof(*srv))))
-		return errfmt(-ENOMEM, err, errlen, "cannot listen on %s: out of memory", path);
-	srv->loop = loop;
-	srv->eng = eng;
-	snprintf(srv->path, sizeof(srv->path), "%s", path);
-	strcpy(sa.sun_path, srv->path);
-	srv->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (srv->fd < 0 || bind(srv->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		goto fail;
-	if (chmod(srv->path, mode) < 0 || (gid >= 0 && chown(srv->path, (uid_t)-1, (gid_t)gid) < 0) ||
-	    listen(srv->fd, 128) < 0) {
-		r = -errno;
-		unlink(srv->path);
-		errno = -r;
-		goto fail;
-	}
-	if ((r = uv_poll_init(loop, &srv->poll, srv->fd)) < 0) {
-		unlink(srv->path);
-		errno = -r;
-		goto fail;
-	}
-	srv->poll.data = srv;
-	uv_poll_start(&srv->poll, UV_READABLE, on_accept);
-	eng->pyw = srv;
-	*out = srv;
-	return 0;
-
-fail:
-	r = errfmt(-errno, err, errlen, "cannot listen on %s: %s", path, strerror(errno));
-	if (srv->fd >= 0)
-		close(srv->fd);
-	free(srv);
-	return r;
-}
-
-static void on_listener_closed(uv_handle_t *h)
-{
-	struct pyw_server *srv = h->data;
-
-	close(srv->fd);
-	srv->pending_closes--;
-	srv_maybe_free(srv);
-}
-
-void pyw_server_close(struct pyw_server *srv)
-{
-	if (!srv)
-		return;
-	srv->closing = true;
-	if (srv->eng && srv->eng->pyw == srv)
-		srv->eng->pyw = NULL;
-	unlink(srv->path);
-	/* the pipelines keep their tasks: engine_free() frees them with the jobs */
-	for (struct pyw_conn *c = srv->conns; c; c = c->next) {
-		if (c->pp) {
-			if (c->pp->host == c)
-				c->pp->host = NULL;
-			for (struct pyw_conn **pc = &c->pp->workers; *pc; pc = &(*pc)->pnext)
-				if (*pc == c) {
-					*pc = c->pnext;
-					break;
-				}
-			for (struct ptask *t = c->pp->tasks; t; t = t->next)
-				if (t->on == c)
-					t->on = NULL;
-		}
-		conn_close(c);
-	}
-	srv->pending_closes++;
-	uv_poll_stop(&srv->poll);
-	uv_close((uv_handle_t *)&srv->poll, on_listener_closed);
 }
 
 /* --- pipelines ---------------------------------------------------------- */
@@ -1052,7 +607,7 @@ static void on_start_timeout(uv_timer_t *t)
 		 pp->host ? "mapped its slab" : "connected", PYW_START_MS / 1000);
 	pipeline_fail(pp->pl, ETIMEDOUT, msg);
 	if (pp->host)
-		conn_close(pp->host);
+		pyw_conn_close(pp->host);
 }
 
 int pyw_pipeline_new(struct pipeline *pl, char *err, size_t errlen)
@@ -1088,13 +643,13 @@ static void detach_conns(struct pyw_pipeline *pp)
 		struct pyw_conn *w = pp->workers;
 		pp->workers = w->pnext;
 		w->pp = NULL;
-		conn_close(w);
+		pyw_conn_close(w);
 	}
 	if (pp->host) {
 		struct pyw_conn *h = pp->host;
 		pp->host = NULL;
 		h->pp = NULL;
-		conn_close(h);
+		pyw_conn_close(h);
 	}
 	pp->nworkers = 0;
 }
