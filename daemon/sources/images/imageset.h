@@ -62,19 +62,6 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 void imageset_describe(const struct imageset *set, uint64_t idx, char *buf, size_t len);
 
 /**
- * brace_expand() - expand "a-{000..012}.tar" and "{x,y}" patterns.
- * @out: receives a NULL-terminated array of strings (free with
- *       brace_free()), or NULL to count and check only
- *
- * Numeric ranges count up and keep the width of a zero-padded bound;
- * several braces give every combination, leftmost slowest. No nesting.
- * Return: the number of strings (at most 1000000), or -EINVAL with @err set,
- * or -ENOMEM.
- */
-long brace_expand(const char *pattern, char ***out, char *err, size_t errlen);
-void brace_free(char **v);
-
-/**
  * imageset_count_shards() - the shards @urls name, from the patterns alone.
  * Return: the count, or -EINVAL (a bad pattern) or -E2BIG (more than the
  * most, "webdataset: 1000000 shards named, the most is 65536") with @err set.
