@@ -9,6 +9,31 @@
 
 /* --- device copies ------------------------------------------------------ */
 
+void devcopy_free_all(struct pipeline *pl)
+{
+	while (pl->devs) {
+		struct devcopy *dc = pl->devs;
+		pl->devs = dc->next;
+		cuda_dslab_free(pl->eng->cuda, dc->ds);
+		free(dc->state);
+		free(dc);
+	}
+}
+
+static void slab_free_cb(void *slab)
+{
+	slab_free(slab);
+}
+
+void devcopy_slab_free(struct pipeline *pl)
+{
+	/* a pinned slab is unmapped only after its engine unregistered it */
+	if (pl->host_pinned)
+		cuda_host_unregister(pl->eng->cuda, pl->pin_device, pl->slab->base, slab_free_cb, pl->slab);
+	else
+		slab_free(pl->slab);
+}
+
 void devcopy_maybe_free(struct devcopy *dc)
 {
 	struct pipeline *pl = dc->pl;

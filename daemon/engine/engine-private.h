@@ -500,8 +500,14 @@ void attachment_fail(struct attachment *a, int err, const char *msg);
 void att_fail_pending(struct attachment *a, int err, const char *msg);
 void pipeline_dispatch(struct pipeline *pl);
 
-/* devcopy.c */
+/* devcopy.c: the engine's side of device delivery; the only engine file
+ * that calls the gpu layer, but for the devices' start and stop (core.c) and
+ * their status (status.c) */
 void devcopy_maybe_free(struct devcopy *dc);
+/* pipeline_free(): @pl's device slabs go; its host slab goes, once the copy
+ * engine that pinned it has unregistered it. */
+void devcopy_free_all(struct pipeline *pl);
+void devcopy_slab_free(struct pipeline *pl);
 void stream_prefetch_devices(struct stream *s, struct batch *b);
 bool batch_ready(struct attachment *a, struct batch *b);
 int devcopy_get(struct pipeline *pl, const struct cuda_device_info *info, struct devcopy **out,

@@ -33,11 +33,6 @@ bool engine_has(struct engine *eng, const char *name)
 	return engine_find(eng, name) != NULL;
 }
 
-static void slab_free_cb(void *slab)
-{
-	slab_free(slab);
-}
-
 void pipeline_free(struct pipeline *pl)
 {
 	while (pl->streams) {
@@ -45,21 +40,11 @@ void pipeline_free(struct pipeline *pl)
 		pl->streams = s->next;
 		stream_free(s);
 	}
-	while (pl->devs) {
-		struct devcopy *dc = pl->devs;
-		pl->devs = dc->next;
-		cuda_dslab_free(pl->eng->cuda, dc->ds);
-		free(dc->state);
-		free(dc);
-	}
+	devcopy_free_all(pl);
 	pyw_pipeline_free(pl);
 	holds_forget(pl);
 	source_free(pl->src);
-	/* a pinned slab is unmapped only after its engine unregistered it */
-	if (pl->host_pinned)
-		cuda_host_unregister(pl->eng->cuda, pl->pin_device, pl->slab->base, slab_free_cb, pl->slab);
-	else
-		slab_free(pl->slab);
+	devcopy_slab_free(pl);
 	spec_free(pl->spec);
 	free(pl->slots);
 	free(pl->free_slots);
