@@ -41,7 +41,7 @@
  * shows them (status, /metrics, its once-a-second snapshots). So the batch
  * path sends no message at all while the pipeline is ahead. What the daemon
  * reads there is only ever the client's own figures, checked as a socket
- * report is (daemon/stats.c): garbage is counted in its bad_reports, a count
+ * report is (daemon/engine/stats.c): garbage is counted in its bad_reports, a count
  * left odd leaves its figures where they were.
  *
  * Layout (offsets in the mapping): struct bring_shared at 0 (the counters on

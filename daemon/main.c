@@ -16,16 +16,17 @@
 
 #include "common.h"
 #include "config.h"
-#include "creds.h"
-#include "imagecache.h"
-#include "log.h"
-#include "metrics.h"
+#include "base/creds.h"
+#include "sources/source.h"
+#include "base/log.h"
+#include "base/size.h"
+#include "server/metrics.h"
 #include "notify.h"
-#include "pipeline.h"
+#include "engine/engine.h"
 #include "reload.h"
-#include "server.h"
+#include "server/server.h"
 #include "settings.h"
-#include "spec.h"
+#include "sources/spec.h"
 
 #define DEFAULT_CONFIG "/etc/loaderd/loaderd.json"
 
@@ -150,7 +151,7 @@ static int check_config(const char *file, uint64_t cli_memory_limit)
 			n++;
 			/* a cache above the limit the daemon would run with, as create says */
 			if (config_spec(spec_json, &spec, err, sizeof(err)) < 0 ||
-			    imagecache_check_limit(spec, limit, err, sizeof(err)) < 0) {
+			    source_check_limit(spec, limit, err, sizeof(err)) < 0) {
 				fprintf(stderr, "loaderd: %s: pipelines[%zu]: %s\n", cfg.path ? cfg.path : file,
 				        i, err);
 				bad++;
@@ -286,12 +287,12 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 			d->cfg.workers = (unsigned)n;
 			break;
 		case 'm':
-			if (settings_parse_size(optarg, &d->cfg.memory_limit) == -ERANGE) {
+			if (size_parse(optarg, &d->cfg.memory_limit) == -ERANGE) {
 				fprintf(stderr, "loaderd: memory limit above the largest size, %" PRId64
-				        " bytes -- '%s'\n", (int64_t)SETTINGS_SIZE_MAX, optarg);
+				        " bytes -- '%s'\n", (int64_t)SIZE_PARSE_MAX, optarg);
 				return 2;
 			}
-			if (settings_parse_size(optarg, &d->cfg.memory_limit) < 0 || !d->cfg.memory_limit) {
+			if (size_parse(optarg, &d->cfg.memory_limit) < 0 || !d->cfg.memory_limit) {
 				fprintf(stderr, "loaderd: invalid memory limit -- '%s' (bytes, or like 512M, 4G)\n", optarg);
 				return 2;
 			}

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "base/log.h"
 #include "notify.h"
 
 static struct sockaddr_un addr;

@@ -18,13 +18,14 @@
 #include <string.h>
 
 #include "common.h"
-#include "creds.h"
-#include "log.h"
+#include "base/config-change.h"
+#include "base/creds.h"
+#include "base/log.h"
 #include "notify.h"
-#include "pipeline.h"
+#include "engine/engine.h"
 #include "reload.h"
-#include "server.h"
-#include "source.h"
+#include "server/server.h"
+#include "sources/source.h"
 
 int config_spec(json_t *spec_json, struct spec **out, char *err, size_t errlen)
 {
@@ -154,58 +155,6 @@ int config_run_pipelines(struct config_run *cr, const struct settings *cfg)
 	return failed ? -EINVAL : 0;
 }
 
-const char *config_log_value(char *buf, const json_t *v)
-{
-	char *text;
-
-	if (json_is_string(v))
-		return log_quote(buf, json_string_value(v));
-	text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-	log_quote(buf, text ? text : "?");
-	free(text);
-	return buf;
-}
-
-json_t *config_change(const char *event, const char *key, const char *pipeline, json_t *old,
-                      json_t *new, const char *note, const char *who)
-{
-	char o[LOG_QUOTE_MAX], n[LOG_QUOTE_MAX], q[LOG_QUOTE_MAX];
-	json_t *e;
-
-	log_msg(LOG_NOTICE, "%s key=%s%s%s old=%s new=%s %s%s%s", event, key,
-	          pipeline ? " pipeline=" : "", pipeline ? pipeline : "", config_log_value(o, old),
-	          config_log_value(n, new), who, note ? " note=" : "", note ? log_quote(q, note) : "");
-	e = json_pack("{s:s, s:o, s:o}", "key", key, "old", old, "new", new);
-	if (e && pipeline)
-		json_object_set_new(e, "pipeline", json_string(pipeline));
-	if (e && note)
-		json_object_set_new(e, "note", json_string(note));
-	return e;
-}
-
-json_t *config_change_log_level(int level, const char *event, const char *who)
-{
-	int old = log_max_level;
-	json_t *e;
-
-	/* the line says it at the louder of both levels, so it is seen */
-	if (level > old)
-		log_max_level = level;
-	e = config_change(event, "log_level", NULL, json_string(log_level_name(old)),
-	                  json_string(log_level_name(level)), NULL, who);
-	log_max_level = level;
-	return e;
-}
-
-const char *memory_limit_note(char *buf, size_t len, uint64_t limit, uint64_t used)
-{
-	if (limit >= used)
-		return NULL;
-	snprintf(buf, len, "%" PRIu64 " bytes are in use, above the new limit: nothing is freed, "
-	         "creates are refused until pipelines are dropped", used);
-	return buf;
-}
-
 /* --- a reload ----------------------------------------------------------- */
 
 struct reload_job {
@@ -325,8 +274,8 @@ static int apply_settings(struct reload_job *j, const struct settings *f, char *
 	       cr->user_memory ? json_integer((json_int_t)cr->user_memory) : json_null(),
 	       "for creates from now on");
 	change(j, "max_pipelines_per_user", NULL,
-	       json_integer(was.max_pipelines ? was.max_pipelines : SETTINGS_PIPELINES_PER_USER_DEFAULT),
-	       json_integer(cr->max_pipelines ? cr->max_pipelines : SETTINGS_PIPELINES_PER_USER_DEFAULT),
+	       json_integer(was.max_pipelines ? was.max_pipelines : ENGINE_PIPELINES_PER_USER_DEFAULT),
+	       json_integer(cr->max_pipelines ? cr->max_pipelines : ENGINE_PIPELINES_PER_USER_DEFAULT),
 	       "for creates from now on");
 	server_set_access(cr->srv, cr->admin_gid, cr->max_conn);
 	change(j, "admin_group", NULL, gid_json(was.admin_gid), gid_json(cr->admin_gid),

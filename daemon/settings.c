@@ -28,8 +28,9 @@
 #include <string.h>
 
 #include "common.h"
-#include "log.h"
-#include "metrics.h"
+#include "base/log.h"
+#include "base/size.h"
+#include "server/metrics.h"
 #include "settings.h"
 
 /* errfmt with the file's name in front ("PATH: "), and -EINVAL: every
@@ -47,36 +48,6 @@ static int settings_fail(char *err, size_t errlen, const char *path, const char 
 	return -EINVAL;
 }
 
-int settings_parse_size(const char *text, uint64_t *out)
-{
-	char *end;
-	double v;
-	double mul = 1;
-
-	errno = 0;
-	v = strtod(text, &end);
-	if (end == text || errno || v < 0 || !isfinite(v))
-		return -EINVAL;
-	switch (*end) {
-	case 'k': case 'K': mul = 1024.0; end++; break;
-	case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
-	case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
-	case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
-	default: break;
-	}
-	if (*end == 'i' || *end == 'B')
-		end += *end == 'i' ? 1 : 0;
-	if (*end == 'B')
-		end++;
-	if (*end)
-		return -EINVAL;
-	v *= mul;
-	if (v >= 9223372036854775808.0) /* 2^63: above SETTINGS_SIZE_MAX */
-		return -ERANGE;
-	*out = (uint64_t)v;
-	return 0;
-}
-
 /* A size key of @path: bytes, or a string "8G" (@example); 0 is none. */
 static int size_key(const char *path, const char *key, json_t *v, const char *example,
                     uint64_t *out, char *err, size_t errlen)
@@ -89,10 +60,10 @@ static int size_key(const char *path, const char *key, json_t *v, const char *ex
 		return 0;
 	}
 	if (json_is_string(v))
-		r = settings_parse_size(json_string_value(v), &size);
+		r = size_parse(json_string_value(v), &size);
 	if (r == -ERANGE)
 		return settings_fail(err, errlen, path, "%s: \"%s\" is above the largest size, %" PRId64
-		                     " bytes", key, json_string_value(v), (int64_t)SETTINGS_SIZE_MAX);
+		                     " bytes", key, json_string_value(v), (int64_t)SIZE_PARSE_MAX);
 	if (r < 0 || !size)
 		return settings_fail(err, errlen, path, "%s: must be bytes or a size like \"%s\"", key,
 		                     example);
@@ -181,6 +152,124 @@ fail:
 
 /* One file into @cfg: its values replace what is there; its pipelines are
  * appended. */
+/* One top-level key @key of config file @path: 0, or a negative errno with
+ * @err naming the file, the key and the rule. */
+static int load_key(struct settings *cfg, const char *path, const char *key, json_t *v,
+                    char *err, size_t errlen)
+{
+	int r;
+
+	if (strcmp(key, "socket") == 0) {
+		if (!json_is_string(v) || !*json_string_value(v))
+			return settings_fail(err, errlen, path,
+			                     "socket: must be a non-empty string");
+		free(cfg->socket_path);
+		cfg->socket_path = strdup(json_string_value(v));
+		if (!cfg->socket_path)
+			return errfmt(-ENOMEM, err, errlen, "%s: socket: out of memory", path);
+	} else if (strcmp(key, "workers") == 0) {
+		if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1024)
+			return settings_fail(err, errlen, path,
+			                     "workers: must be an integer in 1..1024");
+		cfg->workers = (unsigned)json_integer_value(v);
+	} else if (strcmp(key, "memory_limit") == 0) {
+		if ((r = size_key(path, key, v, "8G", &cfg->memory_limit, err, errlen)) < 0)
+			return r;
+	} else if (strcmp(key, "max_held_after_drop") == 0) {
+		if ((r = size_key(path, key, v, "1G", &cfg->max_held_after_drop, err, errlen)) < 0)
+			return r;
+	} else if (strcmp(key, "memory_limit_per_user") == 0) {
+		if ((r = size_key(path, key, v, "4G", &cfg->memory_limit_per_user, err, errlen)) < 0)
+			return r;
+	} else if (strcmp(key, "max_pipelines_per_user") == 0) {
+		if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+		    json_integer_value(v) > SETTINGS_PIPELINES_PER_USER_MAX)
+			return settings_fail(err, errlen, path,
+			                     "max_pipelines_per_user: must be an integer in 1..%d",
+			                     SETTINGS_PIPELINES_PER_USER_MAX);
+		cfg->max_pipelines_per_user = (unsigned)json_integer_value(v);
+	} else if (strcmp(key, "log_level") == 0) {
+		int lvl = json_is_string(v) ? log_level_from_name(json_string_value(v)) : -EINVAL;
+		if (lvl < 0)
+			return settings_fail(err, errlen, path,
+			                     "log_level: must be one of error, warning, notice, info, debug");
+		cfg->log_level = lvl;
+	} else if (strcmp(key, "socket_mode") == 0) {
+		const char *t = json_is_string(v) ? json_string_value(v) : "";
+		char *end;
+		unsigned long m = strtoul(t, &end, 8);
+		if (!*t || *end || m > 0777 || strspn(t, "01234567") != strlen(t))
+			return settings_fail(err, errlen, path,
+			                     "socket_mode: must be an octal mode in a string, "
+			                     "like \"0660\"");
+		if (!(m & 0600))
+			return settings_fail(err, errlen, path,
+			                     "socket_mode: %s leaves the daemon's own user out "
+			                     "(it must keep 0600)", t);
+		cfg->has_socket_mode = true;
+		cfg->socket_mode = (unsigned)m;
+	} else if (strcmp(key, "socket_group") == 0) {
+		if ((r = parse_group(path, key, v, &cfg->socket_gid, err, errlen)) < 0)
+			return r;
+		cfg->has_socket_group = true;
+	} else if (strcmp(key, "slow_client_timeout") == 0) {
+		double secs = json_is_number(v) ? json_number_value(v) : -1;
+		if (!(secs >= 0.1) || secs > 86400)
+			return settings_fail(err, errlen, path, "slow_client_timeout: must be a number of "
+			                     "seconds in 0.1..86400");
+		cfg->has_slow_timeout = true;
+		cfg->slow_timeout_ms = (uint64_t)llround(secs * 1000.0);
+	} else if (strcmp(key, "admin_group") == 0) {
+		if ((r = parse_group(path, key, v, &cfg->admin_gid, err, errlen)) < 0)
+			return r;
+		cfg->has_admin_group = true;
+	} else if (strcmp(key, "max_connections_per_uid") == 0) {
+		if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+		    json_integer_value(v) > SETTINGS_CONN_MAX)
+			return settings_fail(err, errlen, path,
+			                     "max_connections_per_uid: must be an integer in 1..%d",
+			                     SETTINGS_CONN_MAX);
+		cfg->max_conn_per_uid = (unsigned)json_integer_value(v);
+	} else if (strcmp(key, "dataset_roots") == 0) {
+		char **roots = NULL;
+		if ((r = parse_roots(path, v, &roots, err, errlen)) < 0)
+			return r;
+		free_roots(cfg->dataset_roots);
+		cfg->dataset_roots = roots;
+	} else if (strcmp(key, "linger") == 0) {
+		double secs = json_is_number(v) ? json_number_value(v) : -1;
+		if (!(secs >= 0) || secs > SETTINGS_LINGER_MAX_S)
+			return settings_fail(err, errlen, path,
+			                     "linger: must be a number of seconds in 0..%d",
+			                     SETTINGS_LINGER_MAX_S);
+		cfg->has_linger = true;
+		cfg->linger_ms = (uint64_t)llround(secs * 1000.0);
+	} else if (strcmp(key, "metrics_address") == 0) {
+		struct metrics_addr addr;
+		char why[512];
+		if (!json_is_string(v) || !*json_string_value(v))
+			return settings_fail(err, errlen, path, "metrics_address: must be a string, "
+			                     "\"HOST:PORT\" or an absolute unix socket path");
+		if (metrics_parse_address(json_string_value(v), &addr, why, sizeof(why)) < 0)
+			return settings_fail(err, errlen, path, "metrics_address: %s", why);
+		free(cfg->metrics_address);
+		free(cfg->metrics_address_file);
+		cfg->metrics_address_file = strdup(path);
+		if (!(cfg->metrics_address = strdup(json_string_value(v))) || !cfg->metrics_address_file)
+			return errfmt(-ENOMEM, err, errlen, "%s: metrics_address: out of memory", path);
+	} else if (strcmp(key, "pipelines") == 0) {
+		if (!json_is_array(v))
+			return settings_fail(err, errlen, path,
+			                     "pipelines: must be an array of pipeline specs");
+		if (!cfg->pipelines)
+			cfg->pipelines = json_array();
+		json_array_extend(cfg->pipelines, v);
+	} else {
+		return settings_fail(err, errlen, path, "unknown key \"%s\"", key);
+	}
+	return 0;
+}
+
 static int load_one(struct settings *cfg, const char *path, char *err, size_t errlen)
 {
 	json_error_t jerr;
@@ -197,143 +286,8 @@ static int load_one(struct settings *cfg, const char *path, char *err, size_t er
 		goto out;
 	}
 	json_object_foreach(root, key, v) {
-		if (strcmp(key, "socket") == 0) {
-			if (!json_is_string(v) || !*json_string_value(v)) {
-				r = settings_fail(err, errlen, path,
-				                  "socket: must be a non-empty string");
-				goto out;
-			}
-			free(cfg->socket_path);
-			cfg->socket_path = strdup(json_string_value(v));
-			if (!cfg->socket_path) {
-				r = errfmt(-ENOMEM, err, errlen, "%s: socket: out of memory", path);
-				goto out;
-			}
-		} else if (strcmp(key, "workers") == 0) {
-			if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1024) {
-				r = settings_fail(err, errlen, path,
-				                  "workers: must be an integer in 1..1024");
-				goto out;
-			}
-			cfg->workers = (unsigned)json_integer_value(v);
-		} else if (strcmp(key, "memory_limit") == 0) {
-			if ((r = size_key(path, key, v, "8G", &cfg->memory_limit, err, errlen)) < 0)
-				goto out;
-		} else if (strcmp(key, "max_held_after_drop") == 0) {
-			if ((r = size_key(path, key, v, "1G", &cfg->max_held_after_drop, err, errlen)) < 0)
-				goto out;
-		} else if (strcmp(key, "memory_limit_per_user") == 0) {
-			if ((r = size_key(path, key, v, "4G", &cfg->memory_limit_per_user, err, errlen)) < 0)
-				goto out;
-		} else if (strcmp(key, "max_pipelines_per_user") == 0) {
-			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-			    json_integer_value(v) > SETTINGS_PIPELINES_PER_USER_MAX) {
-				r = settings_fail(err, errlen, path,
-				                  "max_pipelines_per_user: must be an integer in 1..%d",
-				                  SETTINGS_PIPELINES_PER_USER_MAX);
-				goto out;
-			}
-			cfg->max_pipelines_per_user = (unsigned)json_integer_value(v);
-		} else if (strcmp(key, "log_level") == 0) {
-			int lvl = json_is_string(v) ? log_level_from_name(json_string_value(v)) : -EINVAL;
-			if (lvl < 0) {
-				r = settings_fail(err, errlen, path,
-				                  "log_level: must be one of error, warning, notice, info, debug");
-				goto out;
-			}
-			cfg->log_level = lvl;
-		} else if (strcmp(key, "socket_mode") == 0) {
-			const char *t = json_is_string(v) ? json_string_value(v) : "";
-			char *end;
-			unsigned long m = strtoul(t, &end, 8);
-			if (!*t || *end || m > 0777 || strspn(t, "01234567") != strlen(t)) {
-				r = settings_fail(err, errlen, path,
-				                  "socket_mode: must be an octal mode in a string, "
-				                  "like \"0660\"");
-				goto out;
-			}
-			if (!(m & 0600)) {
-				r = settings_fail(err, errlen, path,
-				                  "socket_mode: %s leaves the daemon's own user out "
-				                  "(it must keep 0600)", t);
-				goto out;
-			}
-			cfg->has_socket_mode = true;
-			cfg->socket_mode = (unsigned)m;
-		} else if (strcmp(key, "socket_group") == 0) {
-			if ((r = parse_group(path, key, v, &cfg->socket_gid, err, errlen)) < 0)
-				goto out;
-			cfg->has_socket_group = true;
-		} else if (strcmp(key, "slow_client_timeout") == 0) {
-			double secs = json_is_number(v) ? json_number_value(v) : -1;
-			if (!(secs >= 0.1) || secs > 86400) {
-				r = settings_fail(err, errlen, path, "slow_client_timeout: must be a number of "
-				                  "seconds in 0.1..86400");
-				goto out;
-			}
-			cfg->has_slow_timeout = true;
-			cfg->slow_timeout_ms = (uint64_t)llround(secs * 1000.0);
-		} else if (strcmp(key, "admin_group") == 0) {
-			if ((r = parse_group(path, key, v, &cfg->admin_gid, err, errlen)) < 0)
-				goto out;
-			cfg->has_admin_group = true;
-		} else if (strcmp(key, "max_connections_per_uid") == 0) {
-			if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-			    json_integer_value(v) > SETTINGS_CONN_MAX) {
-				r = settings_fail(err, errlen, path,
-				                  "max_connections_per_uid: must be an integer in 1..%d",
-				                  SETTINGS_CONN_MAX);
-				goto out;
-			}
-			cfg->max_conn_per_uid = (unsigned)json_integer_value(v);
-		} else if (strcmp(key, "dataset_roots") == 0) {
-			char **roots = NULL;
-			if ((r = parse_roots(path, v, &roots, err, errlen)) < 0)
-				goto out;
-			free_roots(cfg->dataset_roots);
-			cfg->dataset_roots = roots;
-		} else if (strcmp(key, "linger") == 0) {
-			double secs = json_is_number(v) ? json_number_value(v) : -1;
-			if (!(secs >= 0) || secs > SETTINGS_LINGER_MAX_S) {
-				r = settings_fail(err, errlen, path,
-				                  "linger: must be a number of seconds in 0..%d",
-				                  SETTINGS_LINGER_MAX_S);
-				goto out;
-			}
-			cfg->has_linger = true;
-			cfg->linger_ms = (uint64_t)llround(secs * 1000.0);
-		} else if (strcmp(key, "metrics_address") == 0) {
-			struct metrics_addr addr;
-			char why[512];
-			if (!json_is_string(v) || !*json_string_value(v)) {
-				r = settings_fail(err, errlen, path, "metrics_address: must be a string, "
-				                  "\"HOST:PORT\" or an absolute unix socket path");
-				goto out;
-			}
-			if (metrics_parse_address(json_string_value(v), &addr, why, sizeof(why)) < 0) {
-				r = settings_fail(err, errlen, path, "metrics_address: %s", why);
-				goto out;
-			}
-			free(cfg->metrics_address);
-			free(cfg->metrics_address_file);
-			cfg->metrics_address_file = strdup(path);
-			if (!(cfg->metrics_address = strdup(json_string_value(v))) || !cfg->metrics_address_file) {
-				r = errfmt(-ENOMEM, err, errlen, "%s: metrics_address: out of memory", path);
-				goto out;
-			}
-		} else if (strcmp(key, "pipelines") == 0) {
-			if (!json_is_array(v)) {
-				r = settings_fail(err, errlen, path,
-				                  "pipelines: must be an array of pipeline specs");
-				goto out;
-			}
-			if (!cfg->pipelines)
-				cfg->pipelines = json_array();
-			json_array_extend(cfg->pipelines, v);
-		} else {
-			r = settings_fail(err, errlen, path, "unknown key \"%s\"", key);
+		if ((r = load_key(cfg, path, key, v, err, errlen)) < 0)
 			goto out;
-		}
 	}
 	r = 0;
 out:

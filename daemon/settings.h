@@ -38,19 +38,13 @@ struct settings {
 #define SETTINGS_CONN_PER_UID_DEFAULT 64
 #define SETTINGS_CONN_MAX 512
 
-/* Pipelines one uid may own without "max_pipelines_per_user" (bounds.c). */
-#define SETTINGS_PIPELINES_PER_USER_DEFAULT 64
+/* Pipelines one uid may own with "max_pipelines_per_user"; without it
+ * ENGINE_PIPELINES_PER_USER_DEFAULT (engine.h). */
 #define SETTINGS_PIPELINES_PER_USER_MAX 100000
 
 /* The linger without a "linger" key: 5 s. */
 #define SETTINGS_LINGER_DEFAULT_MS 5000
 #define SETTINGS_LINGER_MAX_S 31536000
-
-/* Parse "1073741824", "512M", "4G", "1.5G"; -EINVAL if it is none of these,
- * -ERANGE above SETTINGS_SIZE_MAX (replies, logs and status carry sizes as
- * JSON's signed 64-bit integers). */
-#define SETTINGS_SIZE_MAX INT64_MAX
-int settings_parse_size(const char *text, uint64_t *out);
 
 /**
  * settings_load() - read a config file into @cfg (values already set win).

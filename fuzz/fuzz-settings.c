@@ -4,12 +4,13 @@
  * The input is the whole config file, written to a private directory (no
  * conf.d/ beside it) and loaded as the daemon loads it at start and on
  * SIGHUP: with values already set (keep_set), then every pipeline of the
- * file through spec_from_json(). settings_parse_size() gets the input as a
+ * file through spec_from_json(). size_parse() gets the input as a
  * size string too.
  */
 #include "fuzz.h"
 
 #include "settings.h"
+#include "size.h"
 #include "spec.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -24,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (!text)
 		return 0;
-	(void)settings_parse_size(text, &bytes);
+	(void)size_parse(text, &bytes);
 	free(text);
 
 	fuzz_file("loaderd.json", data, size, path, sizeof(path));

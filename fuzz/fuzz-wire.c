@@ -26,7 +26,7 @@
 
 #include "loader.pb-c.h"
 #include "log.h"
-#include "pipeline.h"
+#include "engine.h"
 #include "spec.h"
 
 #define FUZZ_DIR "/tmp/loaderd-fuzz-wire"

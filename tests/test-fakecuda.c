@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-fakecuda - the emulated CUDA driver, looked up the way daemon/cuda.c does
+/* test-fakecuda - the emulated CUDA driver, looked up the way daemon/gpu/cudadev.c does
  *
  * Usage: test-fakecuda LIB               every check (it runs itself again for
  *                                        the other processes)
@@ -85,7 +85,7 @@ static struct {
 	__typeof__(cuMemUnmap) *MemUnmap;
 } cu;
 
-/* Resolve @name as daemon/cuda.c does; it must be the exported @exported. */
+/* Resolve @name as daemon/gpu/cudadev.c does; it must be the exported @exported. */
 static void load(void *field, const char *name, const char *exported)
 {
 	CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;

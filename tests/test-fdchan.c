@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-fdchan - the fd channel (daemon/fdchan.c) and the socket path claim
+/* test-fdchan - the fd channel (daemon/server/fdchan.c) and the socket path claim
  *
  * A real libuv loop, real AF_UNIX sockets in a private directory under /tmp,
  * and clients that speak the bytes of common/fdchan-wire.h by hand, as
@@ -30,6 +30,7 @@
 #include <uv.h>
 
 #include "fdchan.h"
+#include "sockpath.h"
 #include "test-proc.h"
 
 /* fdchan.c's CONN_TIMEOUT_MS and MAX_CONNS */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <jpeglib.h>
 
+#include "brace.h"
 #include "image.h"
 #include "imagecache.h"
 #include "imageop.h"

@@ -19,7 +19,7 @@
 #include <uv.h>
 
 #include "loader/loader.h"
-#include "pipeline.h"
+#include "engine.h"
 #include "source.h"
 #include "spec.h"
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* test-wedged - the bounded queue of replaced listeners' fds (daemon/wedged.c) */
+/* test-wedged - the bounded queue of replaced listeners' fds (daemon/server/wedged.c) */
 #include <assert.h>
 #include <poll.h>
 #include <stdbool.h>

@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
-/* test-workers - the daemon's worker threads (daemon/workers.c)
+/* test-workers - the daemon's worker threads (daemon/engine/workers.c)
  *
  * What workers.h promises: n >= 1 threads (0 is -EINVAL), every queued work
  * runs exactly once, any thread may submit, and workers_free() runs what is
  * queued before it joins (NULL is fine). What workers.c documents: one FIFO,
  * so a single worker runs works in submission order, and n workers run n
  * works at once, never more. The engine completes works on its libuv loop
- * (a done list and a uv_async, daemon/stream.c); the last test drives that
+ * (a done list and a uv_async, daemon/engine/stream.c); the last test drives that
  * pattern on a real loop, with works submitted from several threads at once
  * and freed by the loop, so that ASan sees any touch of a work after its fn.
  */

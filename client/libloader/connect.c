@@ -133,7 +133,7 @@ int ldr_connect(struct ldr_client **out, const char *socket_path, const char *cl
 	snprintf(url, sizeof(url), "ipc://%s", c->path);
 	/* A Hello that goes unanswered for a few seconds, or whose connection
 	 * the daemon cut, is retried on a fresh connection: the daemon replaces
-	 * a listener that nng 1.5.2 wedged (daemon/nngfix.c), and cuts the
+	 * a listener that nng 1.5.2 wedged (daemon/server/nngfix.c), and cuts the
 	 * connections queued on the old one, which are lost.
 	 * Every close here is bounded (client_drop()), as in ldr_close(). */
 	for (int timeouts = 0, cuts = 0;;) {

@@ -393,7 +393,7 @@ def test_truncated_frame_then_close(ld):
 def nng_wedges_on_a_cut_handshake():
     """nng before 1.6 (issue #1518) stops accepting on an ipc listener after
     a peer hangs up in the middle of the SP handshake; the daemon's watchdog
-    replaces that listener (daemon/nngfix.c). The nng the daemon runs on
+    replaces that listener (daemon/server/nngfix.c). The nng the daemon runs on
     is in its --version."""
     out = subprocess.run([LOADERD, "--version"], capture_output=True, text=True, timeout=30).stdout
     m = re.search(r"^nng (\d+)\.(\d+)", out, re.M)

@@ -25,7 +25,7 @@ EXACT = {"dct_scaling": False}
 RRC = [{"op": "random_resized_crop", "size": 32}, {"op": "horizontal_flip", "p": 0.5}, NORM]
 RESIZE = [{"op": "resize", "size": 40}, {"op": "center_crop", "size": 32},
           {"op": "horizontal_flip", "p": 0.5}, NORM]
-# the header of an entry and its alignment (daemon/imagecache.c)
+# the header of an entry and its alignment (daemon/sources/images/imagecache.c)
 ENTRY_HEADER, ENTRY_ALIGN = 24, 64
 
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Slabs that clients still hold after their pipeline was dropped (issue 13):
-they stay in --memory-limit until the holder lets go (daemon/holds.c,
+they stay in --memory-limit until the holder lets go (daemon/engine/holds.c,
 docs/security.md "Memory that clients hold").
 
 A real daemon with an 8 MiB limit; a Python process (the loaderd package over

@@ -129,7 +129,7 @@ def finish(p, who, d, timeout=180):
 
 
 def hello(sock, role, pipeline, nworkers=1):
-    """Raw HELLO on <socket>.workers (daemon/pyw-wire.h): (type, status, text)."""
+    """Raw HELLO on <socket>.workers (daemon/engine/pyw-wire.h): (type, status, text)."""
     return textwrap.dedent(f"""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(SOCK + ".workers")

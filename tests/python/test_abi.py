@@ -106,7 +106,7 @@ def test_attach_opts_size(c_layout):
 
 def test_inflight_limit_is_one_constant():
     # the daemon's limit is the public constant, not a number of its own
-    with open(os.path.join(DAEMON, "pipeline.h")) as f:
+    with open(os.path.join(DAEMON, "engine", "engine.h")) as f:
         text = f.read()
     assert "#define ATTACH_MAX_CREDITS LDR_INFLIGHT_MAX" in text
     assert '#include "loader/loader.h"' in text

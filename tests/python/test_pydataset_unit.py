@@ -2,7 +2,7 @@
 """Your own Dataset, without the daemon: loaderd.pydataset (flatten, rebuild
 as torch's default_collate, field learning and its refusals, the seeding
 function) and the workers' host and workers (loaderd._pyhost, _pyworker)
-against a fake daemon that speaks daemon/pyw-wire.h on <socket>.workers."""
+against a fake daemon that speaks daemon/engine/pyw-wire.h on <socket>.workers."""
 
 import collections
 import functools

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Slabs are written by the daemon alone (daemon/slab.c): a client that
+"""Slabs are written by the daemon alone (daemon/engine/slab.c): a client that
 reopens its slab's memfd read-write through /proc (a memfd's inode is mode
 0777) can neither map it writable and shared nor write() it; its own
 copy-on-write writes never reach another client."""

@@ -9,7 +9,7 @@ busy loops beside it). Each round: a broadcast pipeline with min_clients 2,
 one consumer SIGKILLed while it streams, a second that must get its 300
 batches, then no client may stay listed for 10 s. nng 1.5.2 can wedge its
 reaper thread in such a round (a reply racing the killed client's close);
-from then on the daemon's sweep (daemon/nngfix.c, on_sweep_timer) is what releases
+from then on the daemon's sweep (daemon/server/nngfix.c, on_sweep_timer) is what releases
 the dead clients. Prints the round it got stuck at, or how many clients the
 sweep released.
 """

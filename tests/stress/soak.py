@@ -468,7 +468,7 @@ class Soak:
         raise SystemExit("soak: loaderd not ready within 60 s:\n" + self.read_log())
 
     def wedges(self):
-        """Listener replacements the log has told of so far (daemon/nngfix.c:
+        """Listener replacements the log has told of so far (daemon/server/nngfix.c:
         nng 1.5.2 stops accepting after a peer hangs up in the handshake,
         which the garbage connections do)."""
         with open(self.log_path, "rb") as fh:

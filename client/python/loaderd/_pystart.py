@@ -42,7 +42,7 @@ from .errors import DatasetError, Error, WorkerDied, dataset_error, from_code
 from .pydataset import SampleError
 
 _GPU_FILES = ("/dev/nvidia", "/dev/dri/", "/dev/kfd")
-_SLAB_MAPS = "/memfd:loaderd:"   # the daemon's slabs (daemon/slab.c)
+_SLAB_MAPS = "/memfd:loaderd:"   # the daemon's slabs (daemon/engine/slab.c)
 
 
 def start_method(ctx, num_workers):

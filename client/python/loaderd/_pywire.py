@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The bytes of the Python workers' socket, <socket>.workers: daemon/pyw-wire.h
+"""The bytes of the Python workers' socket, <socket>.workers: daemon/engine/pyw-wire.h
 in struct formats (native byte order, standard sizes, no padding: "=").
 Standard library only (the workers' host imports it)."""
 

@@ -1,0 +1,517 @@
+/* SPDX-License-Identifier: MIT */
+/* stream - a stream's ring of batches and their production by the workers
+ *
+ * A stream is one sequence of batches drawn from a pipeline's slots (see
+ * sched.c for how many it may hold). Batches are produced in order into the
+ * ring; workers fill them in any order, and a batch becomes ready when its
+ * job completes on the loop thread. A slot counts one reference for the ring
+ * and one per lease; it goes back to the pool when none is left.
+ */
+#include "engine-private.h"
+#include "pyworkers.h"
+
+struct batch *ring_at(struct stream *s, uint64_t seq)
+{
+	if (seq < s->head_seq || seq - s->head_seq >= s->ring_len)
+		return NULL;
+	return &s->ring[(s->ring_head + (seq - s->head_seq)) % s->pl->nslots];
+}
+
+void stream_maybe_free(struct stream *s)
+{
+	struct pipeline *pl = s->pl;
+	struct stream **pp;
+
+	if (!s->dead || s->jobs || s->slots_held)
+		return;
+	for (pp = &pl->streams; *pp; pp = &(*pp)->next)
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
+	stream_free(s);
+}
+
+void stream_free(struct stream *s)
+{
+	for (uint32_t i = 0; i < s->ring_len; i++)
+		free(s->ring[(s->ring_head + i) % s->pl->nslots].errmsg);
+	free(s->ring);
+	free(s->returned);
+	order_free(s);
+	free(s);
+}
+
+void slot_unref(struct pipeline *pl, struct slot *slot)
+{
+	struct stream *s = slot->owner;
+
+	if (--slot->refs)
+		return;
+	slot->owner = NULL;
+	pl->free_slots[pl->nfree++] = slot->idx;
+	if (s)
+		s->slots_held--;
+}
+
+/* @b's slots go back (the ring's references). */
+void batch_unref(struct pipeline *pl, struct batch *b)
+{
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++) {
+		struct slot *slot = batch_slot(b, g);
+		if (slot)
+			slot_unref(pl, slot);
+	}
+	b->slot = NULL;
+	memset(b->more, 0, sizeof(b->more));
+	free(b->errmsg);
+	b->errmsg = NULL;
+	b->failed = false;
+}
+
+bool batch_leased(const struct batch *b)
+{
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++) {
+		const struct slot *slot = batch_slot(b, g);
+		if (slot && slot->leases)
+			return true;
+	}
+	return false;
+}
+
+void ring_pop_head(struct stream *s)
+{
+	struct batch *b = &s->ring[s->ring_head];
+
+	s->ring_head = (s->ring_head + 1) % s->pl->nslots;
+	s->ring_len--;
+	s->head_seq++;
+	batch_unref(s->pl, b);
+}
+
+/* Is seed group @g of @s read? By a client of it, or group 0 by a stream
+ * without clients, which builds for it alone (stream_start_batch). */
+static bool group_read(const struct stream *s, uint32_t g)
+{
+	return s->groups[g].natts || (!g && !s->natts);
+}
+
+/* Ready @b gives back its slots of the seed groups nobody reads (a lease
+ * keeps its own reference: the slot goes back when it is released). */
+static void batch_drop_unread(struct stream *s, struct batch *b)
+{
+	for (uint32_t g = 0; g < s->ngroups; g++) {
+		struct slot *slot = batch_slot(b, g);
+		if (!slot || group_read(s, g))
+			continue;
+		slot_unref(s->pl, slot);
+		if (g)
+			b->more[g - 1] = NULL;
+		else
+			b->slot = NULL;
+	}
+}
+
+static bool batch_empty(const struct batch *b)
+{
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++)
+		if (batch_slot(b, g))
+			return false;
+	return true;
+}
+
+void stream_drop_unread(struct stream *s)
+{
+	uint64_t min_cursor = UINT64_MAX;
+
+	for (uint32_t i = 0; i < s->ring_len; i++) {
+		struct batch *b = &s->ring[(s->ring_head + i) % s->pl->nslots];
+		if (b->ready)
+			batch_drop_unread(s, b);
+	}
+	/* a batch left with no slot was read by none of the groups read now:
+	 * they start after it (their slots are the ring's newest batches) */
+	for (const struct attachment *a = s->atts; a; a = a->next)
+		if (a->cursor < min_cursor)
+			min_cursor = a->cursor;
+	while (s->ring_len && s->ring[s->ring_head].ready && batch_empty(&s->ring[s->ring_head]) &&
+	       s->head_seq < min_cursor)
+		ring_pop_head(s);
+}
+
+uint32_t stream_batch_slots(const struct stream *s)
+{
+	uint32_t n = 0;
+
+	for (uint32_t g = 0; g < s->ngroups; g++)
+		n += s->groups[g].natts > 0;
+	return n ? n : 1;
+}
+/* --- workers ------------------------------------------------------------ */
+
+static void task_run(struct work *work)
+{
+	struct task *t = (struct task *)work;
+	struct job *job = t->job;
+	struct pipeline *pl = job->pl;
+	void *dsts[SOURCE_MAX_FIELDS], *more[(AUG_GROUPS_MAX - 1) * SOURCE_MAX_FIELDS];
+	uint64_t stage_ns[STAGES] = { 0 }, begin = mono_ns();
+	struct sample_ctx ctx = { job->seeds[0], job->epoch, stage_ns, job->nmore, job->seeds + 1,
+		more };
+	char err[512];
+
+	for (uint32_t r = t->begin; r < t->end && !atomic_load(&job->err); r++) {
+		uint64_t idx = job_sample(job, r);
+		int rc;
+
+		for (size_t f = 0; f < pl->nfields; f++) {
+			uint64_t off = pl->field_off[f] + (uint64_t)r * pl->fields[f].sample_bytes;
+			dsts[f] = job->base + off;
+			for (uint32_t g = 0; g < job->nmore; g++)
+				more[g * pl->nfields + f] = job->more_base[g] + off;
+		}
+		rc = source_read(pl->src, &ctx, idx, dsts, err, sizeof(err));
+		if (rc < 0) {
+			job_set_error(job, -rc, err);
+			break;
+		}
+	}
+	/* before the completion below: the pipeline may go once its job is done */
+	workers_queue_cost(&pl->queue, stats_task_time(job, begin, stage_ns, STAGE_READ));
+	if (atomic_fetch_sub(&job->remaining, 1) == 1) {
+		struct engine *eng = job->eng;
+		pthread_mutex_lock(&eng->done_lock);
+		job->done_next = eng->done_head;
+		eng->done_head = job;
+		pthread_mutex_unlock(&eng->done_lock);
+		uv_async_send(&eng->async);
+	}
+}
+
+/* The lowest cursor of each seed group's broadcast clients into @mins
+ * (UINT64_MAX: none), so that a group's slot is built only for a batch one
+ * of its clients has still to receive (sched.c gives back the slots of a
+ * broadcast stream above its quota, received or not). Other streams: 0. */
+static void group_cursors(const struct stream *s, uint64_t mins[AUG_GROUPS_MAX])
+{
+	for (uint32_t g = 0; g < AUG_GROUPS_MAX; g++)
+		mins[g] = s->mode == LDR_MODE_BROADCAST ? UINT64_MAX : 0;
+	if (s->mode != LDR_MODE_BROADCAST)
+		return;
+	for (const struct attachment *a = s->atts; a; a = a->next)
+		if (a->cursor < mins[a->group])
+			mins[a->group] = a->cursor;
+}
+
+/* Does seed group @g need a slot in the batch at @seq, which has none? */
+static bool group_wants(const struct stream *s, const uint64_t *mins, uint32_t g, uint64_t seq)
+{
+	if (!s->natts)
+		return !g;   /* a stream without clients builds for its own seed */
+	return s->groups[g].natts && mins[g] <= seq;
+}
+
+/* The slots the batch at @seq needs for the groups @b (NULL: a new batch)
+ * has none of. */
+static uint32_t batch_missing(const struct stream *s, const uint64_t *mins, const struct batch *b,
+                              uint64_t seq)
+{
+	uint32_t n = 0;
+
+	for (uint32_t g = 0; g < s->ngroups; g++)
+		n += (!b || !batch_slot(b, g)) && group_wants(s, mins, g, seq);
+	return n;
+}
+
+uint32_t stream_next_build(const struct stream *s, struct batch **refill)
+{
+	uint64_t mins[AUG_GROUPS_MAX];
+	uint32_t n;
+
+	*refill = NULL;
+	group_cursors(s, mins);
+	/* a ready batch whose slot of a group was given back, that a client of
+	 * the group has still to receive: the oldest first */
+	if (s->mode == LDR_MODE_BROADCAST)
+		for (uint32_t i = 0; i < s->ring_len; i++) {
+			struct batch *b = &s->ring[(s->ring_head + i) % s->pl->nslots];
+			if (b->ready && !b->failed && (n = batch_missing(s, mins, b, b->seq))) {
+				*refill = b;
+				return n;
+			}
+		}
+	if (s->next_produce >= s->end_seq || s->ring_len >= s->pl->nslots)
+		return UINT32_MAX;
+	/* a client's order: only the batches whose order has come */
+	if (s->client_order && s->next_produce >= order_end(s))
+		return UINT32_MAX;
+	return batch_missing(s, mins, NULL, s->next_produce);
+}
+
+int stream_start_batch(struct stream *s)
+{
+	struct pipeline *pl = s->pl;
+	struct engine *eng = pl->eng;
+	unsigned nworkers = workers_count(eng->workers);
+	struct batch *b, *refill;
+	const struct order_batch *ob = NULL;
+	struct slot *slot;
+	struct job *job;
+	uint32_t rows, ntasks;
+	uint64_t seq = s->next_produce, mins[AUG_GROUPS_MAX];
+
+	if (stream_next_build(s, &refill) == UINT32_MAX)
+		return 0;
+	if (refill)
+		seq = refill->seq;
+	group_cursors(s, mins);
+	if (s->client_order) {
+		if (!(ob = order_at(s, seq)))
+			return -EPROTO; /* kept until past the ring's head: not reached */
+		rows = ob->rows;
+	} else {
+		rows = sampler_batch_rows(&s->sampler, seq % s->bpe);
+	}
+	/* Several batches are in flight anyway; split one only when it is big
+	 * enough to pay for the extra wake-ups (they cost more than small copies). */
+	ntasks = (uint32_t)(((uint64_t)rows * pl->row_bytes + TASK_MIN_BYTES - 1) / TASK_MIN_BYTES);
+	if (pl->py)
+		/* Python workers: one task per worker, or the whole batch for a collate_fn */
+		ntasks = pl->spec->source.py_collate ? 1 : pyw_nworkers(pl);
+	if (ntasks > nworkers && !pl->py)
+		ntasks = nworkers;
+	if (ntasks > rows)
+		ntasks = rows;
+	if (ntasks == 0)
+		ntasks = 1;
+	/* a client's order: the job's copy of the indices, which the loop
+	 * thread may move while the workers read */
+	job = calloc(1, sizeof(*job) + ntasks * sizeof(job->tasks[0]) +
+	                (ob ? rows * sizeof(uint64_t) : 0));
+	if (!job)
+		return -ENOMEM;
+	if (ob) {
+		uint64_t *idx = (uint64_t *)&job->tasks[ntasks];
+		memcpy(idx, order_indices(s, ob), rows * sizeof(*idx));
+		job->idx = idx;
+	}
+
+	if (refill) {
+		b = refill;
+	} else {
+		b = &s->ring[(s->ring_head + s->ring_len) % pl->nslots];
+		b->slot = NULL;
+		memset(b->more, 0, sizeof(b->more));
+		b->failed = false;
+		b->errmsg = NULL;
+	}
+	/* a slot for each seed group that reads it and has none (group 0 alone
+	 * in a stream without clients), the first one's the job's base */
+	for (uint32_t g = 0; g < s->ngroups; g++) {
+		if (batch_slot(b, g) || !group_wants(s, mins, g, seq))
+			continue;
+		slot = &pl->slots[pl->free_slots[--pl->nfree]];
+		for (struct devcopy *dc = pl->devs; dc; dc = dc->next)
+			dc->state[slot->idx] = DEV_NONE;
+		slot->refs = 1;
+		slot->owner = s;
+		s->slots_held++;
+		if (g)
+			b->more[g - 1] = slot;
+		else
+			b->slot = slot;
+		uint8_t *base = pl->slab->base + (uint64_t)slot->idx * pl->slot_bytes;
+		if (!job->base) {
+			job->base = base;
+			job->seeds[0] = s->groups[g].seed;
+		} else {
+			job->more_base[job->nmore] = base;
+			job->seeds[++job->nmore] = s->groups[g].seed;
+		}
+	}
+	b->ready = false;
+	if (!refill) {
+		if (s->ring_len == 0)
+			s->head_seq = seq;
+		s->ring_len++;
+		b->seq = seq;
+		b->epoch = ob ? ob->epoch : seq / s->bpe;
+		b->index = ob ? ob->index : seq % s->bpe;
+		b->rows = rows;
+		s->next_produce++;
+	}
+	if (!job->base) {
+		/* every client of the stream has it (sched.c gave its slots back
+		 * after they received it): a place in the ring, nothing to build */
+		b->ready = true;
+		job_free(job);
+		return 0;
+	}
+	s->jobs++;
+	pl->jobs++;
+
+	job->eng = eng;
+	job->pl = pl;
+	job->stream = s;
+	job->seq = seq;
+	job->epoch = b->epoch;
+	job->index = b->index;
+	job->rows = rows;
+	job->ntasks = ntasks;
+	atomic_init(&job->remaining, ntasks);
+	atomic_init(&job->err, 0);
+	for (uint32_t i = 0; i < ntasks; i++) {
+		job->tasks[i].work.fn = task_run;
+		job->tasks[i].work.queue = &pl->queue;
+		job->tasks[i].job = job;
+		job->tasks[i].begin = (uint32_t)((uint64_t)rows * i / ntasks);
+		job->tasks[i].end = (uint32_t)((uint64_t)rows * (i + 1) / ntasks);
+	}
+	if (pl->py) {
+		pyw_submit(job);
+		return 0;
+	}
+	for (uint32_t i = 0; i < ntasks; i++)
+		workers_submit(eng->workers, &job->tasks[i].work);
+	return 0;
+}
+
+void job_set_error(struct job *job, int err, const char *msg)
+{
+	int zero = 0;
+
+	/* the winner writes errmsg; job_done() reads it after the last task's
+	 * atomic_fetch_sub(&remaining), which orders the two */
+	if (atomic_compare_exchange_strong(&job->err, &zero, err))
+		job->errmsg = strdup(msg);
+}
+
+void job_free(struct job *job)
+{
+	if (job) {
+		free(job->errmsg);
+		free(job);
+	}
+}
+
+/* The first line of @msg as the pipeline's last batch error (status), cut
+ * at a character's boundary (it goes out as JSON). */
+static void last_error_set(struct pipeline *pl, const char *msg)
+{
+	size_t n = strcspn(msg, "\n"), cap = sizeof(pl->last_batch_error) - 1;
+
+	if (n > cap) {
+		n = cap;
+		while (n && ((unsigned char)msg[n] & 0xc0) == 0x80)
+			n--;   /* within a UTF-8 sequence: before its lead byte */
+	}
+	memcpy(pl->last_batch_error, msg, n);
+	pl->last_batch_error[n] = '\0';
+}
+
+void job_done(struct job *job)
+{
+	struct pipeline *pl = job->pl;
+	struct stream *s = job->stream;
+	int err = atomic_load(&job->err);
+
+	s->jobs--;
+	pl->jobs--;
+	struct batch *b = ring_at(s, job->seq);
+	bool live = !s->dead && !pl->dropped;
+	if (b && err && live && pl->spec->on_error_raise) {
+		/* torch's semantics: this batch is an error at its place, for
+		 * every client that reaches it; the stream goes on. Its slots go
+		 * back now: nothing is delivered from them. */
+		pl->job_errors++;
+		pl->batch_errors++;
+		last_error_set(pl, job->errmsg ? job->errmsg : strerror(err));
+		batch_unref(pl, b);
+		b->ready = true;
+		b->failed = true;
+		b->err = err;
+		b->errmsg = job->errmsg ? job->errmsg : strdup(strerror(err));
+		job->errmsg = NULL;
+		pl->produced++;
+	} else if (b && err && live) {
+		/* The pipeline fails when a client reaches this batch, not now:
+		 * the batches before it are delivered first, whichever job
+		 * failed first (deliver.c, stream_failed()). It stays unready. */
+		pl->job_errors++;
+		if (job->seq < s->fail_seq) {
+			s->fail_seq = job->seq;
+			s->fail_err = err;
+			snprintf(s->fail_msg, sizeof(s->fail_msg), "%s",
+			         job->errmsg ? job->errmsg : strerror(err));
+		}
+	} else if (b) {
+		b->ready = true;
+		pl->produced++;
+		stats_job_done(job);
+		if (!err && live)
+			stream_prefetch_devices(s, b);
+		/* built for a seed group whose last client left since */
+		if (s->mode == LDR_MODE_BROADCAST && !s->dead)
+			stream_drop_unread(s);
+	}
+	job_free(job);
+	if (s->dead) {
+		/* release the ring's references now that no worker writes */
+		while (s->ring_len && s->ring[s->ring_head].ready)
+			ring_pop_head(s);
+		stream_maybe_free(s);
+	}
+	if (pl->dropped) {
+		pipeline_maybe_free(pl);
+		return;
+	}
+	pipeline_update(pl);
+}
+struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world)
+{
+	struct stream *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return NULL;
+	s->ring = calloc(pl->nslots, sizeof(*s->ring));
+	if (mode == LDR_MODE_DYNAMIC)
+		s->returned = calloc(pl->nslots, sizeof(*s->returned));
+	if (!s->ring || (mode == LDR_MODE_DYNAMIC && !s->returned)) {
+		free(s->returned);
+		free(s->ring);
+		free(s);
+		return NULL;
+	}
+	s->pl = pl;
+	s->mode = mode;
+	s->fail_seq = UINT64_MAX;
+	s->order = pl->stream_ctr++;
+	s->sampler = (struct sampler){ .nsamples = source_nsamples(pl->src),
+		.batch_size = pl->spec->batch_size, .shuffle = pl->spec->shuffle,
+		.drop_last = pl->spec->drop_last, .seed = pl->spec->seed, .rank = rank, .world = world };
+	s->groups[0].seed = pl->spec->seed;
+	s->ngroups = 1;
+	s->bpe = sampler_batches_per_epoch(&s->sampler);
+	if (pl->spec->epochs == 0 || __builtin_mul_overflow(pl->spec->epochs, s->bpe, &s->end_seq))
+		s->end_seq = UINT64_MAX;
+	s->next = pl->streams;
+	pl->streams = s;
+	pl->nstreams++;
+	return s;
+}
+
+void stream_retire(struct stream *s)
+{
+	struct pipeline *pl = s->pl;
+
+	if (pl->shared[s->mode] == s)
+		pl->shared[s->mode] = NULL;
+	s->dead = true;
+	pl->nstreams--;
+	while (s->nreturned)
+		slot_unref(pl, s->returned[--s->nreturned].slot);
+	/* ready batches now; in-flight ones when their job ends (job_done()) */
+	while (s->ring_len && s->ring[s->ring_head].ready)
+		ring_pop_head(s);
+	stream_maybe_free(s);
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: MIT */
+/* source-private - what one source kind implements, and what it may use */
+#pragma once
+
+/*
+ * A source kind is one file (source-tokens.c, source-npy.c, source-images.c)
+ * that defines a struct source_ops, plus one entry of the kind table in
+ * kinds.c naming its spec "kind" values. The kind parses its own spec keys
+ * (spec.c calls it for them), writes them back into the canonical form, and
+ * opens and reads its dataset (kinds.c calls it for that).
+ */
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/creds.h"
+#include "source.h"
+
+struct spec;                     /* spec.h: the kinds parse and open it */
+
+/* An open source; a kind's own state follows it (ops->size bytes in all). */
+struct source {
+	const struct source_ops *ops;
+	uint64_t nsamples;
+	size_t nfields;
+	struct field_desc fields[SOURCE_MAX_FIELDS];
+	_Atomic uint64_t skipped;     /* source_skipped() */
+	_Atomic uint64_t decoded;     /* source_decoded() */
+	bool augments;                /* source_augments(), set by open */
+	uint64_t index_bytes;         /* source_index_bytes(), set by open */
+	uint64_t memory_bytes;        /* source_memory_bytes(), set by open */
+	struct creds who;             /* its files are opened as (creds.h) */
+};
+
+struct source_ops {
+	/* The "source" object of a spec, spec->kind already set (every key of
+	 * @src but "kind" is the hook's to check). */
+	int (*parse)(struct spec *spec, json_t *src, char *err, size_t errlen);
+	/* The kind's own top-level keys, NULL-terminated (NULL: none), parsed
+	 * by parse_options from the whole spec object; another kind's spec
+	 * with one is "KEY: only for <options_for>". */
+	const char *const *options;
+	const char *options_for;
+	int (*parse_options)(struct spec *spec, json_t *obj, char *err, size_t errlen);
+	/* The canonical "source" object, with every default filled in. */
+	json_t *(*source_json)(const struct spec *spec);
+	/* Add the canonical form of the own top-level keys to @obj (NULL: none). */
+	int (*options_json)(const struct spec *spec, json_t *obj);
+
+	size_t size;                  /* of the kind's struct, struct source first */
+	/* Open the dataset, on a zeroed struct of ops->size bytes. */
+	int (*open)(struct source *src, const struct spec *spec, char *err, size_t errlen);
+	/* source_read(), idx already checked against nsamples; ctx->nmore is
+	 * 0 unless open set src->augments. */
+	int (*read)(struct source *src, const struct sample_ctx *ctx, uint64_t idx,
+		    void *const *dsts, char *err, size_t errlen);
+	/* Status "cache" (source_cache_json()); NULL: the kind has none. */
+	json_t *(*cache_json)(const struct source *src);
+	/* source_check_limit(): what the spec will hold beside the slab against
+	 * the memory limit, before anything is opened; NULL: nothing. */
+	int (*check_limit)(const struct spec *spec, uint64_t limit, char *err, size_t errlen);
+	/* Release what open got, also after a failed open. */
+	void (*close)(struct source *src);
+	/* Built outside the daemon (python: pyworkers.c); read is never called. */
+	bool external;
+};
+
+struct source_kind_entry {
+	const char *name;             /* source.kind in a spec */
+	enum source_kind kind;
+	const struct source_ops *ops;
+};
+
+extern const struct source_ops source_tokens_ops, source_npy_ops, source_images_ops,
+	source_python_ops;
+
+/* The kind table (kinds.c), in the order spec errors list the names. */
+extern const struct source_kind_entry source_kinds[];
+extern const size_t source_nkinds;
+const struct source_kind_entry *source_kind_named(const char *name);
+const struct source_ops *source_kind_ops(enum source_kind kind);
+
+/* ---- for opening and reading (kinds.c) ---- */
+
+/* Open a regular file read-only as the source's @who; @err names it. */
+int source_open_file(const struct source *src, const char *path, int *fd_out, uint64_t *size_out,
+		     char *err, size_t errlen);
+/* Read exactly @len bytes at @off with pread; a short read is a truncated file. */
+int source_read_full(int fd, const char *path, void *buf, size_t len, uint64_t off, char *err,
+		     size_t errlen);
+
+/* ---- for a parse hook (spec.c); errors read "spec: ..." ---- */
+
+/* errfmt() (common.h) with "spec: " in front; returns -EINVAL. */
+__attribute__((format(printf, 3, 4)))
+int spec_fail(char *err, size_t errlen, const char *fmt, ...);
+/* The first key of @obj not in @keys (NULL-terminated), or NULL. */
+const char *spec_unknown_key(json_t *obj, const char *const *keys);
+/* An integer in [min, max], "@label: must be @what" otherwise; absent keeps *out. */
+int spec_get_int(json_t *obj, const char *key, const char *label, int64_t min, int64_t max,
+		 const char *what, int64_t *out, char *err, size_t errlen);
+/* A number, as a double. */
+bool spec_get_number(json_t *v, double *out);
+/* A non-empty string without NUL bytes, or NULL. */
+const char *spec_plain_string(json_t *v);
+/* source.path: a required non-empty string, copied into *out. */
+int spec_required_path(json_t *src, char **out, char *err, size_t errlen);
+/* A JSON array of @n strings, or NULL. */
+json_t *spec_strings_json(char **v, size_t n);

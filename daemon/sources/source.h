@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: MIT */
+/* source - where samples come from: token files, .npy arrays, images
+ *
+ * The sources layer: the spec (spec.h, the pipeline's language), the kind
+ * table (kinds.c) and one file or folder per kind behind a struct
+ * source_ops (source-private.h: what a kind implements and may use). A
+ * source writes a sample into the place in the slot it is given and knows
+ * nothing of pipelines, streams or clients: it never calls the engine nor
+ * the server, and includes only base/ (opening files as the pipeline's
+ * owner: creds.h) besides common/. Above it, the engine and the server see
+ * this header and spec.h, never a kind's own files.
+ *
+ * layer: daemon/sources -> daemon/base common include
+ */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loader/loader.h"
+
+/*
+ * The kinds of source. Each is parsed, opened and read by its own source_ops
+ * (source-private.h; image_folder and webdataset share source-images.c), and
+ * the kind table in kinds.c names them.
+ */
+enum source_kind {
+	SOURCE_TOKENS,
+	SOURCE_NPY,
+	SOURCE_IMAGE_FOLDER,
+	SOURCE_WEBDATASET,
+	SOURCE_PYTHON,           /* a user's torch Dataset, built by its Python workers */
+};
+
+#define SOURCE_MAX_FIELDS 16
+
+struct field_desc {
+	char name[LDR_NAME_MAX + 1];
+	int dtype;                    /* enum ldr_dtype */
+	int ndim;                     /* dimensions of one sample (0 = scalar) */
+	int64_t shape[LDR_MAX_DIMS - 1];
+	size_t sample_bytes;          /* bytes of one sample of this field */
+};
+
+struct source;
+struct spec;                     /* spec.h */
+
+/*
+ * What a sample's random draws depend on besides its index (docs/spec.md,
+ * "Random draws"): never the worker or the time.
+ */
+struct sample_ctx {
+	uint64_t seed;
+	uint64_t epoch;
+	/* stall accounting: a source that tells its stages apart adds their ns
+	 * here (NULL: do not time); the rest of the task's time is read time */
+	uint64_t *stage_ns;
+	/* augment seeds (docs/spec.md, "Augment seeds"): the sample is written
+	 * nmore times more, with more_seeds[i] in place of seed, into
+	 * more_dsts[i * nfields ...]; one decode serves them all (images) */
+	uint32_t nmore;
+	const uint64_t *more_seeds;
+	void *const *more_dsts;
+};
+
+/* The stages a sample's time is split into (status "stage_seconds_total"). */
+enum { STAGE_READ, STAGE_DECODE, STAGE_TRANSFORM, STAGE_COLLATE, STAGES };
+
+/**
+ * source_open() - open the dataset files of a spec and check them.
+ * @err: names the file and what is wrong with it
+ *       ("x.npy: Fortran order is not supported")
+ * Return: 0, -EINVAL (bad file), -ENOENT... with @err set.
+ */
+int source_open(struct source **out, const struct spec *spec, char *err, size_t errlen);
+/* The same, reading every file with @who's permissions (creds.h): the
+ * pipeline's creator's. source_open() reads as the daemon. */
+struct creds;
+int source_open_as(struct source **out, const struct spec *spec, const struct creds *who,
+		   char *err, size_t errlen);
+struct source *source_free(struct source *src);
+
+uint64_t source_nsamples(const struct source *src);
+size_t source_nfields(const struct source *src);
+const struct field_desc *source_field(const struct source *src, size_t i);
+
+/**
+ * source_read() - write sample @idx into its place in a batch.
+ * @ctx: the pipeline's seed and the epoch, for random augmentations (NULL:
+ *       seed 0, epoch 0); tokens and npy ignore it
+ * @dsts: one destination per field, each field's sample_bytes long
+ *
+ * Thread-safe: the workers call it concurrently. Reads with pread, never
+ * through a mapping, so a file truncated under a running pipeline gives an
+ * error ("train.bin: truncated: ...") instead of SIGBUS.
+ *
+ * Images: a file that cannot be read or decoded is, with on_error "skip",
+ * replaced by the next good sample in dataset order (idx+1, idx+2...,
+ * wrapping), transformed as that sample is, and counted (source_skipped());
+ * a sample found bad is not read again while the source lives. With "fail" it is an error naming the file and the decoder's message.
+ * Return: 0 or a negative errno with @err set.
+ */
+int source_read(struct source *src, const struct sample_ctx *ctx, uint64_t idx, void *const *dsts,
+		char *err, size_t errlen);
+
+/* Distinct samples found bad so far (on_error "skip"), each counted once;
+ * 0 for other sources. */
+uint64_t source_skipped(const struct source *src);
+/* Images decoded so far (a decode serves every augment seed of a sample);
+ * 0 for other sources. */
+uint64_t source_decoded(const struct source *src);
+/* Memory of the source's index of its samples (image sources: the listing
+ * or the tar index and the bad-sample map); 0 for others. */
+uint64_t source_index_bytes(const struct source *src);
+/* Memory the source holds beside the slab that counts against the memory
+ * limit: an image pipeline's decoded-image cache (its arena); 0 for others. */
+uint64_t source_memory_bytes(const struct source *src);
+/* -ENOSPC with @err set when what @spec's source would hold beside the slab
+ * (an image pipeline's decoded-image cache, cache.bytes) is above the memory
+ * limit @limit: checked at create, before the dataset is listed, and by
+ * --check-config. 0 for the kinds that hold nothing so. */
+int source_check_limit(const struct spec *spec, uint64_t limit, char *err, size_t errlen);
+/* Status "cache" of an image pipeline with a decoded-image cache (hits,
+ * misses, entries, bytes_used...; imagecache.h), else NULL. */
+json_t *source_cache_json(const struct source *src);
+/* Do its samples depend on the seed (image sources with random transforms)?
+ * If not, every augment seed gives the same bytes. */
+bool source_augments(const struct source *src);
+/* Its batches are built outside the daemon (python: pyworkers.c), never
+ * with source_read(). */
+bool source_external(const struct source *src);
+/* Count @n samples skipped by an external builder. */
+void source_add_skipped(struct source *src, uint64_t n);
