@@ -50,7 +50,7 @@ static void task_unlink(struct pyw_pipeline *pp, struct ptask *t)
 }
 
 /* A task of @job is over (done, failed or cancelled): the batch is ready, or
- * failed, when the last one is. May free the pipeline (job_done). */
+ * failed, when the last one is. May free the pipeline (stream.c's job_done()). */
 static void job_task_over(struct job *job)
 {
 	if (atomic_fetch_sub(&job->remaining, 1) == 1)
@@ -492,7 +492,7 @@ static void on_fail(struct pyw_conn *c, const uint8_t *p, size_t len)
 }
 
 /* One whole message in c->in; false when the connection was closed. */
-bool pyw_on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *p)
+static bool pyw_on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *p)
 {
 	if (!c->role && h->type != PYW_HELLO) {
 		pyw_conn_refuse(c, -EPROTO, "message %u before HELLO", h->type);
@@ -526,7 +526,7 @@ bool pyw_on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *
  * once the host said how the worker ended (on_worker_exit()), so that the
  * error names its signal. A job that fails is ended last, as ending one may
  * free the pipeline. */
-void pyw_worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
+static void pyw_worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 {
 	struct ptask *running = NULL;
 	struct job *over = NULL;
@@ -571,7 +571,7 @@ void pyw_worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 		job_task_over(over);
 }
 
-void pyw_host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
+static void pyw_host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 {
 	char msg[320];
 
@@ -734,4 +734,16 @@ json_t *pyw_status(const struct pipeline *pl)
 			 "tasks_resent", (json_int_t)pp->tasks_resent,
 			 "worker_exits", (json_int_t)pp->worker_exits,
 			 "last_exit", pp->last_exit[0] ? pp->last_exit : NULL);
+}
+
+static const struct pyw_conn_ops conn_ops = {
+	.message = pyw_on_message,
+	.worker_gone = pyw_worker_gone,
+	.host_gone = pyw_host_gone,
+};
+
+int pyw_server_new(struct pyw_server **out, uv_loop_t *loop, struct engine *eng, const char *path,
+		   unsigned mode, int gid, char *err, size_t errlen)
+{
+	return pyw_listen(out, loop, eng, path, mode, gid, &conn_ops, err, errlen);
 }
