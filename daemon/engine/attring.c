@@ -309,15 +309,16 @@ void attring_close(struct attachment *a)
 	uv_close((uv_handle_t *)&r->kick, on_closed);
 }
 
-void attring_stats(struct attachment *a)
+bool attring_stats(struct attachment *a, struct trainer_stats *st, uint64_t buckets[WAIT_BUCKETS])
 {
 	struct attring *r = a->ring;
-	uint64_t v[3], buckets[WAIT_BUCKETS];
+	uint64_t v[3];
 
 	if (!r || r->failed || bring_daemon_stats(&r->br, v, buckets) != 1)
-		return;
-	stats_report(a, &(struct trainer_stats){ .wait_ns = v[0], .compute_ns = v[1], .calls = v[2],
-		.buckets = buckets, .nbuckets = WAIT_BUCKETS });
+		return false;
+	*st = (struct trainer_stats){ .wait_ns = v[0], .compute_ns = v[1], .calls = v[2],
+		.buckets = buckets, .nbuckets = WAIT_BUCKETS };
+	return true;
 }
 
 uint32_t att_waiting(const struct attachment *a)

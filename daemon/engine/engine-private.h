@@ -415,6 +415,47 @@ struct engine {
 	bool shutdown;
 };
 
+/* A reference to @slot goes (the ring's or a lease's): with the last, it is
+ * free again (stream.c says who holds one). Here, below every file that
+ * drops one. */
+static inline void slot_unref(struct pipeline *pl, struct slot *slot)
+{
+	struct stream *s = slot->owner;
+
+	if (--slot->refs)
+		return;
+	slot->owner = NULL;
+	pl->free_slots[pl->nfree++] = slot->idx;
+	if (s)
+		s->slots_held--;
+}
+
+/* Record @job's first failure (the first caller wins; any thread: a worker
+ * thread's task, or the Python workers' side, pyworkers.c). */
+static inline void job_set_error(struct job *job, int err, const char *msg)
+{
+	int zero = 0;
+
+	/* the winner writes errmsg; job_done() reads it after the last task's
+	 * atomic_fetch_sub(&remaining), which orders the two */
+	if (atomic_compare_exchange_strong(&job->err, &zero, err))
+		job->errmsg = strdup(msg);
+}
+
+static inline void job_free(struct job *job)
+{
+	if (job) {
+		free(job->errmsg);
+		free(job);
+	}
+}
+
+/* Bytes of its order (order.c) @s holds now: bounds.c counts them. */
+static inline uint64_t order_bytes(const struct stream *s)
+{
+	return s->corder.cap * sizeof(*s->corder.b) + s->corder.idx_cap * sizeof(*s->corder.idx);
+}
+
 /* The dataset index of row @row of @job's batch. */
 static inline uint64_t job_sample(const struct job *job, uint32_t row)
 {
@@ -429,8 +470,6 @@ uint64_t order_end(const struct stream *s);
 /* The batch at @seq (below order_end()), or NULL when trimmed. */
 const struct order_batch *order_at(const struct stream *s, uint64_t seq);
 const uint64_t *order_indices(const struct stream *s, const struct order_batch *b);
-/* Bytes of its order @s holds now. */
-uint64_t order_bytes(const struct stream *s);
 void order_free(struct stream *s);
 
 /* stream.c */
@@ -438,7 +477,6 @@ struct batch *ring_at(struct stream *s, uint64_t seq);
 void stream_maybe_free(struct stream *s);
 /* Free @s, out of its pipeline's list, and what its ring still holds. */
 void stream_free(struct stream *s);
-void slot_unref(struct pipeline *pl, struct slot *slot);
 void ring_pop_head(struct stream *s);
 /* Slots the next batch @s builds takes (UINT32_MAX: none to build): a
  * ready batch of a broadcast stream that lacks the slot of a seed group
@@ -448,9 +486,6 @@ uint32_t stream_next_build(const struct stream *s, struct batch **refill);
 /* Build what stream_next_build() says (without checking the quota). */
 int stream_start_batch(struct stream *s);
 void job_done(struct job *job);
-/* Record @job's first failure (the first caller wins; any thread). */
-void job_set_error(struct job *job, int err, const char *msg);
-void job_free(struct job *job);
 struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
 /* Shared stream @s, which no client reads, leaves its pipeline for a new
  * job's (docs/spec.md, "Jobs"): its batches go, it is freed when done. */
@@ -489,8 +524,9 @@ void attring_deliver(struct pending *p, const struct delivery *d);
 uint64_t attring_bytes(const struct attachment *a);
 void attring_fds(const struct attachment *a, int *fd, int *efd);
 void attring_close(struct attachment *a);
-/* The trainer's figures in the ring, when new: into stats_report(). */
-void attring_stats(struct attachment *a);
+/* The trainer's figures in the ring, when new: true, and them in *@st (its
+ * buckets in @buckets) for stats_report(). */
+bool attring_stats(struct attachment *a, struct trainer_stats *st, uint64_t buckets[WAIT_BUCKETS]);
 /* @a's requests the daemon has nothing for: its parked Next requests, and its
  * ring's request while its client has taken every delivery (it waits). */
 uint32_t att_waiting(const struct attachment *a);

@@ -37,11 +37,6 @@ const uint64_t *order_indices(const struct stream *s, const struct order_batch *
 	return s->corder.idx + b->off;
 }
 
-uint64_t order_bytes(const struct stream *s)
-{
-	return s->corder.cap * sizeof(*s->corder.b) + s->corder.idx_cap * sizeof(*s->corder.idx);
-}
-
 void order_free(struct stream *s)
 {
 	free(s->corder.b);
