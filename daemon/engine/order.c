@@ -196,6 +196,6 @@ int attachment_order(struct attachment *a, const struct order_msg *m, char *err,
 	o->open = !m->last;
 	o->next_epoch = m->last ? m->epoch + 1 : m->epoch;
 	o->next_batch = m->last ? 0 : m->first + m->nbatches;
-	pipeline_update(s->pl);
+	s->pl->eng->hooks->update(s->pl);
 	return 0;
 }

@@ -54,7 +54,7 @@ static void task_unlink(struct pyw_pipeline *pp, struct ptask *t)
 static void job_task_over(struct job *job)
 {
 	if (atomic_fetch_sub(&job->remaining, 1) == 1)
-		job_done(job);
+		job->eng->hooks->job_over(job);
 }
 
 /* A task of @job on worker @c ended: its time since the worker began it
@@ -162,7 +162,7 @@ static struct pyw_pipeline *find_pipeline(struct pyw_conn *c, const struct pyw_h
 
 	memcpy(name, h->pipeline, sizeof(h->pipeline));
 	name[sizeof(h->pipeline)] = '\0';
-	pl = engine_find(c->srv->eng, name);
+	pl = c->srv->eng->hooks->find(c->srv->eng, name);
 	if (!pl || pl->dropped) {
 		pyw_conn_refuse(c, -ENOENT, "no pipeline named '%s'", name);
 		return NULL;
@@ -338,7 +338,7 @@ static void on_mapped(struct pyw_conn *c)
 		char msg[256];
 		snprintf(msg, sizeof(msg), "cannot seal the slab: %s", strerror(-r));
 		pyw_conn_refuse(c, r, "%s", msg);
-		pipeline_fail(pp->pl, -r, msg);
+		pp->pl->eng->hooks->fail_pipeline(pp->pl, -r, msg);
 		return;
 	}
 	pp->mapped = true;
@@ -585,7 +585,7 @@ static void pyw_host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 	/* the workers die with the host (PR_SET_PDEATHSIG); close them here too */
 	while (pp->workers)
 		pyw_conn_close(pp->workers);
-	pipeline_fail(pp->pl, EIO, msg);
+	pp->pl->eng->hooks->fail_pipeline(pp->pl, EIO, msg);
 }
 
 /* --- pipelines ---------------------------------------------------------- */
@@ -605,7 +605,7 @@ static void on_start_timeout(uv_timer_t *t)
 	snprintf(msg, sizeof(msg), "no Python worker host %s within %d s of the create: the trainer "
 		 "that creates a python pipeline starts its workers (loaderd.DataLoader does)",
 		 pp->host ? "mapped its slab" : "connected", PYW_START_MS / 1000);
-	pipeline_fail(pp->pl, ETIMEDOUT, msg);
+	pp->pl->eng->hooks->fail_pipeline(pp->pl, ETIMEDOUT, msg);
 	if (pp->host)
 		pyw_conn_close(pp->host);
 }

@@ -13,6 +13,8 @@
  * trainer has not taken. So no stream's prefetched batches, idle clients,
  * clients far apart or slow trainer can hold another stream's slots: only a trainer that holds
  * its whole share waits, and libloader then keeps (copies) its oldest batch.
+ * The rule's numbers (pipeline_active_streams(), stream_quota(), att_share())
+ * are stream.c's, as deliver.c and slow.c, below this file, read them too.
  */
 #include "engine-private.h"
 

@@ -5,7 +5,9 @@
  * sched.c for how many it may hold). Batches are produced in order into the
  * ring; workers fill them in any order, and a batch becomes ready when its
  * job completes on the loop thread. A slot counts one reference for the ring
- * and one per lease; it goes back to the pool when none is left.
+ * and one per lease; it goes back to the pool when none is left
+ * (slot_unref(), engine-private.h). The slots a stream may hold, its quota,
+ * are reckoned here too, by sched.c's rule.
  */
 #include "engine-private.h"
 #include "pyworkers.h"
@@ -484,10 +486,10 @@ void job_done(struct job *job)
 		stream_maybe_free(s);
 	}
 	if (pl->dropped) {
-		pipeline_maybe_free(pl);
+		pl->eng->hooks->maybe_free(pl);
 		return;
 	}
-	pipeline_update(pl);
+	pl->eng->hooks->update(pl);
 }
 struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world)
 {
