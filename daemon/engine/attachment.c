@@ -62,7 +62,7 @@ void att_leave(struct attachment *a, int err, const char *msg)
 			ring_pop_head(s);
 		stream_maybe_free(s);
 	}
-	pipeline_lifetime(pl);
+	pl->eng->hooks->lifetime(pl);
 }
 
 static void att_release_all(struct attachment *a, struct pipeline *pl)
@@ -86,7 +86,7 @@ void att_disconnect(struct attachment *a, int err, const char *msg)
 	att_release_all(a, pl);   /* first, so that the ring keeps none of them */
 	att_leave(a, err, msg);   /* nothing when it left already (slow.c) */
 	a->pl = NULL;
-	pipeline_lifetime(pl);
+	pl->eng->hooks->lifetime(pl);
 }
 
 void attachment_detach(struct attachment *a)

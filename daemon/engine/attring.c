@@ -52,7 +52,7 @@ static void attring_fail(struct attring *r, const char *msg)
 	log_event(LOG_WARNING, "client.ring_garbage", "pipeline=%s attachment=%" PRIu64 " client=%"
 	          PRIu64 " pid=%d: %s; the attachment is detached", a->pl ? a->pl->spec->name : "-",
 	          a->id, a->client_id, a->pid, msg);
-	attachment_fail(a, EBADMSG, msg);
+	a->eng->hooks->ring_fail(a, EBADMSG, msg);
 }
 
 /* Park the ring's request again, when the ring can take what answers it. */
@@ -98,7 +98,7 @@ static void attring_park(struct attring *r)
 		return; /* cannot be: deliveries not taken hold leases, the ring holds more */
 	r->pending.max = space < DELIVER_MAX_BATCHES ? space : DELIVER_MAX_BATCHES;
 	r->parked = true;
-	rc = attachment_next(a, &r->pending, &(struct next_req){ 0 }, err, sizeof(err));
+	rc = a->eng->hooks->ring_next(a, &r->pending, &(struct next_req){ 0 }, err, sizeof(err));
 	if (rc < 0 && r->parked) {
 		/* refused (the attachment is dead): say so in the ring */
 		r->parked = false;
@@ -133,8 +133,8 @@ static void attring_take(struct attring *r)
 			return;
 		}
 		bool live = a->pl && !a->left;
-		int rc = n ? attachment_next(a, NULL, &(struct next_req){ .releases = leases,
-		                             .nreleases = n }, err, sizeof(err)) : 0;
+		int rc = n ? a->eng->hooks->ring_next(a, NULL, &(struct next_req){
+		                             .releases = leases, .nreleases = n }, err, sizeof(err)) : 0;
 		if (rc == -ENOENT && live) {
 			char msg[320];
 			snprintf(msg, sizeof(msg), "batch ring: %s (not delivered to it, or released "
@@ -309,15 +309,16 @@ void attring_close(struct attachment *a)
 	uv_close((uv_handle_t *)&r->kick, on_closed);
 }
 
-void attring_stats(struct attachment *a)
+bool attring_stats(struct attachment *a, struct trainer_stats *st, uint64_t buckets[WAIT_BUCKETS])
 {
 	struct attring *r = a->ring;
-	uint64_t v[3], buckets[WAIT_BUCKETS];
+	uint64_t v[3];
 
 	if (!r || r->failed || bring_daemon_stats(&r->br, v, buckets) != 1)
-		return;
-	stats_report(a, &(struct trainer_stats){ .wait_ns = v[0], .compute_ns = v[1], .calls = v[2],
-		.buckets = buckets, .nbuckets = WAIT_BUCKETS });
+		return false;
+	*st = (struct trainer_stats){ .wait_ns = v[0], .compute_ns = v[1], .calls = v[2],
+		.buckets = buckets, .nbuckets = WAIT_BUCKETS };
+	return true;
 }
 
 uint32_t att_waiting(const struct attachment *a)

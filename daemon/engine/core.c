@@ -34,6 +34,19 @@ static void on_async(uv_async_t *handle)
 }
 /* --- the engine --------------------------------------------------------- */
 
+/* How the lower files reach the higher ones (engine-private.h). */
+static const struct engine_hooks hooks = {
+	.update = pipeline_update,
+	.maybe_free = pipeline_maybe_free,
+	.fail_pipeline = pipeline_fail,
+	.find = engine_find,
+	.job_over = job_done,
+	.ring_next = attachment_next,
+	.ring_fail = attachment_fail,
+	.leave = att_leave,
+	.lifetime = pipeline_lifetime,
+};
+
 int engine_new(struct engine **out, uv_loop_t *loop, unsigned nworkers, uint64_t memory_limit,
                const struct engine_ops *ops, void *userdata)
 {
@@ -44,6 +57,7 @@ int engine_new(struct engine **out, uv_loop_t *loop, unsigned nworkers, uint64_t
 		return -ENOMEM;
 	eng->loop = loop;
 	eng->ops = *ops;
+	eng->hooks = &hooks;
 	eng->userdata = userdata;
 	eng->memory_limit = memory_limit;
 	eng->slow_timeout_ms = ENGINE_SLOW_TIMEOUT_DEFAULT_MS;

@@ -241,7 +241,7 @@ static void stream_dispatch(struct stream *s)
 
 	if (!pl->failed && stream_failed(s)) {
 		/* every batch before it was delivered: now the error, to all */
-		pipeline_fail(pl, s->fail_err, s->fail_msg);
+		pl->eng->hooks->fail_pipeline(pl, s->fail_err, s->fail_msg);
 		return;
 	}
 	if (pl->failed) {

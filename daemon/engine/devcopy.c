@@ -84,10 +84,10 @@ static void copy_done(void *cookie, int err, const char *msg)
 	slot_unref(pl, slot);
 	devcopy_maybe_free(dc);
 	if (pl->dropped) {
-		pipeline_maybe_free(pl);
+		pl->eng->hooks->maybe_free(pl);
 		return;
 	}
-	pipeline_update(pl);
+	pl->eng->hooks->update(pl);
 }
 
 /* Queue the copy of ready batch @b's @slot to @dc's device, unless it is

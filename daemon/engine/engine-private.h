@@ -1,15 +1,34 @@
 /* SPDX-License-Identifier: MIT */
 /* engine-private - what the engine's files share: pipelines, streams, slots, leases
  *
- * The engine (engine.h) is split by concept: core.c (workers, completions,
- * shutdown), registry.c (pipelines by name, access, lifetimes), create.c
- * (making one within the memory budget), stream.c (a stream's ring and its
- * production), order.c (the batches a client gives its stream), sched.c
- * (how slots are shared between streams: quotas, reclaim, shares),
- * deliver.c (parked requests, leases, answers), attach.c (making an
- * attachment), attachment.c (its requests, its leaving), devcopy.c (device
- * copies), status.c (status JSON). All of it runs on the loop thread but the
- * worker tasks' bodies (stream.c: task_run).
+ * The engine (engine.h) is split by concept, and its files call one way,
+ * bottom up as this header's sections list them (the state they share
+ * first, then each file's functions):
+ *
+ *   slab.c, sampler.c, workers.c  the slab, the sampler, the worker threads
+ *   holds.c · bounds.c            slabs clients still map; bounds per user
+ *   order.c                       the batches a client gives its stream
+ *   attring.c                     an attachment's batch ring
+ *   pyw-conn.c · pyworkers.c      the Python workers: socket, then tasks
+ *   stats.c                       stall accounting
+ *   devcopy.c                     device copies
+ *   stream.c                      a stream's ring, quota and production
+ *   deliver.c                     parked requests, leases, answers
+ *   slow.c                        a slow broadcast client
+ *   sched.c                       reclaim, revoke, build: pipeline_update()
+ *   attachment.c                  an attachment's requests, its leaving
+ *   registry.c                    pipelines by name, access, lifetimes
+ *   core.c                        engine_new(), completions, shutdown
+ *   create.c · retire.c           making one; a reload's retired ones
+ *   attach.c, status.c            entry points only (making an
+ *                                 attachment; status JSON)
+ *
+ * A file calls the files above it in this list, never one below. Where a
+ * lower file must have a higher one act (a copy or a job ended: update the
+ * pipeline; a ring's client released: its attachment takes the leases
+ * back), it calls through struct engine_hooks, which core.c fills in. All
+ * of it runs on the loop thread but the worker tasks' bodies (stream.c:
+ * task_run).
  */
 #pragma once
 
@@ -381,6 +400,38 @@ struct job {
 	} tasks[];
 };
 
+/*
+ * How a lower file of the engine makes a higher one act (the order of the
+ * files: the top of this header). The files call down only; where a lower
+ * one must have a higher one do something (a slot came free: share the
+ * slots and build; a Python workers' job is over; a batch ring's client
+ * released), it calls through these, which engine_new() (core.c) fills in
+ * with the higher files' functions.
+ */
+struct engine_hooks {
+	/* sched.c pipeline_update(): share the slots, build, deliver
+	 * (order.c, devcopy.c, stream.c, slow.c) */
+	void (*update)(struct pipeline *pl);
+	/* registry.c pipeline_maybe_free(): a dropped pipeline's job or copy
+	 * ended (devcopy.c, stream.c) */
+	void (*maybe_free)(struct pipeline *pl);
+	/* registry.c pipeline_fail() (pyworkers.c, deliver.c) */
+	void (*fail_pipeline)(struct pipeline *pl, int err, const char *msg);
+	/* registry.c engine_find(): a Python host's HELLO names its pipeline */
+	struct pipeline *(*find)(struct engine *eng, const char *name);
+	/* stream.c job_done(): a job of the Python workers is over (pyworkers.c) */
+	void (*job_over)(struct job *job);
+	/* attachment.c attachment_next() and attachment_fail(): a batch ring's
+	 * requests (attring.c) */
+	int (*ring_next)(struct attachment *a, struct pending *p, const struct next_req *rq,
+	                 char *err, size_t errlen);
+	void (*ring_fail)(struct attachment *a, int err, const char *msg);
+	/* attachment.c att_leave(): a slow client set aside (slow.c) */
+	void (*leave)(struct attachment *a, int err, const char *msg);
+	/* registry.c pipeline_lifetime(): an attachment came or went (attachment.c) */
+	void (*lifetime)(struct pipeline *pl);
+};
+
 struct engine {
 	uv_loop_t *loop;
 	uv_async_t async;
@@ -388,6 +439,7 @@ struct engine {
 	struct job *done_head;
 	struct workers *workers;
 	struct engine_ops ops;
+	const struct engine_hooks *hooks; /* core.c's */
 	void *userdata;
 	uint64_t memory_limit;
 	uint64_t memory_used;
@@ -415,6 +467,47 @@ struct engine {
 	bool shutdown;
 };
 
+/* A reference to @slot goes (the ring's or a lease's): with the last, it is
+ * free again (stream.c says who holds one). Here, below every file that
+ * drops one. */
+static inline void slot_unref(struct pipeline *pl, struct slot *slot)
+{
+	struct stream *s = slot->owner;
+
+	if (--slot->refs)
+		return;
+	slot->owner = NULL;
+	pl->free_slots[pl->nfree++] = slot->idx;
+	if (s)
+		s->slots_held--;
+}
+
+/* Record @job's first failure (the first caller wins; any thread: a worker
+ * thread's task, or the Python workers' side, pyworkers.c). */
+static inline void job_set_error(struct job *job, int err, const char *msg)
+{
+	int zero = 0;
+
+	/* the winner writes errmsg; job_done() reads it after the last task's
+	 * atomic_fetch_sub(&remaining), which orders the two */
+	if (atomic_compare_exchange_strong(&job->err, &zero, err))
+		job->errmsg = strdup(msg);
+}
+
+static inline void job_free(struct job *job)
+{
+	if (job) {
+		free(job->errmsg);
+		free(job);
+	}
+}
+
+/* Bytes of its order (order.c) @s holds now: bounds.c counts them. */
+static inline uint64_t order_bytes(const struct stream *s)
+{
+	return s->corder.cap * sizeof(*s->corder.b) + s->corder.idx_cap * sizeof(*s->corder.idx);
+}
+
 /* The dataset index of row @row of @job's batch. */
 static inline uint64_t job_sample(const struct job *job, uint32_t row)
 {
@@ -423,137 +516,15 @@ static inline uint64_t job_sample(const struct job *job, uint32_t row)
 	return sampler_sample(&job->stream->sampler, job->epoch, job->index, row);
 }
 
-/* order.c (docs/spec.md, "Client order") */
-/* Batches of @s whose order has come: it builds up to this seq. */
-uint64_t order_end(const struct stream *s);
-/* The batch at @seq (below order_end()), or NULL when trimmed. */
-const struct order_batch *order_at(const struct stream *s, uint64_t seq);
-const uint64_t *order_indices(const struct stream *s, const struct order_batch *b);
-/* Bytes of its order @s holds now. */
-uint64_t order_bytes(const struct stream *s);
-void order_free(struct stream *s);
+/*
+ * The files' functions, one section per file, bottom up: a file calls the
+ * sections above its own (and itself), never one below; a section below
+ * that must make a higher one act goes through struct engine_hooks. The
+ * leaves come first, in their own headers: slab.c (slab.h), sampler.c
+ * (sampler.h), workers.c (workers.h).
+ */
 
-/* stream.c */
-struct batch *ring_at(struct stream *s, uint64_t seq);
-void stream_maybe_free(struct stream *s);
-/* Free @s, out of its pipeline's list, and what its ring still holds. */
-void stream_free(struct stream *s);
-void slot_unref(struct pipeline *pl, struct slot *slot);
-void ring_pop_head(struct stream *s);
-/* Slots the next batch @s builds takes (UINT32_MAX: none to build): a
- * ready batch of a broadcast stream that lacks the slot of a seed group
- * whose client has still to receive it (*@refill), else a new one (0: all
- * its clients are past it). */
-uint32_t stream_next_build(const struct stream *s, struct batch **refill);
-/* Build what stream_next_build() says (without checking the quota). */
-int stream_start_batch(struct stream *s);
-void job_done(struct job *job);
-/* Record @job's first failure (the first caller wins; any thread). */
-void job_set_error(struct job *job, int err, const char *msg);
-void job_free(struct job *job);
-struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
-/* Shared stream @s, which no client reads, leaves its pipeline for a new
- * job's (docs/spec.md, "Jobs"): its batches go, it is freed when done. */
-void stream_retire(struct stream *s);
-/* Slots a new batch of @s takes: one per seed group read (at least 1). */
-uint32_t stream_batch_slots(const struct stream *s);
-/* Drop the ring's references to @b's slots. */
-void batch_unref(struct pipeline *pl, struct batch *b);
-/* The ready batches of broadcast stream @s give back their slots of the
- * seed groups nobody reads, and those left with none leave the ring
- * (docs/spec.md, "Augment seeds"): a group without clients holds nothing. */
-void stream_drop_unread(struct stream *s);
-/* Does any slot of @b have a lease? */
-bool batch_leased(const struct batch *b);
-
-/* sched.c */
-uint32_t pipeline_active_streams(const struct pipeline *pl);
-uint32_t stream_quota(const struct stream *s);
-uint32_t att_share(const struct attachment *a);
-/* Give back the ready batches of @s that nobody has received and nobody
- * holds, newest first, to be built again (the same bytes) when it has room:
- * a new seed group gets its slots in them (attach.c). */
-void stream_rebuild_unreceived(struct stream *s);
-void pipeline_update(struct pipeline *pl);
-
-/* deliver.c */
-void deliver(struct engine *eng, struct pending *p, const struct delivery *d);
-
-/* attring.c: an attachment's batch ring. attring_open() makes it (the
- * attachment delivers through it from attring_start() on), attring_close()
- * frees it; attring_deliver() is deliver() for the ring's request. */
-struct attring;
-int attring_open(struct attachment *a, char *err, size_t errlen);
-void attring_start(struct attachment *a);
-void attring_deliver(struct pending *p, const struct delivery *d);
-uint64_t attring_bytes(const struct attachment *a);
-void attring_fds(const struct attachment *a, int *fd, int *efd);
-void attring_close(struct attachment *a);
-/* The trainer's figures in the ring, when new: into stats_report(). */
-void attring_stats(struct attachment *a);
-/* @a's requests the daemon has nothing for: its parked Next requests, and its
- * ring's request while its client has taken every delivery (it waits). */
-uint32_t att_waiting(const struct attachment *a);
-/* attachment.c: @a fails for good with @msg (its client's garbage): leases
- * released, requests answered with the error, the same error from now on. */
-void attachment_fail(struct attachment *a, int err, const char *msg);
-void att_fail_pending(struct attachment *a, int err, const char *msg);
-void pipeline_dispatch(struct pipeline *pl);
-
-/* devcopy.c: the engine's side of device delivery; the only engine file
- * that calls the gpu layer, but for the devices' start and stop (core.c) and
- * their status (status.c) */
-void devcopy_maybe_free(struct devcopy *dc);
-/* pipeline_free(): @pl's device slabs go; its host slab goes, once the copy
- * engine that pinned it has unregistered it. */
-void devcopy_free_all(struct pipeline *pl);
-void devcopy_slab_free(struct pipeline *pl);
-void stream_prefetch_devices(struct stream *s, struct batch *b);
-bool batch_ready(struct attachment *a, struct batch *b);
-int devcopy_get(struct pipeline *pl, const struct cuda_device_info *info, struct devcopy **out,
-                char *err, size_t errlen);
-
-/* attachment.c */
-void att_disconnect(struct attachment *a, int err, const char *msg);
-/* Take @a out of its stream (pending requests answered with @err), keeping
- * its pipeline and its leases: the slots it holds are not rebuilt under a
- * trainer that may still read them. att_disconnect() ends the rest. */
-void att_leave(struct attachment *a, int err, const char *msg);
-
-/* retire.c: pipelines a reload removed (draining) or replaced */
-enum retire_kind { RETIRE_NONE, RETIRE_DRAIN, RETIRE_REPLACED };
-/* The retired pipeline named @name, for an attach's error; NULL if none. */
-struct pipeline *engine_find_retired(struct engine *eng, const char *name);
-const char *retire_state(const struct pipeline *pl);
-
-/* registry.c */
-/* The pipeline of that name that new attachments and creates find: not
- * dropped, not retired. */
-struct pipeline *engine_find(struct engine *eng, const char *name);
-/* (Re)arm the linger timer for the earliest expiry, or stop it. */
-void linger_arm(struct engine *eng);
-void pipeline_free(struct pipeline *pl);
-void pipeline_maybe_free(struct pipeline *pl);
-void pipeline_fail(struct pipeline *pl, int err, const char *msg);
-/* After an attachment or a holder came or went: start or cancel its linger. */
-void pipeline_lifetime(struct pipeline *pl);
-/* @client's connection holds @pl (a create or an exist_ok join, create.c):
- * 0 or -ENOMEM. */
-int pipeline_holder_add(struct pipeline *pl, uint64_t client);
-/* Drop @pl now: its attachments are told, its workers' jobs end; @why for
- * the log (NULL: "dropped"). May free it. */
-void pipeline_drop_now(struct pipeline *pl, const char *why);
-uint64_t pipeline_linger_ms(const struct pipeline *pl);
-/* From engine_free(): close the linger timer. */
-void registry_close(struct engine *eng);
-
-/* registry.c: may @who attach to, join or see @pl (its access, docs/security.md)? */
-bool pipeline_may_use(const struct pipeline *pl, const struct principal *who);
-/* errfmt "pipeline 'x' belongs to alice (uid 1001), access owner" and then
- * @tail ("" for none) into @err; returns @r. */
-int pipeline_owned_error(const struct pipeline *pl, int r, const char *tail, char *err, size_t errlen);
-
-/* holds.c (docs/security.md, "Memory that clients hold") */
+/* --- holds.c (docs/security.md, "Memory that clients hold") --------------- */
 /* A fresh fd of @pl's slab for @pid of @uid, its hold recorded; the caller's. */
 int holds_hand_out(struct pipeline *pl, pid_t pid, uid_t uid, int *fd);
 /* The same, read-write: for a python pipeline's worker host, before the seal. */
@@ -574,10 +545,11 @@ uint64_t holds_max_held(const struct engine *eng);
 uint64_t holds_bytes_of(struct engine *eng, uid_t uid);
 /* The uids that hold kept slabs, at most @cap; returns the count. */
 size_t holds_uids(struct engine *eng, uid_t *out, size_t cap);
+void holds_close(struct engine *eng);
 
-/* bounds.c (docs/security.md, "Bounds per user"): for @who unless an admin.
- * -EDQUOT at max_pipelines_per_user, -EMFILE within the descriptors kept
- * for admins. */
+/* --- bounds.c (docs/security.md, "Bounds per user") ----------------------- */
+/* For @who unless an admin. -EDQUOT at max_pipelines_per_user, -EMFILE
+ * within the descriptors kept for admins. */
 int bounds_may_create(struct engine *eng, const struct principal *who, const char *name,
                       char *err, size_t errlen);
 /* -EDQUOT when @need more bytes pass memory_limit_per_user. */
@@ -593,9 +565,38 @@ int bounds_may_order(struct engine *eng, uid_t uid, bool admin, uint64_t need, c
 /* "; ldr-alice (uid 1001) holds 6291456 bytes in pipelines a, b; ..." for a
  * create refused for memory: who has it, most first. */
 void bounds_explain_users(struct engine *eng, char *buf, size_t len);
-void holds_close(struct engine *eng);
 
-/* stats.c (docs/operations.md, "Stall accounting") */
+/* --- order.c (docs/spec.md, "Client order"; order_bytes() above) ---------- */
+/* Batches of @s whose order has come: it builds up to this seq. */
+uint64_t order_end(const struct stream *s);
+/* The batch at @seq (below order_end()), or NULL when trimmed. */
+const struct order_batch *order_at(const struct stream *s, uint64_t seq);
+const uint64_t *order_indices(const struct stream *s, const struct order_batch *b);
+void order_free(struct stream *s);
+
+/* --- attring.c: an attachment's batch ring -------------------------------- */
+/* attring_open() makes it (the attachment delivers through it from
+ * attring_start() on), attring_close() frees it; attring_deliver() is
+ * deliver() for the ring's request. The client's releases and garbage go to
+ * attachment.c through engine_hooks.ring_next and .ring_fail. */
+struct attring;
+int attring_open(struct attachment *a, char *err, size_t errlen);
+void attring_start(struct attachment *a);
+void attring_deliver(struct pending *p, const struct delivery *d);
+uint64_t attring_bytes(const struct attachment *a);
+void attring_fds(const struct attachment *a, int *fd, int *efd);
+void attring_close(struct attachment *a);
+/* The trainer's figures in the ring, when new: true, and them in *@st (its
+ * buckets in @buckets) for stats_report(). */
+bool attring_stats(struct attachment *a, struct trainer_stats *st, uint64_t buckets[WAIT_BUCKETS]);
+/* @a's requests the daemon has nothing for: its parked Next requests, and its
+ * ring's request while its client has taken every delivery (it waits). */
+uint32_t att_waiting(const struct attachment *a);
+
+/* --- pyw-conn.c, pyworkers.c: the Python workers (pyworkers.h; between the
+ * two, pyw-private.h) ------------------------------------------------------ */
+
+/* --- stats.c (docs/operations.md, "Stall accounting") --------------------- */
 void stats_att_init(struct attachment *a);
 void stats_pipeline_init(struct pipeline *pl);
 void stats_report(struct attachment *a, const struct trainer_stats *st);
@@ -610,7 +611,121 @@ json_t *stats_att_json(const struct attachment *a);
 json_t *stats_pipeline_json(const struct pipeline *pl, const char *state);
 void stats_close(struct engine *eng);
 
-/* slow.c: a broadcast client that holds its stream back (docs/spec.md) */
+/* --- devcopy.c: the engine's side of device delivery ---------------------- */
+/* The only engine file that calls the gpu layer, but for the devices' start
+ * and stop (core.c) and their status (status.c). A copy's end frees its slot
+ * reference (slot_unref() above) and has the pipeline updated or freed
+ * through engine_hooks. */
+void devcopy_maybe_free(struct devcopy *dc);
+/* pipeline_free(): @pl's device slabs go; its host slab goes, once the copy
+ * engine that pinned it has unregistered it. */
+void devcopy_free_all(struct pipeline *pl);
+void devcopy_slab_free(struct pipeline *pl);
+void stream_prefetch_devices(struct stream *s, struct batch *b);
+bool batch_ready(struct attachment *a, struct batch *b);
+int devcopy_get(struct pipeline *pl, const struct cuda_device_info *info, struct devcopy **out,
+                char *err, size_t errlen);
+
+/* --- stream.c: a stream's ring, its quota, its production ----------------- */
+struct batch *ring_at(struct stream *s, uint64_t seq);
+void stream_maybe_free(struct stream *s);
+/* Free @s, out of its pipeline's list, and what its ring still holds. */
+void stream_free(struct stream *s);
+void ring_pop_head(struct stream *s);
+/* Drop the ring's references to @b's slots. */
+void batch_unref(struct pipeline *pl, struct batch *b);
+/* Does any slot of @b have a lease? */
+bool batch_leased(const struct batch *b);
+/* The ready batches of broadcast stream @s give back their slots of the
+ * seed groups nobody reads, and those left with none leave the ring
+ * (docs/spec.md, "Augment seeds"): a group without clients holds nothing. */
+void stream_drop_unread(struct stream *s);
+/* Slots a new batch of @s takes: one per seed group read (at least 1). */
+uint32_t stream_batch_slots(const struct stream *s);
+/* The numbers of sched.c's rule: the streams that are read, the slots @s
+ * may hold, the leases @a may hold. */
+uint32_t pipeline_active_streams(const struct pipeline *pl);
+uint32_t stream_quota(const struct stream *s);
+uint32_t att_share(const struct attachment *a);
+/* Slots the next batch @s builds takes (UINT32_MAX: none to build): a
+ * ready batch of a broadcast stream that lacks the slot of a seed group
+ * whose client has still to receive it (*@refill), else a new one (0: all
+ * its clients are past it). */
+uint32_t stream_next_build(const struct stream *s, struct batch **refill);
+/* Build what stream_next_build() says (without checking the quota). */
+int stream_start_batch(struct stream *s);
+/* @job is over (core.c's completions, the Python workers through
+ * engine_hooks.job_over): its batch is ready or failed. */
+void job_done(struct job *job);
+struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
+/* Shared stream @s, which no client reads, leaves its pipeline for a new
+ * job's (docs/spec.md, "Jobs"): its batches go, it is freed when done. */
+void stream_retire(struct stream *s);
+
+/* --- deliver.c: parked requests, leases, answers -------------------------- */
+void deliver(struct engine *eng, struct pending *p, const struct delivery *d);
+void att_fail_pending(struct attachment *a, int err, const char *msg);
+void pipeline_dispatch(struct pipeline *pl);
+
+/* --- slow.c: a broadcast client that holds its stream back (docs/spec.md) - */
 void pipeline_check_slow(struct pipeline *pl);
 json_t *pipeline_slow_json(const struct pipeline *pl);
 void slow_close(struct engine *eng);
+
+/* --- sched.c: reclaim, revoke, build; the update after any change --------- */
+/* Give back the ready batches of @s that nobody has received and nobody
+ * holds, newest first, to be built again (the same bytes) when it has room:
+ * a new seed group gets its slots in them (attach.c). */
+void stream_rebuild_unreceived(struct stream *s);
+/* Deliver, share and build, deliver, watch the slow: after anything that
+ * changed @pl's slots, streams or requests. */
+void pipeline_update(struct pipeline *pl);
+
+/* --- attachment.c: an attachment's requests, its leaving ------------------ */
+/* @a fails for good with @msg (its client's garbage): leases released,
+ * requests answered with the error, the same error from now on. */
+void attachment_fail(struct attachment *a, int err, const char *msg);
+void att_disconnect(struct attachment *a, int err, const char *msg);
+/* Take @a out of its stream (pending requests answered with @err), keeping
+ * its pipeline and its leases: the slots it holds are not rebuilt under a
+ * trainer that may still read them. att_disconnect() ends the rest. */
+void att_leave(struct attachment *a, int err, const char *msg);
+
+/* --- registry.c: pipelines by name, access, lifetimes ---------------------- */
+/* The pipeline of that name that new attachments and creates find: not
+ * dropped, not retired. */
+struct pipeline *engine_find(struct engine *eng, const char *name);
+/* The retired pipeline named @name (retire.c), for an attach's error; NULL
+ * if none. */
+struct pipeline *engine_find_retired(struct engine *eng, const char *name);
+/* (Re)arm the linger timer for the earliest expiry, or stop it. */
+void linger_arm(struct engine *eng);
+void pipeline_free(struct pipeline *pl);
+void pipeline_maybe_free(struct pipeline *pl);
+void pipeline_fail(struct pipeline *pl, int err, const char *msg);
+/* After an attachment or a holder came or went: start or cancel its linger. */
+void pipeline_lifetime(struct pipeline *pl);
+/* @client's connection holds @pl (a create or an exist_ok join, create.c):
+ * 0 or -ENOMEM. */
+int pipeline_holder_add(struct pipeline *pl, uint64_t client);
+/* Drop @pl now: its attachments are told, its workers' jobs end; @why for
+ * the log (NULL: "dropped"). May free it. */
+void pipeline_drop_now(struct pipeline *pl, const char *why);
+uint64_t pipeline_linger_ms(const struct pipeline *pl);
+/* From engine_free(): close the linger timer. */
+void registry_close(struct engine *eng);
+/* May @who attach to, join or see @pl (its access, docs/security.md)? */
+bool pipeline_may_use(const struct pipeline *pl, const struct principal *who);
+/* errfmt "pipeline 'x' belongs to alice (uid 1001), access owner" and then
+ * @tail ("" for none) into @err; returns @r. */
+int pipeline_owned_error(const struct pipeline *pl, int r, const char *tail, char *err, size_t errlen);
+
+/* --- core.c (engine.h: engine_new(), the completions, the memory) --------- */
+/* --- create.c (engine.h: engine_create(), engine_create_async()) ---------- */
+
+/* --- retire.c: pipelines a reload removed (draining) or replaced ---------- */
+enum retire_kind { RETIRE_NONE, RETIRE_DRAIN, RETIRE_REPLACED };
+const char *retire_state(const struct pipeline *pl);
+
+/* On top, entry points of engine.h only: attach.c (making an attachment),
+ * status.c (status JSON). */

@@ -10,6 +10,15 @@
  * the engine gives it, and uses base/. It never calls up: the server hears
  * of deliveries only through struct engine_ops, given to engine_new().
  *
+ * Inside, the files call one way (engine-private.h lists them in order):
+ * the slab, sampler and worker threads at the bottom; then holds and
+ * bounds, client orders, batch rings, the Python workers, stats, device
+ * copies; streams (their rings, quotas, production); delivery; slow
+ * clients; scheduling (pipeline_update()); attachments; the registry of
+ * pipelines; core.c; creating and retiring pipelines; on top attach.c and
+ * status.c, entry points only. A lower file makes a higher one act only
+ * through struct engine_hooks (engine-private.h).
+ *
  * layer: daemon/engine -> daemon/sources daemon/gpu daemon/base common include
  */
 #pragma once

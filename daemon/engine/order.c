@@ -37,11 +37,6 @@ const uint64_t *order_indices(const struct stream *s, const struct order_batch *
 	return s->corder.idx + b->off;
 }
 
-uint64_t order_bytes(const struct stream *s)
-{
-	return s->corder.cap * sizeof(*s->corder.b) + s->corder.idx_cap * sizeof(*s->corder.idx);
-}
-
 void order_free(struct stream *s)
 {
 	free(s->corder.b);
@@ -201,6 +196,6 @@ int attachment_order(struct attachment *a, const struct order_msg *m, char *err,
 	o->open = !m->last;
 	o->next_epoch = m->last ? m->epoch + 1 : m->epoch;
 	o->next_batch = m->last ? 0 : m->first + m->nbatches;
-	pipeline_update(s->pl);
+	s->pl->eng->hooks->update(s->pl);
 	return 0;
 }

@@ -3,9 +3,10 @@
  *
  * The side of pyworkers.c (pyworkers.h) that speaks to the socket
  * <socket>.workers: it accepts a connection only from a uid that may have one,
- * reads whole messages and hands them to pyw_on_message(), queues the
- * answers when the socket is full, and closes. Everything runs on the loop
- * thread; connections are non-blocking.
+ * reads whole messages and hands them to pyworkers.c (through the struct
+ * pyw_conn_ops it gave pyw_listen()), queues the answers when the socket is
+ * full, and closes. Everything runs on the loop thread; connections are
+ * non-blocking.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -143,7 +144,7 @@ static void conn_read(struct pyw_conn *c)
 			}
 			if (c->in_len - off < sizeof(h) + h.len)
 				break;
-			if (!pyw_on_message(c, &h, c->in + off + sizeof(h)))
+			if (!c->srv->ops->message(c, &h, c->in + off + sizeof(h)))
 				return;
 			off += sizeof(h) + h.len;
 		}
@@ -218,9 +219,9 @@ void pyw_conn_close(struct pyw_conn *c)
 	if (!pp || c->srv->closing)
 		return;
 	if (c->role == PYW_ROLE_WORKER)
-		pyw_worker_gone(pp, c);
+		c->srv->ops->worker_gone(pp, c);
 	else if (c->role == PYW_ROLE_HOST && pp->host == c)
-		pyw_host_gone(pp, c);
+		c->srv->ops->host_gone(pp, c);
 }
 
 /* --- accepting ---------------------------------------------------------- */
@@ -302,8 +303,8 @@ static void on_accept(uv_poll_t *p, int status, int events)
 	}
 }
 
-int pyw_server_new(struct pyw_server **out, uv_loop_t *loop, struct engine *eng, const char *path,
-		   unsigned mode, int gid, char *err, size_t errlen)
+int pyw_listen(struct pyw_server **out, uv_loop_t *loop, struct engine *eng, const char *path,
+	       unsigned mode, int gid, const struct pyw_conn_ops *ops, char *err, size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct pyw_server *srv;
@@ -318,6 +319,7 @@ int pyw_server_new(struct pyw_server **out, uv_loop_t *loop, struct engine *eng,
 		return errfmt(-ENOMEM, err, errlen, "cannot listen on %s: out of memory", path);
 	srv->loop = loop;
 	srv->eng = eng;
+	srv->ops = ops;
 	snprintf(srv->path, sizeof(srv->path), "%s", path);
 	strcpy(sa.sun_path, srv->path);
 	srv->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

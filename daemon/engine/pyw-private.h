@@ -4,7 +4,8 @@
  * pyworkers.c is the tasks and the pipelines' side (queueing a job's tasks,
  * the messages of a connection once it said HELLO, a worker or host that
  * goes); pyw-conn.c is the socket's side (listening, accepting, a
- * connection's bytes in and out, closing).
+ * connection's bytes in and out, closing). pyworkers.c calls pyw-conn.c;
+ * pyw-conn.c answers back only through the struct pyw_conn_ops it was given.
  */
 #pragma once
 
@@ -77,9 +78,21 @@ struct pyw_conn {
 	size_t out_off, out_len, out_cap;
 };
 
+/* What a connection tells the pipelines' side: pyworkers.c hands these to
+ * pyw_listen(), and pyw-conn.c reaches pyworkers.c through them alone (the
+ * socket's side lies below the tasks' side). */
+struct pyw_conn_ops {
+	/* One whole message @h, payload @p, from @c: false when @c was closed. */
+	bool (*message)(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *p);
+	/* @c, a worker or the host of @pp, closed */
+	void (*worker_gone)(struct pyw_pipeline *pp, struct pyw_conn *c);
+	void (*host_gone)(struct pyw_pipeline *pp, struct pyw_conn *c);
+};
+
 struct pyw_server {
 	uv_loop_t *loop;
 	struct engine *eng;
+	const struct pyw_conn_ops *ops;
 	uv_poll_t poll;
 	int fd;
 	char path[108];
@@ -92,6 +105,10 @@ struct pyw_server {
 };
 
 /* pyw-conn.c */
+/* Listen on @path (pyw_server_new(), engine.h), telling each connection's
+ * messages and end through @ops. */
+int pyw_listen(struct pyw_server **out, uv_loop_t *loop, struct engine *eng, const char *path,
+	       unsigned mode, int gid, const struct pyw_conn_ops *ops, char *err, size_t errlen);
 /* Queue a message of @type (@a and @b its payload) and send what the socket
  * takes: 0, or a negative errno (the connection is then to close). */
 int pyw_conn_send(struct pyw_conn *c, uint16_t type, const void *a, size_t alen, const void *b,
@@ -101,9 +118,3 @@ void pyw_conn_refuse(struct pyw_conn *c, int status, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Close @c; a worker's or host's going is told to its pipeline (pyworkers.c). */
 void pyw_conn_close(struct pyw_conn *c);
-
-/* pyworkers.c */
-/* One whole message @h, payload @p, from @c: false when @c was closed. */
-bool pyw_on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *p);
-void pyw_worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c);
-void pyw_host_gone(struct pyw_pipeline *pp, struct pyw_conn *c);

@@ -50,11 +50,11 @@ static void task_unlink(struct pyw_pipeline *pp, struct ptask *t)
 }
 
 /* A task of @job is over (done, failed or cancelled): the batch is ready, or
- * failed, when the last one is. May free the pipeline (job_done). */
+ * failed, when the last one is. May free the pipeline (stream.c's job_done()). */
 static void job_task_over(struct job *job)
 {
 	if (atomic_fetch_sub(&job->remaining, 1) == 1)
-		job_done(job);
+		job->eng->hooks->job_over(job);
 }
 
 /* A task of @job on worker @c ended: its time since the worker began it
@@ -162,7 +162,7 @@ static struct pyw_pipeline *find_pipeline(struct pyw_conn *c, const struct pyw_h
 
 	memcpy(name, h->pipeline, sizeof(h->pipeline));
 	name[sizeof(h->pipeline)] = '\0';
-	pl = engine_find(c->srv->eng, name);
+	pl = c->srv->eng->hooks->find(c->srv->eng, name);
 	if (!pl || pl->dropped) {
 		pyw_conn_refuse(c, -ENOENT, "no pipeline named '%s'", name);
 		return NULL;
@@ -338,7 +338,7 @@ static void on_mapped(struct pyw_conn *c)
 		char msg[256];
 		snprintf(msg, sizeof(msg), "cannot seal the slab: %s", strerror(-r));
 		pyw_conn_refuse(c, r, "%s", msg);
-		pipeline_fail(pp->pl, -r, msg);
+		pp->pl->eng->hooks->fail_pipeline(pp->pl, -r, msg);
 		return;
 	}
 	pp->mapped = true;
@@ -492,7 +492,7 @@ static void on_fail(struct pyw_conn *c, const uint8_t *p, size_t len)
 }
 
 /* One whole message in c->in; false when the connection was closed. */
-bool pyw_on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *p)
+static bool pyw_on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *p)
 {
 	if (!c->role && h->type != PYW_HELLO) {
 		pyw_conn_refuse(c, -EPROTO, "message %u before HELLO", h->type);
@@ -526,7 +526,7 @@ bool pyw_on_message(struct pyw_conn *c, const struct pyw_hdr *h, const uint8_t *
  * once the host said how the worker ended (on_worker_exit()), so that the
  * error names its signal. A job that fails is ended last, as ending one may
  * free the pipeline. */
-void pyw_worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
+static void pyw_worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 {
 	struct ptask *running = NULL;
 	struct job *over = NULL;
@@ -571,7 +571,7 @@ void pyw_worker_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 		job_task_over(over);
 }
 
-void pyw_host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
+static void pyw_host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 {
 	char msg[320];
 
@@ -585,7 +585,7 @@ void pyw_host_gone(struct pyw_pipeline *pp, struct pyw_conn *c)
 	/* the workers die with the host (PR_SET_PDEATHSIG); close them here too */
 	while (pp->workers)
 		pyw_conn_close(pp->workers);
-	pipeline_fail(pp->pl, EIO, msg);
+	pp->pl->eng->hooks->fail_pipeline(pp->pl, EIO, msg);
 }
 
 /* --- pipelines ---------------------------------------------------------- */
@@ -605,7 +605,7 @@ static void on_start_timeout(uv_timer_t *t)
 	snprintf(msg, sizeof(msg), "no Python worker host %s within %d s of the create: the trainer "
 		 "that creates a python pipeline starts its workers (loaderd.DataLoader does)",
 		 pp->host ? "mapped its slab" : "connected", PYW_START_MS / 1000);
-	pipeline_fail(pp->pl, ETIMEDOUT, msg);
+	pp->pl->eng->hooks->fail_pipeline(pp->pl, ETIMEDOUT, msg);
 	if (pp->host)
 		pyw_conn_close(pp->host);
 }
@@ -734,4 +734,16 @@ json_t *pyw_status(const struct pipeline *pl)
 			 "tasks_resent", (json_int_t)pp->tasks_resent,
 			 "worker_exits", (json_int_t)pp->worker_exits,
 			 "last_exit", pp->last_exit[0] ? pp->last_exit : NULL);
+}
+
+static const struct pyw_conn_ops conn_ops = {
+	.message = pyw_on_message,
+	.worker_gone = pyw_worker_gone,
+	.host_gone = pyw_host_gone,
+};
+
+int pyw_server_new(struct pyw_server **out, uv_loop_t *loop, struct engine *eng, const char *path,
+		   unsigned mode, int gid, char *err, size_t errlen)
+{
+	return pyw_listen(out, loop, eng, path, mode, gid, &conn_ops, err, errlen);
 }

@@ -28,6 +28,15 @@ struct pipeline *engine_find(struct engine *eng, const char *name)
 	return NULL;
 }
 
+/* A pipeline a reload retired (retire.c) is no longer found by name but here. */
+struct pipeline *engine_find_retired(struct engine *eng, const char *name)
+{
+	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
+		if (!pl->dropped && pl->retired && strcmp(pl->spec->name, name) == 0)
+			return pl;
+	return NULL;
+}
+
 bool engine_has(struct engine *eng, const char *name)
 {
 	return engine_find(eng, name) != NULL;
@@ -328,5 +337,39 @@ int engine_drop(struct engine *eng, const char *name, const struct principal *wh
 		              "pipeline '%s' has %" PRIu64 " clients attached (use force)", name, pl->natts);
 	pipeline_drop_now(pl, NULL);
 	linger_arm(eng);
+	return 0;
+}
+
+/* --- a pipeline's live settings ------------------------------------------ */
+
+int engine_set_prefetch(struct engine *eng, const char *name, uint32_t n, uint32_t *old,
+                        char *err, size_t errlen)
+{
+	struct pipeline *pl = engine_find(eng, name);
+	uint32_t active;
+
+	if (!pl)
+		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
+	if (n < 1 || n > pl->nslots)
+		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s' has a slab of %u slots, so "
+		              "its prefetch is 1..%u live; a larger one needs a new slab: change "
+		              "\"prefetch\" in its spec and create it again (or reload the config)",
+		              name, pl->nslots, pl->nslots);
+	active = pipeline_active_streams(pl);
+	if (n < active)
+		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s' has %u streams reading it "
+		              "and each needs a slot of its own: at least %u", name, active, active);
+	const struct stream *bs = pl->shared[LDR_MODE_BROADCAST];
+	uint32_t k = bs && bs->natts ? stream_batch_slots(bs) : 1;
+	if (k > 1 && n / active < k)
+		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s''s broadcast clients read %u "
+		              "distinct augment seeds, so each of its batches takes %u slots: with %u "
+		              "streams reading it, at least %u", name, k, k, active, k * active);
+	*old = pl->prefetch;
+	pl->prefetch = n;
+	/* above their new quota, streams give back the ready batches nobody
+	 * received, build nothing more, and attachments above their share are
+	 * sent a Revoke (pipeline_revoke()) */
+	pipeline_update(pl);
 	return 0;
 }

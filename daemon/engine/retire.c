@@ -19,14 +19,6 @@
  */
 #include "engine-private.h"
 
-struct pipeline *engine_find_retired(struct engine *eng, const char *name)
-{
-	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
-		if (!pl->dropped && pl->retired && strcmp(pl->spec->name, name) == 0)
-			return pl;
-	return NULL;
-}
-
 const char *retire_state(const struct pipeline *pl)
 {
 	return pl->retired == RETIRE_DRAIN ? "draining" : pl->retired == RETIRE_REPLACED ? "replaced" : "";

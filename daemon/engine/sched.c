@@ -13,55 +13,10 @@
  * trainer has not taken. So no stream's prefetched batches, idle clients,
  * clients far apart or slow trainer can hold another stream's slots: only a trainer that holds
  * its whole share waits, and libloader then keeps (copies) its oldest batch.
+ * The rule's numbers (pipeline_active_streams(), stream_quota(), att_share())
+ * are stream.c's, as deliver.c and slow.c, below this file, read them too.
  */
 #include "engine-private.h"
-
-uint32_t pipeline_active_streams(const struct pipeline *pl)
-{
-	uint32_t n = 0;
-
-	for (const struct stream *s = pl->streams; s; s = s->next)
-		if (!s->dead && s->natts)
-			n++;
-	return n;
-}
-
-/* Slots @s may hold: an equal part of the prefetch (the slab's slots, or
- * fewer after `loaderctl set prefetch`) for each active stream, the
- * remainder to the oldest streams; a stream nobody reads prefetches only while no other
- * stream is read. */
-uint32_t stream_quota(const struct stream *s)
-{
-	const struct pipeline *pl = s->pl;
-	uint32_t n = 0, older = 0;
-
-	if (s->dead)
-		return 0;
-	for (const struct stream *t = pl->streams; t; t = t->next)
-		if (!t->dead && t->natts) {
-			n++;
-			if (t->order < s->order)
-				older++;
-		}
-	if (!s->natts)
-		return n ? 0 : pl->prefetch;
-	return pl->prefetch / n + (older < pl->prefetch % n ? 1 : 0);
-}
-
-uint32_t att_share(const struct attachment *a)
-{
-	const struct stream *s = a->stream;
-	uint32_t q;
-
-	if (!s)
-		return 0;
-	q = stream_quota(s);
-	if (s->mode == LDR_MODE_DYNAMIC && s->natts > 1)
-		q /= s->natts;
-	/* each batch takes a slot per seed group: a client holds batches */
-	q /= stream_batch_slots(s);
-	return q ? q : 1;
-}
 
 /* Would @s build another batch (or a slot of one) if slots were free? How
  * many it needs then in *@need. */
@@ -332,38 +287,6 @@ static void pipeline_pump(struct pipeline *pl)
 		pl->backpressure_ms += now - pl->blocked_since;
 		pl->blocked_since = 0;
 	}
-}
-
-int engine_set_prefetch(struct engine *eng, const char *name, uint32_t n, uint32_t *old,
-                        char *err, size_t errlen)
-{
-	struct pipeline *pl = engine_find(eng, name);
-	uint32_t active;
-
-	if (!pl)
-		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
-	if (n < 1 || n > pl->nslots)
-		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s' has a slab of %u slots, so "
-		              "its prefetch is 1..%u live; a larger one needs a new slab: change "
-		              "\"prefetch\" in its spec and create it again (or reload the config)",
-		              name, pl->nslots, pl->nslots);
-	active = pipeline_active_streams(pl);
-	if (n < active)
-		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s' has %u streams reading it "
-		              "and each needs a slot of its own: at least %u", name, active, active);
-	const struct stream *bs = pl->shared[LDR_MODE_BROADCAST];
-	uint32_t k = bs && bs->natts ? stream_batch_slots(bs) : 1;
-	if (k > 1 && n / active < k)
-		return errfmt(-ERANGE, err, errlen, "prefetch: pipeline '%s''s broadcast clients read %u "
-		              "distinct augment seeds, so each of its batches takes %u slots: with %u "
-		              "streams reading it, at least %u", name, k, k, active, k * active);
-	*old = pl->prefetch;
-	pl->prefetch = n;
-	/* above their new quota, streams give back the ready batches nobody
-	 * received, build nothing more, and attachments above their share are
-	 * sent a Revoke (pipeline_revoke()) */
-	pipeline_update(pl);
-	return 0;
 }
 
 void pipeline_update(struct pipeline *pl)

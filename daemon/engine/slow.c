@@ -165,7 +165,7 @@ static void evict(struct pipeline *pl, struct attachment *a, uint64_t lag)
 	          log_quote(q, msg));
 	pl->slow_detached++;
 	holder_set(pl, NULL, 0);
-	att_leave(a, ETIMEDOUT, msg);
+	pl->eng->hooks->leave(a, ETIMEDOUT, msg);
 	a->dead = true;
 	a->dead_err = ETIMEDOUT;
 	snprintf(a->dead_msg, sizeof(a->dead_msg), "%s", msg);
@@ -248,12 +248,12 @@ void pipeline_check_slow(struct pipeline *pl)
 	if (idle >= pl->slow_timeout_ms && pl->spec->slow_skip && !a->skip_hold) {
 		set_aside(s, a, lag, now);
 		holder_set(pl, NULL, now);
-		pipeline_update(pl);
+		pl->eng->hooks->update(pl);
 		return;
 	}
 	if (idle >= pl->slow_timeout_ms) {
 		evict(pl, a, lag);
-		pipeline_update(pl);
+		pl->eng->hooks->update(pl);
 		return;
 	}
 	if (idle >= SLOW_LOG_MS && !pl->held_logged) {

@@ -70,8 +70,12 @@ static void pipeline_snapshot(struct pipeline *pl, uint64_t now)
 
 void engine_stats_pull(struct engine *eng)
 {
+	struct trainer_stats st;
+	uint64_t buckets[WAIT_BUCKETS];
+
 	for (struct attachment *a = eng->atts; a; a = a->all_next)
-		attring_stats(a);
+		if (attring_stats(a, &st, buckets))
+			stats_report(a, &st);
 }
 
 static void on_stats_tick(uv_timer_t *t)

@@ -5,7 +5,9 @@
  * sched.c for how many it may hold). Batches are produced in order into the
  * ring; workers fill them in any order, and a batch becomes ready when its
  * job completes on the loop thread. A slot counts one reference for the ring
- * and one per lease; it goes back to the pool when none is left.
+ * and one per lease; it goes back to the pool when none is left
+ * (slot_unref(), engine-private.h). The slots a stream may hold, its quota,
+ * are reckoned here too, by sched.c's rule.
  */
 #include "engine-private.h"
 #include "pyworkers.h"
@@ -42,18 +44,6 @@ void stream_free(struct stream *s)
 	free(s);
 }
 
-void slot_unref(struct pipeline *pl, struct slot *slot)
-{
-	struct stream *s = slot->owner;
-
-	if (--slot->refs)
-		return;
-	slot->owner = NULL;
-	pl->free_slots[pl->nfree++] = slot->idx;
-	if (s)
-		s->slots_held--;
-}
-
 /* @b's slots go back (the ring's references). */
 void batch_unref(struct pipeline *pl, struct batch *b)
 {
@@ -88,6 +78,58 @@ void ring_pop_head(struct stream *s)
 	s->head_seq++;
 	batch_unref(s->pl, b);
 }
+
+/* --- quotas: the numbers of sched.c's rule, which deliver.c and slow.c
+ * read too ---------------------------------------------------------------- */
+
+uint32_t pipeline_active_streams(const struct pipeline *pl)
+{
+	uint32_t n = 0;
+
+	for (const struct stream *s = pl->streams; s; s = s->next)
+		if (!s->dead && s->natts)
+			n++;
+	return n;
+}
+
+/* Slots @s may hold: an equal part of the prefetch (the slab's slots, or
+ * fewer after `loaderctl set prefetch`) for each active stream, the
+ * remainder to the oldest streams; a stream nobody reads prefetches only while no other
+ * stream is read. */
+uint32_t stream_quota(const struct stream *s)
+{
+	const struct pipeline *pl = s->pl;
+	uint32_t n = 0, older = 0;
+
+	if (s->dead)
+		return 0;
+	for (const struct stream *t = pl->streams; t; t = t->next)
+		if (!t->dead && t->natts) {
+			n++;
+			if (t->order < s->order)
+				older++;
+		}
+	if (!s->natts)
+		return n ? 0 : pl->prefetch;
+	return pl->prefetch / n + (older < pl->prefetch % n ? 1 : 0);
+}
+
+uint32_t att_share(const struct attachment *a)
+{
+	const struct stream *s = a->stream;
+	uint32_t q;
+
+	if (!s)
+		return 0;
+	q = stream_quota(s);
+	if (s->mode == LDR_MODE_DYNAMIC && s->natts > 1)
+		q /= s->natts;
+	/* each batch takes a slot per seed group: a client holds batches */
+	q /= stream_batch_slots(s);
+	return q ? q : 1;
+}
+
+/* --- building ----------------------------------------------------------- */
 
 /* Is seed group @g of @s read? By a client of it, or group 0 by a stream
  * without clients, which builds for it alone (stream_start_batch). */
@@ -376,24 +418,6 @@ int stream_start_batch(struct stream *s)
 	return 0;
 }
 
-void job_set_error(struct job *job, int err, const char *msg)
-{
-	int zero = 0;
-
-	/* the winner writes errmsg; job_done() reads it after the last task's
-	 * atomic_fetch_sub(&remaining), which orders the two */
-	if (atomic_compare_exchange_strong(&job->err, &zero, err))
-		job->errmsg = strdup(msg);
-}
-
-void job_free(struct job *job)
-{
-	if (job) {
-		free(job->errmsg);
-		free(job);
-	}
-}
-
 /* The first line of @msg as the pipeline's last batch error (status), cut
  * at a character's boundary (it goes out as JSON). */
 static void last_error_set(struct pipeline *pl, const char *msg)
@@ -462,10 +486,10 @@ void job_done(struct job *job)
 		stream_maybe_free(s);
 	}
 	if (pl->dropped) {
-		pipeline_maybe_free(pl);
+		pl->eng->hooks->maybe_free(pl);
 		return;
 	}
-	pipeline_update(pl);
+	pl->eng->hooks->update(pl);
 }
 struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world)
 {

@@ -39,16 +39,6 @@ static void handle_hello(struct server *srv, struct sctx *c, struct client *cl, 
 	send_reply(srv, c, &rep);
 }
 
-/* The client as a principal: an admin is root, the daemon's own user, or a
- * member of the config's admin_group (its groups as its process had them when
- * it connected). */
-void who_is(const struct server *srv, const struct client *cl, struct principal *p)
-{
-	p->creds = cl->creds;
-	p->admin = cl->uid == 0 || cl->uid == geteuid() ||
-	           (srv->admin_gid >= 0 && creds_in_group(&cl->creds, (gid_t)srv->admin_gid));
-}
-
 /* A create whose files are opened off the loop (engine_create_async()). */
 struct create_ctx {
 	struct server *srv;

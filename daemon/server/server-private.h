@@ -211,14 +211,13 @@ struct attachment *client_att(struct client *cl, uint64_t id, unsigned *index);
 json_t *clients_json(struct server *srv, const struct client *self);
 void sessions_tick(struct server *srv);
 void client_refusal(const struct server *srv, const struct client *cl, char *buf, size_t len);
+/* @cl as a principal (root, our user, admin_group: admin) */
+void who_is(const struct server *srv, const struct client *cl, struct principal *p);
 
 /* handlers.c */
 void handle_request(struct server *srv, struct sctx *c, nng_msg *msg);
 int fd_lookup(void *userdata, const uint8_t *token, uid_t uid, pid_t pid, int *fd, bool *fd_close,
               uint64_t *size, int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd);
-
-/* handlers.c: @cl as a principal (root, our user, admin_group: admin) */
-void who_is(const struct server *srv, const struct client *cl, struct principal *p);
 
 /* admin.c */
 void handle_set(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__Set *m);

@@ -16,6 +16,16 @@ struct client *client_find(struct server *srv, uint32_t pipe)
 	return NULL;
 }
 
+/* The client as a principal: an admin is root, the daemon's own user, or a
+ * member of the config's admin_group (its groups as its process had them when
+ * it connected). */
+void who_is(const struct server *srv, const struct client *cl, struct principal *p)
+{
+	p->creds = cl->creds;
+	p->admin = cl->uid == 0 || cl->uid == geteuid() ||
+	           (srv->admin_gid >= 0 && creds_in_group(&cl->creds, (gid_t)srv->admin_gid));
+}
+
 /* --- quotas ------------------------------------------------------------- */
 
 /*
