@@ -175,7 +175,7 @@ def check(root):
 
 DEF_RE = re.compile(r"^((?:[A-Za-z_]\w*[ \t*]+)+?)\**([A-Za-z_]\w*)\s*"
                     r"\(((?:[^;{}()]|\([^()]*\))*)\)\s*\{", re.M)
-USE_RE = re.compile(r"\b([A-Za-z_]\w*)\s*\(|[=,{&]\s*([A-Za-z_]\w*)\s*[,;}]")
+USE_RE = re.compile(r"(?<![\w.>])([A-Za-z_]\w*)\s*\(|[=,{&]\s*([A-Za-z_]\w*)\s*[,;}]")
 NOISE_RE = re.compile(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
 KEYWORDS = {"if", "while", "for", "switch", "return", "sizeof", "else"}
 
@@ -183,9 +183,11 @@ KEYWORDS = {"if", "while", "for", "switch", "return", "sizeof", "else"}
 def call_edges(root, files, layers):
     """{C file: {C file it calls: the first function that makes it so}}:
     the functions a file defines without static, found by name in the
-    others (comments and strings left out; a file's own function of the
-    same name shadows another's)."""
-    public, own, texts = {}, {}, {}
+    other files of the same program (the daemon's, the client's: the first
+    folder of the path; comments and strings left out; a member call, `->f(`
+    or `.f(`, is no call of a function f; a file's own function of the same
+    name shadows another's)."""
+    public, own, texts = {}, {}, {}  # public: {(program, name): file}
     for f in files:
         if not f.endswith(".c") or layer_of(f, layers) not in layers:
             continue
@@ -198,12 +200,13 @@ def call_edges(root, files, layers):
                 continue
             own[f].add(name)
             if not re.search(r"\bstatic\b", m.group(1)):
-                public.setdefault(name, f)
+                public.setdefault((f.split("/")[0], name), f)
     edges = {}
     for f, t in texts.items():
+        prog = f.split("/")[0]
         for m in USE_RE.finditer(t):
             name = m.group(1) or m.group(2)
-            g = public.get(name)
+            g = public.get((prog, name))
             if g is not None and g != f and name not in own[f]:
                 edges.setdefault(f, {}).setdefault(g, f"{f} calls {name}")
     return edges
@@ -283,10 +286,16 @@ def self_test():
         put("daemon/base/bad.c", '#include "base.h"\n#include "engine.h"\n')
         # two files of one private header calling each other; a static
         # function of the same name elsewhere is no call of theirs
-        put("daemon/engine/x.c", '#include "engine.h"\nint x_go(int n)\n{\n\treturn n ? y_go(n - 1) : 0;\n}\n')
+        put("daemon/engine/x.c", '#include "engine.h"\nint x_go(int n)\n{\n\treturn n ? y_go(n - 1) : w_go(0);\n}\n')
         put("daemon/engine/y.c", '#include "engine.h"\nint y_go(int n)\n{\n\treturn x_go(n); /* y_go() */\n}\n')
         put("daemon/base/z.c", '#include "base.h"\nstatic int x_go(void)\n{\n\treturn 0;\n}\n'
                                'int z(void)\n{\n\treturn x_go();\n}\n')
+        # a member call of x_go's name, and a function of another program
+        # (client/): neither is a call, so w.c is in no circle
+        put("daemon/engine/w.c", '#include "engine.h"\nint w_go(struct h *h)\n{\n'
+                                 '\treturn h->x_go(1) + h->ops.x_go(2) + v_only();\n}\n')
+        put("client/lib/lib.h", "/* lib\n * layer: client/lib -> include\n */\n")
+        put("client/lib/v.c", '#include "lib.h"\nint v_only(void)\n{\n\treturn w_go(0);\n}\n')
         got = check(d)
         want = ["daemon/base/bad.c:2: includes daemon/engine/engine.h: layer daemon/base may "
                 "include common (daemon/base/base.h), not daemon/engine",
