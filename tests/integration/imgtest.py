@@ -16,7 +16,7 @@ import numpy as np
 
 from ldrtest import BUILD_DIR
 
-IMAGE_PARAMS = os.path.join(BUILD_DIR, "tests", "image-params")
+IMAGE_PARAMS = os.path.join(BUILD_DIR, "tests", "unit", "sources", "image-params")
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]

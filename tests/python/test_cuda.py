@@ -21,7 +21,7 @@ import loaderd
 from loaderd import _cuda
 from conftest import BUILD_DIR, Daemon
 
-FAKE = os.path.join(BUILD_DIR, "tests", "libfakecuda.so")
+FAKE = os.path.join(BUILD_DIR, "tests", "unit", "gpu", "libfakecuda.so")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(FAKE),
                                 reason=f"no emulated CUDA driver at {FAKE} (loaderd built without CUDA)")
