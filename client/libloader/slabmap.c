@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* slabmap - a client's copy-on-write mapping of a daemon slab (see slabmap.h)
  *
- * Measured (docs/protocol.md, tests/test-slabmap.c prints it again): for a
- * 512 KiB slot, scanning pagemap costs about 2 us and MADV_DONTNEED with the
- * re-faults of every page about 20 us, so a release scans and gives back only
- * what was written.
+ * Measured (docs/protocol.md, tests/unit/libloader/test-slabmap.c prints it
+ * again): for a 512 KiB slot, scanning pagemap costs about 2 us and
+ * MADV_DONTNEED with the re-faults of every page about 20 us, so a release
+ * scans and gives back only what was written.
  */
 #include <errno.h>
 #include <fcntl.h>

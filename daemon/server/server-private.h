@@ -174,7 +174,8 @@ struct server {
 void push_event(struct server *srv, struct event *ev);
 void on_pipe_event(nng_pipe p, nng_pipe_ev type, void *arg);
 /* The memory of a pipe event (calloc). Weak: a test build replaces it with
- * one that fails (tests/failevents.c), the only way to reach that path. */
+ * one that fails (tests/integration-c/failevents.c), the only way to reach
+ * that path. */
 struct event *pipe_event_new(nng_pipe_ev type);
 /* Free the clients whose disconnect was lost (on_pipe_event()); each sweep. */
 void pipes_sweep_lost(struct server *srv);

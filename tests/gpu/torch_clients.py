@@ -7,9 +7,9 @@
     torch_clients.py latency SOCKET PIPELINE DEVICE N    next() times (us) with a 2 ms step
 
 DEVICE is cpu or cuda:N. With $LOADERD_GPU_DRYRUN=1 (a machine without a GPU,
-the emulated driver of tests/fakecuda in $LOADERD_CUDA_LIBRARY) CUDA batches
-come as loaderd.CudaArray and are read in place; that checks this script, not
-the GPU.
+the emulated driver of tests/unit/gpu/fakecuda in $LOADERD_CUDA_LIBRARY) CUDA
+batches come as loaderd.CudaArray and are read in place; that checks this
+script, not the GPU.
 """
 
 import ctypes

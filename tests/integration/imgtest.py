@@ -16,7 +16,7 @@ import numpy as np
 
 from ldrtest import BUILD_DIR
 
-IMAGE_PARAMS = os.path.join(BUILD_DIR, "tests", "image-params")
+IMAGE_PARAMS = os.path.join(BUILD_DIR, "tests", "unit", "sources", "image-params")
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -183,7 +183,7 @@ def tv_reference(path, ops, dtype="float32"):
 
 
 def image_params(h, w, size, scale, ratio, seed, epoch, first, count, flip_p=None):
-    """Our random_resized_crop (and flip) draws, from build/tests/image-params:
+    """Our random_resized_crop (and flip) draws, from build/tests/unit/sources/image-params:
     rows of [index, top, left, height, width(, flip)]."""
     cmd = [IMAGE_PARAMS, str(h), str(w), str(size), str(scale[0]), str(scale[1]),
            str(ratio[0]), str(ratio[1]), str(seed), str(epoch), str(first), str(count)]

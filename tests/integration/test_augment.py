@@ -385,7 +385,7 @@ def test_reconnect_keeps_the_seed(daemon, workdir):
 def test_seeds_on_a_cuda_device(daemon, workdir, monkeypatch):
     """CUDA delivery over the emulated driver: each seed's slot is copied to
     the device for its clients (a copy per seed and batch)."""
-    fake = os.path.join(BUILD_DIR, "tests", "libfakecuda.so")
+    fake = os.path.join(BUILD_DIR, "tests", "unit", "gpu", "libfakecuda.so")
     if not os.path.exists(fake):
         pytest.skip("no emulated CUDA driver (loaderd built without CUDA)")
     monkeypatch.setenv("LOADERD_CUDA_LIBRARY", fake)  # the daemon's and loaderctl's

@@ -134,8 +134,8 @@ def test_device_option_parsing(ld, tokens):
 
 
 def fake_driver():
-    """The emulated driver tests/fakecuda (built with -Dcuda), or None."""
-    p = os.path.join(BUILD_DIR, "tests", "libfakecuda.so")
+    """The emulated driver tests/unit/gpu/fakecuda (built with -Dcuda), or None."""
+    p = os.path.join(BUILD_DIR, "tests", "unit", "gpu", "libfakecuda.so")
     return p if os.path.exists(p) else None
 
 

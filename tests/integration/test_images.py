@@ -341,7 +341,8 @@ def test_region_decode_crops_exact(ld, workdir, size):
             diff = np.abs(res[True][epoch * n + i].astype(np.float64) - want)
             diffs.append(diff.mean())
             # small noisy crops decoded at 1/2..1/8 (the region decode itself is
-            # bit-equal to a whole decode at that scale: tests/test-image.c)
+            # bit-equal to a whole decode at that scale:
+            # tests/unit/sources/test-image.c)
             assert diff.mean() <= 8.0, f"{path}: DCT-scaled region too far: {diff.mean():.2f}/255"
     assert np.mean(diffs) <= 4.0, f"DCT-scaled regions too far: mean {np.mean(diffs):.2f}/255"
 

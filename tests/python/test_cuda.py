@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: MIT
 """device="cuda:N" in the Python package, over the emulated driver.
 
-There is no GPU on the machines that run this suite. tests/fakecuda (built
-with -Dcuda) is an emulated driver whose device memory is host memory shared
-through memfds, so the daemon's copy engine, the device slab's export and
+There is no GPU on the machines that run this suite. tests/unit/gpu/fakecuda
+(built with -Dcuda) is an emulated driver whose device memory is host memory
+shared through memfds, so the daemon's copy engine, the device slab's export and
 libloader's mapping all run for real, and a test can read "device" bytes
 directly. It proves the logic, not the hardware: tests/gpu/run.sh does that
 on a machine with an NVIDIA GPU (docs/gpu.md). Torch CUDA tensors need a
@@ -21,7 +21,7 @@ import loaderd
 from loaderd import _cuda
 from conftest import BUILD_DIR, Daemon
 
-FAKE = os.path.join(BUILD_DIR, "tests", "libfakecuda.so")
+FAKE = os.path.join(BUILD_DIR, "tests", "unit", "gpu", "libfakecuda.so")
 
 pytestmark = pytest.mark.skipif(not os.path.exists(FAKE),
                                 reason=f"no emulated CUDA driver at {FAKE} (loaderd built without CUDA)")

@@ -4,7 +4,8 @@
  * The kernels imageop.c's stages run per row: the coefficients, the
  * horizontal pass (portable C, SSE4.1, AVX-512 VBMI) and the vertical pass
  * (portable C built for x86-64-v3 too, AVX-512BW), each giving PIL's values
- * exactly (tests/test-image.c checks the kernels against the portable ones).
+ * exactly (tests/unit/sources/test-image.c checks the kernels against the
+ * portable ones).
  */
 #include <math.h>
 #if defined(__x86_64__) && defined(__GNUC__)

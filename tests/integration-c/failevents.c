@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* failevents - a test double: loaderd whose disconnect events cannot be allocated
  *
- * Linked into loaderd-failevents only (tests/meson.build), with daemon/main.c:
+ * Linked into loaderd-failevents only (tests/integration-c/meson.build), with daemon/main.c:
  * it replaces the daemon's weak pipe_event_new() (daemon/server/rpc.c) with one that
  * fails for every disconnect, as calloc would when out of memory, so that
  * test-alloc sees the daemon release those clients all the same.

@@ -6,8 +6,8 @@
  *        test-device LOADERD ROLE ARGS   one of those processes
  *
  * The driver is the one both sides load: $LOADERD_CUDA_LIBRARY (meson points
- * it at tests/fakecuda), else libcuda.so.1; with neither the test is skipped
- * (exit 77). Device memory is only ever read through that driver's
+ * it at tests/unit/gpu/fakecuda), else libcuda.so.1; with neither the test
+ * is skipped (exit 77). Device memory is only ever read through that driver's
  * cuMemcpyDtoH in the device's primary context, never dereferenced, so the
  * same checks hold on a real GPU. What the fake alone can show (its call log,
  * a second device on a one-GPU machine) is checked only when the device's

@@ -31,7 +31,7 @@
 
 #include "fdchan.h"
 #include "sockpath.h"
-#include "test-proc.h"
+#include "../test-proc.h"
 
 /* fdchan.c's CONN_TIMEOUT_MS and MAX_CONNS */
 #define CONN_TIMEOUT_MS 5000

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* image-golden - PIL's outputs for test-image.c (tests/gen-image-golden.py wrote it) */
+/* image-golden - PIL's outputs for test-image.c (tests/unit/sources/gen-image-golden.py wrote it) */
 #pragma once
 
 #include <stdint.h>

@@ -2,8 +2,9 @@
 /* test-alloc - libloader and the daemon where an allocation fails
  *
  * With test doubles, since a failed allocation cannot be caused for real:
- * LD_PRELOAD=failalloc.so (tests/failalloc.c) for libloader, and loaderd
- * built with tests/failevents.c (argv[2]) for the daemon's pipe events.
+ * LD_PRELOAD=failalloc.so (tests/integration-c/failalloc.c) for libloader,
+ * and loaderd built with tests/integration-c/failevents.c (argv[2]) for the
+ * daemon's pipe events.
  * Starts loaderd (argv[1]) on a private socket, then argv[2].
  */
 #undef NDEBUG

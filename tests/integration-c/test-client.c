@@ -8,7 +8,7 @@
  * (copy-on-write) batches, a trainer holding every slot, and a clean error
  * when the daemon goes away (every synchronous call in flight, however many,
  * returns), versioned attach options, and a refused release being counted.
- * tests/test-keep.c checks copy-on-write and kept
+ * tests/integration-c/test-keep.c checks copy-on-write and kept
  * batches in depth. ldr_next_described() says what ldr_next() and the
  * per-value calls say, in one call.
  */

@@ -26,7 +26,7 @@
 #include <uv.h>
 
 #include "workers.h"
-#include "test-proc.h"
+#include "../test-proc.h"
 
 static uint64_t now_ms(void)
 {

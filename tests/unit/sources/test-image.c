@@ -1316,9 +1316,9 @@ static void test_resample_reference(void)
 }
 
 /*
- * The production resampling against PIL itself: tests/image-golden.h holds
+ * The production resampling against PIL itself: tests/unit/sources/image-golden.h holds
  * hashes of PIL's output for deterministic resize/crop chains on a fixed
- * pattern (tests/gen-image-golden.py), so the coefficients are checked by
+ * pattern (tests/unit/sources/gen-image-golden.py), so the coefficients are checked by
  * something that shares no code with them. Both the SIMD and the portable
  * kernels.
  */

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Write tests/image-golden.h: PIL's outputs for deterministic resize and
+"""Write tests/unit/sources/image-golden.h: PIL's outputs for deterministic resize and
 center-crop chains, as FNV-1a 64 hashes of the RGB bytes.
 
 test-image.c checks the daemon's resampling against this table, so its
@@ -62,7 +62,7 @@ def run(w, h, steps):
 
 def main():
     out = ["/* SPDX-License-Identifier: MIT */",
-           "/* image-golden - PIL's outputs for test-image.c (tests/gen-image-golden.py wrote it) */",
+           "/* image-golden - PIL's outputs for test-image.c (tests/unit/sources/gen-image-golden.py wrote it) */",
            "#pragma once", "", "#include <stdint.h>", "",
            "static const struct golden {", "\tint w, h;", "\tconst char *transforms;",
            "\tint out_w, out_h;", "\tuint64_t fnv;", "} golden[] = {"]
