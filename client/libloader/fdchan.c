@@ -3,11 +3,38 @@
  * token buys the slab's fd (and a CUDA attachment's device slab fd, a batch
  * ring's memfd and eventfd) over a Unix socket, SCM_RIGHTS.
  */
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
 #include "libloader-private.h"
 #include "fdchan-wire.h"
+
+/*
+ * A trainer's process takes signals while it attaches: SIGCHLD when a worker
+ * or the workers' host's intermediate child exits, handlers installed
+ * without SA_RESTART (Python's, torch's DataLoader's). An interrupted call
+ * here is retried, never reported as the channel's failure; an interrupted
+ * connect() goes on in the kernel and is waited for.
+ */
+static int connect_nointr(int fd, const struct sockaddr_un *sa)
+{
+	struct pollfd p = { .fd = fd, .events = POLLOUT };
+	int err = 0, r;
+	socklen_t len = sizeof(err);
+
+	if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
+		return 0;
+	if (errno != EINTR)
+		return -errno;
+	while ((r = poll(&p, 1, 10000)) < 0 && errno == EINTR)
+		;
+	if (r <= 0)
+		return r == 0 ? -ETIMEDOUT : -errno;
+	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+		return -errno;
+	return -err;
+}
 
 int fetch_slab_fd(const char *path, uid_t daemon_uid, const uint8_t *token, size_t token_len,
                   uint64_t *size, int *dev_fd, uint64_t *dev_size, int *ring_fd, int *ring_efd)
@@ -26,7 +53,7 @@ int fetch_slab_fd(const char *path, uid_t daemon_uid, const uint8_t *token, size
 	                      .msg_controllen = sizeof(u.buf) };
 	struct timeval tv = { .tv_sec = 10 };
 	struct cmsghdr *cm;
-	int fd, slab = -1, fds[4] = { -1, -1, -1, -1 }, got = 0;
+	int fd, r, slab = -1, fds[4] = { -1, -1, -1, -1 }, got = 0;
 	ssize_t n;
 
 	*dev_fd = *ring_fd = *ring_efd = -1;
@@ -39,10 +66,9 @@ int fetch_slab_fd(const char *path, uid_t daemon_uid, const uint8_t *token, size
 	if (fd < 0)
 		return set_err(-errno, "socket: %s", strerror(errno));
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int e = errno;
+	if ((r = connect_nointr(fd, &sa)) < 0) {
 		close(fd);
-		return set_err(-e, "cannot connect to the fd channel %s: %s", path, strerror(e));
+		return set_err(r, "cannot connect to the fd channel %s: %s", path, strerror(-r));
 	}
 	/* the daemon's own, as its control socket was (whose.c): the token
 	 * goes to nobody else, and no other process's slab comes back */
@@ -53,16 +79,26 @@ int fetch_slab_fd(const char *path, uid_t daemon_uid, const uint8_t *token, size
 		               "refusing it", path, crlen == sizeof(cr) ? uid_name(cr.uid, who, sizeof(who))
 		               : "an unknown uid", uid_name(daemon_uid, want, sizeof(want)));
 	}
-	if (send(fd, &rq, sizeof(rq), MSG_NOSIGNAL) != (ssize_t)sizeof(rq)) {
-		int e = errno;
+	while ((n = send(fd, &rq, sizeof(rq), MSG_NOSIGNAL)) < 0 && errno == EINTR)
+		;
+	if (n != (ssize_t)sizeof(rq)) {
+		int e = n < 0 ? errno : EPROTO;
 		close(fd);
 		return set_err(-e, "fd channel: send: %s", strerror(e));
 	}
 	memset(&u, 0, sizeof(u));
-	n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+	while ((n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+		;
+	r = n < 0 ? -errno : 0;
 	close(fd);
+	if (n < 0)
+		return set_err(r, "fd channel %s: no reply%s: %s", path,
+		               r == -EAGAIN || r == -EWOULDBLOCK ? " within 10 s" : "", strerror(-r));
+	if (n == 0)
+		return set_err(-EPROTO, "fd channel %s: the daemon closed it without a reply (it closes "
+		               "a connection whose request did not arrive within 5 s)", path);
 	if (n != (ssize_t)sizeof(rp) || rp.magic != FDCHAN_MAGIC)
-		return set_err(-EPROTO, "fd channel: no valid reply");
+		return set_err(-EPROTO, "fd channel %s: not a reply of the daemon's (%zd bytes)", path, n);
 	for (cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
 		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
 		    cm->cmsg_len >= CMSG_LEN(sizeof(int)) && cm->cmsg_len <= CMSG_LEN(4 * sizeof(int)) &&

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <time.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -451,6 +452,64 @@ static void *sync_call_main(void *arg)
  * reconnects, creates its pipeline again, and the attachment goes on at its
  * next batch; the batch held across the restart keeps its bytes.
  */
+/* A signal storm while attaching: the handler is installed without
+ * SA_RESTART (as Python's and torch's DataLoader's SIGCHLD handler are), so
+ * every blocking call of the attach, the fd channel's included, keeps being
+ * interrupted; each attach must still succeed and read its first batch. */
+static volatile sig_atomic_t storm_hits;
+static atomic_int storm_on;
+
+static void on_storm(int sig)
+{
+	(void)sig;
+	storm_hits++;
+}
+
+static void *storm(void *arg)
+{
+	pthread_t main_thread = *(pthread_t *)arg;
+	struct timespec ts = { 0, 20000 };
+
+	while (atomic_load(&storm_on)) {
+		pthread_kill(main_thread, SIGUSR1);
+		nanosleep(&ts, NULL);
+	}
+	return NULL;
+}
+
+static void test_signals(struct ldr_client *c)
+{
+	struct sigaction sa = { .sa_handler = on_storm }; /* no SA_RESTART */
+	struct ldr_attachment *a;
+	struct ldr_batch *b;
+	pthread_t self = pthread_self(), th;
+	int r;
+
+	create(c, "storm", 8, 0);
+	sigemptyset(&sa.sa_mask);
+	assert(sigaction(SIGUSR1, &sa, NULL) == 0);
+	atomic_store(&storm_on, 1);
+	assert(pthread_create(&th, NULL, storm, &self) == 0);
+	for (int i = 0; i < 200; i++) {
+		if ((r = ldr_attach(c, "storm", NULL, &a)) != 0) {
+			fprintf(stderr, "attach %d under signals: %d (%s)\n", i, r, ldr_client_error(c));
+			abort();
+		}
+		if ((r = ldr_next(a, 10000, &b)) != 0) {
+			fprintf(stderr, "next %d under signals: %d (%s)\n", i, r, ldr_client_error(c));
+			abort();
+		}
+		check_batch(b, 8);
+		ldr_release(b);
+		assert(ldr_detach(a) == 0);
+	}
+	atomic_store(&storm_on, 0);
+	pthread_join(th, NULL);
+	signal(SIGUSR1, SIG_DFL);
+	assert(storm_hits > 200);
+	assert(ldr_drop_pipeline(c, "storm", 1) == 0);
+}
+
 static void test_daemon_restart(struct ldr_client *c, const char *exe)
 {
 	struct ldr_attachment *a;
@@ -580,6 +639,7 @@ int main(int argc, char **argv)
 	test_opts_size(c);
 	test_refused_release(c);
 	test_fork(c);
+	test_signals(c);
 	test_daemon_restart(c, argv[1]);
 	test_daemon_gone(c);
 	ldr_close(c);
