@@ -14,8 +14,9 @@
  * A trainer's process takes signals while it attaches: SIGCHLD when a worker
  * or the workers' host's intermediate child exits, handlers installed
  * without SA_RESTART (Python's, torch's DataLoader's). An interrupted call
- * here is retried, never reported as the channel's failure; an interrupted
- * connect() goes on in the kernel and is waited for.
+ * here is retried, never reported as the channel's failure: connect() is
+ * called again (EISCONN: it had completed; EALREADY: the kernel goes on
+ * with it, and its outcome is waited for).
  */
 static int connect_nointr(int fd, const struct sockaddr_un *sa)
 {
@@ -23,10 +24,15 @@ static int connect_nointr(int fd, const struct sockaddr_un *sa)
 	int err = 0, r;
 	socklen_t len = sizeof(err);
 
-	if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
-		return 0;
-	if (errno != EINTR)
+	for (;;) {
+		if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0 || errno == EISCONN)
+			return 0;
+		if (errno != EINTR)
+			break;
+	}
+	if (errno != EALREADY && errno != EINPROGRESS)
 		return -errno;
+	/* a connection the kernel goes on with: wait for its outcome */
 	while ((r = poll(&p, 1, 10000)) < 0 && errno == EINTR)
 		;
 	if (r <= 0)
