@@ -316,11 +316,16 @@ class Worker:
                 self.put(idxs[k2], x2, slot, row0 + k2)
             return
         n = len(samples)
+        if any(0 < len(col) < n for col in cols):
+            # a field some samples lack: row by row, each in its own row
+            for k, x in enumerate(samples):
+                self.put(idxs[k], x, slot, row0 + k)
+            return
         for i, col in enumerate(cols):
             off, sb, dt, shape = self.places[i]
             start = slot * self.w["slot_bytes"] + off + row0 * sb
             region = self.base[start:start + n * sb].view(dt).reshape((n,) + shape)
-            if len(col) == n and self.put_column(region, col, self.fields[i]["dtype"]):
+            if col and self.put_column(region, col, self.fields[i]["dtype"]):
                 continue
             for r, leaf in enumerate(col):
                 P.write_leaf(region[r], leaf, self.fields[i])
