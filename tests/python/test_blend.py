@@ -1,0 +1,279 @@
+# SPDX-License-Identifier: MIT
+"""The blend source (docs/spec.md, "`source` of kind `blend`"): its order is
+megatron-core's BlendedDataset's, computed here by megatron-core itself
+(importorskip: the venv pass); per-part counts within one sample of the
+weights and exact in status and /metrics; partition ranks' union is the
+epoch; bad blends are refused at create with exact messages.
+
+Every part's samples say who they are: npy parts hold, in "input"[0], the
+value 100000 * (part + 1) + sample; the tokens part's file holds token
+1000 + j at position j, so its sample k starts with 1000 + 4k."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import loaderd
+from conftest import LOADERD, child_env
+
+L = 4  # seq_len of every part
+
+
+def npy_part(d, p, n):
+    """An npy part of n samples with fields input, target (int64 [L])."""
+    os.makedirs(d, exist_ok=True)
+    base = 100000 * (p + 1) + np.arange(n, dtype=np.int64)
+    x = np.repeat(base[:, None], L, axis=1)
+    np.save(os.path.join(d, "input.npy"), x)
+    np.save(os.path.join(d, "target.npy"), -x)
+    return {"kind": "npy", "paths": [os.path.join(d, "input.npy"), os.path.join(d, "target.npy")]}
+
+
+def tokens_part(d, n):
+    """A tokens part of n samples of seq_len L."""
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "tok.bin")
+    (1000 + np.arange(n * L + 1)).astype(np.uint16).tofile(path)
+    return {"kind": "tokens", "path": path, "seq_len": L}
+
+
+def who(v, tok_part):
+    """(part, sample) of a sample's input[0]."""
+    v = int(v)
+    if v >= 100000:
+        return v // 100000 - 1, v % 100000
+    return tok_part, (v - 1000) // L
+
+
+def parts3(workdir, sizes=(150, 90, 120)):
+    """npy, npy, tokens parts; the tokens one is part 2."""
+    return [npy_part(os.path.join(workdir, "a"), 0, sizes[0]),
+            npy_part(os.path.join(workdir, "b"), 1, sizes[1]),
+            tokens_part(os.path.join(workdir, "t"), sizes[2])], 2
+
+
+def read_all(ld, spec, **kw):
+    out = []
+    with loaderd.DataLoader(spec, socket=ld.socket, as_numpy=True, **kw) as dl:
+        for batch in dl:
+            out.extend(np.asarray(batch["input"])[:, 0].tolist())
+    return out
+
+
+def blend_spec(name, sources, **src):
+    s = {"kind": "blend", "sources": sources}
+    s.update(src)
+    return {"name": name, "source": s, "batch_size": 8}
+
+
+# ------------------------------------------------- megatron-core's own order
+
+class Part:
+    """What BlendedDataset asks of a dataset: len(), index_split and
+    unique_identifiers (its description)."""
+
+    def __init__(self, n, i):
+        from megatron.core.datasets.utils import Split
+        self.n, self.index_split = n, Split.train
+        self.unique_identifiers = {"part": i, "n": n}
+
+    def __len__(self):
+        return self.n
+
+
+def megatron_order(lens, weights, size):
+    """(dataset_index, dataset_sample_index % lens[index]) of megatron-core's
+    BlendedDataset, path_to_cache None (no torch.distributed). Its parts are
+    given as long enough for what it takes (it raises IndexError where the
+    blend takes more than a part has; loaderd runs through the part again)."""
+    pytest.importorskip("megatron.core.datasets.blended_dataset")
+    from megatron.core.datasets.blended_dataset import BlendedDataset
+    from megatron.core.datasets.blended_megatron_dataset_config import \
+        BlendedMegatronDatasetConfig
+    cfg = BlendedMegatronDatasetConfig(random_seed=0, sequence_length=L, split="1,0,0")
+    bd = BlendedDataset([Part(1 << 40, i) for i in range(len(lens))], weights, size, cfg)
+    return [(int(a), int(b) % lens[a]) for a, b in zip(bd.dataset_index, bd.dataset_sample_index)]
+
+
+def test_weights_and_size_match_blended_dataset(ld, workdir):
+    pytest.importorskip("megatron.core.datasets.blended_dataset")
+    sources, tok = parts3(workdir)
+    weights = [0.3, 0.5, 0.2]
+    spec = blend_spec("w", sources, weights=weights, size=301)
+    got = [who(v, tok) for v in read_all(ld, spec)]
+    assert got == megatron_order([150, 90, 120], weights, 301)
+    # within one sample of the weights
+    counts = [sum(1 for p, _ in got if p == i) for i in range(3)]
+    for i, w in enumerate(weights):
+        assert abs(counts[i] - w * 301) <= 1
+    # status: exact, for one epoch read by loaderctl consume
+    ld.create(dict(spec, name="w1", epochs=1))
+    assert ld.consume("w1").json["batches"] == 38
+    st = ld.pipeline("w1")
+    assert st["samples"] == 301
+    parts = st["source"]["parts"]
+    assert [p["samples_per_epoch"] for p in parts] == counts
+    assert [p["samples_read"] for p in parts] == counts
+    assert [p["name"] for p in parts] == ["input.npy", "input.npy", "tok.bin"]
+    assert [p["kind"] for p in parts] == ["npy", "npy", "tokens"]
+    assert [p["samples"] for p in parts] == [150, 90, 120]
+
+
+def test_exhaustive_and_choose_match_blended_dataset(ld, workdir):
+    pytest.importorskip("megatron.core.datasets.blended_dataset")
+    sources, tok = parts3(workdir, (37, 11, 25))
+    # no weights, no size: every sample of every part once (megatron's builder
+    # passes the parts' lengths as weights, size None)
+    got = [who(v, tok) for v in read_all(ld, blend_spec("all", sources))]
+    assert got == megatron_order([37, 11, 25], [37, 11, 25], None)
+    # choose: megatron's integer weights with size None; beyond a part's
+    # length the part runs again from its sample 0
+    chosen = [dict(s, choose=c) for s, c in zip(sources, (20, 30, 5))]
+    got = [who(v, tok) for v in read_all(ld, blend_spec("ch", chosen))]
+    assert got == megatron_order([37, 11, 25], [20, 30, 5], None)
+    # no weights with a size: the lengths as weights, size at most their sum
+    got = [who(v, tok) for v in read_all(ld, blend_spec("sz", sources, size=50))]
+    assert got == megatron_order([37, 11, 25], [37, 11, 25], 50)
+
+
+def test_many_parts_weights_bit_for_bit(ld, workdir):
+    """37 parts: numpy's pairwise sum in the normalisation, float weights."""
+    pytest.importorskip("megatron.core.datasets.blended_dataset")
+    rng = np.random.default_rng(7)
+    n = 37
+    weights = [float(w) for w in rng.random(n) * rng.choice([1e-3, 1.0, 1e3], n)]
+    sources = [npy_part(os.path.join(workdir, f"p{i}"), i, 400) for i in range(n)]
+    spec = blend_spec("many", sources, weights=weights, size=2000)
+    spec["batch_size"] = 100
+    got = [who(v, -1) for v in read_all(ld, spec)]
+    assert got == megatron_order([400] * n, weights, 2000)
+
+
+def test_proportion_and_repeat(ld, workdir):
+    pytest.importorskip("megatron.core.datasets.blended_dataset")
+    sources, tok = parts3(workdir, (40, 20, 30))
+    # proportion: the weights, size default the parts' samples summed (Mosaic)
+    prop = [dict(s, proportion=p) for s, p in zip(sources, (1, 2, 1))]
+    got = [who(v, tok) for v in read_all(ld, blend_spec("pr", prop))]
+    assert got == megatron_order([40, 20, 30], [1, 2, 1], 90)
+    # repeat: int(repeat * samples) of each part, exhaustively
+    rep = [dict(s, repeat=r) for s, r in zip(sources, (0.5, 2.5, 1))]
+    got = [who(v, tok) for v in read_all(ld, blend_spec("rp", rep))]
+    assert got == megatron_order([40, 20, 30], [20, 50, 30], None)
+    assert ld.pipeline("rp")["source"]["parts"][1]["samples_per_epoch"] == 50
+
+
+def test_partition_ranks_union_is_the_epoch(ld, workdir):
+    sources, tok = parts3(workdir)
+    spec = blend_spec("part", sources, weights=[2, 1, 1], size=240)
+    spec["shuffle"] = True
+    spec["seed"] = 5
+    whole = read_all(ld, dict(spec, shuffle=False))
+    ranks = [read_all(ld, spec, rank=r, world_size=3) for r in range(3)]
+    assert all(len(r) == 80 for r in ranks)
+    assert sorted(sum(ranks, [])) == sorted(whole)
+    assert sum(ranks, []) != whole  # shuffled
+
+
+def test_canonical_form(ld, workdir):
+    sources, _ = parts3(workdir)
+    ld.create(blend_spec("canon", sources, weights=[3, 1.5, 1], size=10))
+    src = ld.pipeline("canon")["spec"]["source"]
+    assert src["kind"] == "blend" and src["weights"] == [3, 1.5, 1] and src["size"] == 10
+    assert src["sources"][2] == dict(sources[2], dtype="uint16", output_dtype="int64",
+                                     name="tok.bin")
+    # the same blend, spelled with the defaults, is the same pipeline
+    ld.create(blend_spec("canon", [dict(s) for s in sources], weights=[3, 1.5, 1], size=10),
+              exist_ok=True)
+
+
+ERRORS = [
+    ({"weights": [1, -1, 1]}, "spec: source.weights[1]: must be a finite number > 0"),
+    ({"weights": [1, 0, 1]}, "spec: source.weights[1]: must be a finite number > 0"),
+    ({"weights": [1, 1]}, "spec: source.weights: has 2 weights for 3 sources"),
+    ({"weights": "x"}, "spec: source.weights: must be an array of numbers, one per source"),
+    ({"size": 0}, "spec: source.size: must be an integer in 1..68719476736"),
+    ({"sizes": 1}, "spec: unknown key \"source.sizes\""),
+]
+
+
+@pytest.mark.parametrize("extra,msg", ERRORS)
+def test_bad_blends(ld, workdir, extra, msg):
+    sources, _ = parts3(workdir)
+    r = ld.create(blend_spec("bad", sources, **extra), check=False)
+    assert r.returncode != 0 and msg in r.stderr, r.stderr
+
+
+def test_bad_weights_nan_and_inf(ld, workdir):
+    sources, _ = parts3(workdir)
+    # JSON has no NaN nor Infinity (loaderctl refuses the file), and 1e999
+    # overflows a double: all refused before anything is opened
+    for w, msg in (("NaN", "invalid token near 'NaN'"), ("Infinity", "invalid token near 'Infinity'"),
+                   ("1e999", "real number overflow")):
+        text = json.dumps(blend_spec("bad", sources)).replace(
+            '"kind": "blend"', '"kind": "blend", "weights": [1, %s, 1]' % w)
+        r = ld.create(text, check=False)
+        assert r.returncode != 0 and msg in r.stderr, r.stderr
+
+
+def test_bad_parts(ld, workdir):
+    sources, _ = parts3(workdir)
+    empty = os.path.join(workdir, "e")
+    os.makedirs(empty)
+    np.save(os.path.join(empty, "input.npy"), np.zeros((0, L), np.int64))
+    np.save(os.path.join(empty, "target.npy"), np.zeros((0, L), np.int64))
+    other = npy_part(os.path.join(workdir, "o"), 3, 10)
+    np.save(os.path.join(workdir, "o", "target.npy"), np.zeros((10, L + 1), np.int64))
+    cases = [
+        ([sources[0], {"kind": "npy", "paths": [os.path.join(empty, "input.npy")]}],
+         f"source.sources[1]: {empty}/input.npy: no samples (shape[0] is 0)"),
+        ([sources[0], sources[2], other],
+         "source.sources[2]: field 1 is \"target\" int64 [5], but source.sources[0] gives "
+         "\"target\" int64 [4] (a blend's parts give the same fields)"),
+        ([sources[0], {"kind": "npy", "paths": [os.path.join(workdir, "a", "input.npy")]}],
+         "source.sources[1]: gives 1 fields, but source.sources[0] gives 2 (a blend's parts "
+         "give the same fields)"),
+        ([sources[0], {"kind": "tokens", "seq_len": L}], "spec: source.sources[1].path: is required"),
+        ([sources[0], dict(sources[2], bogus=1)], "spec: unknown key \"source.sources[1].bogus\""),
+        ([sources[0], {"kind": "blend", "sources": [sources[0]]}],
+         "spec: source.sources[1].kind: a blend cannot hold a blend (list its parts here, with "
+         "their weights)"),
+        ([sources[0], {"kind": "image_folder", "path": workdir}],
+         "spec: source.sources[1].kind: image_folder sources cannot be blended (a blend's parts "
+         "are tokens, npy or megatron sources)"),
+        ([sources[0], {"kind": "python", "dataset": "x:y"}],
+         "spec: source.sources[1].kind: python sources cannot be blended"),
+        ([sources[0], "x"], "spec: source.sources[1]: must be a source object"),
+        ([dict(sources[0], proportion=1), sources[1]],
+         "spec: source.sources[1]: has no proportion, but source.sources[0] has (every part "
+         "needs one, or none)"),
+        ([dict(sources[0], repeat=1, choose=3)],
+         "spec: source.sources[0]: at most one of proportion, repeat, choose"),
+        ([dict(sources[0], repeat=-1)], "spec: source.sources[0].repeat: must be a number in (0, 1e9]"),
+        ([dict(sources[0], repeat=0.001)], "source.sources[0].repeat: takes no sample of its 150"),
+        ([dict(sources[0], choose=0)], "spec: source.sources[0].choose: must be an integer in "
+         "1..68719476736"),
+        ([], "spec: source.sources: must be an array of 1..32766 sources"),
+    ]
+    for srcs, msg in cases:
+        r = ld.create(blend_spec("bad", srcs), check=False)
+        assert r.returncode != 0 and msg in r.stderr, (msg, r.stderr)
+    r = ld.create(blend_spec("bad", [dict(sources[0], choose=3), sources[1]], size=4), check=False)
+    assert "spec: source.size: not with source.sources[0].choose (they give the samples per epoch)" \
+        in r.stderr, r.stderr
+    r = ld.create(blend_spec("bad", [dict(sources[0], choose=3), sources[1]], weights=[1, 1]),
+                  check=False)
+    assert "spec: source.weights: not with source.sources[0].choose" in r.stderr, r.stderr
+    assert ld.status()["pipelines"] == []
+    # 10^5 parts: more than a client's spec may hold, so from a config file
+    cfg = os.path.join(workdir, "many.json")
+    with open(cfg, "w") as f:
+        json.dump({"pipelines": [blend_spec("many", [sources[2]] * 100000)]}, f)
+    r = subprocess.run([LOADERD, "--check-config", "--config", cfg], env=child_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (f"loaderd: {cfg}: pipelines[0]: spec: source.sources: must be an "
+                                "array of 1..32766 sources"), r.stderr
