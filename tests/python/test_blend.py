@@ -10,14 +10,16 @@ value 100000 * (part + 1) + sample; the tokens part's file holds token
 1000 + j at position j, so its sample k starts with 1000 + 4k."""
 
 import json
+import http.client
 import os
+import socket
 import subprocess
 
 import numpy as np
 import pytest
 
 import loaderd
-from conftest import LOADERD, child_env
+from conftest import LOADERD, Daemon, child_env
 
 L = 4  # seq_len of every part
 
@@ -277,3 +279,56 @@ def test_bad_parts(ld, workdir):
     assert r.returncode == 1
     assert r.stderr.strip() == (f"loaderd: {cfg}: pipelines[0]: spec: source.sources: must be an "
                                 "array of 1..32766 sources"), r.stderr
+def _have_megatron():
+    try:
+        import megatron.core.datasets.blended_dataset  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def _metrics(path):
+    class Conn(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(10)
+            self.sock.connect(path)
+    c = Conn("localhost")
+    try:
+        c.request("GET", "/metrics")
+        return c.getresponse().read().decode()
+    finally:
+        c.close()
+
+
+def test_counts_in_metrics_and_top(workdir):
+    sources, tok = parts3(workdir)
+    mpath = os.path.join(workdir, "metrics.sock")
+    cfg = os.path.join(workdir, "loaderd.json")
+    with open(cfg, "w") as f:
+        json.dump({"metrics_address": mpath}, f)
+    d = Daemon(workdir, args=["--config", cfg])
+    try:
+        sources[0]["name"] = "web"
+        spec = blend_spec("m", sources, weights=[0.5, 0.3, 0.2], size=100)
+        spec["epochs"] = 1
+        d.create(spec)
+        assert d.consume("m").json["batches"] == 13
+        counts = [sum(1 for p, _ in megatron_order([150, 90, 120], [0.5, 0.3, 0.2], 100)
+                      if p == i) for i in range(3)] if _have_megatron() else [50, 30, 20]
+        text = _metrics(mpath)
+        names = ["web", "input.npy", "tok.bin"]
+        for i in range(3):
+            line = ('loaderd_pipeline_blend_samples_total{pipeline="m",generation="0",'
+                    f'part="{i}",part_name="{names[i]}"}} {counts[i]}')
+            assert line in text, text[-3000:]
+        top = d.ctl("top").stdout
+        want = "m: blend, samples read/per epoch: " + ", ".join(
+            f"{n} {c}/{c}" for n, c in zip(names, counts))
+        assert want in top.splitlines(), top
+        for i, n in enumerate(names):
+            line = ('loaderd_pipeline_blend_samples_per_epoch{pipeline="m",generation="0",'
+                    f'part="{i}",part_name="{n}"}} {counts[i]}')
+            assert line in text
+    finally:
+        d.stop()
