@@ -85,19 +85,22 @@ static void blend_free_spec(struct spec *spec)
 	spec->source.blend = NULL;
 }
 
-/* A part's error "spec: source.X..." becomes "spec: source.sources[i].X...". */
+/* A part's error "spec: source.X..." becomes "spec: source.sources[i].X...",
+ * every "source." in it so. */
 static int part_error(size_t i, int r, char *err, size_t errlen)
 {
-	char msg[512], *at;
+	char msg[512], pre[32];
+	const char *at, *from;
+	size_t n = 0;
 
 	if (r == -ENOMEM || !err || !errlen)
 		return r;
 	snprintf(msg, sizeof(msg), "%s", err);
-	at = strstr(msg, "source.");
-	if (!at || strncmp(msg, "spec: ", 6) != 0)
-		return spec_fail(err, errlen, "source.sources[%zu]: %s", i,
-				 strncmp(msg, "spec: ", 6) == 0 ? msg + 6 : msg);
-	snprintf(err, errlen, "%.*ssource.sources[%zu].%s", (int)(at - msg), msg, i, at + 7);
+	snprintf(pre, sizeof(pre), "source.sources[%zu].", i);
+	for (from = msg; (at = strstr(from, "source.")) && n < errlen; from = at + 7)
+		n += (size_t)snprintf(err + n, errlen - n, "%.*s%s", (int)(at - from), from, pre);
+	if (n < errlen)
+		snprintf(err + n, errlen - n, "%s", from);
 	return -EINVAL;
 }
 
@@ -270,8 +273,10 @@ static int parse_blend(struct spec *spec, json_t *src, char *err, size_t errlen)
 		if (r < 0)
 			return r;
 	}
-	r = spec_get_int(src, "size", "source.size", 1, BLEND_SIZE_MAX,
-			 "an integer in 1..68719476736", &size, err, errlen);
+	r = 0;
+	if (!json_is_null(json_object_get(src, "size")))
+		r = spec_get_int(src, "size", "source.size", 1, BLEND_SIZE_MAX,
+				 "an integer in 1..68719476736", &size, err, errlen);
 	if (r < 0)
 		return r;
 	bs->size = (uint64_t)size;
@@ -520,6 +525,30 @@ static int part_counts(struct blend_source *src, const struct blend_spec *bs, ui
 	return 0;
 }
 
+/* The index of @size samples: weighted over @w, else exhaustive over @counts. */
+static int build_index(struct blend_source *src, size_t n, uint64_t size, bool weighted,
+		       const uint64_t *counts, double *w, char *err, size_t errlen)
+{
+	size_t *live = weighted ? NULL : calloc(n, sizeof(*live));
+
+	src->part_index = malloc(size * sizeof(*src->part_index));
+	src->sample_index = malloc(size * sizeof(*src->sample_index));
+	if (!src->part_index || !src->sample_index || (!weighted && !live)) {
+		free(live);
+		return errfmt(-ENOMEM, err, errlen, "blend: out of memory for the index of %llu "
+			    "samples", (unsigned long long)size);
+	}
+	if (weighted)
+		build_weighted(src->part_index, src->sample_index, w, n, size, src->per_epoch);
+	else
+		build_exhaustive(src->part_index, src->sample_index, counts, n, src->per_epoch, w,
+				 live);
+	free(live);
+	src->base.nsamples = size;
+	src->base.index_bytes += size * (sizeof(*src->part_index) + sizeof(*src->sample_index));
+	return 0;
+}
+
 static int blend_open(struct source *base, const struct spec *spec, char *err, size_t errlen)
 {
 	struct blend_source *src = (struct blend_source *)base;
@@ -527,8 +556,9 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 	size_t n = bs->nparts;
 	uint64_t *counts = NULL, size = 0;
 	double *w = NULL;
-	size_t *live = NULL;
-	bool weighted = bs->has_weights || bs->has_proportion || bs->size;
+	bool weights = bs->has_weights || bs->has_proportion;
+	/* weights and a size: the index needs no part's length */
+	bool early = weights && bs->size;
 	int r;
 
 	src->bs = bs;
@@ -537,51 +567,41 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 	src->read = calloc(n, sizeof(*src->read));
 	counts = calloc(n, sizeof(*counts));
 	w = calloc(n, sizeof(*w));
-	live = calloc(n, sizeof(*live));
 	r = -ENOMEM;
-	if (!src->parts || !src->per_epoch || !src->read || !counts || !w || !live)
+	if (!src->parts || !src->per_epoch || !src->read || !counts || !w)
+		goto out;
+	for (size_t i = 0; weights && i < n; i++)
+		w[i] = bs->parts[i].weight;
+	if (early && (r = build_index(src, n, bs->size, true, NULL, w, err, errlen)) < 0)
 		goto out;
 	/*
-	 * A kind that builds its samples to order (megatron's num_samples) could be
-	 * told here how many the blend takes of it: with weights and a size the
-	 * index is known before the parts are opened.
+	 * The seam for parts that build their samples to order (megatron's
+	 * num_samples): with weights and a size, per_epoch[i] is here what the
+	 * blend takes of part i before it is opened, as megatron's
+	 * BlendedMegatronDatasetBuilder asks each dataset for its share.
 	 */
 	r = open_parts(src, bs, err, errlen);
-	if (r < 0)
+	if (r < 0 || early)
 		goto out;
 	r = part_counts(src, bs, counts, &size, err, errlen);
 	if (r < 0)
 		goto out;
-	if (weighted) {
-		/* no weights: the parts' sizes, and at most their sum (megatron's builder) */
+	if (bs->size) {
+		/* a size without weights: the parts' sizes as weights, the size at
+		 * most their sum (megatron's builder) */
 		for (size_t i = 0; i < n; i++)
-			w[i] = bs->has_weights || bs->has_proportion ? bs->parts[i].weight
-								      : (double)src->parts[i]->nsamples;
-		if (bs->size && (bs->has_weights || bs->has_proportion || bs->size < size))
+			w[i] = (double)src->parts[i]->nsamples;
+		if (bs->size < size)
 			size = bs->size;
 	}
-	src->part_index = malloc(size * sizeof(*src->part_index));
-	src->sample_index = malloc(size * sizeof(*src->sample_index));
-	r = -ENOMEM;
-	if (!src->part_index || !src->sample_index) {
-		r = errfmt(-ENOMEM, err, errlen, "blend: out of memory for the index of %llu samples",
-			   (unsigned long long)size);
-		goto out;
-	}
-	if (weighted)
-		build_weighted(src->part_index, src->sample_index, w, n, size, src->per_epoch);
-	else
-		build_exhaustive(src->part_index, src->sample_index, counts, n, src->per_epoch, w,
-				 live);
-	src->base.nsamples = size;
-	src->base.index_bytes += size * (sizeof(*src->part_index) + sizeof(*src->sample_index));
-	src->base.nfields = src->parts[0]->nfields;
-	memcpy(src->base.fields, src->parts[0]->fields, sizeof(src->base.fields));
-	r = 0;
+	r = build_index(src, n, size, weights || bs->size, counts, w, err, errlen);
 out:
+	if (r == 0) {
+		src->base.nfields = src->parts[0]->nfields;
+		memcpy(src->base.fields, src->parts[0]->fields, sizeof(src->base.fields));
+	}
 	free(counts);
 	free(w);
-	free(live);
 	return r;
 }
 

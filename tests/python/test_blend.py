@@ -190,6 +190,12 @@ def test_canonical_form(ld, workdir):
     # the same blend, spelled with the defaults, is the same pipeline
     ld.create(blend_spec("canon", [dict(s) for s in sources], weights=[3, 1.5, 1], size=10),
               exist_ok=True)
+    # and so is its canonical form, given back
+    canon = ld.pipeline("canon")["spec"]
+    ld.create(canon, exist_ok=True)
+    other = dict(canon, source=dict(canon["source"], size=11))
+    r = ld.create(other, exist_ok=True, check=False)
+    assert r.returncode != 0 and "source.size 11 (it has 10)" in r.stderr, r.stderr
 
 
 ERRORS = [
