@@ -57,6 +57,7 @@ struct blend_spec {
 	bool has_weights;        /* "weights" at the blend (not proportion) */
 	bool has_proportion;
 	uint64_t size;           /* 0: not given */
+	uint64_t min_size;       /* megatron's builder's size; 0: not given */
 };
 
 struct blend_source {
@@ -241,9 +242,32 @@ static int parse_weights(struct blend_spec *bs, json_t *arr, char *err, size_t e
 	return 0;
 }
 
+/* min_size: megatron's BlendedMegatronDatasetBuilder, with weights, no size. */
+static int parse_min_size(struct blend_spec *bs, json_t *src, char *err, size_t errlen)
+{
+	int64_t v = 0;
+	int r;
+
+	if (json_is_null(json_object_get(src, "min_size")))
+		return 0;
+	r = spec_get_int(src, "min_size", "source.min_size", 1, BLEND_SIZE_MAX,
+			 "an integer in 1..68719476736", &v, err, errlen);
+	if (r < 0 || !v)
+		return r;
+	if (bs->size)
+		return spec_fail(err, errlen, "source.min_size: not with source.size (one of them "
+				 "gives the blend's size)");
+	if (!bs->has_weights && !bs->has_proportion)
+		return spec_fail(err, errlen, "source.min_size: needs weights (or the parts' "
+				 "proportion): without, use size");
+	bs->min_size = (uint64_t)v;
+	return 0;
+}
+
 static int parse_blend(struct spec *spec, json_t *src, char *err, size_t errlen)
 {
-	static const char *const keys[] = { "kind", "sources", "weights", "size", NULL };
+	static const char *const keys[] = { "kind", "sources", "weights", "size", "min_size",
+					    NULL };
 	const char *key = spec_unknown_key(src, keys);
 	json_t *arr = json_object_get(src, "sources");
 	struct blend_spec *bs;
@@ -280,6 +304,9 @@ static int parse_blend(struct spec *spec, json_t *src, char *err, size_t errlen)
 	if (r < 0)
 		return r;
 	bs->size = (uint64_t)size;
+	r = parse_min_size(bs, src, err, errlen);
+	if (r < 0)
+		return r;
 	for (size_t i = 0; size && i < n; i++)
 		if (bs->parts[i].repeat > 0 || bs->parts[i].choose)
 			return spec_fail(err, errlen, "source.size: not with source.sources[%zu].%s (they "
@@ -320,8 +347,9 @@ static json_t *blend_json(const struct spec *spec)
 	}
 	if (!parts || (bs->has_weights && !weights))
 		goto fail;
-	o = json_pack("{s:s, s:o, s:o}", "kind", "blend", "sources", parts,
-		      "size", bs->size ? json_integer((json_int_t)bs->size) : json_null());
+	o = json_pack("{s:s, s:o, s:o, s:o}", "kind", "blend", "sources", parts,
+		      "size", bs->size ? json_integer((json_int_t)bs->size) : json_null(),
+		      "min_size", bs->min_size ? json_integer((json_int_t)bs->min_size) : json_null());
 	if (o && weights)
 		json_object_set_new(o, "weights", weights);
 	return o;
@@ -435,6 +463,25 @@ static void build_exhaustive(uint16_t *di, uint64_t *si, const uint64_t *sizes, 
 			nlive--;
 		}
 	}
+}
+
+/*
+ * BlendedMegatronDatasetBuilder with weights and a size N: the weights
+ * normalised, each part asked for ceil(N × w) samples (and built with
+ * ceil(ceil(N × w) × 1.005), its mid_level_dataset_surplus), the blend's size
+ * their sum; BlendedDataset then normalises the normalised weights again,
+ * as build_weighted() does with what is left in @w.
+ */
+static uint64_t builder_size(double *w, size_t n, uint64_t target)
+{
+	double sum = numpy_sum(w, n);
+	uint64_t size = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		w[i] /= sum;
+		size += (uint64_t)ceil((double)target * w[i]);
+	}
+	return size;
 }
 
 /* ---- the dataset ---- */
@@ -558,7 +605,8 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 	double *w = NULL;
 	bool weights = bs->has_weights || bs->has_proportion;
 	/* weights and a size: the index needs no part's length */
-	bool early = weights && bs->size;
+	bool early = weights && (bs->size || bs->min_size);
+	uint64_t early_size = bs->size;
 	int r;
 
 	src->bs = bs;
@@ -572,7 +620,9 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 		goto out;
 	for (size_t i = 0; weights && i < n; i++)
 		w[i] = bs->parts[i].weight;
-	if (early && (r = build_index(src, n, bs->size, true, NULL, w, err, errlen)) < 0)
+	if (bs->min_size)
+		early_size = builder_size(w, n, bs->min_size);
+	if (early && (r = build_index(src, n, early_size, true, NULL, w, err, errlen)) < 0)
 		goto out;
 	/*
 	 * The seam for parts that build their samples to order (megatron's

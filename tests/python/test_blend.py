@@ -124,6 +124,63 @@ def test_weights_and_size_match_blended_dataset(ld, workdir):
     assert [p["samples"] for p in parts] == [150, 90, 120]
 
 
+def builder_order(lens, weights, target):
+    """The blend BlendedMegatronDatasetBuilder builds for blend (parts,
+    weights) and sizes [target, 0, 0], its parts stand-ins of the
+    lengths it asks for; (dataset_index, dataset_sample_index % lens), and
+    the num_samples it asked of each part."""
+    pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_builder")
+    from megatron.core.datasets.blended_megatron_dataset_builder import \
+        BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.blended_megatron_dataset_config import \
+        BlendedMegatronDatasetConfig
+    from megatron.core.datasets.megatron_dataset import MegatronDataset
+
+    asked = {}
+
+    class StandIn(MegatronDataset):
+        @staticmethod
+        def numel_low_level_dataset(low_level_dataset):
+            return low_level_dataset
+
+        @staticmethod
+        def build_low_level_dataset(dataset_path, config):
+            return 1000
+
+        def __len__(self):
+            asked[self.dataset_path] = self.num_samples
+            return self.num_samples
+
+        def __getitem__(self, idx):
+            raise NotImplementedError
+
+    prefixes = [f"part{i}" for i in range(len(lens))]
+    cfg = BlendedMegatronDatasetConfig(random_seed=0, sequence_length=L, split="1,0,0",
+                                       blend=(prefixes, weights))
+    bd = BlendedMegatronDatasetBuilder(StandIn, [target, 0, 0], lambda: True, cfg).build()[0]
+    order = [(int(a), int(b) % lens[a]) for a, b in zip(bd.dataset_index, bd.dataset_sample_index)]
+    return order, [asked[p] for p in prefixes]
+
+
+def test_min_size_matches_the_builder(ld, workdir):
+    """min_size: Megatron-LM's --train-samples through its builder."""
+    pytest.importorskip("megatron.core.datasets.blended_megatron_dataset_builder")
+    sources, tok = parts3(workdir)
+    weights = [0.3, 0.5, 0.2]
+    spec = blend_spec("ms", sources, weights=weights, min_size=299)
+    got = [who(v, tok) for v in read_all(ld, spec)]
+    want, asked = builder_order([150, 90, 120], weights, 299)
+    assert len(want) == 300 and got == want  # ceil(89.7) + ceil(149.5) + ceil(59.8)
+    assert asked == [91, 151, 61]  # ceil(ceil(N w) * 1.005): what a megatron part will build
+    st = ld.pipeline("ms")
+    assert st["samples"] == 300 and st["spec"]["source"]["min_size"] == 299
+    rng = np.random.default_rng(3)
+    weights = [float(w) for w in rng.random(3) * 10]
+    got = [who(v, tok) for v in read_all(ld, blend_spec("ms2", sources, weights=weights,
+                                                        min_size=1000))]
+    assert got == builder_order([150, 90, 120], weights, 1000)[0]
+
+
 def test_exhaustive_and_choose_match_blended_dataset(ld, workdir):
     pytest.importorskip("megatron.core.datasets.blended_dataset")
     sources, tok = parts3(workdir, (37, 11, 25))
@@ -205,6 +262,10 @@ ERRORS = [
     ({"weights": "x"}, "spec: source.weights: must be an array of numbers, one per source"),
     ({"size": 0}, "spec: source.size: must be an integer in 1..68719476736"),
     ({"sizes": 1}, "spec: unknown key \"source.sizes\""),
+    ({"min_size": 5}, "spec: source.min_size: needs weights (or the parts' proportion): "
+     "without, use size"),
+    ({"min_size": 5, "size": 5, "weights": [1, 1, 1]},
+     "spec: source.min_size: not with source.size (one of them gives the blend's size)"),
 ]
 
 
