@@ -237,6 +237,28 @@ def test_partition_ranks_union_is_the_epoch(ld, workdir):
     assert sum(ranks, []) != whole  # shuffled
 
 
+def test_resume_mid_epoch(ld, workdir):
+    """A state_dict() taken mid-epoch resumes with the rest of that epoch:
+    the sampler's position is over the blend's indices, as for any source."""
+    sources, _ = parts3(workdir)
+    spec = blend_spec("res", sources, weights=[2, 1, 1], size=120)
+    spec["shuffle"] = True
+    whole = read_all(ld, spec, rank=1, world_size=2)
+    with loaderd.DataLoader(spec, socket=ld.socket, as_numpy=True, rank=1, world_size=2) as dl:
+        head = []
+        for k, batch in enumerate(dl):
+            head.extend(np.asarray(batch["input"])[:, 0].tolist())
+            if k == 2:
+                state = dl.state_dict()
+                break
+    with loaderd.DataLoader(spec, socket=ld.socket, as_numpy=True, rank=1, world_size=2) as dl:
+        dl.load_state_dict(state)
+        tail = []
+        for batch in dl:
+            tail.extend(np.asarray(batch["input"])[:, 0].tolist())
+    assert len(head) == 24 and head + tail == whole
+
+
 def test_canonical_form(ld, workdir):
     sources, _ = parts3(workdir)
     ld.create(blend_spec("canon", sources, weights=[3, 1.5, 1], size=10))
