@@ -5,9 +5,10 @@
  * Sample i of a blend is sample sample_index[i] of part part_index[i]. The
  * two arrays are built at open exactly as megatron-core 0.16 builds its
  * BlendedDataset's dataset_index and dataset_sample_index (helpers.cpp):
- * with a size, build_blending_indices() over the weights normalised as
- * numpy does (a pairwise sum); without one, build_exhaustive_blending_indices()
- * over a count per part. The pipeline's sampler then shuffles, partitions
+ * with weights or a size, build_blending_indices() over the weights
+ * normalised as numpy does (a pairwise sum); with neither,
+ * build_exhaustive_blending_indices() over a count per part. "min_size" is
+ * the size BlendedMegatronDatasetBuilder derives from its own size. The pipeline's sampler then shuffles, partitions
  * and resumes the blend's indices as any source's, so none of that knows
  * about blends.
  *
@@ -38,11 +39,6 @@
 #define BLEND_SIZE_MAX (1ll << 36)
 #define PART_NAME_MAX 48
 
-enum blend_mode {
-	BLEND_WEIGHTS,           /* weights or proportion: build_blending_indices */
-	BLEND_COUNTS,            /* repeat, choose or nothing: exhaustive */
-};
-
 struct blend_part {
 	struct spec *spec;
 	char name[PART_NAME_MAX + 1];
@@ -64,7 +60,9 @@ struct blend_source {
 	struct source base;
 	struct source **parts;
 	size_t nparts;
-	const struct blend_spec *bs;
+	/* for status, copied: the source may outlive the spec it was opened from */
+	char (*names)[PART_NAME_MAX + 1];
+	const char **kinds;       /* the kind table's names */
 	uint16_t *part_index;
 	uint64_t *sample_index;
 	uint64_t *per_epoch;     /* samples per epoch of each part */
@@ -609,15 +607,23 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 	uint64_t early_size = bs->size;
 	int r;
 
-	src->bs = bs;
 	src->parts = calloc(n, sizeof(*src->parts));
+	src->names = calloc(n, sizeof(*src->names));
+	src->kinds = calloc(n, sizeof(*src->kinds));
 	src->per_epoch = calloc(n, sizeof(*src->per_epoch));
 	src->read = calloc(n, sizeof(*src->read));
 	counts = calloc(n, sizeof(*counts));
 	w = calloc(n, sizeof(*w));
 	r = -ENOMEM;
-	if (!src->parts || !src->per_epoch || !src->read || !counts || !w)
+	if (!src->parts || !src->names || !src->kinds || !src->per_epoch || !src->read ||
+	    !counts || !w)
 		goto out;
+	for (size_t i = 0; i < n; i++) {
+		memcpy(src->names[i], bs->parts[i].name, sizeof(src->names[i]));
+		for (size_t k = 0; k < source_nkinds; k++)
+			if (source_kinds[k].kind == bs->parts[i].spec->kind)
+				src->kinds[i] = source_kinds[k].name;
+	}
 	for (size_t i = 0; weights && i < n; i++)
 		w[i] = bs->parts[i].weight;
 	if (bs->min_size)
@@ -677,22 +683,15 @@ static json_t *blend_status_json(const struct source *base)
 	const struct blend_source *src = (const struct blend_source *)base;
 	json_t *parts = json_array();
 
-	for (size_t i = 0; parts && i < src->nparts; i++) {
-		const struct spec *ps = src->bs->parts[i].spec;
-		const struct source_kind_entry *k = NULL;
-
-		for (size_t j = 0; j < source_nkinds; j++)
-			if (source_kinds[j].kind == ps->kind)
-				k = &source_kinds[j];
+	for (size_t i = 0; parts && i < src->nparts; i++)
 		json_array_append_new(parts, json_pack("{s:I, s:s, s:s, s:I, s:I, s:I}",
 			"index", (json_int_t)i,
-			"name", src->bs->parts[i].name,
-			"kind", k ? k->name : "",
+			"name", src->names[i],
+			"kind", src->kinds[i] ? src->kinds[i] : "",
 			"samples", (json_int_t)src->parts[i]->nsamples,
 			"samples_per_epoch", (json_int_t)src->per_epoch[i],
 			"samples_read", (json_int_t)atomic_load_explicit(&src->read[i],
 									  memory_order_relaxed)));
-	}
 	return parts ? json_pack("{s:s, s:o}", "kind", "blend", "parts", parts) : NULL;
 }
 
@@ -703,6 +702,8 @@ static void blend_close(struct source *base)
 	for (size_t i = 0; src->parts && i < src->nparts; i++)
 		source_free(src->parts[i]);
 	free(src->parts);
+	free(src->names);
+	free(src->kinds);
 	free(src->per_epoch);
 	free(src->read);
 	free(src->part_index);
