@@ -366,6 +366,32 @@ static void fmt_cache(char *buf, size_t n, const json_t *p)
 	         num_at(c, "entries"), used, cap, more);
 }
 
+/* A blend's parts: "blend, samples read/per epoch: web 50/50, code 30/30",
+ * parts past the buffer as "and 3 more"; else "". */
+static void fmt_blend(char *buf, size_t n, const json_t *p)
+{
+	const json_t *parts = json_object_get(json_object_get(p, "source"), "parts"), *part;
+	size_t i, at, np = json_array_size(parts);
+
+	buf[0] = '\0';
+	if (!np)
+		return;
+	at = (size_t)snprintf(buf, n, "blend, samples read/per epoch:");
+	json_array_foreach(parts, i, part) {
+		char item[96];
+		int k = snprintf(item, sizeof(item), "%s %s %.0f/%.0f", i ? "," : "",
+		                 str_at(part, "name"), num_at(part, "samples_read"),
+		                 num_at(part, "samples_per_epoch"));
+
+		if (k < 0 || at + (size_t)k + 24 >= n) {
+			snprintf(buf + at, n - at, ", and %zu more", np - i);
+			return;
+		}
+		memcpy(buf + at, item, (size_t)k + 1);
+		at += (size_t)k;
+	}
+}
+
 /* "augment seeds 7 (2 clients), 11 (1 client); 1500 images decoded" when
  * its broadcast clients read more than one seed (docs/spec.md), else "". */
 static void fmt_seeds(char *buf, size_t n, const json_t *p)
@@ -444,7 +470,7 @@ int figures_pipelines(struct lines *l, const json_t *pipelines, const json_t *cl
 		for (i = 0; i < n; i++) {
 			const json_t *stats = json_object_get(rows[i].p, "stats");
 			const char *why = json_string_value(json_object_get(stats, "limited_why"));
-			char stages[256], cache[160], seeds[512];
+			char stages[256], cache[160], seeds[512], blend[512];
 
 			fmt_stages(stages, sizeof(stages), stats);
 			if (why && *why)
@@ -457,6 +483,9 @@ int figures_pipelines(struct lines *l, const json_t *pipelines, const json_t *cl
 			fmt_seeds(seeds, sizeof(seeds), rows[i].p);
 			if (*seeds)
 				lines_add(l, "%s: %s", rows[i].name, seeds);
+			fmt_blend(blend, sizeof(blend), rows[i].p);
+			if (*blend)
+				lines_add(l, "%s: %s", rows[i].name, blend);
 		}
 	}
 	table_free(&t);

@@ -127,6 +127,11 @@ static json_t *pipeline_json(struct pipeline *pl)
 		json_t *cache = pl->src ? source_cache_json(pl->src) : NULL;
 		json_object_set_new(o, "cache", cache ? cache : json_null());
 	}
+	/* what the source kind tells of itself: a blend's parts and their counts */
+	if (o) {
+		json_t *srcst = pl->src ? source_status_json(pl->src) : NULL;
+		json_object_set_new(o, "source", srcst ? srcst : json_null());
+	}
 	/* a reload removed it ("draining") or made a successor ("replaced") */
 	if (o && pl->retired && !pl->failed)
 		json_object_set_new(o, "state", json_string(retire_state(pl)));

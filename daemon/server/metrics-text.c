@@ -368,6 +368,44 @@ static void put_stages(FILE *f, const struct labelled *objs, size_t nobjs)
 	}
 }
 
+/* A blend's parts (status "source.parts"): samples read from each, and what
+ * it takes of each per epoch; labels part (its index) and part_name. */
+static void put_blend_parts(FILE *f, const struct labelled *objs, size_t nobjs)
+{
+	static const struct { const char *name, *type, *help, *key; } fams[] = {
+		{ "loaderd_pipeline_blend_samples_total", "counter",
+		  "Samples read from each part of a blend into batches.", "samples_read" },
+		{ "loaderd_pipeline_blend_samples_per_epoch", "gauge",
+		  "Samples one epoch of a blend takes from each part.", "samples_per_epoch" },
+	};
+
+	for (size_t m = 0; m < sizeof(fams) / sizeof(fams[0]); m++) {
+		family(f, fams[m].name, fams[m].type, fams[m].help);
+		for (size_t j = 0; j < nobjs; j++) {
+			json_t *parts = json_object_get(json_object_get(objs[j].obj, "source"), "parts");
+			json_t *part;
+			size_t k;
+
+			json_array_foreach(parts, k, part) {
+				json_t *v = json_object_get(part, fams[m].key);
+				const char *pname = json_string_value(json_object_get(part, "name"));
+				char idx[24];
+				bool first = false;
+
+				if (!json_is_integer(v))
+					continue;
+				snprintf(idx, sizeof(idx), "%zu", k);
+				fprintf(f, "%s{%s", fams[m].name, objs[j].labels);
+				first = !*objs[j].labels;
+				put_label(f, &first, "part", idx);
+				put_label(f, &first, "part_name", pname ? pname : "");
+				fputc('}', f);
+				put_value(f, v);
+			}
+		}
+	}
+}
+
 /* loaderd_client_wait_seconds: the client's per-bucket counts made
  * cumulative, as Prometheus histograms are; +Inf is the sum of every bucket
  * and _count the same, so the histogram is consistent even if the client's
@@ -478,6 +516,7 @@ char *metrics_text(json_t *status, size_t *len)
 	put_slots(f, pl, npl);
 	put_nums(f, pipeline_metrics, sizeof(pipeline_metrics) / sizeof(pipeline_metrics[0]), pl, npl);
 	put_stages(f, pl, npl);
+	put_blend_parts(f, pl, npl);
 	put_enum(f, "loaderd_pipeline_limited_by", "1 for what limits the pipeline's rate now "
 	         "(consumers, workers, io, slots, idle, done, failed, starting), 0 for the others.",
 	         "reason", limits, pl, npl, "stats.limited_by");

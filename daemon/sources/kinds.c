@@ -31,6 +31,7 @@ const struct source_kind_entry source_kinds[] = {
 	{ "image_folder", SOURCE_IMAGE_FOLDER, &source_images_ops },
 	{ "webdataset", SOURCE_WEBDATASET, &source_images_ops },
 	{ "python", SOURCE_PYTHON, &source_python_ops },
+	{ "blend", SOURCE_BLEND, &source_blend_ops },
 };
 const size_t source_nkinds = ARRAY_SIZE(source_kinds);
 
@@ -201,4 +202,9 @@ uint64_t source_memory_bytes(const struct source *src)
 json_t *source_cache_json(const struct source *src)
 {
 	return src->ops->cache_json ? src->ops->cache_json(src) : NULL;
+}
+
+json_t *source_status_json(const struct source *src)
+{
+	return src->ops->status_json ? src->ops->status_json(src) : NULL;
 }

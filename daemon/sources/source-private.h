@@ -48,6 +48,9 @@ struct source_ops {
 	json_t *(*source_json)(const struct spec *spec);
 	/* Add the canonical form of the own top-level keys to @obj (NULL: none). */
 	int (*options_json)(const struct spec *spec, json_t *obj);
+	/* Release what parse put in spec->source beyond spec_free()'s fields
+	 * (NULL: nothing); also after a failed parse. */
+	void (*free_spec)(struct spec *spec);
 
 	size_t size;                  /* of the kind's struct, struct source first */
 	/* Open the dataset, on a zeroed struct of ops->size bytes. */
@@ -58,6 +61,8 @@ struct source_ops {
 		    void *const *dsts, char *err, size_t errlen);
 	/* Status "cache" (source_cache_json()); NULL: the kind has none. */
 	json_t *(*cache_json)(const struct source *src);
+	/* Status "source" (source_status_json()); NULL: the kind has none. */
+	json_t *(*status_json)(const struct source *src);
 	/* source_check_limit(): what the spec will hold beside the slab against
 	 * the memory limit, before anything is opened; NULL: nothing. */
 	int (*check_limit)(const struct spec *spec, uint64_t limit, char *err, size_t errlen);
@@ -74,7 +79,7 @@ struct source_kind_entry {
 };
 
 extern const struct source_ops source_tokens_ops, source_npy_ops, source_images_ops,
-	source_python_ops;
+	source_python_ops, source_blend_ops;
 
 /* The kind table (kinds.c), in the order spec errors list the names. */
 extern const struct source_kind_entry source_kinds[];

@@ -32,6 +32,7 @@ enum source_kind {
 	SOURCE_IMAGE_FOLDER,
 	SOURCE_WEBDATASET,
 	SOURCE_PYTHON,           /* a user's torch Dataset, built by its Python workers */
+	SOURCE_BLEND,            /* other sources mixed by weight (source-blend.c) */
 };
 
 #define SOURCE_MAX_FIELDS 16
@@ -125,6 +126,9 @@ int source_check_limit(const struct spec *spec, uint64_t limit, char *err, size_
 /* Status "cache" of an image pipeline with a decoded-image cache (hits,
  * misses, entries, bytes_used...; imagecache.h), else NULL. */
 json_t *source_cache_json(const struct source *src);
+/* Status "source": what a kind tells of itself beyond the generic keys (a
+ * blend: its parts and the samples read of each), else NULL. */
+json_t *source_status_json(const struct source *src);
 /* Do its samples depend on the seed (image sources with random transforms)?
  * If not, every augment seed gives the same bytes. */
 bool source_augments(const struct source *src);

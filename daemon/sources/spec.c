@@ -493,8 +493,13 @@ int spec_parse(struct spec **out, const char *text, char *err, size_t errlen)
 
 struct spec *spec_free(struct spec *spec)
 {
+	const struct source_ops *ops;
+
 	if (!spec)
 		return NULL;
+	ops = source_kind_ops(spec->kind);
+	if (ops && ops->free_spec)
+		ops->free_spec(spec);
 	free(spec->source.path);
 	for (size_t i = 0; i < spec->source.npaths; i++)
 		free(spec->source.paths[i]);

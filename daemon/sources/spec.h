@@ -34,6 +34,8 @@ struct transform {
 	double mean[3], std[3];       /* normalize (used as float32, as torchvision) */
 };
 
+struct blend_spec;
+
 struct spec {
 	char name[LDR_NAME_MAX + 1];
 	enum source_kind kind;
@@ -50,6 +52,7 @@ struct spec {
 		size_t nurls;         /* webdataset */
 		json_t *py;           /* python: the canonical source object */
 		bool py_collate;      /* python: a collate_fn builds whole batches */
+		struct blend_spec *blend; /* blend: its parts, each a spec (source-blend.c) */
 	} source;
 	/* image sources only */
 	struct transform transforms[SPEC_TRANSFORMS_MAX];

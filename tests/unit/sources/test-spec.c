@@ -402,6 +402,56 @@ static int big_group_child(void)
 }
 
 /* A group too big for a fixed lookup buffer (ERANGE) is found all the same. */
+#define PART_T "{\"kind\": \"tokens\", \"path\": \"/d/t.bin\", \"seq_len\": 4}"
+#define PART_N "{\"kind\": \"npy\", \"paths\": [\"/d/input.npy\", \"/d/target.npy\"]}"
+#define BLEND(parts, more) "{\"name\": \"b\", \"source\": {\"kind\": \"blend\", " \
+	"\"sources\": [" parts "]" more "}}"
+
+/* A blend: its parts' canonical forms, and every failure path (under ASan
+ * with leak checks, the parts parsed before an error are freed). */
+static void test_blend(void)
+{
+	struct spec *s = ok(BLEND(PART_T ", " PART_N, ", \"weights\": [7, 0.5]"));
+	char *text = json_dumps(json_object_get(s->json, "source"), JSON_COMPACT | JSON_SORT_KEYS);
+
+	assert(strcmp(text, "{\"kind\":\"blend\",\"min_size\":null,\"size\":null,\"sources\":[{\"dtype\":\"uint16\","
+	       "\"kind\":\"tokens\",\"name\":\"t.bin\",\"output_dtype\":\"int64\",\"path\":"
+	       "\"/d/t.bin\",\"seq_len\":4},{\"kind\":\"npy\",\"name\":\"input.npy\",\"paths\":"
+	       "[\"/d/input.npy\",\"/d/target.npy\"]}],\"weights\":[7,0.5]}") == 0);
+	free(text);
+	spec_free(s);
+	s = ok(BLEND("{\"kind\": \"npy\", \"paths\": [\"x.npy\"], \"repeat\": 2.5, \"name\": \"x\"}",
+		     ", \"size\": null"));
+	spec_free(s);
+	bad(BLEND(PART_T ", " PART_N, ", \"weights\": [1]"),
+	    "spec: source.weights: has 1 weights for 2 sources");
+	bad(BLEND(PART_T ", " PART_N, ", \"weights\": [1, -2]"),
+	    "spec: source.weights[1]: must be a finite number > 0");
+	bad(BLEND(PART_T ", {\"kind\": \"npy\"}", ""), "spec: source.sources[1].paths: is required");
+	bad(BLEND(PART_T ", {\"kind\": \"npy\", \"paths\": [\"a.npy\", \"a.npy\"]}", ""),
+	    "spec: source.sources[1].paths[1]: field name \"a\" (the file stem) is already used by "
+	    "source.sources[1].paths[0]");
+	bad(BLEND(PART_T ", {\"kind\": \"webdataset\", \"urls\": [\"a.tar\"]}", ""),
+	    "spec: source.sources[1].kind: webdataset sources cannot be blended");
+	bad(BLEND(PART_T ", {\"kind\": 3}", ""), "spec: source.sources[1].kind: must be a source kind");
+	bad(BLEND(PART_T ", {\"paths\": []}", ""), "spec: source.sources[1].kind: is required");
+	bad(BLEND("{\"kind\": \"npy\", \"paths\": [\"x.npy\"], \"name\": \"\"}", ""),
+	    "spec: source.sources[0].name: must be a string of 1..48 bytes");
+	bad(BLEND("{\"kind\": \"npy\", \"paths\": [\"x.npy\"], \"proportion\": 1, \"choose\": 2}", ""),
+	    "spec: source.sources[0]: at most one of proportion, repeat, choose");
+	bad(BLEND(PART_T ", {\"kind\": \"npy\", \"paths\": [\"x.npy\"], \"proportion\": 1}", ""),
+	    "spec: source.sources[1].proportion: every part needs one, or none");
+	bad(BLEND("{\"kind\": \"npy\", \"paths\": [\"x.npy\"], \"proportion\": 1}, "
+		  "{\"kind\": \"npy\", \"paths\": [\"y.npy\"], \"proportion\": 2, \"repeat\": 1}", ""),
+	    "spec: source.sources[1]: at most one of proportion, repeat, choose");
+	bad(BLEND("{\"kind\": \"npy\", \"paths\": [\"x.npy\"], \"proportion\": 1}", ", \"weights\": [1]"),
+	    "spec: source.weights: not with the parts' proportion (the same thing)");
+	bad(BLEND(PART_T, ", \"size\": 1.5"), "spec: source.size: must be an integer in 1..68719476736");
+	bad("{\"name\": \"b\", \"source\": {\"kind\": \"blend\"}}", "spec: source.sources: is required");
+	bad("{\"name\": \"b\", \"source\": {\"kind\": \"blend\", \"sources\": {}}}",
+	    "spec: source.sources: must be an array of 1..32766 sources");
+}
+
 static void test_big_group(void)
 {
 	int status;
@@ -426,6 +476,7 @@ int main(void)
 	test_lifetime();
 	test_diff();
 	test_big_group();
+	test_blend();
 	printf("test-spec: ok\n");
 	return 0;
 }

@@ -1,0 +1,722 @@
+/* SPDX-License-Identifier: MIT */
+/* source-blend - several sources mixed by weight, as megatron-core's BlendedDataset */
+
+/*
+ * Sample i of a blend is sample sample_index[i] of part part_index[i]. The
+ * two arrays are built at open exactly as megatron-core 0.16 builds its
+ * BlendedDataset's dataset_index and dataset_sample_index (helpers.cpp):
+ * with weights or a size, build_blending_indices() over the weights
+ * normalised as numpy does (a pairwise sum); with neither,
+ * build_exhaustive_blending_indices() over a count per part. "min_size" is
+ * the size BlendedMegatronDatasetBuilder derives from its own size. The pipeline's sampler then shuffles, partitions
+ * and resumes the blend's indices as any source's, so none of that knows
+ * about blends.
+ *
+ * Each part is a whole source object of another kind, parsed by that kind's
+ * own hooks into its own struct spec and opened as its own struct source;
+ * the blend only routes reads. Parts must give the same fields. A part the
+ * blend takes more samples from than it has is read again from its sample 0
+ * (Mosaic's repeat; megatron-core raises IndexError instead).
+ *
+ * Mosaic Streaming's per-part keys map onto the same two builders:
+ * "proportion" is a weight (with "size", default the parts' samples
+ * summed); "repeat" and "choose" give a part's count per epoch, and the
+ * blend is exhaustive over those counts.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "source-private.h"
+#include "spec.h"
+
+/* megatron-core's limit too (its dataset_index is int16) */
+#define BLEND_PARTS_MAX 32766
+#define BLEND_SIZE_MAX (1ll << 36)
+#define PART_NAME_MAX 48
+
+struct blend_part {
+	struct spec *spec;
+	char name[PART_NAME_MAX + 1];
+	double weight;           /* as given (weights or proportion), 0 if none */
+	double repeat;           /* Mosaic's repeat, 0 if none */
+	uint64_t choose;         /* Mosaic's choose, 0 if none */
+};
+
+struct blend_spec {
+	struct blend_part *parts;
+	size_t nparts;
+	bool has_weights;        /* "weights" at the blend (not proportion) */
+	bool has_proportion;
+	uint64_t size;           /* 0: not given */
+	uint64_t min_size;       /* megatron's builder's size; 0: not given */
+};
+
+struct blend_source {
+	struct source base;
+	struct source **parts;
+	size_t nparts;
+	/* for status, copied: the source may outlive the spec it was opened from */
+	char (*names)[PART_NAME_MAX + 1];
+	const char **kinds;       /* the kind table's names */
+	uint16_t *part_index;
+	uint64_t *sample_index;
+	uint64_t *per_epoch;     /* samples per epoch of each part */
+	_Atomic uint64_t *read;  /* samples read of each part */
+};
+
+/* ---- the spec ---- */
+
+static void blend_free_spec(struct spec *spec)
+{
+	struct blend_spec *bs = spec->source.blend;
+
+	if (!bs)
+		return;
+	for (size_t i = 0; i < bs->nparts; i++)
+		spec_free(bs->parts[i].spec);
+	free(bs->parts);
+	free(bs);
+	spec->source.blend = NULL;
+}
+
+/* A part's error "spec: source.X..." becomes "spec: source.sources[i].X...",
+ * every "source." in it so. */
+static int part_error(size_t i, int r, char *err, size_t errlen)
+{
+	char msg[512], pre[32];
+	const char *at, *from;
+	size_t n = 0;
+
+	if (r == -ENOMEM || !err || !errlen)
+		return r;
+	snprintf(msg, sizeof(msg), "%s", err);
+	snprintf(pre, sizeof(pre), "source.sources[%zu].", i);
+	for (from = msg; (at = strstr(from, "source.")) && n < errlen; from = at + 7)
+		n += (size_t)snprintf(err + n, errlen - n, "%.*s%s", (int)(at - from), from, pre);
+	if (n < errlen)
+		snprintf(err + n, errlen - n, "%s", from);
+	return -EINVAL;
+}
+
+/* The short name of a part: its "name", else the base name of its first path. */
+static void part_name(struct blend_part *p, json_t *canon, size_t i)
+{
+	static const char *const keys[] = { "path", "paths", "prefix", "prefixes", "root", NULL };
+	const char *s = NULL, *slash;
+
+	for (const char *const *k = keys; !s && *k; k++) {
+		json_t *v = json_object_get(canon, *k);
+		s = json_is_array(v) ? json_string_value(json_array_get(v, 0)) : json_string_value(v);
+	}
+	if (!s) {
+		snprintf(p->name, sizeof(p->name), "%zu", i);
+		return;
+	}
+	slash = strrchr(s, '/');
+	snprintf(p->name, sizeof(p->name), "%s", slash && slash[1] ? slash + 1 : s);
+}
+
+/* Mosaic's per-part keys and "name", taken out of the part's object. */
+static int parse_part_keys(struct blend_spec *bs, struct blend_part *p, json_t *obj, size_t i,
+			   char *err, size_t errlen)
+{
+	json_t *v;
+	double d;
+	int given = 0;
+
+	if ((v = json_object_get(obj, "name"))) {
+		const char *s = spec_plain_string(v);
+		if (!s || strlen(s) > PART_NAME_MAX)
+			return spec_fail(err, errlen, "source.sources[%zu].name: must be a string of 1..%d bytes",
+					 i, PART_NAME_MAX);
+		snprintf(p->name, sizeof(p->name), "%s", s);
+	}
+	if ((v = json_object_get(obj, "proportion"))) {
+		if (!spec_get_number(v, &d) || !isfinite(d) || !(d > 0))
+			return spec_fail(err, errlen, "source.sources[%zu].proportion: must be a finite number > 0", i);
+		p->weight = d;
+		given++;
+	}
+	if ((v = json_object_get(obj, "repeat"))) {
+		if (!spec_get_number(v, &d) || !isfinite(d) || !(d > 0) || d > 1e9)
+			return spec_fail(err, errlen, "source.sources[%zu].repeat: must be a number in (0, 1e9]", i);
+		p->repeat = d;
+		given++;
+	}
+	if ((v = json_object_get(obj, "choose"))) {
+		if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > BLEND_SIZE_MAX)
+			return spec_fail(err, errlen, "source.sources[%zu].choose: must be an integer in 1..%lld",
+					 i, (long long)BLEND_SIZE_MAX);
+		p->choose = (uint64_t)json_integer_value(v);
+		given++;
+	}
+	if (given > 1)
+		return spec_fail(err, errlen, "source.sources[%zu]: at most one of proportion, repeat, choose", i);
+	if (p->weight > 0 && i > 0 && !bs->has_proportion)
+		return spec_fail(err, errlen, "source.sources[%zu].proportion: every part needs one, or none", i);
+	if (i == 0)
+		bs->has_proportion = p->weight > 0;
+	else if (bs->has_proportion && !(p->weight > 0))
+		return spec_fail(err, errlen, "source.sources[%zu]: has no proportion, but source.sources[0] has "
+				 "(every part needs one, or none)", i);
+	if (bs->has_proportion && (p->repeat > 0 || p->choose))
+		return spec_fail(err, errlen, "source.sources[%zu]: proportion and repeat/choose do not mix", i);
+	return 0;
+}
+
+/* One part: its blend keys out, the rest parsed by its own kind. */
+static int parse_part(struct blend_spec *bs, size_t i, json_t *obj, char *err, size_t errlen)
+{
+	static const char *const blend_keys[] = { "name", "proportion", "repeat", "choose", NULL };
+	struct blend_part *p = &bs->parts[i];
+	const struct source_kind_entry *kind;
+	json_t *v, *own, *canon;
+	int r;
+
+	if (!json_is_object(obj))
+		return spec_fail(err, errlen, "source.sources[%zu]: must be a source object", i);
+	v = json_object_get(obj, "kind");
+	if (!v)
+		return spec_fail(err, errlen, "source.sources[%zu].kind: is required", i);
+	kind = source_kind_named(json_is_string(v) ? json_string_value(v) : "");
+	if (!kind)
+		return spec_fail(err, errlen, "source.sources[%zu].kind: must be a source kind", i);
+	if (kind->kind == SOURCE_BLEND)
+		return spec_fail(err, errlen, "source.sources[%zu].kind: a blend cannot hold a blend "
+				 "(list its parts here, with their weights)", i);
+	if (kind->ops->external || kind->ops->options)
+		return spec_fail(err, errlen, "source.sources[%zu].kind: %s sources cannot be blended "
+				 "(a blend's parts are tokens, npy or megatron sources)", i, kind->name);
+	r = parse_part_keys(bs, p, obj, i, err, errlen);
+	if (r < 0)
+		return r;
+	own = json_deep_copy(obj);
+	p->spec = calloc(1, sizeof(*p->spec));
+	if (!own || !p->spec) {
+		json_decref(own);
+		return -ENOMEM;
+	}
+	for (const char *const *k = blend_keys; *k; k++)
+		json_object_del(own, *k);
+	p->spec->kind = kind->kind;
+	r = kind->ops->parse(p->spec, own, err, errlen);
+	json_decref(own);
+	if (r < 0)
+		return part_error(i, r, err, errlen);
+	canon = kind->ops->source_json(p->spec);
+	if (!canon)
+		return -ENOMEM;
+	if (!p->name[0])
+		part_name(p, canon, i);
+	json_decref(canon);
+	return 0;
+}
+
+static int parse_weights(struct blend_spec *bs, json_t *arr, char *err, size_t errlen)
+{
+	double d;
+
+	if (!json_is_array(arr))
+		return spec_fail(err, errlen, "source.weights: must be an array of numbers, one per source");
+	if (json_array_size(arr) != bs->nparts)
+		return spec_fail(err, errlen, "source.weights: has %zu weights for %zu sources",
+				 json_array_size(arr), bs->nparts);
+	if (bs->has_proportion)
+		return spec_fail(err, errlen, "source.weights: not with the parts' proportion (the same thing)");
+	for (size_t i = 0; i < bs->nparts; i++) {
+		if (bs->parts[i].repeat > 0 || bs->parts[i].choose)
+			return spec_fail(err, errlen, "source.weights: not with source.sources[%zu].%s", i,
+					 bs->parts[i].repeat > 0 ? "repeat" : "choose");
+		if (!spec_get_number(json_array_get(arr, i), &d) || !isfinite(d) || !(d > 0))
+			return spec_fail(err, errlen, "source.weights[%zu]: must be a finite number > 0", i);
+		bs->parts[i].weight = d;
+	}
+	bs->has_weights = true;
+	return 0;
+}
+
+/* min_size: megatron's BlendedMegatronDatasetBuilder, with weights, no size. */
+static int parse_min_size(struct blend_spec *bs, json_t *src, char *err, size_t errlen)
+{
+	int64_t v = 0;
+	int r;
+
+	if (json_is_null(json_object_get(src, "min_size")))
+		return 0;
+	r = spec_get_int(src, "min_size", "source.min_size", 1, BLEND_SIZE_MAX,
+			 "an integer in 1..68719476736", &v, err, errlen);
+	if (r < 0 || !v)
+		return r;
+	if (bs->size)
+		return spec_fail(err, errlen, "source.min_size: not with source.size (one of them "
+				 "gives the blend's size)");
+	if (!bs->has_weights && !bs->has_proportion)
+		return spec_fail(err, errlen, "source.min_size: needs weights (or the parts' "
+				 "proportion): without, use size");
+	bs->min_size = (uint64_t)v;
+	return 0;
+}
+
+static int parse_blend(struct spec *spec, json_t *src, char *err, size_t errlen)
+{
+	static const char *const keys[] = { "kind", "sources", "weights", "size", "min_size",
+					    NULL };
+	const char *key = spec_unknown_key(src, keys);
+	json_t *arr = json_object_get(src, "sources");
+	struct blend_spec *bs;
+	int64_t size = 0;
+	size_t n;
+	int r;
+
+	if (key)
+		return spec_fail(err, errlen, "unknown key \"source.%s\"", key);
+	if (!arr)
+		return spec_fail(err, errlen, "source.sources: is required");
+	n = json_is_array(arr) ? json_array_size(arr) : 0;
+	if (n < 1 || n > BLEND_PARTS_MAX)
+		return spec_fail(err, errlen, "source.sources: must be an array of 1..%d sources",
+				 BLEND_PARTS_MAX);
+	bs = spec->source.blend = calloc(1, sizeof(*bs));
+	if (!bs || !(bs->parts = calloc(n, sizeof(*bs->parts))))
+		return -ENOMEM;
+	bs->nparts = n;
+	for (size_t i = 0; i < n; i++) {
+		r = parse_part(bs, i, json_array_get(arr, i), err, errlen);
+		if (r < 0)
+			return r;
+	}
+	if (json_object_get(src, "weights")) {
+		r = parse_weights(bs, json_object_get(src, "weights"), err, errlen);
+		if (r < 0)
+			return r;
+	}
+	r = 0;
+	if (!json_is_null(json_object_get(src, "size")))
+		r = spec_get_int(src, "size", "source.size", 1, BLEND_SIZE_MAX,
+				 "an integer in 1..68719476736", &size, err, errlen);
+	if (r < 0)
+		return r;
+	bs->size = (uint64_t)size;
+	r = parse_min_size(bs, src, err, errlen);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; size && i < n; i++)
+		if (bs->parts[i].repeat > 0 || bs->parts[i].choose)
+			return spec_fail(err, errlen, "source.size: not with source.sources[%zu].%s (they "
+					 "give the samples per epoch)", i,
+					 bs->parts[i].repeat > 0 ? "repeat" : "choose");
+	return 0;
+}
+
+/* A number as JSON: integers written as integers, so the canonical form of
+ * "weights": [3, 7] stays [3, 7]. */
+static json_t *number_json(double d)
+{
+	if (d == floor(d) && fabs(d) < 9007199254740992.0)
+		return json_integer((json_int_t)d);
+	return json_real(d);
+}
+
+static json_t *blend_json(const struct spec *spec)
+{
+	const struct blend_spec *bs = spec->source.blend;
+	json_t *parts = json_array(), *weights = bs->has_weights ? json_array() : NULL, *o;
+
+	for (size_t i = 0; parts && i < bs->nparts; i++) {
+		const struct blend_part *p = &bs->parts[i];
+		json_t *c = source_kind_ops(p->spec->kind)->source_json(p->spec);
+
+		if (!c || json_array_append_new(parts, c) < 0)
+			goto fail;
+		json_object_set_new(c, "name", json_string(p->name));
+		if (bs->has_proportion)
+			json_object_set_new(c, "proportion", number_json(p->weight));
+		if (p->repeat > 0)
+			json_object_set_new(c, "repeat", number_json(p->repeat));
+		if (p->choose)
+			json_object_set_new(c, "choose", json_integer((json_int_t)p->choose));
+		if (weights && json_array_append_new(weights, number_json(p->weight)) < 0)
+			goto fail;
+	}
+	if (!parts || (bs->has_weights && !weights))
+		goto fail;
+	o = json_pack("{s:s, s:o, s:o, s:o}", "kind", "blend", "sources", parts,
+		      "size", bs->size ? json_integer((json_int_t)bs->size) : json_null(),
+		      "min_size", bs->min_size ? json_integer((json_int_t)bs->min_size) : json_null());
+	if (o && weights)
+		json_object_set_new(o, "weights", weights);
+	return o;
+fail:
+	json_decref(parts);
+	json_decref(weights);
+	return NULL;
+}
+
+/* ---- megatron-core's blending indices (helpers.cpp), bit for bit ---- */
+
+/*
+ * The products below must round as two operations, as megatron's prebuilt
+ * helpers do on x86-64: no fused multiply-add.
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#elif defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+/* numpy's sum of float64 (pairwise_sum in loops_utils.h), which
+ * megatron.core.datasets.utils.normalize() divides by. */
+static double numpy_sum(const double *a, size_t n)
+{
+	double r[8], res;
+	size_t i;
+
+	if (n < 8) {
+		res = 0.0;
+		for (i = 0; i < n; i++)
+			res += a[i];
+		return res;
+	}
+	if (n <= 128) {
+		for (i = 0; i < 8; i++)
+			r[i] = a[i];
+		for (i = 8; i < n - n % 8; i += 8)
+			for (size_t j = 0; j < 8; j++)
+				r[j] += a[i + j];
+		res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+		for (; i < n; i++)
+			res += a[i];
+		return res;
+	}
+	size_t n2 = n / 2;
+	n2 -= n2 % 8;
+	return numpy_sum(a, n2) + numpy_sum(a + n2, n - n2);
+}
+
+/* build_blending_indices(normalize(weights), size) */
+static void build_weighted(uint16_t *di, uint64_t *si, double *w, size_t n, uint64_t size,
+			   uint64_t *cur)
+{
+	double sum = numpy_sum(w, n);
+
+	for (size_t j = 0; j < n; j++) {
+		w[j] /= sum;
+		cur[j] = 0;
+	}
+	for (uint64_t s = 0; s < size; s++) {
+		double sd = s > 1 ? (double)s : 1.0;
+		size_t best = 0;
+		double max = w[0] * sd - (double)cur[0];
+
+		for (size_t j = 1; j < n; j++) {
+			double e = w[j] * sd - (double)cur[j];
+			if (e > max) {
+				max = e;
+				best = j;
+			}
+		}
+		di[s] = (uint16_t)best;
+		si[s] = cur[best]++;
+	}
+}
+
+/* build_exhaustive_blending_indices(sizes): every part exactly sizes[j]
+ * times; a part leaves the race once spent. */
+static void build_exhaustive(uint16_t *di, uint64_t *si, const uint64_t *sizes, size_t n,
+			     uint64_t *cur, double *w, size_t *live)
+{
+	uint64_t total = 0;
+	size_t nlive = 0;
+
+	for (size_t j = 0; j < n; j++)
+		total += sizes[j];
+	for (size_t j = 0; j < n; j++) {
+		w[j] = (double)sizes[j] / (double)total;
+		cur[j] = 0;
+		live[nlive++] = j;
+	}
+	for (uint64_t s = 0; nlive; s++) {
+		double sd = s > 1 ? (double)s : 1.0;
+		size_t best = 0, at = 0;
+		double max = -INFINITY;
+
+		/* std::set iterates in index order, live[] is kept sorted */
+		for (size_t k = 0; k < nlive; k++) {
+			double e = w[live[k]] * sd - (double)cur[live[k]];
+			if (e > max || k == 0) {
+				max = e;
+				best = live[k];
+				at = k;
+			}
+		}
+		di[s] = (uint16_t)best;
+		si[s] = cur[best]++;
+		if (cur[best] == sizes[best]) {
+			memmove(live + at, live + at + 1, (nlive - at - 1) * sizeof(*live));
+			nlive--;
+		}
+	}
+}
+
+/*
+ * BlendedMegatronDatasetBuilder with weights and a size N: the weights
+ * normalised, each part asked for ceil(N × w) samples (and built with
+ * ceil(ceil(N × w) × 1.005), its mid_level_dataset_surplus), the blend's size
+ * their sum; BlendedDataset then normalises the normalised weights again,
+ * as build_weighted() does with what is left in @w.
+ */
+static uint64_t builder_size(double *w, size_t n, uint64_t target)
+{
+	double sum = numpy_sum(w, n);
+	uint64_t size = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		w[i] /= sum;
+		size += (uint64_t)ceil((double)target * w[i]);
+	}
+	return size;
+}
+
+/* ---- the dataset ---- */
+
+/* "64, 3" */
+static const char *shape_str(const struct field_desc *f, char *buf, size_t len)
+{
+	size_t n = 0;
+
+	buf[0] = '\0';
+	for (int d = 0; d < f->ndim && n < len; d++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)f->shape[d]);
+	return buf;
+}
+
+static int check_fields(struct blend_source *src, size_t i, char *err, size_t errlen)
+{
+	const struct source *a = src->parts[0], *b = src->parts[i];
+
+	if (a->nfields != b->nfields)
+		return errfmt(-EINVAL, err, errlen, "source.sources[%zu]: gives %zu fields, but "
+			    "source.sources[0] gives %zu (a blend's parts give the same fields)",
+			    i, b->nfields, a->nfields);
+	for (size_t f = 0; f < a->nfields; f++) {
+		const struct field_desc *x = &a->fields[f], *y = &b->fields[f];
+		bool same = strcmp(x->name, y->name) == 0 && x->dtype == y->dtype &&
+			    x->ndim == y->ndim && x->sample_bytes == y->sample_bytes;
+
+		for (int d = 0; same && d < x->ndim; d++)
+			same = x->shape[d] == y->shape[d];
+		if (!same) {
+			char sx[96], sy[96];
+
+			return errfmt(-EINVAL, err, errlen, "source.sources[%zu]: field %zu is \"%s\" %s "
+				    "[%s], but source.sources[0] gives \"%s\" %s [%s] (a blend's parts "
+				    "give the same fields)", i, f, y->name, dtype_name(y->dtype),
+				    shape_str(y, sy, sizeof(sy)), x->name, dtype_name(x->dtype),
+				    shape_str(x, sx, sizeof(sx)));
+		}
+	}
+	return 0;
+}
+
+static int open_parts(struct blend_source *src, const struct blend_spec *bs, char *err,
+		      size_t errlen)
+{
+	for (size_t i = 0; i < bs->nparts; i++) {
+		char perr[512];
+		int r = source_open_as(&src->parts[i], bs->parts[i].spec, &src->base.who, perr,
+				       sizeof(perr));
+
+		if (r < 0)
+			return errfmt(r, err, errlen, "source.sources[%zu]: %s", i, perr);
+		if (src->parts[i]->nsamples == 0)
+			return errfmt(-EINVAL, err, errlen, "source.sources[%zu]: has no samples", i);
+		src->nparts = i + 1;
+		r = check_fields(src, i, err, errlen);
+		if (r < 0)
+			return r;
+		src->base.index_bytes += src->parts[i]->index_bytes;
+	}
+	return 0;
+}
+
+/* The samples per epoch of each part for the exhaustive builder. */
+static int part_counts(struct blend_source *src, const struct blend_spec *bs, uint64_t *counts,
+		       uint64_t *total, char *err, size_t errlen)
+{
+	*total = 0;
+	for (size_t i = 0; i < bs->nparts; i++) {
+		const struct blend_part *p = &bs->parts[i];
+		uint64_t n = src->parts[i]->nsamples;
+
+		if (p->choose)
+			counts[i] = p->choose;
+		else if (p->repeat > 0)
+			counts[i] = (uint64_t)(p->repeat * (double)n); /* Mosaic's int() */
+		else
+			counts[i] = n;
+		if (!counts[i])
+			return errfmt(-EINVAL, err, errlen, "source.sources[%zu].repeat: takes no sample "
+				    "of its %llu", i, (unsigned long long)n);
+		*total += counts[i];
+		if (*total > BLEND_SIZE_MAX)
+			return errfmt(-EINVAL, err, errlen, "source.sources: more than %lld samples per "
+				    "epoch in all", (long long)BLEND_SIZE_MAX);
+	}
+	return 0;
+}
+
+/* The index of @size samples: weighted over @w, else exhaustive over @counts. */
+static int build_index(struct blend_source *src, size_t n, uint64_t size, bool weighted,
+		       const uint64_t *counts, double *w, char *err, size_t errlen)
+{
+	size_t *live = weighted ? NULL : calloc(n, sizeof(*live));
+
+	src->part_index = malloc(size * sizeof(*src->part_index));
+	src->sample_index = malloc(size * sizeof(*src->sample_index));
+	if (!src->part_index || !src->sample_index || (!weighted && !live)) {
+		free(live);
+		return errfmt(-ENOMEM, err, errlen, "blend: out of memory for the index of %llu "
+			    "samples", (unsigned long long)size);
+	}
+	if (weighted)
+		build_weighted(src->part_index, src->sample_index, w, n, size, src->per_epoch);
+	else
+		build_exhaustive(src->part_index, src->sample_index, counts, n, src->per_epoch, w,
+				 live);
+	free(live);
+	src->base.nsamples = size;
+	src->base.index_bytes += size * (sizeof(*src->part_index) + sizeof(*src->sample_index));
+	return 0;
+}
+
+static int blend_open(struct source *base, const struct spec *spec, char *err, size_t errlen)
+{
+	struct blend_source *src = (struct blend_source *)base;
+	const struct blend_spec *bs = spec->source.blend;
+	size_t n = bs->nparts;
+	uint64_t *counts = NULL, size = 0;
+	double *w = NULL;
+	bool weights = bs->has_weights || bs->has_proportion;
+	/* weights and a size: the index needs no part's length */
+	bool early = weights && (bs->size || bs->min_size);
+	uint64_t early_size = bs->size;
+	int r;
+
+	src->parts = calloc(n, sizeof(*src->parts));
+	src->names = calloc(n, sizeof(*src->names));
+	src->kinds = calloc(n, sizeof(*src->kinds));
+	src->per_epoch = calloc(n, sizeof(*src->per_epoch));
+	src->read = calloc(n, sizeof(*src->read));
+	counts = calloc(n, sizeof(*counts));
+	w = calloc(n, sizeof(*w));
+	r = -ENOMEM;
+	if (!src->parts || !src->names || !src->kinds || !src->per_epoch || !src->read ||
+	    !counts || !w)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		memcpy(src->names[i], bs->parts[i].name, sizeof(src->names[i]));
+		for (size_t k = 0; k < source_nkinds; k++)
+			if (source_kinds[k].kind == bs->parts[i].spec->kind)
+				src->kinds[i] = source_kinds[k].name;
+	}
+	for (size_t i = 0; weights && i < n; i++)
+		w[i] = bs->parts[i].weight;
+	if (bs->min_size)
+		early_size = builder_size(w, n, bs->min_size);
+	if (early && (r = build_index(src, n, early_size, true, NULL, w, err, errlen)) < 0)
+		goto out;
+	/*
+	 * The seam for parts that build their samples to order (megatron's
+	 * num_samples): with weights and a size, per_epoch[i] is here what the
+	 * blend takes of part i before it is opened, as megatron's
+	 * BlendedMegatronDatasetBuilder asks each dataset for its share.
+	 */
+	r = open_parts(src, bs, err, errlen);
+	if (r < 0 || early)
+		goto out;
+	r = part_counts(src, bs, counts, &size, err, errlen);
+	if (r < 0)
+		goto out;
+	if (bs->size) {
+		/* a size without weights: the parts' sizes as weights, the size at
+		 * most their sum (megatron's builder) */
+		for (size_t i = 0; i < n; i++)
+			w[i] = (double)src->parts[i]->nsamples;
+		if (bs->size < size)
+			size = bs->size;
+	}
+	r = build_index(src, n, size, weights || bs->size, counts, w, err, errlen);
+out:
+	if (r == 0) {
+		src->base.nfields = src->parts[0]->nfields;
+		memcpy(src->base.fields, src->parts[0]->fields, sizeof(src->base.fields));
+	}
+	free(counts);
+	free(w);
+	return r;
+}
+
+static int blend_read(struct source *base, const struct sample_ctx *ctx, uint64_t idx,
+		      void *const *dsts, char *err, size_t errlen)
+{
+	struct blend_source *src = (struct blend_source *)base;
+	size_t p = src->part_index[idx];
+	struct source *part = src->parts[p];
+	uint64_t s = src->sample_index[idx];
+
+	/* more than the part has: it runs again from its sample 0 */
+	if (s >= part->nsamples)
+		s %= part->nsamples;
+	atomic_fetch_add_explicit(&src->read[p], 1, memory_order_relaxed);
+	return source_read(part, ctx, s, dsts, err, errlen);
+}
+
+/* Status "source": each part's name, kind, samples, samples per epoch and
+ * samples read so far. */
+static json_t *blend_status_json(const struct source *base)
+{
+	const struct blend_source *src = (const struct blend_source *)base;
+	json_t *parts = json_array();
+
+	for (size_t i = 0; parts && i < src->nparts; i++)
+		json_array_append_new(parts, json_pack("{s:I, s:s, s:s, s:I, s:I, s:I}",
+			"index", (json_int_t)i,
+			"name", src->names[i],
+			"kind", src->kinds[i] ? src->kinds[i] : "",
+			"samples", (json_int_t)src->parts[i]->nsamples,
+			"samples_per_epoch", (json_int_t)src->per_epoch[i],
+			"samples_read", (json_int_t)atomic_load_explicit(&src->read[i],
+									  memory_order_relaxed)));
+	return parts ? json_pack("{s:s, s:o}", "kind", "blend", "parts", parts) : NULL;
+}
+
+static void blend_close(struct source *base)
+{
+	struct blend_source *src = (struct blend_source *)base;
+
+	for (size_t i = 0; src->parts && i < src->nparts; i++)
+		source_free(src->parts[i]);
+	free(src->parts);
+	free(src->names);
+	free(src->kinds);
+	free(src->per_epoch);
+	free(src->read);
+	free(src->part_index);
+	free(src->sample_index);
+}
+
+const struct source_ops source_blend_ops = {
+	.parse = parse_blend,
+	.source_json = blend_json,
+	.free_spec = blend_free_spec,
+	.size = sizeof(struct blend_source),
+	.open = blend_open,
+	.read = blend_read,
+	.status_json = blend_status_json,
+	.close = blend_close,
+};
