@@ -13,12 +13,13 @@ S3Client is an independent SigV4 signer (the AWS documentation's algorithm,
 hmac/hashlib only): the tests upload with it, so the C client under test is
 never its own reference.
 
-FaultProxy is a TCP proxy in a thread: each accepted connection takes the
-next fault from a queue ("503" answers 503 SlowDown without asking the
-server, "cut" forwards the response but ends the body early, "stall" sends
-the head and part of the body and then nothing, "reset" closes the client's
-connection with a TCP RST before answering, None forwards as it is) and
-counts the requests it saw.
+FaultProxy is a TCP proxy in threads: each request takes the next fault
+from a queue ("503" answers 503 SlowDown without asking the server, "429"
+429 TooManyRequests, "cut" forwards the response but ends the body half
+way, "stall" sends the head and half the body and then nothing, "reset"
+closes the client's connection with a TCP RST before answering, None
+forwards as it is). It counts the connections and requests it saw and
+keeps each request's head.
 """
 
 import datetime
@@ -43,6 +44,8 @@ REGION = "us-east-1"
 IDENTITIES = {
     "alice": ("LDRALICEKEY000000001", "alice-secret-0123456789", "alice-data"),
     "bob": ("LDRBOBKEY00000000002", "bob-secret-9876543210", "bob-data"),
+    # every bucket: what a missing bucket is (alice is denied before that)
+    "admin": ("LDRADMINKEY000000003", "admin-secret-5555555555", None),
 }
 
 
@@ -87,8 +90,8 @@ class S3Server:
         weed = weed_binary()
         cfg = {"identities": [
             {"name": name, "credentials": [{"accessKey": ak, "secretKey": sk}],
-             "actions": [f"Read:{bucket}", f"List:{bucket}", f"Write:{bucket}",
-                         f"Tagging:{bucket}"]}
+             "actions": [a + (f":{bucket}" if bucket else "")
+                         for a in ("Read", "List", "Write", "Tagging")] + ([] if bucket else ["Admin"])}
             for name, (ak, sk, bucket) in IDENTITIES.items()]}
         with open(os.path.join(self.dir, "s3.json"), "w") as f:
             json.dump(cfg, f)
@@ -105,7 +108,7 @@ class S3Server:
                     f"-filer.port.grpc={filerg}", f"-admin.port={admin}",
                     f"-admin.port.grpc={adming}", "-admin.ui=false", "-webdav=false",
                     "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
-                    "-bucket=" + ",".join(b for _, _, b in IDENTITIES.values())]
+                    "-bucket=" + ",".join(b for _, _, b in IDENTITIES.values() if b)]
             log = open(self.log_path, "ab")
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=self.dir)
@@ -245,6 +248,8 @@ class FaultProxy:
         self.target = target
         self.faults = queue.Queue()
         self.requests = 0
+        self.connections = 0
+        self.heads = []  # each request's head (bytes), in order
         self.lsock = socket.socket()
         self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.lsock.bind(("127.0.0.1", 0))
@@ -280,6 +285,7 @@ class FaultProxy:
             if self.stopping:
                 c.close()
                 return
+            self.connections += 1
             t = threading.Thread(target=self._serve, args=(c,), daemon=True)
             t.start()
 
@@ -321,15 +327,17 @@ class FaultProxy:
                 if not req:
                     return
                 self.requests += 1
+                self.heads.append(req.split(b"\r\n\r\n")[0])
                 close = b"\r\nconnection: close" in req.split(b"\r\n\r\n")[0].lower()
                 fault = self._next_fault()
                 if fault == "reset":
                     c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
-                if fault == "503":
-                    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-                            b'<Message>Please reduce your request rate.</Message></Error>')
-                    c.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
+                if fault in ("503", "429"):
+                    code = b"SlowDown" if fault == "503" else b"TooManyRequests"
+                    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>' + code +
+                            b'</Code><Message>Please reduce your request rate.</Message></Error>')
+                    c.sendall(b"HTTP/1.1 " + fault.encode() + b" Busy\r\nContent-Type: application/xml\r\n"
                               b"Content-Length: %d\r\n\r\n" % len(body) + body)
                     if close:
                         return
