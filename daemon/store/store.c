@@ -469,10 +469,15 @@ static enum outcome judge(struct req *r, CURLcode cc, int *e, char *msg, size_t 
 		snprintf(msg, cap, "stalled: no byte for %g s (after %zu of %" PRId64 " bytes)",
 			 r->st->cfg.stall_seconds < 1 ? 1 : r->st->cfg.stall_seconds, r->got, r->clen);
 		return RETRY;
+	case CURLE_COULDNT_CONNECT:
+	case CURLE_COULDNT_RESOLVE_HOST:
+		*e = -EHOSTUNREACH;
+		snprintf(msg, cap, "cannot connect to %s (%s)", r->sign || !strncmp(r->url, "s3://", 5) ?
+			 r->st->cfg.endpoint : "the server", curl_easy_strerror(cc));
+		return RETRY;
 	case CURLE_RECV_ERROR:
 	case CURLE_SEND_ERROR:
 	case CURLE_GOT_NOTHING:
-	case CURLE_COULDNT_CONNECT:
 		*e = -EIO;
 		snprintf(msg, cap, "connection lost: %s", r->cerr[0] ? r->cerr : curl_easy_strerror(cc));
 		return RETRY;

@@ -79,6 +79,7 @@ static int threads(int n, char **urls, int nurls)
 {
 	pthread_t tid[64];
 	struct job *jobs[64];
+	int rc = 0;
 
 	assert(n > 0 && n <= 64);
 	for (int t = 0; t < n; t++) {
@@ -92,50 +93,39 @@ static int threads(int n, char **urls, int nurls)
 		void *d;
 		size_t sz;
 
-		if (store_get(st, urls[u], NULL, 1 << 30, &d, &sz, err, sizeof err) < 0)
-			return fail(err);
+		if (store_get(st, urls[u], NULL, 1 << 30, &d, &sz, err, sizeof err) < 0) {
+			rc = fail(err);
+			d = NULL;
+			sz = 0;
+		}
 		for (int t = 0; t < n; t++) {
 			jobs[t][u].data = d;
 			jobs[t][u].size = sz;
 		}
 	}
-	for (int t = 0; t < n; t++)
+	for (int t = 0; t < n && rc == 0; t++)
 		assert(!pthread_create(&tid[t], NULL, thread_main, jobs[t]));
-	for (int t = 0; t < n; t++)
+	for (int t = 0; t < n && rc == 0; t++)
 		pthread_join(tid[t], NULL);
-	for (int t = 0; t < n; t++)
-		for (int u = 0; u < nurls; u++)
+	for (int t = 0; t < n && rc == 0; t++)
+		for (int u = 0; u < nurls && rc == 0; u++)
 			if (jobs[t][u].rc < 0)
-				return fail(jobs[t][u].err);
-	for (int u = 0; u < nurls; u++)
+				rc = fail(jobs[t][u].err);
+	for (int u = 0; u < nurls && rc == 0; u++)
 		printf("%s %zu\n", urls[u], jobs[0][u].size);
-	return 0;
+	for (int u = 0; u < nurls; u++)
+		free(jobs[0][u].data);
+	for (int t = 0; t < n; t++)
+		free(jobs[t]);
+	return rc;
 }
 
-int main(int argc, char **argv)
+/* One command of the tool on the store @st: 0, or 1 with the error printed. */
+static int command(int argc, char **argv)
 {
-	struct store_config cfg;
 	struct store_object obj;
 	char err[2048];
-	int opt;
 
-	store_config_init(&cfg);
-	if (store_config_from_env(&cfg, (const char *const *)environ, err, sizeof err) < 0)
-		return fail(err);
-	while ((opt = getopt(argc, argv, "+r:s:")) != -1) {
-		if (opt == 'r')
-			cfg.retry_seconds = atof(optarg);
-		else if (opt == 's')
-			cfg.stall_seconds = atof(optarg);
-		else
-			return 2;
-	}
-	argc -= optind;
-	argv += optind;
-	if (argc < 2)
-		return fail("usage: store-tool [-r S] [-s S] head|get|range|list|headget|threads ...");
-	if (store_new(&st, &cfg, err, sizeof err) < 0)
-		return fail(err);
 	if (!strcmp(argv[0], "head")) {
 		if (store_head(st, argv[1], &obj, err, sizeof err) < 0)
 			return fail(err);
@@ -151,12 +141,14 @@ int main(int argc, char **argv)
 	} else if (!strcmp(argv[0], "range") && argc >= 4) {
 		size_t len = strtoull(argv[3], NULL, 10);
 		char *buf = malloc(len ? len : 1);
+		int r = store_get_range(st, argv[1], argc > 4 ? argv[4] : NULL, strtoull(argv[2], NULL, 10), len,
+					buf, err, sizeof err);
 
-		if (store_get_range(st, argv[1], argc > 4 ? argv[4] : NULL, strtoull(argv[2], NULL, 10), len, buf,
-				    err, sizeof err) < 0)
-			return fail(err);
-		fwrite(buf, 1, len, stdout);
+		if (r == 0)
+			fwrite(buf, 1, len, stdout);
 		free(buf);
+		if (r < 0)
+			return fail(err);
 	} else if (!strcmp(argv[0], "list")) {
 		if (store_list(st, argv[1], print_key, NULL, err, sizeof err) < 0)
 			return fail(err);
@@ -176,13 +168,37 @@ int main(int argc, char **argv)
 		fwrite(d, 1, n, stdout);
 		free(d);
 	} else if (!strcmp(argv[0], "threads") && argc >= 3) {
-		int rc = threads(atoi(argv[1]), argv + 2, argc - 2);
-
-		store_free(st);
-		return rc;
+		return threads(atoi(argv[1]), argv + 2, argc - 2);
 	} else {
 		return fail("store-tool: unknown command");
 	}
-	store_free(st);
 	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct store_config cfg;
+	char err[2048];
+	int opt, rc;
+
+	store_config_init(&cfg);
+	if (store_config_from_env(&cfg, (const char *const *)environ, err, sizeof err) < 0)
+		return fail(err);
+	while ((opt = getopt(argc, argv, "+r:s:")) != -1) {
+		if (opt == 'r')
+			cfg.retry_seconds = atof(optarg);
+		else if (opt == 's')
+			cfg.stall_seconds = atof(optarg);
+		else
+			return 2;
+	}
+	argc -= optind;
+	argv += optind;
+	if (argc < 2)
+		return fail("usage: store-tool [-r S] [-s S] head|get|range|list|headget|threads ...");
+	if (store_new(&st, &cfg, err, sizeof err) < 0)
+		return fail(err);
+	rc = command(argc, argv);
+	store_free(st);
+	return rc;
 }

@@ -169,6 +169,14 @@ def test_bad_urls_and_endpoint(s3):
     env = env_for("ftp://127.0.0.1:1")
     assert failed(tool(env, "get", url("x"))) == (
         "AWS_ENDPOINT_URL: 'ftp://127.0.0.1:1' is not http(s)://HOST[:PORT]")
+    # nothing listens there: retried, then said
+    env = env_for("http://127.0.0.1:1")
+    assert failed(tool(env, "get", url("x"), retry=0.3)) == (
+        "s3://alice-data/x: cannot connect to http://127.0.0.1:1 (Couldn't connect to server); "
+        "retried for 0.3 s")
+    assert failed(tool(env, "head", "http://127.0.0.1:1/x", retry=0.3)) == (
+        "http://127.0.0.1:1/x: cannot connect to the server (Couldn't connect to server); "
+        "retried for 0.3 s")
     # AWS_ENDPOINT_URL_S3 wins over AWS_ENDPOINT_URL (a dead port here)
     env = env_for("http://127.0.0.1:1", AWS_ENDPOINT_URL_S3=s3.endpoint)
     assert ok(tool(env, "get", url("odd/plus+sign.bin"))) == s3.objs["odd/plus+sign.bin"][0]
