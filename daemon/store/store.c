@@ -92,20 +92,10 @@ void store_config_init(struct store_config *cfg)
 	cfg->connect_seconds = 10;
 }
 
-static const char *env_get(const char *const *env, const char *name)
-{
-	size_t n = strlen(name);
-
-	for (; env && *env; env++)
-		if (!strncmp(*env, name, n) && (*env)[n] == '=' && (*env)[n + 1])
-			return *env + n + 1;
-	return NULL;
-}
-
 static int env_copy(char *dst, size_t cap, const char *const *env, const char *name, char *err,
 		    size_t errlen)
 {
-	const char *v = env_get(env, name);
+	const char *v = env_value(env, name);
 
 	if (!v)
 		return 0;
@@ -129,7 +119,7 @@ int store_config_from_env(struct store_config *cfg, const char *const *env, char
 	if (got) {
 		if (url_split_endpoint(cfg->endpoint, scheme, sizeof scheme, host, sizeof host) < 0)
 			return errfmt(-EINVAL, err, errlen, "%s: '%s' is not http(s)://HOST[:PORT]",
-				      env_get(env, "AWS_ENDPOINT_URL_S3") ? "AWS_ENDPOINT_URL_S3" : "AWS_ENDPOINT_URL",
+				      env_value(env, "AWS_ENDPOINT_URL_S3") ? "AWS_ENDPOINT_URL_S3" : "AWS_ENDPOINT_URL",
 				      cfg->endpoint);
 		if (url_host_is_literal(host))
 			cfg->path_style = true;
