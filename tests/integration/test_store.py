@@ -293,3 +293,13 @@ def test_plain_http_url(workdir):
         assert failed(tool(env, "get", base + "/nope")) == f"{base}/nope: HTTP 404"
     finally:
         srv.shutdown()
+
+
+def test_threads_through_faults(s3, proxy):
+    """8 threads while 503s, resets and cut bodies come and go: every GET
+    retried to the same bytes as a clean one (store-tool compares)."""
+    keys = ODD_KEYS[:6]
+    proxy.add(*(["503", None, "reset", None, "cut"] * 10))
+    out = ok(tool(env_for(proxy.endpoint), "threads", "8", *[url(k) for k in keys], retry=30))
+    assert out.decode().splitlines() == [f"{url(k)} {len(s3.objs[k][0])}" for k in keys]
+    assert proxy.faults.empty()
