@@ -22,6 +22,7 @@ forwards as it is). It counts the connections and requests it saw and
 keeps each request's head.
 """
 
+import ctypes
 import datetime
 import hashlib
 import hmac
@@ -30,6 +31,7 @@ import os
 import queue
 import select
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -77,6 +79,13 @@ def free_ports(n):
     return ports
 
 
+def _die_with_parent():
+    """In the child before exec: SIGTERM when the test process dies, so a
+    killed or crashed pytest leaves no server behind (prctl
+    PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
 class S3Server:
     """`weed mini` on free loopback ports; .endpoint is its S3 URL."""
 
@@ -111,7 +120,8 @@ class S3Server:
                     "-bucket=" + ",".join(b for _, _, b in IDENTITIES.values() if b)]
             log = open(self.log_path, "ab")
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, cwd=self.dir)
+                                         stdin=subprocess.DEVNULL, cwd=self.dir,
+                                         preexec_fn=_die_with_parent)
             log.close()
             self.endpoint = f"http://127.0.0.1:{s3}"
             if self._wait_ready(s3):
