@@ -415,14 +415,15 @@ static CURLcode perform(struct req *r)
  * errno its code means. */
 static int answer_error(struct req *r, char *msg, size_t cap)
 {
-	char code[128] = "", text[512] = "";
+	char code[128] = "", text[512] = "", raw[512];
 	const char *end = r->ebody + r->elen;
 	int e;
 
-	if (s3xml_text(r->ebody, end, "Code", code, sizeof code) != 1)
-		code[0] = '\0';
-	if (s3xml_text(r->ebody, end, "Message", text, sizeof text) != 1)
-		text[0] = '\0';
+	/* the store's words go into logs and replies: printable only */
+	if (s3xml_text(r->ebody, end, "Code", raw, sizeof code) == 1)
+		text_clean(code, sizeof code, raw, '?');
+	if (s3xml_text(r->ebody, end, "Message", raw, sizeof raw) == 1)
+		text_clean(text, sizeof text, raw, '?');
 	if (code[0] && text[0])
 		snprintf(msg, cap, "%s: %s (HTTP %ld)", code, text, r->status);
 	else if (code[0])
@@ -456,8 +457,13 @@ static enum outcome judge(struct req *r, CURLcode cc, int *e, char *msg, size_t 
 		return RETRY;
 	case CURLE_OPERATION_TIMEDOUT:
 		*e = -ETIMEDOUT;
-		snprintf(msg, cap, "stalled: no byte for %g s (after %zu of %" PRId64 " bytes)",
-			 r->st->cfg.stall_seconds < 1 ? 1 : r->st->cfg.stall_seconds, r->got, r->clen);
+		if (r->status == 0)
+			/* no answer's head: the connect timed out, or the server said nothing */
+			snprintf(msg, cap, "no answer from %s (%s)", r->sign || !strncmp(r->url, "s3://", 5) ?
+				 r->st->cfg.endpoint : "the server", r->cerr[0] ? r->cerr : curl_easy_strerror(cc));
+		else
+			snprintf(msg, cap, "stalled: no byte for %g s (after %zu of %" PRId64 " bytes)",
+				 r->st->cfg.stall_seconds < 1 ? 1 : r->st->cfg.stall_seconds, r->got, r->clen);
 		return RETRY;
 	case CURLE_COULDNT_CONNECT:
 	case CURLE_COULDNT_RESOLVE_HOST:

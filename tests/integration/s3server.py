@@ -17,8 +17,9 @@ FaultProxy is a TCP proxy in threads: each request takes the next fault
 from a queue ("503" answers 503 SlowDown without asking the server, "429"
 429 TooManyRequests, "cut" forwards the response but ends the body half
 way, "stall" sends the head and half the body and then nothing, "reset"
-closes the client's connection with a TCP RST before answering, None
-forwards as it is). It counts the connections and requests it saw and
+closes the client's connection with a TCP RST before answering, "silent"
+never answers, ("answer", STATUS, BODY) answers that, None forwards as it
+is). It counts the connections and requests it saw and
 keeps each request's head.
 """
 
@@ -340,6 +341,15 @@ class FaultProxy:
                 self.heads.append(req.split(b"\r\n\r\n")[0])
                 close = b"\r\nconnection: close" in req.split(b"\r\n\r\n")[0].lower()
                 fault = self._next_fault()
+                if isinstance(fault, tuple):
+                    # ("answer", status, body): that answer, the server not asked
+                    _, status, body = fault
+                    c.sendall(b"HTTP/1.1 %d X\r\nContent-Type: application/xml\r\n"
+                              b"Content-Length: %d\r\n\r\n" % (status, len(body)) + body)
+                    continue
+                if fault == "silent":
+                    self.stall_release.wait(60)
+                    return
                 if fault == "reset":
                     c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return

@@ -303,3 +303,19 @@ def test_threads_through_faults(s3, proxy):
     out = ok(tool(env_for(proxy.endpoint), "threads", "8", *[url(k) for k in keys], retry=30))
     assert out.decode().splitlines() == [f"{url(k)} {len(s3.objs[k][0])}" for k in keys]
     assert proxy.faults.empty()
+
+
+def test_no_answer_and_unprintable_error(s3, proxy):
+    """A server that takes the request and says nothing is not a stalled
+    body; an error's Code and Message reach the message printable only."""
+    u = url("big.bin")
+    proxy.add(*["silent"] * 20)
+    assert failed(tool(env_for(proxy.endpoint), "get", u, retry=1, stall=1)) == (
+        f"{u}: no answer from {proxy.endpoint} (Operation too slow. Less than 1 bytes/sec transferred "
+        "the last 1 seconds); retried for 1 s")
+    while not proxy.faults.empty():
+        proxy.faults.get()
+    proxy.add(("answer", 403, b"<Error><Code>Access\x1b[31mDenied</Code>"
+                              b"<Message>no\x07pe &#27;[2J</Message></Error>"))
+    assert failed(tool(env_for(proxy.endpoint), "get", u)) == (
+        f"{u}: Access?[31mDenied: no?pe ?[2J (HTTP 403)")
