@@ -259,3 +259,13 @@ pid_t self_pid(void)
 	atomic_store_explicit(&self_pid_cached, p, memory_order_relaxed);
 	return p;
 }
+
+const char *env_value(const char *const *env, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (; env && *env; env++)
+		if (!strncmp(*env, name, n) && (*env)[n] == '=' && (*env)[n + 1])
+			return *env + n + 1;
+	return NULL;
+}

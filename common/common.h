@@ -118,6 +118,11 @@ uint64_t mono_ns(void);
  * fork() (a raw clone) that calls libloader is not told apart. */
 pid_t self_pid(void);
 
+/* The value of @name in @env ("NAME=VALUE" strings, NULL-terminated; an
+ * environment handed over rather than this process's), NULL when unset or
+ * empty. */
+const char *env_value(const char *const *env, const char *name);
+
 /*
  * text_clean() - @src as printable UTF-8 in @dst (@size > 0): valid UTF-8
  * characters are kept, and each byte of an invalid sequence, each control

@@ -10,7 +10,7 @@
  * owner: creds.h) besides common/. Above it, the engine and the server see
  * this header and spec.h, never a kind's own files.
  *
- * layer: daemon/sources -> daemon/base common include
+ * layer: daemon/sources -> daemon/store daemon/base common include
  */
 #pragma once
 

@@ -1,0 +1,263 @@
+/* SPDX-License-Identifier: MIT */
+/* awscreds - a trainer's object-store credentials (see awscreds.h)
+ *
+ * Credentials are the client's, never the daemon's (docs/security.md): the
+ * trainer's process reads them where its AWS tools would, so `aws s3 ls`
+ * working in a shell means the same keys reach a pipeline. The order is
+ * the AWS CLI's: the environment's key pair, else the profile in the
+ * shared credentials file, else in the config file; the region and the
+ * endpoint are looked up on their own, the environment first.
+ *
+ * The files are INI as botocore reads them: `[section]`, `key = value`,
+ * comments from '#' or ';' at the start of a line, and a key with an empty
+ * value opening a sub-section of indented lines (`s3 =` then
+ * `  endpoint_url = ...`). Anything else is an error that names the file
+ * and line: a typo must not silently mean "no credentials".
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "awscreds.h"
+#include "common.h"
+
+#define AWSCREDS_FILE_MAX (1 << 20)
+
+/* @v into @dst (cap @cap) unless @dst is set already. */
+static int fill(char *dst, size_t cap, const char *v, size_t vlen, const char *what, char *err, size_t errlen)
+{
+	if (dst[0])
+		return 0;
+	if (vlen >= cap)
+		return errfmt(-EINVAL, err, errlen, "%s: longer than %zu bytes", what, cap - 1);
+	memcpy(dst, v, vlen);
+	dst[vlen] = '\0';
+	return 0;
+}
+
+/* [s, e) without the blanks around it */
+static void trim(const char **s, const char **e)
+{
+	while (*s < *e && isspace((unsigned char)**s))
+		(*s)++;
+	while (*e > *s && isspace((unsigned char)(*e)[-1]))
+		(*e)--;
+}
+
+/* What one profile section holds, as spans of the text. */
+struct section_vals {
+	const char *v[6];
+	size_t n[6];
+};
+
+enum { V_KEY, V_SECRET, V_TOKEN, V_REGION, V_ENDPOINT, V_S3_ENDPOINT };
+
+static int value_index(const char *sub, const char *k, size_t kn)
+{
+	static const char *const names[] = { "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
+					     "region", "endpoint_url" };
+
+	if (sub)
+		return strcmp(sub, "s3") == 0 && kn == 12 && !memcmp(k, "endpoint_url", 12) ? V_S3_ENDPOINT : -1;
+	for (int i = 0; i < 5; i++)
+		if (strlen(names[i]) == kn && !memcmp(k, names[i], kn))
+			return i;
+	return -1;
+}
+
+int awscreds_parse(struct awscreds *out, const char *text, const char *path, const char *section, int *found,
+		   char *err, size_t errlen)
+{
+	struct section_vals sv;
+	const char *line = text;
+	char sub[16] = "";
+	int in = 0, lineno = 0, r;
+	char what[256];
+
+	memset(&sv, 0, sizeof sv);
+	*found = 0;
+	while (*line) {
+		const char *end = line + strcspn(line, "\n"), *s = line, *e = end, *eq;
+		int indented = line < end && (*line == ' ' || *line == '\t');
+
+		lineno++;
+		trim(&s, &e);
+		if (s == e || *s == '#' || *s == ';')
+			goto next;
+		if (*s == '[') {
+			if (e[-1] != ']')
+				return errfmt(-EINVAL, err, errlen, "%s:%d: a section without its ']'", path, lineno);
+			s++, e--;
+			trim(&s, &e);
+			in = strlen(section) == (size_t)(e - s) && !memcmp(s, section, (size_t)(e - s));
+			*found |= in;
+			sub[0] = '\0';
+			goto next;
+		}
+		eq = memchr(s, '=', (size_t)(e - s));
+		if (!eq)
+			return errfmt(-EINVAL, err, errlen, "%s:%d: not [section], key = value or a comment", path,
+				      lineno);
+		{
+			const char *ks = s, *ke = eq, *vs = eq + 1, *ve = e;
+			int i;
+
+			trim(&ks, &ke);
+			trim(&vs, &ve);
+			if (ks == ke)
+				return errfmt(-EINVAL, err, errlen, "%s:%d: a value without a key", path, lineno);
+			if (!indented)
+				sub[0] = '\0';
+			if (!indented && vs == ve) {
+				/* `s3 =`: the indented lines below belong to it */
+				snprintf(sub, sizeof sub, "%.*s", (int)(ke - ks < 15 ? ke - ks : 15), ks);
+				goto next;
+			}
+			if (!in)
+				goto next;
+			i = value_index(indented && sub[0] ? sub : NULL, ks, (size_t)(ke - ks));
+			if (i >= 0 && !sv.v[i]) {
+				sv.v[i] = vs;
+				sv.n[i] = (size_t)(ve - vs);
+			}
+		}
+next:
+		line = *end ? end + 1 : end;
+	}
+	if (!*found)
+		return 0;
+	if (!sv.v[V_KEY] != !sv.v[V_SECRET])
+		return errfmt(-EINVAL, err, errlen, "%s: [%s] has %s but no %s", path, section,
+			      sv.v[V_KEY] ? "aws_access_key_id" : "aws_secret_access_key",
+			      sv.v[V_KEY] ? "aws_secret_access_key" : "aws_access_key_id");
+	snprintf(what, sizeof what, "%s: [%s]", path, section);
+	if (sv.v[V_KEY] && !out->access_key[0]) {
+		if ((r = fill(out->access_key, sizeof out->access_key, sv.v[V_KEY], sv.n[V_KEY], what, err, errlen)) < 0 ||
+		    (r = fill(out->secret_key, sizeof out->secret_key, sv.v[V_SECRET], sv.n[V_SECRET], what, err,
+			      errlen)) < 0 ||
+		    (sv.v[V_TOKEN] && (r = fill(out->session_token, sizeof out->session_token, sv.v[V_TOKEN],
+						sv.n[V_TOKEN], what, err, errlen)) < 0))
+			return r;
+		snprintf(out->source, sizeof out->source, "[%s] in %s", section, path);
+	}
+	if (sv.v[V_REGION] &&
+	    (r = fill(out->region, sizeof out->region, sv.v[V_REGION], sv.n[V_REGION], what, err, errlen)) < 0)
+		return r;
+	for (int i = V_S3_ENDPOINT; i >= V_ENDPOINT; i--)
+		if (sv.v[i] && (r = fill(out->endpoint, sizeof out->endpoint, sv.v[i], sv.n[i], what, err, errlen)) < 0)
+			return r;
+	return 0;
+}
+
+/* @path's bytes, NUL-terminated, in *@text (NULL when it does not exist). */
+static int read_file(const char *path, char **text, char *err, size_t errlen)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	size_t got = 0;
+	char *buf;
+
+	*text = NULL;
+	if (fd < 0)
+		return errno == ENOENT ? 0 : errfmt(-errno, err, errlen, "%s: %s", path, strerror(errno));
+	buf = malloc(AWSCREDS_FILE_MAX + 1);
+	if (!buf) {
+		close(fd);
+		return errfmt(-ENOMEM, err, errlen, "%s: out of memory", path);
+	}
+	for (;;) {
+		ssize_t n = read(fd, buf + got, AWSCREDS_FILE_MAX + 1 - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0 || (got += (size_t)n) > AWSCREDS_FILE_MAX)
+			break;
+	}
+	close(fd);
+	if (got > AWSCREDS_FILE_MAX) {
+		free(buf);
+		return errfmt(-EFBIG, err, errlen, "%s: larger than %d bytes", path, AWSCREDS_FILE_MAX);
+	}
+	buf[got] = '\0';
+	*text = buf;
+	return 0;
+}
+
+/* One file's @section (and @alt, if not NULL) into @out; *@found |= there. */
+static int load_file(struct awscreds *out, const char *path, const char *section, const char *alt, int *found,
+		     char *err, size_t errlen)
+{
+	char *text;
+	int r, f = 0;
+
+	r = read_file(path, &text, err, errlen);
+	if (r < 0 || !text)
+		return r;
+	r = awscreds_parse(out, text, path, section, &f, err, errlen);
+	*found |= f;
+	if (r == 0 && alt) {
+		r = awscreds_parse(out, text, path, alt, &f, err, errlen);
+		*found |= f;
+	}
+	free(text);
+	return r;
+}
+
+int awscreds_load(struct awscreds *out, const char *const *env, const char *home, char *err, size_t errlen)
+{
+	const char *ak = env_value(env, "AWS_ACCESS_KEY_ID"), *sk = env_value(env, "AWS_SECRET_ACCESS_KEY");
+	const char *profile = env_value(env, "AWS_PROFILE"), *v;
+	char cred_path[4096], conf_path[4096], section[256];
+	int r, found = 0, named = profile != NULL;
+
+	memset(out, 0, sizeof *out);
+	if (!ak != !sk)
+		return errfmt(-EINVAL, err, errlen, "%s is set but %s is not", ak ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
+			      ak ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
+	if (ak) {
+		if ((r = fill(out->access_key, sizeof out->access_key, ak, strlen(ak), "AWS_ACCESS_KEY_ID", err, errlen)) < 0 ||
+		    (r = fill(out->secret_key, sizeof out->secret_key, sk, strlen(sk), "AWS_SECRET_ACCESS_KEY", err,
+			      errlen)) < 0)
+			return r;
+		v = env_value(env, "AWS_SESSION_TOKEN");
+		if (v && (r = fill(out->session_token, sizeof out->session_token, v, strlen(v), "AWS_SESSION_TOKEN",
+				   err, errlen)) < 0)
+			return r;
+		snprintf(out->source, sizeof out->source, "environment");
+	}
+	v = env_value(env, "AWS_REGION");
+	if (!v)
+		v = env_value(env, "AWS_DEFAULT_REGION");
+	if (v && (r = fill(out->region, sizeof out->region, v, strlen(v), "AWS_REGION", err, errlen)) < 0)
+		return r;
+	v = env_value(env, "AWS_ENDPOINT_URL_S3");
+	if (!v)
+		v = env_value(env, "AWS_ENDPOINT_URL");
+	if (v && (r = fill(out->endpoint, sizeof out->endpoint, v, strlen(v), "AWS_ENDPOINT_URL", err, errlen)) < 0)
+		return r;
+
+	if (!profile)
+		profile = env_value(env, "AWS_DEFAULT_PROFILE");
+	named |= profile != NULL;
+	if (!profile)
+		profile = "default";
+	v = env_value(env, "AWS_SHARED_CREDENTIALS_FILE");
+	if (!v && !home)
+		return 0;
+	snprintf(cred_path, sizeof cred_path, v ? "%s" : "%s/.aws/credentials", v ? v : home);
+	v = env_value(env, "AWS_CONFIG_FILE");
+	snprintf(conf_path, sizeof conf_path, v ? "%s" : "%s/.aws/config", v ? v : home ? home : "");
+	if ((r = load_file(out, cred_path, profile, NULL, &found, err, errlen)) < 0)
+		return r;
+	snprintf(section, sizeof section, "profile %s", profile);
+	if ((v || home) && (r = load_file(out, conf_path, section, strcmp(profile, "default") ? NULL : "default",
+					  &found, err, errlen)) < 0)
+		return r;
+	if (named && !found)
+		return errfmt(-EINVAL, err, errlen, "AWS_PROFILE: profile '%s' is in neither %s nor %s", profile,
+			      cred_path, conf_path);
+	return 0;
+}

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: MIT */
+/* awscreds - a trainer's object-store credentials, read where the AWS CLI
+ * and boto3 read them (libloader's side of docs/storage.md) */
+#pragma once
+
+#include <stddef.h>
+
+/* What awscreds_load() found; "" where nothing was. */
+struct awscreds {
+	char access_key[128];
+	char secret_key[128];
+	char session_token[4096];
+	char region[64];
+	char endpoint[512];
+	char source[160];   /* where the keys came from: "environment", "PROFILE in FILE" */
+};
+
+/**
+ * awscreds_load() - the credentials, region and endpoint of this process
+ * @env: "NAME=VALUE" strings, NULL-terminated (environ)
+ * @home: the home directory (~/.aws/ lies there); NULL: no files
+ *
+ * Keys: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
+ * else the profile (AWS_PROFILE, else AWS_DEFAULT_PROFILE, else "default")
+ * in the credentials file (AWS_SHARED_CREDENTIALS_FILE, else
+ * ~/.aws/credentials), else in the config file (AWS_CONFIG_FILE, else
+ * ~/.aws/config, section [profile NAME] or [default]). Region: AWS_REGION,
+ * AWS_DEFAULT_REGION, the profile's region. Endpoint: AWS_ENDPOINT_URL_S3,
+ * AWS_ENDPOINT_URL, the profile's `s3 =` sub-section's endpoint_url, the
+ * profile's endpoint_url. No keys anywhere is not an error (public
+ * objects).
+ *
+ * Return: 0; -EINVAL with a message naming the variable, or the file and
+ * line: one key of a pair without the other, a profile named explicitly
+ * that neither file has, a line that is not `[section]`, `key = value` or
+ * a comment, a value too long.
+ */
+int awscreds_load(struct awscreds *out, const char *const *env, const char *home, char *err, size_t errlen);
+
+/**
+ * awscreds_parse() - one INI file's profile @section into @out
+ * @text: the file's bytes (NUL-terminated); @path names it in messages
+ * @found: set to 1 when the section is there
+ *
+ * Fills what @out lacks (an earlier source wins). Used by
+ * awscreds_load(); a fuzz target's entry (fuzz/fuzz-awscreds.c).
+ */
+int awscreds_parse(struct awscreds *out, const char *text, const char *path, const char *section, int *found,
+		   char *err, size_t errlen);

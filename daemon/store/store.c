@@ -1,0 +1,724 @@
+/* SPDX-License-Identifier: MIT */
+/* store - objects in S3-compatible storage and over https (see store.h)
+ *
+ * One request is one curl easy handle on the store's share (connections,
+ * DNS and TLS sessions kept across requests and threads, locked by the
+ * share's mutexes), made, run and cleaned up in the calling thread: no
+ * handle crosses threads, so any number of source workers may call at once.
+ *
+ * libcurl 7.88's SigV4 (CURLOPT_AWS_SIGV4) has two traps that a server that
+ * does not verify signatures hides (SeaweedFS verifies them):
+ *  - it neither sends nor signs x-amz-content-sha256, which S3 requires:
+ *    we send it ourselves (UNSIGNED-PAYLOAD: every request here is a GET
+ *    or HEAD without a body), and libcurl signs every x-amz-* header given;
+ *  - it signs the query string as it is in the URL, not in the canonical
+ *    form: list_page() writes ListObjectsV2's query already canonical
+ *    (keys sorted, values RFC 3986-encoded, '/' as %2F).
+ * The path is signed as written too: key_path() encodes each byte of a key
+ * but the unreserved ones and '/' once, which is S3's canonical URI.
+ *
+ * Faults: a 5xx or 429 answer, a connection lost or refused, a body shorter
+ * than its Content-Length and a stalled body (CURLOPT_LOW_SPEED_*) are
+ * tried again after an exponential backoff with full jitter, until
+ * retry_seconds have passed; every other answer is final. An error answer's
+ * XML gives the message: "URL: Code: Message (HTTP status)". A HEAD's error
+ * has no body; its code comes from a one-byte GET of the same URL.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common.h"
+#include "s3xml.h"
+#include "store.h"
+#include "url.h"
+
+/* idle connections kept per store: more than the source workers of a pipeline */
+#define STORE_MAX_CONNECTIONS 64
+
+struct store {
+	struct store_config cfg;
+	char scheme[8];      /* of the endpoint: "http" or "https" */
+	char host[256];      /* host[:port] of the endpoint */
+	char sigv4[128];     /* "aws:amz:REGION:s3" */
+	CURLSH *share;
+	pthread_mutex_t locks[CURL_LOCK_DATA_LAST];
+};
+
+/* One request: its target, what it asks, what came back. */
+struct req {
+	struct store *st;
+	const char *url;     /* the caller's URL: every message names it */
+	char *http;          /* the URL asked of the server */
+	bool sign;
+	bool head;
+	bool ranged;
+	uint64_t off;
+	size_t len;
+	const char *if_match;
+	/* the body: into buf (cap bytes; grow: realloc up to max) */
+	char *buf;
+	size_t cap, got, max;
+	bool grow, overflow;
+	uint64_t seen;       /* bytes of a 200 answer to a Range seen */
+	bool whole_done;     /* the range cut out of such an answer is complete */
+	/* an error answer's body, kept for its XML */
+	char ebody[8192];
+	size_t elen;
+	long status;
+	char etag[128];
+	int64_t clen;        /* Content-Length, -1 when none */
+	char cerr[CURL_ERROR_SIZE];
+};
+
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+static CURLcode global_rc;
+
+static void global_init(void)
+{
+	global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+void store_config_init(struct store_config *cfg)
+{
+	memset(cfg, 0, sizeof *cfg);
+	cfg->retry_seconds = 20;
+	cfg->stall_seconds = 30;
+	cfg->connect_seconds = 10;
+}
+
+static int env_copy(char *dst, size_t cap, const char *const *env, const char *name, char *err,
+		    size_t errlen)
+{
+	const char *v = env_value(env, name);
+
+	if (!v)
+		return 0;
+	if (strlen(v) >= cap)
+		return errfmt(-EINVAL, err, errlen, "%s: longer than %zu bytes", name, cap - 1);
+	strcpy(dst, v);
+	return 1;
+}
+
+/* The scheme and host[:port] of @endpoint (trailing '/' allowed, no path). */
+int store_config_from_env(struct store_config *cfg, const char *const *env, char *err, size_t errlen)
+{
+	char scheme[8], host[256];
+	int r, got;
+
+	got = env_copy(cfg->endpoint, sizeof cfg->endpoint, env, "AWS_ENDPOINT_URL_S3", err, errlen);
+	if (got == 0)
+		got = env_copy(cfg->endpoint, sizeof cfg->endpoint, env, "AWS_ENDPOINT_URL", err, errlen);
+	if (got < 0)
+		return got;
+	if (got) {
+		if (url_split_endpoint(cfg->endpoint, scheme, sizeof scheme, host, sizeof host) < 0)
+			return errfmt(-EINVAL, err, errlen, "%s: '%s' is not http(s)://HOST[:PORT]",
+				      env_value(env, "AWS_ENDPOINT_URL_S3") ? "AWS_ENDPOINT_URL_S3" : "AWS_ENDPOINT_URL",
+				      cfg->endpoint);
+		if (url_host_is_literal(host))
+			cfg->path_style = true;
+	}
+	r = env_copy(cfg->region, sizeof cfg->region, env, "AWS_REGION", err, errlen);
+	if (r == 0)
+		r = env_copy(cfg->region, sizeof cfg->region, env, "AWS_DEFAULT_REGION", err, errlen);
+	if (r < 0)
+		return r;
+	if ((r = env_copy(cfg->access_key, sizeof cfg->access_key, env, "AWS_ACCESS_KEY_ID", err, errlen)) < 0 ||
+	    (r = env_copy(cfg->secret_key, sizeof cfg->secret_key, env, "AWS_SECRET_ACCESS_KEY", err, errlen)) < 0 ||
+	    (r = env_copy(cfg->session_token, sizeof cfg->session_token, env, "AWS_SESSION_TOKEN", err, errlen)) < 0)
+		return r;
+	return 0;
+}
+
+static void share_lock(CURL *h, curl_lock_data data, curl_lock_access access, void *arg)
+{
+	struct store *st = arg;
+
+	(void)h;
+	(void)access;
+	pthread_mutex_lock(&st->locks[data]);
+}
+
+static void share_unlock(CURL *h, curl_lock_data data, void *arg)
+{
+	struct store *st = arg;
+
+	(void)h;
+	pthread_mutex_unlock(&st->locks[data]);
+}
+
+int store_new(struct store **out, const struct store_config *cfg, char *err, size_t errlen)
+{
+	struct store *st;
+
+	pthread_once(&global_once, global_init);
+	if (global_rc != CURLE_OK)
+		return errfmt(-EIO, err, errlen, "store: curl_global_init: %s", curl_easy_strerror(global_rc));
+	st = calloc(1, sizeof *st);
+	if (!st)
+		return errfmt(-ENOMEM, err, errlen, "store: out of memory");
+	st->cfg = *cfg;
+	if (!st->cfg.region[0])
+		strcpy(st->cfg.region, "us-east-1");
+	if (!st->cfg.endpoint[0])
+		snprintf(st->cfg.endpoint, sizeof st->cfg.endpoint, "https://s3.%s.amazonaws.com", st->cfg.region);
+	if (url_split_endpoint(st->cfg.endpoint, st->scheme, sizeof st->scheme, st->host, sizeof st->host) < 0) {
+		int r = errfmt(-EINVAL, err, errlen, "store: endpoint '%s' is not http(s)://HOST[:PORT]",
+			       st->cfg.endpoint);
+		free(st);
+		return r;
+	}
+	snprintf(st->sigv4, sizeof st->sigv4, "aws:amz:%s:s3", st->cfg.region);
+	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_init(&st->locks[i], NULL);
+	st->share = curl_share_init();
+	if (!st->share || curl_share_setopt(st->share, CURLSHOPT_LOCKFUNC, share_lock) ||
+	    curl_share_setopt(st->share, CURLSHOPT_UNLOCKFUNC, share_unlock) ||
+	    curl_share_setopt(st->share, CURLSHOPT_USERDATA, st) ||
+	    curl_share_setopt(st->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) ||
+	    curl_share_setopt(st->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) ||
+	    curl_share_setopt(st->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION)) {
+		store_free(st);
+		return errfmt(-ENOMEM, err, errlen, "store: cannot set up a curl share");
+	}
+	*out = st;
+	return 0;
+}
+
+struct store *store_free(struct store *st)
+{
+	if (!st)
+		return NULL;
+	if (st->share)
+		curl_share_cleanup(st->share);
+	for (int i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_destroy(&st->locks[i]);
+	/* the secret goes from memory with the store */
+	explicit_bzero(&st->cfg, sizeof st->cfg);
+	free(st);
+	return NULL;
+}
+
+/**
+ * http_url() - the URL to ask of the server for @url, in malloc'd *@out
+ * @query: a canonical query string to append, or NULL
+ * @need_key: an object's URL (a key is required), else a bucket's
+ */
+static int http_url(struct store *st, const char *url, const char *query, bool need_key, char **out,
+		    bool *sign, char *err, size_t errlen)
+{
+	char bucket[256];
+	const char *key;
+	size_t cap;
+	char *s, *p;
+
+	if (!strncmp(url, "https://", 8) || !strncmp(url, "http://", 7)) {
+		if (query)
+			return errfmt(-EINVAL, err, errlen, "%s: only s3:// URLs can be listed", url);
+		*out = strdup(url);
+		*sign = false;
+		return *out ? 0 : errfmt(-ENOMEM, err, errlen, "%s: out of memory", url);
+	}
+	if (strncmp(url, "s3://", 5))
+		return errfmt(-EINVAL, err, errlen, "%s: not an s3:// or https:// URL", url);
+	if (url_split_s3(url, bucket, sizeof bucket, &key) < 0)
+		return errfmt(-EINVAL, err, errlen, "%s: no valid bucket name after s3://", url);
+	if (need_key && !key[0])
+		return errfmt(-EINVAL, err, errlen, "%s: no object key after the bucket", url);
+	cap = strlen(st->cfg.endpoint) + strlen(bucket) + 3 * strlen(key) + (query ? strlen(query) : 0) + 16;
+	s = malloc(cap);
+	if (!s)
+		return errfmt(-ENOMEM, err, errlen, "%s: out of memory", url);
+	if (st->cfg.path_style)
+		p = s + sprintf(s, "%s://%s/%s/", st->scheme, st->host, bucket);
+	else
+		p = s + sprintf(s, "%s://%s.%s/", st->scheme, bucket, st->host);
+	if (need_key)
+		p = url_encode(p, s + cap, key, strlen(key), true);
+	if (query)
+		sprintf(p, "?%s", query);
+	*out = s;
+	*sign = st->cfg.access_key[0] != '\0';
+	return 0;
+}
+
+static size_t on_header(char *line, size_t size, size_t n, void *arg)
+{
+	struct req *r = arg;
+	size_t len = size * n;
+
+	if (len >= 5 && !strncmp(line, "HTTP/", 5)) {
+		/* a new response (after a 100 Continue, say): forget the last */
+		const char *sp = memchr(line, ' ', len);
+
+		r->etag[0] = '\0';
+		r->clen = -1;
+		r->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+	} else if (len > 5 && !strncasecmp(line, "ETag:", 5)) {
+		const char *v = line + 5;
+		size_t vl;
+
+		while (*v == ' ' || *v == '\t')
+			v++;
+		vl = strcspn(v, "\r\n");
+		if (vl < sizeof r->etag) {
+			memcpy(r->etag, v, vl);
+			r->etag[vl] = '\0';
+		}
+	} else if (len > 15 && !strncasecmp(line, "Content-Length:", 15)) {
+		r->clen = strtoll(line + 15, NULL, 10);
+	}
+	return len;
+}
+
+static size_t on_body(char *data, size_t size, size_t n, void *arg)
+{
+	struct req *r = arg;
+	size_t len = size * n;
+
+	if (r->status < 200 || r->status > 299) {
+		size_t room = sizeof r->ebody - 1 - r->elen;
+
+		memcpy(r->ebody + r->elen, data, len < room ? len : room);
+		r->elen += len < room ? len : room;
+		r->ebody[r->elen] = '\0';
+		return len;
+	}
+	if (r->ranged && r->status == 200) {
+		/* a server that ignores Range sends the whole object: keep the
+		 * range's part of it, and stop the transfer there */
+		uint64_t at = r->seen;
+
+		r->seen += len;
+		if (at + len <= r->off)
+			return len;
+		if (at < r->off) {
+			data += r->off - at;
+			len -= (size_t)(r->off - at);
+		}
+		if (len > r->len - r->got)
+			len = r->len - r->got;
+		memcpy(r->buf + r->got, data, len);
+		r->got += len;
+		if (r->got == r->len) {
+			r->whole_done = true;
+			return 0;
+		}
+		return size * n;
+	}
+	if (r->got + len > r->cap) {
+		size_t want = r->cap ? r->cap : 65536;
+		char *nb;
+
+		if (!r->grow || r->got + len > r->max) {
+			r->overflow = true;
+			return 0;
+		}
+		while (want < r->got + len)
+			want *= 2;
+		if (want > r->max)
+			want = r->max;
+		nb = realloc(r->buf, want);
+		if (!nb) {
+			r->overflow = true;
+			return 0;
+		}
+		r->buf = nb;
+		r->cap = want;
+	}
+	memcpy(r->buf + r->got, data, len);
+	r->got += len;
+	return len;
+}
+
+/* The result of one try. */
+enum outcome { DONE, RETRY, FINAL };
+
+/* One try of @r: a fresh easy handle on the share. */
+static CURLcode perform(struct req *r)
+{
+	struct store *st = r->st;
+	struct curl_slist *hdrs = NULL, *t;
+	char line[4300];
+	CURLcode cc;
+	CURL *h = curl_easy_init();
+
+	if (!h)
+		return CURLE_OUT_OF_MEMORY;
+	r->got = 0;
+	r->elen = 0;
+	r->ebody[0] = '\0';
+	r->status = 0;
+	r->etag[0] = '\0';
+	r->clen = -1;
+	r->overflow = false;
+	r->seen = 0;
+	r->whole_done = false;
+	r->cerr[0] = '\0';
+	if (r->sign) {
+		/* libcurl 7.88 neither sends nor signs it: given here, it is signed */
+		hdrs = curl_slist_append(hdrs, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+		if (st->cfg.session_token[0]) {
+			snprintf(line, sizeof line, "x-amz-security-token: %s", st->cfg.session_token);
+			t = curl_slist_append(hdrs, line);
+			hdrs = t ? t : hdrs;
+			explicit_bzero(line, sizeof line);
+		}
+		curl_easy_setopt(h, CURLOPT_AWS_SIGV4, st->sigv4);
+		curl_easy_setopt(h, CURLOPT_USERNAME, st->cfg.access_key);
+		curl_easy_setopt(h, CURLOPT_PASSWORD, st->cfg.secret_key);
+	}
+	if (r->ranged) {
+		snprintf(line, sizeof line, "Range: bytes=%" PRIu64 "-%" PRIu64, r->off,
+			 r->off + (r->len ? r->len : 1) - 1);
+		t = curl_slist_append(hdrs, line);
+		hdrs = t ? t : hdrs;
+	}
+	if (r->if_match && r->if_match[0]) {
+		snprintf(line, sizeof line, "If-Match: %s", r->if_match);
+		t = curl_slist_append(hdrs, line);
+		hdrs = t ? t : hdrs;
+	}
+	curl_easy_setopt(h, CURLOPT_URL, r->http);
+	curl_easy_setopt(h, CURLOPT_SHARE, st->share);
+	/* the share's pool keeps as many idle connections as a handle allows:
+	 * libcurl's 5 would close most of many threads' connections */
+	curl_easy_setopt(h, CURLOPT_MAXCONNECTS, (long)STORE_MAX_CONNECTIONS);
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+	curl_easy_setopt(h, CURLOPT_NOBODY, r->head ? 1L : 0L);
+	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+	curl_easy_setopt(h, CURLOPT_ERRORBUFFER, r->cerr);
+	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(st->cfg.connect_seconds * 1000));
+	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)(st->cfg.stall_seconds < 1 ? 1 : st->cfg.stall_seconds));
+	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(h, CURLOPT_USERAGENT, "loaderd");
+	cc = curl_easy_perform(h);
+	if (cc == CURLE_OK && !r->status)
+		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+	curl_easy_cleanup(h);
+	curl_slist_free_all(hdrs);
+	return cc;
+}
+
+/* The store's word on an error answer: "Code: Message (HTTP N)", and the
+ * errno its code means. */
+static int answer_error(struct req *r, char *msg, size_t cap)
+{
+	char code[128] = "", text[512] = "", raw[512];
+	const char *end = r->ebody + r->elen;
+	int e;
+
+	/* the store's words go into logs and replies: printable only */
+	if (s3xml_text(r->ebody, end, "Code", raw, sizeof code) == 1)
+		text_clean(code, sizeof code, raw, '?');
+	if (s3xml_text(r->ebody, end, "Message", raw, sizeof raw) == 1)
+		text_clean(text, sizeof text, raw, '?');
+	if (code[0] && text[0])
+		snprintf(msg, cap, "%s: %s (HTTP %ld)", code, text, r->status);
+	else if (code[0])
+		snprintf(msg, cap, "%s (HTTP %ld)", code, r->status);
+	else
+		snprintf(msg, cap, "HTTP %ld", r->status);
+	if (!strcmp(code, "NoSuchKey") || !strcmp(code, "NoSuchBucket") || r->status == 404)
+		e = -ENOENT;
+	else if (!strcmp(code, "AccessDenied") || !strcmp(code, "InvalidAccessKeyId") ||
+		 !strcmp(code, "SignatureDoesNotMatch") || r->status == 403 || r->status == 401)
+		e = -EACCES;
+	else if (r->status == 412)
+		e = -ESTALE;
+	else if (r->status == 416)
+		e = -ERANGE;
+	else
+		e = -EIO;
+	return e;
+}
+
+/* What one try's @cc and answer mean: DONE, RETRY (with *@e and @msg) or
+ * FINAL (the same). */
+static enum outcome judge(struct req *r, CURLcode cc, int *e, char *msg, size_t cap)
+{
+	switch (cc) {
+	case CURLE_OK:
+		break;
+	case CURLE_PARTIAL_FILE:
+		*e = -EIO;
+		snprintf(msg, cap, "the body ended after %zu of %" PRId64 " bytes", r->got, r->clen);
+		return RETRY;
+	case CURLE_OPERATION_TIMEDOUT:
+		*e = -ETIMEDOUT;
+		if (r->status == 0)
+			/* no answer's head: the connect timed out, or the server said nothing */
+			snprintf(msg, cap, "no answer from %s (%s)", r->sign || !strncmp(r->url, "s3://", 5) ?
+				 r->st->cfg.endpoint : "the server", r->cerr[0] ? r->cerr : curl_easy_strerror(cc));
+		else
+			snprintf(msg, cap, "stalled: no byte for %g s (after %zu of %" PRId64 " bytes)",
+				 r->st->cfg.stall_seconds < 1 ? 1 : r->st->cfg.stall_seconds, r->got, r->clen);
+		return RETRY;
+	case CURLE_COULDNT_CONNECT:
+	case CURLE_COULDNT_RESOLVE_HOST:
+		*e = -EHOSTUNREACH;
+		snprintf(msg, cap, "cannot connect to %s (%s)", r->sign || !strncmp(r->url, "s3://", 5) ?
+			 r->st->cfg.endpoint : "the server", curl_easy_strerror(cc));
+		return RETRY;
+	case CURLE_RECV_ERROR:
+	case CURLE_SEND_ERROR:
+	case CURLE_GOT_NOTHING:
+		*e = -EIO;
+		snprintf(msg, cap, "connection lost: %s", r->cerr[0] ? r->cerr : curl_easy_strerror(cc));
+		return RETRY;
+	case CURLE_WRITE_ERROR:
+		if (r->whole_done)
+			return DONE;
+		if (r->overflow) {
+			*e = r->grow ? -EFBIG : -EIO;
+			snprintf(msg, cap, r->grow ? "larger than %zu bytes" : "more bytes than the %zu asked for",
+				 r->grow ? r->max : r->len);
+			return FINAL;
+		}
+		/* fall through */
+	default:
+		*e = -EIO;
+		snprintf(msg, cap, "%s", r->cerr[0] ? r->cerr : curl_easy_strerror(cc));
+		return FINAL;
+	}
+	if (r->status >= 200 && r->status <= 299) {
+		if (r->head)
+			return DONE;
+		if (r->clen >= 0 && (uint64_t)r->clen != (r->ranged && r->status == 200 ? r->seen : r->got)) {
+			*e = -EIO;
+			snprintf(msg, cap, "the body ended after %zu of %" PRId64 " bytes", r->got, r->clen);
+			return RETRY;
+		}
+		if (r->ranged && r->got != r->len) {
+			*e = r->got < r->len ? -ERANGE : -EIO;
+			snprintf(msg, cap, "asked for %zu bytes at %" PRIu64 ", got %zu (HTTP %ld)", r->len, r->off,
+				 r->got, r->status);
+			return FINAL;
+		}
+		return DONE;
+	}
+	*e = answer_error(r, msg, cap);
+	if (r->status == 412 && r->if_match)
+		snprintf(msg + strlen(msg), cap - strlen(msg), ": the object changed since its ETag %s was seen",
+			 r->if_match);
+	return r->status == 429 || r->status >= 500 ? RETRY : FINAL;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A draw in [0, 1) for the jitter: per thread, seeded from the clock. */
+static double jitter(void)
+{
+	static _Thread_local uint64_t state;
+
+	if (!state) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		state = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)(uintptr_t)&state;
+	}
+	state = splitmix64(state);
+	return (double)(mix64(state) >> 11) / 9007199254740992.0;
+}
+
+/* @r tried until it is done, final, or retry_seconds have passed. */
+static int run(struct req *r, char *err, size_t errlen)
+{
+	double start = now_s(), limit = r->st->cfg.retry_seconds, backoff = 0.1;
+	char msg[1024];
+	int e = 0;
+
+	for (;;) {
+		CURLcode cc = perform(r);
+		enum outcome o = judge(r, cc, &e, msg, sizeof msg);
+		double delay;
+		struct timespec ts;
+
+		if (o == DONE)
+			return 0;
+		if (o == FINAL)
+			return errfmt(e, err, errlen, "%s: %s", r->url, msg);
+		/* full jitter: a uniform draw below the doubling ceiling */
+		delay = backoff * jitter();
+		if (now_s() + delay - start > limit)
+			return errfmt(e, err, errlen, "%s: %s; retried for %g s", r->url, msg, limit);
+		ts.tv_sec = (time_t)delay;
+		ts.tv_nsec = (long)((delay - (double)ts.tv_sec) * 1e9);
+		nanosleep(&ts, NULL);
+		backoff = backoff * 2 > 5 ? 5 : backoff * 2;
+	}
+}
+
+/* @r set up for @url (with @query, for a listing): 0, or the error of
+ * http_url(). */
+static int req_open(struct req *r, struct store *st, const char *url, const char *query, char *err,
+		    size_t errlen)
+{
+	memset(r, 0, sizeof *r);
+	r->st = st;
+	r->url = url;
+	return http_url(st, url, query, query == NULL, &r->http, &r->sign, err, errlen);
+}
+
+int store_head(struct store *st, const char *url, struct store_object *obj, char *err, size_t errlen)
+{
+	struct req r;
+	int e;
+
+	e = req_open(&r, st, url, NULL, err, errlen);
+	if (e < 0)
+		return e;
+	r.head = true;
+	e = run(&r, err, errlen);
+	if (e < 0 && r.status >= 400 && r.status < 500 && r.elen == 0) {
+		/* a HEAD's error has no body to say which: a GET of one byte has */
+		struct req g;
+		char gerr[1024], byte;
+
+		memset(&g, 0, sizeof g);
+		g.st = st;
+		g.url = url;
+		g.http = r.http;
+		g.sign = r.sign;
+		g.ranged = true;
+		g.len = 1;
+		g.buf = &byte;
+		g.cap = 1;
+		if (run(&g, gerr, sizeof gerr) < 0 && g.status == r.status && g.elen > 0)
+			e = errfmt(e, err, errlen, "%s", gerr);
+	}
+	if (e == 0) {
+		if (r.clen < 0)
+			e = errfmt(-EIO, err, errlen, "%s: the store's HEAD answer has no Content-Length", url);
+		obj->size = (uint64_t)r.clen;
+		snprintf(obj->etag, sizeof obj->etag, "%s", r.etag);
+	}
+	free(r.http);
+	return e;
+}
+
+int store_get_range(struct store *st, const char *url, const char *etag, uint64_t offset, size_t len,
+		    void *buf, char *err, size_t errlen)
+{
+	struct req r;
+	int e;
+
+	if (len == 0)
+		return 0;
+	e = req_open(&r, st, url, NULL, err, errlen);
+	if (e < 0)
+		return e;
+	r.ranged = true;
+	r.off = offset;
+	r.len = len;
+	r.buf = buf;
+	r.cap = len;
+	r.if_match = etag;
+	e = run(&r, err, errlen);
+	free(r.http);
+	return e;
+}
+
+int store_get(struct store *st, const char *url, const char *etag, size_t max_bytes, void **data,
+	      size_t *size, char *err, size_t errlen)
+{
+	struct req r;
+	int e;
+
+	e = req_open(&r, st, url, NULL, err, errlen);
+	if (e < 0)
+		return e;
+	r.grow = true;
+	r.max = max_bytes;
+	r.if_match = etag;
+	e = run(&r, err, errlen);
+	free(r.http);
+	if (e < 0) {
+		free(r.buf);
+		return e;
+	}
+	*data = r.buf ? r.buf : malloc(1);
+	*size = r.got;
+	if (!*data)
+		return errfmt(-ENOMEM, err, errlen, "%s: out of memory", url);
+	return 0;
+}
+
+/* The canonical ListObjectsV2 query of one page into @q: keys sorted,
+ * values RFC 3986-encoded with '/' as %2F (libcurl 7.88 signs the query
+ * as written). */
+static int list_query(char *q, size_t cap, const char *prefix, const char *token)
+{
+	char *p = q, *end = q + cap;
+
+	if (token[0]) {
+		p += snprintf(p, (size_t)(end - p), "continuation-token=");
+		if (!(p = url_encode(p, end, token, strlen(token), false)))
+			return -ENAMETOOLONG;
+		p += snprintf(p, (size_t)(end - p), "&");
+	}
+	p += snprintf(p, (size_t)(end - p), "list-type=2&prefix=");
+	if (p >= end || !url_encode(p, end, prefix, strlen(prefix), false))
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+int store_list(struct store *st, const char *url, store_list_fn fn, void *arg, char *err, size_t errlen)
+{
+	char bucket[256], token[2048] = "", *q;
+	const char *prefix;
+	size_t qcap;
+	bool more = true;
+	int e = 0;
+
+	if (strncmp(url, "s3://", 5))
+		return errfmt(-EINVAL, err, errlen, "%s: only s3:// URLs can be listed", url);
+	if (url_split_s3(url, bucket, sizeof bucket, &prefix) < 0)
+		return errfmt(-EINVAL, err, errlen, "%s: no valid bucket name after s3://", url);
+	qcap = 3 * strlen(prefix) + 3 * sizeof token + 64;
+	q = malloc(qcap);
+	if (!q)
+		return errfmt(-ENOMEM, err, errlen, "%s: out of memory", url);
+	while (more && e == 0) {
+		struct req r;
+		char perr[512] = "";
+
+		if (list_query(q, qcap, prefix, token) < 0) {
+			e = errfmt(-EINVAL, err, errlen, "%s: continuation token too long", url);
+			break;
+		}
+		e = req_open(&r, st, url, q, err, errlen);
+		if (e < 0)
+			break;
+		r.grow = true;
+		r.max = 64 << 20;
+		e = run(&r, err, errlen);
+		if (e == 0) {
+			e = s3xml_list(r.buf ? r.buf : "", r.got, fn, arg, &more, token, sizeof token, perr,
+				       sizeof perr);
+			if (e < 0 && perr[0])
+				errfmt(e, err, errlen, "%s: %s", url, perr);
+		}
+		free(r.buf);
+		free(r.http);
+	}
+	free(q);
+	return e;
+}

@@ -1,0 +1,113 @@
+/* SPDX-License-Identifier: MIT */
+/* store - objects in S3-compatible storage and over https (libcurl)
+ *
+ * The store layer: a client for s3://bucket/key and https:// URLs. HEAD
+ * (size, ETag), GET of a whole object or of a byte range (If-Match on the
+ * ETag a HEAD saw), ListObjectsV2 under a prefix, paginated. Requests are
+ * signed with SigV4 (libcurl's CURLOPT_AWS_SIGV4, its 7.88 traps worked
+ * around in store.c) with the credentials of the config the caller passes:
+ * the daemon reads no credentials, endpoint or region of its own
+ * environment (docs/storage.md). Connections are reused through one libcurl
+ * share per store; every function may be called from any thread at once.
+ *
+ * Every error names the URL and what the store said:
+ *	"s3://b/k: AccessDenied: Access Denied. (HTTP 403)"
+ * 5xx, 429, a connection lost, a body cut short and a stalled body are
+ * retried with exponential backoff and jitter for up to retry_seconds;
+ * credentials are never written into a message.
+ *
+ * Who includes it: the sources layer (a source that names an object).
+ *
+ *   url.h     URLs: an endpoint, s3://bucket/key, RFC 3986 encoding
+ *   s3xml.h   the XML of S3's answers: errors, ListObjectsV2 pages
+ *
+ * layer: daemon/store -> daemon/base common include
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* What a store talks to and as whom. Strings are copied by store_new(). */
+struct store_config {
+	char endpoint[512];       /* scheme://host[:port]; "" = https://s3.REGION.amazonaws.com */
+	char region[64];          /* "" = us-east-1 */
+	bool path_style;          /* ENDPOINT/bucket/key, not bucket.HOST/key (MinIO, Ceph, SeaweedFS) */
+	char access_key[128];     /* "" = unsigned requests (public objects) */
+	char secret_key[128];
+	char session_token[4096]; /* "" = none; else sent as x-amz-security-token */
+	double retry_seconds;     /* how long retries of a request may go on (default 20) */
+	double stall_seconds;     /* a body with no byte for this long is cut (default 30) */
+	double connect_seconds;   /* a connect that takes longer fails (default 10) */
+};
+
+/* Defaults: AWS, us-east-1, virtual-hosted, no credentials. */
+void store_config_init(struct store_config *cfg);
+
+/**
+ * store_config_from_env() - endpoint and region from an environment
+ * @env: "NAME=VALUE" strings, NULL-terminated: the client's, not the daemon's
+ *
+ * AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL; AWS_REGION, else
+ * AWS_DEFAULT_REGION; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+ * AWS_SESSION_TOKEN. An endpoint whose host is an IP address or localhost
+ * gets path-style addressing (no bucket.HOST there). Fills what it finds
+ * over @cfg's values.
+ *
+ * Return: 0, or -EINVAL (a value too long or an endpoint that is not
+ * http(s)://HOST[:PORT]) with a message naming the variable.
+ */
+int store_config_from_env(struct store_config *cfg, const char *const *env, char *err, size_t errlen);
+
+struct store;
+
+int store_new(struct store **out, const struct store_config *cfg, char *err, size_t errlen);
+struct store *store_free(struct store *st);
+
+/* What a HEAD says of an object. */
+struct store_object {
+	uint64_t size;
+	char etag[128]; /* as the store sent it, quotes included; "" when it sent none */
+};
+
+/**
+ * store_head() - the size and ETag of @url
+ *
+ * Return: 0; -ENOENT (NoSuchKey, NoSuchBucket), -EACCES (AccessDenied,
+ * InvalidAccessKeyId, SignatureDoesNotMatch), -EINVAL (a bad URL), -EIO
+ * (the store failed, retries spent), -ETIMEDOUT (stalled), each with a
+ * message that names @url.
+ */
+int store_head(struct store *st, const char *url, struct store_object *obj, char *err, size_t errlen);
+
+/**
+ * store_get_range() - @len bytes of @url from @offset into @buf
+ * @etag: the ETag a HEAD saw ("" or NULL: any); the object must still have
+ *        it (If-Match), else -ESTALE "object changed"
+ *
+ * Exactly @len bytes or an error: a range past the end is -ERANGE.
+ */
+int store_get_range(struct store *st, const char *url, const char *etag, uint64_t offset, size_t len,
+		    void *buf, char *err, size_t errlen);
+
+/**
+ * store_get() - the whole object @url into a buffer of malloc()
+ *
+ * *data (freed by the caller) and *size on success; @etag as for
+ * store_get_range(). At most @max_bytes: a larger object is -EFBIG.
+ */
+int store_get(struct store *st, const char *url, const char *etag, size_t max_bytes, void **data,
+	      size_t *size, char *err, size_t errlen);
+
+/* One key of a listing: its full key (not the URL), size and ETag. A
+ * non-zero return stops the listing and is returned by store_list(). */
+typedef int (*store_list_fn)(void *arg, const char *key, uint64_t size, const char *etag);
+
+/**
+ * store_list() - every object under the prefix of @url (s3://bucket/prefix)
+ *
+ * ListObjectsV2, page after page, in the store's order (UTF-8 binary order
+ * of the keys on S3). Only s3:// URLs can be listed (-EINVAL otherwise).
+ */
+int store_list(struct store *st, const char *url, store_list_fn fn, void *arg, char *err, size_t errlen);

@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: MIT */
+/* fuzz-awscreds - a trainer's ~/.aws/credentials or ~/.aws/config
+ * (client/libloader/awscreds.c)
+ *
+ * The files are the user's to write, but a parser that a typo crashes
+ * would crash the trainer: the input is parsed for profile "default" and
+ * "profile dev"; what is filled must be NUL-terminated within its field
+ * and a key must come with its secret.
+ */
+#include "fuzz.h"
+
+#include "awscreds.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	static const char *const sections[] = { "default", "profile dev" };
+	char *text = fuzz_cstr(data, size), err[512];
+
+	if (!text)
+		return 0;
+	for (int i = 0; i < 2; i++) {
+		struct awscreds c;
+		int found;
+
+		memset(&c, 0, sizeof c);
+		if (awscreds_parse(&c, text, "fuzz", sections[i], &found, err, sizeof err) == 0) {
+			if (strnlen(c.access_key, sizeof c.access_key) == sizeof c.access_key ||
+			    strnlen(c.region, sizeof c.region) == sizeof c.region ||
+			    strnlen(c.endpoint, sizeof c.endpoint) == sizeof c.endpoint ||
+			    !c.access_key[0] != !c.secret_key[0])
+				abort();
+		}
+	}
+	free(text);
+	return 0;
+}

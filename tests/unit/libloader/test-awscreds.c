@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: MIT */
+/* test-awscreds - the trainer's object-store credentials
+ * (client/libloader/awscreds.c): the environment, profiles, the files */
+#undef NDEBUG
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "awscreds.h"
+
+static char home[64];
+
+static void write_file(const char *rel, const char *text)
+{
+	char path[256];
+	FILE *f;
+
+	snprintf(path, sizeof path, "%s/%s", home, rel);
+	f = fopen(path, "w");
+	assert(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static int load(struct awscreds *c, const char **env, char *err)
+{
+	err[0] = '\0';
+	return awscreds_load(c, env, home, err, 256);
+}
+
+static void test_env_wins(void)
+{
+	struct awscreds c;
+	char err[256];
+	const char *env[] = { "AWS_ACCESS_KEY_ID=EK", "AWS_SECRET_ACCESS_KEY=ES", "AWS_SESSION_TOKEN=ET",
+			      "AWS_DEFAULT_REGION=r-env", NULL };
+
+	assert(load(&c, env, err) == 0);
+	assert(!strcmp(c.access_key, "EK") && !strcmp(c.secret_key, "ES") && !strcmp(c.session_token, "ET"));
+	/* the region from the environment, the endpoint from the default profile */
+	assert(!strcmp(c.region, "r-env") && !strcmp(c.endpoint, "http://127.0.0.1:9000"));
+	assert(!strcmp(c.source, "environment"));
+
+	const char *half[] = { "AWS_ACCESS_KEY_ID=EK", NULL };
+	assert(load(&c, half, err) == -EINVAL);
+	assert(!strcmp(err, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not"));
+}
+
+static void test_profiles(void)
+{
+	struct awscreds c;
+	char err[256], cred[128];
+	const char *none[] = { NULL };
+	const char *dev[] = { "AWS_PROFILE=dev", NULL };
+	const char *cfgonly[] = { "AWS_PROFILE=cfgonly", NULL };
+	const char *missing[] = { "AWS_PROFILE=nope", NULL };
+
+	snprintf(cred, sizeof cred, "%s/.aws/credentials", home);
+	assert(load(&c, none, err) == 0);
+	assert(!strcmp(c.access_key, "DK") && !strcmp(c.secret_key, "D S=x") && c.session_token[0] == '\0');
+	assert(!strcmp(c.region, "eu-central-1") && !strcmp(c.endpoint, "http://127.0.0.1:9000"));
+	assert(!strcmp(c.source + strlen(c.source) - strlen(cred), cred));
+	assert(!strncmp(c.source, "[default] in ", 13));
+
+	assert(load(&c, dev, err) == 0);
+	assert(!strcmp(c.access_key, "VK") && !strcmp(c.session_token, "VT"));
+	/* the s3 sub-section's endpoint_url wins over the profile's */
+	assert(!strcmp(c.region, "us-west-2") && !strcmp(c.endpoint, "https://s3.dev.example"));
+
+	assert(load(&c, cfgonly, err) == 0);
+	assert(!strcmp(c.access_key, "CK") && !strcmp(c.secret_key, "CS") && c.region[0] == '\0');
+
+	assert(load(&c, missing, err) == -EINVAL);
+	char want[512];
+	snprintf(want, sizeof want, "AWS_PROFILE: profile 'nope' is in neither %s/.aws/credentials nor %s/.aws/config",
+		 home, home);
+	assert(!strcmp(err, want));
+}
+
+static void test_bad_files(void)
+{
+	struct awscreds c;
+	char err[256];
+	int found;
+
+	memset(&c, 0, sizeof c);
+	assert(awscreds_parse(&c, "[a]\nkey value\n", "F", "a", &found, err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "F:2: not [section], key = value or a comment"));
+	assert(awscreds_parse(&c, "# c\n\n[a\n", "F", "a", &found, err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "F:3: a section without its ']'"));
+	assert(awscreds_parse(&c, "[a]\n= v\n", "F", "a", &found, err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "F:2: a value without a key"));
+	assert(awscreds_parse(&c, "[a]\naws_access_key_id = K\n", "F", "a", &found, err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "F: [a] has aws_access_key_id but no aws_secret_access_key"));
+	/* a bad line in another section is still an error; a half pair there is not */
+	assert(awscreds_parse(&c, "[b]\naws_secret_access_key = S\n[a]\nregion = r\n", "F", "a", &found, err,
+			      sizeof err) == 0);
+	assert(found && !strcmp(c.region, "r") && c.access_key[0] == '\0');
+	assert(awscreds_parse(&c, "[x]\n", "F", "a", &found, err, sizeof err) == 0 && !found);
+
+	char big[300];
+	memset(big, 'r', sizeof big - 1);
+	big[sizeof big - 1] = '\0';
+	char text[400];
+	snprintf(text, sizeof text, "[a]\nregion = %s\n", big);
+	memset(&c, 0, sizeof c);
+	assert(awscreds_parse(&c, text, "F", "a", &found, err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "F: [a]: longer than 63 bytes"));
+}
+
+int main(void)
+{
+	char dir[128];
+
+	snprintf(home, sizeof home, "/tmp/ldr-awscreds-XXXXXX");
+	assert(mkdtemp(home));
+	snprintf(dir, sizeof dir, "%s/.aws", home);
+	assert(mkdir(dir, 0700) == 0);
+	write_file(".aws/credentials",
+		   "# comment\n"
+		   "[default]\n"
+		   "aws_access_key_id = DK\n"
+		   "aws_secret_access_key =  D S=x  \r\n"
+		   "\n"
+		   "; another comment\n"
+		   "[dev]\n"
+		   "aws_access_key_id=VK\n"
+		   "aws_secret_access_key=VS\n"
+		   "aws_session_token=VT\n");
+	write_file(".aws/config",
+		   "[default]\n"
+		   "region = eu-central-1\n"
+		   "endpoint_url = http://127.0.0.1:9000\n"
+		   "[profile dev]\n"
+		   "region = us-west-2\n"
+		   "endpoint_url = https://general.dev.example\n"
+		   "s3 =\n"
+		   "  endpoint_url = https://s3.dev.example\n"
+		   "  addressing_style = path\n"
+		   "[profile cfgonly]\n"
+		   "aws_access_key_id = CK\n"
+		   "aws_secret_access_key = CS\n");
+	test_env_wins();
+	test_profiles();
+	test_bad_files();
+	{
+		char cmd[200];
+
+		snprintf(cmd, sizeof cmd, "rm -rf '%s'", home);
+		assert(system(cmd) == 0);
+	}
+	printf("test-awscreds: ok\n");
+	return 0;
+}
