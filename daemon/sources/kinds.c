@@ -31,6 +31,7 @@ const struct source_kind_entry source_kinds[] = {
 	{ "image_folder", SOURCE_IMAGE_FOLDER, &source_images_ops },
 	{ "webdataset", SOURCE_WEBDATASET, &source_images_ops },
 	{ "python", SOURCE_PYTHON, &source_python_ops },
+	{ "megatron", SOURCE_MEGATRON, &source_megatron_ops },
 };
 const size_t source_nkinds = ARRAY_SIZE(source_kinds);
 

@@ -32,6 +32,7 @@ enum source_kind {
 	SOURCE_IMAGE_FOLDER,
 	SOURCE_WEBDATASET,
 	SOURCE_PYTHON,           /* a user's torch Dataset, built by its Python workers */
+	SOURCE_MEGATRON,         /* a Megatron-LM .bin/.idx pair, as GPTDataset (megatron/) */
 };
 
 #define SOURCE_MAX_FIELDS 16

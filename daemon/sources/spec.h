@@ -50,6 +50,7 @@ struct spec {
 		size_t nurls;         /* webdataset */
 		json_t *py;           /* python: the canonical source object */
 		bool py_collate;      /* python: a collate_fn builds whole batches */
+		json_t *mg;           /* megatron: the canonical source object */
 	} source;
 	/* image sources only */
 	struct transform transforms[SPEC_TRANSFORMS_MAX];

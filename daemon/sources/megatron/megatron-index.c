@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: MIT */
+/* megatron-index - GPTDataset's document, sample and shuffle indexes (megatron.h)
+ *
+ * Step for step megatron-core 0.16's gpt_dataset.py and helpers.cpp, with
+ * one numpy RandomState(seed) (nprandom.h) drawn in megatron's order: the
+ * document index (all epochs shuffled as one array, or the final epoch on
+ * its own when it is used for less than 80 %), then the shuffle index (the
+ * first num_samples and the rest shuffled separately in that case).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "megatron.h"
+#include "nprandom.h"
+
+void mg_index_free(struct mg_index *ix)
+{
+	free(ix->doc);
+	free(ix->sample);
+	free(ix->shuffle);
+	memset(ix, 0, sizeof(*ix));
+}
+
+/* _build_document_index(..., separate_final_epoch=False) into @out. */
+static void document_index(int32_t *out, uint64_t beg, uint64_t ndocs, uint32_t epochs,
+			   struct nprandom *rng)
+{
+	for (uint64_t i = 0; i < ndocs; i++)
+		out[i] = (int32_t)(beg + i);
+	for (uint32_t e = 1; e < epochs; e++)
+		memcpy(out + e * ndocs, out, ndocs * sizeof(*out));
+	nprandom_shuffle32(rng, out, ndocs * epochs);
+}
+
+/* helpers.cpp's build_sample_idx with drop_last_partial_sequence. */
+static int sample_index(struct mg_index *ix, const int32_t *sizes, const struct mg_params *p,
+			const char *what, char *err, size_t errlen)
+{
+	int64_t *s = ix->sample;
+	uint64_t n = 1, di = 0;
+	int64_t off = 0;
+
+	s[0] = 0;
+	s[1] = 0;
+	while (n <= ix->nsamples) {
+		int64_t remaining = (int64_t)p->seq_len + p->extra;
+
+		while (remaining != 0) {
+			int64_t dlen = sizes[ix->doc[di]] - off;
+
+			remaining -= dlen;
+			if (remaining <= 0) {
+				off += remaining + dlen - p->extra;
+				remaining = 0;
+			} else {
+				if (di == ix->ndoc - 1) {
+					if (n != ix->nsamples)
+						return errfmt(-EINVAL, err, errlen, "%s: the documents "
+							      "ran out at sample %llu of %llu", what,
+							      (unsigned long long)n,
+							      (unsigned long long)ix->nsamples);
+					off = sizes[ix->doc[di]] - p->extra;
+					break;
+				}
+				di++;
+				off = 0;
+			}
+		}
+		s[2 * n] = (int64_t)di;
+		s[2 * n + 1] = off;
+		n++;
+	}
+	return 0;
+}
+
+static void shuffle_range(int64_t *a, uint64_t from, uint64_t to, struct nprandom *rng)
+{
+	for (uint64_t i = from; i < to; i++)
+		a[i] = (int64_t)i;
+	nprandom_shuffle64(rng, a + from, to - from);
+}
+
+int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_params *p,
+		   const char *what, char *err, size_t errlen)
+{
+	uint64_t ndocs = p->end - p->beg, tpe = 0, sans_final = 0, total;
+	bool separate = false;
+	struct nprandom rng;
+	int r;
+
+	memset(ix, 0, sizeof(*ix));
+	for (uint64_t i = p->beg; i < p->end; i++)
+		tpe += (uint64_t)lengths[i];
+	if (tpe < 2 || p->seq_len < 2)
+		return errfmt(-EINVAL, err, errlen, "%s: %llu tokens, too few for a sample", what,
+			      (unsigned long long)tpe);
+	ix->epochs = 1;
+	if (p->num_samples) {
+		uint64_t want = p->num_samples * p->seq_len + (uint64_t)p->extra, have = tpe;
+
+		while (have < want) {
+			ix->epochs++;
+			have += tpe;
+		}
+	}
+	if (ix->epochs > 1) {
+		uint64_t per_epoch = (tpe - (uint64_t)p->extra) / p->seq_len, final;
+
+		sans_final = ((ix->epochs - 1) * tpe - (uint64_t)p->extra) / p->seq_len;
+		final = p->num_samples - sans_final;
+		separate = final < (uint64_t)(0.80 * (double)per_epoch);
+	}
+	ix->ndoc = ndocs * ix->epochs;
+	ix->nsamples = (ix->epochs * tpe - (uint64_t)p->extra) / p->seq_len;
+	if (ix->ndoc > INT32_MAX || ix->nsamples == 0)
+		return errfmt(-EINVAL, err, errlen, "%s: %llu documents x %u epochs, %llu samples: "
+			      "out of range", what, (unsigned long long)ndocs, ix->epochs,
+			      (unsigned long long)ix->nsamples);
+	ix->doc = malloc(ix->ndoc * sizeof(*ix->doc));
+	ix->sample = malloc((ix->nsamples + 1) * 2 * sizeof(*ix->sample));
+	ix->shuffle = malloc(ix->nsamples * sizeof(*ix->shuffle));
+	if (!ix->doc || !ix->sample || !ix->shuffle) {
+		mg_index_free(ix);
+		return errfmt(-ENOMEM, err, errlen, "%s: out of memory for the index of %llu "
+			      "samples", what, (unsigned long long)ix->nsamples);
+	}
+
+	nprandom_seed(&rng, p->seed);
+	if (!separate) {
+		document_index(ix->doc, p->beg, ndocs, ix->epochs, &rng);
+	} else {
+		document_index(ix->doc, p->beg, ndocs, ix->epochs - 1, &rng);
+		document_index(ix->doc + ndocs * (ix->epochs - 1), p->beg, ndocs, 1, &rng);
+	}
+	r = sample_index(ix, lengths, p, what, err, errlen);
+	if (r < 0) {
+		mg_index_free(ix);
+		return r;
+	}
+	total = ix->nsamples;
+	if (separate && sans_final < total) {
+		shuffle_range(ix->shuffle, 0, sans_final, &rng);
+		shuffle_range(ix->shuffle, sans_final, total, &rng);
+	} else {
+		shuffle_range(ix->shuffle, 0, separate ? sans_final : total, &rng);
+	}
+	return 0;
+}
