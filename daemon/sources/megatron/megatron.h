@@ -29,3 +29,28 @@ struct mg_index {
 int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_params *p,
 		   const char *what, char *err, size_t errlen);
 void mg_index_free(struct mg_index *ix);
+
+/* The files an index is built from, as fstat() saw them (the cache key). */
+struct mg_file_id {
+	uint64_t dev, ino, size;
+	int64_t mtime_ns;
+};
+
+/* Where the index came from (status "cache"). */
+struct mg_origin {
+	bool reused;                  /* read from the cache directory */
+	double build_s;               /* the build's seconds, when built */
+	char note[4400];              /* why it is not cached, or "" */
+};
+
+/**
+ * mg_index_get() - the index for @p over the pair @idx_id/@bin_id: read from
+ * the daemon's cache directory (source_cache_dir()) when a pipeline built it
+ * before, else built (once: a lock file serializes the builders of one key)
+ * and written there, to a temporary name and renamed. Without a usable
+ * cache directory it is built in memory and @o->note says why.
+ */
+int mg_index_get(struct mg_index *ix, const int32_t *lengths, uint64_t nseq,
+		 const struct mg_file_id *idx_id, const struct mg_file_id *bin_id,
+		 const struct mg_params *p, struct mg_origin *o, const char *what, char *err,
+		 size_t errlen);

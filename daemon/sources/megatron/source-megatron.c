@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -39,8 +39,8 @@ struct mg_source {
 	int64_t vocab;                /* 0: unchecked */
 	bool eod_mask_loss, reset_position_ids;
 	int out_dtype;
-	bool reused;
-	double build_s;
+	struct mg_file_id idx_id, bin_id;
+	struct mg_origin origin;
 };
 
 /* ---- the spec ---- */
@@ -249,6 +249,18 @@ struct fd_ctx {
 	const char *path;
 };
 
+static void file_id(int fd, struct mg_file_id *id)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) == 0) {
+		id->dev = (uint64_t)st.st_dev;
+		id->ino = (uint64_t)st.st_ino;
+		id->size = (uint64_t)st.st_size;
+		id->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+	}
+}
+
 static int fd_read(void *ctx, void *buf, size_t len, uint64_t off, char *err, size_t errlen)
 {
 	struct fd_ctx *f = ctx;
@@ -275,9 +287,12 @@ static int open_pair(struct mg_source *src, const char *prefix, char *err, size_
 	r = source_open_file(&src->base, src->bin_path, &src->bin_fd, &bin_size, err, errlen);
 	if (r >= 0)
 		r = source_open_file(&src->base, idx_path, &f.fd, &idx_size, err, errlen);
-	if (r >= 0)
+	if (r >= 0) {
+		file_id(src->bin_fd, &src->bin_id);
+		file_id(f.fd, &src->idx_id);
 		r = mmidx_parse(&src->idx, fd_read, &f, idx_path, idx_size, src->bin_path, bin_size,
 				err, errlen);
+	}
 	if (r >= 0 && (src->idx.dtype == LDR_DTYPE_FLOAT32 || src->idx.dtype == LDR_DTYPE_FLOAT64))
 		r = errfmt(-EINVAL, err, errlen, "%s: offset 17: dtype %s (code %d) does not hold "
 			   "token ids", idx_path, mmidx_code_name(src->idx.code), src->idx.code);
@@ -335,7 +350,6 @@ static int megatron_open(struct source *base, const struct spec *spec, char *err
 	struct mg_source *src = (struct mg_source *)base;
 	const json_t *c = spec->source.mg;
 	struct mg_params p = { 0 };
-	struct timespec t0, t1;
 	int r;
 
 	src->bin_fd = -1;
@@ -365,12 +379,10 @@ static int megatron_open(struct source *base, const struct spec *spec, char *err
 		if (r < 0)
 			return r;
 	}
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	r = mg_index_build(&src->ix, src->idx.lengths, &p, src->bin_path, err, errlen);
+	r = mg_index_get(&src->ix, src->idx.lengths, src->idx.nseq, &src->idx_id, &src->bin_id,
+			 &p, &src->origin, src->bin_path, err, errlen);
 	if (r < 0)
 		return r;
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	src->build_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 	src->base.nsamples = src->ix.nsamples;
 	src->base.index_bytes = src->ix.ndoc * 4 + src->ix.nsamples * 24 + src->idx.nseq * 12;
 	set_fields(src);
@@ -600,10 +612,18 @@ static json_t *megatron_cache_json(const struct source *base)
 {
 	const struct mg_source *src = (const struct mg_source *)base;
 
-	return json_pack("{s:s, s:f, s:I, s:I, s:I}", "index", src->reused ? "reused" : "built",
-			 "build_seconds", src->build_s, "epochs", (json_int_t)src->ix.epochs,
-			 "documents", (json_int_t)(src->idx.ndocidx - 1),
-			 "sequences", (json_int_t)src->idx.nseq);
+	json_t *j = json_pack("{s:s, s:I, s:I, s:I, s:I}",
+			      "index", src->origin.reused ? "reused" : "built",
+			      "epochs", (json_int_t)src->ix.epochs,
+			      "documents", (json_int_t)(src->idx.ndocidx - 1),
+			      "sequences", (json_int_t)src->idx.nseq,
+			      "samples", (json_int_t)src->ix.nsamples);
+
+	if (j && !src->origin.reused)
+		json_object_set_new(j, "build_seconds", json_real(src->origin.build_s));
+	if (j && src->origin.note[0])
+		json_object_set_new(j, "note", json_string(src->origin.note));
+	return j;
 }
 
 static void megatron_close(struct source *base)
