@@ -10,6 +10,8 @@ pairs: the exact error at create."""
 import glob
 import os
 import stat
+import struct
+import subprocess
 import threading
 
 import numpy as np
@@ -22,7 +24,7 @@ torch = pytest.importorskip("torch")
 from megatron.core.datasets.blended_megatron_dataset_builder import (  # noqa: E402
     BlendedMegatronDatasetBuilder)
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: E402
-from loaderd_harness import daemon  # noqa: E402,F401  (the fixture)
+from loaderd_harness import LOADERCTL, daemon  # noqa: E402,F401  (the fixture)
 
 
 @pytest.fixture
@@ -195,3 +197,139 @@ def test_megatron_cache_survives_restart_and_changed_files(daemon, workdir):
     c.create_pipeline(spec)
     assert index_state(c, "m")["index"] == "built"
     c.close()
+
+
+# ---- bad input: the exact error at create, naming the file and the offset
+
+def small_pair(d, name="b", dtype=np.uint16):
+    """10 documents of 5..14 tokens (ids 0..13): N = 10 sequences, D = 11
+    document indices; lengths at 34, pointers at 74, document indices at
+    154, 242 bytes of .idx."""
+    b = IndexedDatasetBuilder(os.path.join(d, name + ".bin"), dtype=dtype)
+    for i in range(10):
+        b.add_document(torch.arange(5 + i), [5 + i])
+    b.finalize(os.path.join(d, name + ".idx"))
+    return os.path.join(d, name)
+
+
+def patch(path, off, data):
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(data)
+
+
+def create_error(ld, prefix, **kw):
+    c = loaderd.Client(socket=ld.socket)
+    try:
+        with pytest.raises(loaderd.InvalidSpec) as e:
+            c.create_pipeline({"name": "bad", "source": dict(dict(kind="megatron", prefix=prefix,
+                                                                  seq_len=4), **kw)})
+        return e.value.message
+    finally:
+        c.close()
+
+
+def test_megatron_bad_files(mld, workdir):
+    p = small_pair(workdir)
+    idx, bin_ = p + ".idx", p + ".bin"
+    good = open(idx, "rb").read()
+    ptr = lambda i: 2 * sum(5 + k for k in range(i))  # noqa: E731
+    cases = [
+        (lambda: patch(idx, 0, b"MMIDIDY"),
+         f"{idx}: offset 0: not a Megatron indexed dataset index (magic is not "
+         "\"MMIDIDX\\x00\\x00\")"),
+        (lambda: patch(idx, 9, struct.pack("<Q", 2)), f"{idx}: offset 9: version 2 (only 1 is known)"),
+        (lambda: patch(idx, 17, b"\x09"), f"{idx}: offset 17: dtype code 9 is not one of 1..8"),
+        (lambda: patch(idx, 17, b"\x00"), f"{idx}: offset 17: dtype code 0 is not one of 1..8"),
+        (lambda: patch(idx, 17, b"\x07"),  # float32: 4-byte elements, sequence 0 overlaps 1
+         f"{idx}: offset 82: sequence 1 pointer 10 is before the end of sequence 0 (20): "
+         "pointers must ascend"),
+        (lambda: patch(idx, 26, struct.pack("<Q", 12)),
+         f"{idx}: offset 18: 10 sequences and 12 document indices need 250 bytes (or 260 with "
+         "sequence modes), the file has 242"),
+        (lambda: patch(idx, 18, struct.pack("<Q", 1 << 62)),
+         f"{idx}: offset 18: {1 << 62} sequences and 11 document indices need 0 bytes (or 0 "
+         "with sequence modes), the file has 242"),
+        (lambda: patch(idx, 34 + 4 * 3, struct.pack("<i", 9)),  # length 8 -> 9 overlaps the next
+         f"{idx}: offset {74 + 8 * 4}: sequence 4 pointer {ptr(4)} is before the end of "
+         f"sequence 3 ({ptr(4) + 2}): pointers must ascend"),
+        (lambda: patch(idx, 34 + 4 * 9, struct.pack("<i", 15)),
+         f"{idx}: offset {74 + 8 * 9}: sequence 9 pointer {ptr(9)} + 15 uint16 elements is past "
+         f"the end of {bin_} (190 bytes)"),
+        (lambda: patch(idx, 34 + 4 * 2, struct.pack("<i", -1)),
+         f"{idx}: offset 42: sequence 2 has length -1"),
+        (lambda: patch(idx, 74 + 8 * 6, struct.pack("<q", 1000)),
+         f"{idx}: offset {74 + 8 * 6}: sequence 6 pointer 1000 + 11 uint16 elements is past the "
+         f"end of {bin_} (190 bytes)"),
+        (lambda: patch(idx, 154, struct.pack("<q", 1)),
+         f"{idx}: offset 154: document index 0 is 1, must be 0"),
+        (lambda: patch(idx, 154 + 8 * 5, struct.pack("<q", 2)),
+         f"{idx}: offset {154 + 40}: document index 5 is 2, not in 4..10"),
+        (lambda: patch(idx, 154 + 8 * 10, struct.pack("<q", 9)),
+         f"{idx}: offset {154 + 80}: the last document index is 9, must be the sequence count 10"),
+        (lambda: os.truncate(bin_, 180),
+         f"{idx}: offset {74 + 8 * 9}: sequence 9 pointer {ptr(9)} + 14 uint16 elements is past "
+         f"the end of {bin_} (180 bytes)"),
+        (lambda: open(bin_, "ab").write(b"\0\0"),
+         f"{bin_}: 192 bytes, but the sequences of {idx} end at byte 190"),
+        (lambda: os.truncate(idx, 20), f"{idx}: 20 bytes, shorter than the 34-byte header"),
+    ]
+    for mutate, want in cases:
+        small_pair(workdir)
+        assert open(idx, "rb").read() == good
+        mutate()
+        assert create_error(mld, p) == want
+        r = subprocess.run([LOADERCTL, "inspect", p], capture_output=True, text=True)
+        assert (r.returncode, r.stderr) == (1, f"loaderctl: inspect: {want}\n")
+    # the daemon still serves
+    small_pair(workdir)
+    c = loaderd.Client(socket=mld.socket)
+    c.create_pipeline({"name": "ok", "source": {"kind": "megatron", "prefix": p, "seq_len": 4}})
+    c.close()
+
+
+def test_megatron_bad_keys_and_vocab(mld, workdir):
+    p = small_pair(workdir)
+    assert create_error(mld, p, vocab_size=13) == \
+        f"{p}.bin: offset {2 * sum(range(5, 14)) + 2 * 13}: token id 13 is not in 0..12 " \
+        "(source.vocab_size 13)"
+    c = loaderd.Client(socket=mld.socket)
+    c.create_pipeline({"name": "v", "source": {"kind": "megatron", "prefix": p, "seq_len": 4,
+                                               "vocab_size": 14}})
+    c.close()
+    assert create_error(mld, p, split="1,2,3,4") == (
+        "spec: source.split: must be up to 3 non-negative weights with a positive sum, "
+        "e.g. \"969,30,1\"")
+    assert create_error(mld, p, split="1,0,0", subset="valid") == \
+        "spec: source.split: gives the valid subset nothing"
+    assert create_error(mld, p, subset="dev") == "spec: source.subset: must be train, valid or test"
+    assert create_error(mld, p, eod_mask_loss=True) == "spec: source.eod_mask_loss: needs source.eod"
+    assert create_error(mld, p, seed=1 << 32) == \
+        "spec: source.seed: must be an integer in 0..4294967295"
+    assert create_error(mld, p, paths=[p]) == "spec: unknown key \"source.paths\""
+    c = loaderd.Client(socket=mld.socket)
+    with pytest.raises(loaderd.NotFound) as e:
+        c.create_pipeline({"name": "gone", "source": {"kind": "megatron", "prefix": p + "-missing",
+                                                      "seq_len": 4}})
+    c.close()
+    assert e.value.message == f"{p}-missing.bin: No such file or directory"
+    assert create_error(mld, p, seq_len=1000) == \
+        f"{p}.bin: the subset's 95 tokens are too few for one sample of 1001"
+    f = small_pair(workdir, "f", dtype=np.float32)
+    assert create_error(mld, f) == \
+        f"{f}.idx: offset 17: dtype float32 (code 7) does not hold token ids"
+
+
+def test_megatron_inspect(workdir):
+    import json
+    p = small_pair(workdir, dtype=np.int32)
+    r = subprocess.run([LOADERCTL, "--json", "inspect", p + ".idx", "--seq-len", "8"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"prefix": p, "valid": True, "dtype": "int32", "documents": 10,
+                                    "sequences": 10, "tokens": 95, "bin_bytes": 380,
+                                    "multimodal": False, "seq_len": 8, "samples": 11}
+    ds = megatron_splits(p, workdir, 8, 1, "1", [None, None, None], Tok(100, 0, 99))[0]
+    assert len(ds) == 11
+    r = subprocess.run([LOADERCTL, "inspect", p + ".bin"], capture_output=True, text=True)
+    assert r.returncode == 0 and "documents   10\n" in r.stdout and "int32 (code 4)" in r.stdout

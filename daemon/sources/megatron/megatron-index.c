@@ -93,9 +93,10 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 	memset(ix, 0, sizeof(*ix));
 	for (uint64_t i = p->beg; i < p->end; i++)
 		tpe += (uint64_t)lengths[i];
-	if (tpe < 2 || p->seq_len < 2)
-		return errfmt(-EINVAL, err, errlen, "%s: %llu tokens, too few for a sample", what,
-			      (unsigned long long)tpe);
+	if (tpe < (uint64_t)p->seq_len + (uint64_t)p->extra || p->seq_len < 2)
+		return errfmt(-EINVAL, err, errlen, "%s: the subset's %llu tokens are too few for "
+			      "one sample of %u", what, (unsigned long long)tpe,
+			      p->seq_len + (unsigned)p->extra);
 	ix->epochs = 1;
 	if (p->num_samples) {
 		uint64_t want = p->num_samples * p->seq_len + (uint64_t)p->extra, have = tpe;
@@ -114,10 +115,10 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 	}
 	ix->ndoc = ndocs * ix->epochs;
 	ix->nsamples = (ix->epochs * tpe - (uint64_t)p->extra) / p->seq_len;
-	if (ix->ndoc > INT32_MAX || ix->nsamples == 0)
-		return errfmt(-EINVAL, err, errlen, "%s: %llu documents x %u epochs, %llu samples: "
-			      "out of range", what, (unsigned long long)ndocs, ix->epochs,
-			      (unsigned long long)ix->nsamples);
+	if (ix->ndoc > INT32_MAX)
+		return errfmt(-EINVAL, err, errlen, "%s: %llu documents x %u epochs: more than "
+			      "megatron's int32 document index holds", what,
+			      (unsigned long long)ndocs, ix->epochs);
 	ix->doc = malloc(ix->ndoc * sizeof(*ix->doc));
 	ix->sample = malloc((ix->nsamples + 1) * 2 * sizeof(*ix->sample));
 	ix->shuffle = malloc(ix->nsamples * sizeof(*ix->shuffle));
