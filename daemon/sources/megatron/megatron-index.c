@@ -6,8 +6,13 @@
  * document index (all epochs shuffled as one array, or the final epoch on
  * its own when it is used for less than 80 %), then the shuffle index (the
  * first num_samples and the rest shuffled separately in that case).
+ *
+ * The shuffle index takes no input but the state the document index left,
+ * and the sample index takes no draws: after the document index the two are
+ * built at once, the shuffle on a thread of its own.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +55,10 @@ static int sample_index(struct mg_index *ix, const int32_t *sizes, const struct 
 		while (remaining != 0) {
 			int64_t dlen = sizes[ix->doc[di]] - off;
 
+			/* the lengths are read in the shuffled order: ask early */
+			if (di + 16 < ix->ndoc)
+				__builtin_prefetch(&sizes[ix->doc[di + 16]]);
+
 			remaining -= dlen;
 			if (remaining <= 0) {
 				off += remaining + dlen - p->extra;
@@ -82,12 +91,31 @@ static void shuffle_range(int64_t *a, uint64_t from, uint64_t to, struct nprando
 	nprandom_shuffle64(rng, a + from, to - from);
 }
 
+/* _build_shuffle_index(first, total): [0, first) and [first, total) apart. */
+struct shuffle_job {
+	int64_t *a;
+	uint64_t first, total;
+	struct nprandom rng;
+};
+
+static void *shuffle_index(void *arg)
+{
+	struct shuffle_job *j = arg;
+
+	shuffle_range(j->a, 0, j->first, &j->rng);
+	if (j->first < j->total)
+		shuffle_range(j->a, j->first, j->total, &j->rng);
+	return NULL;
+}
+
 int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_params *p,
 		   const char *what, char *err, size_t errlen)
 {
 	uint64_t ndocs = p->end - p->beg, tpe = 0, sans_final = 0, total;
-	bool separate = false;
+	bool separate = false, threaded;
+	struct shuffle_job job;
 	struct nprandom rng;
+	pthread_t tid;
 	int r;
 
 	memset(ix, 0, sizeof(*ix));
@@ -135,17 +163,20 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 		document_index(ix->doc, p->beg, ndocs, ix->epochs - 1, &rng);
 		document_index(ix->doc + ndocs * (ix->epochs - 1), p->beg, ndocs, 1, &rng);
 	}
+	total = ix->nsamples;
+	job.a = ix->shuffle;
+	job.total = total;
+	job.first = separate && sans_final < total ? sans_final : total;
+	job.rng = rng;
+	threaded = pthread_create(&tid, NULL, shuffle_index, &job) == 0;
 	r = sample_index(ix, lengths, p, what, err, errlen);
+	if (threaded)
+		pthread_join(tid, NULL);
+	else
+		shuffle_index(&job);
 	if (r < 0) {
 		mg_index_free(ix);
 		return r;
-	}
-	total = ix->nsamples;
-	if (separate && sans_final < total) {
-		shuffle_range(ix->shuffle, 0, sans_final, &rng);
-		shuffle_range(ix->shuffle, sans_final, total, &rng);
-	} else {
-		shuffle_range(ix->shuffle, 0, separate ? sans_final : total, &rng);
 	}
 	return 0;
 }

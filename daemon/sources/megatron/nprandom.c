@@ -71,15 +71,34 @@ uint64_t nprandom_interval(struct nprandom *st, uint64_t max)
 	return v;
 }
 
-#define SHUFFLE(name, T)                                                 \
-	void name(struct nprandom *st, T *a, size_t n)                   \
-	{                                                                \
-		for (size_t i = n ? n - 1 : 0; i >= 1; i--) {            \
-			size_t j = (size_t)nprandom_interval(st, i);     \
-			T t = a[i];                                      \
-			a[i] = a[j];                                     \
-			a[j] = t;                                        \
-		}                                                        \
+/*
+ * Fisher-Yates as numpy's _shuffle_raw, with the draws made AHEAD steps
+ * early: they depend on nothing but the state, so making them first keeps
+ * numpy's sequence, and the element each will swap is prefetched by then.
+ * On an array larger than the caches a swap otherwise waits for memory.
+ */
+#define AHEAD 32
+#define SHUFFLE(name, T)                                                         \
+	void name(struct nprandom *st, T *a, size_t n)                           \
+	{                                                                        \
+		size_t js[AHEAD], next;                                          \
+		if (n < 2)                                                       \
+			return;                                                  \
+		next = n - 1;                                                    \
+		for (size_t k = 0; k < AHEAD && next >= 1; k++, next--) {      \
+			js[k] = (size_t)nprandom_interval(st, next);             \
+			__builtin_prefetch(&a[js[k]], 1);                        \
+		}                                                                \
+		for (size_t i = n - 1, k = 0; i >= 1; i--, k = (k + 1) % AHEAD) {\
+			size_t j = js[k];                                        \
+			T t = a[i];                                              \
+			a[i] = a[j];                                             \
+			a[j] = t;                                                \
+			if (next >= 1) {                                         \
+				js[k] = (size_t)nprandom_interval(st, next--);   \
+				__builtin_prefetch(&a[js[k]], 1);                \
+			}                                                        \
+		}                                                                \
 	}
 SHUFFLE(nprandom_shuffle32, int32_t)
 SHUFFLE(nprandom_shuffle64, int64_t)
