@@ -170,6 +170,11 @@ def test_megatron_index_built_once(mld, workdir):
     assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
     assert stat.S_IMODE(os.stat(os.path.join(workdir, "cache")).st_mode) == 0o700
 
+    out = subprocess.run([LOADERCTL, "--socket", mld.socket, "status"], capture_output=True,
+                         text=True).stdout
+    assert out.count("megatron index: built in ") == 1, out
+    assert out.count(f"megatron index: reused, {built['epochs']} epochs, "
+                     f"{built['samples']} samples\n") == 2, out
     c.create_pipeline({"name": "seed6", "source": dict(src, seed=6)})
     assert index_state(c, "seed6")["index"] == "built"
     assert len(glob.glob(os.path.join(workdir, "cache", "megatron-*.index"))) == 2
