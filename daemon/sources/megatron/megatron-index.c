@@ -112,6 +112,7 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 		   const char *what, char *err, size_t errlen)
 {
 	uint64_t ndocs = p->end - p->beg, tpe = 0, sans_final = 0, total;
+	unsigned __int128 samples;
 	bool separate = false, threaded;
 	struct shuffle_job job;
 	struct nprandom rng;
@@ -127,12 +128,17 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 			      p->seq_len + (unsigned)p->extra);
 	ix->epochs = 1;
 	if (p->num_samples) {
-		uint64_t want = p->num_samples * p->seq_len + (uint64_t)p->extra, have = tpe;
+		/* _get_num_epochs(): the fewest epochs of tpe tokens that hold them */
+		unsigned __int128 want = (unsigned __int128)p->num_samples * p->seq_len +
+					 (uint64_t)p->extra;
+		unsigned __int128 epochs = (want + tpe - 1) / tpe;
 
-		while (have < want) {
-			ix->epochs++;
-			have += tpe;
-		}
+		if (epochs > INT32_MAX / ndocs)
+			return errfmt(-EINVAL, err, errlen, "%s: num_samples %llu needs %llu epochs "
+				      "of %llu documents: more than megatron's int32 document "
+				      "index holds", what, (unsigned long long)p->num_samples,
+				      (unsigned long long)epochs, (unsigned long long)ndocs);
+		ix->epochs = epochs > 1 ? (uint32_t)epochs : 1;
 	}
 	if (ix->epochs > 1) {
 		uint64_t per_epoch = (tpe - (uint64_t)p->extra) / p->seq_len, final;
@@ -142,7 +148,11 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 		separate = final < (uint64_t)(0.80 * (double)per_epoch);
 	}
 	ix->ndoc = ndocs * ix->epochs;
-	ix->nsamples = (ix->epochs * tpe - (uint64_t)p->extra) / p->seq_len;
+	samples = ((unsigned __int128)ix->epochs * tpe - (uint64_t)p->extra) / p->seq_len;
+	if (samples > (1ULL << 40))
+		return errfmt(-EINVAL, err, errlen, "%s: %llu samples: more than 2^40",
+			      what, (unsigned long long)samples);
+	ix->nsamples = (uint64_t)samples;
 	if (ix->ndoc > INT32_MAX)
 		return errfmt(-EINVAL, err, errlen, "%s: %llu documents x %u epochs: more than "
 			      "megatron's int32 document index holds", what,

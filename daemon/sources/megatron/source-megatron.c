@@ -25,7 +25,7 @@
 #include "sources/spec.h"
 
 #define MG_SEQ_LEN_MAX (1u << 24)
-#define MG_NUM_SAMPLES_MAX (1ULL << 40)
+#define MG_NUM_SAMPLES_MAX (1ULL << 36)
 
 struct mg_source {
 	struct source base;
