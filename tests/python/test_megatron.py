@@ -197,6 +197,17 @@ def test_megatron_cache_survives_restart_and_changed_files(daemon, workdir):
     c.create_pipeline(spec)
     assert index_state(c, "m")["index"] == "reused"
     c.drop_pipeline("m")
+    # a file torn by a crash (zeros in the middle, or cut short) is built again, right
+    path, = glob.glob(os.path.join(cache, "megatron-*.index"))
+    good = open(path, "rb").read()
+    for bad in (good[:len(good) // 2] + bytes(64) + good[len(good) // 2 + 64:],
+                good[:-20]):
+        with open(path, "wb") as f:
+            f.write(bad)
+        c.create_pipeline(spec)
+        assert index_state(c, "m")["index"] == "built"
+        assert open(path, "rb").read() == good
+        c.drop_pipeline("m")
     # the corpus rewritten (new inode, size, mtime): built again, and still right
     corpus(prefix, np.int32, 210, 1000, 4)
     c.create_pipeline(spec)

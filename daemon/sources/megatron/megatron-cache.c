@@ -10,14 +10,16 @@
  *
  *   "LDRMGIX1" | u64 key length | key | u64 ndoc, nsamples, epochs |
  *   i32 doc[ndoc] (padded to 8) | i64 sample[2 (nsamples + 1)] |
- *   i64 shuffle[nsamples] | "LDRMGEND"
+ *   i64 shuffle[nsamples] | u64 checksum of the three arrays | "LDRMGEND"
  *
  * A builder takes an exclusive flock on megatron-<hash>.lock and looks again
  * before it builds, so creates of the same corpus at once (any pipeline
  * name, any rank) build it once; the file is written to a mkstemp name and
- * renamed, so a crash leaves no half file under the real name. A file read
- * back is checked for what reads rely on (every position in range) before
- * it is used; the dataset files themselves were opened as the pipeline's
+ * renamed. It is not fsync'ed (that would cost a build of a small corpus
+ * more than the build): a file that a crash left torn or zero-filled under
+ * the real name fails its size, trailer or checksum when read back and is
+ * built again. What reads rely on (every position in range) is checked too
+ * before a file is used; the dataset files themselves were opened as the pipeline's
  * owner before the cache is looked at.
  */
 #include <errno.h>
@@ -44,6 +46,30 @@ static uint64_t fnv1a(const char *s)
 	for (; *s; s++)
 		h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
 	return h;
+}
+
+/* A word-at-a-time FNV-style mix: one multiply per 8 bytes. */
+static uint64_t mix(uint64_t h, const void *p, size_t len)
+{
+	const unsigned char *b = p;
+	uint64_t w;
+
+	for (; len >= 8; len -= 8, b += 8) {
+		memcpy(&w, b, 8);
+		h = (h ^ w) * 0x100000001b3ULL;
+	}
+	for (; len; len--, b++)
+		h = (h ^ *b) * 0x100000001b3ULL;
+	return h;
+}
+
+static uint64_t checksum(const struct mg_index *ix)
+{
+	uint64_t h = 0xcbf29ce484222325ULL;
+
+	h = mix(h, ix->doc, ix->ndoc * 4);
+	h = mix(h, ix->sample, (ix->nsamples + 1) * 16);
+	return mix(h, ix->shuffle, ix->nsamples * 8);
 }
 
 static size_t doc_bytes(uint64_t ndoc)
@@ -104,7 +130,7 @@ static int load(struct mg_index *ix, const char *path, const char *key,
 		const struct mg_params *p)
 {
 	size_t klen = strlen(key);
-	uint64_t hdr[4], off, want;
+	uint64_t hdr[4], off, want, sum;
 	char *k = NULL, tail[8];
 	struct stat st;
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW), r = -EINVAL;
@@ -128,7 +154,7 @@ static int load(struct mg_index *ix, const char *path, const char *key,
 	off += 24;
 	if (ix->ndoc > (uint64_t)st.st_size / 4 || ix->nsamples > (uint64_t)st.st_size / 24)
 		goto out;
-	want = off + doc_bytes(ix->ndoc) + (ix->nsamples + 1) * 16 + ix->nsamples * 8 + 8;
+	want = off + doc_bytes(ix->ndoc) + (ix->nsamples + 1) * 16 + ix->nsamples * 8 + 16;
 	if (want != (uint64_t)st.st_size)
 		goto out;
 	ix->doc = malloc(doc_bytes(ix->ndoc) + 8);
@@ -145,8 +171,9 @@ static int load(struct mg_index *ix, const char *path, const char *key,
 		goto out;
 	off += (ix->nsamples + 1) * 16;
 	if (read_all(fd, ix->shuffle, ix->nsamples * 8, off) < 0 ||
-	    read_all(fd, tail, 8, off + ix->nsamples * 8) < 0 || memcmp(tail, TRAILER, 8) != 0 ||
-	    !index_sane(ix, p))
+	    read_all(fd, &sum, 8, off + ix->nsamples * 8) < 0 ||
+	    read_all(fd, tail, 8, off + ix->nsamples * 8 + 8) < 0 || memcmp(tail, TRAILER, 8) != 0 ||
+	    sum != checksum(ix) || !index_sane(ix, p))
 		goto out;
 	r = 0;
 out:
@@ -161,6 +188,7 @@ static int store(const struct mg_index *ix, const char *dir, const char *path, c
 {
 	char tmp[4200];
 	uint64_t hdr[3] = { ix->ndoc, ix->nsamples, ix->epochs }, klen = strlen(key);
+	uint64_t sum = checksum(ix);
 	static const char zero[8];
 	int fd, r;
 
@@ -184,9 +212,9 @@ static int store(const struct mg_index *ix, const char *dir, const char *path, c
 	if (!r)
 		r = write_all(fd, ix->shuffle, ix->nsamples * 8);
 	if (!r)
+		r = write_all(fd, &sum, 8);
+	if (!r)
 		r = write_all(fd, TRAILER, 8);
-	if (!r && fsync(fd) < 0)
-		r = -errno;
 	if (!r && rename(tmp, path) < 0)
 		r = -errno;
 	close(fd);
