@@ -115,17 +115,19 @@ def test_megatron_equals_gptdataset(mld, workdir, case):
         assert_same(ds, got)
 
 
-def test_megatron_masks_no_extra_token_pad(mld, workdir):
+@pytest.mark.parametrize("pad", [999, 7], ids=["pad", "pad-is-eod"])
+def test_megatron_masks_no_extra_token_pad(mld, workdir, pad):
     """eod_mask_loss, reset_position_ids, add_extra_token false (labels end in
-    pad, masked) and a num_samples of 1.5 epochs (the final epoch apart)."""
+    pad, masked) and a num_samples of 1.5 epochs (the final epoch apart);
+    a pad equal to eod is megatron's -1."""
     prefix = corpus(os.path.join(workdir, "m"), np.uint16, 80, 1000, 2, eod=7)
-    tok = Tok(1000, 7, 999)
+    tok = Tok(1000, 7, pad)
     kw = dict(eod_mask_loss=True, reset_position_ids=True, add_extra_token=False)
     ds = megatron_splits(prefix, workdir, 24, 42, "1", [0, None, None], tok, **kw)[0]
     n1 = len(ds)
     ds = megatron_splits(prefix, workdir, 24, 42, "1", [n1 + n1 // 2, None, None], tok, **kw)[0]
     src = {"prefix": prefix, "seq_len": 24, "seed": 42, "num_samples": n1 + n1 // 2,
-           "eod": 7, "pad": 999, **kw}
+           "eod": 7, "pad": pad, **kw}
     got = loaderd_samples(mld, "masks", src, batch_size=7)
     assert_same(ds, got)
 
