@@ -7,7 +7,9 @@
  * what reads rely on: every sequence inside the .bin, the document indices
  * ascending from 0 to the sequence count. A small one is then built into
  * GPTDataset's indexes with a seq_len, seed and num_samples taken from the
- * input; every position they hold must be in range.
+ * input; every position they hold must be in range, and the sample index
+ * must be the one helpers.cpp's build_sample_idx makes (transliterated
+ * below, loop for loop) from the same document index.
  */
 #include "fuzz.h"
 
@@ -32,6 +34,41 @@ static void check_parsed(const struct mmidx *m)
 			abort();
 }
 
+/* megatron-core 0.16 helpers.cpp build_sample_idx, drop_last_partial_sequence. */
+static void reference_sample_index(const struct mg_index *ix, const int32_t *sizes, int extra,
+				   uint32_t seq_len, int64_t *out)
+{
+	int64_t sample_idx_index = 0, document_idx_index = 0, doc_offset = 0;
+
+	out[0] = 0;
+	out[1] = 0;
+	++sample_idx_index;
+	while ((uint64_t)sample_idx_index <= ix->nsamples) {
+		int64_t remaining_seq_length = (int64_t)seq_len + extra;
+
+		while (remaining_seq_length != 0) {
+			int64_t document_index = ix->doc[document_idx_index];
+			int64_t document_length = sizes[document_index] - doc_offset;
+
+			remaining_seq_length -= document_length;
+			if (remaining_seq_length <= 0) {
+				doc_offset += remaining_seq_length + document_length - extra;
+				remaining_seq_length = 0;
+			} else {
+				if ((uint64_t)document_idx_index == ix->ndoc - 1) {
+					doc_offset = sizes[ix->doc[document_idx_index]] - extra;
+					break;
+				}
+				++document_idx_index;
+				doc_offset = 0;
+			}
+		}
+		out[2 * sample_idx_index] = document_idx_index;
+		out[2 * sample_idx_index + 1] = doc_offset;
+		++sample_idx_index;
+	}
+}
+
 static void check_built(const struct mmidx *m, const uint8_t *data)
 {
 	struct mg_params p = { .beg = 0, .end = m->nseq, .seq_len = 2u + data[0] % 13,
@@ -39,6 +76,7 @@ static void check_built(const struct mmidx *m, const uint8_t *data)
 			       .extra = data[3] & 1 };
 	struct mg_index ix;
 	char err[512] = "";
+	int64_t *ref;
 
 	if (m->nseq == 0 || m->ntokens > 100000)
 		return;
@@ -55,6 +93,13 @@ static void check_built(const struct mmidx *m, const uint8_t *data)
 	for (uint64_t k = 0; k < ix.nsamples; k++)
 		if (ix.shuffle[k] < 0 || (uint64_t)ix.shuffle[k] >= ix.nsamples)
 			abort();
+	ref = malloc((ix.nsamples + 1) * 16);
+	if (ref) {
+		reference_sample_index(&ix, m->lengths, p.extra, p.seq_len, ref);
+		if (memcmp(ref, ix.sample, (ix.nsamples + 1) * 16) != 0)
+			abort();
+		free(ref);
+	}
 	mg_index_free(&ix);
 }
 

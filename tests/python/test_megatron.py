@@ -41,15 +41,16 @@ class Tok:
         self.unique_identifiers = {"class": "Tok", "vocab": vocab, "eod": eod, "pad": pad}
 
 
-def corpus(prefix, dtype, ndocs, vocab, seed, seqs_per_doc=1, eod=None):
-    """A .bin/.idx pair by megatron-core's builder: documents of 1..60 tokens
-    (some of several sequences), ending in eod when given."""
+def corpus(prefix, dtype, ndocs, vocab, seed, seqs_per_doc=1, eod=None, min_len=1):
+    """A .bin/.idx pair by megatron-core's builder: documents of min_len..59
+    tokens (some of several sequences), ending in eod when given."""
     rng = np.random.default_rng(seed)
     b = IndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
     for _ in range(ndocs):
-        lens = [int(x) for x in rng.integers(1, 60, size=int(rng.integers(1, seqs_per_doc + 1)))]
+        lens = [int(x) for x in rng.integers(min_len, 60,
+                                             size=int(rng.integers(1, seqs_per_doc + 1)))]
         t = rng.integers(0, vocab, size=sum(lens))
-        if eod is not None:
+        if eod is not None and len(t):
             t[-1] = eod
         b.add_document(torch.from_numpy(t), lens)
     b.finalize(prefix + ".idx")
@@ -95,13 +96,15 @@ CASES = [  # dtype, documents, sequences per document, vocab, seed, seq_len, spl
     (np.uint8, 150, 2, 256, 5, 16, "60,40,0", [200, 300, None]),
     (np.int8, 100, 1, 100, 11, 9, "50,25,25", [None, 400, 50]),
     (np.int16, 100, 1, 30000, 3, 31, "100,0,0", [150, None, None]),
+    (np.uint16, 400, 2, 1000, 8, 6, "90,10,0", [1000, 100, None]),   # with empty sequences
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c[0].__name__)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].__name__}-{c[1]}")
 def test_megatron_equals_gptdataset(mld, workdir, case):
     dtype, ndocs, spd, vocab, seed, L, split, sizes = case
-    prefix = corpus(os.path.join(workdir, "c"), dtype, ndocs, vocab, seed, spd)
+    prefix = corpus(os.path.join(workdir, "c"), dtype, ndocs, vocab, seed, spd,
+                    min_len=0 if vocab == 1000 else 1)
     tok = Tok(vocab, 0, vocab + 1)
     dss = megatron_splits(prefix, workdir, L, seed, split, sizes, tok)
     for which, ds, size in zip(("train", "valid", "test"), dss, sizes):
@@ -120,7 +123,7 @@ def test_megatron_masks_no_extra_token_pad(mld, workdir, pad):
     """eod_mask_loss, reset_position_ids, add_extra_token false (labels end in
     pad, masked) and a num_samples of 1.5 epochs (the final epoch apart);
     a pad equal to eod is megatron's -1."""
-    prefix = corpus(os.path.join(workdir, "m"), np.uint16, 80, 1000, 2, eod=7)
+    prefix = corpus(os.path.join(workdir, "m"), np.uint16, 80, 1000, 2, eod=7, min_len=0)
     tok = Tok(1000, 7, pad)
     kw = dict(eod_mask_loss=True, reset_position_ids=True, add_extra_token=False)
     ds = megatron_splits(prefix, workdir, 24, 42, "1", [0, None, None], tok, **kw)[0]

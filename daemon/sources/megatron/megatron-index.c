@@ -39,48 +39,47 @@ static void document_index(int32_t *out, uint64_t beg, uint64_t ndocs, uint32_t 
 	nprandom_shuffle32(rng, out, ndocs * epochs);
 }
 
-/* helpers.cpp's build_sample_idx with drop_last_partial_sequence. */
+/*
+ * helpers.cpp's build_sample_idx (drop_last_partial_sequence), by position:
+ * sample n starts at token n * seq_len of the documents laid end to end in
+ * document-index order (each takes seq_len + extra tokens, and the next
+ * starts extra tokens before its end). build_sample_idx records that start
+ * as (position in the document index, offset) in the document holding it,
+ * skipping documents of no tokens; without the extra token, a start that
+ * falls on the end of a document is recorded at that document's end, not
+ * at the next one's start. So one pass over the documents, with the
+ * samples of each written in a loop without a branch to mispredict, gives
+ * the same array (fuzz/fuzz-mmidx.c holds it to a transliteration of
+ * helpers.cpp, the tests to megatron-core).
+ */
 static int sample_index(struct mg_index *ix, const int32_t *sizes, const struct mg_params *p,
 			const char *what, char *err, size_t errlen)
 {
 	int64_t *s = ix->sample;
-	uint64_t n = 1, di = 0;
-	int64_t off = 0;
+	const int32_t *doc = ix->doc;
+	const uint64_t L = p->seq_len, N = ix->nsamples, ndoc = ix->ndoc;
+	const uint64_t inclusive = p->extra ? 0 : 1;   /* a start at a document's end is its */
+	uint64_t n = 1, next = L, start = 0;
 
 	s[0] = 0;
 	s[1] = 0;
-	while (n <= ix->nsamples) {
-		int64_t remaining = (int64_t)p->seq_len + p->extra;
+	for (uint64_t di = 0; di < ndoc && n <= N; di++) {
+		uint64_t end = start + (uint64_t)sizes[doc[di]];
 
-		while (remaining != 0) {
-			int64_t dlen = sizes[ix->doc[di]] - off;
-
-			/* the lengths are read in the shuffled order: ask early */
-			if (di + 16 < ix->ndoc)
-				__builtin_prefetch(&sizes[ix->doc[di + 16]]);
-
-			remaining -= dlen;
-			if (remaining <= 0) {
-				off += remaining + dlen - p->extra;
-				remaining = 0;
-			} else {
-				if (di == ix->ndoc - 1) {
-					if (n != ix->nsamples)
-						return errfmt(-EINVAL, err, errlen, "%s: the documents "
-							      "ran out at sample %llu of %llu", what,
-							      (unsigned long long)n,
-							      (unsigned long long)ix->nsamples);
-					off = sizes[ix->doc[di]] - p->extra;
-					break;
-				}
-				di++;
-				off = 0;
-			}
+		/* the lengths are read in the shuffled order: ask early */
+		if (di + 16 < ndoc)
+			__builtin_prefetch(&sizes[doc[di + 16]]);
+		if (end == start)
+			continue;
+		for (; n <= N && next < end + inclusive; n++, next += L) {
+			s[2 * n] = (int64_t)di;
+			s[2 * n + 1] = (int64_t)(next - start);
 		}
-		s[2 * n] = (int64_t)di;
-		s[2 * n + 1] = off;
-		n++;
+		start = end;
 	}
+	if (n <= N)
+		return errfmt(-EINVAL, err, errlen, "%s: the documents ran out at sample %llu of "
+			      "%llu", what, (unsigned long long)n, (unsigned long long)N);
 	return 0;
 }
 
