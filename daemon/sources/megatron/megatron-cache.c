@@ -157,10 +157,7 @@ static int load(struct mg_index *ix, const char *path, const char *key,
 	want = off + doc_bytes(ix->ndoc) + (ix->nsamples + 1) * 16 + ix->nsamples * 8 + 16;
 	if (want != (uint64_t)st.st_size)
 		goto out;
-	ix->doc = malloc(doc_bytes(ix->ndoc) + 8);
-	ix->sample = malloc((ix->nsamples + 1) * 16);
-	ix->shuffle = malloc(ix->nsamples * 8 + 8);
-	if (!ix->doc || !ix->sample || !ix->shuffle) {
+	if (mg_index_alloc(ix) < 0) {
 		r = -ENOMEM;
 		goto out;
 	}

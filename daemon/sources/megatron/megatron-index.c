@@ -15,16 +15,55 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common.h"
 #include "megatron.h"
 #include "nprandom.h"
 
+/* The arrays' sizes, with room to spare for a reader that pads (the cache). */
+static size_t doc_size(const struct mg_index *ix)
+{
+	return (size_t)ix->ndoc * 4 + 8;
+}
+
+static size_t sample_size(const struct mg_index *ix)
+{
+	return (size_t)(ix->nsamples + 1) * 16;
+}
+
+static size_t shuffle_size(const struct mg_index *ix)
+{
+	return (size_t)ix->nsamples * 8 + 8;
+}
+
+static void *array_alloc(size_t bytes)
+{
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED)
+		return NULL;
+	if (bytes >= (2u << 20))
+		madvise(p, bytes, MADV_HUGEPAGE);
+	return p;
+}
+
+int mg_index_alloc(struct mg_index *ix)
+{
+	ix->doc = array_alloc(doc_size(ix));
+	ix->sample = array_alloc(sample_size(ix));
+	ix->shuffle = array_alloc(shuffle_size(ix));
+	return ix->doc && ix->sample && ix->shuffle ? 0 : -ENOMEM;
+}
+
 void mg_index_free(struct mg_index *ix)
 {
-	free(ix->doc);
-	free(ix->sample);
-	free(ix->shuffle);
+	if (ix->doc)
+		munmap(ix->doc, doc_size(ix));
+	if (ix->sample)
+		munmap(ix->sample, sample_size(ix));
+	if (ix->shuffle)
+		munmap(ix->shuffle, shuffle_size(ix));
 	memset(ix, 0, sizeof(*ix));
 }
 
@@ -156,10 +195,7 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 		return errfmt(-EINVAL, err, errlen, "%s: %llu documents x %u epochs: more than "
 			      "megatron's int32 document index holds", what,
 			      (unsigned long long)ndocs, ix->epochs);
-	ix->doc = malloc(ix->ndoc * sizeof(*ix->doc));
-	ix->sample = malloc((ix->nsamples + 1) * 2 * sizeof(*ix->sample));
-	ix->shuffle = malloc(ix->nsamples * sizeof(*ix->shuffle));
-	if (!ix->doc || !ix->sample || !ix->shuffle) {
+	if (mg_index_alloc(ix) < 0) {
 		mg_index_free(ix);
 		return errfmt(-ENOMEM, err, errlen, "%s: out of memory for the index of %llu "
 			      "samples", what, (unsigned long long)ix->nsamples);

@@ -25,6 +25,11 @@ struct mg_index {
 	int64_t *shuffle;             /* shuffle_index[nsamples] */
 };
 
+/* Allocate the three arrays for ix->ndoc and ix->nsamples (mapped memory,
+ * in huge pages where the kernel gives them: a build's time is otherwise
+ * much of it page faults); -ENOMEM leaves what it got for mg_index_free(). */
+int mg_index_alloc(struct mg_index *ix);
+
 /* Build it from the sequence lengths of the whole .idx; errors name @what. */
 int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_params *p,
 		   const char *what, char *err, size_t errlen);
