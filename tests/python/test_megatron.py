@@ -93,8 +93,8 @@ CASES = [  # dtype, documents, sequences per document, vocab, seed, seq_len, spl
     (np.uint16, 300, 1, 50000, 1234, 32, "969,30,1", [None, None, None]),
     (np.int32, 200, 3, 200000, 7, 17, "80,15,5", [900, 40, 7]),
     (np.int64, 120, 1, 1 << 40, 99, 8, "1", [1000, None, None]),
-    (np.uint8, 150, 2, 256, 5, 16, "60,40,0", [200, 300, None]),
-    (np.int8, 100, 1, 100, 11, 9, "50,25,25", [None, 400, 50]),
+    (np.uint8, 150, 2, 256, 5, 16, "split 0.35 : 0.65", [200, 300, None]),
+    (np.int8, 105, 1, 100, 11, 9, "0.1,0.2,0.7", [None, 400, 50]),
     (np.int16, 100, 1, 30000, 3, 31, "100,0,0", [150, None, None]),
     (np.uint16, 400, 2, 1000, 8, 6, "90,10,0", [1000, 100, None]),   # with empty sequences
 ]
