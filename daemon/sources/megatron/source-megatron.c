@@ -367,6 +367,8 @@ static int megatron_open(struct source *base, const struct spec *spec, char *err
 	r = open_pair(src, json_string_value(json_object_get(c, "prefix")), err, errlen);
 	if (r < 0)
 		return r;
+	free(src->idx.docidx);        /* checked; samples run across documents */
+	src->idx.docidx = NULL;
 	r = split_range(c, src->idx.nseq, &p, err, errlen);
 	if (r < 0)
 		return r;
