@@ -196,8 +196,12 @@ class Daemon:
         self.expect_dead = False
         self.cmd = [LOADERD, "--socket", self.socket] + self.args
         self._log = open(self.log_path, "w")
+        if env is None:
+            # the daemon's cache_dir (megatron indexes) inside the test's
+            # directory, never the machine's /var/cache/loaderd or ~/.cache
+            env = child_env({"CACHE_DIRECTORY": os.path.join(workdir, "cache")})
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env if env is not None else child_env())
+                                     env=env)
         self.pid = self.proc.pid
         if wait:
             try:
