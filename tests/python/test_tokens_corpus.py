@@ -293,3 +293,60 @@ def test_many_files(ld, workdir):
     spec = tok_spec("toomany", L, paths=[os.path.join(d, "00000")] * 100000)
     text = create_error(ld, spec)
     assert "a spec at most 256 KiB; list fewer files (a directory, a glob)" in text
+
+
+def test_nanogpt_get_batch_random_offset(ld, workdir):
+    """nanoGPT's train.py with its get_batch (np.memmap, torch.randint over
+    len(data) - block_size, x/y stacked as int64) replaced by a loaderd
+    pipeline of random offsets over the same train.bin: the loop gets x, y
+    int64 [B, L] as before, each batch the documented draws, epoch after
+    epoch of an endless pipeline."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    vocab, block_size, batch_size, seed = 50, 32, 8, 1337
+    path = os.path.join(workdir, "train.bin")
+    data = write(path, np.random.default_rng(0).integers(0, vocab, size=5000))
+    spe = 10 * batch_size
+    spec = {"name": "owt", "source": {"kind": "tokens", "path": path, "seq_len": block_size,
+                                      "sampling": "random_offset", "samples_per_epoch": spe},
+            "batch_size": batch_size, "seed": seed, "epochs": 0}
+    loader = loaderd.DataLoader(spec, socket=ld.socket, timeout=30)
+    it = iter(loader)
+    log = []
+
+    def get_batch(split):
+        # was: data = np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r')
+        #      ix = torch.randint(len(data) - block_size, (batch_size,))
+        #      x = torch.stack([torch.from_numpy((data[i:i+block_size]).astype(np.int64)) for i in ix])
+        #      y = torch.stack([torch.from_numpy((data[i+1:i+1+block_size]).astype(np.int64)) for i in ix])
+        nonlocal it
+        while True:
+            try:
+                b = next(it)
+                break
+            except StopIteration:
+                it = iter(loader)
+        x, y = b
+        log.append((b.epoch, b.index, x.clone(), y.clone()))
+        return x, y
+
+    model = torch.nn.Embedding(vocab, vocab)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    X, Y = get_batch('train')
+    for iter_num in range(25):
+        logits = model(X)
+        loss = F.cross_entropy(logits.view(-1, vocab), Y.view(-1), ignore_index=-1)
+        X, Y = get_batch('train')
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    loader.close()
+    assert [(e, i) for e, i, _, _ in log] == [divmod(k, 10) for k in range(26)]
+    w = len(data) - block_size
+    for e, i, x, y in log:
+        assert x.dtype == torch.int64 and x.shape == (batch_size, block_size) == y.shape
+        ix = [offset_draw(seed, e, i * batch_size + k, w) for k in range(batch_size)]
+        want_x = torch.stack([torch.from_numpy(data[j:j + block_size].astype(np.int64)) for j in ix])
+        want_y = torch.stack([torch.from_numpy(data[j + 1:j + 1 + block_size].astype(np.int64))
+                              for j in ix])
+        assert torch.equal(x, want_x) and torch.equal(y, want_y)
