@@ -127,6 +127,14 @@ static json_t *pipeline_json(struct pipeline *pl)
 		json_t *cache = pl->src ? source_cache_json(pl->src) : NULL;
 		json_object_set_new(o, "cache", cache ? cache : json_null());
 	}
+	/* the kind's own keys (source_status_json()): never a general key */
+	if (o && pl->src) {
+		json_t *more = source_status_json(pl->src);
+
+		if (more)
+			json_object_update_missing(o, more);
+		json_decref(more);
+	}
 	/* a reload removed it ("draining") or made a successor ("replaced") */
 	if (o && pl->retired && !pl->failed)
 		json_object_set_new(o, "state", json_string(retire_state(pl)));

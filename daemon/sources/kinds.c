@@ -202,3 +202,8 @@ json_t *source_cache_json(const struct source *src)
 {
 	return src->ops->cache_json ? src->ops->cache_json(src) : NULL;
 }
+
+json_t *source_status_json(const struct source *src)
+{
+	return src->ops->status_json ? src->ops->status_json(src) : NULL;
+}

@@ -58,6 +58,8 @@ struct source_ops {
 		    void *const *dsts, char *err, size_t errlen);
 	/* Status "cache" (source_cache_json()); NULL: the kind has none. */
 	json_t *(*cache_json)(const struct source *src);
+	/* source_status_json(): the kind's own status keys; NULL: none. */
+	json_t *(*status_json)(const struct source *src);
 	/* source_check_limit(): what the spec will hold beside the slab against
 	 * the memory limit, before anything is opened; NULL: nothing. */
 	int (*check_limit)(const struct spec *spec, uint64_t limit, char *err, size_t errlen);

@@ -62,7 +62,14 @@ struct tokens_source {
 	uint64_t *seg_cum;            /* nseg + 1 entries */
 	size_t nseg, segcap;
 	uint64_t ndocs;               /* segments seen, a window or not */
-	uint64_t open_start;          /* the current document's first token */
+	/* packing: pieces of documents in rows of L+1 slots, by row */
+	bool packing;
+	uint64_t *pc_start;           /* a piece's first token */
+	uint32_t *pc_len;
+	size_t npc, pccap;
+	uint64_t *row_first;          /* nrows + 1: each row's first piece */
+	uint64_t nrows;
+	uint64_t packed;              /* tokens in the rows */
 };
 
 /* ---- the spec ---- */
@@ -164,12 +171,24 @@ static int parse_corpus(struct spec *spec, json_t *src, char *err, size_t errlen
 	if (r < 0)
 		return r;
 	spec->source.tokens.eos = eos;
+	if (spec->source.tokens.packing) {
+		if (eos < 0)
+			return spec_fail(err, errlen,
+					 "source.packing: needs source.eos (where documents end)");
+		if (v && spec->source.tokens.boundaries != TOKENS_BOUNDARIES_DOCUMENT)
+			return spec_fail(err, errlen,
+					 "source.boundaries: packing packs documents: must be \"document\"");
+		spec->source.tokens.boundaries = TOKENS_BOUNDARIES_DOCUMENT;
+	}
 	if (spec->source.tokens.boundaries == TOKENS_BOUNDARIES_DOCUMENT && eos < 0)
 		return spec_fail(err, errlen, "source.boundaries: \"document\" needs source.eos");
 
 	v = json_object_get(src, "sampling");
 	if (v) {
 		s = json_is_string(v) ? json_string_value(v) : "";
+		if (strcmp(s, "random_offset") == 0 && spec->source.tokens.packing)
+			return spec_fail(err, errlen,
+					 "source.sampling: packing reads whole rows: must be \"aligned\"");
 		if (strcmp(s, "random_offset") == 0)
 			spec->source.tokens.random_offset = true;
 		else if (strcmp(s, "aligned") != 0)
@@ -194,14 +213,47 @@ static int parse_corpus(struct spec *spec, json_t *src, char *err, size_t errlen
 	return 0;
 }
 
+/* seq_len, or with packing its rows' packing.seq_len (the same L). */
+static int parse_seq_len(struct spec *spec, json_t *src, char *err, size_t errlen)
+{
+	static const char *const keys[] = { "seq_len", NULL };
+	json_t *pk = json_object_get(src, "packing");
+	const char *key;
+	int64_t seq_len = 0;
+	int r;
+
+	if (!pk) {
+		if (!json_object_get(src, "seq_len"))
+			return spec_fail(err, errlen, "source.seq_len: is required");
+		r = spec_get_int(src, "seq_len", "source.seq_len", 1, SEQ_LEN_MAX,
+				 "an integer in 1..16777216", &seq_len, err, errlen);
+		spec->source.seq_len = (uint32_t)seq_len;
+		return r;
+	}
+	if (!json_is_object(pk))
+		return spec_fail(err, errlen, "source.packing: must be an object ({\"seq_len\": N})");
+	if ((key = spec_unknown_key(pk, keys)))
+		return spec_fail(err, errlen, "unknown key \"source.packing.%s\"", key);
+	if (json_object_get(src, "seq_len"))
+		return spec_fail(err, errlen,
+				 "source.seq_len: not with source.packing (its rows are packing.seq_len long)");
+	if (!json_object_get(pk, "seq_len"))
+		return spec_fail(err, errlen, "source.packing.seq_len: is required");
+	r = spec_get_int(pk, "seq_len", "source.packing.seq_len", 1, SEQ_LEN_MAX,
+			 "an integer in 1..16777216", &seq_len, err, errlen);
+	spec->source.seq_len = (uint32_t)seq_len;
+	spec->source.tokens.packing = true;
+	return r;
+}
+
 static int parse_tokens(struct spec *spec, json_t *src, char *err, size_t errlen)
 {
 	static const char *const keys[] = { "kind", "path", "paths", "dtype", "seq_len",
-		"output_dtype", "boundaries", "eos", "sampling", "samples_per_epoch", NULL };
+		"output_dtype", "boundaries", "eos", "sampling", "samples_per_epoch", "packing",
+		NULL };
 	const char *key = spec_unknown_key(src, keys);
 	const char *s;
 	json_t *v;
-	int64_t seq_len = 0;
 	int r;
 
 	if (key)
@@ -216,13 +268,9 @@ static int parse_tokens(struct spec *spec, json_t *src, char *err, size_t errlen
 	if (v && (r = parse_dtype(v, &spec->source.dtype, err, errlen)) < 0)
 		return r;
 
-	if (!json_object_get(src, "seq_len"))
-		return spec_fail(err, errlen, "source.seq_len: is required");
-	r = spec_get_int(src, "seq_len", "source.seq_len", 1, SEQ_LEN_MAX,
-			 "an integer in 1..16777216", &seq_len, err, errlen);
+	r = parse_seq_len(spec, src, err, errlen);
 	if (r < 0)
 		return r;
-	spec->source.seq_len = (uint32_t)seq_len;
 
 	spec->source.output_dtype = LDR_DTYPE_INT64;
 	v = json_object_get(src, "output_dtype");
@@ -254,7 +302,11 @@ static json_t *tokens_json(const struct spec *spec)
 	else
 		r |= json_object_set_new(o, "path", json_string(spec->source.path));
 	r |= json_object_set_new(o, "dtype", json_string(dtype_name(spec->source.dtype)));
-	r |= json_object_set_new(o, "seq_len", json_integer(spec->source.seq_len));
+	if (spec->source.tokens.packing)
+		r |= json_object_set_new(o, "packing",
+					 json_pack("{s:I}", "seq_len", (json_int_t)spec->source.seq_len));
+	else
+		r |= json_object_set_new(o, "seq_len", json_integer(spec->source.seq_len));
 	r |= json_object_set_new(o, "output_dtype",
 				 json_string(dtype_name(spec->source.output_dtype)));
 	r |= json_object_set_new(o, "boundaries",
@@ -284,11 +336,15 @@ static uint64_t seg_windows(const struct tokens_source *src, uint64_t len)
 }
 
 /* The segment [start, end) of the corpus ends: kept if it holds a window. */
+static int pack_add_doc(struct tokens_source *src, uint64_t start, uint64_t end);
+
 static int seg_end(struct tokens_source *src, uint64_t start, uint64_t end)
 {
 	uint64_t w = seg_windows(src, end - start);
 
 	src->ndocs++;
+	if (src->packing)
+		return pack_add_doc(src, start, end);
 	if (!w)
 		return 0;
 	if (src->nseg + 1 >= src->segcap) {
@@ -362,6 +418,120 @@ static int scan_documents(struct tokens_source *src, const struct tok_file *f, i
 	if (r == 0 && start < f->first + f->ntokens)
 		r = seg_end(src, start, f->first + f->ntokens);
 	return r;
+}
+
+/* ---- packing ---- */
+
+/* A document's pieces of at most L+1 tokens, disjoint, in order. */
+static int pack_add_doc(struct tokens_source *src, uint64_t start, uint64_t end)
+{
+	uint32_t cap = src->seq_len + 1;
+
+	for (uint64_t s = start; s < end; s += cap) {
+		if (src->npc == src->pccap) {
+			size_t n = src->pccap ? src->pccap * 2 : 256;
+			uint64_t *a = realloc(src->pc_start, n * sizeof(*a));
+			uint32_t *b;
+
+			if (!a)
+				return -ENOMEM;
+			src->pc_start = a;
+			b = realloc(src->pc_len, n * sizeof(*b));
+			if (!b)
+				return -ENOMEM;
+			src->pc_len = b;
+			src->pccap = n;
+		}
+		src->pc_start[src->npc] = s;
+		src->pc_len[src->npc] = end - s < cap ? (uint32_t)(end - s) : cap;
+		src->packed += src->pc_len[src->npc];
+		src->npc++;
+	}
+	return 0;
+}
+
+/*
+ * First-fit: each piece, in corpus order, into the first row with room for
+ * it (a max-tree over the rows' free slots finds it in log time; a piece
+ * always fits a fresh row, so npc leaves are enough), then the pieces
+ * sorted by row, keeping their order within one.
+ */
+static int pack_rows(struct tokens_source *src)
+{
+	uint32_t cap = src->seq_len + 1, *tree;
+	size_t *row;
+	uint64_t *start = NULL, *fill = NULL;
+	uint32_t *len = NULL;
+	size_t P = 1;
+	int r = -ENOMEM;
+
+	while (P < src->npc)
+		P <<= 1;
+	tree = malloc(2 * P * sizeof(*tree));
+	row = malloc((src->npc + 1) * sizeof(*row));
+	if (!tree || !row)
+		goto out;
+	for (size_t k = 1; k < 2 * P; k++)
+		tree[k] = cap;
+	for (size_t i = 0; i < src->npc; i++) {
+		size_t k = 1;
+
+		while (k < P)
+			k = tree[2 * k] >= src->pc_len[i] ? 2 * k : 2 * k + 1;
+		row[i] = k - P;
+		if (row[i] + 1 > src->nrows)
+			src->nrows = row[i] + 1;
+		tree[k] -= src->pc_len[i];
+		for (k >>= 1; k; k >>= 1)
+			tree[k] = tree[2 * k] > tree[2 * k + 1] ? tree[2 * k] : tree[2 * k + 1];
+	}
+	src->row_first = calloc(src->nrows + 1, sizeof(*src->row_first));
+	fill = malloc((src->nrows + 1) * sizeof(*fill));
+	start = malloc((src->npc + 1) * sizeof(*start));
+	len = malloc((src->npc + 1) * sizeof(*len));
+	if (!src->row_first || !fill || !start || !len)
+		goto out;
+	for (size_t i = 0; i < src->npc; i++)
+		src->row_first[row[i] + 1]++;
+	for (uint64_t k = 0; k < src->nrows; k++)
+		src->row_first[k + 1] += src->row_first[k];
+	memcpy(fill, src->row_first, (src->nrows + 1) * sizeof(*fill));
+	for (size_t i = 0; i < src->npc; i++) {
+		uint64_t at = fill[row[i]]++;
+
+		start[at] = src->pc_start[i];
+		len[at] = src->pc_len[i];
+	}
+	free(src->pc_start);
+	free(src->pc_len);
+	src->pc_start = start;
+	src->pc_len = len;
+	start = NULL;
+	len = NULL;
+	r = 0;
+out:
+	free(tree);
+	free(row);
+	free(fill);
+	free(start);
+	free(len);
+	return r;
+}
+
+static json_t *tokens_status_json(const struct source *base)
+{
+	const struct tokens_source *src = (const struct tokens_source *)base;
+	uint64_t capacity = src->nrows * ((uint64_t)src->seq_len + 1);
+
+	if (!src->packing)
+		return NULL;
+	return json_pack("{s:{s:I, s:I, s:I, s:I, s:I, s:f}}", "packing",
+			 "rows", (json_int_t)src->nrows,
+			 "documents", (json_int_t)src->ndocs,
+			 "pieces", (json_int_t)src->npc,
+			 "tokens", (json_int_t)src->packed,
+			 "capacity", (json_int_t)capacity,
+			 "efficiency", capacity ? (double)src->packed / (double)capacity : 0.0);
 }
 
 /* ---- the files ---- */
@@ -497,6 +667,9 @@ static int add_paths(struct tokens_source *src, char *const *paths, size_t npath
 
 static int check_windows(struct tokens_source *src, char *err, size_t errlen)
 {
+	if (src->packing)
+		return src->nrows ? 0 : errfmt(-EINVAL, err, errlen, "%s: no tokens to pack",
+					       src->what);
 	if (src->nseg)
 		return 0;
 	if (src->boundaries == TOKENS_BOUNDARIES_NONE ||
@@ -515,6 +688,26 @@ static int check_windows(struct tokens_source *src, char *err, size_t errlen)
 
 /* ---- the dataset ---- */
 
+/* input, target; with packing position_ids, cu_seqlens, loss_mask too. */
+static void set_fields(struct tokens_source *src)
+{
+	static const char *const names[] = { "input", "target", "position_ids", "cu_seqlens",
+		"loss_mask" };
+	static const int dtypes[] = { -1, -1, LDR_DTYPE_INT64, LDR_DTYPE_INT32,
+		LDR_DTYPE_FLOAT32 };
+
+	src->base.nfields = src->packing ? 5 : 2;
+	for (size_t i = 0; i < src->base.nfields; i++) {
+		struct field_desc *f = &src->base.fields[i];
+
+		snprintf(f->name, sizeof(f->name), "%s", names[i]);
+		f->dtype = dtypes[i] < 0 ? src->out_dtype : dtypes[i];
+		f->ndim = 1;
+		f->shape[0] = src->seq_len + (i == 3);
+		f->sample_bytes = (size_t)f->shape[0] * dtype_size(f->dtype);
+	}
+}
+
 static int tokens_open(struct source *base, const struct spec *spec, char *err, size_t errlen)
 {
 	struct tokens_source *src = (struct tokens_source *)base;
@@ -527,6 +720,7 @@ static int tokens_open(struct source *base, const struct spec *spec, char *err, 
 	src->boundaries = spec->source.tokens.boundaries;
 	src->eos = spec->source.tokens.eos;
 	src->random_offset = spec->source.tokens.random_offset;
+	src->packing = spec->source.tokens.packing;
 	/* the spec's seed, never a client's augment seed: the offsets are the
 	 * dataset, as the permutation is (docs/spec.md) */
 	src->seed = spec->seed;
@@ -543,6 +737,8 @@ static int tokens_open(struct source *base, const struct spec *spec, char *err, 
 				: add_file(src, spec->source.path, err, errlen);
 	if (r == 0 && src->boundaries == TOKENS_BOUNDARIES_NONE)
 		r = seg_end(src, 0, src->ntokens);
+	if (r == 0 && src->packing)
+		r = pack_rows(src);
 	if (r == 0)
 		r = check_windows(src, err, errlen);
 	if (r < 0) {
@@ -550,23 +746,16 @@ static int tokens_open(struct source *base, const struct spec *spec, char *err, 
 			errfmt(r, err, errlen, "%s: out of memory", src->what);
 		return r;
 	}
-	src->base.nsamples = src->random_offset ? spec->source.tokens.samples_per_epoch
-						: src->seg_cum[src->nseg];
+	src->base.nsamples = src->packing ? src->nrows
+			     : src->random_offset ? spec->source.tokens.samples_per_epoch
+						  : src->seg_cum[src->nseg];
 	src->base.index_bytes = src->nfiles * sizeof(*src->files) +
-				src->segcap * 2 * sizeof(uint64_t);
+				src->segcap * 2 * sizeof(uint64_t) +
+				src->npc * (sizeof(uint64_t) + sizeof(uint32_t)) +
+				(src->packing ? (src->nrows + 1) * sizeof(uint64_t) : 0);
 	for (size_t i = 0; i < src->nfiles; i++)
 		src->base.index_bytes += strlen(src->files[i].path) + 1;
-
-	src->base.nfields = 2;
-	for (int i = 0; i < 2; i++) {
-		struct field_desc *f = &src->base.fields[i];
-
-		snprintf(f->name, sizeof(f->name), "%s", i == 0 ? "input" : "target");
-		f->dtype = src->out_dtype;
-		f->ndim = 1;
-		f->shape[0] = src->seq_len;
-		f->sample_bytes = (size_t)src->seq_len * dtype_size(src->out_dtype);
-	}
+	set_fields(src);
 	return 0;
 }
 
@@ -698,6 +887,58 @@ static int read_tokens(const struct tokens_source *src, uint64_t at, size_t n, u
 	return 0;
 }
 
+/* Padding slots [@from, @to) of a packed row: the eos token. */
+static void fill_eos(const struct tokens_source *src, unsigned char *buf, size_t from, size_t to)
+{
+	for (size_t j = from; j < to; j++) {
+		if (src->dtype == LDR_DTYPE_UINT16)
+			((uint16_t *)buf)[j] = (uint16_t)src->eos;
+		else if (src->dtype == LDR_DTYPE_UINT32)
+			((uint32_t *)buf)[j] = (uint32_t)src->eos;
+		else
+			((int32_t *)buf)[j] = (int32_t)src->eos;
+	}
+}
+
+/*
+ * Packed row @row into @buf (L+1 slots) and its position_ids, cu_seqlens
+ * and loss_mask (docs/spec.md, "Packing"): each piece is a sequence of
+ * its own, a loss only where the next slot holds the same piece's token.
+ */
+static int pack_read(const struct tokens_source *src, uint64_t row, unsigned char *buf,
+		     void *const *dsts, char *err, size_t errlen)
+{
+	size_t L = src->seq_len, used = 0, ncu = 0;
+	int64_t *pos = dsts[2];
+	int32_t *cu = dsts[3];
+	float *mask = dsts[4];
+
+	cu[ncu++] = 0;
+	for (uint64_t p = src->row_first[row]; p < src->row_first[row + 1]; p++) {
+		size_t s = used, e = used + src->pc_len[p];
+		int r = read_tokens(src, src->pc_start[p], src->pc_len[p], buf + s * src->elem,
+				    err, errlen);
+
+		if (r < 0)
+			return r;
+		for (size_t j = s; j < e && j < L; j++) {
+			pos[j] = (int64_t)(j - s);
+			mask[j] = j + 1 < e ? 1.0f : 0.0f;
+		}
+		if (s < L)
+			cu[ncu++] = (int32_t)(e < L ? e : L);
+		used = e;
+	}
+	for (size_t j = used; j < L; j++) {
+		pos[j] = 0;
+		mask[j] = 0.0f;
+	}
+	while (ncu < L + 1)
+		cu[ncu++] = -1;
+	fill_eos(src, buf, used, L + 1);
+	return 0;
+}
+
 static int tokens_read(struct source *base, const struct sample_ctx *ctx, uint64_t idx,
 		       void *const *dsts, char *err, size_t errlen)
 {
@@ -710,7 +951,10 @@ static int tokens_read(struct source *base, const struct sample_ctx *ctx, uint64
 	if (!buf)
 		return errfmt(-ENOMEM, err, errlen, "%s: out of memory for %zu bytes", src->what,
 			      len);
-	r = read_tokens(src, window_start(src, ctx, idx), n + 1, buf, err, errlen);
+	if (src->packing)
+		r = pack_read(src, idx, buf, dsts, err, errlen);
+	else
+		r = read_tokens(src, window_start(src, ctx, idx), n + 1, buf, err, errlen);
 	if (r < 0)
 		return r;
 	if (src->out_dtype == src->dtype) {
@@ -746,6 +990,9 @@ static void tokens_close(struct source *base)
 	free(src->files);
 	free(src->seg_start);
 	free(src->seg_cum);
+	free(src->pc_start);
+	free(src->pc_len);
+	free(src->row_first);
 }
 
 const struct source_ops source_tokens_ops = {
@@ -754,5 +1001,6 @@ const struct source_ops source_tokens_ops = {
 	.size = sizeof(struct tokens_source),
 	.open = tokens_open,
 	.read = tokens_read,
+	.status_json = tokens_status_json,
 	.close = tokens_close,
 };

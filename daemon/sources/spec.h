@@ -60,6 +60,7 @@ struct spec {
 			int64_t eos;          /* a token id, -1: none */
 			bool random_offset;   /* "sampling": "random_offset" */
 			uint64_t samples_per_epoch;  /* random_offset */
+			bool packing;         /* rows of seq_len + 1 tokens of whole documents */
 		} tokens;
 		char *root;           /* image_folder */
 		char **urls;          /* webdataset: shard paths or brace patterns */

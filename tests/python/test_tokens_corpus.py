@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import loaderd
-from test_epochs import M64, splitmix64  # docs/spec.md, "The permutation"
+from test_epochs import M64, epoch_order, splitmix64  # docs/spec.md, "The permutation"
 
 
 def offset_draw(seed, epoch, i, w):
@@ -293,6 +293,122 @@ def test_many_files(ld, workdir):
     spec = tok_spec("toomany", L, paths=[os.path.join(d, "00000")] * 100000)
     text = create_error(ld, spec)
     assert "a spec at most 256 KiB; list fewer files (a directory, a glob)" in text
+
+
+# ------------------------------------------------------------------ packing
+
+def pack_reference(files, L, eos):
+    """docs/spec.md, "Packing": documents cut into pieces of at most L+1
+    tokens, first-fit in corpus order into rows of L+1 slots."""
+    cap = L + 1
+    pieces = [d[s:s + cap] for d in segments(files, L, eos, "document")
+              for s in range(0, len(d), cap)]
+    rows, free = [], []
+    for p in pieces:
+        for r, f in enumerate(free):
+            if f >= len(p):
+                rows[r].append(p)
+                free[r] -= len(p)
+                break
+        else:
+            rows.append([p])
+            free.append(cap - len(p))
+    return rows
+
+
+def row_fields(row, L, eos):
+    slots = np.full(L + 1, eos, dtype=np.int64)
+    pos = np.zeros(L, dtype=np.int64)
+    mask = np.zeros(L, dtype=np.float32)
+    cu = [0]
+    used = 0
+    for p in row:
+        s, e = used, used + len(p)
+        slots[s:e] = p
+        for j in range(s, min(e, L)):
+            pos[j] = j - s
+            mask[j] = 1.0 if j + 1 < e else 0.0
+        if s < L:
+            cu.append(min(e, L))
+        used = e
+    cu += [-1] * (L + 1 - len(cu))
+    return slots[:L], slots[1:], pos, np.array(cu, dtype=np.int32), mask
+
+
+def test_packing(ld, workdir):
+    """Documents of 1..3L tokens packed first-fit into rows, shuffled by the
+    sampler: every field as computed here; position_ids restart after every
+    eos; each document token once in the epoch (the rest is eos padding);
+    the efficiency in status exact."""
+    L, eos, bs, seed = 16, 1, 5, 3
+    rng = np.random.default_rng(11)
+    files = []
+    for f in range(3):
+        docs = [np.append(rng.integers(2, 100, size=rng.integers(0, 3 * L)), eos)
+                for _ in range(12)]
+        t = np.concatenate(docs)
+        if f == 2:
+            t = t[:-1]                         # the last document ends at the file's end
+        files.append(write(os.path.join(workdir, f"p{f}.bin"), t, "uint32"))
+    spec = {"name": "pack", "source": {"kind": "tokens", "paths": [os.path.join(workdir, "p*.bin")],
+                                       "dtype": "uint32", "eos": eos, "packing": {"seq_len": L}},
+            "batch_size": bs, "shuffle": True, "seed": seed}
+    rows = pack_reference(files, L, eos)
+    assert any(len(r) > 1 for r in rows) and any(len(p) == L + 1 for r in rows for p in r)
+    with loaderd.DataLoader(spec, socket=ld.socket, timeout=30) as dl:
+        got = [(b.epoch, b.index, {k: b[k].numpy().copy() for k in
+                                   ("input", "target", "position_ids", "cu_seqlens", "loss_mask")})
+               for b in dl]
+    p = ld.pipeline("pack")
+    assert p["samples"] == len(rows)
+    ntok = sum(len(t) for t in files)
+    assert p["packing"] == {"rows": len(rows), "documents": 36,
+                            "pieces": sum(len(r) for r in rows), "tokens": ntok,
+                            "capacity": len(rows) * (L + 1),
+                            # status's reals have 15 significant digits
+                            "efficiency": float("%.15g" % (ntok / (len(rows) * (L + 1))))}
+    assert p["spec"]["source"]["packing"] == {"seq_len": L} and "seq_len" not in p["spec"]["source"]
+    assert p["spec"]["source"]["boundaries"] == "document"
+    order = epoch_order(len(rows), bs, 0, seed=seed)
+    slots = []
+    for e, i, f in got:
+        for k, rid in enumerate(order[i]):
+            want = row_fields(rows[rid], L, eos)
+            for name, w in zip(("input", "target", "position_ids", "cu_seqlens", "loss_mask"), want):
+                assert f[name][k].dtype == w.dtype and np.array_equal(f[name][k], w), (name, rid)
+            x, pos, mask = f["input"][k], f["position_ids"][k], f["loss_mask"][k]
+            for j in np.flatnonzero(x[:-1] == eos):
+                assert pos[j + 1] == 0 and mask[j] == 0
+            slots.append(np.append(x, f["target"][k][-1]))
+    assert len(slots) == len(rows)
+    vals, counts = np.unique(np.concatenate(slots), return_counts=True)
+    wvals, wcounts = np.unique(np.concatenate(files), return_counts=True)
+    pad = len(rows) * (L + 1) - ntok
+    wcounts = wcounts + np.where(wvals == eos, pad, 0)
+    assert np.array_equal(vals, wvals) and np.array_equal(counts, wcounts)
+
+
+def test_packing_errors(ld, workdir):
+    path = os.path.join(workdir, "t.bin")
+    write(path, np.arange(40) % 5)
+    base = {"kind": "tokens", "path": path}
+    cases = [
+        (dict(packing={"seq_len": 8}), "spec: source.packing: needs source.eos (where documents end)"),
+        (dict(packing={"seq_len": 8}, eos=0, seq_len=8),
+         "spec: source.seq_len: not with source.packing (its rows are packing.seq_len long)"),
+        (dict(packing={"seq_len": 8}, eos=0, boundaries="file"),
+         "spec: source.boundaries: packing packs documents: must be \"document\""),
+        (dict(packing={"seq_len": 8}, eos=0, sampling="random_offset", samples_per_epoch=3),
+         "spec: source.sampling: packing reads whole rows: must be \"aligned\""),
+        (dict(packing={"seq_len": 8, "pad": 0}, eos=0), "spec: unknown key \"source.packing.pad\""),
+        (dict(packing={}, eos=0), "spec: source.packing.seq_len: is required"),
+        (dict(packing=8, eos=0), "spec: source.packing: must be an object ({\"seq_len\": N})"),
+        (dict(packing={"seq_len": 0}, eos=0),
+         "spec: source.packing.seq_len: must be an integer in 1..16777216"),
+    ]
+    for extra, msg in cases:
+        text = create_error(ld, {"name": "bad", "source": dict(base, **extra)})
+        assert msg in text, (msg, text)
 
 
 def test_nanogpt_get_batch_random_offset(ld, workdir):
