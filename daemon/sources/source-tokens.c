@@ -10,9 +10,12 @@
  * the i-th aligned window of that sequence, or with sampling "random_offset"
  * a window at a start drawn from (seed, epoch, i) alone, every valid start of
  * every segment equally likely (nanoGPT's get_batch made deterministic).
- * The L+1 tokens are read at once into a per-thread buffer (pread, across
- * files with boundaries "none") and widened to int64 unless output_dtype
- * keeps the file's dtype.
+ * With packing, the documents are cut into pieces of at most L+1 tokens
+ * packed first-fit into rows of L+1 slots once at open, and sample i is row
+ * i with its position_ids, cu_seqlens and loss_mask. The L+1 tokens are
+ * read at once into a per-thread buffer (pread, across files with
+ * boundaries "none") and widened to int64 unless output_dtype keeps the
+ * file's dtype.
  */
 #include <dirent.h>
 #include <errno.h>
