@@ -594,7 +594,9 @@ static int strcmp_p(const void *a, const void *b)
 static int add_glob(struct tokens_source *src, const char *pattern, char *err, size_t errlen)
 {
 	const char *slash = strrchr(pattern, '/');
-	char *dir = slash ? strndup(pattern, (size_t)(slash - pattern) + 1) : strdup(".");
+	int prefix = slash ? (int)(slash - pattern) + 1 : 0;   /* the directory, with its '/' */
+	char *dir = !slash ? strdup(".") : slash == pattern ? strdup("/")
+					 : strndup(pattern, (size_t)(slash - pattern));
 	const char *base = slash ? slash + 1 : pattern;
 	char **names = NULL;
 	size_t n = 0, cap = 0;
@@ -621,7 +623,7 @@ static int add_glob(struct tokens_source *src, const char *pattern, char *err, s
 			}
 			names = v;
 		}
-		if (asprintf(&names[n], "%s%s", slash ? dir : "", de->d_name) < 0) {
+		if (asprintf(&names[n], "%.*s%s", prefix, pattern, de->d_name) < 0) {
 			r = -ENOMEM;
 			goto out;
 		}
