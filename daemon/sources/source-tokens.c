@@ -521,20 +521,30 @@ out:
 	return r;
 }
 
+/* Status "corpus" (what the patterns expanded to), and "packing". */
 static json_t *tokens_status_json(const struct source *base)
 {
 	const struct tokens_source *src = (const struct tokens_source *)base;
 	uint64_t capacity = src->nrows * ((uint64_t)src->seq_len + 1);
+	json_t *o = json_pack("{s:{s:I, s:I, s:o}}", "corpus",
+			      "files", (json_int_t)src->nfiles,
+			      "tokens", (json_int_t)src->ntokens,
+			      "documents", src->boundaries == TOKENS_BOUNDARIES_DOCUMENT
+						   ? json_integer((json_int_t)src->ndocs)
+						   : json_null());
+	json_t *pk;
 
-	if (!src->packing)
+	if (!o || !src->packing)
+		return o;
+	pk = json_pack("{s:I, s:I, s:I, s:I, s:I, s:f}", "rows", (json_int_t)src->nrows,
+		       "documents", (json_int_t)src->ndocs, "pieces", (json_int_t)src->npc,
+		       "tokens", (json_int_t)src->packed, "capacity", (json_int_t)capacity,
+		       "efficiency", capacity ? (double)src->packed / (double)capacity : 0.0);
+	if (json_object_set_new(o, "packing", pk) < 0) {
+		json_decref(o);
 		return NULL;
-	return json_pack("{s:{s:I, s:I, s:I, s:I, s:I, s:f}}", "packing",
-			 "rows", (json_int_t)src->nrows,
-			 "documents", (json_int_t)src->ndocs,
-			 "pieces", (json_int_t)src->npc,
-			 "tokens", (json_int_t)src->packed,
-			 "capacity", (json_int_t)capacity,
-			 "efficiency", capacity ? (double)src->packed / (double)capacity : 0.0);
+	}
+	return o;
 }
 
 /* ---- the files ---- */

@@ -129,7 +129,8 @@ int source_check_limit(const struct spec *spec, uint64_t limit, char *err, size_
 json_t *source_cache_json(const struct source *src);
 /* The kind's own keys of a pipeline's status, an object added to it beside
  * the general keys, never in their place (tokens with packing: "packing",
- * docs/spec.md), or NULL for kinds that have none. */
+ * docs/spec.md; every tokens pipeline: "corpus"), or NULL for kinds that
+ * have none. */
 json_t *source_status_json(const struct source *src);
 /* Do its samples depend on the seed (image sources with random transforms)?
  * If not, every augment seed gives the same bytes. */

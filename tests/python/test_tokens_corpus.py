@@ -114,6 +114,9 @@ def test_paths_brace_and_glob_aligned(ld, workdir):
     check(read_epochs(ld, spec)[0], want)
     spec = tok_spec("glob", L, paths=[os.path.join(workdir, "shard-*.bin")])
     check(read_epochs(ld, spec)[0], want)
+    # what the patterns expanded to (not part of the spec: its status)
+    assert ld.pipeline("glob")["corpus"] == {"files": 12, "tokens": sum(len(f) for f in files),
+                                             "documents": None}
     # the list order is kept (a file named twice is read twice): the last
     # shard first, then all by two globs
     order = [files[11]] + files
@@ -152,6 +155,9 @@ def test_document_boundaries(ld, workdir):
     check(got, want)
     for w in want:
         assert not np.any(w[:-1] == eos)
+    assert ld.pipeline("doc")["corpus"] == {
+        "files": 4, "tokens": 1200,
+        "documents": len(segments(files, L, eos, "document"))}
 
 
 def test_random_offset_formula_and_coverage(ld, workdir):
