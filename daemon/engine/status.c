@@ -127,10 +127,18 @@ static json_t *pipeline_json(struct pipeline *pl)
 		json_t *cache = pl->src ? source_cache_json(pl->src) : NULL;
 		json_object_set_new(o, "cache", cache ? cache : json_null());
 	}
-	/* what the source kind tells of itself: a blend's parts and their counts */
+	/* the kind's own keys (source_status_json()), never in place of a
+	 * general key: a blend's "source" (its parts and their counts), a
+	 * tokens corpus's "corpus" and "packing"; "source" is null for the
+	 * kinds that say nothing of themselves there */
 	if (o) {
-		json_t *srcst = pl->src ? source_status_json(pl->src) : NULL;
-		json_object_set_new(o, "source", srcst ? srcst : json_null());
+		json_t *more = pl->src ? source_status_json(pl->src) : NULL;
+
+		if (more)
+			json_object_update_missing(o, more);
+		json_decref(more);
+		if (!json_object_get(o, "source"))
+			json_object_set_new(o, "source", json_null());
 	}
 	/* a reload removed it ("draining") or made a successor ("replaced") */
 	if (o && pl->retired && !pl->failed)

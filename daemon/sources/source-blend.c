@@ -676,8 +676,8 @@ static int blend_read(struct source *base, const struct sample_ctx *ctx, uint64_
 	return source_read(part, ctx, s, dsts, err, errlen);
 }
 
-/* Status "source": each part's name, kind, samples, samples per epoch and
- * samples read so far. */
+/* Status "source" (the kind's own key, source_status_json()): each part's
+ * name, kind, samples, samples per epoch and samples read so far. */
 static json_t *blend_status_json(const struct source *base)
 {
 	const struct blend_source *src = (const struct blend_source *)base;
@@ -692,7 +692,7 @@ static json_t *blend_status_json(const struct source *base)
 			"samples_per_epoch", (json_int_t)src->per_epoch[i],
 			"samples_read", (json_int_t)atomic_load_explicit(&src->read[i],
 									  memory_order_relaxed)));
-	return parts ? json_pack("{s:s, s:o}", "kind", "blend", "parts", parts) : NULL;
+	return parts ? json_pack("{s:{s:s, s:o}}", "source", "kind", "blend", "parts", parts) : NULL;
 }
 
 static void blend_close(struct source *base)

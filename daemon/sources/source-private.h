@@ -61,7 +61,7 @@ struct source_ops {
 		    void *const *dsts, char *err, size_t errlen);
 	/* Status "cache" (source_cache_json()); NULL: the kind has none. */
 	json_t *(*cache_json)(const struct source *src);
-	/* Status "source" (source_status_json()); NULL: the kind has none. */
+	/* source_status_json(): the kind's own status keys; NULL: none. */
 	json_t *(*status_json)(const struct source *src);
 	/* source_check_limit(): what the spec will hold beside the slab against
 	 * the memory limit, before anything is opened; NULL: nothing. */

@@ -91,7 +91,8 @@ const struct field_desc *source_field(const struct source *src, size_t i);
 /**
  * source_read() - write sample @idx into its place in a batch.
  * @ctx: the pipeline's seed and the epoch, for random augmentations (NULL:
- *       seed 0, epoch 0); tokens and npy ignore it
+ *       seed 0, epoch 0); npy ignores it, tokens with random_offset reads
+ *       the epoch
  * @dsts: one destination per field, each field's sample_bytes long
  *
  * Thread-safe: the workers call it concurrently. Reads with pread, never
@@ -114,7 +115,8 @@ uint64_t source_skipped(const struct source *src);
  * 0 for other sources. */
 uint64_t source_decoded(const struct source *src);
 /* Memory of the source's index of its samples (image sources: the listing
- * or the tar index and the bad-sample map); 0 for others. */
+ * or the tar index and the bad-sample map; tokens: its files and segments);
+ * 0 for others. */
 uint64_t source_index_bytes(const struct source *src);
 /* Memory the source holds beside the slab that counts against the memory
  * limit: an image pipeline's decoded-image cache (its arena); 0 for others. */
@@ -127,8 +129,10 @@ int source_check_limit(const struct spec *spec, uint64_t limit, char *err, size_
 /* Status "cache" of an image pipeline with a decoded-image cache (hits,
  * misses, entries, bytes_used...; imagecache.h), else NULL. */
 json_t *source_cache_json(const struct source *src);
-/* Status "source": what a kind tells of itself beyond the generic keys (a
- * blend: its parts and the samples read of each), else NULL. */
+/* The kind's own keys of a pipeline's status, an object added to it beside
+ * the general keys, never in their place (a blend: "source", its parts and
+ * the samples read of each; tokens with packing: "packing", docs/spec.md;
+ * every tokens pipeline: "corpus"), or NULL for kinds that have none. */
 json_t *source_status_json(const struct source *src);
 /* Do its samples depend on the seed (image sources with random transforms)?
  * If not, every augment seed gives the same bytes. */

@@ -18,6 +18,15 @@ enum transform_op {
 	TRANSFORM_NORMALIZE,
 };
 
+/* tokens: what a window of L+1 tokens may not cross (docs/spec.md) */
+enum tokens_boundaries {
+	TOKENS_BOUNDARIES_FILE,       /* default */
+	TOKENS_BOUNDARIES_DOCUMENT,   /* an eos token or a file's end */
+	TOKENS_BOUNDARIES_NONE,       /* the files as one stream */
+};
+#define TOKENS_PATHS_MAX 100000       /* entries of source.paths */
+#define TOKENS_FILES_MAX 1000000      /* files they name, expanded */
+
 #define SPEC_TRANSFORMS_MAX 16
 #define SPEC_IMAGE_SIZE_MAX 16384
 /* decode.max_pixels: default 2^26 (8192 x 8192, 192 MiB of RGB to decode),
@@ -45,8 +54,16 @@ struct spec {
 		int dtype;            /* tokens: uint16, uint32 or int32 */
 		uint32_t seq_len;     /* tokens */
 		int output_dtype;     /* tokens: int64 (default) or the source dtype */
-		char **paths;         /* npy */
-		size_t npaths;        /* npy */
+		char **paths;         /* npy; tokens: "paths" as written (patterns) */
+		size_t npaths;        /* npy, tokens */
+		/* tokens (source-tokens.c): a corpus of many files */
+		struct {
+			int boundaries;       /* enum tokens_boundaries */
+			int64_t eos;          /* a token id, -1: none */
+			bool random_offset;   /* "sampling": "random_offset" */
+			uint64_t samples_per_epoch;  /* random_offset */
+			bool packing;         /* rows of seq_len + 1 tokens of whole documents */
+		} tokens;
 		char *root;           /* image_folder */
 		char **urls;          /* webdataset: shard paths or brace patterns */
 		size_t nurls;         /* webdataset */

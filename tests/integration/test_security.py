@@ -103,6 +103,24 @@ def test_bob_cannot_read_alices_private_file_through_the_daemon(setup):
     assert data == expected(tokens)
 
 
+def test_token_globs_are_listed_as_the_creator(setup):
+    """A tokens source's glob lists its directory with the creator's
+    credentials: bob cannot learn what alice's private directory holds."""
+    d, alice, bob, tok, tokens, shared = setup
+    spec = token_spec("globbed", tok, SEQ, "uint16", batch_size=8)
+    del spec["source"]["path"]
+    spec["source"]["paths"] = [os.path.join(os.path.dirname(tok), "t*.bin")]
+    r = bob.ctl(d, "create", "--spec", spec_file(shared, spec, "bob.json"))
+    assert r.returncode != 0
+    assert f"{os.path.dirname(tok)}: Permission denied (as ldr-bob (uid {bob.uid}))" \
+        in r.stderr, r.stderr
+    assert "globbed" not in [p["name"] for p in d.status()["pipelines"]]
+    alice.ctl(d, "create", "--spec", spec_file(shared, spec, "alice.json"), check=True)
+    r, data = consume_as(alice, d, shared, "globbed")
+    assert r.returncode == 0, r.stderr
+    assert data == expected(tokens)
+
+
 def test_image_files_are_read_as_the_creator(setup, workdir):
     """Workers open each image with the creator's credentials: bob's pipeline
     over a folder he may list but whose files are alice's 0600 fails, naming

@@ -24,7 +24,7 @@
 
 #include "common.h"
 #include "base/creds.h"
-#include "brace.h"
+#include "sources/brace.h"
 #include "imageset.h"
 #include "tar.h"
 

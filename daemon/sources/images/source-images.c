@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "brace.h"
+#include "sources/brace.h"
 #include "common.h"
 #include "image.h"
 #include "imagecache.h"

@@ -61,7 +61,8 @@ static void test_defaults(void)
 
 	json_t *want = json_loads("{\"name\": \"tok\", \"source\": {\"kind\": \"tokens\", "
 				  "\"path\": \"/d/t.bin\", \"dtype\": \"uint16\", \"seq_len\": 4, "
-				  "\"output_dtype\": \"int64\"}, \"batch_size\": 32, "
+				  "\"output_dtype\": \"int64\", \"boundaries\": \"file\", "
+				  "\"sampling\": \"aligned\"}, \"batch_size\": 32, "
 				  "\"shuffle\": false, \"seed\": 0, \"drop_last\": false, "
 				  "\"epochs\": 1, \"prefetch\": \"auto\", \"min_clients\": 1}",
 				  0, NULL);
@@ -277,12 +278,12 @@ static void test_diff(void)
 	assert(strcmp(err, "source.path \"/e/t.bin\" (it has \"/d/t.bin\"), "
 		       "source.seq_len 8 (it has 4)") == 0);
 	/* another kind: keys only one side has */
-	assert(spec_diff(npy, have, err, sizeof(err)) == 6);
+	assert(spec_diff(npy, have, err, sizeof(err)) == 8);
 	assert(strstr(err, "source.kind \"npy\" (it has \"tokens\")"));
 	assert(strstr(err, "source.paths [\"/d/x.npy\",\"y.npy\"] (it has none)"));
 	assert(strstr(err, "no source.seq_len (it has 4)"));
 	/* what does not fit is counted */
-	assert(spec_diff(npy, have, small, sizeof(small)) == 6);
+	assert(spec_diff(npy, have, small, sizeof(small)) == 8);
 	assert(strlen(small) < sizeof(small) && strstr(small, "more"));
 	spec_free(have);
 	spec_free(want);
@@ -467,6 +468,59 @@ static void test_big_group(void)
 		assert(WEXITSTATUS(status) == 0);
 }
 
+/* A tokens corpus: "paths" kept as written, the new keys' defaults filled
+ * in, the list limit exact (tests/python/test_tokens_corpus.py reads it). */
+static void test_tokens_corpus(void)
+{
+	size_t n = 100001, len = 200 + n * 6;
+	char *text = malloc(len), *p = text;
+	struct spec *s = NULL;
+	json_t *src, *obj;
+
+	if (!text)
+		abort();
+	p += sprintf(p, "{\"name\": \"c\", \"source\": {\"kind\": \"tokens\", \"seq_len\": 4, "
+		     "\"eos\": 3, \"sampling\": \"random_offset\", \"samples_per_epoch\": 9, "
+		     "\"paths\": [");
+	for (size_t i = 0; i < n; i++) {
+		memcpy(p, ",\"/a\"" + !i, 5 - !i);
+		p += 5 - !i;
+	}
+	/* over a spec text's 256 KiB: a pipeline of the config (spec_from_json) */
+	strcpy(p, "]}}");
+	obj = json_loads(text, 0, NULL);
+	assert(obj && spec_from_json(&s, obj, err, sizeof(err)) == -EINVAL);
+	assert(strcmp(err, "spec: source.paths: must be an array of 1..100000 strings (paths, "
+			   "brace ranges, globs)") == 0);
+	json_decref(obj);
+	strcpy(p - 5, "]}}");                /* 100000 */
+	obj = json_loads(text, 0, NULL);
+	assert(obj && spec_from_json(&s, obj, err, sizeof(err)) == 0);
+	json_decref(obj);
+	assert(s->source.npaths == 100000 && s->source.tokens.eos == 3);
+	assert(s->source.tokens.random_offset && s->source.tokens.samples_per_epoch == 9);
+	src = json_object_get(s->json, "source");
+	assert(json_array_size(json_object_get(src, "paths")) == 100000);
+	assert(strcmp(json_string_value(json_object_get(src, "boundaries")), "file") == 0);
+	assert(json_integer_value(json_object_get(src, "eos")) == 3);
+	spec_free(s);
+	free(text);
+
+	s = ok("{\"name\": \"c\", \"source\": {\"kind\": \"tokens\", \"seq_len\": 4, "
+	       "\"paths\": [\"/d/x-{00..99}.bin\", \"/d/y-*.bin\"]}}");
+	src = json_object_get(s->json, "source");
+	assert(strcmp(json_string_value(json_array_get(json_object_get(src, "paths"), 0)),
+		      "/d/x-{00..99}.bin") == 0);
+	assert(!json_object_get(src, "eos") && !json_object_get(src, "path"));
+	assert(strcmp(json_string_value(json_object_get(src, "sampling")), "aligned") == 0);
+	spec_free(s);
+	bad("{\"name\": \"c\", \"source\": {\"kind\": \"tokens\", \"seq_len\": 4, "
+	    "\"paths\": [\"/d/x-{0..500000}.bin\", \"/d/y-{0..500000}.bin\"]}}",
+	    "spec: source.paths: 1000002 files named, the most is 1000000");
+	bad("{\"name\": \"c\", \"source\": {\"kind\": \"tokens\", \"seq_len\": 4, "
+	    "\"paths\": [\"/d/x-{1..}.bin\"]}}", "spec: source.paths[0]: ");
+}
+
 int main(void)
 {
 	test_defaults();
@@ -477,6 +531,7 @@ int main(void)
 	test_diff();
 	test_big_group();
 	test_blend();
+	test_tokens_corpus();
 	printf("test-spec: ok\n");
 	return 0;
 }

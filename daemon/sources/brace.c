@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* brace - shard name patterns: "train-{0000..0099}.tar", "{a,b}"
  *
- * A webdataset source names its shards by patterns, as WebDataset's own
- * braceexpand does: ranges keep the width of a zero-padded bound, lists give
- * each alternative. A pattern is parsed once and its names made one by one
+ * A webdataset source names its shards by patterns, a tokens source its
+ * files, as WebDataset's own braceexpand does: ranges keep the width of a
+ * zero-padded bound, lists give each alternative. A pattern is parsed once and its names made one by one
  * (brace_nth()), so that counting a million of them costs nothing.
  */
 #include <errno.h>
