@@ -415,9 +415,10 @@ static void test_blend(void)
 	struct spec *s = ok(BLEND(PART_T ", " PART_N, ", \"weights\": [7, 0.5]"));
 	char *text = json_dumps(json_object_get(s->json, "source"), JSON_COMPACT | JSON_SORT_KEYS);
 
-	assert(strcmp(text, "{\"kind\":\"blend\",\"min_size\":null,\"size\":null,\"sources\":[{\"dtype\":\"uint16\","
+	assert(strcmp(text, "{\"kind\":\"blend\",\"min_size\":null,\"size\":null,\"sources\":[{"
+	       "\"boundaries\":\"file\",\"dtype\":\"uint16\","
 	       "\"kind\":\"tokens\",\"name\":\"t.bin\",\"output_dtype\":\"int64\",\"path\":"
-	       "\"/d/t.bin\",\"seq_len\":4},{\"kind\":\"npy\",\"name\":\"input.npy\",\"paths\":"
+	       "\"/d/t.bin\",\"sampling\":\"aligned\",\"seq_len\":4},{\"kind\":\"npy\",\"name\":\"input.npy\",\"paths\":"
 	       "[\"/d/input.npy\",\"/d/target.npy\"]}],\"weights\":[7,0.5]}") == 0);
 	free(text);
 	spec_free(s);
