@@ -265,7 +265,7 @@ def test_canonical_form(ld, workdir):
     src = ld.pipeline("canon")["spec"]["source"]
     assert src["kind"] == "blend" and src["weights"] == [3, 1.5, 1] and src["size"] == 10
     assert src["sources"][2] == dict(sources[2], dtype="uint16", output_dtype="int64",
-                                     name="tok.bin")
+                                     name="tok.bin", boundaries="file", sampling="aligned")
     # the same blend, spelled with the defaults, is the same pipeline
     ld.create(blend_spec("canon", [dict(s) for s in sources], weights=[3, 1.5, 1], size=10),
               exist_ok=True)
