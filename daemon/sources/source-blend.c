@@ -576,7 +576,7 @@ static void build_exhaustive(uint16_t *di, uint64_t *si, const uint64_t *sizes, 
 /*
  * BlendedMegatronDatasetBuilder with weights and a size N: the weights
  * normalised, each part asked for ceil(N × w) samples (and built with
- * ceil(ceil(N × w) × 1.005), its mid_level_dataset_surplus), the blend's size
+ * ceil(ceil(N × w) × (1 + surplus)), builder_asks()), the blend's size
  * their sum; BlendedDataset then normalises the normalised weights again,
  * as build_weighted() does with what is left in @w.
  */
