@@ -8,9 +8,12 @@
  * with weights or a size, build_blending_indices() over the weights
  * normalised as numpy does (a pairwise sum); with neither,
  * build_exhaustive_blending_indices() over a count per part. "min_size" is
- * the size BlendedMegatronDatasetBuilder derives from its own size. The pipeline's sampler then shuffles, partitions
- * and resumes the blend's indices as any source's, so none of that knows
- * about blends.
+ * BlendedMegatronDatasetBuilder's size (Megatron-LM's --train-samples): the
+ * blend's size derived from it as the builder does, and each megatron part
+ * asked, through its num_samples, for the samples the builder asks of its
+ * GPTDataset (builder_parts()). The pipeline's sampler then shuffles,
+ * partitions and resumes the blend's indices as any source's, so none of
+ * that knows about blends.
  *
  * Each part is a whole source object of another kind, parsed by that kind's
  * own hooks into its own struct spec and opened as its own struct source;
@@ -54,6 +57,7 @@ struct blend_spec {
 	bool has_proportion;
 	uint64_t size;           /* 0: not given */
 	uint64_t min_size;       /* megatron's builder's size; 0: not given */
+	double surplus;          /* megatron's mid_level_dataset_surplus */
 };
 
 struct blend_source {
@@ -88,7 +92,7 @@ static void blend_free_spec(struct spec *spec)
  * every "source." in it so. */
 static int part_error(size_t i, int r, char *err, size_t errlen)
 {
-	char msg[512], pre[32];
+	char msg[512], pre[48];
 	const char *at, *from;
 	size_t n = 0;
 
@@ -192,6 +196,9 @@ static int parse_part(struct blend_spec *bs, size_t i, json_t *obj, char *err, s
 	if (kind->ops->external || kind->ops->options)
 		return spec_fail(err, errlen, "source.sources[%zu].kind: %s sources cannot be blended "
 				 "(a blend's parts are tokens, npy or megatron sources)", i, kind->name);
+	if (kind->kind == SOURCE_MEGATRON && json_object_get(obj, "prefixes"))
+		return spec_fail(err, errlen, "source.sources[%zu].prefixes: a blend's megatron part "
+				 "has one prefix (list each as a part)", i);
 	r = parse_part_keys(bs, p, obj, i, err, errlen);
 	if (r < 0)
 		return r;
@@ -240,12 +247,20 @@ static int parse_weights(struct blend_spec *bs, json_t *arr, char *err, size_t e
 	return 0;
 }
 
-/* min_size: megatron's BlendedMegatronDatasetBuilder, with weights, no size. */
+/* min_size: megatron's BlendedMegatronDatasetBuilder's size, not with size. */
 static int parse_min_size(struct blend_spec *bs, json_t *src, char *err, size_t errlen)
 {
 	int64_t v = 0;
+	double d;
+	json_t *j;
 	int r;
 
+	bs->surplus = 0.005;
+	if ((j = json_object_get(src, "surplus")) && !json_is_null(j)) {
+		if (!spec_get_number(j, &d) || !isfinite(d) || d < 0 || d > 10)
+			return spec_fail(err, errlen, "source.surplus: must be a number in 0..10");
+		bs->surplus = d;
+	}
 	if (json_is_null(json_object_get(src, "min_size")))
 		return 0;
 	r = spec_get_int(src, "min_size", "source.min_size", 1, BLEND_SIZE_MAX,
@@ -255,17 +270,108 @@ static int parse_min_size(struct blend_spec *bs, json_t *src, char *err, size_t 
 	if (bs->size)
 		return spec_fail(err, errlen, "source.min_size: not with source.size (one of them "
 				 "gives the blend's size)");
-	if (!bs->has_weights && !bs->has_proportion)
-		return spec_fail(err, errlen, "source.min_size: needs weights (or the parts' "
-				 "proportion): without, use size");
+	for (size_t i = 0; i < bs->nparts; i++)
+		if (bs->parts[i].repeat > 0 || bs->parts[i].choose)
+			return spec_fail(err, errlen, "source.min_size: not with source.sources[%zu].%s "
+					 "(they give the samples per epoch)", i,
+					 bs->parts[i].repeat > 0 ? "repeat" : "choose");
 	bs->min_size = (uint64_t)v;
 	return 0;
+}
+
+static int builder_asks(const struct blend_spec *bs, uint64_t *ask);
+
+/* A megatron part's canonical @key, as the spec writes it: "969,30,1" or 1234. */
+static const char *mg_key(const struct spec *part, const char *key, char *buf, size_t len)
+{
+	json_t *v = json_object_get(part->source.mg, key);
+
+	if (json_is_string(v))
+		snprintf(buf, len, "\"%s\"", json_string_value(v));
+	else
+		snprintf(buf, len, "%lld", (long long)json_integer_value(v));
+	return buf;
+}
+
+/*
+ * With min_size, the blend is BlendedMegatronDatasetBuilder's: its megatron
+ * parts share one config (one --split, subset, --seed and --seq-length),
+ * and each whose num_samples is null is given what the builder asks of it
+ * (builder_asks()): its canonical form re-parsed with that num_samples.
+ */
+static int builder_parts(struct blend_spec *bs, char *err, size_t errlen)
+{
+	static const char *const same[] = { "split", "subset", "seed", "seq_len" };
+	const struct spec *first = NULL;
+	uint64_t *ask;
+	int r = 0;
+
+	if (!bs->min_size)
+		return 0;
+	for (size_t i = 0; i < bs->nparts; i++) {
+		const struct spec *p = bs->parts[i].spec;
+
+		if (p->kind != SOURCE_MEGATRON)
+			continue;
+		if (!first) {
+			first = p;
+			continue;
+		}
+		for (size_t k = 0; k < ARRAY_SIZE(same); k++) {
+			char a[160], b[160];
+
+			if (json_equal(json_object_get(p->source.mg, same[k]),
+				       json_object_get(first->source.mg, same[k])))
+				continue;
+			return spec_fail(err, errlen, "source.sources[%zu].%s: %s is not the first "
+					 "megatron part's %s (with min_size, megatron's builder gives "
+					 "every part one split, subset, seed and seq_len)", i, same[k],
+					 mg_key(p, same[k], a, sizeof(a)),
+					 mg_key(first, same[k], b, sizeof(b)));
+		}
+	}
+	ask = calloc(bs->nparts, sizeof(*ask));
+	if (!ask || builder_asks(bs, ask) < 0) {
+		free(ask);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < bs->nparts && r >= 0; i++) {
+		struct blend_part *p = &bs->parts[i];
+		const struct source_ops *ops = source_kind_ops(p->spec->kind);
+		struct spec *again;
+		json_t *c;
+
+		if (p->spec->kind != SOURCE_MEGATRON || !ask[i] ||
+		    !json_is_null(json_object_get(p->spec->source.mg, "num_samples")))
+			continue;
+		c = ops->source_json(p->spec);
+		again = calloc(1, sizeof(*again));
+		if (!c || !again || json_object_set_new(c, "num_samples",
+							 json_integer((json_int_t)ask[i])) < 0) {
+			json_decref(c);
+			free(again);
+			r = -ENOMEM;
+			break;
+		}
+		again->kind = SOURCE_MEGATRON;
+		r = ops->parse(again, c, err, errlen);
+		json_decref(c);
+		if (r < 0) {
+			spec_free(again);
+			r = part_error(i, r, err, errlen);
+			break;
+		}
+		spec_free(p->spec);
+		p->spec = again;
+	}
+	free(ask);
+	return r;
 }
 
 static int parse_blend(struct spec *spec, json_t *src, char *err, size_t errlen)
 {
 	static const char *const keys[] = { "kind", "sources", "weights", "size", "min_size",
-					    NULL };
+					    "surplus", NULL };
 	const char *key = spec_unknown_key(src, keys);
 	json_t *arr = json_object_get(src, "sources");
 	struct blend_spec *bs;
@@ -303,6 +409,9 @@ static int parse_blend(struct spec *spec, json_t *src, char *err, size_t errlen)
 		return r;
 	bs->size = (uint64_t)size;
 	r = parse_min_size(bs, src, err, errlen);
+	if (r < 0)
+		return r;
+	r = builder_parts(bs, err, errlen);
 	if (r < 0)
 		return r;
 	for (size_t i = 0; size && i < n; i++)
@@ -345,9 +454,10 @@ static json_t *blend_json(const struct spec *spec)
 	}
 	if (!parts || (bs->has_weights && !weights))
 		goto fail;
-	o = json_pack("{s:s, s:o, s:o, s:o}", "kind", "blend", "sources", parts,
+	o = json_pack("{s:s, s:o, s:o, s:o, s:o}", "kind", "blend", "sources", parts,
 		      "size", bs->size ? json_integer((json_int_t)bs->size) : json_null(),
-		      "min_size", bs->min_size ? json_integer((json_int_t)bs->min_size) : json_null());
+		      "min_size", bs->min_size ? json_integer((json_int_t)bs->min_size) : json_null(),
+		      "surplus", number_json(bs->surplus));
 	if (o && weights)
 		json_object_set_new(o, "weights", weights);
 	return o;
@@ -466,7 +576,7 @@ static void build_exhaustive(uint16_t *di, uint64_t *si, const uint64_t *sizes, 
 /*
  * BlendedMegatronDatasetBuilder with weights and a size N: the weights
  * normalised, each part asked for ceil(N × w) samples (and built with
- * ceil(ceil(N × w) × 1.005), its mid_level_dataset_surplus), the blend's size
+ * ceil(ceil(N × w) × (1 + surplus)), builder_asks()), the blend's size
  * their sum; BlendedDataset then normalises the normalised weights again,
  * as build_weighted() does with what is left in @w.
  */
@@ -480,6 +590,37 @@ static uint64_t builder_size(double *w, size_t n, uint64_t target)
 		size += (uint64_t)ceil((double)target * w[i]);
 	}
 	return size;
+}
+
+/*
+ * What BlendedMegatronDatasetBuilder asks of each dataset for the size
+ * N = min_size: with weights, ceil(ceil(N × w) × (1 + surplus)) of the
+ * normalised w (_get_size_per_split_per_dataset); one part and no weights,
+ * N itself (no BlendedDataset at all); several parts and no weights, one
+ * epoch each (0 here: num_samples stays null).
+ */
+static int builder_asks(const struct blend_spec *bs, uint64_t *ask)
+{
+	double sum;
+	double *w;
+
+	if (!(bs->has_weights || bs->has_proportion)) {
+		ask[0] = bs->nparts == 1 ? bs->min_size : 0;
+		return 0;
+	}
+	w = calloc(bs->nparts, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	for (size_t i = 0; i < bs->nparts; i++)
+		w[i] = bs->parts[i].weight;
+	sum = numpy_sum(w, bs->nparts);
+	for (size_t i = 0; i < bs->nparts; i++) {
+		double need = ceil((double)bs->min_size * (w[i] / sum));
+
+		ask[i] = (uint64_t)ceil(need * (1.0 + bs->surplus));
+	}
+	free(w);
+	return 0;
 }
 
 /* ---- the dataset ---- */
@@ -599,7 +740,7 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 	struct blend_source *src = (struct blend_source *)base;
 	const struct blend_spec *bs = spec->source.blend;
 	size_t n = bs->nparts;
-	uint64_t *counts = NULL, size = 0;
+	uint64_t *counts = NULL, size = 0, cap;
 	double *w = NULL;
 	bool weights = bs->has_weights || bs->has_proportion;
 	/* weights and a size: the index needs no part's length */
@@ -626,31 +767,29 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 	}
 	for (size_t i = 0; weights && i < n; i++)
 		w[i] = bs->parts[i].weight;
-	if (bs->min_size)
+	if (weights && bs->min_size)
 		early_size = builder_size(w, n, bs->min_size);
 	if (early && (r = build_index(src, n, early_size, true, NULL, w, err, errlen)) < 0)
 		goto out;
-	/*
-	 * The seam for parts that build their samples to order (megatron's
-	 * num_samples): with weights and a size, per_epoch[i] is here what the
-	 * blend takes of part i before it is opened, as megatron's
-	 * BlendedMegatronDatasetBuilder asks each dataset for its share.
-	 */
+	/* megatron parts were given the builder's share at parse (builder_parts()) */
 	r = open_parts(src, bs, err, errlen);
 	if (r < 0 || early)
 		goto out;
 	r = part_counts(src, bs, counts, &size, err, errlen);
 	if (r < 0)
 		goto out;
-	if (bs->size) {
+	/* min_size without weights: megatron's builder's size, but one part
+	 * is its GPTDataset as it is (no BlendedDataset) */
+	cap = bs->size ? bs->size : n > 1 ? bs->min_size : 0;
+	if (cap) {
 		/* a size without weights: the parts' sizes as weights, the size at
 		 * most their sum (megatron's builder) */
 		for (size_t i = 0; i < n; i++)
 			w[i] = (double)src->parts[i]->nsamples;
-		if (bs->size < size)
-			size = bs->size;
+		if (cap < size)
+			size = cap;
 	}
-	r = build_index(src, n, size, weights || bs->size, counts, w, err, errlen);
+	r = build_index(src, n, size, weights || cap, counts, w, err, errlen);
 out:
 	if (r == 0) {
 		src->base.nfields = src->parts[0]->nfields;

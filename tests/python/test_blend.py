@@ -284,8 +284,6 @@ ERRORS = [
     ({"weights": "x"}, "spec: source.weights: must be an array of numbers, one per source"),
     ({"size": 0}, "spec: source.size: must be an integer in 1..68719476736"),
     ({"sizes": 1}, "spec: unknown key \"source.sizes\""),
-    ({"min_size": 5}, "spec: source.min_size: needs weights (or the parts' proportion): "
-     "without, use size"),
     ({"min_size": 5, "size": 5, "weights": [1, 1, 1]},
      "spec: source.min_size: not with source.size (one of them gives the blend's size)"),
 ]

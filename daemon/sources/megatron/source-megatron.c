@@ -26,6 +26,7 @@
 
 #define MG_SEQ_LEN_MAX (1u << 24)
 #define MG_NUM_SAMPLES_MAX (1ULL << 36)
+#define MG_PREFIXES_MAX 32766         /* the blend's parts at most */
 
 struct mg_source {
 	struct source base;
@@ -158,6 +159,8 @@ static int parse_rest(json_t *src, json_t *c, char *err, size_t errlen)
 	return 0;
 }
 
+static int parse_prefixes(struct spec *spec, json_t *src, char *err, size_t errlen);
+
 static int parse_megatron(struct spec *spec, json_t *src, char *err, size_t errlen)
 {
 	static const char *const keys[] = { "kind", "prefix", "seq_len", "seed", "split",
@@ -169,6 +172,8 @@ static int parse_megatron(struct spec *spec, json_t *src, char *err, size_t errl
 	json_t *c, *v;
 	int r, which = 0;
 
+	if (json_object_get(src, "prefixes"))
+		return parse_prefixes(spec, src, err, errlen);
 	if (key)
 		return spec_fail(err, errlen, "unknown key \"source.%s\"", key);
 	s = spec_plain_string(json_object_get(src, "prefix"));
@@ -223,6 +228,88 @@ static int parse_megatron(struct spec *spec, json_t *src, char *err, size_t errl
 	}
 	spec->source.mg = c;
 	return 0;
+}
+
+/* Check "prefixes" (and "weights") and put the rest of @src, with the
+ * first prefix, in *one: a single megatron source object. */
+static int prefixes_one(json_t *src, json_t **one, char *err, size_t errlen)
+{
+	json_t *arr = json_object_get(src, "prefixes"), *w = json_object_get(src, "weights");
+	size_t n = json_is_array(arr) ? json_array_size(arr) : 0;
+
+	if (json_object_get(src, "prefix"))
+		return spec_fail(err, errlen, "source.prefixes: not with source.prefix");
+	if (n < 1 || n > MG_PREFIXES_MAX)
+		return spec_fail(err, errlen, "source.prefixes: must be an array of 1..%d prefixes "
+				 "(paths of .bin/.idx pairs without the suffix)", MG_PREFIXES_MAX);
+	for (size_t i = 0; i < n; i++)
+		if (!spec_plain_string(json_array_get(arr, i)))
+			return spec_fail(err, errlen, "source.prefixes[%zu]: must be a path string", i);
+	if (w && (!json_is_array(w) || json_array_size(w) != n))
+		return spec_fail(err, errlen, "source.weights: must be an array of %zu numbers, one "
+				 "per prefix", n);
+	if (w && (!json_object_get(src, "num_samples") ||
+		  json_is_null(json_object_get(src, "num_samples"))))
+		return spec_fail(err, errlen, "source.weights: need source.num_samples (megatron's "
+				 "builder: weights need a size, as --train-samples)");
+	*one = json_deep_copy(src);
+	if (!*one)
+		return -ENOMEM;
+	json_object_del(*one, "prefixes");
+	json_object_del(*one, "weights");
+	json_object_set(*one, "prefix", json_array_get(arr, 0));
+	return 0;
+}
+
+/*
+ * "prefixes" (with "weights" or without): Megatron-LM's --data-path through
+ * BlendedMegatronDatasetBuilder, and "num_samples" its size. One prefix and
+ * no weights is that prefix's source (the builder builds no blend); else the
+ * source is the blend of one megatron part per prefix, each with this
+ * object's other keys, "weights" the blend's and "num_samples" its
+ * "min_size" (docs/spec.md, "Megatron-LM's --data-path"). Its canonical form
+ * is the blend's.
+ */
+static int parse_prefixes(struct spec *spec, json_t *src, char *err, size_t errlen)
+{
+	json_t *arr = json_object_get(src, "prefixes"), *one = NULL, *parts, *blend;
+	json_t *num = json_object_get(src, "num_samples"), *w = json_object_get(src, "weights");
+	int r = prefixes_one(src, &one, err, errlen);
+
+	if (r < 0)
+		return r;
+	r = parse_megatron(spec, one, err, errlen);   /* the other keys, checked once */
+	if (r < 0 || (json_array_size(arr) == 1 && !w)) {
+		json_decref(one);
+		return r;
+	}
+	json_decref(spec->source.mg);
+	spec->source.mg = NULL;
+	json_object_del(one, "num_samples");
+	parts = json_array();
+	blend = json_pack("{s:s, s:o}", "kind", "blend", "sources", parts);
+	for (size_t i = 0; blend && i < json_array_size(arr); i++) {
+		json_t *part = json_deep_copy(one);
+
+		if (!part || json_object_set(part, "prefix", json_array_get(arr, i)) < 0 ||
+		    json_array_append_new(parts, part) < 0) {
+			json_decref(part);
+			r = -ENOMEM;
+		}
+	}
+	json_decref(one);
+	if (blend && w)
+		json_object_set(blend, "weights", w);
+	if (blend && num && !json_is_null(num))
+		json_object_set(blend, "min_size", num);
+	if (!blend || r < 0) {
+		json_decref(blend);
+		return -ENOMEM;
+	}
+	spec->kind = SOURCE_BLEND;
+	r = source_blend_ops.parse(spec, blend, err, errlen);
+	json_decref(blend);
+	return r;
 }
 
 static json_t *megatron_json(const struct spec *spec)

@@ -419,7 +419,8 @@ static void test_blend(void)
 	       "\"boundaries\":\"file\",\"dtype\":\"uint16\","
 	       "\"kind\":\"tokens\",\"name\":\"t.bin\",\"output_dtype\":\"int64\",\"path\":"
 	       "\"/d/t.bin\",\"sampling\":\"aligned\",\"seq_len\":4},{\"kind\":\"npy\",\"name\":\"input.npy\",\"paths\":"
-	       "[\"/d/input.npy\",\"/d/target.npy\"]}],\"weights\":[7,0.5]}") == 0);
+	       "[\"/d/input.npy\",\"/d/target.npy\"]}],\"surplus\":0.0050000000000000001,"
+	       "\"weights\":[7,0.5]}") == 0);
 	free(text);
 	spec_free(s);
 	s = ok(BLEND("{\"kind\": \"npy\", \"paths\": [\"x.npy\"], \"repeat\": 2.5, \"name\": \"x\"}",
@@ -452,6 +453,60 @@ static void test_blend(void)
 	bad("{\"name\": \"b\", \"source\": {\"kind\": \"blend\"}}", "spec: source.sources: is required");
 	bad("{\"name\": \"b\", \"source\": {\"kind\": \"blend\", \"sources\": {}}}",
 	    "spec: source.sources: must be an array of 1..32766 sources");
+}
+
+#define PART_M(p, more) "{\"kind\": \"megatron\", \"prefix\": \"/d/" p "\", \"seq_len\": 8" more "}"
+
+static json_int_t part_samples(const struct spec *s, size_t i)
+{
+	json_t *src = json_object_get(s->json, "source");
+
+	return json_integer_value(json_object_get(json_array_get(json_object_get(src, "sources"),
+								 i), "num_samples"));
+}
+
+/* min_size: megatron parts asked what megatron's builder asks of them;
+ * "prefixes" as the blend it stands for. */
+static void test_megatron_blend(void)
+{
+	struct spec *s = ok(BLEND(PART_M("a", "") ", " PART_M("b", ""),
+				  ", \"weights\": [1, 3], \"min_size\": 100"));
+
+	/* ceil(ceil(100 x 0.25) x 1.005), ceil(ceil(100 x 0.75) x 1.005) */
+	assert(part_samples(s, 0) == 26 && part_samples(s, 1) == 76);
+	spec_free(s);
+	s = ok(BLEND(PART_M("a", ", \"num_samples\": 7") ", " PART_M("b", ""),
+		     ", \"weights\": [1, 3], \"min_size\": 100, \"surplus\": 0"));
+	assert(part_samples(s, 0) == 7 && part_samples(s, 1) == 75);
+	spec_free(s);
+	s = ok(BLEND(PART_M("a", ""), ", \"min_size\": 100"));
+	assert(part_samples(s, 0) == 100);
+	spec_free(s);
+	s = ok("{\"name\": \"p\", \"source\": {\"kind\": \"megatron\", \"prefixes\": "
+	       "[\"/d/a\", \"/d/b\", \"/d/c\"], \"seq_len\": 8, \"num_samples\": 50}}");
+	assert(s->kind == SOURCE_BLEND && s->source.blend);
+	assert(json_integer_value(json_object_get(json_object_get(s->json, "source"),
+						  "min_size")) == 50);
+	assert(json_is_null(json_object_get(json_array_get(json_object_get(json_object_get(
+		s->json, "source"), "sources"), 2), "num_samples")));
+	spec_free(s);
+	s = ok("{\"name\": \"p\", \"source\": {\"kind\": \"megatron\", \"prefixes\": "
+	       "[\"/d/a\"], \"seq_len\": 8, \"num_samples\": 50}}");
+	assert(s->kind == SOURCE_MEGATRON);
+	assert(json_integer_value(json_object_get(json_object_get(s->json, "source"),
+						  "num_samples")) == 50);
+	spec_free(s);
+	bad(BLEND(PART_M("a", "") ", " PART_M("b", ", \"split\": \"9,1\""), ", \"min_size\": 10"),
+	    "spec: source.sources[1].split: \"9,1\" is not the first megatron part's \"1,0,0\"");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"megatron\", \"prefixes\": "
+	    "[\"/d/a\", \"/d/b\"], \"weights\": [1, 2], \"seq_len\": 8}}",
+	    "spec: source.weights: need source.num_samples");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"megatron\", \"prefixes\": "
+	    "[\"/d/a\", \"/d/b\"], \"weights\": [1, null], \"seq_len\": 8, \"num_samples\": 5}}",
+	    "spec: source.weights[1]: must be a finite number > 0");
+	bad("{\"name\": \"p\", \"source\": {\"kind\": \"megatron\", \"prefixes\": "
+	    "[\"/d/a\", \"/d/b\"], \"seq_len\": 1}}",
+	    "spec: source.seq_len: must be an integer in 2..16777216");
 }
 
 static void test_big_group(void)
@@ -533,6 +588,7 @@ int main(void)
 	test_big_group();
 	test_blend();
 	test_tokens_corpus();
+	test_megatron_blend();
 	printf("test-spec: ok\n");
 	return 0;
 }
