@@ -1252,8 +1252,9 @@ class DataLoader:
             return
         if (self._pos or (0, 0))[1] if self._shared else self._want[1]:
             return  # in mid-epoch
-        if self._tail is not None:
-            return  # an elastic resume's positions are this length's
+        if self._tail is not None and self._tail[0] == (self._want[0] if not self._shared else
+                                                         (self._pos or (0, 0))[0]):
+            return  # an elastic resume's tail: its positions are this length's
         ds, overrides, fields, py_args, pipeline_name, object_bytes = self._py_create
         if not pydataset.is_dataset(ds) or len(ds) == self.spec["source"]["samples"]:
             return
