@@ -103,6 +103,12 @@ def test_resume_8_4_6(ld, workdir, n, padded):
         dl.close()
 
     six = [loader(ld, name, r, 6) for r in range(6)]
+    for dl in six:
+        dl.load_state_dict(state)
+    with loaderd.Client(ld.socket) as c:  # status names each attachment's tail
+        tails = [(a["rank"], a["world_size"], a.get("tail")) for cl in c.status()["clients"]
+                 for a in cl["attachments"]]
+    assert sorted(tails) == [(r, 6, {"epoch": 0, "position": 48}) for r in range(6)]
     share = cdiv(n - 48, 6)
     for r, dl in enumerate(six):
         dl.load_state_dict(state)
