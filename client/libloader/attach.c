@@ -84,6 +84,12 @@ static int read_attach_opts(const struct ldr_attach_opts *in, struct ldr_attach_
 	}
 	OPT(job);
 	OPT(client_order);
+	/* V5's fields both or neither: has_start_position may lie in a V4
+	 * caller's tail padding */
+	if (n >= LDR_ATTACH_OPTS_SIZE_V5) {
+		o->has_start_position = in->has_start_position;
+		o->start_position = in->start_position;
+	}
 #undef OPT
 	o->size = sizeof(*o);
 	return 0;
@@ -129,6 +135,20 @@ int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar)
 		af->sample_bytes = fd_->sample_bytes;
 	}
 	return 0;
+}
+
+/*
+ * Did the daemon take the tail an attach asked for (Attach.start_position)?
+ * An older daemon ignores the field and would serve the plain share: other
+ * samples than the resume needs, so the attach fails instead.
+ */
+int att_tail_taken(bool asked, uint64_t position, const Loaderd__AttachReply *ar)
+{
+	if (!asked || position == 0 || (ar->has_start_position && ar->start_position == position))
+		return 0;
+	return set_err(-EPROTONOSUPPORT, "the daemon did not take start_position %" PRIu64 " (an "
+	               "elastic resume): it is older than this libloader (%s); upgrade the daemon",
+	               position, LOADERD_VERSION);
 }
 
 /* Ask for a batch ring? Yes, unless $LOADERD_RING is 0 (the socket's batch
@@ -185,6 +205,8 @@ static int attach_call(struct ldr_client *c, const char *pipeline, const struct 
 	at.ring = opts->device_kind == LDR_DEVICE_HOST && ring_wanted();
 	at.job = job;
 	at.client_order = opts->client_order != 0;
+	at.has_start_position = opts->has_start_position != 0;
+	at.start_position = opts->start_position;
 	req.body_case = LOADERD__REQUEST__BODY_ATTACH;
 	req.attach = &at;
 	return call(c, &req, rep, LOADERD__REPLY__BODY_ATTACH);
@@ -347,7 +369,8 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	snprintf(a->pipeline, sizeof(a->pipeline), "%s", pipeline);
 	a->opts = *opts;
 	snprintf(a->job, sizeof(a->job), "%s", job);
-	if ((r = att_read_reply(a, ar)) < 0)
+	if ((r = att_read_reply(a, ar)) < 0 ||
+	    (r = att_tail_taken(opts->has_start_position != 0, opts->start_position, ar)) < 0)
 		goto fail;
 	if (rel_reserve(a, a->nslots) < 0) {
 		r = set_err(-ENOMEM, "out of memory");

@@ -420,6 +420,7 @@ void want_top_up(struct ldr_attachment *a);
 
 /* attach.c */
 int att_read_reply(struct ldr_attachment *a, const Loaderd__AttachReply *ar);
+int att_tail_taken(bool asked, uint64_t position, const Loaderd__AttachReply *ar);
 void att_unref(struct ldr_attachment *a);
 
 /* attach.c: ask the daemon for a batch ring ($LOADERD_RING) */

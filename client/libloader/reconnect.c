@@ -184,6 +184,7 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	struct bring br = { .fd = -1 };
 	uint64_t size = 0, dev_size = 0;
 	int r, fd, dev_fd = -1, ring_efd = -1;
+	bool tail = false;
 
 	*where = '\0';
 	pthread_mutex_lock(&c->lock);
@@ -228,6 +229,11 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		at.has_start = true;
 		at.start_epoch = a->pos_epoch;
 		at.start_batch = a->pos_batch;
+		/* still in the tail of an elastic resume: the same tail */
+		tail = a->opts.has_start_position && a->opts.start_position &&
+		       a->pos_epoch == a->opts.start_epoch;
+		at.has_start_position = tail;
+		at.start_position = tail ? a->opts.start_position : 0;
 		snprintf(where, wsize, "epoch %" PRIu64 " batch %" PRIu64, a->pos_epoch, a->pos_batch);
 	} else {
 		snprintf(where, wsize, "the dynamic stream's next batch");
@@ -252,7 +258,9 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	n = calloc(1, sizeof(*n));
 	if (!n) {
 		r = set_err(-ENOMEM, "out of memory");
-	} else if ((r = att_read_reply(n, rep->attach)) == 0 && (r = same_owner(a, n)) < 0) {
+	} else if ((r = att_read_reply(n, rep->attach)) == 0 &&
+	           ((r = att_tail_taken(tail, at.start_position, rep->attach)) < 0 ||
+	            (r = same_owner(a, n)) < 0)) {
 		/* another owner's: never its batches */
 	} else if (r == 0 && !same_layout(a, n)) {
 		r = set_err(-ESTALE, "the pipeline's layout or length changed (%" PRIu64 " batches of %u per "

@@ -112,8 +112,10 @@ int cmd_consume(struct ctl *ctl, int argc, char **argv)
 		usage_error("consume: --batches and --epochs exclude each other");
 	if ((ctl->has_rank || ctl->has_world) && ctl->mode != LDR_MODE_PARTITION)
 		usage_error("consume: --rank and --world-size need --mode partition");
-	if ((ctl->has_start_epoch || ctl->has_start_batch) && ctl->mode != LDR_MODE_PARTITION)
-		usage_error("consume: --start-epoch and --start-batch need --mode partition");
+	if ((ctl->has_start_epoch || ctl->has_start_batch || ctl->has_start_position) &&
+	    ctl->mode != LDR_MODE_PARTITION)
+		usage_error("consume: --start-epoch, --start-batch and --start-position need --mode "
+		            "partition");
 	if (ctl->has_rank != ctl->has_world)
 		usage_error("consume: --rank and --world-size go together");
 	if (ctl->has_augment_seed && ctl->mode == LDR_MODE_DYNAMIC)
@@ -125,7 +127,9 @@ int cmd_consume(struct ctl *ctl, int argc, char **argv)
 	opts.mode = ctl->mode;
 	opts.rank = ctl->has_rank ? ctl->rank : 0;
 	opts.world_size = ctl->has_world ? ctl->world_size : 1;
-	opts.has_start = ctl->has_start_epoch || ctl->has_start_batch;
+	opts.has_start = ctl->has_start_epoch || ctl->has_start_batch || ctl->has_start_position;
+	opts.has_start_position = ctl->has_start_position;
+	opts.start_position = ctl->start_position;
 	opts.start_epoch = ctl->start_epoch;
 	opts.start_batch = ctl->start_batch;
 	opts.inflight = ctl->inflight;

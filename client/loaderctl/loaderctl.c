@@ -41,6 +41,7 @@ enum opt_id {
 	OPT_WORLD_SIZE,
 	OPT_START_EPOCH,
 	OPT_START_BATCH,
+	OPT_START_POSITION,
 	OPT_BATCHES,
 	OPT_EPOCHS,
 	OPT_DUMP,
@@ -105,6 +106,7 @@ static const struct option consume_options[] = {
 	{ "world-size", required_argument, NULL, OPT_WORLD_SIZE },
 	{ "start-epoch", required_argument, NULL, OPT_START_EPOCH },
 	{ "start-batch", required_argument, NULL, OPT_START_BATCH },
+	{ "start-position", required_argument, NULL, OPT_START_POSITION },
 	{ "batches", required_argument, NULL, OPT_BATCHES },
 	{ "epochs", required_argument, NULL, OPT_EPOCHS },
 	{ "dump", required_argument, NULL, OPT_DUMP },
@@ -142,6 +144,7 @@ static const struct verb verbs[] = {
 	{ "consume", 1, 1, cmd_consume,
 	  "read batches, report throughput and a CRC-32 of their bytes",
 	  "NAME [--mode M] [--rank R --world-size W] [--start-epoch E --start-batch B]\n"
+	  "          [--start-position P]\n"
 	  "          [--batches N | --epochs E] [--dump FILE] [--inflight K] [--timeout MS]\n"
 	  "          [--delay MS] [--device cpu|cuda:N] [--augment-seed S] [--job NAME]\n"
 	  "          [--verbose]",
@@ -212,6 +215,9 @@ static void print_help(FILE *f)
 	        "  --world-size W      partition: number of ranks\n"
 	        "  --start-epoch E     partition: resume at epoch E (default 0)\n"
 	        "  --start-batch B     partition: resume at batch index B (default 0)\n"
+	        "  --start-position P  partition: epoch E is the tail from position P of its\n"
+	        "                      order, which ranks of any world size read up to there\n"
+	        "                      (elastic resume: docs/spec.md, \"Partition\")\n"
 	        "  --batches N         stop after N batches\n"
 	        "  --epochs E          stop after E epochs of this consumer's share\n"
 	        "                      (without --batches/--epochs: read until the pipeline ends)\n"
@@ -367,6 +373,10 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 	case OPT_START_BATCH:
 		ctl->start_batch = arg_u64("start batch", arg, 0, UINT64_MAX);
 		ctl->has_start_batch = true;
+		break;
+	case OPT_START_POSITION:
+		ctl->start_position = arg_u64("start position", arg, 0, UINT64_MAX);
+		ctl->has_start_position = true;
 		break;
 	case OPT_BATCHES:
 		ctl->batches = arg_u64("batch count", arg, 1, UINT64_MAX);

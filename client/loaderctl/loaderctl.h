@@ -60,6 +60,8 @@ struct ctl {
 	uint32_t rank, world_size;
 	bool has_start_epoch, has_start_batch;
 	uint64_t start_epoch, start_batch;
+	bool has_start_position;
+	uint64_t start_position;
 	bool has_batches, has_epochs;
 	uint64_t batches, epochs;
 	const char *dump;

@@ -303,9 +303,14 @@ static int attach_check(struct engine *eng, struct pipeline *pl, const char *nam
 		              "(%s); attach again in a moment", name, pyw_state(pl));
 	if (p->mode < 0 || p->mode > LDR_MODE_DYNAMIC)
 		return errfmt(-EINVAL, err, errlen, "attach: unknown mode %d", p->mode);
-	if (p->mode != LDR_MODE_PARTITION && (p->rank || world != 1 || p->has_start))
+	if (p->mode != LDR_MODE_PARTITION && (p->rank || world != 1 || p->has_start ||
+	                                      p->has_start_position))
 		return errfmt(-EINVAL, err, errlen,
 		              "attach: rank, world_size and start apply to partition mode only");
+	if (p->has_start_position && (!p->has_start || p->client_order))
+		return errfmt(-EINVAL, err, errlen, "attach: start_position %s", p->client_order ?
+		              "is the daemon's order's: a client_order attachment gives its own" :
+		              "needs has_start (start_epoch says which epoch it is a position of)");
 	if (world > 1u << 20 || p->rank >= world)
 		return errfmt(-EINVAL, err, errlen,
 		              "attach: rank %u out of range for world_size %u", p->rank, world);
@@ -340,6 +345,24 @@ static struct stream *attach_order_stream(struct pipeline *pl, const struct atta
 	return s;
 }
 
+/*
+ * An elastic resume (docs/spec.md, "Partition"): epoch @p->start_epoch of
+ * @s is the tail from position @p->start_position of its permutation, which
+ * the ranks of another world size (or this one) read up to there.
+ */
+static int attach_tail(struct stream *s, const struct attach_params *p, char *err, size_t errlen)
+{
+	uint64_t n = s->sampler.nsamples;
+
+	if (p->start_position > n)
+		return errfmt(-EINVAL, err, errlen, "attach: start_position %" PRIu64 " is past the "
+		              "end of the epoch: pipeline '%s' has %" PRIu64 " samples", p->start_position,
+		              s->pl->spec->name, n);
+	s->sampler.tail_epoch = p->start_epoch;
+	s->sampler.tail_start = p->start_position;
+	return 0;
+}
+
 /* A partition attachment's stream: its own, from its start. Return: 0 with
  * *@out, or a negative errno with @err set (the stream dropped). */
 static int attach_partition_stream(struct pipeline *pl, const struct attach_params *p,
@@ -358,10 +381,17 @@ static int attach_partition_stream(struct pipeline *pl, const struct attach_para
 		           p->rank, world, s->sampler.nsamples, pl->spec->batch_size);
 		goto drop_stream;
 	}
+	if (p->has_start_position && (r = attach_tail(s, p, err, errlen)) < 0)
+		goto drop_stream;
 	if (p->has_start) {
-		if (p->start_batch >= s->bpe ||
+		/* a tail: its first batch (a later one: a reconnect); a tail with
+		 * nothing for this rank (skip == bpe) starts at the next epoch */
+		uint64_t skip = sampler_epoch_skip(&s->sampler, p->start_epoch);
+		uint64_t batch = p->start_batch > skip ? p->start_batch : skip;
+
+		if ((batch >= s->bpe && !(batch == skip && p->start_batch < s->bpe)) ||
 		    __builtin_mul_overflow(p->start_epoch, s->bpe, &start) ||
-		    __builtin_add_overflow(start, p->start_batch, &start) ||
+		    __builtin_add_overflow(start, batch, &start) ||
 		    start > s->end_seq) {
 			r = errfmt(-EINVAL, err, errlen,
 			           "attach: start (epoch %" PRIu64 ", batch %" PRIu64 ") is outside the stream "

@@ -128,6 +128,8 @@ void attachment_get_info(struct attachment *a, struct attach_info *info)
 		info->samples = sampler_samples_per_epoch(&s->sampler);
 		info->start_epoch = a->start_seq / s->bpe;
 		info->start_batch = a->start_seq % s->bpe;
+		info->has_start_position = s->sampler.tail_start != 0;
+		info->start_position = s->sampler.tail_start;
 	}
 	info->nfields = pl->nfields;
 	info->fields = pl->fields;
@@ -190,6 +192,11 @@ json_t *attachment_json(const struct attachment *a)
 	if (a->mode == LDR_MODE_PARTITION) {
 		json_object_set_new(o, "rank", json_integer(a->rank));
 		json_object_set_new(o, "world_size", json_integer(a->world));
+		if (a->stream && a->stream->sampler.tail_start)
+			/* an elastic resume: that epoch is the tail from that position */
+			json_object_set_new(o, "tail", json_pack("{s:I, s:I}",
+				"epoch", (json_int_t)a->stream->sampler.tail_epoch,
+				"position", (json_int_t)a->stream->sampler.tail_start));
 	}
 	if (a->stream && a->stream->bpe) {
 		uint64_t pos = a->mode == LDR_MODE_DYNAMIC ? a->stream->cursor : a->cursor;

@@ -113,6 +113,9 @@ struct attach_params {
 	bool has_start;
 	uint64_t start_epoch;
 	uint64_t start_batch;
+	bool has_start_position; /* start_epoch is a tail from this position of its
+	                          * permutation (docs/spec.md, "Partition") */
+	uint64_t start_position;
 	uint32_t credits;     /* 0: the daemon's choice (attach.c, window_auto()) */
 	bool has_seed;        /* augment_seed (docs/spec.md, "Augment seeds") */
 	uint64_t seed;
@@ -139,6 +142,8 @@ struct attach_info {
 	uint64_t samples;
 	uint64_t start_epoch;
 	uint64_t start_batch;
+	bool has_start_position; /* its start_epoch is a tail from start_position */
+	uint64_t start_position;
 	size_t nfields;
 	const struct field_desc *fields;
 	const uint64_t *field_offsets;

@@ -312,7 +312,7 @@ int stream_start_batch(struct stream *s)
 			return -EPROTO; /* kept until past the ring's head: not reached */
 		rows = ob->rows;
 	} else {
-		rows = sampler_batch_rows(&s->sampler, seq % s->bpe);
+		rows = sampler_epoch_rows(&s->sampler, seq / s->bpe, seq % s->bpe);
 	}
 	/* Several batches are in flight anyway; split one only when it is big
 	 * enough to pay for the extra wake-ups (they cost more than small copies). */

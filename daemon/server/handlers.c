@@ -148,6 +148,7 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	struct attach_params p = {
 		.mode = (int)m->mode, .rank = m->rank, .world = m->world_size,
 		.has_start = m->has_start, .start_epoch = m->start_epoch, .start_batch = m->start_batch,
+		.has_start_position = m->has_start_position, .start_position = m->start_position,
 		.credits = m->credits, .has_seed = m->has_augment_seed, .seed = m->augment_seed,
 		.client_id = cl->id, .uid = cl->uid, .pid = cl->pid,
 		.ring = m->ring, .job = m->job, .client_order = m->client_order,
@@ -203,6 +204,8 @@ static void attach_finish(struct server *srv, struct sctx *c, struct client *cl,
 	ar.samples = info.samples;
 	ar.start_epoch = info.start_epoch;
 	ar.start_batch = info.start_batch;
+	ar.has_start_position = info.has_start_position;
+	ar.start_position = info.start_position;
 	ar.share = info.share;
 	ar.credits = info.credits;
 	ar.ring_bytes = info.ring_bytes;

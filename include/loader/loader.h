@@ -181,6 +181,19 @@ struct ldr_attach_opts {
 	 * follow a restarted daemon (its next ldr_next() fails: attach again).
 	 */
 	int client_order;
+	/* --- LDR_ATTACH_OPTS_SIZE_V5: elastic resume (docs/spec.md, "Partition") --- */
+	/**
+	 * 1: epoch start_epoch (has_start set) is the tail of its permutation from
+	 * start_position on: the ranks before (of any world size) read positions
+	 * [0, start_position), and this rank takes start_position + rank + j *
+	 * world_size (wrapping to the epoch's first positions to pad, as
+	 * DistributedSampler pads) as the last batches of that epoch;
+	 * start_batch below the tail's first batch starts at it. The epochs after
+	 * it are the plain share. Partition mode, not client_order. A daemon that
+	 * does not know it fails the attach with -EPROTONOSUPPORT.
+	 */
+	int has_start_position;
+	uint64_t start_position;  /**< 0..the source's samples */
 };
 
 /** Size of the first versioned layout (every field up to device_index); what size 0 means. */
@@ -191,6 +204,8 @@ struct ldr_attach_opts {
 #define LDR_ATTACH_OPTS_SIZE_V3 (offsetof(struct ldr_attach_opts, job) + sizeof(const char *))
 /** The layout with client_order. */
 #define LDR_ATTACH_OPTS_SIZE_V4 (offsetof(struct ldr_attach_opts, client_order) + sizeof(int))
+/** The layout with has_start_position and start_position. */
+#define LDR_ATTACH_OPTS_SIZE_V5 (offsetof(struct ldr_attach_opts, start_position) + sizeof(uint64_t))
 /** Longest job name (ldr_attach_opts.job), in bytes. */
 #define LDR_JOB_MAX 128
 /**

@@ -313,6 +313,110 @@ static void test_opts_size(struct ldr_client *c)
 	assert(ldr_drop_pipeline(c, "opts", 0) == 0);
 }
 
+/* Sample ids (token / SEQ of row r's first input token) of @n batches of
+ * @a, counted into @count; the batches' epoch and first index checked. */
+static void read_ids(struct ldr_attachment *a, int n, uint64_t epoch, uint64_t first,
+                     unsigned *count)
+{
+	struct ldr_batch *b;
+	struct ldr_field in;
+
+	for (int i = 0; i < n; i++) {
+		assert(ldr_next(a, 10000, &b) == 0);
+		assert(ldr_batch_epoch(b) == epoch && ldr_batch_index(b) == first + (uint64_t)i);
+		assert(ldr_batch_field(b, 0, &in) == 0);
+		for (uint32_t r = 0; r < ldr_batch_rows(b); r++)
+			count[((const int64_t *)in.data)[r * SEQ] / SEQ]++;
+		ldr_release(b);
+	}
+}
+
+/*
+ * Elastic resume (docs/spec.md, "Partition"): 8 ranks read 2 batches of 3
+ * in lockstep (positions [0, 48) of 100), then 6 ranks take the tail from
+ * position 48: 52 samples, 9 per rank padded by positions 0 and 1 of the
+ * epoch, as the last 3 of the 6 batches of its epoch; the next epoch is
+ * the plain share. Bad starts are refused with the reason.
+ */
+static void test_elastic(struct ldr_client *c)
+{
+	struct ldr_attach_opts o = LDR_ATTACH_OPTS_INIT;
+	struct ldr_attachment *a[8];
+	unsigned count[100] = { 0 };
+
+	create(c, "elastic", 3, 2);
+	o.mode = LDR_MODE_PARTITION;
+	o.world_size = 8;
+	for (uint32_t r = 0; r < 8; r++) {
+		o.rank = r;
+		assert(ldr_attach(c, "elastic", &o, &a[r]) == 0);
+		assert(ldr_attachment_batches_per_epoch(a[r]) == 5); /* 13 samples */
+		read_ids(a[r], 2, 0, 0, count);
+		assert(ldr_detach(a[r]) == 0);
+	}
+	for (int i = 0; i < 100; i++)
+		assert(count[i] == (i < 48));
+	o.world_size = 6;
+	o.has_start = 1;
+	o.has_start_position = 1;
+	o.start_position = 48;
+	for (uint32_t r = 0; r < 6; r++) {
+		unsigned next[100] = { 0 };
+
+		o.rank = r;
+		assert(ldr_attach(c, "elastic", &o, &a[r]) == 0);
+		/* 17 samples, 6 batches; the tail's 9: its last 3 */
+		assert(ldr_attachment_batches_per_epoch(a[r]) == 6);
+		read_ids(a[r], 3, 0, 3, count);
+		/* then epoch 1, the plain share of rank r of 6 */
+		read_ids(a[r], 6, 1, 0, next);
+		for (int i = 0; i < 100; i++)
+			assert((int)next[i] == (i % 6 == (int)r) + (i < 2 && i + 4 == (int)r));
+		assert(ldr_detach(a[r]) == 0);
+	}
+	for (int i = 0; i < 100; i++)
+		assert(count[i] == 1u + (i < 2));
+
+	/* a tail with nothing for these ranks: the next epoch at once */
+	o.world_size = 2;
+	o.rank = 1;
+	o.start_position = 100;
+	assert(ldr_attach(c, "elastic", &o, &a[0]) == 0);
+	memset(count, 0, sizeof(count));
+	read_ids(a[0], 1, 1, 0, count);
+	assert(count[1] == 1 && count[3] == 1 && count[5] == 1);
+	assert(ldr_detach(a[0]) == 0);
+
+	/* a caller built against the V4 header passes V4 rounded up to 8:
+	 * has_start_position lies in that padding, and garbage there is not
+	 * read (read, it would be refused: a start_position without has_start) */
+	{
+		unsigned char v4[sizeof(o)];
+		struct ldr_attach_opts *p4 = (struct ldr_attach_opts *)(void *)v4;
+
+		memset(v4, 0xab, sizeof(v4));
+		memcpy(v4, &o, LDR_ATTACH_OPTS_SIZE_V4);
+		p4->size = (LDR_ATTACH_OPTS_SIZE_V4 + 7) / 8 * 8;
+		p4->has_start = 0;
+		assert(ldr_attach(c, "elastic", p4, &a[0]) == 0);
+		assert(ldr_detach(a[0]) == 0);
+	}
+	o.start_position = 101;
+	assert(ldr_attach(c, "elastic", &o, &a[0]) == -EINVAL);
+	assert(strstr(ldr_client_error(c), "start_position 101 is past the end of the epoch: "
+	                                   "pipeline 'elastic' has 100 samples"));
+	o.start_position = 5;
+	o.has_start = 0;
+	assert(ldr_attach(c, "elastic", &o, &a[0]) == -EINVAL);
+	assert(strstr(ldr_client_error(c), "start_position needs has_start"));
+	o.mode = LDR_MODE_BROADCAST;
+	o.world_size = 1;
+	o.rank = 0;
+	assert(ldr_attach(c, "elastic", &o, &a[0]) == -EINVAL);
+	assert(strstr(ldr_client_error(c), "apply to partition mode only"));
+	assert(ldr_drop_pipeline(c, "elastic", 0) == 0);
+}
+
 /* A release the daemon refuses is counted and its message kept. */
 static void test_refused_release(struct ldr_client *c)
 {
@@ -512,12 +616,30 @@ static void test_signals(struct ldr_client *c)
 
 static void test_daemon_restart(struct ldr_client *c, const char *exe)
 {
-	struct ldr_attachment *a;
+	struct ldr_attach_opts o = LDR_ATTACH_OPTS_INIT;
+	struct ldr_attachment *a, *t;
 	struct ldr_batch *b, *held = NULL;
+	struct ldr_field in;
 	int status, r, n = 0;
+	int64_t id = 11;
 
 	create(c, "rs", 8, 1);
 	assert(ldr_attach(c, "rs", NULL, &a) == 0);
+	/* an elastic resume's tail follows the restart too: rank 1 of 2 from
+	 * position 10 reads 11, 13 .. 99, as batches 1..6 of its epoch */
+	o.mode = LDR_MODE_PARTITION;
+	o.rank = 1;
+	o.world_size = 2;
+	o.has_start = o.has_start_position = 1;
+	o.start_position = 10;
+	assert(ldr_attach(c, "rs", &o, &t) == 0);
+	for (uint64_t i = 1; i <= 2; i++) {
+		assert(ldr_next(t, 10000, &b) == 0 && ldr_batch_index(b) == i);
+		assert(ldr_batch_field(b, 0, &in) == 0 && ldr_batch_rows(b) == 8);
+		for (uint32_t row = 0; row < 8; row++, id += 2)
+			assert(((const int64_t *)in.data)[row * SEQ] == id * SEQ);
+		ldr_release(b);
+	}
 	for (; n < 5; n++) {
 		assert(ldr_next(a, 10000, &b) == 0 && (int)ldr_batch_index(b) == n);
 		if (n == 4)
@@ -543,6 +665,14 @@ static void test_daemon_restart(struct ldr_client *c, const char *exe)
 	if (r != LDR_EOF || n != 13)
 		fprintf(stderr, "r=%d (%s) n=%d\n", r, ldr_client_error(c), n);
 	assert(r == LDR_EOF && n == 13);
+	while ((r = ldr_next(t, 30000, &b)) == 0) {
+		assert(ldr_batch_field(b, 0, &in) == 0 && ldr_batch_epoch(b) == 0);
+		for (uint32_t row = 0; row < ldr_batch_rows(b); row++, id += 2)
+			assert(((const int64_t *)in.data)[row * SEQ] == id * SEQ);
+		ldr_release(b);
+	}
+	assert(r == LDR_EOF && id == 101);
+	assert(ldr_detach(t) == 0);
 	check_batch(held, 8); /* the old daemon's slab, still mapped */
 	assert(ldr_batch_index(held) == 4);
 	ldr_release(held);
@@ -637,6 +767,7 @@ int main(int argc, char **argv)
 	test_timeout_and_errors(c);
 	test_hoarding(c);
 	test_opts_size(c);
+	test_elastic(c);
 	test_refused_release(c);
 	test_fork(c);
 	test_signals(c);

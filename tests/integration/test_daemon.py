@@ -190,7 +190,8 @@ def test_help_and_version(ld):
     assert r.returncode == 0
     out = r.stdout + r.stderr
     for word in ("--socket", "--json", "status", "pipelines", "clients", "create", "drop", "consume",
-                 "--mode", "--rank", "--world-size", "--start-epoch", "--start-batch", "--batches",
+                 "--mode", "--rank", "--world-size", "--start-epoch", "--start-batch", "--start-position",
+                 "--batches",
                  "--epochs", "--dump", "--exist-ok", "--force", "top", "--interval", "--iterations",
                  "--sort"):
         assert word in out, f"loaderctl --help does not mention {word}"

@@ -143,3 +143,34 @@ def test_partition_w1_equals_broadcast_order(ld, workdir):
     assert part.dump == bc.dump
     order = flat(epochs_of(bc, 1)[0])
     assert partition_share(order, 0, 1) == order
+
+
+def test_elastic_tail_with_loaderctl(ld, workdir):
+    """`consume --start-position`: 8 ranks read 2 batches each in lockstep
+    (positions [0, 512) of the epoch's permutation), then 6 ranks take the
+    tail from 512 (docs/spec.md, "Order and determinism"): rank r reads
+    positions 512 + r + 6j, 82 each (488 left, padded to 492 by wrapping to
+    the epoch's positions 0..3), as the last 3 of the 6 batches of its epoch."""
+    path = make_file(workdir)
+    common = dict(batch_size=BS, shuffle=True, seed=3, epochs=1)
+    ld.create(token_spec("ref", path, L, "uint32", **common))
+    ld.create(token_spec("el", path, L, "uint32", **common))
+    perm = flat(epochs_of(ld.consume("ref"), 1)[0])
+    count = [0] * N
+    for r in range(8):
+        res = ld.consume("el", "--mode", "partition", "--rank", r, "--world-size", 8,
+                         "--batches", 2)
+        got = flat(position_indices(res.dump, L, [BS, BS]))
+        assert got == [perm[r + 8 * j] for j in range(2 * BS)]
+        for i in got:
+            count[i] += 1
+    for r in range(6):
+        res = ld.consume("el", "--mode", "partition", "--rank", r, "--world-size", 6,
+                         "--start-epoch", 0, "--start-position", 512)
+        assert (res.json["first_epoch"], res.json["first_batch"]) == (0, 3)
+        assert res.json["batches"] == 3 and res.json["eof"] is True
+        got = flat(position_indices(res.dump, L, batch_rows(82, BS)))
+        assert got == [perm[(512 + r + 6 * j) % N] for j in range(82)]
+        for i in got:
+            count[i] += 1
+    assert [count[perm[p]] for p in range(N)] == [2] * 4 + [1] * (N - 4)

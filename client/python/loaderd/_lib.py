@@ -102,6 +102,8 @@ class ldr_attach_opts(ctypes.Structure):
         ("augment_seed", ctypes.c_uint64),
         ("job", ctypes.c_char_p),            # LDR_ATTACH_OPTS_SIZE_V3
         ("client_order", ctypes.c_int),      # LDR_ATTACH_OPTS_SIZE_V4
+        ("has_start_position", ctypes.c_int),  # LDR_ATTACH_OPTS_SIZE_V5
+        ("start_position", ctypes.c_uint64),
     ]
 
     def __init__(self, *args, **kwargs):

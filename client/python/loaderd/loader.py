@@ -148,7 +148,10 @@ class _Attachment:
         opts.world_size = world
         if start is not None:
             opts.has_start = 1
-            opts.start_epoch, opts.start_batch = start
+            opts.start_epoch, opts.start_batch = start[:2]
+            if len(start) > 2:  # an elastic resume's tail (docs/spec.md)
+                opts.has_start_position = 1
+                opts.start_position = start[2]
         opts.inflight = inflight or 0
         if device is not None:
             opts.device_kind = 1  # LDR_DEVICE_CUDA
@@ -704,6 +707,22 @@ def _state(epoch, num_yielded, own):
     return st
 
 
+def _share(n, world, drop_last):
+    """Samples of a rank's share of @n positions over @world ranks."""
+    return n // world if drop_last else -(-n // world)
+
+
+def _batches(samples, batch_size, drop_last):
+    return samples // batch_size if drop_last else -(-samples // batch_size)
+
+
+def _state_int(state, key, default=None):
+    v = state.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"load_state_dict: the state's {key!r} is {v!r}, not an integer >= 0")
+    return v
+
+
 def _state_position(state, batches_per_epoch=None):
     """(epoch, batch) of the next batch a state_dict() points at: its epoch
     from _num_yielded on (older loaderd's states: "batch"), or the next
@@ -1047,6 +1066,9 @@ class DataLoader:
         self._want = (0, 0)     # private stream: where the next `for` starts
         self._loop = None       # private stream: (token, epoch) of the active `for`
         self._restored = None   # private stream: the position load_state_dict() set
+        self._tail = None       # elastic resume: (epoch, position, skip, samples): that
+                                # epoch is the tail from that position, its first skip
+                                # batches empty (docs/spec.md, "Order and determinism")
         self._broken = None     # private stream: where the last `for`, broken off, stood
         self._kept_warned = False
         self._kept_prev = (0, 0)  # kept by attachments detached since
@@ -1070,6 +1092,7 @@ class DataLoader:
             self._check_obj_device(self.pipeline)
         self.slots_total = int(info.get("slots_total", 0))
         self.dataset = _Dataset(self.pipeline, int(info.get("samples", 0)))
+        self._nsamples = int(info.get("samples", 0))  # the source's: the positions of an epoch
         if self._py and own:
             self.dataset = pipeline_or_spec  # as torch's loader.dataset
         self._attach(None if self._shared else (0, 0))
@@ -1229,6 +1252,9 @@ class DataLoader:
             return
         if (self._pos or (0, 0))[1] if self._shared else self._want[1]:
             return  # in mid-epoch
+        if self._tail is not None and self._tail[0] == (self._want[0] if not self._shared else
+                                                         (self._pos or (0, 0))[0]):
+            return  # an elastic resume's tail: its positions are this length's
         ds, overrides, fields, py_args, pipeline_name, object_bytes = self._py_create
         if not pydataset.is_dataset(ds) or len(ds) == self.spec["source"]["samples"]:
             return
@@ -1354,10 +1380,14 @@ class DataLoader:
             old.warn_device_batches()
             old.detach()  # libloader keeps the host batches still alive
         mode = self.mode
+        if start is not None:
+            start = (start[0], max(start[1], self._skip(start[0])))
         if start is not None and mode == "broadcast":
             mode = "partition"  # resume: a private stream, identical content (rank 0 of 1)
+        tail = self._tail
         self._att = _Attachment(self._client, self.pipeline, mode, self.rank, self.world_size,
-                                start, self._inflight, self._cuda, self.augment_seed, self.job,
+                                start + (tail[1],) if tail and start and start[0] == tail[0]
+                                else start, self._inflight, self._cuda, self.augment_seed, self.job,
                                 self._corder)
         if self._corder:
             self._order_at = tuple(start) if start is not None else (0, 0)
@@ -1387,12 +1417,23 @@ class DataLoader:
         if self._corder:
             return len(self._index_sampler)
         self._follow_len()
-        return int(self._att.batches_per_epoch) if self._att else 0
+        return int(self._att.batches_per_epoch) - self._skip(self.epoch) if self._att else 0
 
     @property
     def samples_per_epoch(self):
+        """Samples of this loader's share of the epoch it is at (an elastic
+        resume's epoch: its tail's)."""
         self._follow_len()
+        tail = self._tail
+        if tail is not None and tail[0] == self.epoch:
+            return tail[3]
         return int(self._att.samples_per_epoch)
+
+    def _skip(self, epoch):
+        """Batches of @epoch this rank does not read: an elastic resume's
+        tail is the last batches of its epoch (docs/spec.md)."""
+        tail = self._tail
+        return tail[2] if tail is not None and tail[0] == epoch else 0
 
     @property
     def epochs(self):
@@ -1542,7 +1583,7 @@ class DataLoader:
         """The position after @b; True when @b ends its epoch."""
         nxt = b.index + 1
         last = nxt >= self._att.batches_per_epoch
-        self._pos = (b.epoch + 1, 0) if last else (b.epoch, nxt)
+        self._pos = (b.epoch + 1, self._skip(b.epoch + 1)) if last else (b.epoch, nxt)
         return last
 
     def _private_epoch(self):
@@ -1558,7 +1599,7 @@ class DataLoader:
         self._loop = (token, epoch)
         self._restored = None
         self._broken = None
-        self._want = (epoch + 1, 0)  # the next `for`, whether this one ends or breaks
+        self._want = (epoch + 1, self._skip(epoch + 1))  # the next `for`, ended or broken
         done = False
         try:
             while self._loop is not None and self._loop[0] is token:
@@ -1641,7 +1682,7 @@ class DataLoader:
             e, start = self._want
         if self.progress:
             from ._progress import progress
-            total = max(0, len(self) - start)
+            total = max(0, len(self) - (start - self._skip(e)))
             it = progress(it, total, self.pipeline + (f" epoch {e}" if e is not None else ""))
         return _EpochIter(it)
 
@@ -1722,7 +1763,7 @@ class DataLoader:
                     self._restored[0] == epoch:
                 return  # the loop head of the restored epoch: keep its position
             self._broken = None
-            self._want = (epoch, 0)
+            self._want = (epoch, self._skip(epoch))
             self._restored = None
             return
         if self._pos is not None and self._pos[0] != epoch:
@@ -1745,22 +1786,48 @@ class DataLoader:
         elif self._loop is not None:
             epoch, batch = self._pos
             if epoch != self._loop[1]:  # the loop's last batch is in hand
-                epoch, batch = self._loop[1], len(self)
+                epoch, batch = self._loop[1], self._grid_len()
         elif self._broken is not None:
             # a `for` broken off (a preempted job checkpoints after it): the
             # rest of that loop, as torchdata's StatefulDataLoader says it
             epoch, batch = self._broken
         else:
             epoch, batch = self._want
-        return _state(epoch, batch, {"pipeline": self.pipeline, "rank": self.rank,
-                                     "world_size": self.world_size})
+        if self._corder:  # its sampler's batches: no global position
+            return _state(epoch, batch, {"pipeline": self.pipeline, "rank": self.rank,
+                                         "world_size": self.world_size})
+        return self._state_of(epoch, batch)
+
+    def _grid_len(self):
+        """Batches of an epoch in the daemon's numbering (an elastic resume's
+        tail counts from its first batch: len() is then less)."""
+        return len(self) if self._corder else int(self._att.batches_per_epoch)
+
+    def _state_of(self, epoch, batch):
+        """The state of batch @batch of @epoch (the daemon's numbering: an
+        elastic resume's tail counts from its first batch, as len() does),
+        with the global position of the epoch's permutation it stands at."""
+        tail = self._tail if self._tail is not None and self._tail[0] == epoch else None
+        skip, start = (tail[2], tail[1]) if tail else (0, 0)
+        num = max(0, batch - skip)
+        bsz = int(self._att.batch_size)
+        n = self._nsamples
+        done = num >= int(self._att.batches_per_epoch) - skip
+        position = n if done else min(n, start + num * bsz * self.world_size)
+        return _state(epoch, num, {"pipeline": self.pipeline, "rank": self.rank,
+                                   "world_size": self.world_size, "batch_size": bsz,
+                                   "samples": n, "tail_start": start, "position": position})
 
     def load_state_dict(self, state):
         """Resume exactly where @state (from state_dict(); loaderd's older
         {"pipeline", "epoch", "batch", "rank", "world_size"} too) stood: the
         next `for` (or next_batch()) yields the batches from that position
-        on, set_epoch() of its epoch keeping it. Re-attaches a private stream
-        as rank/world partition starting there."""
+        on, set_epoch() of its epoch keeping it. A state of this world size
+        (any rank: ranks in lockstep stand at one global position)
+        re-attaches this rank's share there; one of another world size (or
+        from an elastic resume's tail) re-attaches the rest of that epoch
+        from its global position, this world's partition of it, then the
+        plain share (docs/python.md, "Exact resume")."""
         self._check()
         if self.mode == "dynamic":
             raise Error(-errno.EINVAL, "dynamic mode cannot resume (see state_dict)", "load_state_dict")
@@ -1770,14 +1837,56 @@ class DataLoader:
         if state["pipeline"] != self.pipeline:
             raise ValueError(f"load_state_dict: the state is of pipeline {state['pipeline']!r}, "
                              f"this loader reads {self.pipeline!r}")
-        if (state["rank"], state["world_size"]) != (self.rank, self.world_size):
-            raise ValueError(f"load_state_dict: the state is of rank {state['rank']}/"
-                             f"{state['world_size']}, this loader is {self.rank}/{self.world_size}")
-        pos = _state_position(state, len(self))
+        bsz = int(self._att.batch_size)
+        world = _state_int(state, "world_size")
+        same = world == self.world_size and _state_int(state, "tail_start", 0) == 0 and \
+            _state_int(state, "batch_size", bsz) == bsz
+        if self._corder and (state["rank"], world) != (self.rank, self.world_size):
+            raise ValueError(f"load_state_dict: the state is of rank {state['rank']}/{world}, "
+                             f"this loader is {self.rank}/{self.world_size}: a loader with its own "
+                             "sampler resumes its own rank's state")
+        if same or self._corder:
+            tail, pos = None, _state_position(state, len(self) if self._corder else
+                                              int(self._att.batches_per_epoch))
+        else:
+            tail, pos = self._elastic(state, world)
         self._loop = None  # a `for` still running ends here
         self._broken = None
+        self._tail = tail
         self._want = self._restored = pos
         self._attach(pos)
+
+    def _elastic(self, state, world):
+        """(tail, position) of a state of @world ranks (or of a tail): the
+        global position its ranks stood at, and this rank's part of the rest
+        of that epoch (docs/spec.md, "Order and determinism")."""
+        n = self._nsamples
+        if _state_int(state, "samples", n) != n:
+            raise ValueError(f"load_state_dict: the state is of an epoch of {state['samples']} "
+                             f"samples, pipeline {self.pipeline!r} has {n}: its positions are "
+                             "another order's")
+        if world < 1 or not 0 <= _state_int(state, "rank") < world:
+            raise ValueError(f"load_state_dict: the state's rank {state['rank']} of world_size "
+                             f"{world} is no rank")
+        bsz = int(self._att.batch_size)
+        drop = self.drop_last
+        epoch = _state_int(state, "epoch")
+        start = _state_int(state, "tail_start", 0)
+        sbsz = _state_int(state, "batch_size", bsz)
+        num = _state_int(state, "_num_yielded" if "_num_yielded" in state else "batch")
+        if start > n or sbsz < 1:
+            raise ValueError(f"load_state_dict: the state's tail_start {start} (batch_size "
+                             f"{sbsz}) is outside an epoch of {n} samples")
+        if state.get("_iterator_finished") or num >= _batches(_share(n - start, world, drop),
+                                                              sbsz, drop):
+            return None, (epoch + 1, 0)
+        position = start + num * sbsz * world  # < n: the share's last batch not reached
+        samples = _share(n - position, self.world_size, drop)
+        batches = _batches(samples, bsz, drop)
+        if batches == 0:
+            return None, (epoch + 1, 0)  # nothing left for this world: the next epoch
+        skip = int(self._att.batches_per_epoch) - batches
+        return (epoch, position, skip, samples), (epoch, skip)
 
     # ------------------------------------------------------------- closing
 

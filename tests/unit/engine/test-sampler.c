@@ -163,11 +163,111 @@ static void test_partition(void)
 		assert(count[i] == 1);
 }
 
+/*
+ * Elastic resume: @w ranks read @k batches of epoch 1 in lockstep, then @w2
+ * ranks take the tail from the global position k*b*w. Every position of the
+ * epoch is read once, but for the padding: positions [0, pad) of the epoch
+ * once more (drop_last: [p, p + tail) once, the rest never).
+ */
+static void check_tail(uint64_t n, uint32_t b, uint32_t w, uint64_t k, uint32_t w2, bool drop_last)
+{
+	unsigned *count = calloc(n, sizeof(*count));
+	uint64_t pos = k * b * w, total = 0, tail_batches = UINT64_MAX;
+
+	assert(count);
+	for (uint32_t r = 0; r < w; r++) {
+		struct sampler s = { .nsamples = n, .batch_size = b, .drop_last = drop_last,
+				     .rank = r, .world = w };
+		for (uint64_t i = 0; i < k; i++) {
+			assert(sampler_batch_rows(&s, i) == b);
+			for (uint32_t row = 0; row < b; row++)
+				count[sampler_sample(&s, 1, i, row)]++;
+		}
+	}
+	for (uint32_t r = 0; r < w2; r++) {
+		struct sampler s = { .nsamples = n, .batch_size = b, .drop_last = drop_last,
+				     .rank = r, .world = w2, .tail_epoch = 1, .tail_start = pos };
+		struct sampler sh = s, plain = s;
+		uint64_t bpe = sampler_batches_per_epoch(&s), skip = sampler_epoch_skip(&s, 1);
+		uint64_t rows = 0;
+
+		sh.shuffle = true;
+		sh.seed = 9;
+		plain.tail_start = 0;
+		assert(skip <= bpe);
+		assert(sampler_epoch_skip(&s, 0) == 0 && sampler_epoch_skip(&s, 2) == 0);
+		if (tail_batches == UINT64_MAX)
+			tail_batches = bpe - skip;
+		assert(bpe - skip == tail_batches); /* lockstep: every rank as many */
+		for (uint64_t i = 0; i < bpe; i++) {
+			uint32_t nr = sampler_epoch_rows(&s, 1, i);
+			/* the other epochs are the plain share */
+			assert(sampler_epoch_rows(&s, 2, i) == sampler_batch_rows(&plain, i));
+			assert(sampler_sample(&s, 0, i, 0) == sampler_sample(&plain, 0, i, 0));
+			assert(i >= skip || nr == 0);
+			for (uint32_t row = 0; row < nr; row++) {
+				uint64_t p = sampler_sample(&s, 1, i, row);
+				assert(p == (pos + r + (uint64_t)w2 * ((i - skip) * b + row)) % n);
+				assert(sampler_sample(&sh, 1, i, row) == sampler_permute(9, 1, n, p));
+				count[p]++;
+				rows++;
+			}
+		}
+		assert(rows == sampler_epoch_samples(&s, 1) - (drop_last ? sampler_epoch_samples(&s, 1) % b : 0));
+		total += rows;
+	}
+	if (!drop_last) {
+		uint64_t pad = total - (n - pos);
+
+		assert(total == (n - pos + w2 - 1) / w2 * w2);
+		for (uint64_t i = 0; i < n; i++)
+			assert(count[i] == 1 + (i < pad));
+	} else {
+		uint64_t end = pos + total;
+
+		assert(total == (n - pos) / w2 / b * b * w2);
+		for (uint64_t i = 0; i < n; i++)
+			assert(count[i] == (i < end));
+	}
+	free(count);
+}
+
+static void test_tail(void)
+{
+	/* 8 -> 4, 8 -> 6: even, padded, short last batches, drop_last */
+	check_tail(96, 2, 8, 3, 4, false);
+	check_tail(96, 2, 8, 3, 6, false);
+	check_tail(100, 3, 8, 2, 6, false);
+	check_tail(100, 3, 8, 2, 6, true);
+	check_tail(101, 4, 8, 1, 4, true);
+	check_tail(37, 2, 3, 2, 5, false);
+	check_tail(37, 2, 3, 2, 5, true);
+	/* the same world: the tail is the rest of the plain share */
+	check_tail(50, 3, 4, 2, 4, false);
+	/* a tail shorter than the world: each padded sample once more at most */
+	check_tail(19, 2, 4, 2, 8, false);
+	/* nothing left: every rank skips the whole epoch */
+	check_tail(32, 2, 4, 4, 3, false);
+
+	/* a tail from a tail (8 -> 4 -> 6) is the tail from where the second
+	 * world stopped: the same positions */
+	struct sampler a = { .nsamples = 200, .batch_size = 3, .rank = 2, .world = 4,
+			     .tail_epoch = 0, .tail_start = 48 };
+	struct sampler c = a;
+	c.tail_start = 48 + 2 * 3 * 4;
+	uint64_t sa = sampler_epoch_skip(&a, 0), sc = sampler_epoch_skip(&c, 0);
+	assert(sc == sa + 2);
+	for (uint64_t i = sc; i < sampler_batches_per_epoch(&a); i++)
+		for (uint32_t row = 0; row < sampler_epoch_rows(&a, 0, i); row++)
+			assert(sampler_sample(&a, 0, i, row) == sampler_sample(&c, 0, i, row));
+}
+
 int main(void)
 {
 	test_permute();
 	test_identity();
 	test_partition();
+	test_tail();
 	printf("test-sampler: ok\n");
 	return 0;
 }
