@@ -59,6 +59,10 @@ static void usage(FILE *f)
 		"  -m, --memory-limit SIZE  most memory for batch slots and image caches, e.g. 4G\n"
 		"                           (default: half of RAM)\n"
 		"  -l, --log-level LEVEL    error, warning, notice, info (default) or debug\n"
+		"      --cache-dir DIR      where indexes built from datasets are kept and reused\n"
+		"                           (megatron sources); default $CACHE_DIRECTORY, else\n"
+		"                           /var/cache/loaderd as root, else $XDG_CACHE_HOME/loaderd\n"
+		"                           or ~/.cache/loaderd\n"
 		"      --check-config[=FILE]  check FILE (default: the config loaderd would\n"
 		"                           read, as above) and its pipelines' specs, say what\n"
 		"                           is wrong or \"ok\", and exit (0 ok, 1 not)\n"
@@ -262,6 +266,7 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "check-config", optional_argument, NULL, 'C' },
+		{ "cache-dir", required_argument, NULL, 'D' },
 		{ 0 },
 	};
 	int c;
@@ -309,6 +314,15 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 		case 'V':
 			version();
 			return 0;
+		case 'D':
+			if (optarg[0] != '/') {
+				fprintf(stderr, "loaderd: --cache-dir must be an absolute path -- '%s'\n",
+				        optarg);
+				return 2;
+			}
+			free(d->cfg.cache_dir);
+			d->cfg.cache_dir = strdup(optarg);
+			break;
 		case 'C':
 			d->check_config = true;
 			d->check_file = optarg;
@@ -323,6 +337,30 @@ static int parse_args(struct daemon *d, int argc, char **argv)
 		return 2;
 	}
 	return -1;
+}
+
+/* Without --cache-dir or cache_dir: systemd's CacheDirectory= (the first of
+ * $CACHE_DIRECTORY), else /var/cache/loaderd for root, else the user's cache. */
+static int apply_cache_dir(const char *set)
+{
+	const char *env = getenv("CACHE_DIRECTORY"), *home;
+	char buf[4096];
+
+	if (set)
+		return source_set_cache_dir(set);
+	if (env && env[0] == '/') {
+		snprintf(buf, sizeof(buf), "%.*s", (int)strcspn(env, ":"), env);
+		return source_set_cache_dir(buf);
+	}
+	if (geteuid() == 0)
+		return source_set_cache_dir("/var/cache/loaderd");
+	if ((home = getenv("XDG_CACHE_HOME")) && home[0] == '/')
+		snprintf(buf, sizeof(buf), "%s/loaderd", home);
+	else if ((home = getenv("HOME")) && home[0] == '/')
+		snprintf(buf, sizeof(buf), "%s/.cache/loaderd", home);
+	else
+		return source_set_cache_dir(NULL);
+	return source_set_cache_dir(buf);
 }
 
 /* Without --memory-limit or memory_limit: half of the RAM. */
@@ -360,6 +398,7 @@ int main(int argc, char **argv)
 	cli.memory_limit = d.cfg.memory_limit;
 	cli.log_level = d.cfg.log_level;
 	cli.socket_path = d.cfg.socket_path ? (char *)"" : NULL;
+	cli.cache_dir = d.cfg.cache_dir ? (char *)"" : NULL;
 	if (cfgfile && settings_load(&d.cfg, cfgfile, true, err, sizeof(err)) < 0) {
 		fprintf(stderr, "loaderd: %s\n", err);
 		settings_clear(&d.cfg);
@@ -385,6 +424,11 @@ int main(int argc, char **argv)
 	sc.memory_limit_per_user = d.cfg.memory_limit_per_user;
 	sc.max_pipelines_per_user = d.cfg.max_pipelines_per_user;
 
+	if (apply_cache_dir(d.cfg.cache_dir) < 0) {
+		fprintf(stderr, "loaderd: out of memory\n");
+		settings_clear(&d.cfg);
+		return 1;
+	}
 	if (ds_set_roots(d.cfg.dataset_roots, err, sizeof(err)) < 0) {
 		fprintf(stderr, "loaderd: %s\n", err);
 		settings_clear(&d.cfg);

@@ -111,6 +111,7 @@ int config_run_init(struct config_run *cr, struct server *srv, const struct sett
 		.cli_memory_limit = cli->memory_limit,
 		.cli_log_level = cli->log_level,
 		.cli_socket = cli->socket_path != NULL,
+		.cli_cache_dir = cli->cache_dir != NULL,
 		.default_workers = default_workers,
 		.default_memory_limit = default_memory_limit,
 		.socket_mode = cfg->has_socket_mode ? cfg->socket_mode : 0660,
@@ -300,6 +301,13 @@ static void check_restart_keys(struct reload_job *j, const struct settings *f)
 	              gid_json(f->has_socket_group ? (int)f->socket_gid : -1));
 	if (!roots_equal(cr->roots, f->dataset_roots))
 		needs_restart(j, "dataset_roots", roots_json(cr->roots), roots_json(f->dataset_roots));
+	if (!cr->cli_cache_dir && f->cache_dir) {
+		char dir[4096];
+
+		if (!source_cache_dir(dir, sizeof(dir)))
+			dir[0] = '\0';
+		needs_restart(j, "cache_dir", json_string(dir), json_string(f->cache_dir));
+	}
 	needs_restart(j, "metrics_address", cr->metrics_address ? json_string(cr->metrics_address) : json_null(),
 	              f->metrics_address ? json_string(f->metrics_address) : json_null());
 }

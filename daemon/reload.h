@@ -19,6 +19,7 @@ struct config_run {
 	uint64_t cli_memory_limit;
 	int cli_log_level;
 	bool cli_socket;
+	bool cli_cache_dir;           /* --cache-dir was given */
 	/* without the command line and the file */
 	unsigned default_workers;
 	uint64_t default_memory_limit;

@@ -257,6 +257,14 @@ static int load_key(struct settings *cfg, const char *path, const char *key, jso
 		cfg->metrics_address_file = strdup(path);
 		if (!(cfg->metrics_address = strdup(json_string_value(v))) || !cfg->metrics_address_file)
 			return errfmt(-ENOMEM, err, errlen, "%s: metrics_address: out of memory", path);
+	} else if (strcmp(key, "cache_dir") == 0) {
+		if (!json_is_string(v) || json_string_value(v)[0] != '/' ||
+		    strlen(json_string_value(v)) > 3800)
+			return settings_fail(err, errlen, path,
+			                     "cache_dir: must be an absolute directory path");
+		free(cfg->cache_dir);
+		if (!(cfg->cache_dir = strdup(json_string_value(v))))
+			return errfmt(-ENOMEM, err, errlen, "%s: cache_dir: out of memory", path);
 	} else if (strcmp(key, "pipelines") == 0) {
 		if (!json_is_array(v))
 			return settings_fail(err, errlen, path,
@@ -382,6 +390,11 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		cfg->metrics_address_file = file.metrics_address_file;
 		file.metrics_address_file = NULL;
 	}
+	if (file.cache_dir && (!keep_set || !cfg->cache_dir)) {
+		free(cfg->cache_dir);
+		cfg->cache_dir = file.cache_dir;
+		file.cache_dir = NULL;
+	}
 	json_decref(cfg->pipelines);
 	cfg->pipelines = file.pipelines;
 	file.pipelines = NULL;
@@ -397,6 +410,7 @@ void settings_clear(struct settings *cfg)
 	free(cfg->socket_path);
 	free(cfg->metrics_address);
 	free(cfg->metrics_address_file);
+	free(cfg->cache_dir);
 	free_roots(cfg->dataset_roots);
 	json_decref(cfg->pipelines);
 	memset(cfg, 0, sizeof(*cfg));

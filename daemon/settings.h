@@ -30,6 +30,7 @@ struct settings {
 	json_t *pipelines;        /* array of specs, or NULL */
 	char *metrics_address;    /* "HOST:PORT" or a unix socket path; NULL: no /metrics */
 	char *metrics_address_file; /* the file (or drop-in) that set it, for its errors */
+	char *cache_dir;          /* what sources build and reuse (megatron indexes); NULL: default */
 };
 
 /* Connections one uid may hold without "max_connections_per_uid": well below

@@ -346,7 +346,8 @@ static void fmt_stages(char *buf, size_t n, const json_t *stats)
 		snprintf(buf + len, n - len, ")");
 }
 
-/* "image cache: 67% hits, 2000 images, 1.1 GiB of 8.0 GiB (3 refused)", or "". */
+/* "image cache: 67% hits, 2000 images, 1.1 GiB of 8.0 GiB (3 refused)", a megatron
+ * source's index, or "". */
 static void fmt_cache(char *buf, size_t n, const json_t *p)
 {
 	const json_t *c = json_object_get(p, "cache");
@@ -355,6 +356,19 @@ static void fmt_cache(char *buf, size_t n, const json_t *p)
 	char used[32], cap[32], more[48] = "";
 
 	buf[0] = '\0';
+	if (json_is_string(json_object_get(c, "index"))) {
+		/* a megatron source: "megatron index: built in 0.41 s, 2 epochs, 5000 samples" */
+		const char *how = json_string_value(json_object_get(c, "index"));
+		double secs = num_at(c, "build_seconds");
+		char t[32] = "";
+
+		if (!isnan(secs))
+			snprintf(t, sizeof(t), " in %.2f s", secs);
+		snprintf(buf, n, "megatron index: %s%s, %.0f epochs, %.0f samples%s", how, t,
+		         num_at(c, "epochs"), num_at(c, "samples"),
+		         json_is_string(json_object_get(c, "note")) ? " (not cached)" : "");
+		return;
+	}
 	if (!json_is_object(c) || isnan(hits) || isnan(misses))
 		return;
 	fmt_bytes(used, sizeof(used), num_at(c, "bytes_used"));

@@ -54,6 +54,7 @@ enum opt_id {
 	OPT_INTERVAL = 'd',
 	OPT_ITERATIONS = 'n',
 	OPT_SORT = 257 + 64,
+	OPT_SEQ_LEN,
 };
 
 struct verb {
@@ -125,6 +126,12 @@ static const struct option top_options[] = {
 	{ NULL, 0, NULL, 0 },
 };
 
+static const struct option inspect_options[] = {
+	COMMON_OPTIONS,
+	{ "seq-len", required_argument, NULL, OPT_SEQ_LEN },
+	{ NULL, 0, NULL, 0 },
+};
+
 static const struct verb verbs[] = {
 	{ "status", 0, 0, cmd_status, "daemon, pipelines and clients", "", no_options },
 	{ "pipelines", 0, 0, cmd_pipelines, "list the pipelines", "", no_options },
@@ -146,6 +153,10 @@ static const struct verb verbs[] = {
 	  no_options },
 	{ "top", 0, 0, cmd_top, "the figures of status, refreshed live; q quits",
 	  "[-d SECS] [-n ITER] [--sort wait|rate|name|id]", top_options },
+	{ "inspect", 1, 1, cmd_inspect,
+	  "check a Megatron .bin/.idx pair here, without the daemon: its documents,\n"
+	  "      tokens, dtype and samples",
+	  "PREFIX|FILE [--seq-len N]", inspect_options },
 	{ "help", 0, 0, cmd_help, "show this help", "", no_options },
 };
 
@@ -232,6 +243,14 @@ static void print_help(FILE *f)
 	        "  keys: w, r, n, i choose the sort key, s or > the next one, < the one\n"
 	        "  before; q or Ctrl-C quits. Without a terminal top prints N frames\n"
 	        "  (default 1), one after the other.\n"
+	        "\n"
+	        "inspect options:\n"
+	        "  --seq-len N         also the samples of N tokens one epoch of all documents\n"
+	        "                      gives, as megatron-core's GPTDataset builds them\n"
+	        "                      (N + 1 tokens each, one shared: (tokens - 1) / N)\n"
+	        "  inspect reads PREFIX.idx and PREFIX.bin (FILE: either, its suffix dropped)\n"
+	        "  with this process's permissions and checks the index against the data file:\n"
+	        "  exit 1 with the error, naming the file and byte offset, when it is invalid.\n"
 	        "\n"
 	        "The checksum is zlib's CRC-32 of exactly the bytes --dump writes.\n"
 	        "\n"
@@ -384,6 +403,9 @@ static void handle_option(struct ctl *ctl, int id, const char *arg)
 	}
 	case OPT_ITERATIONS:
 		ctl->iterations = arg_u64("iteration count", arg, 1, UINT64_MAX);
+		break;
+	case OPT_SEQ_LEN:
+		ctl->seq_len = arg_u64("sequence length", arg, 1, 1u << 24);
 		break;
 	case OPT_SORT:
 		ctl->sort = sort_from_name(arg);

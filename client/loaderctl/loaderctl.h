@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /* loaderctl.h - what the files of loaderctl share (not installed)
  *
- * layer: client/loaderctl -> include
+ * layer: client/loaderctl -> include common
  *
  * loaderctl is a plain client of the daemon: its files may include the
  * public API (include/loader/loader.h) and one another, nothing of
  * client/libloader, common/ or daemon/ (anything it does, a trainer can do
- * with the same API). One file per command group (status.c, top.c,
+ * with the same API); the one exception is common/'s mmidx.h, the parser
+ * of Megatron .idx files that `inspect` runs locally, as the daemon does.
+ * One file per command group (status.c, top.c,
  * pipelines.c, consume.c, admin.c), the tables they print (figures.c,
  * table.c), helpers (util.c); the terminal of `top` on its own (term.c);
  * loaderctl.c holds main(), the options and the table of commands.
@@ -74,6 +76,8 @@ struct ctl {
 	double interval;
 	uint64_t iterations;
 	int sort;
+	/* inspect */
+	uint64_t seq_len;         /* 0: not given */
 };
 
 static inline void warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -175,6 +179,9 @@ int cmd_drop(struct ctl *ctl, int argc, char **argv);
 
 /* consume.c */
 int cmd_consume(struct ctl *ctl, int argc, char **argv);
+
+/* inspect.c */
+int cmd_inspect(struct ctl *ctl, int argc, char **argv);
 
 /* admin.c */
 int cmd_set(struct ctl *ctl, int argc, char **argv);

@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ const struct source_kind_entry source_kinds[] = {
 	{ "webdataset", SOURCE_WEBDATASET, &source_images_ops },
 	{ "python", SOURCE_PYTHON, &source_python_ops },
 	{ "blend", SOURCE_BLEND, &source_blend_ops },
+	{ "megatron", SOURCE_MEGATRON, &source_megatron_ops },
 };
 const size_t source_nkinds = ARRAY_SIZE(source_kinds);
 
@@ -207,4 +209,35 @@ json_t *source_cache_json(const struct source *src)
 json_t *source_status_json(const struct source *src)
 {
 	return src->ops->status_json ? src->ops->status_json(src) : NULL;
+}
+
+/* ---- the cache directory (source.h) ---- */
+
+static pthread_mutex_t cache_dir_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *cache_dir;
+
+int source_set_cache_dir(const char *dir)
+{
+	char *copy = dir && *dir ? strdup(dir) : NULL;
+
+	if (dir && *dir && !copy)
+		return -ENOMEM;
+	pthread_mutex_lock(&cache_dir_lock);
+	free(cache_dir);
+	cache_dir = copy;
+	pthread_mutex_unlock(&cache_dir_lock);
+	return 0;
+}
+
+size_t source_cache_dir(char *buf, size_t len)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&cache_dir_lock);
+	if (cache_dir && strlen(cache_dir) < len) {
+		n = strlen(cache_dir);
+		memcpy(buf, cache_dir, n + 1);
+	}
+	pthread_mutex_unlock(&cache_dir_lock);
+	return n;
 }

@@ -80,6 +80,7 @@ struct source_kind_entry {
 
 extern const struct source_ops source_tokens_ops, source_npy_ops, source_images_ops,
 	source_python_ops, source_blend_ops;
+extern const struct source_ops source_megatron_ops;
 
 /* The kind table (kinds.c), in the order spec errors list the names. */
 extern const struct source_kind_entry source_kinds[];

@@ -33,6 +33,7 @@ enum source_kind {
 	SOURCE_WEBDATASET,
 	SOURCE_PYTHON,           /* a user's torch Dataset, built by its Python workers */
 	SOURCE_BLEND,            /* other sources mixed by weight (source-blend.c) */
+	SOURCE_MEGATRON,         /* a Megatron-LM .bin/.idx pair, as GPTDataset (megatron/) */
 };
 
 #define SOURCE_MAX_FIELDS 16
@@ -137,3 +138,13 @@ bool source_augments(const struct source *src);
 bool source_external(const struct source *src);
 /* Count @n samples skipped by an external builder. */
 void source_add_skipped(struct source *src, uint64_t n);
+
+/*
+ * The daemon's cache directory (config key cache_dir, docs/config.md): where
+ * sources keep what they build from a dataset and every pipeline of the node
+ * reuses (the megatron kind's indexes). Set at start; NULL or "" for none.
+ * source_cache_dir() copies it into @buf: its length, or 0 when there is
+ * none (or it does not fit).
+ */
+int source_set_cache_dir(const char *dir);
+size_t source_cache_dir(char *buf, size_t len);

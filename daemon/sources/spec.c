@@ -509,6 +509,7 @@ struct spec *spec_free(struct spec *spec)
 		free(spec->source.urls[i]);
 	free(spec->source.urls);
 	json_decref(spec->source.py);
+	json_decref(spec->source.mg);
 	json_decref(spec->json);
 	free(spec);
 	return NULL;

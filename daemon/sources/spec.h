@@ -53,6 +53,7 @@ struct spec {
 		json_t *py;           /* python: the canonical source object */
 		bool py_collate;      /* python: a collate_fn builds whole batches */
 		struct blend_spec *blend; /* blend: its parts, each a spec (source-blend.c) */
+		json_t *mg;           /* megatron: the canonical source object */
 	} source;
 	/* image sources only */
 	struct transform transforms[SPEC_TRANSFORMS_MAX];

@@ -659,3 +659,39 @@ def test_a_reload_whose_files_open_while_the_daemon_stops_changes_nothing(daemon
     assert 'config.reload by="root (uid 0), pid' in log and \
         'error="the daemon is stopping: the reload was not applied"' in log, log
     assert "pipeline.create" not in log and "config.change" not in log, log
+
+
+def test_cache_dir_from_the_file_and_a_reload_that_changes_it(daemon, workdir):
+    """cache_dir (docs/config.md): the file's value is used at start (made,
+    mode 0700, when a megatron pipeline first needs it); a reload that
+    changes it names it as needing a restart; --cache-dir wins over the
+    file and is then not named."""
+    import glob
+    import stat
+    import struct
+    cfg = os.path.join(workdir, "loaderd.json")
+    a, b = os.path.join(workdir, "cache-a"), os.path.join(workdir, "cache-b")
+    prefix = os.path.join(workdir, "corpus")
+    with open(prefix + ".bin", "wb") as f:   # one document of 40 uint16 tokens
+        f.write(struct.pack("<40H", *range(40)))
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, 1, 2) + struct.pack("<i", 40) +
+                struct.pack("<q", 0) + struct.pack("<2q", 0, 1))
+    write_config(cfg, {"cache_dir": a})
+    d = daemon("--config", cfg)
+    spec = os.path.join(workdir, "m.json")
+    with open(spec, "w") as f:
+        json.dump({"name": "m", "source": {"kind": "megatron", "prefix": prefix, "seq_len": 8}}, f)
+    d.ctl("create", "--spec", spec)
+    assert len(glob.glob(os.path.join(a, "megatron-*.index"))) == 1
+    assert stat.S_IMODE(os.stat(a).st_mode) == 0o700
+    write_config(cfg, {"cache_dir": b})
+    rep = d.ctl_json("reload")
+    assert rep["restart_needed"] == [{"key": "cache_dir", "running": a, "file": b}]
+    write_config(cfg, {"cache_dir": "relative"})
+    r = d.ctl("reload", check=False)
+    assert r.returncode == 1 and f"{cfg}: cache_dir: must be an absolute directory path" in \
+        r.stdout + r.stderr
+    write_config(cfg, {"cache_dir": b})
+    d2 = daemon("--config", cfg, "--cache-dir", a)
+    assert d2.ctl_json("reload")["restart_needed"] == []

@@ -1,0 +1,56 @@
+/* SPDX-License-Identifier: MIT */
+/* megatron - the megatron kind's own pieces: its index, built as megatron-core's GPTDataset
+ * builds it, and cached on disk (megatron-index.c, megatron-cache.c) */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* What changes the index besides the corpus (megatron-core's names in comments). */
+struct mg_params {
+	uint64_t beg, end;            /* the split's sequences [beg, end) (indexed_indices) */
+	uint32_t seq_len;             /* sequence_length */
+	uint32_t seed;                /* random_seed */
+	uint64_t num_samples;         /* sizes[split]; 0: None, one epoch */
+	int extra;                    /* add_extra_token_to_sequence, 0 or 1 */
+};
+
+/* GPTDataset's three indexes (_build_document_sample_shuffle_indices). */
+struct mg_index {
+	uint64_t ndoc;                /* document_index entries: epochs x documents */
+	uint64_t nsamples;            /* len(dataset): sample_index rows - 1 */
+	uint32_t epochs;
+	int32_t *doc;                 /* document_index[ndoc]: sequence numbers */
+	int64_t *sample;              /* sample_index[nsamples + 1][2]: doc_index position, offset */
+	int64_t *shuffle;             /* shuffle_index[nsamples] */
+};
+
+/* Build it from the sequence lengths of the whole .idx; errors name @what. */
+int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_params *p,
+		   const char *what, char *err, size_t errlen);
+void mg_index_free(struct mg_index *ix);
+
+/* The files an index is built from, as fstat() saw them (the cache key). */
+struct mg_file_id {
+	uint64_t dev, ino, size;
+	int64_t mtime_ns;
+};
+
+/* Where the index came from (status "cache"). */
+struct mg_origin {
+	bool reused;                  /* read from the cache directory */
+	double build_s;               /* the build's seconds, when built */
+	char note[4400];              /* why it is not cached, or "" */
+};
+
+/**
+ * mg_index_get() - the index for @p over the pair @idx_id/@bin_id: read from
+ * the daemon's cache directory (source_cache_dir()) when a pipeline built it
+ * before, else built (once: a lock file serializes the builders of one key)
+ * and written there, to a temporary name and renamed. Without a usable
+ * cache directory it is built in memory and @o->note says why.
+ */
+int mg_index_get(struct mg_index *ix, const int32_t *lengths, uint64_t nseq,
+		 const struct mg_file_id *idx_id, const struct mg_file_id *bin_id,
+		 const struct mg_params *p, struct mg_origin *o, const char *what, char *err,
+		 size_t errlen);
