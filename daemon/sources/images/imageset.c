@@ -24,6 +24,7 @@
 
 #include "common.h"
 #include "base/creds.h"
+#include "sources/source-private.h"
 #include "brace.h"
 #include "imageset.h"
 #include "tar.h"
@@ -58,6 +59,7 @@ struct image_entry {
 
 struct imageset {
 	struct creds who;             /* files are opened with these (creds.h) */
+	const struct source *src;     /* webdataset: opens the shards (objects.c) */
 	bool folder;
 	char *root;
 	struct image_entry *v;
@@ -485,7 +487,7 @@ static int index_shard(struct imageset *set, struct indexer *ix, size_t s, bool 
 {
 	const char *path = set->shards[s];
 	struct stat st;
-	int fd = ds_open(&set->who, path, &st, err, errlen), r;
+	int fd = source_open_path(set->src, path, &st, err, errlen), r;
 
 	if (fd < 0)
 		return fd;
@@ -520,7 +522,7 @@ long imageset_count_shards(char *const *urls, size_t nurls, char *err, size_t er
 	return (long)total;
 }
 
-int imageset_open_webdataset(struct imageset **out, const struct creds *who, char *const *urls,
+int imageset_open_webdataset(struct imageset **out, const struct source *src, char *const *urls,
 			     size_t nurls, char *err, size_t errlen)
 {
 	struct imageset *set = calloc(1, sizeof(*set));
@@ -532,7 +534,8 @@ int imageset_open_webdataset(struct imageset **out, const struct creds *who, cha
 
 	if (!set)
 		return -ENOMEM;
-	set->who = *who;
+	set->who = src->who;
+	set->src = src;
 	/* the count first, from the patterns alone: a create over the bound
 	 * fails before a name is made or a file opened */
 	total = imageset_count_shards(urls, nurls, err, errlen);
@@ -721,7 +724,7 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 		return errfmt(r, err, errlen, "%s: out of memory", what);
 	fd = set->fds[e->shard];
 	if (fd < 0) {
-		fd = ds_open(&set->who, set->shards[e->shard], NULL, err, errlen);
+		fd = source_open_path(set->src, set->shards[e->shard], NULL, err, errlen);
 		if (fd < 0)
 			return fd;
 	}
