@@ -58,7 +58,8 @@ int store_creds(const char *spec_json, struct awscreds *ac, Loaderd__StoreCreden
 	extern char **environ;
 	char err[512];
 
-	if (!strstr(spec_json, "s3://") && !strstr(spec_json, "https://") && !strstr(spec_json, "http://"))
+	/* a JSON string that starts with a URL: a path in a store */
+	if (!strstr(spec_json, "\"s3://") && !strstr(spec_json, "\"https://") && !strstr(spec_json, "\"http://"))
 		return 0;
 	if (awscreds_load(ac, (const char *const *)environ, getenv("HOME"), err, sizeof(err)) < 0)
 		return set_err(-EINVAL, "object-store credentials: %s", err);

@@ -319,8 +319,8 @@ static inline void reader_unlock(struct ldr_client *c, bool locked)
 
 /* libloader.c */
 /*
- * The trainer's object-store credentials for a create whose spec names an
- * s3:// or http(s):// path (awscreds.c, docs/storage.md): *@ac filled and
+ * The trainer's object-store credentials for a create whose spec has a
+ * string that starts with s3://, https:// or http:// (a path in a store) (awscreds.c, docs/storage.md): *@ac filled and
  * @sc pointing into it, and 1; 0 when the spec names none; < 0 when the
  * files are wrong (tls_err set). store_creds_clear() wipes @ac after the call.
  */

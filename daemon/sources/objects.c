@@ -261,15 +261,21 @@ int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *er
 	struct source_objects *o = src->objs;
 	struct batch b = { .o = o, .lock = PTHREAD_MUTEX_INITIALIZER };
 	uint64_t total = 0, max;
+	size_t *at;
 	int r = 0;
 
 	if (!o)
 		return 0;
 	b.objs = calloc(n ? n : 1, sizeof(*b.objs));
-	if (!b.objs)
+	at = calloc(n ? n : 1, sizeof(*at));
+	if (!b.objs || !at) {
+		free(b.objs);
+		free(at);
 		return errfmt(-ENOMEM, err, errlen, "out of memory");
+	}
 	pthread_mutex_lock(&o->lock);
 	r = objects_store(o, err, errlen);
+	/* by index: o->v may move while entries are added */
 	for (size_t i = 0; r == 0 && i < n; i++) {
 		struct obj *ob;
 		bool dup = false;
@@ -277,13 +283,16 @@ int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *er
 		if (!source_is_url(paths[i]))
 			continue;
 		for (size_t j = 0; j < b.n && !dup; j++)
-			dup = !strcmp(b.objs[j]->url, paths[i]);
+			dup = !strcmp(o->v[at[j]].url, paths[i]);
 		ob = dup ? NULL : objects_find(o, paths[i], true);
 		if (!dup && !ob)
 			r = errfmt(-ENOMEM, err, errlen, "out of memory");
 		else if (ob && ob->fd < 0)
-			b.objs[b.n++] = ob;
+			at[b.n++] = (size_t)(ob - o->v);
 	}
+	for (size_t j = 0; j < b.n; j++)
+		b.objs[j] = &o->v[at[j]];
+	free(at);
 	pthread_mutex_unlock(&o->lock);
 	/* the HEADs as the creator: a refused one fails the create here */
 	if (r == 0 && b.n)

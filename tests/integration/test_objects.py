@@ -51,11 +51,11 @@ def create(ld, spec, env, check=True):
     return ld.ctl("create", "--spec", ld.spec_file(spec), env=env, check=check)
 
 
-def shards(workdir, s3, prefix, nshards=3, seed=6):
+def shards(workdir, s3, prefix, nshards=3, seed=6, per_class=3):
     """nshards webdataset shards, local and uploaded as alice to
     s3://alice-data/PREFIX-{000..}.tar; the local pattern and the URL one."""
     root = os.path.join(workdir, "imgs-" + prefix.replace("/", "_"))
-    samples = make_folder(root, ["cat", "dog", "eel"], 3, [(30, 40), (44, 33)], seed=seed)
+    samples = make_folder(root, ["cat", "dog", "eel"], per_class, [(30, 40), (44, 33)], seed=seed)
     members = wds_members(samples)
     per = len(members) // nshards
     local = os.path.join(workdir, "shards-" + prefix.replace("/", "_"))
@@ -128,6 +128,18 @@ def test_webdataset_over_s3_equals_local(daemon, workdir, s3):
         assert ld.status()["object_cache"]["pinned"] == 0
     finally:
         proxy.stop()
+
+
+def test_many_shards_fetched_at_once(daemon, workdir, s3):
+    # more shards than the fetch threads and than a source's first table
+    local, url, n = shards(workdir, s3, "wds/many", nshards=21, per_class=7)
+    ld, _ = s3_daemon(daemon, workdir)
+    ld.create(wds("local", local))
+    want = ld.consume("local").dump
+    create(ld, wds("remote", url), aws_env(s3.endpoint))
+    assert ld.consume("remote").dump == want
+    oc = ld.status()["object_cache"]
+    assert (oc["objects"], oc["misses"], oc["pinned"]) == (21, 21, 21)
 
 
 def test_npy_over_s3_equals_local(daemon, workdir, s3):
