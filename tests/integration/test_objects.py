@@ -10,6 +10,8 @@ are held byte for byte to the same files read from local disk.
 """
 
 import json
+import subprocess
+import sys
 import os
 import struct
 import tarfile
@@ -21,7 +23,7 @@ import pytest
 
 import s3server
 from imgtest import image_spec, make_folder, wds_members, write_shard_tarfile
-from ldrtest import npy_spec, write_npy
+from ldrtest import npy_spec, python_client_env, write_npy
 from users import open_to_all, shared_config
 from s3server import IDENTITIES, FaultProxy, aws_env
 from users import users  # noqa: F401 (a fixture)
@@ -140,6 +142,32 @@ def test_many_shards_fetched_at_once(daemon, workdir, s3):
     assert ld.consume("remote").dump == want
     oc = ld.status()["object_cache"]
     assert (oc["objects"], oc["misses"], oc["pinned"]) == (21, 21, 21)
+
+
+def test_python_trainer_sends_its_profile(daemon, workdir, s3):
+    """A trainer in Python (libloader through ctypes) with its keys in a
+    profile of its ~/.aws files, not in the environment."""
+    local, url, _ = shards(workdir, s3, "wds/py", nshards=2)
+    ld, _ = s3_daemon(daemon, workdir)
+    ld.create(wds("local", local))
+    want = ld.consume("local").dump
+    ak, sk, _ = IDENTITIES["alice"]
+    home = os.path.join(workdir, "home")
+    os.makedirs(os.path.join(home, ".aws"))
+    with open(os.path.join(home, ".aws", "credentials"), "w") as f:
+        f.write(f"[train]\naws_access_key_id = {ak}\naws_secret_access_key = {sk}\n")
+    with open(os.path.join(home, ".aws", "config"), "w") as f:
+        f.write(f"[profile train]\nregion = us-east-1\nendpoint_url = {s3.endpoint}\n")
+    env = python_client_env(base={k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
+    env.update(HOME=home, AWS_PROFILE="train")
+    code = ("import json, sys, loaderd\n"
+            "c = loaderd.Client(sys.argv[1])\n"
+            "c.create_pipeline(json.loads(sys.argv[2]))\n")
+    r = subprocess.run([sys.executable, "-c", code, ld.socket, json.dumps(wds("remote", url))],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ld.consume("remote").dump == want
+    assert ld.pipeline("remote")["store"]["access_key_id"] == ak[-4:]
 
 
 def test_npy_over_s3_equals_local(daemon, workdir, s3):
