@@ -313,6 +313,20 @@ int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *er
 	return r;
 }
 
+int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
+		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen)
+{
+	struct source_objects *o = src->objs;
+	int r;
+
+	if (!o)
+		return errfmt(-EINVAL, err, errlen, "%s: objects in a store are not read here", url);
+	pthread_mutex_lock(&o->lock);
+	r = objects_store(o, err, errlen);
+	pthread_mutex_unlock(&o->lock);
+	return r < 0 ? r : store_list(o->st, url, fn, arg, err, errlen);
+}
+
 int source_open_path(const struct source *src, const char *path, struct stat *st, char *err, size_t errlen)
 {
 	struct source_objects *o = src ? src->objs : NULL;

@@ -95,6 +95,9 @@ struct stat;
 bool source_is_url(const char *path);
 int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen);
 int source_open_path(const struct source *src, const char *path, struct stat *st, char *err, size_t errlen);
+/* Every key under s3://bucket/prefix (store_list(), as the creator). */
+int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
+		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen);
 int source_objects_new(struct source *src, const struct spec *spec);
 void source_objects_free(struct source *src);
 

@@ -170,6 +170,35 @@ def test_python_trainer_sends_its_profile(daemon, workdir, s3):
     assert ld.pipeline("remote")["store"]["access_key_id"] == ak[-4:]
 
 
+def test_image_folder_under_a_prefix_equals_local(daemon, workdir, s3):
+    root = os.path.join(workdir, "folder")
+    make_folder(root, ["cat", "dog", "eel"], 4, [(30, 40), (44, 33)], seed=11)
+    # a nested folder, a file of the root and one that is no image: as locally
+    make_folder(os.path.join(root, "dog", "deep"), ["inner"], 3, [(20, 25)], seed=12)
+    for p, body in ((os.path.join(root, "README.txt"), b"not a class"),
+                    (os.path.join(root, "eel", "notes.txt"), b"not an image")):
+        with open(p, "wb") as f:
+            f.write(body)
+    alice = s3.client("alice")
+    for d, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(d, name)
+            with open(p, "rb") as f:
+                alice.put(BUCKET, "folder/" + os.path.relpath(p, root), f.read())
+    # a sibling prefix that starts alike is not under "folder/"
+    alice.put(BUCKET, "folder2/zzz/x.jpg", b"not read")
+    ld, _ = s3_daemon(daemon, workdir)
+    src = lambda p: {"kind": "image_folder", "path": p}  # noqa: E731
+    ld.create(image_spec("local", src(root), OPS, dtype="uint8", seed=3, batch_size=5, shuffle=True))
+    want = ld.consume("local").dump
+    create(ld, image_spec("remote", src(f"s3://{BUCKET}/folder"), OPS, dtype="uint8", seed=3, batch_size=5,
+                          shuffle=True), aws_env(s3.endpoint))
+    assert ld.consume("remote").dump == want
+    assert ld.status()["object_cache"]["objects"] == 15  # the images only
+    st = ld.pipeline("remote")
+    assert st["samples"] == 15
+
+
 def test_npy_over_s3_equals_local(daemon, workdir, s3):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((37, 5)).astype(np.float32)

@@ -24,6 +24,11 @@ struct imageset;
  */
 int imageset_open_folder(struct imageset **out, const struct creds *who, const char *root,
 			 char *err, size_t errlen);
+/* The same as @src's creator; @root may also be s3://bucket/prefix, listed
+ * (ListObjectsV2) and every image fetched into the node's cache (objects.c). */
+struct source;
+int imageset_open_folder_of(struct imageset **out, const struct source *src, const char *root,
+			    char *err, size_t errlen);
 
 /**
  * imageset_open_webdataset() - index WebDataset tar shards once.

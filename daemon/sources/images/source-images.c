@@ -549,7 +549,7 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 	int r;
 
 	if (spec->kind == SOURCE_IMAGE_FOLDER)
-		r = imageset_open_folder(&src->images, &base->who, spec->source.root, err, errlen);
+		r = imageset_open_folder_of(&src->images, base, spec->source.root, err, errlen);
 	else if ((r = fetch_shards(base, spec, err, errlen)) == 0)
 		r = imageset_open_webdataset(&src->images, base, spec->source.urls, spec->source.nurls,
 					     err, errlen);
