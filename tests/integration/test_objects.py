@@ -402,3 +402,24 @@ def test_megatron_over_s3_equals_local(daemon, workdir, s3):
     create(ld, spec("remote", f"s3://{BUCKET}/mg/corpus"), aws_env(s3.endpoint))
     assert ld.consume("remote").dump == want
     assert ld.status()["object_cache"]["objects"] == 2
+
+
+def test_cache_bytes_config(daemon, workdir):
+    """cache_bytes (docs/config.md): a size, read at start; a reload that
+    changes it names it as needing a restart; a bad value is an error
+    naming the file and the key."""
+    cfg = os.path.join(workdir, "loaderd.json")
+    with open(cfg, "w") as f:
+        json.dump({"cache_bytes": "2G", "cache_dir": os.path.join(workdir, "c")}, f)
+    d = daemon("--config", cfg)
+    assert d.status()["object_cache"]["cache_bytes"] == 2 << 30
+    with open(cfg, "w") as f:
+        json.dump({"cache_bytes": 1000, "cache_dir": os.path.join(workdir, "c")}, f)
+    assert d.ctl_json("reload")["restart_needed"] == [{"key": "cache_bytes", "running": 2 << 30, "file": 1000}]
+    with open(cfg, "w") as f:
+        json.dump({"cache_bytes": "lots"}, f)
+    r = d.ctl("reload", check=False)
+    assert r.returncode == 1 and r.stderr == (f"loaderctl: reload: {cfg}: cache_bytes: must be bytes or a size "
+                                              'like "10G"; the running config is kept\n'), r.stderr
+    # the folders are made only when a store is first read
+    assert not os.path.exists(os.path.join(workdir, "c"))
