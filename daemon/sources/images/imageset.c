@@ -445,11 +445,14 @@ static int open_folder(struct imageset **out, const struct creds *who, const str
 		r = remote ? walk_listing(&w, &l, classes.v[c]) : walk_dir(&w, classes.v[c], 0, err, errlen);
 		if (r < 0)
 			goto out;
-		qsort(w.dirs + first, w.n - first, sizeof(w.dirs[0]), cmp_dir);
+		if (w.n - first > 1)
+			qsort(w.dirs + first, w.n - first, sizeof(w.dirs[0]), cmp_dir);
 		for (size_t k = first; k < w.n; k++) {
 			struct walk_dir *d = &w.dirs[k];
 
-			qsort(d->files.v, d->files.n, sizeof(d->files.v[0]), cmp_str);
+			/* a folder of folders only has no list (qsort's NULL) */
+			if (d->files.n > 1)
+				qsort(d->files.v, d->files.n, sizeof(d->files.v[0]), cmp_str);
 			for (size_t f = 0; f < d->files.n; f++) {
 				char rel[PATH_MAX];
 				struct image_entry *e;
