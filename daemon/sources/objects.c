@@ -45,6 +45,10 @@ struct source_objects {
 	struct store *st;
 	struct obj *v;
 	size_t n, cap;
+	/* an index of v by URL: open addressing, entry i + 1 (0 empty), a
+	 * power of two over twice n; a folder's reads look up every sample */
+	size_t *slots;
+	size_t nslots;
 };
 
 bool source_is_url(const char *path)
@@ -154,6 +158,7 @@ void source_objects_free(struct source *src)
 		free(o->v[i].url);
 	}
 	free(o->v);
+	free(o->slots);
 	store_free(o->st);
 	explicit_bzero(&o->cfg, sizeof(o->cfg));
 	pthread_mutex_destroy(&o->lock);
@@ -167,13 +172,54 @@ static int objects_store(struct source_objects *o, char *err, size_t errlen)
 	return o->st ? 0 : store_new(&o->st, &o->cfg, err, errlen);
 }
 
+static uint64_t url_hash(const char *s)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	while (*s)
+		h = (h ^ (unsigned char)*s++) * 0x100000001b3ull;
+	return mix64(h);
+}
+
+/* The slot of @url in o->slots: its entry's, or the empty one it would take. */
+static size_t slot_of(const struct source_objects *o, const char *url)
+{
+	size_t s = (size_t)url_hash(url) & (o->nslots - 1);
+
+	while (o->slots[s] && strcmp(o->v[o->slots[s] - 1].url, url))
+		s = (s + 1) & (o->nslots - 1);
+	return s;
+}
+
+/* Room in the index for one more entry: 0 or -ENOMEM. */
+static int index_grow(struct source_objects *o)
+{
+	size_t n = o->nslots ? o->nslots : 64, *old = o->slots, nold = o->nslots;
+
+	if (o->nslots && (o->n + 1) * 2 <= o->nslots)
+		return 0;
+	while ((o->n + 1) * 2 > n)
+		n *= 2;
+	if (!(o->slots = calloc(n, sizeof(*o->slots)))) {
+		o->slots = old;
+		return -ENOMEM;
+	}
+	o->nslots = n;
+	for (size_t i = 0; i < nold; i++)
+		if (old[i])
+			o->slots[slot_of(o, o->v[old[i] - 1].url)] = old[i];
+	free(old);
+	return 0;
+}
+
 /* The entry of @url, added (fd -1) when @add. Under o->lock. */
 static struct obj *objects_find(struct source_objects *o, const char *url, bool add)
 {
-	for (size_t i = 0; i < o->n; i++)
-		if (!strcmp(o->v[i].url, url))
-			return &o->v[i];
-	if (!add)
+	size_t s;
+
+	if (o->nslots && o->slots[s = slot_of(o, url)])
+		return &o->v[o->slots[s] - 1];
+	if (!add || index_grow(o) < 0)
 		return NULL;
 	if (o->n == o->cap) {
 		size_t cap = o->cap ? o->cap * 2 : 16;
@@ -187,6 +233,7 @@ static struct obj *objects_find(struct source_objects *o, const char *url, bool 
 	o->v[o->n] = (struct obj){ .url = strdup(url), .fd = -1 };
 	if (!o->v[o->n].url)
 		return NULL;
+	o->slots[slot_of(o, url)] = o->n + 1;
 	return &o->v[o->n++];
 }
 
