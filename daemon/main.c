@@ -429,6 +429,17 @@ int main(int argc, char **argv)
 		settings_clear(&d.cfg);
 		return 1;
 	}
+	{
+		char dir[4096];
+
+		if (source_cache_dir(dir, sizeof(dir)) &&
+		    source_set_object_cache(dir, d.cfg.cache_bytes ? d.cfg.cache_bytes : SETTINGS_CACHE_BYTES_DEFAULT,
+		                            err, sizeof(err)) < 0) {
+			fprintf(stderr, "loaderd: %s\n", err);
+			settings_clear(&d.cfg);
+			return 1;
+		}
+	}
 	if (ds_set_roots(d.cfg.dataset_roots, err, sizeof(err)) < 0) {
 		fprintf(stderr, "loaderd: %s\n", err);
 		settings_clear(&d.cfg);

@@ -308,6 +308,16 @@ static void check_restart_keys(struct reload_job *j, const struct settings *f)
 			dir[0] = '\0';
 		needs_restart(j, "cache_dir", json_string(dir), json_string(f->cache_dir));
 	}
+	{
+		json_t *oc = source_object_cache_json();
+		json_int_t running = json_integer_value(json_object_get(oc, "cache_bytes"));
+
+		json_decref(oc);
+		if (running)
+			needs_restart(j, "cache_bytes", json_integer(running),
+			              json_integer((json_int_t)(f->cache_bytes ? f->cache_bytes
+			                                                        : SETTINGS_CACHE_BYTES_DEFAULT)));
+	}
 	needs_restart(j, "metrics_address", cr->metrics_address ? json_string(cr->metrics_address) : json_null(),
 	              f->metrics_address ? json_string(f->metrics_address) : json_null());
 }

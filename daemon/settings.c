@@ -265,6 +265,9 @@ static int load_key(struct settings *cfg, const char *path, const char *key, jso
 		free(cfg->cache_dir);
 		if (!(cfg->cache_dir = strdup(json_string_value(v))))
 			return errfmt(-ENOMEM, err, errlen, "%s: cache_dir: out of memory", path);
+	} else if (strcmp(key, "cache_bytes") == 0) {
+		if ((r = size_key(path, key, v, "10G", &cfg->cache_bytes, err, errlen)) < 0)
+			return r;
 	} else if (strcmp(key, "pipelines") == 0) {
 		if (!json_is_array(v))
 			return settings_fail(err, errlen, path,
@@ -395,6 +398,8 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		cfg->cache_dir = file.cache_dir;
 		file.cache_dir = NULL;
 	}
+	if (file.cache_bytes)
+		cfg->cache_bytes = file.cache_bytes;
 	json_decref(cfg->pipelines);
 	cfg->pipelines = file.pipelines;
 	file.pipelines = NULL;

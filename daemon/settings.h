@@ -31,6 +31,7 @@ struct settings {
 	char *metrics_address;    /* "HOST:PORT" or a unix socket path; NULL: no /metrics */
 	char *metrics_address_file; /* the file (or drop-in) that set it, for its errors */
 	char *cache_dir;          /* what sources build and reuse (megatron indexes); NULL: default */
+	uint64_t cache_bytes;     /* the object cache's bound (cache_dir/objects); 0: the default */
 };
 
 /* Connections one uid may hold without "max_connections_per_uid": well below
@@ -42,6 +43,9 @@ struct settings {
 /* Pipelines one uid may own with "max_pipelines_per_user"; without it
  * ENGINE_PIPELINES_PER_USER_DEFAULT (engine.h). */
 #define SETTINGS_PIPELINES_PER_USER_MAX 100000
+
+/* The object cache's bound without "cache_bytes": 10 GiB. */
+#define SETTINGS_CACHE_BYTES_DEFAULT (10ull << 30)
 
 /* The linger without a "linger" key: 5 s. */
 #define SETTINGS_LINGER_DEFAULT_MS 5000

@@ -2,6 +2,7 @@
 /* libloader: the control calls: create and drop pipelines (remembered, to create
  * them again in a restarted daemon), status, list, set, reload.
  */
+#include "awscreds.h"
 #include "libloader-private.h"
 
 /*
@@ -52,18 +53,47 @@ static void spec_forget(struct ldr_client *c, const char *name)
 	pthread_mutex_unlock(&c->lock);
 }
 
+int store_creds(const char *spec_json, struct awscreds *ac, Loaderd__StoreCredentials *sc)
+{
+	extern char **environ;
+	char err[512];
+
+	/* a JSON string that starts with a URL: a path in a store */
+	if (!strstr(spec_json, "\"s3://") && !strstr(spec_json, "\"https://") && !strstr(spec_json, "\"http://"))
+		return 0;
+	if (awscreds_load(ac, (const char *const *)environ, getenv("HOME"), err, sizeof(err)) < 0)
+		return set_err(-EINVAL, "object-store credentials: %s", err);
+	loaderd__store_credentials__init(sc);
+	sc->access_key_id = ac->access_key;
+	sc->secret_access_key = ac->secret_key;
+	sc->session_token = ac->session_token;
+	sc->region = ac->region;
+	sc->endpoint = ac->endpoint;
+	return 1;
+}
+
+void store_creds_clear(struct awscreds *ac)
+{
+	explicit_bzero(ac, sizeof(*ac));
+}
+
 /* ldr_create_pipeline(), and with @has_owner the uid whose pipeline exist_ok may join. */
 static int create_call(struct ldr_client *c, const char *spec_json, int exist_ok, bool has_owner,
                        uint32_t owner, char *name_out, size_t name_size)
 {
 	Loaderd__Request req = LOADERD__REQUEST__INIT;
 	Loaderd__CreatePipeline cp = LOADERD__CREATE_PIPELINE__INIT;
+	Loaderd__StoreCredentials sc;
+	struct awscreds ac;
 	Loaderd__Reply *rep;
 	int r;
 
 	CHECK_PID(c);
 	if (!spec_json)
 		return set_err(-EINVAL, "no spec");
+	if ((r = store_creds(spec_json, &ac, &sc)) < 0)
+		return r;
+	cp.store = r ? &sc : NULL;
 	cp.spec_json = (char *)spec_json;
 	cp.exist_ok = exist_ok != 0;
 	cp.has_owner = has_owner;
@@ -71,6 +101,8 @@ static int create_call(struct ldr_client *c, const char *spec_json, int exist_ok
 	req.body_case = LOADERD__REQUEST__BODY_CREATE;
 	req.create = &cp;
 	r = call(c, &req, &rep, LOADERD__REPLY__BODY_CREATE);
+	if (cp.store)
+		store_creds_clear(&ac);
 	if (r < 0)
 		return r;
 	if (name_out && name_size)

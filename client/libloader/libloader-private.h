@@ -318,6 +318,16 @@ static inline void reader_unlock(struct ldr_client *c, bool locked)
  */
 
 /* libloader.c */
+/*
+ * The trainer's object-store credentials for a create whose spec has a
+ * string that starts with s3://, https:// or http:// (a path in a store) (awscreds.c, docs/storage.md): *@ac filled and
+ * @sc pointing into it, and 1; 0 when the spec names none; < 0 when the
+ * files are wrong (tls_err set). store_creds_clear() wipes @ac after the call.
+ */
+struct awscreds;
+int store_creds(const char *spec_json, struct awscreds *ac, Loaderd__StoreCredentials *sc);
+void store_creds_clear(struct awscreds *ac);
+
 int set_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int set_err(int err, const char *fmt, ...);
 int nng_to_errno(int rv);

@@ -5,6 +5,7 @@
  */
 #include <stdarg.h>
 
+#include "awscreds.h"
 #include "libloader-private.h"
 
 static double ms_since(const struct timespec *t0)
@@ -375,14 +376,25 @@ static int recreate_pipelines(struct ldr_client *c)
 			return 0;
 		if (!json)
 			continue;
-		cp.spec_json = json;
-		cp.exist_ok = true;
-		/* the owner it had: the daemon joins no other's */
-		cp.has_owner = has_owner;
-		cp.owner = (uint32_t)owner;
-		req.body_case = LOADERD__REQUEST__BODY_CREATE;
-		req.create = &cp;
-		r = call_gen(c, &req, &rep, LOADERD__REPLY__BODY_CREATE, CALL_TIMEOUT_MS, true);
+		{
+			/* the trainer's keys as they are now: fresh ones if it renewed them */
+			Loaderd__StoreCredentials sc;
+			struct awscreds ac;
+			int k = store_creds(json, &ac, &sc);
+
+			cp.spec_json = json;
+			cp.exist_ok = true;
+			cp.has_owner = has_owner;
+			cp.owner = (uint32_t)owner;
+			cp.store = k > 0 ? &sc : NULL;
+			req.body_case = LOADERD__REQUEST__BODY_CREATE;
+			req.create = &cp;
+			r = k < 0 ? k : call_gen(c, &req, &rep, LOADERD__REPLY__BODY_CREATE, CALL_TIMEOUT_MS, true);
+			if (k > 0)
+				store_creds_clear(&ac);
+			cp.store = NULL;
+		}
+		/* the owner it had (above): the daemon joins no other's */
 		free(json);
 		if (r == LDR_EDISCONNECTED || r == -ETIMEDOUT)
 			return LDR_EDISCONNECTED;

@@ -140,6 +140,12 @@ static json_t *pipeline_json(struct pipeline *pl)
 		if (!json_object_get(o, "source"))
 			json_object_set_new(o, "source", json_null());
 	}
+	/* the creator's store (objects.c): endpoint, region, the key id's
+	 * last 4 characters; never the secret */
+	if (o) {
+		json_t *store = spec_store_json(pl->spec);
+		json_object_set_new(o, "store", store ? store : json_null());
+	}
 	/* a reload removed it ("draining") or made a successor ("replaced") */
 	if (o && pl->retired && !pl->failed)
 		json_object_set_new(o, "state", json_string(retire_state(pl)));

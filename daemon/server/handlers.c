@@ -103,6 +103,16 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 		reply_error(srv, c, -r, err);
 		return;
 	}
+	/* the creator's own keys, for this pipeline only (docs/security.md) */
+	if (m->store && (r = spec_set_store_keys(spec, m->store->access_key_id, m->store->secret_access_key,
+	                                         m->store->session_token, m->store->region,
+	                                         m->store->endpoint, err, sizeof(err))) < 0) {
+		spec_free(spec);
+		reply_error(srv, c, -r, err);
+		return;
+	}
+	if (m->store && m->store->secret_access_key)
+		explicit_bzero(m->store->secret_access_key, strlen(m->store->secret_access_key));
 	if (!(x = calloc(1, sizeof(*x)))) {
 		spec_free(spec);
 		reply_error(srv, c, ENOMEM, "out of memory");
@@ -465,6 +475,9 @@ static json_t *status_json(struct server *srv, const struct client *self, const 
 		"cuda", cuda);
 	if (o)
 		engine_bounds_status(srv->engine, o, who);
+	/* the node's object cache (docs/storage.md) */
+	if (o)
+		json_object_set_new(o, "object_cache", source_object_cache_json());
 	return o;
 }
 

@@ -206,6 +206,19 @@ static const struct num_metric daemon_metrics[] = {
 	  "memory_used", 0 },
 	{ "loaderd_memory_held_after_drop_bytes", "gauge",
 	  "Slab memory of dropped pipelines that clients still map.", "memory_held_after_drop", 0 },
+	{ "loaderd_object_cache_limit_bytes", "gauge", "The object cache's bound (cache_bytes).",
+	  "object_cache.cache_bytes", 0 },
+	{ "loaderd_object_cache_used_bytes", "gauge", "Bytes of objects in the object cache now.",
+	  "object_cache.bytes_used", 0 },
+	{ "loaderd_object_cache_objects", "gauge", "Objects in the object cache now.", "object_cache.objects", 0 },
+	{ "loaderd_object_cache_hits_total", "counter", "Objects a source found in the object cache.",
+	  "object_cache.hits", 0 },
+	{ "loaderd_object_cache_misses_total", "counter", "Objects fetched into the object cache.",
+	  "object_cache.misses", 0 },
+	{ "loaderd_object_cache_fetched_bytes_total", "counter", "Bytes fetched from object stores.",
+	  "object_cache.bytes_fetched", 0 },
+	{ "loaderd_object_cache_evictions_total", "counter", "Objects evicted from the object cache.",
+	  "object_cache.evictions", 0 },
 };
 
 static const struct num_metric pipeline_metrics[] = {

@@ -80,7 +80,7 @@ int source_open_file(const struct source *src, const char *path, int *fd_out, ui
 		     char *err, size_t errlen)
 {
 	struct stat st;
-	int fd = ds_open(&src->who, path, &st, err, errlen);
+	int fd = source_open_path(src, path, &st, err, errlen);
 
 	if (fd < 0)
 		return fd;
@@ -115,7 +115,9 @@ int source_open_as(struct source **out, const struct spec *spec, const struct cr
 		return errfmt(-ENOMEM, err, errlen, "source: out of memory");
 	src->ops = ops;
 	src->who = *who;
-	r = ops->open(src, spec, err, errlen);
+	r = source_objects_new(src, spec);
+	if (r == 0)
+		r = ops->open(src, spec, err, errlen);
 	if (r < 0) {
 		if (r == -ENOMEM && err && errlen && !err[0])
 			errfmt(r, err, errlen, "source: out of memory");
@@ -131,6 +133,7 @@ struct source *source_free(struct source *src)
 	if (!src)
 		return NULL;
 	src->ops->close(src);
+	source_objects_free(src);
 	free(src);
 	return NULL;
 }

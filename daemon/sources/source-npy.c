@@ -394,6 +394,12 @@ static int npy_open(struct source *base, const struct spec *spec, char *err, siz
 
 	if (spec->source.npaths < 1 || spec->source.npaths > SOURCE_MAX_FIELDS)
 		return errfmt(-EINVAL, err, errlen, "npy source: 1..%d paths", SOURCE_MAX_FIELDS);
+	for (size_t i = 0; i < spec->source.npaths; i++)
+		src->files[i].fd = -1;
+	/* the arrays in a store: all fetched at once (objects.c) */
+	int r0 = source_fetch_urls(base, spec->source.paths, spec->source.npaths, err, errlen);
+	if (r0 < 0)
+		return r0;
 	for (size_t i = 0; i < spec->source.npaths; i++) {
 		struct npy_file *file = &src->files[i];
 		struct field_desc *f = &src->base.fields[i];

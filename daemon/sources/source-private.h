@@ -32,6 +32,7 @@ struct source {
 	uint64_t index_bytes;         /* source_index_bytes(), set by open */
 	uint64_t memory_bytes;        /* source_memory_bytes(), set by open */
 	struct creds who;             /* its files are opened as (creds.h) */
+	struct source_objects *objs;  /* its objects in a store (objects.c) */
 };
 
 struct source_ops {
@@ -81,6 +82,24 @@ struct source_kind_entry {
 extern const struct source_ops source_tokens_ops, source_npy_ops, source_images_ops,
 	source_python_ops, source_blend_ops;
 extern const struct source_ops source_megatron_ops;
+
+/*
+ * Paths that name objects in a store (objects.c): s3://, https://, http://.
+ * source_fetch_urls(): the URLs among @paths HEADed as the creator and
+ * fetched into the node's cache, several at once, kept open for the
+ * source's life (a dataset larger than cache_bytes is -EFBIG naming both).
+ * source_open_path(): ds_open() of a local path, or a new fd of a URL's
+ * cached copy (fetched now if source_fetch_urls() did not).
+ */
+struct stat;
+bool source_is_url(const char *path);
+int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen);
+int source_open_path(const struct source *src, const char *path, struct stat *st, char *err, size_t errlen);
+/* Every key under s3://bucket/prefix (store_list(), as the creator). */
+int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
+		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen);
+int source_objects_new(struct source *src, const struct spec *spec);
+void source_objects_free(struct source *src);
 
 /* The kind table (kinds.c), in the order spec errors list the names. */
 extern const struct source_kind_entry source_kinds[];

@@ -152,3 +152,29 @@ void source_add_skipped(struct source *src, uint64_t n);
  */
 int source_set_cache_dir(const char *dir);
 size_t source_cache_dir(char *buf, size_t len);
+
+/*
+ * Objects in a store (objects.c, docs/storage.md): a spec's s3:// and
+ * https:// paths are read from the node's object cache, cache_dir/objects,
+ * within cache_bytes; source_set_object_cache() opens it at start (a
+ * cache_dir of NULL or "": none, and such paths fail). Its counters for
+ * status and /metrics: source_object_cache_json().
+ */
+int source_set_object_cache(const char *cache_dir, uint64_t max_bytes, char *err, size_t errlen);
+json_t *source_object_cache_json(void);
+
+/*
+ * The creator's object-store credentials, sent by its client with the
+ * create: kept in its spec (spec->keys), in memory only, for its source's
+ * requests, never shown nor logged; spec_free() drops them. Empty strings
+ * where the client has none. -EINVAL for an endpoint that is not
+ * http(s)://HOST[:PORT] or a key id without its secret.
+ * spec_store_json(): status's "store" of a pipeline (endpoint, region, the
+ * key id's last 4 characters), NULL without keys.
+ */
+struct source_keys;
+int spec_set_store_keys(struct spec *spec, const char *access_key, const char *secret_key,
+			const char *session_token, const char *region, const char *endpoint, char *err,
+			size_t errlen);
+json_t *spec_store_json(const struct spec *spec);
+void source_keys_free(struct source_keys *k);

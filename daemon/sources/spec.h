@@ -114,6 +114,9 @@ struct spec {
 	bool has_group;               /* "group" was given */
 	unsigned group;               /* its gid, for "access": "group" */
 	json_t *json;                 /* the spec with every default filled in */
+	/* the creator's object-store credentials (objects.c): not part of the
+	 * canonical form, never shown; NULL: none sent */
+	struct source_keys *keys;
 };
 
 #define SPEC_TTL_MAX_S 31536000   /* a year */

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "s3xml.h"
@@ -61,7 +62,11 @@ struct req {
 	uint64_t off;
 	size_t len;
 	const char *if_match;
-	/* the body: into buf (cap bytes; grow: realloc up to max) */
+	/* the body: into fd (>= 0, at offset got) or into buf (cap bytes;
+	 * grow: realloc up to max) */
+	int fd;
+	bool werr;           /* a write to fd failed (errno in wno) */
+	int wno;
 	char *buf;
 	size_t cap, got, max;
 	bool grow, overflow;
@@ -312,6 +317,22 @@ static size_t on_body(char *data, size_t size, size_t n, void *arg)
 		}
 		return size * n;
 	}
+	if (r->fd >= 0) {
+		for (size_t done = 0; done < len;) {
+			ssize_t w = pwrite(r->fd, data + done, len - done, (off_t)(r->got + done));
+
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w <= 0) {
+				r->werr = true;
+				r->wno = w < 0 ? errno : ENOSPC;
+				return 0;
+			}
+			done += (size_t)w;
+		}
+		r->got += len;
+		return len;
+	}
 	if (r->got + len > r->cap) {
 		size_t want = r->cap ? r->cap : 65536;
 		char *nb;
@@ -358,6 +379,7 @@ static CURLcode perform(struct req *r)
 	r->etag[0] = '\0';
 	r->clen = -1;
 	r->overflow = false;
+	r->werr = false;
 	r->seen = 0;
 	r->whole_done = false;
 	r->cerr[0] = '\0';
@@ -480,6 +502,11 @@ static enum outcome judge(struct req *r, CURLcode cc, int *e, char *msg, size_t 
 	case CURLE_WRITE_ERROR:
 		if (r->whole_done)
 			return DONE;
+		if (r->werr) {
+			*e = -EIO;
+			snprintf(msg, cap, "cannot write the object: %s", strerror(r->wno));
+			return FINAL;
+		}
 		if (r->overflow) {
 			*e = r->grow ? -EFBIG : -EIO;
 			snprintf(msg, cap, r->grow ? "larger than %zu bytes" : "more bytes than the %zu asked for",
@@ -572,6 +599,7 @@ static int req_open(struct req *r, struct store *st, const char *url, const char
 		    size_t errlen)
 {
 	memset(r, 0, sizeof *r);
+	r->fd = -1;
 	r->st = st;
 	r->url = url;
 	return http_url(st, url, query, query == NULL, &r->http, &r->sign, err, errlen);
@@ -593,6 +621,7 @@ int store_head(struct store *st, const char *url, struct store_object *obj, char
 		char gerr[1024], byte;
 
 		memset(&g, 0, sizeof g);
+		g.fd = -1;
 		g.st = st;
 		g.url = url;
 		g.http = r.http;
@@ -659,6 +688,30 @@ int store_get(struct store *st, const char *url, const char *etag, size_t max_by
 	if (!*data)
 		return errfmt(-ENOMEM, err, errlen, "%s: out of memory", url);
 	return 0;
+}
+
+int store_get_fd(struct store *st, const char *url, const char *etag, int fd, uint64_t *size, char *err,
+		 size_t errlen)
+{
+	struct req r;
+	int e;
+
+	e = req_open(&r, st, url, NULL, err, errlen);
+	if (e < 0)
+		return e;
+	r.fd = fd;
+	r.if_match = etag;
+	e = run(&r, err, errlen);
+	free(r.http);
+	if (e < 0)
+		return e;
+	*size = r.got;
+	return 0;
+}
+
+const char *store_endpoint(const struct store *st)
+{
+	return st->cfg.endpoint;
 }
 
 /* The canonical ListObjectsV2 query of one page into @q: keys sorted,

@@ -100,6 +100,18 @@ int store_get_range(struct store *st, const char *url, const char *etag, uint64_
 int store_get(struct store *st, const char *url, const char *etag, size_t max_bytes, void **data,
 	      size_t *size, char *err, size_t errlen);
 
+/**
+ * store_get_fd() - the whole object @url written into @fd from offset 0
+ *
+ * *size: the bytes written (a retry writes again from 0; the caller
+ * truncates to *size). A write that fails is -EIO naming the errno.
+ */
+int store_get_fd(struct store *st, const char *url, const char *etag, int fd, uint64_t *size, char *err,
+		 size_t errlen);
+
+/* The endpoint a store talks to (scheme://host[:port]), defaults filled in. */
+const char *store_endpoint(const struct store *st);
+
 /* One key of a listing: its full key (not the URL), size and ETag. A
  * non-zero return stops the listing and is returned by store_list(). */
 typedef int (*store_list_fn)(void *arg, const char *key, uint64_t size, const char *etag);

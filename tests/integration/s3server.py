@@ -52,6 +52,17 @@ IDENTITIES = {
 }
 
 
+def aws_env(endpoint, who="alice", **extra):
+    """os.environ without its AWS_* variables, plus @who's keys, @endpoint
+    and the region: what a trainer of that identity runs with."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    ak, sk, _ = IDENTITIES[who]
+    e.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk,
+             AWS_REGION=REGION)
+    e.update(extra)
+    return e
+
+
 def weed_binary():
     """The `weed` binary: $LOADERD_WEED, else scripts/s3-server-venv's
     (which makes its venv the first time and is quick after that)."""

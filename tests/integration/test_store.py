@@ -56,13 +56,7 @@ def s3():
     s3server.stop_server(srv, d)
 
 
-def env_for(endpoint, who="alice", **extra):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    ak, sk, _ = IDENTITIES[who]
-    e.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk,
-             AWS_REGION="us-east-1")
-    e.update(extra)
-    return e
+env_for = s3server.aws_env
 
 
 def tool(env, *args, retry=2, stall=1, stdin=None, timeout=120):

@@ -24,6 +24,7 @@
 
 #include "common.h"
 #include "base/creds.h"
+#include "sources/source-private.h"
 #include "sources/brace.h"
 #include "imageset.h"
 #include "tar.h"
@@ -58,6 +59,7 @@ struct image_entry {
 
 struct imageset {
 	struct creds who;             /* files are opened with these (creds.h) */
+	const struct source *src;     /* opens the files, or their cached copies (objects.c) */
 	bool folder;
 	char *root;
 	struct image_entry *v;
@@ -202,21 +204,11 @@ static bool is_dir(const struct creds *who, const char *path, const struct diren
 	return ds_is_dir(who, path);
 }
 
-/* Record folder @rel (under the root) and walk its subfolders. */
-static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_t errlen)
+/* A new folder @rel (its first @len bytes) of the walk: its index, or -ENOMEM. */
+static long walk_add(struct walk *w, const char *rel, size_t len)
 {
-	char path[PATH_MAX], sub[PATH_MAX];
 	struct walk_dir *d;
-	struct dirent *de;
-	size_t me;
-	DIR *dir;
-	int r = 0;
 
-	if (depth > WALK_DEPTH_MAX)
-		return errfmt(-ELOOP, err, errlen, "%s/%s: folders nested deeper than %d (a link loop?)",
-			    w->root, rel, WALK_DEPTH_MAX);
-	if ((size_t)snprintf(path, sizeof(path), "%s/%s", w->root, rel) >= sizeof(path))
-		return errfmt(-ENAMETOOLONG, err, errlen, "%s/%s: path too long", w->root, rel);
 	if (w->n == w->cap) {
 		size_t cap = w->cap ? w->cap * 2 : 64;
 		struct walk_dir *v = realloc(w->dirs, cap * sizeof(*v));
@@ -226,12 +218,33 @@ static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_
 		w->dirs = v;
 		w->cap = cap;
 	}
-	me = w->n++;
-	d = &w->dirs[me];
+	d = &w->dirs[w->n];
 	memset(d, 0, sizeof(*d));
-	d->rel = strdup(rel);
+	d->rel = strndup(rel, len);
 	if (!d->rel)
 		return -ENOMEM;
+	return (long)w->n++;
+}
+
+/* Record folder @rel (under the root) and walk its subfolders. */
+static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_t errlen)
+{
+	char path[PATH_MAX], sub[PATH_MAX];
+	struct dirent *de;
+	size_t me;
+	long at;
+	DIR *dir;
+	int r = 0;
+
+	if (depth > WALK_DEPTH_MAX)
+		return errfmt(-ELOOP, err, errlen, "%s/%s: folders nested deeper than %d (a link loop?)",
+			    w->root, rel, WALK_DEPTH_MAX);
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", w->root, rel) >= sizeof(path))
+		return errfmt(-ENAMETOOLONG, err, errlen, "%s/%s: path too long", w->root, rel);
+	at = walk_add(w, rel, strlen(rel));
+	if (at < 0)
+		return (int)at;
+	me = (size_t)at;
 	dir = ds_opendir(w->who, path, err, errlen);
 	if (!dir)
 		return -errno;
@@ -268,9 +281,117 @@ static int walk_dir(struct walk *w, const char *rel, int depth, char *err, size_
 	return r;
 }
 
-int imageset_open_folder(struct imageset **out, const struct creds *who, const char *root,
-			 char *err, size_t errlen)
+/* ---- a folder in a store: its listing as the tree ---- */
+
+/* Every key under ROOT/ (relative to it) that is an image in a class
+ * folder, and every class folder (a first component with a key below). */
+struct listing {
+	size_t prefix_len;            /* of the key prefix, "PREFIX/" */
+	struct strvec rels;           /* "class/sub/file.jpg" */
+	struct strvec classes;
+};
+
+static int listing_key(void *arg, const char *key, uint64_t size, const char *etag)
 {
+	struct listing *l = arg;
+	const char *rel = key + l->prefix_len, *slash = strchr(rel, '/'), *dot, *base;
+	char cls[PATH_MAX];
+
+	(void)size;
+	(void)etag;
+	if (strlen(key) < l->prefix_len || !slash || slash == rel || (size_t)(slash - rel) >= sizeof(cls))
+		return 0; /* a file of the root itself is no class's, as in a folder */
+	snprintf(cls, sizeof(cls), "%.*s", (int)(slash - rel), rel);
+	if (!l->classes.n || strcmp(l->classes.v[l->classes.n - 1], cls)) {
+		bool known = false;
+
+		for (size_t i = 0; i < l->classes.n && !known; i++)
+			known = !strcmp(l->classes.v[i], cls);
+		if (!known && strvec_add(&l->classes, cls) < 0)
+			return -ENOMEM;
+	}
+	base = strrchr(rel, '/') + 1;
+	dot = strrchr(base, '.');
+	if (dot && image_ext(dot + 1) && strvec_add(&l->rels, rel) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+/* The folders of class @cls from the listing into @w, as walk_dir() would. */
+static int walk_listing(struct walk *w, const struct listing *l, const char *cls)
+{
+	size_t first = w->n, clen = strlen(cls);
+
+	for (size_t i = 0; i < l->rels.n; i++) {
+		const char *rel = l->rels.v[i], *slash = strrchr(rel, '/');
+		size_t dlen = (size_t)(slash - rel);
+		struct walk_dir *d = NULL;
+
+		if (strncmp(rel, cls, clen) || rel[clen] != '/')
+			continue;
+		for (size_t k = w->n; k-- > first && !d;)
+			if (strlen(w->dirs[k].rel) == dlen && !strncmp(w->dirs[k].rel, rel, dlen))
+				d = &w->dirs[k];
+		if (!d) {
+			long at = walk_add(w, rel, dlen);
+
+			if (at < 0)
+				return (int)at;
+			d = &w->dirs[at];
+		}
+		if (strvec_add(&d->files, slash + 1) < 0)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/* The class folders of a store's prefix @root, listed as the creator. */
+static int list_classes(const struct imageset *set, const char *root, struct listing *l, struct strvec *classes,
+			char *err, size_t errlen)
+{
+	char url[PATH_MAX];
+	const char *key = strchr(root + 5, '/');
+	int r;
+
+	if (strncmp(root, "s3://", 5))
+		return errfmt(-EINVAL, err, errlen, "%s: only an s3:// prefix can be listed", root);
+	snprintf(url, sizeof(url), "%s/", root);
+	l->prefix_len = key ? strlen(key + 1) + 1 : 0;
+	r = source_list_url(set->src, url, listing_key, l, err, errlen);
+	if (r < 0)
+		return r;
+	*classes = l->classes;
+	memset(&l->classes, 0, sizeof(l->classes));
+	return 0;
+}
+
+/* Every image of a store's folder fetched into the node's cache at once. */
+static int fetch_folder(struct imageset *set, char *err, size_t errlen)
+{
+	char **urls = calloc(set->n ? set->n : 1, sizeof(*urls));
+	int r = 0;
+
+	if (!urls)
+		return -ENOMEM;
+	for (uint64_t i = 0; i < set->n && r == 0; i++)
+		if (asprintf(&urls[i], "%s/%s", set->root, set->names + set->v[i].name) < 0) {
+			urls[i] = NULL;
+			r = -ENOMEM;
+		}
+	if (r == 0)
+		r = source_fetch_urls((struct source *)set->src, urls, set->n, err, errlen);
+	for (uint64_t i = 0; i < set->n; i++)
+		free(urls[i]);
+	free(urls);
+	return r;
+}
+
+/* A folder read as @who, or as @src (its creator, and a store's prefix). */
+static int open_folder(struct imageset **out, const struct creds *who, const struct source *src,
+		       const char *root, char *err, size_t errlen)
+{
+	struct listing l = { 0 };
+	bool remote = src && source_is_url(root);
 	struct imageset *set = calloc(1, sizeof(*set));
 	struct strvec classes = { 0 };
 	struct walk w = { .root = root };
@@ -281,6 +402,7 @@ int imageset_open_folder(struct imageset **out, const struct creds *who, const c
 	if (!set)
 		return -ENOMEM;
 	set->who = *who;
+	set->src = src;
 	w.who = &set->who;
 	set->folder = true;
 	set->root = strdup(root);
@@ -288,12 +410,15 @@ int imageset_open_folder(struct imageset **out, const struct creds *who, const c
 		r = -ENOMEM;
 		goto out;
 	}
-	dir = ds_opendir(who, root, err, errlen);
-	if (!dir) {
+	if (remote && (r = list_classes(set, root, &l, &classes, err, errlen)) < 0)
+		goto out;
+	dir = remote ? NULL : ds_opendir(who, root, err, errlen);
+	if (!dir && !remote) {
 		r = -errno;
 		goto out;
 	}
-	while ((errno = 0, de = readdir(dir))) {
+	errno = 0;
+	while (dir && (errno = 0, de = readdir(dir))) {
 		char path[PATH_MAX];
 
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
@@ -303,7 +428,7 @@ int imageset_open_folder(struct imageset **out, const struct creds *who, const c
 		if (is_dir(who, path, de) && (r = strvec_add(&classes, de->d_name)) < 0)
 			goto out;
 	}
-	if (errno) {
+	if (dir && errno) {
 		r = errfmt(-errno, err, errlen, "%s: %s", root, strerror(errno));
 		goto out;
 	}
@@ -317,14 +442,17 @@ int imageset_open_folder(struct imageset **out, const struct creds *who, const c
 	for (size_t c = 0; c < classes.n; c++) {
 		size_t first = w.n;
 
-		r = walk_dir(&w, classes.v[c], 0, err, errlen);
+		r = remote ? walk_listing(&w, &l, classes.v[c]) : walk_dir(&w, classes.v[c], 0, err, errlen);
 		if (r < 0)
 			goto out;
-		qsort(w.dirs + first, w.n - first, sizeof(w.dirs[0]), cmp_dir);
+		if (w.n - first > 1)
+			qsort(w.dirs + first, w.n - first, sizeof(w.dirs[0]), cmp_dir);
 		for (size_t k = first; k < w.n; k++) {
 			struct walk_dir *d = &w.dirs[k];
 
-			qsort(d->files.v, d->files.n, sizeof(d->files.v[0]), cmp_str);
+			/* a folder of folders only has no list (qsort's NULL) */
+			if (d->files.n > 1)
+				qsort(d->files.v, d->files.n, sizeof(d->files.v[0]), cmp_str);
 			for (size_t f = 0; f < d->files.n; f++) {
 				char rel[PATH_MAX];
 				struct image_entry *e;
@@ -351,10 +479,14 @@ int imageset_open_folder(struct imageset **out, const struct creds *who, const c
 		r = errfmt(-EINVAL, err, errlen,
 			 "%s: no .jpg, .jpeg or .png files in its %zu class folders", root,
 			 classes.n);
+	else if (remote)
+		r = fetch_folder(set, err, errlen);
 out:
 	if (dir)
 		closedir(dir);
 	strvec_clear(&classes);
+	strvec_clear(&l.rels);
+	strvec_clear(&l.classes);
 	for (size_t k = 0; k < w.n; k++) {
 		free(w.dirs[k].rel);
 		strvec_clear(&w.dirs[k].files);
@@ -366,6 +498,18 @@ out:
 	}
 	*out = set;
 	return 0;
+}
+
+int imageset_open_folder(struct imageset **out, const struct creds *who, const char *root,
+			 char *err, size_t errlen)
+{
+	return open_folder(out, who, NULL, root, err, errlen);
+}
+
+int imageset_open_folder_of(struct imageset **out, const struct source *src, const char *root,
+			    char *err, size_t errlen)
+{
+	return open_folder(out, &src->who, src, root, err, errlen);
 }
 
 /* ---- webdataset ---- */
@@ -485,7 +629,7 @@ static int index_shard(struct imageset *set, struct indexer *ix, size_t s, bool 
 {
 	const char *path = set->shards[s];
 	struct stat st;
-	int fd = ds_open(&set->who, path, &st, err, errlen), r;
+	int fd = source_open_path(set->src, path, &st, err, errlen), r;
 
 	if (fd < 0)
 		return fd;
@@ -520,7 +664,7 @@ long imageset_count_shards(char *const *urls, size_t nurls, char *err, size_t er
 	return (long)total;
 }
 
-int imageset_open_webdataset(struct imageset **out, const struct creds *who, char *const *urls,
+int imageset_open_webdataset(struct imageset **out, const struct source *src, char *const *urls,
 			     size_t nurls, char *err, size_t errlen)
 {
 	struct imageset *set = calloc(1, sizeof(*set));
@@ -532,7 +676,8 @@ int imageset_open_webdataset(struct imageset **out, const struct creds *who, cha
 
 	if (!set)
 		return -ENOMEM;
-	set->who = *who;
+	set->who = src->who;
+	set->src = src;
 	/* the count first, from the patterns alone: a create over the bound
 	 * fails before a name is made or a file opened */
 	total = imageset_count_shards(urls, nurls, err, errlen);
@@ -689,8 +834,10 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 	if (set->folder) {
 		struct stat st;
 
-		/* one open, one fstat: per sample, so nothing more */
-		fd = ds_open(&set->who, what, &st, err, errlen);
+		/* one open, one fstat: per sample, so nothing more (a store's:
+		 * a new fd of its cached copy) */
+		fd = set->src ? source_open_path(set->src, what, &st, err, errlen)
+			      : ds_open(&set->who, what, &st, err, errlen);
 		if (fd < 0)
 			return fd;
 		if ((uint64_t)st.st_size > IMAGE_FILE_MAX) {
@@ -721,7 +868,7 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 		return errfmt(r, err, errlen, "%s: out of memory", what);
 	fd = set->fds[e->shard];
 	if (fd < 0) {
-		fd = ds_open(&set->who, set->shards[e->shard], NULL, err, errlen);
+		fd = source_open_path(set->src, set->shards[e->shard], NULL, err, errlen);
 		if (fd < 0)
 			return fd;
 	}

@@ -24,10 +24,16 @@ struct imageset;
  */
 int imageset_open_folder(struct imageset **out, const struct creds *who, const char *root,
 			 char *err, size_t errlen);
+/* The same as @src's creator; @root may also be s3://bucket/prefix, listed
+ * (ListObjectsV2) and every image fetched into the node's cache (objects.c). */
+struct source;
+int imageset_open_folder_of(struct imageset **out, const struct source *src, const char *root,
+			    char *err, size_t errlen);
 
 /**
  * imageset_open_webdataset() - index WebDataset tar shards once.
- * @who: whose permissions the shards are read with
+ * @src: the source: its creator's permissions read the shards, and a shard
+ *       named by an s3:// or https:// URL is its cached copy (objects.c)
  * @urls: shard paths or brace patterns ("train-{0000..0099}.tar"), in order
  *
  * Members group into samples by key, as the webdataset library does: the
@@ -37,7 +43,8 @@ int imageset_open_folder(struct imageset **out, const struct creds *who, const c
  * here). Keys without an image are not samples.
  * Return: 0, or a negative errno with @err naming the shard.
  */
-int imageset_open_webdataset(struct imageset **out, const struct creds *who, char *const *urls,
+struct source;
+int imageset_open_webdataset(struct imageset **out, const struct source *src, char *const *urls,
 			     size_t nurls, char *err, size_t errlen);
 struct imageset *imageset_free(struct imageset *set);
 

@@ -501,6 +501,46 @@ static bool transforms_random(const struct spec *spec)
 
 /* ---- the dataset ---- */
 
+/* The shards named by URLs fetched into the node's cache, several at once,
+ * before they are indexed one by one (objects.c). */
+static int fetch_shards(struct source *base, const struct spec *spec, char *err, size_t errlen)
+{
+	char **all = NULL;
+	size_t n = 0;
+	int r = 0;
+
+	for (size_t u = 0; u < spec->source.nurls; u++)
+		if (source_is_url(spec->source.urls[u]))
+			break;
+		else if (u + 1 == spec->source.nurls)
+			return 0;
+	for (size_t u = 0; r == 0 && u < spec->source.nurls; u++) {
+		char **names = NULL, **grown;
+		long k = brace_expand(spec->source.urls[u], &names, err, errlen);
+
+		if (k < 0) {
+			r = (int)k;
+			break;
+		}
+		grown = realloc(all, (n + (size_t)k + 1) * sizeof(*all));
+		if (!grown) {
+			brace_free(names);
+			r = -ENOMEM;
+			break;
+		}
+		all = grown;
+		for (long i = 0; i < k; i++)
+			all[n++] = names[i];
+		free(names); /* the strings now belong to all */
+	}
+	if (r == 0)
+		r = source_fetch_urls(base, all, n, err, errlen);
+	for (size_t i = 0; i < n; i++)
+		free(all[i]);
+	free(all);
+	return r;
+}
+
 static int images_open(struct source *base, const struct spec *spec, char *err, size_t errlen)
 {
 	struct images_source *src = (struct images_source *)base;
@@ -509,9 +549,9 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 	int r;
 
 	if (spec->kind == SOURCE_IMAGE_FOLDER)
-		r = imageset_open_folder(&src->images, &base->who, spec->source.root, err, errlen);
-	else
-		r = imageset_open_webdataset(&src->images, &base->who, spec->source.urls, spec->source.nurls,
+		r = imageset_open_folder_of(&src->images, base, spec->source.root, err, errlen);
+	else if ((r = fetch_shards(base, spec, err, errlen)) == 0)
+		r = imageset_open_webdataset(&src->images, base, spec->source.urls, spec->source.nurls,
 					     err, errlen);
 	if (r < 0)
 		return r;

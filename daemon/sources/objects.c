@@ -1,0 +1,430 @@
+/* SPDX-License-Identifier: MIT */
+/* objects - the paths of a spec that name objects in a store (s3://, https://)
+ *
+ * A source resolves each such path at open to a local file of the node's
+ * object cache (store/objcache.h), as the pipeline's creator: a HEAD with
+ * the creator's own credentials (the keys its client sent with the create,
+ * kept in its spec, in memory only), then the cached copy of the object of
+ * that ETag, fetched when missing. The kinds then read that file as any
+ * other (pread), through an fd the source keeps open, its cache entry
+ * pinned, so no eviction pulls it away. docs/storage.md.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "store/objcache.h"
+#include "source-private.h"
+#include "spec.h"
+#include "store/store.h"
+
+/* objects fetched at once for one open */
+#define FETCH_THREADS 8
+
+struct source_keys {
+	struct store_config cfg;
+};
+
+struct obj {
+	char *url;
+	struct store_object head;
+	int fd;
+	struct objcache_pin *pin;
+};
+
+struct source_objects {
+	pthread_mutex_t lock;
+	struct store_config cfg;
+	struct store *st;
+	struct obj *v;
+	size_t n, cap;
+	/* an index of v by URL: open addressing, entry i + 1 (0 empty), a
+	 * power of two over twice n; a folder's reads look up every sample */
+	size_t *slots;
+	size_t nslots;
+};
+
+bool source_is_url(const char *path)
+{
+	return path && (!strncmp(path, "s3://", 5) || !strncmp(path, "https://", 8) ||
+			!strncmp(path, "http://", 7));
+}
+
+/* ---- the creator's keys, in its spec ---- */
+
+int spec_set_store_keys(struct spec *spec, const char *access_key, const char *secret_key,
+			const char *session_token, const char *region, const char *endpoint, char *err,
+			size_t errlen)
+{
+	struct source_keys *k = calloc(1, sizeof(*k));
+	char *env[6] = { 0 };
+	size_t n = 0;
+	int r = 0;
+
+	if (!k)
+		return errfmt(-ENOMEM, err, errlen, "out of memory");
+	store_config_init(&k->cfg);
+	if (access_key && *access_key && asprintf(&env[n++], "AWS_ACCESS_KEY_ID=%s", access_key) < 0)
+		r = -ENOMEM;
+	if (secret_key && *secret_key && asprintf(&env[n++], "AWS_SECRET_ACCESS_KEY=%s", secret_key) < 0)
+		r = -ENOMEM;
+	if (session_token && *session_token && asprintf(&env[n++], "AWS_SESSION_TOKEN=%s", session_token) < 0)
+		r = -ENOMEM;
+	if (region && *region && asprintf(&env[n++], "AWS_REGION=%s", region) < 0)
+		r = -ENOMEM;
+	if (endpoint && *endpoint && asprintf(&env[n++], "AWS_ENDPOINT_URL=%s", endpoint) < 0)
+		r = -ENOMEM;
+	if (r == 0)
+		r = store_config_from_env(&k->cfg, (const char *const *)env, err, errlen);
+	else
+		errfmt(r, err, errlen, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		if (env[i]) {
+			explicit_bzero(env[i], strlen(env[i]));
+			free(env[i]);
+		}
+	}
+	if (r == 0 && !!k->cfg.access_key[0] != !!k->cfg.secret_key[0])
+		r = errfmt(-EINVAL, err, errlen, "store credentials: an access key id without its secret, "
+			   "or a secret without its key id");
+	if (r < 0) {
+		source_keys_free(k);
+		return r;
+	}
+	source_keys_free(spec->keys);
+	spec->keys = k;
+	return 0;
+}
+
+void source_keys_free(struct source_keys *k)
+{
+	if (!k)
+		return;
+	explicit_bzero(k, sizeof(*k));
+	free(k);
+}
+
+json_t *spec_store_json(const struct spec *spec)
+{
+	const struct store_config *c;
+	size_t n;
+	char last[8];
+
+	if (!spec->keys)
+		return NULL;
+	c = &spec->keys->cfg;
+	n = strlen(c->access_key);
+	/* at most the last 4 characters of the key id, never the secret */
+	snprintf(last, sizeof(last), "%s", n > 4 ? c->access_key + n - 4 : "");
+	return json_pack("{s:s, s:s, s:s?, s:b}", "endpoint", c->endpoint[0] ? c->endpoint : "(AWS)",
+			 "region", c->region[0] ? c->region : "us-east-1",
+			 "access_key_id", n ? (n > 4 ? last : "") : NULL, "session_token", c->session_token[0] != 0);
+}
+
+/* ---- the objects of one source ---- */
+
+int source_objects_new(struct source *src, const struct spec *spec)
+{
+	struct source_objects *o = calloc(1, sizeof(*o));
+
+	if (!o)
+		return -ENOMEM;
+	pthread_mutex_init(&o->lock, NULL);
+	if (spec->keys)
+		o->cfg = spec->keys->cfg;
+	else
+		store_config_init(&o->cfg);
+	src->objs = o;
+	return 0;
+}
+
+void source_objects_free(struct source *src)
+{
+	struct source_objects *o = src->objs;
+
+	if (!o)
+		return;
+	for (size_t i = 0; i < o->n; i++) {
+		if (o->v[i].fd >= 0)
+			close(o->v[i].fd);
+		objcache_unpin(o->v[i].pin);
+		free(o->v[i].url);
+	}
+	free(o->v);
+	free(o->slots);
+	store_free(o->st);
+	explicit_bzero(&o->cfg, sizeof(o->cfg));
+	pthread_mutex_destroy(&o->lock);
+	free(o);
+	src->objs = NULL;
+}
+
+/* The store of @o, made at its first use. Under o->lock. */
+static int objects_store(struct source_objects *o, char *err, size_t errlen)
+{
+	return o->st ? 0 : store_new(&o->st, &o->cfg, err, errlen);
+}
+
+static uint64_t url_hash(const char *s)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	while (*s)
+		h = (h ^ (unsigned char)*s++) * 0x100000001b3ull;
+	return mix64(h);
+}
+
+/* The slot of @url in o->slots: its entry's, or the empty one it would take. */
+static size_t slot_of(const struct source_objects *o, const char *url)
+{
+	size_t s = (size_t)url_hash(url) & (o->nslots - 1);
+
+	while (o->slots[s] && strcmp(o->v[o->slots[s] - 1].url, url))
+		s = (s + 1) & (o->nslots - 1);
+	return s;
+}
+
+/* Room in the index for one more entry: 0 or -ENOMEM. */
+static int index_grow(struct source_objects *o)
+{
+	size_t n = o->nslots ? o->nslots : 64, *old = o->slots, nold = o->nslots;
+
+	if (o->nslots && (o->n + 1) * 2 <= o->nslots)
+		return 0;
+	while ((o->n + 1) * 2 > n)
+		n *= 2;
+	if (!(o->slots = calloc(n, sizeof(*o->slots)))) {
+		o->slots = old;
+		return -ENOMEM;
+	}
+	o->nslots = n;
+	for (size_t i = 0; i < nold; i++)
+		if (old[i])
+			o->slots[slot_of(o, o->v[old[i] - 1].url)] = old[i];
+	free(old);
+	return 0;
+}
+
+/* The entry of @url, added (fd -1) when @add. Under o->lock. */
+static struct obj *objects_find(struct source_objects *o, const char *url, bool add)
+{
+	size_t s;
+
+	if (o->nslots && o->slots[s = slot_of(o, url)])
+		return &o->v[o->slots[s] - 1];
+	if (!add || index_grow(o) < 0)
+		return NULL;
+	if (o->n == o->cap) {
+		size_t cap = o->cap ? o->cap * 2 : 16;
+		struct obj *nv = realloc(o->v, cap * sizeof(*nv));
+
+		if (!nv)
+			return NULL;
+		o->v = nv;
+		o->cap = cap;
+	}
+	o->v[o->n] = (struct obj){ .url = strdup(url), .fd = -1 };
+	if (!o->v[o->n].url)
+		return NULL;
+	o->slots[slot_of(o, url)] = o->n + 1;
+	return &o->v[o->n++];
+}
+
+/* ---- resolving many at once ---- */
+
+struct batch {
+	struct source_objects *o;
+	struct obj **objs;
+	size_t n;
+	bool fetch;                  /* HEADs first, then the objects */
+	_Atomic size_t next;
+	_Atomic int failed;
+	pthread_mutex_t lock;
+	size_t failed_at;            /* the first object in order that failed */
+	char err[1024];
+};
+
+static void *batch_thread(void *arg)
+{
+	struct batch *b = arg;
+	char err[1024];
+
+	for (;;) {
+		size_t i = atomic_fetch_add(&b->next, 1);
+		struct obj *ob;
+		int r;
+
+		if (i >= b->n || atomic_load(&b->failed))
+			return NULL;
+		ob = b->objs[i];
+		if (!b->fetch)
+			r = store_head(b->o->st, ob->url, &ob->head, err, sizeof(err));
+		else
+			r = objcache_open(b->o->st, ob->url, &ob->head, &ob->fd, &ob->pin, err, sizeof(err));
+		if (r < 0) {
+			/* the objects are taken in order: every one before @i was
+			 * tried, so the error is the first failing one's, whichever
+			 * thread failed first */
+			pthread_mutex_lock(&b->lock);
+			if (!atomic_load(&b->failed) || i < b->failed_at) {
+				snprintf(b->err, sizeof(b->err), "%s", err);
+				b->failed_at = i;
+				atomic_store(&b->failed, r);
+			}
+			pthread_mutex_unlock(&b->lock);
+			return NULL;
+		}
+	}
+}
+
+/* Run @b's step over its objects, FETCH_THREADS at a time. */
+static int batch_run(struct batch *b, char *err, size_t errlen)
+{
+	pthread_t t[FETCH_THREADS];
+	size_t nt = b->n < FETCH_THREADS ? b->n : FETCH_THREADS, started = 0;
+
+	atomic_store(&b->next, 0);
+	for (; started < nt; started++)
+		if (pthread_create(&t[started], NULL, batch_thread, b) != 0)
+			break;
+	if (started == 0)
+		batch_thread(b);
+	for (size_t i = 0; i < started; i++)
+		pthread_join(t[i], NULL);
+	if (atomic_load(&b->failed))
+		return errfmt(atomic_load(&b->failed), err, errlen, "%s", b->err);
+	return 0;
+}
+
+int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen)
+{
+	struct source_objects *o = src->objs;
+	struct batch b = { .o = o, .lock = PTHREAD_MUTEX_INITIALIZER };
+	uint64_t total = 0, max;
+	size_t *at;
+	int r = 0;
+
+	if (!o)
+		return 0;
+	b.objs = calloc(n ? n : 1, sizeof(*b.objs));
+	at = calloc(n ? n : 1, sizeof(*at));
+	if (!b.objs || !at) {
+		free(b.objs);
+		free(at);
+		return errfmt(-ENOMEM, err, errlen, "out of memory");
+	}
+	pthread_mutex_lock(&o->lock);
+	r = objects_store(o, err, errlen);
+	/* by index: o->v may move while entries are added */
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		struct obj *ob;
+		bool dup = false;
+
+		if (!source_is_url(paths[i]))
+			continue;
+		for (size_t j = 0; j < b.n && !dup; j++)
+			dup = !strcmp(o->v[at[j]].url, paths[i]);
+		ob = dup ? NULL : objects_find(o, paths[i], true);
+		if (!dup && !ob)
+			r = errfmt(-ENOMEM, err, errlen, "out of memory");
+		else if (ob && ob->fd < 0)
+			at[b.n++] = (size_t)(ob - o->v);
+	}
+	for (size_t j = 0; j < b.n; j++)
+		b.objs[j] = &o->v[at[j]];
+	free(at);
+	pthread_mutex_unlock(&o->lock);
+	/* the HEADs as the creator: a refused one fails the create here */
+	if (r == 0 && b.n)
+		r = batch_run(&b, err, errlen);
+	for (size_t i = 0; r == 0 && i < b.n; i++)
+		total += b.objs[i]->head.size;
+	max = objcache_max_bytes();
+	if (r == 0 && b.n && max && total > max)
+		r = errfmt(-EFBIG, err, errlen, "%s%s: %zu objects of %" PRIu64 " bytes in all, more than the "
+			   "object cache's cache_bytes %" PRIu64 " (reading them as a stream is not built yet)",
+			   b.objs[0]->url, b.n > 1 ? " ..." : "", b.n, total, max);
+	b.fetch = true;
+	atomic_store(&b.failed, 0);
+	if (r == 0 && b.n)
+		r = batch_run(&b, err, errlen);
+	free(b.objs);
+	pthread_mutex_destroy(&b.lock);
+	return r;
+}
+
+int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
+		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen)
+{
+	struct source_objects *o = src->objs;
+	int r;
+
+	if (!o)
+		return errfmt(-EINVAL, err, errlen, "%s: objects in a store are not read here", url);
+	pthread_mutex_lock(&o->lock);
+	r = objects_store(o, err, errlen);
+	pthread_mutex_unlock(&o->lock);
+	return r < 0 ? r : store_list(o->st, url, fn, arg, err, errlen);
+}
+
+int source_open_path(const struct source *src, const char *path, struct stat *st, char *err, size_t errlen)
+{
+	struct source_objects *o = src ? src->objs : NULL;
+	struct obj *ob;
+	int fd, r = 0;
+
+	if (!source_is_url(path))
+		return ds_open(&src->who, path, st, err, errlen);
+	if (!o)
+		return errfmt(-EINVAL, err, errlen, "%s: objects in a store are not read here", path);
+	pthread_mutex_lock(&o->lock);
+	ob = objects_find(o, path, true);
+	if (!ob)
+		r = errfmt(-ENOMEM, err, errlen, "out of memory");
+	else if (ob->fd < 0 && (r = objects_store(o, err, errlen)) == 0 &&
+		 (r = store_head(o->st, path, &ob->head, err, errlen)) == 0)
+		/* one at a time: a kind that did not fetch its objects ahead */
+		r = objcache_open(o->st, path, &ob->head, &ob->fd, &ob->pin, err, errlen);
+	fd = r == 0 ? dup(ob->fd) : -1;
+	pthread_mutex_unlock(&o->lock);
+	if (r < 0)
+		return r;
+	if (fd < 0 || (st && fstat(fd, st) < 0)) {
+		r = errfmt(-errno, err, errlen, "%s: its cached copy: %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return r;
+	}
+	return fd;
+}
+
+/* ---- the node's cache ---- */
+
+int source_set_object_cache(const char *cache_dir, uint64_t max_bytes, char *err, size_t errlen)
+{
+	char dir[4200];
+
+	if (!cache_dir || !*cache_dir)
+		return 0;
+	snprintf(dir, sizeof(dir), "%s/objects", cache_dir);
+	return objcache_init(dir, max_bytes, err, errlen);
+}
+
+json_t *source_object_cache_json(void)
+{
+	struct objcache_stats s;
+
+	objcache_get_stats(&s);
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cache_bytes", (json_int_t)s.max_bytes,
+			 "bytes_used", (json_int_t)s.bytes_used, "objects", (json_int_t)s.objects,
+			 "pinned", (json_int_t)s.pinned, "hits", (json_int_t)s.hits, "misses",
+			 (json_int_t)s.misses, "bytes_fetched", (json_int_t)s.bytes_fetched, "evictions",
+			 (json_int_t)s.evictions);
+}

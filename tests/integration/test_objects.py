@@ -1,0 +1,425 @@
+# SPDX-License-Identifier: MIT
+"""Sources over s3:// (docs/storage.md) against a real S3 server.
+
+SeaweedFS's `weed mini` verifies SigV4 (s3server.py); a fault proxy between
+the daemon and it counts the requests and injects faults. The trainer's
+credentials travel with the create (libloader reads them from loaderctl's
+environment, as from a trainer's); the daemon fetches each object once into
+its cache (cache_dir/objects) and every pipeline reads that copy. Batches
+are held byte for byte to the same files read from local disk.
+"""
+
+import json
+import subprocess
+import sys
+import os
+import struct
+import tarfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import s3server
+from imgtest import image_spec, make_folder, wds_members, write_shard_tarfile
+from ldrtest import npy_spec, python_client_env, write_npy
+from users import open_to_all, shared_config
+from s3server import IDENTITIES, FaultProxy, aws_env
+from users import users  # noqa: F401 (a fixture)
+
+BUCKET = "alice-data"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    srv, d = s3server.make_server()
+    yield srv
+    s3server.stop_server(srv, d)
+
+
+def s3_daemon(daemon, workdir, cache_bytes=None, name="cache"):
+    cache = os.path.join(workdir, name)
+    args = ["--cache-dir", cache]
+    if cache_bytes is not None:
+        cfg = os.path.join(workdir, name + ".json")
+        with open(cfg, "w") as f:
+            json.dump({"cache_bytes": cache_bytes}, f)
+        args += ["--config", cfg]
+    return daemon(*args), cache
+
+
+def create(ld, spec, env, check=True):
+    return ld.ctl("create", "--spec", ld.spec_file(spec), env=env, check=check)
+
+
+def shards(workdir, s3, prefix, nshards=3, seed=6, per_class=3):
+    """nshards webdataset shards, local and uploaded as alice to
+    s3://alice-data/PREFIX-{000..}.tar; the local pattern and the URL one."""
+    root = os.path.join(workdir, "imgs-" + prefix.replace("/", "_"))
+    samples = make_folder(root, ["cat", "dog", "eel"], per_class, [(30, 40), (44, 33)], seed=seed)
+    members = wds_members(samples)
+    per = len(members) // nshards
+    local = os.path.join(workdir, "shards-" + prefix.replace("/", "_"))
+    os.makedirs(local)
+    alice = s3.client("alice")
+    for s in range(nshards):
+        p = write_shard_tarfile(os.path.join(local, f"train-{s:03d}.tar"),
+                                members[s * per:(s + 1) * per if s < nshards - 1 else None], tarfile.USTAR_FORMAT)
+        with open(p, "rb") as f:
+            alice.put(BUCKET, f"{prefix}-{s:03d}.tar", f.read())
+    hi = f"{nshards - 1:03d}"
+    return (os.path.join(local, "train-{000.." + hi + "}.tar"),
+            f"s3://{BUCKET}/{prefix}-{{000..{hi}}}.tar", len(samples))
+
+
+OPS = [{"op": "random_resized_crop", "size": 20}, {"op": "horizontal_flip"}]
+
+
+def wds(name, url, **kw):
+    return image_spec(name, {"kind": "webdataset", "urls": [url]}, OPS, dtype="uint8", seed=9,
+                      batch_size=4, shuffle=True, **kw)
+
+
+def gets(proxy):
+    return sum(1 for h in proxy.heads if h.startswith(b"GET "))
+
+
+def test_webdataset_over_s3_equals_local(daemon, workdir, s3):
+    local, url, _ = shards(workdir, s3, "wds/a")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    try:
+        ld, cache = s3_daemon(daemon, workdir)
+        env = aws_env(proxy.endpoint)
+        ld.create(wds("local", local))
+        want = ld.consume("local").dump
+        create(ld, wds("remote", url), env)
+        assert ld.consume("remote").dump == want
+        assert gets(proxy) == 3, [h.split(b"\r\n")[0] for h in proxy.heads]
+        st = ld.status()
+        oc = st["object_cache"]
+        sizes = sum(os.path.getsize(local.replace("{000..002}", f"{s:03d}")) for s in range(3))
+        assert (oc["misses"], oc["hits"], oc["objects"], oc["bytes_fetched"], oc["bytes_used"]) == \
+            (3, 0, 3, sizes, sizes)
+        files = sorted(os.listdir(os.path.join(cache, "objects")))
+        assert len(files) == 6 and all(len(f) in (32, 35) for f in files), files
+        for f in files:
+            assert os.stat(os.path.join(cache, "objects", f)).st_mode & 0o777 == 0o600
+        # a second pipeline over the same objects: HEADs (alice's keys
+        # checked), no GET; the cached copies are served
+        heads_before = len(proxy.heads)
+        create(ld, wds("again", url), env)
+        assert ld.consume("again").dump == want
+        assert gets(proxy) == 3
+        assert [h.split(b" ")[0] for h in proxy.heads[heads_before:]] == [b"HEAD"] * 3
+        oc = ld.status()["object_cache"]
+        assert (oc["misses"], oc["hits"], oc["pinned"]) == (3, 3, 3)
+        # status and the log show the key id's last 4 characters, never more
+        ak, sk, _ = IDENTITIES["alice"]
+        text = json.dumps(ld.status())
+        assert ld.pipeline("remote")["store"] == {
+            "endpoint": proxy.endpoint, "region": "us-east-1", "access_key_id": ak[-4:],
+            "session_token": False}
+        for secret in (sk, ak, ak[:-4]):
+            assert secret not in text
+            assert secret not in ld.log()
+        metrics = ld.ctl("status", json_out=True).stdout
+        assert sk not in metrics and ak not in metrics
+        ld.ctl("drop", "remote")
+        ld.ctl("drop", "again")
+        assert ld.status()["object_cache"]["pinned"] == 0
+    finally:
+        proxy.stop()
+
+
+def test_many_shards_fetched_at_once(daemon, workdir, s3):
+    # more shards than the fetch threads and than a source's first table
+    local, url, n = shards(workdir, s3, "wds/many", nshards=21, per_class=7)
+    ld, _ = s3_daemon(daemon, workdir)
+    ld.create(wds("local", local))
+    want = ld.consume("local").dump
+    create(ld, wds("remote", url), aws_env(s3.endpoint))
+    assert ld.consume("remote").dump == want
+    oc = ld.status()["object_cache"]
+    assert (oc["objects"], oc["misses"], oc["pinned"]) == (21, 21, 21)
+
+
+def test_python_trainer_sends_its_profile(daemon, workdir, s3):
+    """A trainer in Python (libloader through ctypes) with its keys in a
+    profile of its ~/.aws files, not in the environment."""
+    local, url, _ = shards(workdir, s3, "wds/py", nshards=2)
+    ld, _ = s3_daemon(daemon, workdir)
+    ld.create(wds("local", local))
+    want = ld.consume("local").dump
+    ak, sk, _ = IDENTITIES["alice"]
+    home = os.path.join(workdir, "home")
+    os.makedirs(os.path.join(home, ".aws"))
+    with open(os.path.join(home, ".aws", "credentials"), "w") as f:
+        f.write(f"[train]\naws_access_key_id = {ak}\naws_secret_access_key = {sk}\n")
+    with open(os.path.join(home, ".aws", "config"), "w") as f:
+        f.write(f"[profile train]\nregion = us-east-1\nendpoint_url = {s3.endpoint}\n")
+    env = python_client_env(base={k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
+    env.update(HOME=home, AWS_PROFILE="train")
+    code = ("import json, sys, loaderd\n"
+            "c = loaderd.Client(sys.argv[1])\n"
+            "c.create_pipeline(json.loads(sys.argv[2]))\n")
+    r = subprocess.run([sys.executable, "-c", code, ld.socket, json.dumps(wds("remote", url))],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ld.consume("remote").dump == want
+    assert ld.pipeline("remote")["store"]["access_key_id"] == ak[-4:]
+
+
+def test_image_folder_under_a_prefix_equals_local(daemon, workdir, s3):
+    root = os.path.join(workdir, "folder")
+    # 39 images: past the first size of a source's index of its objects
+    make_folder(root, ["cat", "dog", "eel"], 12, [(30, 40), (44, 33)], seed=11)
+    # a nested folder, a file of the root and one that is no image: as locally
+    make_folder(os.path.join(root, "dog", "deep"), ["inner"], 3, [(20, 25)], seed=12)
+    for p, body in ((os.path.join(root, "README.txt"), b"not a class"),
+                    (os.path.join(root, "eel", "notes.txt"), b"not an image")):
+        with open(p, "wb") as f:
+            f.write(body)
+    alice = s3.client("alice")
+    for d, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(d, name)
+            with open(p, "rb") as f:
+                alice.put(BUCKET, "folder/" + os.path.relpath(p, root), f.read())
+    # a sibling prefix that starts alike is not under "folder/"
+    alice.put(BUCKET, "folder2/zzz/x.jpg", b"not read")
+    ld, _ = s3_daemon(daemon, workdir)
+    src = lambda p: {"kind": "image_folder", "path": p}  # noqa: E731
+    ld.create(image_spec("local", src(root), OPS, dtype="uint8", seed=3, batch_size=5, shuffle=True))
+    want = ld.consume("local").dump
+    create(ld, image_spec("remote", src(f"s3://{BUCKET}/folder"), OPS, dtype="uint8", seed=3, batch_size=5,
+                          shuffle=True), aws_env(s3.endpoint))
+    assert ld.consume("remote").dump == want
+    assert ld.status()["object_cache"]["objects"] == 39  # the images only
+    assert ld.pipeline("remote")["samples"] == 39
+
+
+def test_npy_over_s3_equals_local(daemon, workdir, s3):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((37, 5)).astype(np.float32)
+    y = rng.integers(0, 1000, size=(37,)).astype(np.int64)
+    px, py = os.path.join(workdir, "x.npy"), os.path.join(workdir, "y.npy")
+    write_npy(px, x)
+    write_npy(py, y)
+    alice = s3.client("alice")
+    for p in (px, py):
+        with open(p, "rb") as f:
+            alice.put(BUCKET, "npy/" + os.path.basename(p), f.read())
+    ld, _ = s3_daemon(daemon, workdir)
+    ld.create(npy_spec("local", [px, py], batch_size=6, shuffle=True, seed=4))
+    want = ld.consume("local").dump
+    create(ld, npy_spec("remote", [f"s3://{BUCKET}/npy/x.npy", f"s3://{BUCKET}/npy/y.npy"],
+                        batch_size=6, shuffle=True, seed=4), aws_env(s3.endpoint))
+    assert ld.consume("remote").dump == want
+
+
+def test_missing_object_and_no_credentials(daemon, workdir, s3):
+    _, url, _ = shards(workdir, s3, "wds/m", nshards=2)
+    ld, _ = s3_daemon(daemon, workdir)
+    r = create(ld, wds("missing", f"s3://{BUCKET}/wds/m-{{000..002}}.tar"), aws_env(s3.endpoint), check=False)
+    assert r.returncode != 0
+    assert (f"s3://{BUCKET}/wds/m-002.tar: NoSuchKey: The specified key does not exist. (HTTP 404)"
+            in r.stderr), r.stderr
+    # no keys: unsigned requests, which the store refuses
+    env = {k: v for k, v in aws_env(s3.endpoint).items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    r = create(ld, wds("anon", url), env, check=False)
+    assert r.returncode != 0 and f"s3://{BUCKET}/wds/m-000.tar: AccessDenied" in r.stderr, r.stderr
+    # a wrong secret
+    r = create(ld, wds("wrong", url), aws_env(s3.endpoint, AWS_SECRET_ACCESS_KEY="nope"), check=False)
+    assert r.returncode != 0 and f"s3://{BUCKET}/wds/m-000.tar: SignatureDoesNotMatch" in r.stderr, r.stderr
+    assert "nope" not in ld.log()
+
+
+def test_larger_than_cache(daemon, workdir, s3):
+    local, url, _ = shards(workdir, s3, "wds/big")
+    total = sum(os.path.getsize(local.replace("{000..002}", f"{s:03d}")) for s in range(3))
+    ld, _ = s3_daemon(daemon, workdir, cache_bytes=total - 1)
+    r = create(ld, wds("big", url), aws_env(s3.endpoint), check=False)
+    assert r.returncode != 0
+    assert (f"s3://{BUCKET}/wds/big-000.tar ...: 3 objects of {total} bytes in all, more than the object "
+            f"cache's cache_bytes {total - 1} (reading them as a stream is not built yet)") in r.stderr, r.stderr
+
+
+def test_lru_eviction_spares_pinned(daemon, workdir, s3):
+    la, ua, _ = shards(workdir, s3, "wds/e1", nshards=2, seed=1)
+    lb, ub, _ = shards(workdir, s3, "wds/e2", nshards=2, seed=2)
+    size = lambda pat: sum(os.path.getsize(pat.replace("{000..001}", f"{s:03d}")) for s in range(2))  # noqa: E731
+    ld, cache = s3_daemon(daemon, workdir, cache_bytes=max(size(la), size(lb)) + 10)
+    env = aws_env(s3.endpoint)
+    create(ld, wds("a", ua), env)
+    # a's objects are pinned by its open source: b finds no room
+    r = create(ld, wds("b", ub), env, check=False)
+    assert r.returncode != 0 and "no room for its" in r.stderr and "held by open pipelines" in r.stderr, r.stderr
+    ld.ctl("drop", "a")
+    create(ld, wds("b", ub), env)
+    oc = ld.status()["object_cache"]
+    assert oc["evictions"] == 2 and oc["objects"] == 2 and oc["bytes_used"] == size(lb), oc
+    ld.ctl("drop", "b")
+    # a again: fetched again (evicted), b's evicted in turn
+    create(ld, wds("a2", ua), env)
+    assert ld.status()["object_cache"]["misses"] == 6
+
+
+def test_503_storm_then_success(daemon, workdir, s3):
+    local, url, _ = shards(workdir, s3, "wds/s")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    try:
+        ld, _ = s3_daemon(daemon, workdir)
+        ld.create(wds("local", local))
+        want = ld.consume("local").dump
+        proxy.add(*(["503"] * 6 + ["429"] * 2))
+        create(ld, wds("remote", url), aws_env(proxy.endpoint))
+        assert ld.consume("remote").dump == want
+        assert proxy.faults.empty()
+    finally:
+        proxy.stop()
+
+
+def test_kill9_during_fetch_serves_no_partial(daemon, workdir, s3):
+    local, url, _ = shards(workdir, s3, "wds/k", nshards=1)
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    try:
+        ld, cache = s3_daemon(daemon, workdir)
+        ld.create(wds("local", local.replace("{000..000}", "000")))
+        want = ld.consume("local").dump
+        objects = os.path.join(cache, "objects")
+        proxy.add(None, "stall")  # the HEAD goes through, the GET's body stalls half way
+        t = threading.Thread(target=create, args=(ld, wds("remote", url), aws_env(proxy.endpoint)),
+                             kwargs={"check": False}, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+                os.path.isdir(objects) and any(".tmp." in f for f in os.listdir(objects))):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        tmps = [f for f in os.listdir(objects) if ".tmp." in f]
+        assert tmps and os.path.getsize(os.path.join(objects, tmps[0])) > 0, os.listdir(objects)
+        ld.kill9()
+        t.join(30)
+        proxy.stall_release.set()
+        # a new daemon on the same cache: the temporary is gone, nothing is
+        # served from it, and the object is fetched whole
+        os.unlink(ld.socket)
+        ld2 = daemon("--cache-dir", cache, socket=os.path.join(workdir, "ld2.sock"))
+        create(ld2, wds("remote", url), aws_env(s3.endpoint))
+        assert ld2.status()["object_cache"]["misses"] == 1
+        assert ld2.consume("remote").dump == want
+        assert not [f for f in os.listdir(objects) if ".tmp." in f]
+        ld2.stop()
+        # and a third start reuses the complete file
+        ld3 = daemon("--cache-dir", cache, socket=os.path.join(workdir, "ld3.sock"))
+        create(ld3, wds("remote", url), aws_env(s3.endpoint))
+        oc = ld3.status()["object_cache"]
+        assert (oc["hits"], oc["misses"], oc["bytes_fetched"]) == (1, 0, 0), oc
+        assert ld3.consume("remote").dump == want
+    finally:
+        proxy.stop()
+
+
+def test_bob_cannot_read_alices_objects(daemon, workdir, s3, users):
+    alice_u, bob_u = users
+    open_to_all(workdir)
+    local, url, _ = shards(workdir, s3, "wds/u")
+    cache = os.path.join(workdir, "cache")
+    ld = daemon("--cache-dir", cache, "--config", shared_config(workdir))
+    ld.create(wds("local", local))
+    want = ld.consume("local").dump
+
+    def spec_file(spec):
+        p = ld.spec_file(spec)
+        os.chmod(p, 0o644)
+        return p
+
+    # alice fetches them into the cache, in a pipeline every user may read
+    r = alice_u.run(ld.ctl_cmd("create", "--spec", spec_file(wds("alices", url, access="all"))),
+                    env=aws_env(s3.endpoint, "alice"))
+    assert r.returncode == 0, r.stderr
+    assert ld.status()["object_cache"]["objects"] == 3
+    # bob's own pipeline over them: his keys are checked (a HEAD as bob),
+    # the cached copies are never his
+    r = bob_u.run(ld.ctl_cmd("create", "--spec", spec_file(wds("bobs", url))), env=aws_env(s3.endpoint, "bob"))
+    assert r.returncode != 0
+    assert r.stderr == f"loaderctl: create: s3://{BUCKET}/wds/u-000.tar: AccessDenied: Access Denied. (HTTP 403)\n", \
+        r.stderr
+    assert ld.status()["object_cache"]["hits"] == 0
+    # bob's create of alice's spec with exist_ok joins nothing of hers
+    r = bob_u.run(ld.ctl_cmd("create", "--exist-ok", "--spec", spec_file(wds("alices", url, access="all"))),
+                  env=aws_env(s3.endpoint, "bob"))
+    assert r.returncode != 0 and "exist_ok joins only your own pipelines" in r.stderr, r.stderr
+    # but alice shared her pipeline ("access": "all"): bob may attach to it
+    # and read what her keys fetched, as with her local files; he never
+    # sees her keys, and his own create over her objects stays refused
+    # (docs/security.md, "Objects in a store")
+    bobdir = os.path.join(workdir, "bob")
+    os.mkdir(bobdir)
+    os.chown(bobdir, bob_u.uid, bob_u.gid)
+    r = bob_u.run(ld.ctl_cmd("consume", "alices", "--dump", os.path.join(bobdir, "bob.dump")))
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(bobdir, "bob.dump"), "rb") as f:
+        assert f.read() == want
+    # alice's keys in status: the last 4 characters of hers, to bob too
+    st = json.loads(bob_u.run(ld.ctl_cmd("status", json_out=True)).stdout)
+    mine = [p for p in st["pipelines"] if p["name"] == "alices"]
+    assert mine and mine[0]["store"]["access_key_id"] == IDENTITIES["alice"][0][-4:]
+    assert IDENTITIES["alice"][1] not in json.dumps(st)
+
+
+def write_megatron_pair(prefix, docs):
+    """A Megatron-LM .bin/.idx pair of uint16 documents (one sequence each),
+    in the MMIDIDX format megatron-core's IndexedDatasetBuilder writes."""
+    lens = [len(d) for d in docs]
+    with open(prefix + ".bin", "wb") as f:
+        for d in docs:
+            f.write(np.asarray(d, dtype=np.uint16).tobytes())
+    ptrs = np.concatenate([[0], np.cumsum(lens)[:-1] * 2]).astype(np.int64)
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8))
+        f.write(struct.pack("<Q", len(docs)) + struct.pack("<Q", len(docs) + 1))
+        f.write(np.asarray(lens, dtype=np.int32).tobytes() + ptrs.tobytes())
+        f.write(np.arange(len(docs) + 1, dtype=np.int64).tobytes())
+    return prefix
+
+
+def test_megatron_over_s3_equals_local(daemon, workdir, s3):
+    rng = np.random.default_rng(5)
+    docs = [rng.integers(0, 5000, size=int(rng.integers(3, 40))) for _ in range(60)]
+    prefix = write_megatron_pair(os.path.join(workdir, "corpus"), docs)
+    alice = s3.client("alice")
+    for ext in (".bin", ".idx"):
+        with open(prefix + ext, "rb") as f:
+            alice.put(BUCKET, "mg/corpus" + ext, f.read())
+    ld, _ = s3_daemon(daemon, workdir)
+    spec = lambda name, p: {"name": name, "batch_size": 4,  # noqa: E731
+                            "source": {"kind": "megatron", "prefix": p, "seq_len": 16}}
+    ld.create(spec("local", prefix))
+    want = ld.consume("local").dump
+    assert want
+    create(ld, spec("remote", f"s3://{BUCKET}/mg/corpus"), aws_env(s3.endpoint))
+    assert ld.consume("remote").dump == want
+    assert ld.status()["object_cache"]["objects"] == 2
+
+
+def test_cache_bytes_config(daemon, workdir):
+    """cache_bytes (docs/config.md): a size, read at start; a reload that
+    changes it names it as needing a restart; a bad value is an error
+    naming the file and the key."""
+    cfg = os.path.join(workdir, "loaderd.json")
+    with open(cfg, "w") as f:
+        json.dump({"cache_bytes": "2G", "cache_dir": os.path.join(workdir, "c")}, f)
+    d = daemon("--config", cfg)
+    assert d.status()["object_cache"]["cache_bytes"] == 2 << 30
+    with open(cfg, "w") as f:
+        json.dump({"cache_bytes": 1000, "cache_dir": os.path.join(workdir, "c")}, f)
+    assert d.ctl_json("reload")["restart_needed"] == [{"key": "cache_bytes", "running": 2 << 30, "file": 1000}]
+    with open(cfg, "w") as f:
+        json.dump({"cache_bytes": "lots"}, f)
+    r = d.ctl("reload", check=False)
+    assert r.returncode == 1 and r.stderr == (f"loaderctl: reload: {cfg}: cache_bytes: must be bytes or a size "
+                                              'like "10G"; the running config is kept\n'), r.stderr
+    # the folders are made only when a store is first read
+    assert not os.path.exists(os.path.join(workdir, "c"))
