@@ -508,37 +508,71 @@ static double numpy_sum(const double *a, size_t n)
 	return numpy_sum(a, n2) + numpy_sum(a + n2, n - n2);
 }
 
+/*
+ * The first k of the largest wl[k] * sd - cl[k], k < n (n >= 1): the part
+ * megatron's loops pick (a strict ">" over the parts in index order). Four
+ * lanes keep four maxima at once, each lane's first; a later lane wins a tie
+ * only with a smaller index, so the pick is the scan's. The operands are
+ * dense (no indirection), the counts kept as doubles (exact below 2^53):
+ * the same products and differences, rounded the same.
+ */
+static size_t first_max(const double *wl, const double *cl, size_t n, double sd)
+{
+	double m[4] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+	size_t at[4] = { 0, 0, 0, 0 }, k = 0, best;
+	double max;
+
+	for (; k + 4 <= n; k += 4)
+		for (size_t l = 0; l < 4; l++) {
+			double e = wl[k + l] * sd - cl[k + l];
+			if (e > m[l]) {
+				m[l] = e;
+				at[l] = k + l;
+			}
+		}
+	for (; k < n; k++) {
+		double e = wl[k] * sd - cl[k];
+		if (e > m[k % 4]) {
+			m[k % 4] = e;
+			at[k % 4] = k;
+		}
+	}
+	best = n; /* no lane has seen a part yet */
+	max = -INFINITY;
+	for (size_t l = 0; l < 4 && l < n; l++)
+		if (best == n || m[l] > max || (m[l] == max && at[l] < best)) {
+			max = m[l];
+			best = at[l];
+		}
+	return best;
+}
+
 /* build_blending_indices(normalize(weights), size) */
 static void build_weighted(uint16_t *di, uint64_t *si, double *w, size_t n, uint64_t size,
-			   uint64_t *cur)
+			   uint64_t *cur, double *cl)
 {
 	double sum = numpy_sum(w, n);
 
 	for (size_t j = 0; j < n; j++) {
 		w[j] /= sum;
 		cur[j] = 0;
+		cl[j] = 0.0;
 	}
 	for (uint64_t s = 0; s < size; s++) {
-		double sd = s > 1 ? (double)s : 1.0;
-		size_t best = 0;
-		double max = w[0] * sd - (double)cur[0];
+		size_t best = first_max(w, cl, n, s > 1 ? (double)s : 1.0);
 
-		for (size_t j = 1; j < n; j++) {
-			double e = w[j] * sd - (double)cur[j];
-			if (e > max) {
-				max = e;
-				best = j;
-			}
-		}
 		di[s] = (uint16_t)best;
 		si[s] = cur[best]++;
+		cl[best] += 1.0;
 	}
 }
 
 /* build_exhaustive_blending_indices(sizes): every part exactly sizes[j]
- * times; a part leaves the race once spent. */
+ * times; a part leaves the race once spent. @wl, @cl and @id hold the live
+ * parts' weights, counts and indices, in index order as std::set iterates
+ * them. */
 static void build_exhaustive(uint16_t *di, uint64_t *si, const uint64_t *sizes, size_t n,
-			     uint64_t *cur, double *w, size_t *live)
+			     uint64_t *cur, double *wl, double *cl, size_t *id)
 {
 	uint64_t total = 0;
 	size_t nlive = 0;
@@ -546,28 +580,23 @@ static void build_exhaustive(uint16_t *di, uint64_t *si, const uint64_t *sizes, 
 	for (size_t j = 0; j < n; j++)
 		total += sizes[j];
 	for (size_t j = 0; j < n; j++) {
-		w[j] = (double)sizes[j] / (double)total;
 		cur[j] = 0;
-		live[nlive++] = j;
+		wl[nlive] = (double)sizes[j] / (double)total;
+		cl[nlive] = 0.0;
+		id[nlive++] = j;
 	}
 	for (uint64_t s = 0; nlive; s++) {
-		double sd = s > 1 ? (double)s : 1.0;
-		size_t best = 0, at = 0;
-		double max = -INFINITY;
+		size_t k = first_max(wl, cl, nlive, s > 1 ? (double)s : 1.0), best = id[k];
 
-		/* std::set iterates in index order, live[] is kept sorted */
-		for (size_t k = 0; k < nlive; k++) {
-			double e = w[live[k]] * sd - (double)cur[live[k]];
-			if (e > max || k == 0) {
-				max = e;
-				best = live[k];
-				at = k;
-			}
-		}
 		di[s] = (uint16_t)best;
 		si[s] = cur[best]++;
+		cl[k] += 1.0;
 		if (cur[best] == sizes[best]) {
-			memmove(live + at, live + at + 1, (nlive - at - 1) * sizeof(*live));
+			size_t rest = nlive - k - 1;
+
+			memmove(wl + k, wl + k + 1, rest * sizeof(*wl));
+			memmove(cl + k, cl + k + 1, rest * sizeof(*cl));
+			memmove(id + k, id + k + 1, rest * sizeof(*id));
 			nlive--;
 		}
 	}
@@ -716,20 +745,23 @@ static int build_index(struct blend_source *src, size_t n, uint64_t size, bool w
 		       const uint64_t *counts, double *w, char *err, size_t errlen)
 {
 	size_t *live = weighted ? NULL : calloc(n, sizeof(*live));
+	double *cl = calloc(n, sizeof(*cl));
 
 	src->part_index = malloc(size * sizeof(*src->part_index));
 	src->sample_index = malloc(size * sizeof(*src->sample_index));
-	if (!src->part_index || !src->sample_index || (!weighted && !live)) {
+	if (!src->part_index || !src->sample_index || !cl || (!weighted && !live)) {
 		free(live);
+		free(cl);
 		return errfmt(-ENOMEM, err, errlen, "blend: out of memory for the index of %llu "
 			    "samples", (unsigned long long)size);
 	}
 	if (weighted)
-		build_weighted(src->part_index, src->sample_index, w, n, size, src->per_epoch);
+		build_weighted(src->part_index, src->sample_index, w, n, size, src->per_epoch, cl);
 	else
 		build_exhaustive(src->part_index, src->sample_index, counts, n, src->per_epoch, w,
-				 live);
+				 cl, live);
 	free(live);
+	free(cl);
 	src->base.nsamples = size;
 	src->base.index_bytes += size * (sizeof(*src->part_index) + sizeof(*src->sample_index));
 	return 0;

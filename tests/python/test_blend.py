@@ -211,6 +211,21 @@ def test_many_parts_weights_bit_for_bit(ld, workdir):
     assert got == megatron_order([400] * n, weights, 2000)
 
 
+def test_ties_and_spent_parts_bit_for_bit(ld, workdir):
+    """13 parts (not a multiple of the index builder's 4 lanes) of equal
+    and unequal lengths: ties between parts at most steps (megatron's scan
+    picks the first), parts spent and leaving the race at different times
+    (exhaustive), equal weights tying at every step (weighted)."""
+    pytest.importorskip("megatron.core.datasets.blended_dataset")
+    lens = [6, 6, 6, 9, 9, 3, 6, 12, 6, 1, 9, 6, 2]
+    sources = [npy_part(os.path.join(workdir, f"t{i}"), i, n) for i, n in enumerate(lens)]
+    got = [who(v, -1) for v in read_all(ld, dict(blend_spec("ties", sources), batch_size=7))]
+    assert got == megatron_order(lens, lens, None)
+    got = [who(v, -1) for v in read_all(ld, dict(blend_spec("eq", sources, weights=[1] * 13,
+                                                             size=200), batch_size=7))]
+    assert got == megatron_order(lens, [1] * 13, 200)
+
+
 def test_proportion_and_repeat(ld, workdir):
     pytest.importorskip("megatron.core.datasets.blended_dataset")
     sources, tok = parts3(workdir, (40, 20, 30))
