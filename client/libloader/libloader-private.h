@@ -163,6 +163,7 @@ struct ldr_attachment {
 	bool rv_pending;          /* a Revoke waits for the deliveries below rv_upto */
 	uint64_t rv_upto;
 	uint32_t rv_count;
+	uint64_t rv_ends;         /* its ends_from: Ends from there to rv_upto, 0: none */
 	bool has_ret;             /* the next watch carries returned leases */
 	uint64_t ret_from;
 	size_t nret;

@@ -15,19 +15,40 @@ static void discard_unseen(struct ldr_attachment *a, const struct arrived *ar)
 }
 
 /*
+ * Where the run handed back ends: upto_seq, or the Revoke's ends_from when
+ * the deliveries from there to upto_seq are the Ends the daemon delivered
+ * after the attachment's last batch, here and not taken (then the batches
+ * below them can come back: the Ends go with them, and come again after the
+ * batches). Called with c->lock held, every delivery below upto here.
+ */
+static uint64_t run_top(const struct ldr_attachment *a)
+{
+	uint64_t upto = a->rv_upto, ends = a->rv_ends;
+
+	if (ends == 0 || ends >= upto || ends <= a->next_seq)
+		return upto;
+	for (uint64_t s = ends; s < upto; s++)
+		if (a->ring[s % MAX_INFLIGHT].kind != LOADERD__REPLY__BODY_END)
+			return upto;
+	return ends;
+}
+
+/*
  * Answer a Revoke (docs/protocol.md, "Sharing slots"), once every delivery
  * below its upto_seq has arrived (answers to the Next requests may be handled
  * in any order): hand back, unread, the longest run of deliveries just below
- * upto_seq, at most count, that the trainer has not taken and that are
- * batches. They leave the ring; the daemon rewinds and delivers them again
- * from return_from, which the ring then accepts like any new delivery, and the
- * window has room for them again. Called with c->lock held. Return true
- * when it answered: the caller then tops the window up (top_up(), window.c,
- * which calls here: so this file never calls it back).
+ * upto_seq (or below the Ends there, run_top()), at most count, that the
+ * trainer has not taken and that are batches. They leave the ring; the
+ * daemon rewinds and delivers them again from return_from, which the ring
+ * then accepts like any new delivery, and the window has room for them again.
+ * Called with c->lock held: from the watch's callback, so the trainer's
+ * thread need not be in the library. Return true when it answered: the
+ * caller then tops the window up (top_up(), window.c, which calls here: so
+ * this file never calls it back).
  */
 bool answer_revoke(struct ldr_attachment *a)
 {
-	uint64_t upto = a->rv_upto, from;
+	uint64_t upto = a->rv_upto, from, top;
 	uint32_t j = 0;
 
 	if (!a->rv_pending || !a->watching || a->watch.state != REQ_IDLE || a->detached ||
@@ -41,15 +62,23 @@ bool answer_revoke(struct ldr_attachment *a)
 			if (!a->ring[s % MAX_INFLIGHT].present)
 				return false; /* on its way */
 	}
-	while (j < a->rv_count && j < MAX_INFLIGHT && upto - j > a->next_seq) {
-		const struct arrived *ar = &a->ring[(upto - j - 1) % MAX_INFLIGHT];
+	top = run_top(a);
+	while (j < a->rv_count && j < MAX_INFLIGHT && top - j > a->next_seq) {
+		const struct arrived *ar = &a->ring[(top - j - 1) % MAX_INFLIGHT];
 		/* a failed batch has no lease to hand back: the run stops there */
 		if (!ar->present || ar->kind != LOADERD__REPLY__BODY_BATCHES || ar->err)
 			break;
 		j++;
 	}
-	from = upto - j;
-	for (uint64_t s = from; s < upto; s++) {
+	if (j == 0)
+		top = upto; /* nothing to hand back: the Ends stay */
+	for (uint64_t s = top; s < upto; s++) {
+		/* the Ends above the run: the daemon delivers its End again */
+		a->ring[s % MAX_INFLIGHT].present = false;
+		a->arrived--;
+	}
+	from = top - j;
+	for (uint64_t s = from; s < top; s++) {
 		struct arrived *ar = &a->ring[s % MAX_INFLIGHT];
 		a->ret[s - from] = ar->lease;
 		ar->present = false;
@@ -87,6 +116,7 @@ bool watch_reply(struct ldr_attachment *a, const Loaderd__Reply *rep, int rv)
 		a->rv_pending = true;
 		a->rv_upto = rep->revoke->upto_seq;
 		a->rv_count = rep->revoke->count;
+		a->rv_ends = rep->revoke->ends_from;
 		return answer_revoke(a);
 	case LOADERD__REPLY__BODY_ERROR: {
 		int code = rep->error->code;

@@ -482,6 +482,7 @@ static void attach_link(struct engine *eng, struct pipeline *pl, struct stream *
 	stream_add_job(s, job_key);
 	a->start_seq = a->cursor;
 	a->rv_dno = UINT64_MAX;
+	a->end_dno = UINT64_MAX;
 	a->token_valid = true;
 	a->token_expiry = uv_now(eng->loop) + TOKEN_TTL_MS;
 	a->next = s->atts;

@@ -246,9 +246,11 @@ static struct lease **att_find_lease(struct attachment *a, uint64_t id)
 /*
  * The client's answer to a Revoke: the deliveries return_from .. upto - 1,
  * which its trainer never took, come back. Checked whole before anything
- * changes: they must be exactly the newest deliveries, in order. Then the
- * attachment rewinds, so they are delivered again; a dynamic stream puts
- * them first in line for whoever asks.
+ * changes: they must be exactly the newest deliveries, in order, or the
+ * newest batches below the Ends it was delivered after them (a return that
+ * ends at end_dno: the client dropped those Ends). Then the attachment
+ * rewinds, so they are delivered again, and the End after them; a dynamic
+ * stream puts them first in line for whoever asks.
  */
 static int att_take_back(struct attachment *a, const struct next_req *rq, char *err, size_t errlen)
 {
@@ -256,6 +258,8 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 	struct stream *s = a->stream;
 	size_t n = rq->nreturned;
 	bool rewind = a->deliver_no == a->revoke_upto;
+	/* with the Ends above them (the Revoke's ends_from) */
+	bool ends = n > 0 && a->end_dno < a->revoke_upto && rq->return_from + n == a->end_dno;
 	uint64_t returned_rows = 0;
 	size_t again = 0;
 
@@ -264,7 +268,7 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 		              "return: no Revoke is out on attachment %" PRIu64, a->id);
 	a->revoking = false;
 	a->rv_dno = UINT64_MAX; /* refused: the next watch is sent the Revoke again */
-	if (n > a->nleases || rq->return_from + n != a->revoke_upto)
+	if (n > a->nleases || (rq->return_from + n != a->revoke_upto && !ends))
 		return errfmt(-EPROTO, err, errlen,
 		              "return: %zu deliveries from %" PRIu64 " do not end at %" PRIu64
 		              ", where the Revoke was sent", n, rq->return_from, a->revoke_upto);
@@ -309,12 +313,14 @@ static int att_take_back(struct attachment *a, const struct next_req *rq, char *
 			a->skipped += n - again;
 		}
 		a->deliver_no = rq->return_from;
+		if (a->end_dno != UINT64_MAX && n > 0)
+			a->end_dno = UINT64_MAX; /* it comes again, after them */
 		a->delivered -= n;
 		a->returned += n;
 		a->st.samples -= returned_rows;
 		a->st.bytes -= returned_rows * pl->row_bytes;
 	}
-	a->rv_dno = a->deliver_no;
+	a->rv_dno = att_batches_dno(a);
 	return 0;
 }
 

@@ -51,6 +51,8 @@ static void answer_end(struct attachment *a, struct pending *p)
 		answer_error(a, p, ENOENT, a->pl->retire_msg);
 		return;
 	}
+	if (a->end_dno == UINT64_MAX)
+		a->end_dno = d.seq; /* a Revoke may hand back the batches below it (sched.c) */
 	deliver(a->eng, p, &d);
 }
 

@@ -265,6 +265,7 @@ struct attachment {
 	struct pending *watch;    /* the parked watch: how a Revoke reaches the client */
 	bool revoking;            /* a Revoke is out: deliver nothing until it is answered */
 	uint64_t revoke_upto;     /* deliver_no when it was sent */
+	uint64_t end_dno;         /* the first End delivered after its last batch, UINT64_MAX: none */
 	uint64_t rv_dno;          /* deliver_no and share of the last Revoke */
 	uint32_t rv_share;
 	uint32_t told_share;      /* the share the client last heard of */
@@ -484,6 +485,14 @@ static inline void slot_unref(struct pipeline *pl, struct slot *slot)
 
 /* Record @job's first failure (the first caller wins; any thread: a worker
  * thread's task, or the Python workers' side, pyworkers.c). */
+/* @a's delivery number without the Ends it was delivered after its last
+ * batch: a trainer that takes an End is delivered another, and those alone
+ * are no reason for another Revoke (sched.c pipeline_revoke()). */
+static inline uint64_t att_batches_dno(const struct attachment *a)
+{
+	return a->end_dno != UINT64_MAX ? a->end_dno : a->deliver_no;
+}
+
 static inline void job_set_error(struct job *job, int err, const char *msg)
 {
 	int zero = 0;

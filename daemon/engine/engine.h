@@ -80,6 +80,7 @@ struct delivery {
 	uint32_t share;       /* BATCH, REVOKE: leases the attachment may hold now */
 	uint64_t upto_seq;    /* REVOKE: the attachment's delivery number */
 	uint32_t count;       /* REVOKE: leases above its share */
+	uint64_t ends_from;   /* REVOKE: the deliveries from here to upto_seq are Ends, 0: none */
 };
 
 /* Most batches one answer carries. */

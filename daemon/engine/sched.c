@@ -222,9 +222,11 @@ static void pipeline_trim(struct pipeline *pl)
 }
 
 /* Ask every attachment above its share to hand back what its trainer has
- * not taken. One Revoke at a time; another only after new deliveries or a
- * smaller share, so a trainer that holds its whole share is not asked again
- * and again. */
+ * not taken. One Revoke at a time; another only after new deliveries of
+ * batches or a smaller share, so a trainer that holds its whole share is not
+ * asked again and again. An attachment delivered its End too (its whole
+ * stream is out) is told where its Ends begin (ends_from): the batches below
+ * them can come back with them, and come again before the End. */
 static void pipeline_revoke(struct pipeline *pl)
 {
 	for (struct stream *s = pl->streams; s; s = s->next) {
@@ -238,16 +240,18 @@ static void pipeline_revoke(struct pipeline *pl)
 			bool stale = share < a->told_share && a->nleases >= share;
 			if ((a->nleases <= share && !stale) || a->revoking || !p)
 				continue;
-			if (a->deliver_no == a->rv_dno && share >= a->rv_share)
+			if (att_batches_dno(a) == a->rv_dno && share >= a->rv_share)
 				continue;
 			a->watch = NULL;
 			a->revoking = true;
-			a->revoke_upto = a->rv_dno = a->deliver_no;
+			a->revoke_upto = a->deliver_no;
+			a->rv_dno = att_batches_dno(a);
 			a->rv_share = share;
 			a->told_share = share;
 			a->revokes++;
 			deliver(pl->eng, p, &(struct delivery){ .kind = DELIVER_REVOKE, .share = share,
-				.upto_seq = a->deliver_no, .count = (uint32_t)(a->nleases - share) });
+				.upto_seq = a->deliver_no, .count = (uint32_t)(a->nleases - share),
+				.ends_from = a->end_dno != UINT64_MAX ? a->end_dno : 0 });
 		}
 	}
 }

@@ -268,6 +268,7 @@ void on_deliver(void *userdata, struct pending *p, const struct delivery *d)
 		rv.share = d->share;
 		rv.upto_seq = d->upto_seq;
 		rv.count = d->count;
+		rv.ends_from = d->ends_from;
 		rep.body_case = LOADERD__REPLY__BODY_REVOKE;
 		rep.revoke = &rv;
 		break;

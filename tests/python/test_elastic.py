@@ -11,6 +11,7 @@ sample i is i, so each row says which sample it is. The permutation is
 read from a rank 0 of 1 (its order is the epoch's permutation itself)."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -29,12 +30,10 @@ def make(ld, workdir, n, name="el", batch_size=2, drop_last=False, epochs=2):
     return name
 
 
-def loader(ld, name, rank, world):
-    # inflight 2: 8 ranks read by one thread, each with a small window (with
-    # the automatic one the first ranks' windows can take every slot while
-    # the later ones have not asked yet)
+def loader(ld, name, rank, world, **kw):
+    # the automatic window: 8 ranks read by one thread (test_lockstep_revoke)
     return loaderd.DataLoader(name, socket=ld.socket, as_numpy=True, mode="partition",
-                              rank=rank, world_size=world, inflight=2)
+                              rank=rank, world_size=world, **kw)
 
 
 def perms(ld, name, epochs=2):
@@ -124,6 +123,59 @@ def test_resume_8_4_6(ld, workdir, n, padded):
         assert dl.state_dict()["position"] == 0
         ids = [int(i) for b in dl for i in b["y"]]
         assert ids == [perm1[(r + 6 * j) % n] for j in range(cdiv(n, 6))]
+        dl.close()
+
+
+def positions(ld, name):
+    """rank -> the position of its attachment's cursor (status)."""
+    with loaderd.Client(ld.socket) as c:
+        return {a["rank"]: a["position"] for cl in c.status()["clients"]
+                for a in cl["attachments"] if a["pipeline"] == name}
+
+
+def wait_delivered(ld, name, ranks, epochs):
+    """Until the daemon delivered every batch of @ranks (and their End)."""
+    deadline = time.monotonic() + 30
+    while True:
+        pos = positions(ld, name)
+        if all(pos.get(r) == {"epoch": epochs, "batch": 0} for r in ranks):
+            return
+        assert time.monotonic() < deadline, pos
+        time.sleep(0.01)
+
+
+def test_lockstep_revoke(ld, workdir):
+    """8 partition ranks of one pipeline read by one thread in lockstep, with
+    the automatic window (docs/protocol.md, "Sharing slots"). Ranks 0-3 come
+    first: at 16 slots each they are delivered their whole stream, End
+    included, while the trainer takes one batch of each. Ranks 4-7 then
+    attach: the share falls to 8 with every slot leased, and ranks 0-3 must
+    hand back what their trainer has not taken (the batches below their End)
+    while the thread waits in rank 4's next(). Every rank reads both epochs
+    exactly: DistributedSampler's share of the epoch's permutation."""
+    n, w = 100, 8
+    name = make(ld, workdir, n)
+    perm = perms(ld, name)
+    share = [[perm[e][(r + w * j) % n] for j in range(cdiv(n, w))] for e in range(2)
+             for r in range(w)]
+    loaders = [loader(ld, name, r, w, timeout=30) for r in range(4)]
+    its = [iter(dl) for dl in loaders]
+    got = [[int(i) for i in next(it)["y"]] for it in its]
+    wait_delivered(ld, name, range(4), 2)
+    loaders += [loader(ld, name, r, w, timeout=30) for r in range(4, w)]
+    its += [iter(dl) for dl in loaders[4:]]
+    got += [[int(i) for i in next(it)["y"]] for it in its[4:]]
+    for _ in range(1, cdiv(cdiv(n, w), 2)):
+        for r, it in enumerate(its):
+            got[r] += [int(i) for i in next(it)["y"]]
+    assert got == share[:w]
+    got, _ = lockstep(loaders, cdiv(cdiv(n, w), 2))  # epoch 1
+    assert got == share[w:]
+    with loaderd.Client(ld.socket) as c:
+        atts = [a for cl in c.status()["clients"] for a in cl["attachments"]]
+    # ranks 0-3 were asked, and gave back (4-7 may be too, attached one by one)
+    assert sorted(a["rank"] for a in atts if a["revokes"] and a["returned"])[:4] == [0, 1, 2, 3]
+    for dl in loaders:
         dl.close()
 
 

@@ -11,6 +11,7 @@ import itertools
 import os
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -270,3 +271,73 @@ def test_two_loaders_of_one_spec_in_one_process(ld, workdir):
     assert n >= 45
     train.close()
     evl.close()
+
+
+# ------------------------------------------- a trainer that stops reading
+
+EVAL_RANK = textwrap.dedent(r"""
+    import json, sys
+    import loaderd
+
+    sock, name = sys.argv[1], sys.argv[2]
+    dl = loaderd.DataLoader(name, socket=sock, mode="partition", rank=0, world_size=2,
+                            inflight=8, timeout=%(timeout)d, as_numpy=True)
+    it = iter(dl)
+    held = next(it)                  # the step's batch, held through the eval
+    seen = [held["y"].tolist()]
+    print("ready", flush=True)
+    sys.stdin.readline()             # a long eval: no next() meanwhile
+    del held
+    seen += [b["y"].tolist() for b in it]
+    print(json.dumps(seen), flush=True)
+    dl.close()
+""") % {"timeout": TIMEOUT}
+
+
+def test_stopped_trainer_gives_back_its_share(ld, workdir):
+    """Rank 0 of 2, in a process of its own, attaches alone: the 4 slots
+    (prefetch 4) hold its whole epoch and its window (8) its End too, while
+    its trainer holds the batch it took and stopped (a long eval). Rank 1 of
+    another process attaches: the quotas are 2, so rank 0 must hand back its
+    2 newest batches (those below its End) with no call of its trainer. Rank
+    1 reads its whole epoch meanwhile; rank 0 then gets the batches it gave
+    back again, and its End: each exactly its DistributedSampler share."""
+    import json
+    import subprocess
+    n = 32
+    y = np.arange(n, dtype=np.int64)
+    xp, yp = os.path.join(workdir, "x.npy"), os.path.join(workdir, "y.npy")
+    np.save(xp, y.astype(np.float32).reshape(n, 1))
+    np.save(yp, y)
+    with loaderd.Client(ld.socket) as c:
+        c.create_pipeline(spec([xp, yp], name="eval", epochs=1, prefetch=4))
+    script = os.path.join(workdir, "eval.py")
+    with open(script, "w") as f:
+        f.write(EVAL_RANK)
+    p = subprocess.Popen([sys.executable, script, ld.socket, "eval"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # its whole epoch delivered, and its End after it
+            st = ld.status()
+            atts = [a for cl in st["clients"] for a in cl["attachments"]]
+            if [(a["position"], a["leases"], a["delivered"]) for a in atts] == \
+                    [({"epoch": 1, "batch": 0}, 4, 4)]:
+                break
+            assert time.monotonic() < deadline, atts
+            time.sleep(0.01)
+        with loaderd.DataLoader("eval", socket=ld.socket, mode="partition", rank=1, world_size=2,
+                                timeout=TIMEOUT, as_numpy=True) as dl:
+            assert [b["y"].tolist() for b in dl] == [list(range(8 * i + 1, 8 * i + 8, 2))
+                                                     for i in range(4)]
+        st = ld.status()
+        [a] = [a for cl in st["clients"] for a in cl["attachments"]]
+        assert (a["rank"], a["revokes"], a["returned"]) == (0, 1, 2)
+        out, _ = p.communicate("go\n", timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, out
+    assert json.loads(out) == [list(range(8 * i, 8 * i + 8, 2)) for i in range(4)]
