@@ -386,7 +386,7 @@ def test_collate_fn_pad_and_worker_info(ld):
                                  epochs=1, timeout=60, fields=fields, pipeline_name="varlen")
         assert dl2.pipeline == "varlen"
         pad = [{k: v.tolist() for k, v in b.items()} for b in dl2]
-        dl3 = loaderd.DataLoader(D.WorkerInfoSamples(n=8), batch_size=1, socket=SOCK,
+        dl3 = loaderd.DataLoader(D.WorkerInfoSamples(n=8, meet=2), batch_size=1, socket=SOCK,
                                  num_workers=2, epochs=1, timeout=60,
                                  worker_init_fn=D.init_marker)
         info = sorted({tuple(b[0].tolist()) for b in dl3})

@@ -7,6 +7,7 @@ no pytest, no harness; torch and torchvision only where a class needs them.
 
 import os
 import random
+import tempfile
 import time
 
 import numpy as np
@@ -166,10 +167,18 @@ def init_marker(worker_id):
 
 
 class WorkerInfoSamples:
-    """Returns the worker's ids: torch's get_worker_info and loaderd's."""
+    """Returns the worker's ids: torch's get_worker_info and loaderd's.
 
-    def __init__(self, n=8):
+    With @meet (a number of workers), a worker's samples but sample 0 (the
+    one loaderd's DataLoader learns the fields from, alone) wait until that
+    many workers have each begun one (files in a folder made here), so every
+    worker builds samples however the tasks' timing falls: a worker that
+    waits asks for no task, and the others get them."""
+
+    def __init__(self, n=8, meet=0):
         self.n = n
+        self.meet = meet
+        self.dir = tempfile.mkdtemp(prefix="pyds-meet-") if meet else None
 
     def __len__(self):
         return self.n
@@ -181,6 +190,11 @@ class WorkerInfoSamples:
         li = loaderd.get_worker_info()
         tid = -1 if ti is None else ti.id
         lid = -1 if li is None else li.id
+        if self.meet and li is not None and i > 0:
+            open(os.path.join(self.dir, str(lid)), "w").close()
+            deadline = time.monotonic() + 60
+            while len(os.listdir(self.dir)) < self.meet and time.monotonic() < deadline:
+                time.sleep(0.01)
         init = int(os.environ.get("PYDS_WORKER_INIT", "-1"))
         return np.array([tid, lid, init, torch.get_num_threads()], dtype=np.int64)
 
