@@ -7,7 +7,6 @@ no pytest, no harness; torch and torchvision only where a class needs them.
 
 import os
 import random
-import tempfile
 import time
 
 import numpy as np
@@ -178,6 +177,7 @@ class WorkerInfoSamples:
     def __init__(self, n=8, meet=0):
         self.n = n
         self.meet = meet
+        import tempfile  # here: the line numbers above are in tests' expected tracebacks
         self.dir = tempfile.mkdtemp(prefix="pyds-meet-") if meet else None
 
     def __len__(self):
