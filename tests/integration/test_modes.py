@@ -137,8 +137,8 @@ def test_partition_drop_last_floor(ld, workdir):
 
 
 def test_dynamic_every_batch_exactly_once(ld, workdir):
-    """Two dynamic consumers of a shuffled, multi-epoch pipeline: together
-    they receive every batch of the stream exactly once."""
+    """Two dynamic consumers of one job on a shuffled, multi-epoch pipeline:
+    together they receive every batch of the stream exactly once."""
     n, bs, epochs = 512, 4, 4                     # 128 full batches per epoch, 512 in all
     path = pos_file(workdir, n)
     common = dict(batch_size=bs, shuffle=True, seed=13, epochs=epochs, prefetch=4)
@@ -151,8 +151,11 @@ def test_dynamic_every_batch_exactly_once(ld, workdir):
     expected = collections.Counter(tuple(b) for b in ref_batches)
     assert sum(expected.values()) == 512
 
-    a = ld.popen_consume("dyn", "--mode", "dynamic")
-    b = ld.popen_consume("dyn", "--mode", "dynamic")
+    # one job: were they two (two processes are, docs/spec.md "Jobs"), a
+    # consumer that reads the whole stream before the other attaches would
+    # leave it ended, and the other would start a new stream from batch 0
+    a = ld.popen_consume("dyn", "--mode", "dynamic", "--job", "dyn-pair")
+    b = ld.popen_consume("dyn", "--mode", "dynamic", "--job", "dyn-pair")
     ra, rb = a.wait(check=True), b.wait(check=True)
     assert ra.json["mode"] == "dynamic"
     got = collections.Counter()
