@@ -19,6 +19,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <fnmatch.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -35,13 +36,13 @@
 
 #define SEQ_LEN_MAX (1u << 24)
 #define SAMPLES_PER_EPOCH_MAX (1ull << 40)
-#define TOKEN_FDS_MAX 128             /* the first files stay open; others per read */
+#define TOKEN_FDS_MAX 1024            /* files a source keeps open; others per read */
 #define SCAN_BYTES (1u << 20)         /* eos scan buffer */
 #define OFFSET_TAG 0x746f6b656e73ull  /* "tokens": random_offset's draws */
 
 struct tok_file {
 	char *path;
-	int fd;                       /* -1: opened per read */
+	_Atomic int fd;               /* -1: not open (yet, or past TOKEN_FDS_MAX) */
 	uint64_t ntokens;
 	uint64_t first;               /* its first token's place in the corpus */
 };
@@ -50,6 +51,7 @@ struct tokens_source {
 	struct source base;
 	struct tok_file *files;
 	size_t nfiles, filecap;
+	_Atomic size_t nfds;          /* files[].fd open, at most TOKEN_FDS_MAX */
 	uint64_t ntokens;             /* of the corpus */
 	char what[256];               /* the corpus, in errors: the path or first pattern */
 	int dtype;
@@ -588,10 +590,12 @@ static int add_file(struct tokens_source *src, const char *path, char *err, size
 		r = scan_documents(src, f, fd, err, errlen);
 	else if (src->boundaries == TOKENS_BOUNDARIES_FILE)
 		r = seg_end(src, f->first, f->first + f->ntokens);
-	if (r == 0 && src->nfiles <= TOKEN_FDS_MAX)
+	if (r == 0 && src->nfiles <= TOKEN_FDS_MAX) {
 		f->fd = fd;
-	else
+		src->nfds++;
+	} else {
 		close(fd);
+	}
 	return r;
 }
 
@@ -862,8 +866,39 @@ static uint64_t window_start(const struct tokens_source *src, const struct sampl
 	return src->seg_start[lo] + (src->random_offset ? r : r * src->seq_len);
 }
 
+/*
+ * The fd to read @file with: its kept one, else opened (as the creator) and
+ * kept while the source holds fewer than TOKEN_FDS_MAX, so a corpus of a
+ * few thousand shards opens each once rather than once per sample. *@own:
+ * the caller closes it after the read (past the budget, or a race lost).
+ */
+static int file_fd(struct tokens_source *src, struct tok_file *file, bool *own, char *err,
+		   size_t errlen)
+{
+	int fd = atomic_load_explicit(&file->fd, memory_order_acquire), none = -1;
+
+	*own = false;
+	if (fd >= 0)
+		return fd;
+	fd = ds_open(&src->base.who, file->path, NULL, err, errlen);
+	if (fd < 0)
+		return fd;
+	if (atomic_fetch_add_explicit(&src->nfds, 1, memory_order_relaxed) >= TOKEN_FDS_MAX) {
+		atomic_fetch_sub_explicit(&src->nfds, 1, memory_order_relaxed);
+		*own = true;
+		return fd;
+	}
+	if (!atomic_compare_exchange_strong_explicit(&file->fd, &none, fd, memory_order_acq_rel,
+						     memory_order_acquire)) {
+		/* another worker kept its own first */
+		atomic_fetch_sub_explicit(&src->nfds, 1, memory_order_relaxed);
+		*own = true;
+	}
+	return fd;
+}
+
 /* @n tokens of the corpus from @at into @buf, file after file. */
-static int read_tokens(const struct tokens_source *src, uint64_t at, size_t n, unsigned char *buf,
+static int read_tokens(struct tokens_source *src, uint64_t at, size_t n, unsigned char *buf,
 		       char *err, size_t errlen)
 {
 	size_t lo = 0, hi = src->nfiles;
@@ -877,21 +912,24 @@ static int read_tokens(const struct tokens_source *src, uint64_t at, size_t n, u
 			hi = mid;
 	}
 	for (size_t f = lo; n > 0; f++) {
-		const struct tok_file *file = &src->files[f];
-		uint64_t off = at - file->first;
+		struct tok_file *file = &src->files[f];
+		uint64_t off;
 		size_t k;
-		int fd = file->fd, r;
+		bool own;
+		int fd, r;
 
 		if (f >= src->nfiles)
 			return errfmt(-EIO, err, errlen, "%s: read past the corpus", src->what);
+		off = at - file->first;
 		if (off >= file->ntokens)
 			continue;
 		k = file->ntokens - off < n ? (size_t)(file->ntokens - off) : n;
-		if (fd < 0 && (fd = ds_open(&src->base.who, file->path, NULL, err, errlen)) < 0)
+		fd = file_fd(src, file, &own, err, errlen);
+		if (fd < 0)
 			return fd;
 		r = source_read_full(fd, file->path, buf, k * src->elem, off * src->elem, err,
 				     errlen);
-		if (fd != file->fd)
+		if (own)
 			close(fd);
 		if (r < 0)
 			return r;
@@ -920,7 +958,7 @@ static void fill_eos(const struct tokens_source *src, unsigned char *buf, size_t
  * and loss_mask (docs/spec.md, "Packing"): each piece is a sequence of
  * its own, a loss only where the next slot holds the same piece's token.
  */
-static int pack_read(const struct tokens_source *src, uint64_t row, unsigned char *buf,
+static int pack_read(struct tokens_source *src, uint64_t row, unsigned char *buf,
 		     void *const *dsts, char *err, size_t errlen)
 {
 	size_t L = src->seq_len, used = 0, ncu = 0;
