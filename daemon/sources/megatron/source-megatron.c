@@ -641,58 +641,45 @@ static int gather(struct mg_source *src, uint64_t idx, int64_t *text, void *raw,
 	return r;
 }
 
-#define STORE(T)                                                                \
-	static void store_##T(void *dst, const int64_t *v, size_t n)            \
-	{                                                                       \
-		T *o = dst;                                                     \
-		for (size_t j = 0; j < n; j++)                                  \
-			o[j] = (T)v[j];                                         \
-	}
-STORE(int32_t)
-STORE(int64_t)
-
+/*
+ * Sample @idx as megatron's GPTDataset.__getitem__ gives it, in one pass
+ * over the gathered tokens: tokens = text[0, L), labels = text[1, L] (the
+ * last one pad without the extra token), the loss mask and position ids
+ * from them, then pad written as 0 straight into the fields.
+ */
 static int megatron_read(struct source *base, const struct sample_ctx *ctx, uint64_t idx,
 			 void *const *dsts, char *err, size_t errlen)
 {
 	struct mg_source *src = (struct mg_source *)base;
 	size_t L = src->seq_len, want = L + 1;
-	int64_t *text = mgbuf_get(3 * want + want * src->idx.elem / 8 + 1), *tokens, *labels;
+	int64_t *text = mgbuf_get(want + want * src->idx.elem / 8 + 1);
+	int64_t *pos = dsts[3], start = 0, pad = src->pad, eod = src->eod;
+	bool out32 = src->out_dtype == LDR_DTYPE_INT32;
 	float *loss = dsts[2];
-	int64_t *pos = dsts[3], start = 0;
 	int r;
 
 	(void)ctx;
 	if (!text)
 		return errfmt(-ENOMEM, err, errlen, "%s: out of memory", src->bin_path);
-	tokens = text + want;
-	labels = tokens + want;
-	r = gather(src, idx, text, labels + want, err, errlen);
+	r = gather(src, idx, text, text + want, err, errlen);
 	if (r < 0)
 		return r;
-	memcpy(tokens, text, L * sizeof(*text));
-	memcpy(labels, text + 1, (L - (size_t)(1 - src->extra)) * sizeof(*text));
-	if (!src->extra)
-		labels[L - 1] = src->pad;
 	for (size_t k = 0; k < L; k++) {
-		loss[k] = src->eod_mask_loss && tokens[k] == src->eod ? 0.0f : 1.0f;
+		int64_t t = text[k], l = k + 1 < L || src->extra ? text[k + 1] : pad;
+
+		loss[k] = (src->eod_mask_loss && t == eod) || l == pad ? 0.0f : 1.0f;
 		pos[k] = (int64_t)k - start;
-		if (src->reset_position_ids && tokens[k] == src->eod)
+		if (src->reset_position_ids && t == eod)
 			start = (int64_t)k + 1;
-		if (labels[k] == src->pad)
-			loss[k] = 0.0f;
-	}
-	for (size_t k = 0; k < L; k++) {
-		if (tokens[k] == src->pad)
-			tokens[k] = 0;
-		if (labels[k] == src->pad)
-			labels[k] = 0;
-	}
-	if (src->out_dtype == LDR_DTYPE_INT32) {
-		store_int32_t(dsts[0], tokens, L);
-		store_int32_t(dsts[1], labels, L);
-	} else {
-		store_int64_t(dsts[0], tokens, L);
-		store_int64_t(dsts[1], labels, L);
+		t = t == pad ? 0 : t;
+		l = l == pad ? 0 : l;
+		if (out32) {
+			((int32_t *)dsts[0])[k] = (int32_t)t;
+			((int32_t *)dsts[1])[k] = (int32_t)l;
+		} else {
+			((int64_t *)dsts[0])[k] = t;
+			((int64_t *)dsts[1])[k] = l;
+		}
 	}
 	return 0;
 }
