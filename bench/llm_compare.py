@@ -54,7 +54,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-CLK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, HERE)
+from torch_compare import children_of, cpu_snapshot, proc_cpu  # noqa: E402
 VOCAB = 50257
 
 
@@ -253,39 +254,6 @@ def trainer(a):
 
 # ------------------------------------------------------------- measurement
 
-def proc_cpu(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            parts = f.read().rsplit(")", 1)[1].split()
-        return (int(parts[11]) + int(parts[12])) / CLK
-    except (OSError, IndexError):
-        return None
-
-
-def children_of(pids):
-    ppid = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    out = set(pids)
-    grew = True
-    while grew:
-        grew = False
-        for p, pp in ppid.items():
-            if pp in out and p not in out:
-                out.add(p)
-                grew = True
-    return out
-
-
-def snapshot(pids):
-    return {p: c for p in pids if (c := proc_cpu(p)) is not None}
-
-
 class Daemon:
     def __init__(self, build, d, cache):
         self.socket = os.path.join(d, "bench.sock")
@@ -337,10 +305,10 @@ def run_trainers(a, system, k, prefixes, daemon=None, pipeline=None, cache=None)
     base = [p.pid for p in procs] + ([daemon.proc.pid] if daemon else [])
     while time.time() < t0:
         time.sleep(0.01)
-    before = snapshot(children_of(base))
+    before = cpu_snapshot(children_of(base))
     tcpu0 = {p.pid: proc_cpu(p.pid) for p in procs}
     time.sleep(a.seconds)
-    after = snapshot(children_of(base))
+    after = cpu_snapshot(children_of(base))
     tcpu1 = {p.pid: proc_cpu(p.pid) for p in procs}
     cpu = sum(c - before.get(p, 0.0) for p, c in after.items())
     tcpu = sum((tcpu1[p] or 0) - (tcpu0[p] or 0) for p in tcpu0)
