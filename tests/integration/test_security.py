@@ -121,6 +121,52 @@ def test_token_globs_are_listed_as_the_creator(setup):
     assert data == expected(tokens)
 
 
+def write_megatron_pair(prefix, docs):
+    """A Megatron .bin/.idx pair (MMIDIDX, uint16) of @docs, each a document."""
+    import struct
+    lens = [len(t) for t in docs]
+    with open(prefix + ".bin", "wb") as f:
+        for t in docs:
+            f.write(struct.pack(f"<{len(t)}H", *t))
+    ptr = [2 * sum(lens[:i]) for i in range(len(lens))]
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1))
+        f.write(struct.pack(f"<{len(docs)}i", *lens) + struct.pack(f"<{len(docs)}q", *ptr))
+        f.write(struct.pack(f"<{len(docs) + 1}q", *range(len(docs) + 1)))
+
+
+def test_megatron_index_cache_is_no_way_into_alices_corpus(setup):
+    """alice's megatron pipeline builds its index into the daemon's cache;
+    bob's create over the same prefix is refused on opening her files as
+    bob, also with her index cached, and the cache's files are the daemon's
+    alone (0600 in a 0700 folder)."""
+    d, alice, bob, tok, tokens, shared = setup
+    adir = os.path.dirname(tok)
+    prefix = os.path.join(adir, "corpus")
+    write_megatron_pair(prefix, [list(range(i, i + 30 + i)) for i in range(20)])
+    for ext in (".bin", ".idx"):
+        os.chown(prefix + ext, alice.uid, alice.gid)
+        os.chmod(prefix + ext, 0o600)
+    spec = {"name": "amg", "source": {"kind": "megatron", "prefix": prefix, "seq_len": 16},
+            "batch_size": 4}
+    alice.ctl(d, "create", "--spec", spec_file(shared, spec, "amg.json"), check=True)
+    st = d.pipeline("amg")
+    assert st["cache"]["index"] == "built" and st["samples"] > 0
+    bspec = dict(spec, name="bmg")
+    r = bob.ctl(d, "create", "--spec", spec_file(shared, bspec, "bmg.json"))
+    assert r.returncode != 0
+    assert f"Permission denied (as ldr-bob (uid {bob.uid}))" in r.stderr, r.stderr
+    assert "bmg" not in [p["name"] for p in d.status()["pipelines"]]
+    # and alice's own pipeline is hers
+    r = bob.ctl(d, "consume", "amg", "--batches", "1")
+    assert r.returncode != 0 and "amg" in r.stderr, r.stderr
+    cache = os.path.join(d.dir, "cache")
+    files = [f for f in os.listdir(cache) if f.endswith(".index")]
+    assert len(files) == 1
+    assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(cache, files[0])).st_mode) == 0o600
+
+
 def test_image_files_are_read_as_the_creator(setup, workdir):
     """Workers open each image with the creator's credentials: bob's pipeline
     over a folder he may list but whose files are alice's 0600 fails, naming
