@@ -244,3 +244,40 @@ size_t source_cache_dir(char *buf, size_t len)
 	pthread_mutex_unlock(&cache_dir_lock);
 	return n;
 }
+
+/* ---- a worker thread's scratch buffer (source-private.h) ---- */
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+struct scratch {
+	size_t cap;
+	_Alignas(16) unsigned char data[];
+};
+
+static void scratch_init(void)
+{
+	if (pthread_key_create(&scratch_key, free) != 0)
+		abort();
+}
+
+void *source_scratch(size_t len)
+{
+	struct scratch *b;
+
+	pthread_once(&scratch_once, scratch_init);
+	b = pthread_getspecific(scratch_key);
+	if (b && b->cap >= len)
+		return b->data;
+	free(b);
+	pthread_setspecific(scratch_key, NULL);
+	b = malloc(sizeof(*b) + len);
+	if (!b)
+		return NULL;
+	b->cap = len;
+	if (pthread_setspecific(scratch_key, b) != 0) {
+		free(b);
+		return NULL;
+	}
+	return b->data;
+}

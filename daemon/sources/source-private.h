@@ -112,6 +112,10 @@ const struct source_ops *source_kind_ops(enum source_kind kind);
 /* Open a regular file read-only as the source's @who; @err names it. */
 int source_open_file(const struct source *src, const char *path, int *fd_out, uint64_t *size_out,
 		     char *err, size_t errlen);
+/* A buffer of at least @len bytes of the calling worker thread's own (one
+ * per thread, grown as asked, freed when the thread exits; 16-byte
+ * aligned): a sample's scratch space. NULL when out of memory. */
+void *source_scratch(size_t len);
 /* Read exactly @len bytes at @off with pread; a short read is a truncated file. */
 int source_read_full(int fd, const char *path, void *buf, size_t len, uint64_t off, char *err,
 		     size_t errlen);

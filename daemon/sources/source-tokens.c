@@ -778,41 +778,6 @@ static int tokens_open(struct source *base, const struct spec *spec, char *err, 
 	return 0;
 }
 
-/* One buffer of L+1 tokens per worker thread, freed when the thread exits. */
-static pthread_key_t tokbuf_key;
-static pthread_once_t tokbuf_once = PTHREAD_ONCE_INIT;
-
-struct tokbuf {
-	size_t cap;
-	unsigned char data[];
-};
-
-static void tokbuf_init(void)
-{
-	if (pthread_key_create(&tokbuf_key, free) != 0)
-		abort();
-}
-
-static void *tokbuf_get(size_t len)
-{
-	struct tokbuf *b;
-
-	pthread_once(&tokbuf_once, tokbuf_init);
-	b = pthread_getspecific(tokbuf_key);
-	if (b && b->cap >= len)
-		return b->data;
-	free(b);
-	pthread_setspecific(tokbuf_key, NULL);
-	b = malloc(sizeof(*b) + len);
-	if (!b)
-		return NULL;
-	b->cap = len;
-	if (pthread_setspecific(tokbuf_key, b) != 0) {
-		free(b);
-		return NULL;
-	}
-	return b->data;
-}
 
 #define WIDEN(T)                                                             \
 	static void widen_##T(int64_t *restrict in, int64_t *restrict tg,    \
@@ -998,7 +963,7 @@ static int tokens_read(struct source *base, const struct sample_ctx *ctx, uint64
 	struct tokens_source *src = (struct tokens_source *)base;
 	size_t n = src->seq_len;
 	size_t len = (n + 1) * src->elem;
-	void *buf = tokbuf_get(len);
+	void *buf = source_scratch(len); /* L+1 tokens */
 	int r;
 
 	if (!buf)

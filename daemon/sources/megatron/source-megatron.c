@@ -552,41 +552,6 @@ static int check_vocab(struct mg_source *src, const struct mg_params *p, char *e
 	return r;
 }
 
-/* One buffer per worker thread: the sample as int64, then the raw bytes. */
-static pthread_key_t mgbuf_key;
-static pthread_once_t mgbuf_once = PTHREAD_ONCE_INIT;
-
-struct mgbuf {
-	size_t cap;
-	int64_t data[];
-};
-
-static void mgbuf_init(void)
-{
-	if (pthread_key_create(&mgbuf_key, free) != 0)
-		abort();
-}
-
-static int64_t *mgbuf_get(size_t n)
-{
-	struct mgbuf *b;
-
-	pthread_once(&mgbuf_once, mgbuf_init);
-	b = pthread_getspecific(mgbuf_key);
-	if (b && b->cap >= n)
-		return b->data;
-	free(b);
-	pthread_setspecific(mgbuf_key, NULL);
-	b = malloc(sizeof(*b) + n * sizeof(int64_t));
-	if (!b)
-		return NULL;
-	b->cap = n;
-	if (pthread_setspecific(mgbuf_key, b) != 0) {
-		free(b);
-		return NULL;
-	}
-	return b->data;
-}
 
 /* Tokens [off, off + len) of sequence @seq into text + *n. */
 static int piece(struct mg_source *src, int64_t *text, void *raw, size_t *n, size_t want,
@@ -652,7 +617,8 @@ static int megatron_read(struct source *base, const struct sample_ctx *ctx, uint
 {
 	struct mg_source *src = (struct mg_source *)base;
 	size_t L = src->seq_len, want = L + 1;
-	int64_t *text = mgbuf_get(want + want * src->idx.elem / 8 + 1);
+	/* the sample as int64, then its raw bytes */
+	int64_t *text = source_scratch((want + want * src->idx.elem / 8 + 1) * sizeof(int64_t));
 	int64_t *pos = dsts[3], start = 0, pad = src->pad, eod = src->eod;
 	bool out32 = src->out_dtype == LDR_DTYPE_INT32;
 	float *loss = dsts[2];
