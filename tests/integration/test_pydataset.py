@@ -188,7 +188,11 @@ def test_on_error_raise_keeps_the_stream_going(ld, ring):
                 except loaderd.Error as e:
                     got.append(["raised", type(e).__name__, e.code, e.message.splitlines()[0]])
             return got
-        owner = loaderd.DataLoader(D.Plain(n=12, fail={{5, 9}}), batch_size=2, socket=SOCK,
+        # min_clients: the stream waits for both readers (a broadcast loader
+        # attaching to a running stream joins it where it stands)
+        owner = loaderd.DataLoader({{"source": {{"kind": "python", "dataset": "pydatasets:Plain",
+                                                "args": {{"n": 12, "fail": [5, 9]}}}},
+                                    "batch_size": 2, "min_clients": 2}}, socket=SOCK,
                                    num_workers=2, epochs=1, timeout=60, as_numpy=True,
                                    on_error="raise", mode="broadcast")
         # a client by name runs none of the Dataset's code: a plain Error

@@ -434,6 +434,11 @@ READ_UNTIL_ERROR = """
         it = iter(dl)
         got = len(next(it)["n"])
         print("READY", flush=True)
+        # read on once the Dataset raises (the test sets the flag when both
+        # trainers are ready): the epoch cannot end before it
+        deadline = time.monotonic() + 300
+        while not os.path.exists({flag!r}) and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
             for b in it:
                 got += len(b["n"])
@@ -465,14 +470,15 @@ def test_dataset_exception_type_only_in_its_own_trainer(env):
         f.write(BOBRAISE)
     os.chown(path, bob.uid, bob.gid)
     os.chmod(path, 0o644)
+    flag = os.path.join(shared, "fail-now")
     spec = ('{"name": "shared-raise", "access": "all", "persist": True, "batch_size": 4, '
             '"source": {"kind": "python", "dataset": "bobraise:Raiser", '
             '"args": {"n": 100000}, "fields": [{"name": "n", "dtype": "int64", "shape": []}]}}')
-    b = start(bob, d, shared, "bob-raise", READ_UNTIL_ERROR.format(pipe=spec))
+    b = start(bob, d, shared, "bob-raise", READ_UNTIL_ERROR.format(pipe=spec, flag=flag))
     wait_ready(b)
-    a = start(alice, d, shared, "alice-raise", READ_UNTIL_ERROR.format(pipe='"shared-raise"'))
+    a = start(alice, d, shared, "alice-raise", READ_UNTIL_ERROR.format(pipe='"shared-raise"', flag=flag))
     wait_ready(a)
-    open(os.path.join(shared, "fail-now"), "w").close()   # from now on every sample raises
+    open(flag, "w").close()   # from now on every sample raises
     rb, ra = finish(b, "bob", d), finish(a, "alice", d)
     assert rb == {"value_error": True, "dataset_error": True, "loaderd_error": True,
                   "says": True}
