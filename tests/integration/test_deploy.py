@@ -10,12 +10,14 @@ answer; the trainer pod reaches the socket the daemon listens on.
 
 import json
 import os
+import signal
 import stat
 import subprocess
+import time
 
 import pytest
 
-from loaderd_harness import LOADERCTL, LOADERD, REPO_ROOT, child_env
+from loaderd_harness import LOADERCTL, LOADERD, REPO_ROOT, child_env, sanitizer_report
 
 KUBE = os.path.join(REPO_ROOT, "deploy", "kubernetes")
 
@@ -93,3 +95,49 @@ def test_daemonset_runs_the_daemon_it_names(daemon, workdir):
     env = {e["name"]: e.get("value") for e in t["env"]}
     assert env["LOADERD_SOCKET"] == os.path.join(m["mountPath"], os.path.basename(args["--socket"]))
     assert tp["securityContext"]["runAsUser"] != 0
+
+
+def test_daemon_without_the_hosts_pid_namespace_says_so(workdir):
+    """Why the DaemonSet has hostPID: a daemon in a PID namespace of its own
+    (a pod without it) gets pid 0 for a client outside that namespace (a
+    trainer pod), and cannot read its /proc. It says so once, naming the
+    fix."""
+    if subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot make a PID namespace here")
+    sock, log_path = os.path.join(workdir, "ld.sock"), os.path.join(workdir, "ld.log")
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM",
+                              LOADERD, "--socket", sock, "--workers", "1",
+                              "--cache-dir", os.path.join(workdir, "cache")],
+                             stdout=log, stderr=subprocess.STDOUT, env=child_env())
+    read_log = lambda: open(log_path, errors="replace").read()  # noqa: E731
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run([LOADERCTL, "--socket", sock, "status"], capture_output=True,
+                             env=child_env()).returncode != 0:
+            assert p.poll() is None and time.monotonic() < deadline, read_log()
+            time.sleep(0.05)
+        # a second client: one warning for the daemon's life
+        assert subprocess.run([LOADERCTL, "--socket", sock, "status"], capture_output=True,
+                              env=child_env()).returncode == 0
+    finally:
+        # the daemon (unshare's child; unshare itself holds SIGTERM back)
+        # stops; unshare exits with its status
+        with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+            inner = [int(x) for x in f.read().split()]
+        for pid in inner:
+            os.kill(pid, signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()  # and --kill-child=SIGTERM stops the daemon
+            p.wait()
+            raise
+    text = read_log()
+    assert rc == 0 and not os.path.exists(sock), text
+    assert text.count("has no pid here") == 1, text
+    assert ("client 1 (uid 0) has no pid here: it runs in a PID namespace this daemon cannot see "
+            "into, so its groups, its job and the slabs it maps cannot be read from /proc; run "
+            "loaderd in the host's PID namespace (Kubernetes: hostPID, docs/deploy.md)") in text, text
+    assert "stopped" in text and sanitizer_report(text) is None, text
