@@ -136,6 +136,7 @@ struct server {
 	uint64_t client_ctr;
 	uint64_t started_ms;
 	bool stopping;
+	bool warned_pidns;        /* a client without a pid here was logged (session.c) */
 	/* the listener watchdog, see probe_main() */
 	pthread_t prober;
 	bool prober_running;

@@ -174,6 +174,16 @@ struct client *client_get(struct server *srv, nng_pipe p)
 	cl->refused_all = global;
 	cl->listener = (uint32_t)nng_listener_id(nng_pipe_listener(p));
 	creds_of_peer(&cl->creds, cl->pid, (uid_t)uid, (gid_t)gid);
+	if (pid == 0 && !srv->warned_pidns) {
+		/* SO_PEERCRED's pid is 0 for a peer outside the daemon's PID
+		 * namespace and its descendants: a trainer pod beside a daemon
+		 * pod without hostPID */
+		srv->warned_pidns = true;
+		log_warn("client %" PRIu64 " (uid %u) has no pid here: it runs in a PID namespace "
+		         "this daemon cannot see into, so its groups, its job and the slabs it maps "
+		         "cannot be read from /proc; run loaderd in the host's PID namespace "
+		         "(Kubernetes: hostPID, docs/deploy.md)", cl->id, (unsigned)cl->uid);
+	}
 	cl->since_ms = uv_now(srv->loop);
 	cl->next = srv->clients;
 	srv->clients = cl;

@@ -264,20 +264,28 @@ class FaultProxy:
     """A TCP proxy on a free loopback port in front of @target ("host",
     port). Each accepted connection takes the next fault from .faults
     (a queue; empty means None: forward). .requests counts connections;
-    .endpoint is the URL to give a client."""
+    .endpoint is the URL to give a client. With @unix, a path, it listens
+    on that Unix socket instead (.endpoint None): what a forwarder in
+    another network namespace connects to (nsforward.py)."""
 
-    def __init__(self, target):
+    def __init__(self, target, unix=None):
         self.target = target
         self.faults = queue.Queue()
         self.requests = 0
         self.connections = 0
         self.heads = []  # each request's head (bytes), in order
-        self.lsock = socket.socket()
-        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.lsock.bind(("127.0.0.1", 0))
+        self.unix = unix
+        if unix:
+            self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.lsock.bind(unix)
+            self.port, self.endpoint = None, None
+        else:
+            self.lsock = socket.socket()
+            self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.lsock.bind(("127.0.0.1", 0))
+            self.port = self.lsock.getsockname()[1]
+            self.endpoint = f"http://127.0.0.1:{self.port}"
         self.lsock.listen(64)
-        self.port = self.lsock.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
         self.stopping = False
         self.threads = []
         self.stall_release = threading.Event()
@@ -293,7 +301,12 @@ class FaultProxy:
         self.stopping = True
         self.stall_release.set()
         try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            if self.unix:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                    c.settimeout(1)
+                    c.connect(self.unix)
+            else:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
         except OSError:
             pass
         self.lsock.close()

@@ -96,7 +96,9 @@ def test_unit_file(workdir):
     text = open(unit).read()
     for line in ("Type=notify", "WatchdogSec=", "RuntimeDirectory=loaderd", "LimitMEMLOCK=",
                  "LimitNOFILE=", "ExecReload=/bin/kill -HUP $MAINPID", "NoNewPrivileges=yes",
-                 "Restart=on-failure"):
+                 "Restart=on-failure",
+                 # object stores are reached over TCP (docs/storage.md, docs/deploy.md)
+                 "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6\n"):
         assert line in text, line
     assert "@BINDIR@" not in text
     exe = [l for l in text.splitlines() if l.startswith("ExecStart=")][0].split("=", 1)[1]

@@ -175,10 +175,11 @@ class Daemon:
     Daemon(workdir) starts `loaderd --socket <workdir>/ld.sock --workers 2`,
     logging to <workdir>/loaderd.log, and waits until `loaderctl status`
     answers (wait=False: the caller calls wait_ready()). workers=None adds no
-    --workers; env=None runs it in child_env()."""
+    --workers; env=None runs it in child_env(); wrap, a command that execs
+    its arguments (`nsenter --net=...`), runs it through that."""
 
     def __init__(self, workdir, workers=2, args=(), *, socket=None, env=None, log_path=None,
-                 wait=True, factory=None):
+                 wait=True, factory=None, wrap=()):
         require_built()
         self.factory = factory
         self.dir = workdir
@@ -194,7 +195,7 @@ class Daemon:
         self._dump_no = 0
         self.stopped = False
         self.expect_dead = False
-        self.cmd = [LOADERD, "--socket", self.socket] + self.args
+        self.cmd = list(wrap) + [LOADERD, "--socket", self.socket] + self.args
         self._log = open(self.log_path, "w")
         if env is None:
             # the daemon's cache_dir (megatron indexes) inside the test's
@@ -406,21 +407,23 @@ class Daemon:
 
 class DaemonFactory:
     """The `daemon` fixture: daemon(*args, workers=2, memory_limit=None,
-    socket=None, wait=True, env=None) starts one more daemon in the test's
-    directory (ld.sock, then ld1.sock, ...; logs loaderd0.log, ...)."""
+    socket=None, wait=True, env=None, wrap=()) starts one more daemon in the
+    test's directory (ld.sock, then ld1.sock, ...; logs loaderd0.log, ...)."""
 
     def __init__(self, d):
         self.dir = d
         self.daemons = []
 
-    def __call__(self, *args, workers=2, memory_limit=None, socket=None, wait=True, env=None):
+    def __call__(self, *args, workers=2, memory_limit=None, socket=None, wait=True, env=None,
+                 wrap=()):
         n = len(self.daemons)
         sock = socket or os.path.join(self.dir, "ld.sock" if n == 0 else f"ld{n}.sock")
         full = list(args)
         if memory_limit is not None:
             full += ["--memory-limit", str(memory_limit)]
         d = Daemon(self.dir, workers=workers, args=full, socket=sock, env=env,
-                   log_path=os.path.join(self.dir, f"loaderd{n}.log"), wait=False, factory=self)
+                   log_path=os.path.join(self.dir, f"loaderd{n}.log"), wait=False, factory=self,
+                   wrap=wrap)
         self.daemons.append(d)
         if wait:
             d.wait_ready()
