@@ -206,6 +206,44 @@ static int load_file(struct awscreds *out, const char *path, const char *section
 	return r;
 }
 
+int awscreds_time(const char *s, int64_t *out)
+{
+	int y, mo, d, h, mi, sec, n = 0, oh = 0, om = 0;
+	int64_t days;
+
+	if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &sec, &n) != 6 || n != 19)
+		return -EINVAL;
+	s += n;
+	if (*s == '.')
+		for (s++; isdigit((unsigned char)*s); s++)
+			;
+	if (*s == 'Z' || *s == 'z')
+		s++;
+	else if ((*s == '+' || *s == '-') && isdigit((unsigned char)s[1]) && isdigit((unsigned char)s[2]) &&
+		 s[3] == ':' && isdigit((unsigned char)s[4]) && isdigit((unsigned char)s[5])) {
+		oh = (s[1] - '0') * 10 + (s[2] - '0');
+		om = (s[4] - '0') * 10 + (s[5] - '0');
+		if (*s == '-')
+			oh = -oh, om = -om;
+		s += 6;
+	} else {
+		return -EINVAL;
+	}
+	if (*s || y < 1970 || mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60)
+		return -EINVAL;
+	/* days from the civil date (Howard Hinnant's algorithm) */
+	{
+		int yy = y - (mo <= 2);
+		int era = yy / 400, yoe = yy - era * 400;
+		int doy = (153 * (mo + (mo > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+		int doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+
+		days = (int64_t)era * 146097 + doe - 719468;
+	}
+	*out = days * 86400 + h * 3600 + mi * 60 + sec - oh * 3600 - om * 60;
+	return 0;
+}
+
 int awscreds_load(struct awscreds *out, const char *const *env, const char *home, char *err, size_t errlen)
 {
 	const char *ak = env_value(env, "AWS_ACCESS_KEY_ID"), *sk = env_value(env, "AWS_SECRET_ACCESS_KEY");
@@ -227,6 +265,11 @@ int awscreds_load(struct awscreds *out, const char *const *env, const char *home
 				   err, errlen)) < 0)
 			return r;
 		snprintf(out->source, sizeof out->source, "environment");
+		/* botocore's and the SDKs' expiry of the environment's keys */
+		v = env_value(env, "AWS_CREDENTIAL_EXPIRATION");
+		if (v && *v && awscreds_time(v, &out->expires) < 0)
+			return errfmt(-EINVAL, err, errlen, "AWS_CREDENTIAL_EXPIRATION: '%.64s' is not an ISO 8601 "
+				      "time (2026-12-06T13:00:00Z)", v);
 	}
 	v = env_value(env, "AWS_REGION");
 	if (!v)

@@ -112,6 +112,34 @@ static void test_bad_files(void)
 	assert(!strcmp(err, "F: [a]: longer than 63 bytes"));
 }
 
+/* AWS_CREDENTIAL_EXPIRATION: botocore's expiry of the environment's keys */
+static void test_expiration(void)
+{
+	struct awscreds c;
+	char err[256];
+	int64_t t;
+	const char *env[] = { "AWS_ACCESS_KEY_ID=EK", "AWS_SECRET_ACCESS_KEY=ES",
+			      "AWS_CREDENTIAL_EXPIRATION=2026-12-06T13:00:00Z", NULL };
+	const char *bad[] = { "AWS_ACCESS_KEY_ID=EK", "AWS_SECRET_ACCESS_KEY=ES",
+			      "AWS_CREDENTIAL_EXPIRATION=tomorrow", NULL };
+	const char *profile[] = { "AWS_PROFILE=dev", "AWS_CREDENTIAL_EXPIRATION=2026-12-06T13:00:00Z", NULL };
+
+	assert(load(&c, env, err) == 0 && c.expires == 1796562000);
+	assert(awscreds_time("1970-01-01T00:00:00Z", &t) == 0 && t == 0);
+	assert(awscreds_time("2000-03-01T00:00:00.123456+00:00", &t) == 0 && t == 951868800);
+	assert(awscreds_time("2026-12-06T15:30:00+02:30", &t) == 0 && t == 1796562000);
+	assert(awscreds_time("2026-12-06T10:00:00-03:00", &t) == 0 && t == 1796562000);
+	assert(awscreds_time("2024-02-29T12:00:00Z", &t) == 0 && t == 1709208000);
+	assert(awscreds_time("2026-12-06 13:00:00Z", &t) == -EINVAL);
+	assert(awscreds_time("2026-12-06T13:00:00", &t) == -EINVAL);
+	assert(awscreds_time("2026-13-06T13:00:00Z", &t) == -EINVAL);
+	assert(awscreds_time("2026-12-06T13:00:00Zx", &t) == -EINVAL);
+	assert(load(&c, bad, err) == -EINVAL);
+	assert(!strcmp(err, "AWS_CREDENTIAL_EXPIRATION: 'tomorrow' is not an ISO 8601 time (2026-12-06T13:00:00Z)"));
+	/* the variable goes with the environment's keys only */
+	assert(load(&c, profile, err) == 0 && !strcmp(c.access_key, "VK") && c.expires == 0);
+}
+
 int main(void)
 {
 	char dir[128];
@@ -147,6 +175,7 @@ int main(void)
 	test_env_wins();
 	test_profiles();
 	test_bad_files();
+	test_expiration();
 	{
 		char cmd[200];
 
