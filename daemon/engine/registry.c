@@ -362,6 +362,7 @@ int engine_set_store(struct engine *eng, const char *name, const struct principa
 		source_keys_put(keys);
 		return r;
 	}
+	source_objects_rekeyed(pl->src);
 	log_event(LOG_INFO, "pipeline.credentials", "pipeline=%s uid=%u why=\"fresh credentials handed\"",
 	          name, (unsigned)who->creds.uid);
 	return 0;

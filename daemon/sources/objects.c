@@ -338,6 +338,25 @@ static int objects_get(struct source_objects *o, struct keyed_store **out, char 
 	return 0;
 }
 
+void source_objects_rekeyed(struct source *src)
+{
+	struct source_objects *o = src ? src->objs : NULL;
+	struct keyed_store *ks;
+
+	if (!o)
+		return;
+	pthread_mutex_lock(&o->lock);
+	ks = o->cur;
+	o->cur = NULL;
+	if (ks && ks->users) {
+		ks->next = o->retired;
+		o->retired = ks;
+	} else {
+		keyed_store_free(ks);
+	}
+	pthread_mutex_unlock(&o->lock);
+}
+
 static void objects_put(struct source_objects *o, struct keyed_store *ks)
 {
 	struct keyed_store **p;
