@@ -15,6 +15,7 @@ struct awscreds {
 	char endpoint[512];
 	char source[160];   /* where the keys came from: "environment", "PROFILE in FILE" */
 	int64_t expires;    /* when the keys expire, Unix seconds (UTC); 0: not known */
+	char process[1024]; /* the profile's credential_process, "" none (run by awscreds_load()) */
 };
 
 /**
@@ -31,7 +32,9 @@ struct awscreds {
  * AWS_ENDPOINT_URL, the profile's `s3 =` sub-section's endpoint_url, the
  * profile's endpoint_url. No keys anywhere is not an error (public
  * objects). Expiry: AWS_CREDENTIAL_EXPIRATION (ISO 8601, as botocore and
- * the SDKs read it) with the environment's keys.
+ * the SDKs read it) with the environment's keys. A profile with no keys but
+ * a credential_process: the command is run (/bin/sh -c, @env as its
+ * environment) and its JSON read (awscreds_process_json()).
  *
  * Return: 0; -EINVAL with a message naming the variable, or the file and
  * line: one key of a pair without the other, a profile named explicitly
@@ -59,3 +62,14 @@ int awscreds_parse(struct awscreds *out, const char *text, const char *path, con
  * Return: 0, or -EINVAL when @s is not one.
  */
 int awscreds_time(const char *s, int64_t *out);
+
+/**
+ * awscreds_process_json() - the keys a credential_process printed
+ * @text: its output (NUL-terminated): one JSON object, {"Version": 1,
+ *        "AccessKeyId", "SecretAccessKey", "SessionToken"?, "Expiration"?}
+ * @what: names the process in messages
+ *
+ * Return: 0 with the keys (and the expiry) in @out; -EINVAL naming @what
+ * and what is wrong. A fuzz target's entry too (fuzz/fuzz-awscreds.c).
+ */
+int awscreds_process_json(struct awscreds *out, const char *text, const char *what, char *err, size_t errlen);
