@@ -343,9 +343,10 @@ void source_objects_rekeyed(struct source *src)
 	struct source_objects *o = src ? src->objs : NULL;
 	struct keyed_store *ks;
 
-	if (!o)
+	/* on the loop, which never waits: a source busy now (a request under
+	 * its lock) retires the store at its next objects_get() instead */
+	if (!o || pthread_mutex_trylock(&o->lock) != 0)
 		return;
-	pthread_mutex_lock(&o->lock);
 	ks = o->cur;
 	o->cur = NULL;
 	if (ks && ks->users) {

@@ -196,6 +196,7 @@ struct source_keys *source_keys_take(const struct spec *spec);
 void source_keys_put(struct source_keys *k);
 int source_keys_explain(const struct source_keys *k, const char *pipeline, int r, char *err, size_t errlen);
 /* After spec_swap_store_keys(): @src lets go of the store of the old keys
- * now (wiping them), or when the requests that use it are done. */
+ * now (wiping them), or when the requests that use it are done; never
+ * waits (a source busy under its lock does it at its next request). */
 void source_objects_rekeyed(struct source *src);
 json_t *spec_store_json(const struct spec *spec);

@@ -149,7 +149,7 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
     assert res["want"] == 3
     assert res["batches"] == {"p1": 3, "p2": 3, "p3": 3}
     assert res["equal"] == {"p1": True, "p2": True, "p3": True}
-    assert res["handed"] == {"client": [True, False], "dataloader": [True, False]}
+    assert res["handed"] == {"client": [True, False], "dataloader": [1, False]}
     assert res["store"] == {"p1": fresh, "p2": fresh, "p3": fresh}
     # the new pair is alice's in the store now: a create with it works
     r = ctl_as(alice_u, "create", "--spec", spec_file(wds("p5", url)), env=new_env)
