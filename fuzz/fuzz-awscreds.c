@@ -5,7 +5,10 @@
  * The files are the user's to write, but a parser that a typo crashes
  * would crash the trainer: the input is parsed for profile "default" and
  * "profile dev"; what is filled must be NUL-terminated within its field
- * and a key must come with its secret.
+ * and a key must come with its secret. The same bytes as an
+ * AWS_CREDENTIAL_EXPIRATION (awscreds_time()): an answer only for a time;
+ * and as a credential_process's output (awscreds_process_json()): keys
+ * NUL-terminated within their fields, both or neither.
  */
 #include "fuzz.h"
 
@@ -30,6 +33,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			    !c.access_key[0] != !c.secret_key[0])
 				abort();
 		}
+	}
+	{
+		struct awscreds c;
+
+		memset(&c, 0, sizeof c);
+		if (awscreds_process_json(&c, text, "fuzz", err, sizeof err) == 0 &&
+		    (strnlen(c.access_key, sizeof c.access_key) == sizeof c.access_key ||
+		     strnlen(c.session_token, sizeof c.session_token) == sizeof c.session_token ||
+		     !c.access_key[0] != !c.secret_key[0]))
+			abort();
+	}
+	{
+		int64_t t;
+
+		if (awscreds_time(text, &t) == 0 && (strlen(text) < 20 || t < -86400))
+			abort();
 	}
 	free(text);
 	return 0;

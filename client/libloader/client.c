@@ -35,6 +35,11 @@ void client_free(struct ldr_client *c)
 		free(sr->json);
 		free(sr);
 	}
+	while (c->keys_sent) {
+		struct keys_sent *ks = c->keys_sent;
+		c->keys_sent = ks->next;
+		free(ks);
+	}
 	pthread_cond_destroy(&c->flush_cond);
 	pthread_cond_destroy(&c->cond);
 	pthread_mutex_destroy(&c->lock);

@@ -53,6 +53,18 @@ static void spec_forget(struct ldr_client *c, const char *name)
 	pthread_mutex_unlock(&c->lock);
 }
 
+/* @sc pointing into @ac */
+static void store_creds_msg(struct awscreds *ac, Loaderd__StoreCredentials *sc)
+{
+	loaderd__store_credentials__init(sc);
+	sc->access_key_id = ac->access_key;
+	sc->secret_access_key = ac->secret_key;
+	sc->session_token = ac->session_token;
+	sc->region = ac->region;
+	sc->endpoint = ac->endpoint;
+	sc->expires = ac->expires;
+}
+
 int store_creds(const char *spec_json, struct awscreds *ac, Loaderd__StoreCredentials *sc)
 {
 	extern char **environ;
@@ -63,13 +75,48 @@ int store_creds(const char *spec_json, struct awscreds *ac, Loaderd__StoreCreden
 		return 0;
 	if (awscreds_load(ac, (const char *const *)environ, getenv("HOME"), err, sizeof(err)) < 0)
 		return set_err(-EINVAL, "object-store credentials: %s", err);
-	loaderd__store_credentials__init(sc);
-	sc->access_key_id = ac->access_key;
-	sc->secret_access_key = ac->secret_key;
-	sc->session_token = ac->session_token;
-	sc->region = ac->region;
-	sc->endpoint = ac->endpoint;
+	store_creds_msg(ac, sc);
 	return 1;
+}
+
+/* FNV-1a 64 of the key pair and token: tells fresh keys from the same ones */
+static uint64_t keys_fp(const struct awscreds *ac)
+{
+	const char *parts[3] = { ac->access_key, ac->secret_key, ac->session_token };
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (int i = 0; i < 3; i++)
+		for (const char *p = parts[i];; p++) {
+			h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+			if (!*p)
+				break;
+		}
+	return h;
+}
+
+static struct keys_sent *keys_sent_find(struct ldr_client *c, const char *name)
+{
+	struct keys_sent *ks;
+
+	for (ks = c->keys_sent; ks; ks = ks->next)
+		if (!strcmp(ks->name, name))
+			break;
+	return ks;
+}
+
+void keys_sent_note(struct ldr_client *c, const char *name, const struct awscreds *ac)
+{
+	struct keys_sent *ks;
+
+	pthread_mutex_lock(&c->lock);
+	if (!(ks = keys_sent_find(c, name)) && (ks = calloc(1, sizeof(*ks)))) {
+		snprintf(ks->name, sizeof(ks->name), "%s", name);
+		ks->next = c->keys_sent;
+		c->keys_sent = ks;
+	}
+	if (ks)
+		ks->fp = keys_fp(ac);
+	pthread_mutex_unlock(&c->lock);
 }
 
 void store_creds_clear(struct awscreds *ac)
@@ -101,6 +148,8 @@ static int create_call(struct ldr_client *c, const char *spec_json, int exist_ok
 	req.body_case = LOADERD__REQUEST__BODY_CREATE;
 	req.create = &cp;
 	r = call(c, &req, &rep, LOADERD__REPLY__BODY_CREATE);
+	if (cp.store && r == 0)
+		keys_sent_note(c, rep->create->name, &ac);
 	if (cp.store)
 		store_creds_clear(&ac);
 	if (r < 0)
@@ -123,6 +172,72 @@ int ldr_create_pipeline_of(struct ldr_client *c, const char *spec_json, uint32_t
                            char *name_out, size_t name_size)
 {
 	return create_call(c, spec_json, 1, true, owner_uid, name_out, name_size);
+}
+
+/* @o's field @f, or 0 where the caller's struct ends before it */
+#define STORE_OPT(o, f) ((o) && ((o)->size == 0 || (o)->size >= offsetof(struct ldr_store_opts, f) + \
+				    sizeof((o)->f)) ? (o)->f : 0)
+
+int ldr_set_store(struct ldr_client *c, const char *name, const struct ldr_store_opts *opts)
+{
+	Loaderd__Request req = LOADERD__REQUEST__INIT;
+	Loaderd__SetStore ss = LOADERD__SET_STORE__INIT;
+	Loaderd__StoreCredentials sc;
+	const char *ak = STORE_OPT(opts, access_key_id), *sk = STORE_OPT(opts, secret_access_key);
+	const char *tok = STORE_OPT(opts, session_token);
+	struct keys_sent *was;
+	struct awscreds ac;
+	Loaderd__Reply *rep;
+	char err[512];
+	int r;
+
+	CHECK_PID(c);
+	if (!name || !*name)
+		return set_err(-EINVAL, "no pipeline name");
+	if (opts && opts->size && opts->size < sizeof(size_t))
+		return set_err(-EINVAL, "ldr_store_opts: size %zu is too small", opts->size);
+	if (!ak != !sk)
+		return set_err(-EINVAL, "ldr_store_opts: access_key_id and secret_access_key, both or neither");
+	/* what a create would send now: the region and endpoint always, the
+	 * keys unless the caller gives its own */
+	extern char **environ;
+	if (awscreds_load(&ac, (const char *const *)environ, getenv("HOME"), err, sizeof(err)) < 0) {
+		store_creds_clear(&ac);
+		return set_err(-EINVAL, "object-store credentials: %s", err);
+	}
+	if (ak) {
+		if (strlen(ak) >= sizeof(ac.access_key) || strlen(sk) >= sizeof(ac.secret_key) ||
+		    (tok && strlen(tok) >= sizeof(ac.session_token))) {
+			store_creds_clear(&ac);
+			return set_err(-EINVAL, "ldr_store_opts: a key or token too long");
+		}
+		snprintf(ac.access_key, sizeof(ac.access_key), "%s", ak);
+		snprintf(ac.secret_key, sizeof(ac.secret_key), "%s", sk);
+		snprintf(ac.session_token, sizeof(ac.session_token), "%s", tok ? tok : "");
+		ac.expires = STORE_OPT(opts, expires);
+	}
+	if (STORE_OPT(opts, if_changed)) {
+		pthread_mutex_lock(&c->lock);
+		was = keys_sent_find(c, name);
+		r = was && was->fp == keys_fp(&ac);
+		pthread_mutex_unlock(&c->lock);
+		if (r) {
+			store_creds_clear(&ac);
+			return 0;
+		}
+	}
+	store_creds_msg(&ac, &sc);
+	ss.name = (char *)name;
+	ss.store = &sc;
+	req.body_case = LOADERD__REQUEST__BODY_SET_STORE;
+	req.set_store = &ss;
+	r = call(c, &req, &rep, LOADERD__REPLY__BODY_OK);
+	if (r == 0) {
+		keys_sent_note(c, name, &ac);
+		loaderd__reply__free_unpacked(rep, NULL);
+	}
+	store_creds_clear(&ac);
+	return r < 0 ? r : 1;
 }
 
 int ldr_drop_pipeline(struct ldr_client *c, const char *name, int force)

@@ -237,6 +237,14 @@ struct spec_rec {
 	uid_t owner;              /* this client's uid when it created it; another when it joined */
 };
 
+/* The store keys this client last sent for a pipeline, as a hash (never the
+ * keys): ldr_set_store()'s if_changed compares the process's keys with it. */
+struct keys_sent {
+	struct keys_sent *next;
+	char name[LDR_NAME_MAX + 1];
+	uint64_t fp;
+};
+
 /* A synchronous call in flight (call_timeout()), on its caller's stack. */
 struct sync_call {
 	struct sync_call *next, **pprev;
@@ -267,6 +275,7 @@ struct ldr_client {
 	struct timespec went_at;  /* when the connection went */
 	char gone_msg[1024];      /* why the client is disconnected for good ("" today's message) */
 	struct spec_rec *specs;   /* pipelines this client created, to re-create */
+	struct keys_sent *keys_sent; /* the store keys it last sent, per pipeline (control.c) */
 	/* whose daemon (daemon_check(), docs/security.md "Whose pipeline, whose
 	 * daemon"), under c->lock */
 	bool has_service_uid;     /* loaderd's service user exists */
@@ -328,6 +337,8 @@ static inline void reader_unlock(struct ldr_client *c, bool locked)
 struct awscreds;
 int store_creds(const char *spec_json, struct awscreds *ac, Loaderd__StoreCredentials *sc);
 void store_creds_clear(struct awscreds *ac);
+/* Remember that the keys of @ac went to pipeline @name (a create, a SetStore). */
+void keys_sent_note(struct ldr_client *c, const char *name, const struct awscreds *ac);
 
 int set_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int set_err(int err, const char *fmt, ...);

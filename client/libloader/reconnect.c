@@ -390,6 +390,8 @@ static int recreate_pipelines(struct ldr_client *c)
 			req.body_case = LOADERD__REQUEST__BODY_CREATE;
 			req.create = &cp;
 			r = k < 0 ? k : call_gen(c, &req, &rep, LOADERD__REPLY__BODY_CREATE, CALL_TIMEOUT_MS, true);
+			if (k > 0 && r == 0)
+				keys_sent_note(c, name, &ac);
 			if (k > 0)
 				store_creds_clear(&ac);
 			cp.store = NULL;

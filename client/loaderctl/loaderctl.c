@@ -141,6 +141,9 @@ static const struct verb verbs[] = {
 	{ "create", 0, 0, cmd_create, "create a pipeline from a JSON spec (docs/spec.md)",
 	  "--spec FILE [--exist-ok] [--owner USER] [--scoped]", create_options },
 	{ "drop", 1, 1, cmd_drop, "drop a pipeline", "NAME [--force]", drop_options },
+	{ "credentials", 1, 1, cmd_credentials,
+	  "hand a running pipeline fresh object-store credentials, read as a create reads them "
+	  "(AWS_* environment, ~/.aws files; docs/storage.md)", "NAME", no_options },
 	{ "consume", 1, 1, cmd_consume,
 	  "read batches, report throughput and a CRC-32 of their bytes",
 	  "NAME [--mode M] [--rank R --world-size W] [--start-epoch E --start-batch B]\n"

@@ -178,6 +178,7 @@ int cmd_top(struct ctl *ctl, int argc, char **argv);
 /* pipelines.c */
 int cmd_create(struct ctl *ctl, int argc, char **argv);
 int cmd_drop(struct ctl *ctl, int argc, char **argv);
+int cmd_credentials(struct ctl *ctl, int argc, char **argv);
 
 /* consume.c */
 int cmd_consume(struct ctl *ctl, int argc, char **argv);

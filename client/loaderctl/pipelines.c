@@ -117,6 +117,30 @@ int cmd_create(struct ctl *ctl, int argc, char **argv)
 	return 0;
 }
 
+/* loaderctl credentials NAME: this process's store keys to a running pipeline */
+int cmd_credentials(struct ctl *ctl, int argc, char **argv)
+{
+	struct ldr_client *client = NULL;
+	const char *name = argv[0];
+	int r;
+
+	(void)argc;
+	r = connect_daemon(ctl, "credentials", &client);
+	if (r)
+		return r;
+	r = ldr_set_store(client, name, NULL);
+	if (r < 0) {
+		r = fail(client, "credentials", r);
+		ldr_close(client);
+		return r;
+	}
+	ldr_close(client);
+	if (ctl->json)
+		return print_json(json_pack("{sssb}", "name", name, "handed", 1));
+	printf("handed fresh credentials to pipeline %s\n", name);
+	return 0;
+}
+
 int cmd_drop(struct ctl *ctl, int argc, char **argv)
 {
 	struct ldr_client *client = NULL;

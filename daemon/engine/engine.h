@@ -297,6 +297,18 @@ json_t *engine_config_drain(struct engine *eng, json_t *keep, const char *why);
 /* Its owner and the admins may drop a pipeline (-EPERM naming the owner). */
 int engine_drop(struct engine *eng, const char *name, const struct principal *who, bool force,
                 char *err, size_t errlen);
+
+/*
+ * engine_set_store() - fresh object-store credentials for pipeline @name
+ * @keys: source_keys_new()'s; taken in every case
+ *
+ * Only a client of the pipeline's owner uid, or root (-EPERM naming the
+ * owner); the requests that start after it use @keys (source.h,
+ * spec_swap_store_keys()). -ENOENT, -EINVAL (no store, another endpoint or
+ * region).
+ */
+int engine_set_store(struct engine *eng, const char *name, const struct principal *who,
+                     struct source_keys *keys, char *err, size_t errlen);
 bool engine_has(struct engine *eng, const char *name);
 /* {"name", "state", "slots_total", ...} of every pipeline @who may use; of the
  * others only {"name", "owner", "access"}. */

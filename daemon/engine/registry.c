@@ -340,6 +340,34 @@ int engine_drop(struct engine *eng, const char *name, const struct principal *wh
 	return 0;
 }
 
+int engine_set_store(struct engine *eng, const char *name, const struct principal *who,
+                     struct source_keys *keys, char *err, size_t errlen)
+{
+	struct pipeline *pl = engine_find(eng, name);
+	int r;
+
+	if (!pl) {
+		source_keys_put(keys);
+		return errfmt(-ENOENT, err, errlen, "no pipeline named '%s'", name);
+	}
+	/* the keys speak for its owner in the store: only the owner (or
+	 * root) hands them, never an admin or a reader of an access: all
+	 * pipeline (docs/security.md, "Objects in a store") */
+	if (who->creds.uid != 0 && who->creds.uid != pl->owner) {
+		source_keys_put(keys);
+		return pipeline_owned_error(pl, -EPERM, ": only its owner (or root) may hand it credentials",
+		                            err, errlen);
+	}
+	if ((r = spec_swap_store_keys(pl->spec, keys, err, errlen)) < 0) {
+		source_keys_put(keys);
+		return r;
+	}
+	source_objects_rekeyed(pl->src);
+	log_event(LOG_INFO, "pipeline.credentials", "pipeline=%s uid=%u why=\"fresh credentials handed\"",
+	          name, (unsigned)who->creds.uid);
+	return 0;
+}
+
 /* --- a pipeline's live settings ------------------------------------------ */
 
 int engine_set_prefetch(struct engine *eng, const char *name, uint32_t n, uint32_t *old,

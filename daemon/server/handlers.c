@@ -87,6 +87,20 @@ static void create_answer(void *userdata, int r, const char *err)
 		free(x);
 }
 
+/* The keys of a request's StoreCredentials; the request's copy of the
+ * secret and the token wiped. */
+static int store_keys(Loaderd__StoreCredentials *sc, struct source_keys **keys, char *err, size_t errlen)
+{
+	int r = source_keys_new(keys, sc->access_key_id, sc->secret_access_key, sc->session_token, sc->region,
+	                        sc->endpoint, sc->expires, err, errlen);
+
+	if (sc->secret_access_key)
+		explicit_bzero(sc->secret_access_key, strlen(sc->secret_access_key));
+	if (sc->session_token)
+		explicit_bzero(sc->session_token, strlen(sc->session_token));
+	return r;
+}
+
 static void handle_create(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__CreatePipeline *m)
 {
 	struct create_ctx *x;
@@ -104,15 +118,17 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 		return;
 	}
 	/* the creator's own keys, for this pipeline only (docs/security.md) */
-	if (m->store && (r = spec_set_store_keys(spec, m->store->access_key_id, m->store->secret_access_key,
-	                                         m->store->session_token, m->store->region,
-	                                         m->store->endpoint, err, sizeof(err))) < 0) {
-		spec_free(spec);
-		reply_error(srv, c, -r, err);
-		return;
+	if (m->store) {
+		struct source_keys *keys;
+
+		r = store_keys(m->store, &keys, err, sizeof(err));
+		if (r < 0) {
+			spec_free(spec);
+			reply_error(srv, c, -r, err);
+			return;
+		}
+		spec_set_store_keys(spec, keys);
 	}
-	if (m->store && m->store->secret_access_key)
-		explicit_bzero(m->store->secret_access_key, strlen(m->store->secret_access_key));
 	if (!(x = calloc(1, sizeof(*x)))) {
 		spec_free(spec);
 		reply_error(srv, c, ENOMEM, "out of memory");
@@ -126,6 +142,28 @@ static void handle_create(struct server *srv, struct sctx *c, struct client *cl,
 	engine_create_async(srv->engine, spec, &who, cl->id, m->exist_ok, create_answer, x);
 	if (reply_park(c, &x->parked, x->answered))
 		free(x);
+}
+
+/* SetStore: fresh credentials for a running pipeline (docs/storage.md) */
+static void handle_set_store(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__SetStore *m)
+{
+	struct source_keys *keys;
+	struct principal who;
+	char err[512];
+	int r;
+
+	if (!m->name || !m->store) {
+		reply_error(srv, c, EPROTO, "SetStore: a name and the credentials, both");
+		return;
+	}
+	who_is(srv, cl, &who);
+	r = store_keys(m->store, &keys, err, sizeof(err));
+	if (r == 0)
+		r = engine_set_store(srv->engine, m->name, &who, keys, err, sizeof(err));
+	if (r < 0)
+		reply_error(srv, c, -r, err);
+	else
+		reply_ok(srv, c);
 }
 
 static void handle_drop(struct server *srv, struct sctx *c, struct client *cl, const Loaderd__DropPipeline *m)
@@ -565,6 +603,9 @@ void handle_request(struct server *srv, struct sctx *c, nng_msg *msg)
 		break;
 	case LOADERD__REQUEST__BODY_ORDER:
 		handle_order(srv, c, cl, req->order);
+		break;
+	case LOADERD__REQUEST__BODY_SET_STORE:
+		handle_set_store(srv, c, cl, req->set_store);
 		break;
 	default:
 		reply_error(srv, c, EPROTO, "malformed request: empty or unknown request type");

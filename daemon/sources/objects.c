@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -28,8 +29,29 @@
 /* objects fetched at once for one open */
 #define FETCH_THREADS 8
 
+/*
+ * The creator's keys: one refcounted, immutable object. spec->keys holds a
+ * reference; a store made from them holds another, so a swap
+ * (spec_swap_store_keys()) never pulls keys from under a request in flight:
+ * the requests after it take the new ones, the old object is wiped when its
+ * last request is done.
+ */
 struct source_keys {
+	_Atomic unsigned refs;
 	struct store_config cfg;
+	int64_t expires;   /* Unix seconds (UTC); 0: not known */
+	unsigned updates;  /* how many times they were handed afresh */
+};
+
+/* spec->keys of every spec: read and swapped under it */
+static pthread_mutex_t keys_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* A store made from one set of keys, and how many requests use it now. */
+struct keyed_store {
+	struct store *st;
+	struct source_keys *keys;
+	unsigned users;
+	struct keyed_store *next;  /* in o->retired */
 };
 
 struct obj {
@@ -41,8 +63,9 @@ struct obj {
 
 struct source_objects {
 	pthread_mutex_t lock;
-	struct store_config cfg;
-	struct store *st;
+	const struct spec *spec;     /* its keys: spec->keys, the current ones */
+	struct keyed_store *cur;     /* the store of the current keys */
+	struct keyed_store *retired; /* of older keys, still used by a request */
 	struct obj *v;
 	size_t n, cap;
 	/* an index of v by URL: open addressing, entry i + 1 (0 empty), a
@@ -59,17 +82,20 @@ bool source_is_url(const char *path)
 
 /* ---- the creator's keys, in its spec ---- */
 
-int spec_set_store_keys(struct spec *spec, const char *access_key, const char *secret_key,
-			const char *session_token, const char *region, const char *endpoint, char *err,
-			size_t errlen)
+int source_keys_new(struct source_keys **out, const char *access_key, const char *secret_key,
+		    const char *session_token, const char *region, const char *endpoint, int64_t expires,
+		    char *err, size_t errlen)
 {
 	struct source_keys *k = calloc(1, sizeof(*k));
 	char *env[6] = { 0 };
 	size_t n = 0;
 	int r = 0;
 
+	*out = NULL;
 	if (!k)
 		return errfmt(-ENOMEM, err, errlen, "out of memory");
+	atomic_init(&k->refs, 1);
+	k->expires = expires > 0 ? expires : 0;
 	store_config_init(&k->cfg);
 	if (access_key && *access_key && asprintf(&env[n++], "AWS_ACCESS_KEY_ID=%s", access_key) < 0)
 		r = -ENOMEM;
@@ -95,37 +121,128 @@ int spec_set_store_keys(struct spec *spec, const char *access_key, const char *s
 		r = errfmt(-EINVAL, err, errlen, "store credentials: an access key id without its secret, "
 			   "or a secret without its key id");
 	if (r < 0) {
-		source_keys_free(k);
+		source_keys_put(k);
 		return r;
 	}
-	source_keys_free(spec->keys);
-	spec->keys = k;
+	*out = k;
 	return 0;
 }
 
-void source_keys_free(struct source_keys *k)
+void source_keys_put(struct source_keys *k)
 {
-	if (!k)
+	if (!k || atomic_fetch_sub(&k->refs, 1) != 1)
 		return;
 	explicit_bzero(k, sizeof(*k));
 	free(k);
 }
 
+struct source_keys *source_keys_take(const struct spec *spec)
+{
+	struct source_keys *k;
+
+	pthread_mutex_lock(&keys_lock);
+	k = spec->keys;
+	if (k)
+		atomic_fetch_add(&k->refs, 1);
+	pthread_mutex_unlock(&keys_lock);
+	return k;
+}
+
+void spec_set_store_keys(struct spec *spec, struct source_keys *k)
+{
+	struct source_keys *old;
+
+	pthread_mutex_lock(&keys_lock);
+	old = spec->keys;
+	spec->keys = k;
+	pthread_mutex_unlock(&keys_lock);
+	source_keys_put(old);
+}
+
+int spec_swap_store_keys(struct spec *spec, struct source_keys *k, char *err, size_t errlen)
+{
+	struct source_keys *old;
+	int r = 0;
+
+	pthread_mutex_lock(&keys_lock);
+	old = spec->keys;
+	if (!old)
+		r = errfmt(-EINVAL, err, errlen, "pipeline '%s' reads no object store (no s3:// or http(s):// "
+			   "path): it has no credentials to replace", spec->name);
+	else if (strcmp(old->cfg.endpoint, k->cfg.endpoint))
+		r = errfmt(-EINVAL, err, errlen, "pipeline '%s' reads the store at %s, not %s: fresh "
+			   "credentials are for the same endpoint", spec->name,
+			   old->cfg.endpoint[0] ? old->cfg.endpoint : "(AWS)",
+			   k->cfg.endpoint[0] ? k->cfg.endpoint : "(AWS)");
+	else if (strcmp(old->cfg.region, k->cfg.region))
+		r = errfmt(-EINVAL, err, errlen, "pipeline '%s' reads region %s, not %s: fresh credentials "
+			   "are for the same region", spec->name, old->cfg.region[0] ? old->cfg.region : "us-east-1",
+			   k->cfg.region[0] ? k->cfg.region : "us-east-1");
+	if (r == 0) {
+		k->updates = old->updates + 1;
+		spec->keys = k;
+	}
+	pthread_mutex_unlock(&keys_lock);
+	if (r < 0)
+		return r;
+	/* wiped now, or by the last request that still uses them */
+	source_keys_put(old);
+	return 0;
+}
+
+/* @t as 2026-12-06T12:00:00Z */
+static void utc_time(int64_t t, char *buf, size_t len)
+{
+	time_t tt = (time_t)t;
+	struct tm tm;
+
+	if (!gmtime_r(&tt, &tm) || !strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm))
+		snprintf(buf, len, "%" PRId64, t);
+}
+
+int source_keys_explain(const struct source_keys *k, const char *pipeline, int r, char *err, size_t errlen)
+{
+	char when[32];
+	size_t n;
+
+	/* a refusal (store.c: AccessDenied, InvalidAccessKeyId,
+	 * SignatureDoesNotMatch, ExpiredToken...) by keys past their expiry */
+	if (r != -EACCES || !k || !k->expires || (int64_t)time(NULL) < k->expires)
+		return r;
+	utc_time(k->expires, when, sizeof(when));
+	n = strnlen(err, errlen);
+	if (n + 1 < errlen)
+		snprintf(err + n, errlen - n, ": the credentials of pipeline '%s' expired at %s (renew them: "
+			 "a create sends the process's current ones; a running pipeline takes fresh ones from "
+			 "`loaderctl credentials %s`, ldr_set_store() or loaderd.Client.set_store(); "
+			 "docs/storage.md)", pipeline, when, pipeline);
+	return r;
+}
+
 json_t *spec_store_json(const struct spec *spec)
 {
+	struct source_keys *k = source_keys_take(spec);
 	const struct store_config *c;
+	char last[8], when[32];
+	json_t *j;
 	size_t n;
-	char last[8];
 
-	if (!spec->keys)
+	if (!k)
 		return NULL;
-	c = &spec->keys->cfg;
+	c = &k->cfg;
 	n = strlen(c->access_key);
 	/* at most the last 4 characters of the key id, never the secret */
 	snprintf(last, sizeof(last), "%s", n > 4 ? c->access_key + n - 4 : "");
-	return json_pack("{s:s, s:s, s:s?, s:b}", "endpoint", c->endpoint[0] ? c->endpoint : "(AWS)",
-			 "region", c->region[0] ? c->region : "us-east-1",
-			 "access_key_id", n ? (n > 4 ? last : "") : NULL, "session_token", c->session_token[0] != 0);
+	if (k->expires)
+		utc_time(k->expires, when, sizeof(when));
+	j = json_pack("{s:s, s:s, s:s?, s:b, s:s?, s:b, s:I}", "endpoint", c->endpoint[0] ? c->endpoint : "(AWS)",
+		      "region", c->region[0] ? c->region : "us-east-1",
+		      "access_key_id", n ? (n > 4 ? last : "") : NULL, "session_token", c->session_token[0] != 0,
+		      "expires", k->expires ? when : NULL,
+		      "expired", k->expires && (int64_t)time(NULL) >= k->expires,
+		      "credentials_updates", (json_int_t)k->updates);
+	source_keys_put(k);
+	return j;
 }
 
 /* ---- the objects of one source ---- */
@@ -137,12 +254,18 @@ int source_objects_new(struct source *src, const struct spec *spec)
 	if (!o)
 		return -ENOMEM;
 	pthread_mutex_init(&o->lock, NULL);
-	if (spec->keys)
-		o->cfg = spec->keys->cfg;
-	else
-		store_config_init(&o->cfg);
+	o->spec = spec;
 	src->objs = o;
 	return 0;
+}
+
+static void keyed_store_free(struct keyed_store *ks)
+{
+	if (!ks)
+		return;
+	store_free(ks->st);
+	source_keys_put(ks->keys);
+	free(ks);
 }
 
 void source_objects_free(struct source *src)
@@ -159,17 +282,105 @@ void source_objects_free(struct source *src)
 	}
 	free(o->v);
 	free(o->slots);
-	store_free(o->st);
-	explicit_bzero(&o->cfg, sizeof(o->cfg));
+	keyed_store_free(o->cur);
+	while (o->retired) {
+		struct keyed_store *ks = o->retired;
+
+		o->retired = ks->next;
+		keyed_store_free(ks);
+	}
 	pthread_mutex_destroy(&o->lock);
 	free(o);
 	src->objs = NULL;
 }
 
-/* The store of @o, made at its first use. Under o->lock. */
-static int objects_store(struct source_objects *o, char *err, size_t errlen)
+/*
+ * The store of the spec's current keys, for one request (or a batch of
+ * them): objects_put() when done. Made at its first use and again after the
+ * keys were handed afresh (spec_swap_store_keys()); the store of the old
+ * keys is retired, freed (and its keys wiped) once its last user is done.
+ * Under o->lock.
+ */
+static int objects_get(struct source_objects *o, struct keyed_store **out, char *err, size_t errlen)
 {
-	return o->st ? 0 : store_new(&o->st, &o->cfg, err, errlen);
+	struct source_keys *k = source_keys_take(o->spec);
+	struct store_config def;
+	struct keyed_store *ks;
+	int r;
+
+	*out = NULL;
+	if (o->cur && o->cur->keys == k) {
+		source_keys_put(k);
+		o->cur->users++;
+		*out = o->cur;
+		return 0;
+	}
+	if (!(ks = calloc(1, sizeof(*ks)))) {
+		source_keys_put(k);
+		return errfmt(-ENOMEM, err, errlen, "out of memory");
+	}
+	ks->keys = k;
+	if (!k)
+		store_config_init(&def);
+	if ((r = store_new(&ks->st, k ? &k->cfg : &def, err, errlen)) < 0) {
+		keyed_store_free(ks);
+		return r;
+	}
+	if (o->cur && o->cur->users) {
+		o->cur->next = o->retired;
+		o->retired = o->cur;
+	} else {
+		keyed_store_free(o->cur);
+	}
+	o->cur = ks;
+	ks->users = 1;
+	*out = ks;
+	return 0;
+}
+
+void source_objects_rekeyed(struct source *src)
+{
+	struct source_objects *o = src ? src->objs : NULL;
+	struct keyed_store *ks;
+
+	/* on the loop, which never waits: a source busy now (a request under
+	 * its lock) retires the store at its next objects_get() instead */
+	if (!o || pthread_mutex_trylock(&o->lock) != 0)
+		return;
+	ks = o->cur;
+	o->cur = NULL;
+	if (ks && ks->users) {
+		ks->next = o->retired;
+		o->retired = ks;
+	} else {
+		keyed_store_free(ks);
+	}
+	pthread_mutex_unlock(&o->lock);
+}
+
+static void objects_put(struct source_objects *o, struct keyed_store *ks)
+{
+	struct keyed_store **p;
+
+	if (!ks)
+		return;
+	pthread_mutex_lock(&o->lock);
+	ks->users--;
+	for (p = &o->retired; ks->users == 0 && *p; p = &(*p)->next) {
+		if (*p == ks) {
+			*p = ks->next;
+			keyed_store_free(ks);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&o->lock);
+}
+
+/* @r of a request by @ks's keys, the expiry said where it explains it. */
+static int objects_error(const struct source_objects *o, const struct keyed_store *ks, int r, char *err,
+			 size_t errlen)
+{
+	return source_keys_explain(ks ? ks->keys : NULL, o->spec->name, r, err, errlen);
 }
 
 static uint64_t url_hash(const char *s)
@@ -241,6 +452,7 @@ static struct obj *objects_find(struct source_objects *o, const char *url, bool 
 
 struct batch {
 	struct source_objects *o;
+	struct keyed_store *ks;
 	struct obj **objs;
 	size_t n;
 	bool fetch;                  /* HEADs first, then the objects */
@@ -265,9 +477,9 @@ static void *batch_thread(void *arg)
 			return NULL;
 		ob = b->objs[i];
 		if (!b->fetch)
-			r = store_head(b->o->st, ob->url, &ob->head, err, sizeof(err));
+			r = store_head(b->ks->st, ob->url, &ob->head, err, sizeof(err));
 		else
-			r = objcache_open(b->o->st, ob->url, &ob->head, &ob->fd, &ob->pin, err, sizeof(err));
+			r = objcache_open(b->ks->st, ob->url, &ob->head, &ob->fd, &ob->pin, err, sizeof(err));
 		if (r < 0) {
 			/* the objects are taken in order: every one before @i was
 			 * tried, so the error is the first failing one's, whichever
@@ -321,7 +533,7 @@ int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *er
 		return errfmt(-ENOMEM, err, errlen, "out of memory");
 	}
 	pthread_mutex_lock(&o->lock);
-	r = objects_store(o, err, errlen);
+	r = objects_get(o, &b.ks, err, errlen);
 	/* by index: o->v may move while entries are added */
 	for (size_t i = 0; r == 0 && i < n; i++) {
 		struct obj *ob;
@@ -355,6 +567,9 @@ int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *er
 	atomic_store(&b.failed, 0);
 	if (r == 0 && b.n)
 		r = batch_run(&b, err, errlen);
+	if (r < 0)
+		objects_error(o, b.ks, r, err, errlen);
+	objects_put(o, b.ks);
 	free(b.objs);
 	pthread_mutex_destroy(&b.lock);
 	return r;
@@ -364,19 +579,27 @@ int source_list_url(const struct source *src, const char *url, int (*fn)(void *a
 		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen)
 {
 	struct source_objects *o = src->objs;
+	struct keyed_store *ks;
 	int r;
 
 	if (!o)
 		return errfmt(-EINVAL, err, errlen, "%s: objects in a store are not read here", url);
 	pthread_mutex_lock(&o->lock);
-	r = objects_store(o, err, errlen);
+	r = objects_get(o, &ks, err, errlen);
 	pthread_mutex_unlock(&o->lock);
-	return r < 0 ? r : store_list(o->st, url, fn, arg, err, errlen);
+	if (r < 0)
+		return r;
+	r = store_list(ks->st, url, fn, arg, err, errlen);
+	if (r < 0)
+		objects_error(o, ks, r, err, errlen);
+	objects_put(o, ks);
+	return r;
 }
 
 int source_open_path(const struct source *src, const char *path, struct stat *st, char *err, size_t errlen)
 {
 	struct source_objects *o = src ? src->objs : NULL;
+	struct keyed_store *ks = NULL;
 	struct obj *ob;
 	int fd, r = 0;
 
@@ -388,10 +611,15 @@ int source_open_path(const struct source *src, const char *path, struct stat *st
 	ob = objects_find(o, path, true);
 	if (!ob)
 		r = errfmt(-ENOMEM, err, errlen, "out of memory");
-	else if (ob->fd < 0 && (r = objects_store(o, err, errlen)) == 0 &&
-		 (r = store_head(o->st, path, &ob->head, err, errlen)) == 0)
+	else if (ob->fd < 0 && (r = objects_get(o, &ks, err, errlen)) == 0 &&
+		 (r = store_head(ks->st, path, &ob->head, err, errlen)) == 0)
 		/* one at a time: a kind that did not fetch its objects ahead */
-		r = objcache_open(o->st, path, &ob->head, &ob->fd, &ob->pin, err, errlen);
+		r = objcache_open(ks->st, path, &ob->head, &ob->fd, &ob->pin, err, errlen);
+	if (ks && r < 0)
+		objects_error(o, ks, r, err, errlen);
+	/* under o->lock still: objects_put() takes it */
+	if (ks)
+		ks->users--;
 	fd = r == 0 ? dup(ob->fd) : -1;
 	pthread_mutex_unlock(&o->lock);
 	if (r < 0)

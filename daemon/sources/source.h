@@ -165,16 +165,38 @@ json_t *source_object_cache_json(void);
 
 /*
  * The creator's object-store credentials, sent by its client with the
- * create: kept in its spec (spec->keys), in memory only, for its source's
- * requests, never shown nor logged; spec_free() drops them. Empty strings
- * where the client has none. -EINVAL for an endpoint that is not
- * http(s)://HOST[:PORT] or a key id without its secret.
+ * create and maybe handed afresh later (SetStore): kept in its spec
+ * (spec->keys), in memory only, for its source's requests, never shown nor
+ * logged; spec_free() drops them. A refcounted, immutable object:
+ *
+ * source_keys_new(): from the client's strings (empty where it has none)
+ * and @expires (Unix seconds, UTC; 0 not known). -EINVAL for an endpoint
+ * that is not http(s)://HOST[:PORT] or a key id without its secret.
+ * spec_set_store_keys(): gives @k (its reference) to a spec being created.
+ * spec_swap_store_keys(): gives @k to a live pipeline's spec in place of
+ * its keys: the requests that start after it use @k, those in flight finish
+ * with the old keys, which are wiped when the last of them is done. -EINVAL
+ * (@k not taken) when the spec has no keys (names no object) or @k names
+ * another endpoint or region.
+ * source_keys_take()/source_keys_put(): a reference to a spec's current
+ * keys (NULL: none) for a request, and its release (the last wipes them).
+ * source_keys_explain(): appends to @err, for a refusal (-EACCES) by keys
+ * past their known expiry, "the credentials of pipeline 'P' expired at
+ * <UTC>; hand it fresh ones with ..."; returns @r.
  * spec_store_json(): status's "store" of a pipeline (endpoint, region, the
- * key id's last 4 characters), NULL without keys.
+ * key id's last 4 characters, the expiry), NULL without keys.
  */
 struct source_keys;
-int spec_set_store_keys(struct spec *spec, const char *access_key, const char *secret_key,
-			const char *session_token, const char *region, const char *endpoint, char *err,
-			size_t errlen);
+int source_keys_new(struct source_keys **out, const char *access_key, const char *secret_key,
+		    const char *session_token, const char *region, const char *endpoint, int64_t expires,
+		    char *err, size_t errlen);
+void spec_set_store_keys(struct spec *spec, struct source_keys *k);
+int spec_swap_store_keys(struct spec *spec, struct source_keys *k, char *err, size_t errlen);
+struct source_keys *source_keys_take(const struct spec *spec);
+void source_keys_put(struct source_keys *k);
+int source_keys_explain(const struct source_keys *k, const char *pipeline, int r, char *err, size_t errlen);
+/* After spec_swap_store_keys(): @src lets go of the store of the old keys
+ * now (wiping them), or when the requests that use it are done; never
+ * waits (a source busy under its lock does it at its next request). */
+void source_objects_rekeyed(struct source *src);
 json_t *spec_store_json(const struct spec *spec);
-void source_keys_free(struct source_keys *k);

@@ -511,7 +511,7 @@ struct spec *spec_free(struct spec *spec)
 	json_decref(spec->source.py);
 	json_decref(spec->source.mg);
 	json_decref(spec->json);
-	source_keys_free(spec->keys);
+	source_keys_put(spec->keys);
 	free(spec);
 	return NULL;
 }

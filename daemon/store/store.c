@@ -455,7 +455,8 @@ static int answer_error(struct req *r, char *msg, size_t cap)
 	if (!strcmp(code, "NoSuchKey") || !strcmp(code, "NoSuchBucket") || r->status == 404)
 		e = -ENOENT;
 	else if (!strcmp(code, "AccessDenied") || !strcmp(code, "InvalidAccessKeyId") ||
-		 !strcmp(code, "SignatureDoesNotMatch") || r->status == 403 || r->status == 401)
+		 !strcmp(code, "SignatureDoesNotMatch") || !strcmp(code, "ExpiredToken") ||
+		 !strcmp(code, "InvalidToken") || r->status == 403 || r->status == 401)
 		e = -EACCES;
 	else if (r->status == 412)
 		e = -ESTALE;

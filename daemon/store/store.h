@@ -75,7 +75,7 @@ struct store_object {
  * store_head() - the size and ETag of @url
  *
  * Return: 0; -ENOENT (NoSuchKey, NoSuchBucket), -EACCES (AccessDenied,
- * InvalidAccessKeyId, SignatureDoesNotMatch), -EINVAL (a bad URL), -EIO
+ * InvalidAccessKeyId, SignatureDoesNotMatch, ExpiredToken, InvalidToken), -EINVAL (a bad URL), -EIO
  * (the store failed, retries spent), -ETIMEDOUT (stalled), each with a
  * message that names @url.
  */

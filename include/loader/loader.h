@@ -319,6 +319,40 @@ LDR_EXPORT int ldr_create_pipeline(struct ldr_client *client, const char *spec_j
  */
 LDR_EXPORT int ldr_create_pipeline_of(struct ldr_client *client, const char *spec_json,
                                       uint32_t owner_uid, char *name_out, size_t name_size);
+/**
+ * struct ldr_store_opts - what ldr_set_store() hands a pipeline
+ *
+ * Versioned as struct ldr_attach_opts: @c size is sizeof as the caller knows
+ * it, or 0 (this layout); fields added later go at the end.
+ */
+struct ldr_store_opts {
+	size_t size;                   /**< sizeof(struct ldr_store_opts), or 0 */
+	/** Hand them only when they differ from the keys this client last sent
+	 * for the pipeline (its create or an earlier ldr_set_store()): 0 is
+	 * returned, nothing sent, when they are the same. */
+	int if_changed;
+	/** The keys to hand; NULL: this process's, read as a create reads them
+	 * (environment, then the profile's files; docs/storage.md). The region
+	 * and endpoint are always this process's and must be the pipeline's. */
+	const char *access_key_id;
+	const char *secret_access_key;
+	const char *session_token;     /**< NULL or "": none */
+	int64_t expires;               /**< with explicit keys: their expiry, Unix seconds UTC; 0 unknown */
+};
+
+/**
+ * ldr_set_store() - fresh object-store credentials for a running pipeline
+ * @param opts NULL: this process's credentials, always sent
+ *
+ * Only a client of the pipeline's owner uid, or root, may (-EPERM naming
+ * the owner; docs/security.md). The daemon's requests for the pipeline that
+ * start after the reply use them; those in flight finish with the old keys,
+ * which it then wipes. -EINVAL when the pipeline reads no store, or the
+ * endpoint or region differ from its own.
+ * Return: 1 handed, 0 not sent (@c if_changed and the same keys), or a
+ * negative error.
+ */
+LDR_EXPORT int ldr_set_store(struct ldr_client *client, const char *pipeline, const struct ldr_store_opts *opts);
 /** Drop a pipeline; @p force drops it even while clients are attached. */
 LDR_EXPORT int ldr_drop_pipeline(struct ldr_client *client, const char *name, int force);
 /** The daemon's status as one JSON object; free *json_out with ldr_free(). */

@@ -106,16 +106,37 @@ class S3Server:
         os.makedirs(os.path.join(self.dir, "data"), exist_ok=True)
         self.proc = None
         self.log_path = os.path.join(self.dir, "weed.log")
+        # this server's keys: IDENTITIES until rekey() rotates one
+        self.identities = dict(IDENTITIES)
+        self.args = None
 
-    def start(self, tries=3):
-        weed = weed_binary()
+    def _write_config(self):
         cfg = {"identities": [
             {"name": name, "credentials": [{"accessKey": ak, "secretKey": sk}],
              "actions": [a + (f":{bucket}" if bucket else "")
                          for a in ("Read", "List", "Write", "Tagging")] + ([] if bucket else ["Admin"])}
-            for name, (ak, sk, bucket) in IDENTITIES.items()]}
+            for name, (ak, sk, bucket) in self.identities.items()]}
         with open(os.path.join(self.dir, "s3.json"), "w") as f:
             json.dump(cfg, f)
+
+    def rekey(self, who, access_key, secret_key):
+        """Rotate @who's key pair for real: the old one stops working. weed
+        reads s3.json at start only, so it is rewritten and weed started
+        again on the same directory and ports (objects kept)."""
+        self.identities[who] = (access_key, secret_key, self.identities[who][2])
+        self._write_config()
+        self.stop()
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=self.dir,
+                                     preexec_fn=_die_with_parent)
+        log.close()
+        if not self._wait_ready(int(self.endpoint.rsplit(":", 1)[1])):
+            raise RuntimeError("weed mini did not come back after rekey()")
+
+    def start(self, tries=3):
+        weed = weed_binary()
+        self._write_config()
         for attempt in range(tries):
             # every port weed opens, gRPC ones included, is chosen here: two
             # suites on one machine must not meet on a default port
@@ -130,6 +151,7 @@ class S3Server:
                     f"-admin.port.grpc={adming}", "-admin.ui=false", "-webdav=false",
                     "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
                     "-bucket=" + ",".join(b for _, _, b in IDENTITIES.values() if b)]
+            self.args = args
             log = open(self.log_path, "ab")
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=self.dir,
@@ -151,7 +173,7 @@ class S3Server:
             if self.proc.poll() is not None:
                 return False
             try:
-                status, _, _ = alice.request("GET", IDENTITIES["alice"][2], "",
+                status, _, _ = alice.request("GET", self.identities["alice"][2], "",
                                              query={"list-type": "2", "max-keys": "1"})
                 if status == 200:
                     return True
@@ -161,7 +183,7 @@ class S3Server:
         return False
 
     def client(self, who, endpoint=None):
-        ak, sk, _ = IDENTITIES[who]
+        ak, sk, _ = self.identities[who]
         return S3Client(endpoint or self.endpoint, ak, sk)
 
     def stop(self):

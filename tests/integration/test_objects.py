@@ -119,7 +119,7 @@ def test_webdataset_over_s3_equals_local(daemon, workdir, s3):
         text = json.dumps(ld.status())
         assert ld.pipeline("remote")["store"] == {
             "endpoint": proxy.endpoint, "region": "us-east-1", "access_key_id": ak[-4:],
-            "session_token": False}
+            "session_token": False, "expires": None, "expired": False, "credentials_updates": 0}
         for secret in (sk, ak, ak[:-4]):
             assert secret not in text
             assert secret not in ld.log()

@@ -112,6 +112,23 @@ class ldr_attach_opts(ctypes.Structure):
             self.size = ctypes.sizeof(ldr_attach_opts)
 
 
+class ldr_store_opts(ctypes.Structure):
+    """struct ldr_store_opts (ldr_set_store()); ``size`` set to its sizeof."""
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("if_changed", ctypes.c_int),
+        ("access_key_id", ctypes.c_char_p),
+        ("secret_access_key", ctypes.c_char_p),
+        ("session_token", ctypes.c_char_p),
+        ("expires", ctypes.c_int64),
+    ]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.size:
+            self.size = ctypes.sizeof(ldr_store_opts)
+
+
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 
@@ -129,6 +146,7 @@ _SIGNATURES = {
                                            ctypes.c_char_p, ctypes.c_size_t]),
     "ldr_create_pipeline_of": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_uint32,
                                               ctypes.c_char_p, ctypes.c_size_t]),
+    "ldr_set_store": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ldr_store_opts)]),
     "ldr_drop_pipeline": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int]),
     "ldr_status_json": (ctypes.c_int, [_P, _PP]),
     "ldr_pipelines_json": (ctypes.c_int, [_P, _PP]),

@@ -741,6 +741,37 @@ def _state_position(state, batches_per_epoch=None):
 
 # ------------------------------------------------------------------- client
 
+def _set_store(client, name, if_changed=False, access_key_id=None, secret_access_key=None,
+               session_token=None, expires=None):
+    """ldr_set_store() on a _Client: True handed, False the same keys."""
+    if (access_key_id is None) != (secret_access_key is None):
+        raise ValueError("set_store: access_key_id and secret_access_key, both or neither")
+    if hasattr(expires, "timestamp"):
+        expires = expires.timestamp()
+    opts = _lib.ldr_store_opts(
+        if_changed=1 if if_changed else 0,
+        access_key_id=access_key_id.encode() if access_key_id is not None else None,
+        secret_access_key=secret_access_key.encode() if secret_access_key is not None else None,
+        session_token=session_token.encode() if session_token else None,
+        expires=int(expires or 0))
+    client.check()
+    r = _lib.lib().ldr_set_store(client.ptr, name.encode(), ctypes.byref(opts))
+    if r < 0:
+        raise _err(r, f"set_store {name!r}")
+    return r == 1
+
+
+# Codes of a store's refusal of a pipeline's keys (docs/storage.md): what
+# the DataLoader hands fresh credentials for.
+_KEYS_REFUSED = ("ExpiredToken", "InvalidToken", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                 "AccessDenied", "token has expired")
+
+
+def _keys_refused(code, message):
+    """A read that failed because the store refused the pipeline's keys."""
+    return code in (-errno.EACCES, -errno.EIO) and any(w in (message or "") for w in _KEYS_REFUSED)
+
+
 class Client:
     """An admin connection to the daemon: create, drop, list, status.
 
@@ -777,6 +808,18 @@ class Client:
         if r < 0:
             raise _err(r, "create")
         return name.value.decode(), r == 1
+
+    def set_store(self, name, if_changed=False, access_key_id=None, secret_access_key=None,
+                  session_token=None, expires=None):
+        """Hand pipeline ``name`` fresh object-store credentials without
+        creating it again (docs/storage.md, "Fresh credentials"): this
+        process's, read as a create reads them (AWS_* environment, the
+        ~/.aws files), or the keys given. ``expires``: their expiry, Unix
+        seconds or a datetime (with given keys). ``if_changed``: hand them
+        only when they differ from the keys this client last sent for it.
+        Only the pipeline's owner (or root) may. Returns True when handed."""
+        return _set_store(self._c, name, if_changed, access_key_id, secret_access_key,
+                          session_token, expires)
 
     def drop_pipeline(self, name, force=False):
         r = _lib.lib().ldr_drop_pipeline(self._ptr(), name.encode(), 1 if force else 0)
@@ -1472,10 +1515,23 @@ class DataLoader:
 
     # ------------------------------------------------------------- batches
 
+    def refresh_credentials(self):
+        """Hand the pipeline this process's object-store credentials when
+        they differ from those this loader last sent (its create, an
+        earlier refresh): what the loader does by itself when a read fails
+        because the store refused its keys (docs/storage.md). True when
+        handed; False when the same, or when they cannot be handed (another
+        user's pipeline, none from a store)."""
+        try:
+            return _set_store(self._client, self.pipeline, if_changed=True)
+        except Error:
+            return False
+
     def _next_raw(self):
         """The next batch of the stream, or None at its end."""
         att = self._att
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        refreshed = False
         while True:
             # the trainer at its share: keep the oldest batches it holds (the
             # fields still alive) so that the stream goes on
@@ -1505,6 +1561,10 @@ class DataLoader:
                 code, epoch, index = att.failed()
                 msg = _lib.lib().ldr_client_error(None)
                 msg = msg.decode("utf-8", "replace") if msg else ""
+                if _keys_refused(code, msg):
+                    # later reads use fresh keys; this position's failure
+                    # is not skipped silently (docs/storage.md)
+                    self.refresh_credentials()
                 # a dead worker is a RuntimeError (WorkerError), as torch's;
                 # else the code is the worker's word, no cause of ours
                 e = (from_code if code == -errno.ECHILD else Error)(code, msg, "next")
@@ -1522,6 +1582,11 @@ class DataLoader:
                             "clone() the tensors you store, or raise the spec's 'prefetch'",
                             "next")
             e = _err(r, "next")
+            if not refreshed and _keys_refused(e.code, e.message) and self.refresh_credentials():
+                # the store refused the keys and this process has others
+                # now: handed, and that read tried once more
+                refreshed = True
+                continue
             # the Dataset's own exception type only for this trainer's own
             # Dataset: an error text of another user's pipeline picks no class
             raise (dataset_error(e) if self._own_code else e)

@@ -112,6 +112,94 @@ static void test_bad_files(void)
 	assert(!strcmp(err, "F: [a]: longer than 63 bytes"));
 }
 
+/* AWS_CREDENTIAL_EXPIRATION: botocore's expiry of the environment's keys */
+static void test_expiration(void)
+{
+	struct awscreds c;
+	char err[256];
+	int64_t t;
+	const char *env[] = { "AWS_ACCESS_KEY_ID=EK", "AWS_SECRET_ACCESS_KEY=ES",
+			      "AWS_CREDENTIAL_EXPIRATION=2026-12-06T13:00:00Z", NULL };
+	const char *bad[] = { "AWS_ACCESS_KEY_ID=EK", "AWS_SECRET_ACCESS_KEY=ES",
+			      "AWS_CREDENTIAL_EXPIRATION=tomorrow", NULL };
+	const char *profile[] = { "AWS_PROFILE=dev", "AWS_CREDENTIAL_EXPIRATION=2026-12-06T13:00:00Z", NULL };
+
+	assert(load(&c, env, err) == 0 && c.expires == 1796562000);
+	assert(awscreds_time("1970-01-01T00:00:00Z", &t) == 0 && t == 0);
+	assert(awscreds_time("2000-03-01T00:00:00.123456+00:00", &t) == 0 && t == 951868800);
+	assert(awscreds_time("2026-12-06T15:30:00+02:30", &t) == 0 && t == 1796562000);
+	assert(awscreds_time("2026-12-06T10:00:00-03:00", &t) == 0 && t == 1796562000);
+	assert(awscreds_time("2024-02-29T12:00:00Z", &t) == 0 && t == 1709208000);
+	assert(awscreds_time("2026-12-06 13:00:00Z", &t) == -EINVAL);
+	assert(awscreds_time("2026-12-06T13:00:00", &t) == -EINVAL);
+	assert(awscreds_time("2026-13-06T13:00:00Z", &t) == -EINVAL);
+	assert(awscreds_time("2026-12-06T13:00:00Zx", &t) == -EINVAL);
+	assert(load(&c, bad, err) == -EINVAL);
+	assert(!strcmp(err, "AWS_CREDENTIAL_EXPIRATION: 'tomorrow' is not an ISO 8601 time (2026-12-06T13:00:00Z)"));
+	/* the variable goes with the environment's keys only */
+	assert(load(&c, profile, err) == 0 && !strcmp(c.access_key, "VK") && c.expires == 0);
+}
+
+/* credential_process: a command of the profile that prints the keys */
+static void test_process(void)
+{
+	struct awscreds c;
+	char err[256], cfg[256];
+	const char *env[] = { cfg, "AWS_PROFILE=proc", NULL };
+	const char *fail[] = { cfg, "AWS_PROFILE=fails", NULL };
+	const char *junk[] = { cfg, "AWS_PROFILE=junk", NULL };
+	const char *keys[] = { cfg, "AWS_PROFILE=keys", NULL };
+
+	snprintf(cfg, sizeof cfg, "AWS_CONFIG_FILE=%s/proc-config", home);
+	write_file("proc-config",
+		   "[profile proc]\n"
+		   "credential_process = printf '{\"Version\": 1, \"AccessKeyId\": \"PA\", "
+		   "\"SecretAccessKey\": \"P\\\\u0053\", \"SessionToken\": \"PT\", "
+		   "\"Expiration\": \"2026-12-06T13:00:00Z\"}'\n"
+		   "region = r-proc\n"
+		   "[profile fails]\n"
+		   "credential_process = exit 3\n"
+		   "[profile junk]\n"
+		   "credential_process = echo nope\n"
+		   "[profile keys]\n"
+		   "aws_access_key_id = SK\n"
+		   "aws_secret_access_key = SS\n"
+		   "credential_process = exit 3\n");
+	assert(load(&c, env, err) == 0);
+	assert(!strcmp(c.access_key, "PA") && !strcmp(c.secret_key, "PS") && !strcmp(c.session_token, "PT"));
+	assert(c.expires == 1796562000 && !strcmp(c.region, "r-proc"));
+	assert(load(&c, fail, err) == -EIO);
+	assert(strstr(err, "credential_process of [profile fails] in "));
+	assert(strstr(err, "(exit 3): exited with status 3"));
+	assert(load(&c, junk, err) == -EINVAL && strstr(err, "(echo nope): its output is not a JSON object"));
+	/* static keys win over the command, which is not run */
+	assert(load(&c, keys, err) == 0 && !strcmp(c.access_key, "SK"));
+
+	memset(&c, 0, sizeof c);
+	assert(awscreds_process_json(&c, "{\"Version\":1,\"AccessKeyId\":\"A\"}", "P", err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "P: no \"SecretAccessKey\""));
+	memset(&c, 0, sizeof c);
+	assert(awscreds_process_json(&c, "{\"Version\":1,\"AccessKeyId\":\"\",\"SecretAccessKey\":\"S\"}", "P", err,
+				     sizeof err) == -EINVAL && !strcmp(err, "P: no \"AccessKeyId\""));
+	memset(&c, 0, sizeof c);
+	assert(awscreds_process_json(&c, "{\"Version\":2}", "P", err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "P: \"Version\": not 1 (the only version there is)"));
+	memset(&c, 0, sizeof c);
+	assert(awscreds_process_json(&c, "{\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"S\"}", "P", err,
+				     sizeof err) == -EINVAL && !strcmp(err, "P: no \"Version\": 1"));
+	memset(&c, 0, sizeof c);
+	assert(awscreds_process_json(&c, "{\"Version\":1,\"AccessKeyId\":\"A\",\"SecretAccessKey\":\"S\","
+				     "\"Expiration\":\"soon\"}", "P", err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "P: \"Expiration\": 'soon' is not an ISO 8601 time"));
+	memset(&c, 0, sizeof c);
+	assert(awscreds_process_json(&c, " {\"Version\" : 1 , \"AccessKeyId\":\"A\",\"SecretAccessKey\":\"S\"} x",
+				     "P", err, sizeof err) == -EINVAL && !strcmp(err, "P: more after its JSON object"));
+	memset(&c, 0, sizeof c);
+	assert(awscreds_process_json(&c, "{\"Version\":1,\"AccessKeyId\":\"A\\u00e9\",\"SecretAccessKey\":\"S\"}\n",
+				     "P", err, sizeof err) == 0);
+	assert(!strcmp(c.access_key, "A\xc3\xa9") && c.expires == 0);
+}
+
 int main(void)
 {
 	char dir[128];
@@ -147,6 +235,8 @@ int main(void)
 	test_env_wins();
 	test_profiles();
 	test_bad_files();
+	test_expiration();
+	test_process();
 	{
 		char cmd[200];
 

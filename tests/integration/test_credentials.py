@@ -1,0 +1,157 @@
+# SPDX-License-Identifier: MIT
+"""Fresh object-store credentials for a running pipeline (docs/storage.md,
+"Fresh credentials"), against the real S3 server of s3server.py.
+
+alice's key is rotated for real in the server (the old pair stops working)
+while a trainer of hers reads three pipelines over her bucket; she hands the
+new pair to each in one of the three ways (loaderctl credentials, which is
+the C call ldr_set_store(); loaderd.Client.set_store(); the DataLoader's own
+refresh), and every stream goes on with exactly the batches of the same spec
+over local files. Her keys' expiry (AWS_CREDENTIAL_EXPIRATION) is shown in
+status and named in a refusal past it. bob (a real Unix user) may neither
+replace her keys nor read them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import s3server
+from ldrtest import python_client_env
+from s3server import IDENTITIES, aws_env
+from test_objects import BUCKET, create, shards, wds
+from users import open_to_all, shared_config
+from users import users  # noqa: F401 (a fixture)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NEW_AK, NEW_SK = "LDRALICEKEY000000099", "alice-secret-rotated-42"
+PAST, FUTURE = "2021-01-01T00:00:00Z", "2099-01-01T00:00:00Z"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    srv, d = s3server.make_server()
+    yield srv
+    s3server.stop_server(srv, d)
+
+
+def wait_file(path, proc, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.01)
+
+
+def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
+    alice_u, bob_u = users
+    open_to_all(workdir)
+    local, url, _ = shards(workdir, s3, "cred/a", per_class=4)
+    ld = daemon("--cache-dir", os.path.join(workdir, "cache"), "--config", shared_config(workdir))
+    ld.create(wds("local", local, access="all"))
+
+    def spec_file(spec):
+        p = ld.spec_file(spec)
+        os.chmod(p, 0o644)
+        return p
+
+    def ctl_as(user, *args, env=None):
+        return user.run(ld.ctl_cmd(*args), env=env)
+
+    # alice's trainer environment: her keys, which she was told expire at PAST
+    old_env = aws_env(s3.endpoint, "alice", AWS_CREDENTIAL_EXPIRATION=PAST)
+    for p in ("p1", "p2", "p3"):
+        r = ctl_as(alice_u, "create", "--spec", spec_file(wds(p, url)), env=old_env)
+        assert r.returncode == 0, r.stderr
+    ak, sk, _ = IDENTITIES["alice"]
+    store = {"endpoint": s3.endpoint, "region": "us-east-1", "access_key_id": ak[-4:],
+             "session_token": False, "expires": PAST, "expired": True, "credentials_updates": 0}
+    assert ld.pipeline("p1")["store"] == store
+
+    out = os.path.join(workdir, "trainer")
+    os.mkdir(out)
+    os.chown(out, alice_u.uid, alice_u.gid)
+    env = python_client_env(HERE, base=old_env)
+    trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "creds_trainer.py"), ld.socket, out,
+                                "local", "p1", "p2", "p3"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, **alice_u.popen_kwargs(env=env))
+    try:
+        wait_file(os.path.join(out, "paused"), trainer)
+        # the store rotates alice's key: the old pair is refused from now on
+        s3.rekey("alice", NEW_AK, NEW_SK)
+        # a request with it says what the store said, and that her keys
+        # expired when she was told they would
+        r = ctl_as(alice_u, "create", "--spec", spec_file(wds("p4", url)), env=old_env)
+        refused = (f"s3://{BUCKET}/cred/a-000.tar: InvalidAccessKeyId: The access key ID you provided "
+                   "does not exist in our records. (HTTP 403)")
+        assert r.returncode != 0
+        assert r.stderr == (
+            f"loaderctl: create: {refused}: the credentials of pipeline 'p4' expired at {PAST} (renew "
+            "them: a create sends the process's current ones; a running pipeline takes fresh ones "
+            "from `loaderctl credentials p4`, ldr_set_store() or loaderd.Client.set_store(); "
+            "docs/storage.md)\n"), r.stderr
+        # without an expiry known: the store's words alone
+        r = ctl_as(alice_u, "create", "--spec", spec_file(wds("p4", url)),
+                   env=aws_env(s3.endpoint, "alice"))
+        assert r.returncode != 0 and r.stderr == f"loaderctl: create: {refused}\n", r.stderr
+
+        new_env = aws_env(s3.endpoint, "alice", AWS_ACCESS_KEY_ID=NEW_AK, AWS_SECRET_ACCESS_KEY=NEW_SK,
+                          AWS_CREDENTIAL_EXPIRATION=FUTURE)
+        # bob may not hand alice's pipeline his keys (nor any), and never
+        # sees hers: status has their last 4 characters only
+        r = ctl_as(bob_u, "credentials", "p1", env=aws_env(s3.endpoint, "bob"))
+        assert r.returncode != 0
+        assert r.stderr == ("loaderctl: credentials: pipeline 'p1' belongs to ldr-alice (uid 1001), "
+                            "access owner: only its owner (or root) may hand it credentials\n"), r.stderr
+        r = ctl_as(bob_u, "credentials", "p1", env=new_env)
+        assert r.returncode != 0 and "only its owner (or root)" in r.stderr, r.stderr
+        st = json.loads(bob_u.run(ld.ctl_cmd("status", json_out=True)).stdout)
+        # (her pipeline is "access": "owner": bob is not shown its store at all)
+        assert [p.get("store") for p in st["pipelines"] if p["name"] == "p1"] == [None]
+        assert ld.pipeline("p1")["store"] == store
+        text = json.dumps(st)
+        for secret in (sk, NEW_SK, ak[:-4], NEW_AK[:-4]):
+            assert secret not in text and secret not in ld.log()
+        # fresh keys are for the pipeline's own store
+        r = ctl_as(alice_u, "credentials", "p1", env=dict(new_env, AWS_ENDPOINT_URL="http://127.0.0.1:1"))
+        assert r.returncode != 0
+        assert r.stderr == (f"loaderctl: credentials: pipeline 'p1' reads the store at {s3.endpoint}, not "
+                            "http://127.0.0.1:1: fresh credentials are for the same endpoint\n"), r.stderr
+        r = ctl_as(alice_u, "credentials", "local", env=new_env)
+        assert r.returncode != 0 and "belongs to root" in r.stderr, r.stderr
+        r = ld.ctl("credentials", "local", env=new_env, check=False)
+        assert r.returncode != 0
+        assert r.stderr == ("loaderctl: credentials: pipeline 'local' reads no object store (no s3:// or "
+                            "http(s):// path): it has no credentials to replace\n"), r.stderr
+        # the first way: loaderctl (ldr_set_store())
+        r = ctl_as(alice_u, "credentials", "p1", env=new_env)
+        assert (r.returncode, r.stdout) == (0, "handed fresh credentials to pipeline p1\n"), r.stderr
+        fresh = dict(store, access_key_id=NEW_AK[-4:], expires=FUTURE, expired=False, credentials_updates=1)
+        assert ld.pipeline("p1")["store"] == fresh
+        assert ld.pipeline("p2")["store"] == store
+        # the other two: the trainer's Client and DataLoader
+        with open(os.path.join(out, "go.tmp"), "w") as f:
+            json.dump({"access_key_id": NEW_AK, "secret_access_key": NEW_SK, "expires": FUTURE}, f)
+        os.rename(os.path.join(out, "go.tmp"), os.path.join(out, "go"))
+        so, se = trainer.communicate(timeout=60)
+        assert trainer.returncode == 0, se
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.communicate()
+    with open(os.path.join(out, "result")) as f:
+        res = json.load(f)
+    # every stream went on, nothing lost or repeated
+    assert res["want"] == 3
+    assert res["batches"] == {"p1": 3, "p2": 3, "p3": 3}
+    assert res["equal"] == {"p1": True, "p2": True, "p3": True}
+    assert res["handed"] == {"client": [True, False], "dataloader": [1, False]}
+    assert res["store"] == {"p1": fresh, "p2": fresh, "p3": fresh}
+    # the new pair is alice's in the store now: a create with it works
+    r = ctl_as(alice_u, "create", "--spec", spec_file(wds("p5", url)), env=new_env)
+    assert r.returncode == 0, r.stderr
+    assert ld.pipeline("p5")["store"] == dict(fresh, credentials_updates=0)
