@@ -69,8 +69,9 @@ Bytes from the store: every reader talks to the server through a counting
 TCP proxy of its own (this script's), which counts the bytes the server sent
 (HTTP heads included); "x corpus" is that over the bytes of the format's
 objects in the bucket: 1.0 means every object fetched once for the node.
-"objects" is how many data objects (shards, chunks) were fetched, "max GETs"
-the most GETs of one of them (its index files left out; ranged GETs count).
+"objects" is how many data objects (shards, chunks) were fetched whole, "max
+GETs" the most whole GETs of one of them (index files left out), "ranged" the
+GETs of a byte range (of any object).
 
 Ratios printed at the end, against the targets of issue 28: loaderd-s3's
 epoch 1 within 10 % of loaderd-local's, epoch 2 equal (within 5 %: the noise
@@ -226,19 +227,22 @@ def trainer(a):
 
 # ------------------------------------------------------------ the proxy
 
-REQUEST = re.compile(rb"(?:^|\n)GET (/[^ ?]*)\S* HTTP/1\.1\r\n")
+REQUEST = re.compile(rb"(?:^|\n)GET (/[^ ?]*)\S* HTTP/1\.1\r\n(.*?)\r\n\r\n", re.S)
+RANGE = re.compile(rb"(?:^|\n)range:", re.I)
 
 
 class CountingProxy:
     """A TCP relay on a free loopback port to @target; .down counts the bytes
-    the server sent to every client (heads and bodies), .gets the GETs of
-    each path (from the request lines the clients sent: GETs carry no body,
-    and a request line split between two reads is rare enough to ignore)."""
+    the server sent to every client (heads and bodies), .gets the whole GETs
+    of each path and .ranged its GETs of a range (from the request heads the
+    clients sent: GETs carry no body, and a head split between two reads is
+    rare enough to ignore)."""
 
     def __init__(self, target):
         self.target = target
         self.down = 0
         self.gets = collections.Counter()
+        self.ranged = collections.Counter()
         self.lock = threading.Lock()
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
@@ -273,7 +277,9 @@ class CountingProxy:
                     if count:
                         self.down += n
                     else:
-                        self.gets.update(bytes(m.group(1)) for m in REQUEST.finditer(buf, 0, n))
+                        for m in REQUEST.finditer(buf, 0, n):
+                            which = self.ranged if RANGE.search(m.group(2)) else self.gets
+                            which[bytes(m.group(1))] += 1
         except OSError:
             pass
         finally:
@@ -470,6 +476,7 @@ def run_scenario(a, system, k, ctx):
     data = [n for path, n in proxy.gets.items() if not path.endswith((b".json", b"/"))]
     r["objects_got"] = len(data)
     r["most_gets_of_one"] = max(data, default=0)
+    r["ranged_gets"] = sum(proxy.ranged.values())
     r["x_corpus"] = round(fetched[-1] / corpus, 3) if corpus else None
     if oc:
         r["object_cache"] = {key: oc[key] for key in ("misses", "hits", "bytes_fetched")}
@@ -510,7 +517,7 @@ def fmt_row(r):
     xc = "-" if r["x_corpus"] is None else f"{r['x_corpus']:.2f}"
     return (f"{r['system']:14} {r['k']:2d}  {e1['img_per_s']:9.1f}  {e2['img_per_s']:9.1f}  "
             f"{r['bytes_fetched'] / 2**20:11.1f}  {xc:>8}  {r['objects_got']:7d}  "
-            f"{r['most_gets_of_one']:8d}  {e1['images']:6d}")
+            f"{r['most_gets_of_one']:8d}  {r['ranged_gets']:6d}  {e1['images']:6d}")
 
 
 def verdicts(results):
@@ -614,7 +621,7 @@ def main():
         for peer, why in notes.items():
             print(f"# {peer} skipped: {why}")
         print("system          K  e1 img/s   e2 img/s  MiB fetched  x corpus  objects  "
-              "max GETs  images")
+              "max GETs  ranged  images")
         results = []
         for k in ks:
             for system in systems:
