@@ -190,7 +190,6 @@ def make_litdata(a, cache):
 
 
 def make_loaderd(a, cache):
-    sys.path.insert(0, os.path.join(REPO, "client", "python"))
     import loaderd
     with open(a.spec) as f:
         spec = json.load(f)
@@ -206,6 +205,11 @@ def trainer(a):
         import torch.distributed as dist
         dist.init_process_group("gloo", rank=a.rank, world_size=a.world)
     make = {"mosaic": make_mosaic, "litdata": make_litdata}.get(a.system, make_loaderd)
+    # the imports before the start, as a trainer has them before its loop
+    sys.path.insert(0, os.path.join(REPO, "client", "python"))
+    for mod in ({"mosaic": "streaming", "litdata": "litdata"}.get(a.system, "loaderd"),
+                "PIL.Image", "numpy"):
+        importlib.import_module(mod)
     print("ready", flush=True)
     sys.stdin.readline()  # go
     t0 = time.time()
