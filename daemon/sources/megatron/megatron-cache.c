@@ -9,7 +9,7 @@
  * collision or another version's file reads as a miss. Layout, native
  * endianness:
  *
- *   "LDRMGIX1" | u64 key length | key | u64 ndoc, nsamples, epochs |
+ *   "LDRMGIX2" | u64 key length | key (padded to 8) | u64 ndoc, nsamples, epochs |
  *   i32 doc[ndoc] (padded to 8) | i64 sample[2 (nsamples + 1)] |
  *   i64 shuffle[nsamples] | u64 checksum of the three arrays | "LDRMGEND"
  *
@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -38,7 +39,7 @@
 #include "megatron.h"
 #include "sources/source.h"
 
-#define MAGIC "LDRMGIX1"
+#define MAGIC "LDRMGIX2"
 #define TRAILER "LDRMGEND"
 
 static uint64_t fnv1a(const char *s)
@@ -72,6 +73,11 @@ static uint64_t checksum(const struct mg_index *ix)
 	h = mix(h, ix->doc, ix->ndoc * 4);
 	h = mix(h, ix->sample, (ix->nsamples + 1) * 16);
 	return mix(h, ix->shuffle, ix->nsamples * 8);
+}
+
+static size_t pad8(size_t n)
+{
+	return (n + 7) & ~(size_t)7;
 }
 
 static size_t doc_bytes(uint64_t ndoc)
@@ -147,58 +153,58 @@ static bool index_sane(const struct mg_index *ix, const struct mg_params *p)
 	return true;
 }
 
-/* 0: loaded; -ENOENT: no file; another negative errno: unusable. */
+/*
+ * 0: loaded; -ENOENT: no file; another negative errno: unusable. The file
+ * is mapped, not copied (read-only, its pages the page cache's: no copy,
+ * no page to clear): cache files are never written in place, only
+ * replaced by a rename, which leaves a mapped one as it was.
+ */
 static int load(struct mg_index *ix, const char *path, const char *key,
 		const struct mg_params *p)
 {
 	size_t klen = strlen(key);
-	uint64_t hdr[4], off, want, sum;
-	char *k = NULL, tail[8];
+	uint64_t hdr[2], off = 16 + pad8(klen) + 24, want, sum;
+	const char *m;
 	struct stat st;
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW), r = -EINVAL;
 
 	memset(ix, 0, sizeof(*ix));
 	if (fd < 0)
 		return errno == ENOENT ? -ENOENT : -errno;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+	    (uint64_t)st.st_size < off + 16 || read_all(fd, hdr, 16, 0) < 0 ||
+	    memcmp(hdr, MAGIC, 8) != 0 || hdr[1] != klen)
 		goto out;
-	if (read_all(fd, hdr, 16, 0) < 0 || memcmp(hdr, MAGIC, 8) != 0 || hdr[1] != klen)
+	m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+	if (m == MAP_FAILED) {
+		r = -errno;
 		goto out;
-	k = malloc(klen + 1);
-	if (!k || read_all(fd, k, klen, 16) < 0 || memcmp(k, key, klen) != 0)
+	}
+	ix->map = (void *)m;
+	ix->map_len = (size_t)st.st_size;
+	if (memcmp(m + 16, key, klen) != 0)
 		goto out;
-	off = 16 + klen;
-	if (read_all(fd, hdr, 24, off) < 0)
-		goto out;
+	memcpy(hdr, m + off - 24, 16);
 	ix->ndoc = hdr[0];
 	ix->nsamples = hdr[1];
-	ix->epochs = (uint32_t)hdr[2];
-	off += 24;
+	memcpy(hdr, m + off - 8, 8);
+	ix->epochs = (uint32_t)hdr[0];
 	if (ix->ndoc > (uint64_t)st.st_size / 4 || ix->nsamples > (uint64_t)st.st_size / 24)
 		goto out;
 	want = off + doc_bytes(ix->ndoc) + (ix->nsamples + 1) * 16 + ix->nsamples * 8 + 16;
 	if (want != (uint64_t)st.st_size)
 		goto out;
-	if (mg_index_alloc(ix) < 0) {
-		r = -ENOMEM;
-		goto out;
-	}
-	if (read_all(fd, ix->doc, doc_bytes(ix->ndoc), off) < 0)
-		goto out;
-	off += doc_bytes(ix->ndoc);
-	if (read_all(fd, ix->sample, (ix->nsamples + 1) * 16, off) < 0)
-		goto out;
-	off += (ix->nsamples + 1) * 16;
-	if (read_all(fd, ix->shuffle, ix->nsamples * 8, off) < 0 ||
-	    read_all(fd, &sum, 8, off + ix->nsamples * 8) < 0 ||
-	    read_all(fd, tail, 8, off + ix->nsamples * 8 + 8) < 0 || memcmp(tail, TRAILER, 8) != 0 ||
-	    sum != checksum(ix) || !index_sane(ix, p))
+	/* every offset a multiple of 8 (the key padded): aligned in the mapping */
+	ix->doc = (int32_t *)(void *)(m + off);
+	ix->sample = (int64_t *)(void *)(m + off + doc_bytes(ix->ndoc));
+	ix->shuffle = ix->sample + 2 * (ix->nsamples + 1);
+	memcpy(&sum, m + want - 16, 8);
+	if (memcmp(m + want - 8, TRAILER, 8) != 0 || sum != checksum(ix) || !index_sane(ix, p))
 		goto out;
 	r = 0;
 out:
 	if (r < 0)
 		mg_index_free(ix);
-	free(k);
 	close(fd);
 	return r;
 }
@@ -209,7 +215,8 @@ static int store(const struct mg_index *ix, const char *dir, const char *path, c
 	uint64_t sum = checksum(ix);
 	static const char zero[8];
 	const struct iovec v[] = {
-		{ (void *)MAGIC, 8 }, { &klen, 8 }, { (void *)key, klen }, { hdr, sizeof(hdr) },
+		{ (void *)MAGIC, 8 }, { &klen, 8 }, { (void *)key, klen },
+		{ (void *)zero, pad8(klen) - klen }, { hdr, sizeof(hdr) },
 		{ ix->doc, ix->ndoc * 4 }, { (void *)zero, doc_bytes(ix->ndoc) - ix->ndoc * 4 },
 		{ ix->sample, (ix->nsamples + 1) * 16 }, { ix->shuffle, ix->nsamples * 8 },
 		{ &sum, 8 }, { (void *)TRAILER, 8 },
@@ -368,11 +375,6 @@ struct blend_ctx {
 	int (*build)(void *ctx, char *err, size_t errlen);
 	void *ctx;
 };
-
-static size_t pad8(size_t n)
-{
-	return (n + 7) & ~(size_t)7;
-}
 
 static uint64_t blend_sum(const struct mg_blend *b)
 {

@@ -24,6 +24,8 @@ struct mg_index {
 	int32_t *doc;                 /* document_index[ndoc]: sequence numbers */
 	int64_t *sample;              /* sample_index[nsamples + 1][2]: doc_index position, offset */
 	int64_t *shuffle;             /* shuffle_index[nsamples] */
+	void *map;                    /* read from the cache: the arrays lie in this */
+	size_t map_len;               /* mapping of its file, else NULL */
 };
 
 /* Allocate the three arrays for ix->ndoc and ix->nsamples (mapped memory,
