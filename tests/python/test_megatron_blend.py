@@ -10,12 +10,14 @@ canonical form, and the exact errors of parts split unlike each other."""
 
 import gc
 import os
+import subprocess
+import threading
 
 import numpy as np
 import pytest
 
 import loaderd
-from conftest import Daemon
+from conftest import LOADERCTL, Daemon
 
 mcore = pytest.importorskip("megatron.core.datasets.gpt_dataset")
 torch = pytest.importorskip("torch")
@@ -325,3 +327,40 @@ def test_blend_index_cached_and_reused(mld, workdir, weights):
     assert_same(ds, read(mld, "c3", src))
     assert mld.pipeline("c3")["cache"]["index"] == "built"
     assert blend_files(mld) == files
+
+
+def test_blend_index_built_once(mld, workdir):
+    """6 creates of one pipeline at once and 2 of other names over the same
+    prefixes: the blend's index built once, each part's once (in whichever
+    create got there first), one blend file; loaderctl status says which."""
+    prefixes = corpora(workdir)
+    src = {"kind": "megatron", "prefixes": prefixes, "seq_len": 9, "seed": 3,
+           "split": "90,6,4", "eod": EOD, "pad": PAD}
+    specs = [{"name": "same", "source": src, "persist": True}] * 6 + \
+            [{"name": n, "source": src, "persist": True} for n in ("o1", "o2")]
+    errors, barrier = [], threading.Barrier(len(specs))
+
+    def create(spec):
+        try:
+            c = loaderd.Client(socket=mld.socket)
+            barrier.wait()
+            c.create_pipeline(spec, exist_ok=True)
+            c.close()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=create, args=(s,)) for s in specs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+    states = [mld.pipeline(n)["cache"] for n in ("same", "o1", "o2")]
+    assert sorted(s["index"] for s in states) == ["built", "reused", "reused"], states
+    assert sum(s["parts_built"] for s in states) == 3, states
+    assert sum(s["parts_reused"] for s in states) == 6, states
+    assert len(blend_files(mld)) == 1
+    n = states[0]["samples"]
+    out = subprocess.run([LOADERCTL, "--socket", mld.socket, "status"], capture_output=True,
+                         text=True).stdout
+    assert out.count("blend index: built in ") == 1, out
+    assert out.count(f"blend index: reused, {n} samples; its parts' indexes: ") == 2, out
