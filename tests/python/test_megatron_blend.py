@@ -11,13 +11,13 @@ canonical form, and the exact errors of parts split unlike each other."""
 import gc
 import os
 import subprocess
-import threading
 
 import numpy as np
 import pytest
 
 import loaderd
 from conftest import LOADERCTL, Daemon
+from loaderd_harness import create_at_once
 
 mcore = pytest.importorskip("megatron.core.datasets.gpt_dataset")
 torch = pytest.importorskip("torch")
@@ -338,22 +338,7 @@ def test_blend_index_built_once(mld, workdir):
            "split": "90,6,4", "eod": EOD, "pad": PAD}
     specs = [{"name": "same", "source": src, "persist": True}] * 6 + \
             [{"name": n, "source": src, "persist": True} for n in ("o1", "o2")]
-    errors, barrier = [], threading.Barrier(len(specs))
-
-    def create(spec):
-        try:
-            c = loaderd.Client(socket=mld.socket)
-            barrier.wait()
-            c.create_pipeline(spec, exist_ok=True)
-            c.close()
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    ts = [threading.Thread(target=create, args=(s,)) for s in specs]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert errors == []
+    assert create_at_once(mld.socket, specs) == []
     states = [mld.pipeline(n)["cache"] for n in ("same", "o1", "o2")]
     assert sorted(s["index"] for s in states) == ["built", "reused", "reused"], states
     assert sum(s["parts_built"] for s in states) == 3, states
