@@ -21,7 +21,9 @@ samples it receives inside a common window of --seconds, which starts
                --data-path without weights), empty path_to_cache, one epoch;
                loaderd: the create of a megatron pipeline over the same
                prefixes with an empty cache_dir (then a second create of
-               another name: the cached index reused)
+               another name: the cached index reused); cold only on
+               megatron-core's side: bench/megatron_index.py compares
+               both cold and both warm paths, median of several runs
   1 trainer    megatron-core's dataset in torch's DataLoader, num_workers=2,
                persistent workers, Megatron's sequential batch order (as
                pretrain_gpt.py builds it); nanoGPT's get_batch (np.memmap per
@@ -61,9 +63,10 @@ VOCAB = 50257
 
 # ------------------------------------------------------------------ corpus
 
-def write_shard(prefix, ntokens, rng):
+def write_shard(prefix, ntokens, rng, sparse=False):
     """One .bin/.idx pair of @ntokens uint16 tokens, as megatron-core's
-    IndexedDatasetBuilder writes it (each sequence its own document)."""
+    IndexedDatasetBuilder writes it (each sequence its own document); with
+    @sparse the .bin a hole of its size (for what reads no token)."""
     import numpy as np
     lens = []
     left = ntokens
@@ -78,7 +81,9 @@ def write_shard(prefix, ntokens, rng):
     lens = lens[lens > 0]
     with open(prefix + ".bin", "wb") as f:
         step = 1 << 26
-        for at in range(0, ntokens, step):
+        if sparse:
+            f.truncate(ntokens * 2)
+        for at in range(0, 0 if sparse else ntokens, step):
             rng.integers(0, VOCAB, min(step, ntokens - at), dtype=np.uint16).tofile(f)
     n = len(lens)
     ptr = np.zeros(n, np.int64)

@@ -1,27 +1,44 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Index build time of a Megatron corpus: megatron-core 0.16's GPTDataset
-(document, sample and shuffle indexes, its C++ helper included) against
-loaderd's megatron source, on the same generated corpus and parameters
-(issue 27: >= 5x faster, built once per node).
+"""Index build time of a Megatron corpus of many prefixes: megatron-core
+0.16's BlendedMegatronDatasetBuilder(GPTDataset) (Megatron-LM's --data-path
+a b c ...: a GPTDataset per prefix and the BlendedDataset over them, its
+C++ helpers included) against a loaderd megatron pipeline over the same
+prefixes (issue 27: >= 5x faster, built once per node), cold and warm.
 
     ~/.cache/loaderd/venv-torch/bin/python bench/megatron_index.py \\
-        [--build build] [--tokens 200000000] [--shards 1] [--seq-len 2048] \\
-        [--epochs 2] [--runs 3]
+        [--build build] [--dir /tmp/loaderd-llm-bench] [--tokens 2e9] \\
+        [--shards 64] [--seq-len 2048] [--runs 5] [--sparse]
 
-The corpus (uint16, documents of 1..2000 tokens, written with megatron-core's
-IndexedDatasetBuilder, one prefix per shard) is generated once in a
-temporary directory. megatron: the wall time of GPTDataset's
-_build_document_sample_shuffle_indices() (path_to_cache in a fresh directory
-each run, so every run builds). loaderd: the pipeline status's
-cache.build_seconds of a create on a daemon whose cache_dir is empty, the
-wall time of that create (the .idx read and checked, the index written),
-then the wall time of a second create of another name (the index reused). Prints
-the median of the runs for each and the ratio.
+The corpus is bench/llm_compare.py's (the same --dir, reused while its
+parameters stay the same: uint16 documents of lognormal length around 1500
+tokens, 64 prefixes, the train split of "99,1,0", seed 1234, one epoch).
+--sparse writes only the .idx files and a sparse .bin of the right size
+(no index reads a token: 10^10 tokens and more fit on any disk), into
+DIR-sparse-TOKENS. Per run (the median of --runs is printed):
+
+  megatron-core cold  the builder's build() into an empty path_to_cache
+                      (every .npy index built and written)
+  megatron-core warm  the same again, the same path_to_cache (its .npy
+                      files read: megatron-core's own cache reused)
+  loaderd cold        a create on a daemon whose cache_dir is empty (every
+                      .idx read and checked, every index built and written)
+  loaderd warm        a second create (another name) on that daemon: the
+                      indexes read from cache_dir
+  loaderd restart     a create on a new daemon over the same cache_dir
+
+Also loaderd's own build seconds (status cache.build_seconds of the
+blend's index; the parts' are in the cold create), and the CPU seconds of
+each cold build (megatron-core's process, loaderd's daemon: on a shared
+machine less noisy than the wall times). megatron-core runs in
+this process (a process group of one, as a Megatron job of one process
+has: BlendedDataset asks torch.distributed who writes its cache).
 """
 
 import argparse
 import os
+import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -29,107 +46,145 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "client", "python"))
+import llm_compare  # noqa: E402
 
 
-class Tok:
-    def __init__(self):
-        self.vocab_size, self.eod, self.pad = 65535, 0, 65534
-        self.unique_identifiers = {"class": "Tok"}
-
-
-def make_corpus(d, tokens, shards):
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+def sparse_corpus(d, tokens, shards):
+    """llm_compare's documents, the .bin files sparse (nothing reads them)."""
+    import numpy as np
+    prefixes = [os.path.join(d, f"shard_{i:03d}_text_document") for i in range(shards)]
+    if all(os.path.exists(p + ".idx") for p in prefixes):
+        return prefixes
+    os.makedirs(d, exist_ok=True)
     rng = np.random.default_rng(0)
-    prefixes = []
-    for s in range(shards):
-        prefix = os.path.join(d, f"shard{s:03d}")
-        b = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-        left = tokens // shards
-        while left > 0:
-            lens = rng.integers(1, 2000, size=4096)
-            lens = lens[np.cumsum(lens) <= left] if lens.sum() > left else lens
-            if len(lens) == 0:
-                lens = np.array([left])
-            t = rng.integers(0, 65000, size=int(lens.sum()), dtype=np.uint16)
-            start = 0
-            for n in lens:
-                b.add_document(torch.from_numpy(t[start:start + n]), [int(n)])
-                start += n
-            left -= int(lens.sum())
-        b.finalize(prefix + ".idx")
-        prefixes.append(prefix)
+    for p in prefixes:
+        llm_compare.write_shard(p, tokens // shards, rng, sparse=True)
     return prefixes
 
 
-def megatron_seconds(prefix, seq_len, num_samples, tmp):
-    from megatron.core.datasets import gpt_dataset as g
-    from megatron.core.datasets.blended_megatron_dataset_builder import \
-        BlendedMegatronDatasetBuilder
-    cfg = g.GPTDatasetConfig(random_seed=1234, sequence_length=seq_len, blend=([prefix], None),
-                             split="1", path_to_cache=tempfile.mkdtemp(dir=tmp),
-                             tokenizer=Tok(), reset_position_ids=False,
-                             reset_attention_mask=False, eod_mask_loss=False,
-                             create_attention_mask=False)
-    t0 = time.perf_counter()
-    BlendedMegatronDatasetBuilder(g.GPTDataset, [num_samples, None, None], lambda: True,
-                                  cfg).build()
-    return time.perf_counter() - t0
+def cpu_self():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class Daemon:
+    def __init__(self, build, d, cache):
+        import loaderd
+        self.socket = os.path.join(d, "bench.sock")
+        self.proc = subprocess.Popen([os.path.join(build, "daemon", "loaderd"), "--socket",
+                                      self.socket, "--cache-dir", cache, "--log-level",
+                                      "warning"], stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while True:
+            try:
+                self.client = loaderd.Client(self.socket)
+                break
+            except Exception:
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise SystemExit("loaderd did not start")
+                time.sleep(0.02)
+
+    def cpu(self):
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def create(self, name, prefixes, seq_len):
+        spec = {"name": name, "batch_size": 8, "seed": 1234, "persist": True,
+                "source": {"kind": "megatron", "prefixes": prefixes, "seq_len": seq_len,
+                           "split": "99,1,0", "seed": 1234}}
+        c0, t = self.cpu(), time.perf_counter()
+        self.client.create_pipeline(spec)
+        t = time.perf_counter() - t
+        self.cpu_s = self.cpu() - c0
+        return t, self.client.pipeline(name)["cache"]
+
+    def stop(self):
+        self.client.close()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
-    ap.add_argument("--tokens", type=int, default=200_000_000)
-    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--dir", default="/tmp/loaderd-llm-bench")
+    ap.add_argument("--tokens", type=float, default=2e9)
+    ap.add_argument("--shards", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--sparse", action="store_true")
     a = ap.parse_args()
+    a.tokens = int(a.tokens)
     os.environ["LOADERD_LIBRARY"] = os.path.join(a.build, "client", "libloader.so")
-    import loaderd
-    tmp = tempfile.mkdtemp(prefix="mg-bench-")
-    prefixes = make_corpus(tmp, a.tokens, a.shards)
-    num_samples = a.epochs * (a.tokens // a.shards) // a.seq_len - 1
-    mc, ld, reuse, create = [], [], [], []
-    sock = os.path.join(tmp, "ld.sock")
-    for run in range(a.runs):
-        cache = tempfile.mkdtemp(dir=tmp)
-        d = subprocess.Popen([os.path.join(a.build, "daemon", "loaderd"), "--socket", sock,
-                              "--cache-dir", cache], stderr=subprocess.DEVNULL)
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
-        c = loaderd.Client(socket=sock)
-        for i, prefix in enumerate(prefixes):
-            mc.append(megatron_seconds(prefix, a.seq_len, num_samples, tmp))
-            src = {"kind": "megatron", "prefix": prefix, "seq_len": a.seq_len,
-                   "num_samples": num_samples}
-            t0 = time.perf_counter()
-            c.create_pipeline({"name": f"b{i}", "source": src, "persist": True})
-            create.append(time.perf_counter() - t0)
-            ld.append(c.pipeline(f"b{i}")["cache"]["build_seconds"])
-            t0 = time.perf_counter()
-            c.create_pipeline({"name": f"r{i}", "source": src, "persist": True})
-            reuse.append(time.perf_counter() - t0)
-        c.close()
-        d.send_signal(signal.SIGTERM)
-        d.wait()
-    m, l, r = statistics.median(mc), statistics.median(ld), statistics.median(reuse)
-    w = statistics.median(create)
-    print(f"corpus: {a.tokens} tokens in {a.shards} shard(s), seq_len {a.seq_len}, "
-          f"{num_samples} samples per shard ({a.epochs} epochs)")
-    print(f"megatron-core GPTDataset index build: {m:.3f} s (median of {len(mc)})")
-    print(f"loaderd index build:                  {l:.3f} s  ({m / l:.1f}x faster)")
-    print(f"loaderd whole create (parse, check, build, write the cache): {w:.3f} s "
-          f"({m / w:.1f}x faster)")
-    print(f"loaderd create reusing the cache:     {r:.3f} s")
+    if a.sparse:
+        prefixes = sparse_corpus(f"{a.dir.rstrip('/')}-sparse-{a.tokens:.0e}-{a.shards}",
+                                 a.tokens, a.shards)
+    else:
+        os.makedirs(a.dir, exist_ok=True)
+        prefixes = llm_compare.make_corpus(a)
+    for p in prefixes:  # the .idx files in the page cache, for both
+        with open(p + ".idx", "rb") as f:
+            f.read()
+    import megatron.core.datasets.blended_megatron_dataset_builder  # noqa: F401
+    import megatron.core.datasets.gpt_dataset  # noqa: F401
+    tmp = tempfile.mkdtemp(prefix="mg-index-", dir="/tmp")
+    rows = {k: [] for k in ("mc_cold", "mc_warm", "ld_cold", "ld_warm", "ld_restart",
+                            "ld_blend_build", "mc_cold_cpu", "ld_cold_cpu")}
+    nsamples = 0
+    try:
+        for _ in range(a.runs):
+            mcache = tempfile.mkdtemp(dir=tmp)
+            for key in ("mc_cold", "mc_warm"):
+                c0, t = cpu_self(), time.perf_counter()
+                ds = llm_compare.megatron_train(prefixes, a.seq_len, mcache)
+                rows[key].append(time.perf_counter() - t)
+                if key == "mc_cold":
+                    rows["mc_cold_cpu"].append(cpu_self() - c0)
+                nsamples = len(ds)
+                del ds
+            lcache = tempfile.mkdtemp(dir=tmp)
+            d = Daemon(a.build, tmp, lcache)
+            try:
+                s, c = d.create("cold", prefixes, a.seq_len)
+                assert c["index"] == "built", c
+                rows["ld_cold"].append(s)
+                rows["ld_cold_cpu"].append(d.cpu_s)
+                rows["ld_blend_build"].append(c.get("build_seconds", 0.0))
+                s, c = d.create("warm", prefixes, a.seq_len)
+                assert c["index"] == "reused" and c["parts_built"] == 0, c
+                rows["ld_warm"].append(s)
+            finally:
+                d.stop()
+            d = Daemon(a.build, tmp, lcache)
+            try:
+                s, c = d.create("restart", prefixes, a.seq_len)
+                assert c["index"] == "reused" and c["parts_built"] == 0, c
+                rows["ld_restart"].append(s)
+            finally:
+                d.stop()
+            shutil.rmtree(mcache)
+            shutil.rmtree(lcache)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    m = {k: statistics.median(v) for k, v in rows.items()}
+    load = os.getloadavg()[0]
+    print(f"corpus: {a.tokens:.2e} tokens in {len(prefixes)} prefixes"
+          f"{' (sparse .bin)' if a.sparse else ''}, seq_len {a.seq_len}, "
+          f"{nsamples} train samples; median of {a.runs}; load average now {load:.1f}")
+    print(f"cold  megatron-core {m['mc_cold']:.3f} s   loaderd {m['ld_cold']:.3f} s   "
+          f"{m['mc_cold'] / m['ld_cold']:.1f}x   (loaderd's blend index "
+          f"{m['ld_blend_build']:.3f} s of it)")
+    print(f"cold CPU seconds (user + system, all threads): megatron-core "
+          f"{m['mc_cold_cpu']:.3f} s, loaderd's daemon {m['ld_cold_cpu']:.3f} s "
+          f"({m['mc_cold_cpu'] / max(m['ld_cold_cpu'], 1e-9):.1f}x)")
+    print(f"warm  megatron-core {m['mc_warm']:.3f} s   loaderd {m['ld_warm']:.3f} s   "
+          f"{m['mc_warm'] / m['ld_warm']:.1f}x   (a new daemon over the same cache_dir: "
+          f"{m['ld_restart']:.3f} s, {m['mc_warm'] / m['ld_restart']:.1f}x)")
 
 
 if __name__ == "__main__":

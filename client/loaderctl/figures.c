@@ -347,7 +347,7 @@ static void fmt_stages(char *buf, size_t n, const json_t *stats)
 }
 
 /* "image cache: 67% hits, 2000 images, 1.1 GiB of 8.0 GiB (3 refused)", a megatron
- * source's index, or "". */
+ * source's or a blend's index, or "". */
 static void fmt_cache(char *buf, size_t n, const json_t *p)
 {
 	const json_t *c = json_object_get(p, "cache");
@@ -364,6 +364,14 @@ static void fmt_cache(char *buf, size_t n, const json_t *p)
 
 		if (!isnan(secs))
 			snprintf(t, sizeof(t), " in %.2f s", secs);
+		if (!isnan(num_at(c, "parts"))) {
+			/* a blend: "blend index: reused, 966723 samples; its parts' indexes: 0 built, 64 reused" */
+			snprintf(buf, n, "blend index: %s%s, %.0f samples; its parts' indexes: %.0f built, "
+			         "%.0f reused%s", how, t, num_at(c, "samples"), num_at(c, "parts_built"),
+			         num_at(c, "parts_reused"),
+			         json_is_string(json_object_get(c, "note")) ? " (not cached)" : "");
+			return;
+		}
 		snprintf(buf, n, "megatron index: %s%s, %.0f epochs, %.0f samples%s", how, t,
 		         num_at(c, "epochs"), num_at(c, "samples"),
 		         json_is_string(json_object_get(c, "note")) ? " (not cached)" : "");

@@ -28,12 +28,18 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common.h"
+#include "megatron/megatron.h"
 #include "source-private.h"
 #include "spec.h"
 
@@ -71,6 +77,7 @@ struct blend_source {
 	uint64_t *sample_index;
 	uint64_t *per_epoch;     /* samples per epoch of each part */
 	_Atomic uint64_t *read;  /* samples read of each part */
+	struct mg_origin origin; /* the index built or read from the cache */
 };
 
 /* ---- the spec ---- */
@@ -510,46 +517,126 @@ static double numpy_sum(const double *a, size_t n)
 
 /*
  * The first k of the largest wl[k] * sd - cl[k], k < n (n >= 1): the part
- * megatron's loops pick (a strict ">" over the parts in index order). Four
- * lanes keep four maxima at once, each lane's first; a later lane wins a tie
- * only with a smaller index, so the pick is the scan's. The operands are
- * dense (no indirection), the counts kept as doubles (exact below 2^53):
- * the same products and differences, rounded the same.
+ * megatron's loops pick (a strict ">" over the parts in index order), so the
+ * first k whose error equals the largest. Two passes without a branch to
+ * mispredict: the errors into @e and their maximum (SSE2's maxpd two at a
+ * time where the target has it), then the first equal to it. The operands are
+ * dense (no indirection), the counts kept as doubles (exact below 2^53): the
+ * same products and differences, rounded the same, never NaN (finite weights
+ * and counts); -0 and +0 compare equal in both passes, as in the scan.
  */
-static size_t first_max(const double *wl, const double *cl, size_t n, double sd)
-{
-	double m[4] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
-	size_t at[4] = { 0, 0, 0, 0 }, k = 0, best;
-	double max;
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
 
-	for (; k + 4 <= n; k += 4)
-		for (size_t l = 0; l < 4; l++) {
-			double e = wl[k + l] * sd - cl[k + l];
-			if (e > m[l]) {
-				m[l] = e;
-				at[l] = k + l;
-			}
+/* first_max() four at a time, for the CPUs that have AVX2 (no FMA: the
+ * products and differences still round as two operations). */
+__attribute__((target("avx2"))) static size_t first_max_avx2(const double *restrict wl,
+							      const double *restrict cl, size_t n,
+							      double sd, double *restrict e)
+{
+	__m256d vs = _mm256_set1_pd(sd), vm[4], v;
+	double lanes[4], max = -INFINITY;
+	size_t k = 0;
+
+	for (int l = 0; l < 4; l++)
+		vm[l] = _mm256_set1_pd(-INFINITY);
+	for (; k + 16 <= n; k += 16)
+		for (int l = 0; l < 4; l++) {
+			v = _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(wl + k + 4 * l), vs),
+					  _mm256_loadu_pd(cl + k + 4 * l));
+			_mm256_storeu_pd(e + k + 4 * l, v);
+			vm[l] = _mm256_max_pd(vm[l], v);
 		}
-	for (; k < n; k++) {
-		double e = wl[k] * sd - cl[k];
-		if (e > m[k % 4]) {
-			m[k % 4] = e;
-			at[k % 4] = k;
-		}
+	for (; k + 4 <= n; k += 4) {
+		v = _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(wl + k), vs), _mm256_loadu_pd(cl + k));
+		_mm256_storeu_pd(e + k, v);
+		vm[0] = _mm256_max_pd(vm[0], v);
 	}
-	best = n; /* no lane has seen a part yet */
-	max = -INFINITY;
-	for (size_t l = 0; l < 4 && l < n; l++)
-		if (best == n || m[l] > max || (m[l] == max && at[l] < best)) {
-			max = m[l];
-			best = at[l];
+	_mm256_storeu_pd(lanes, _mm256_max_pd(_mm256_max_pd(vm[0], vm[1]),
+					      _mm256_max_pd(vm[2], vm[3])));
+	for (int l = 0; l < 4; l++)
+		max = lanes[l] > max ? lanes[l] : max;
+	for (; k < n; k++) {
+		e[k] = wl[k] * sd - cl[k];
+		max = e[k] > max ? e[k] : max;
+	}
+	k = 0;
+	for (__m256d vmax = _mm256_set1_pd(max); k + 4 <= n; k += 4) {
+		int hit = _mm256_movemask_pd(_mm256_cmp_pd(_mm256_loadu_pd(e + k), vmax, _CMP_EQ_OQ));
+
+		if (hit)
+			return k + (size_t)__builtin_ctz((unsigned)hit);
+	}
+	for (; e[k] != max; k++)
+		;
+	return k;
+}
+#endif
+
+static size_t first_max_sse2(const double *restrict wl, const double *restrict cl, size_t n,
+			double sd, double *restrict e)
+{
+	double max;
+	size_t k = 0;
+
+#if defined(__SSE2__)
+	/* four maxima at once: maxpd's latency, not its throughput, bounds one */
+	__m128d vs = _mm_set1_pd(sd), vm[4];
+
+	for (int l = 0; l < 4; l++)
+		vm[l] = _mm_set1_pd(-INFINITY);
+	for (; k + 8 <= n; k += 8)
+		for (int l = 0; l < 4; l++) {
+			__m128d v = _mm_sub_pd(_mm_mul_pd(_mm_loadu_pd(wl + k + 2 * l), vs),
+					       _mm_loadu_pd(cl + k + 2 * l));
+
+			_mm_storeu_pd(e + k + 2 * l, v);
+			vm[l] = _mm_max_pd(vm[l], v);
 		}
-	return best;
+	for (; k + 2 <= n; k += 2) {
+		__m128d v = _mm_sub_pd(_mm_mul_pd(_mm_loadu_pd(wl + k), vs), _mm_loadu_pd(cl + k));
+
+		_mm_storeu_pd(e + k, v);
+		vm[0] = _mm_max_pd(vm[0], v);
+	}
+	vm[0] = _mm_max_pd(_mm_max_pd(vm[0], vm[1]), _mm_max_pd(vm[2], vm[3]));
+	max = _mm_cvtsd_f64(_mm_max_sd(vm[0], _mm_unpackhi_pd(vm[0], vm[0])));
+#else
+	max = -INFINITY;
+#endif
+	for (; k < n; k++) {
+		e[k] = wl[k] * sd - cl[k];
+		max = e[k] > max ? e[k] : max;
+	}
+	k = 0;
+#if defined(__SSE2__)
+	for (__m128d vmax = _mm_set1_pd(max); k + 2 <= n; k += 2) {
+		int hit = _mm_movemask_pd(_mm_cmpeq_pd(_mm_loadu_pd(e + k), vmax));
+
+		if (hit)
+			return k + (hit & 1 ? 0 : 1);
+	}
+#endif
+	for (; e[k] != max; k++)
+		;
+	return k;
+}
+
+/* The vector path of this CPU (both pick the same part). */
+static size_t first_max(const double *restrict wl, const double *restrict cl, size_t n,
+			double sd, double *restrict e)
+{
+#ifdef HAVE_AVX2_PATH
+	if (__builtin_cpu_supports("avx2")) /* a load of libgcc's word and a test */
+		return first_max_avx2(wl, cl, n, sd, e);
+#endif
+	return first_max_sse2(wl, cl, n, sd, e);
 }
 
 /* build_blending_indices(normalize(weights), size) */
 static void build_weighted(uint16_t *di, uint64_t *si, double *w, size_t n, uint64_t size,
-			   uint64_t *cur, double *cl)
+			   uint64_t *cur, double *cl, double *e)
 {
 	double sum = numpy_sum(w, n);
 
@@ -559,7 +646,7 @@ static void build_weighted(uint16_t *di, uint64_t *si, double *w, size_t n, uint
 		cl[j] = 0.0;
 	}
 	for (uint64_t s = 0; s < size; s++) {
-		size_t best = first_max(w, cl, n, s > 1 ? (double)s : 1.0);
+		size_t best = first_max(w, cl, n, s > 1 ? (double)s : 1.0, e);
 
 		di[s] = (uint16_t)best;
 		si[s] = cur[best]++;
@@ -572,7 +659,7 @@ static void build_weighted(uint16_t *di, uint64_t *si, double *w, size_t n, uint
  * parts' weights, counts and indices, in index order as std::set iterates
  * them. */
 static void build_exhaustive(uint16_t *di, uint64_t *si, const uint64_t *sizes, size_t n,
-			     uint64_t *cur, double *wl, double *cl, size_t *id)
+			     uint64_t *cur, double *wl, double *cl, size_t *id, double *e)
 {
 	uint64_t total = 0;
 	size_t nlive = 0;
@@ -586,7 +673,7 @@ static void build_exhaustive(uint16_t *di, uint64_t *si, const uint64_t *sizes, 
 		id[nlive++] = j;
 	}
 	for (uint64_t s = 0; nlive; s++) {
-		size_t k = first_max(wl, cl, nlive, s > 1 ? (double)s : 1.0), best = id[k];
+		size_t k = first_max(wl, cl, nlive, s > 1 ? (double)s : 1.0, e), best = id[k];
 
 		di[s] = (uint16_t)best;
 		si[s] = cur[best]++;
@@ -693,19 +780,80 @@ static int check_fields(struct blend_source *src, size_t i, char *err, size_t er
 	return 0;
 }
 
+/* The parts opened OPEN_THREADS at a time (each opens its files as the
+ * owner: ds_open() takes the credentials on the calling thread). */
+#define OPEN_THREADS 8
+
+struct open_job {
+	struct blend_source *src;
+	const struct blend_spec *bs;
+	_Atomic size_t next;
+	pthread_mutex_t lock;
+	size_t failed;           /* the first part that failed to open; nparts: none */
+	int r;
+	char err[512];
+};
+
+static void *open_thread(void *arg)
+{
+	struct open_job *j = arg;
+	size_t i;
+
+	while ((i = atomic_fetch_add(&j->next, 1)) < j->bs->nparts) {
+		char perr[512];
+		int r;
+
+		pthread_mutex_lock(&j->lock);
+		r = i > j->failed;       /* a part before it failed: the error is that one's */
+		pthread_mutex_unlock(&j->lock);
+		if (r)
+			continue;
+		r = source_open_as(&j->src->parts[i], j->bs->parts[i].spec, &j->src->base.who, perr,
+				   sizeof(perr));
+		if (r >= 0)
+			continue;
+		pthread_mutex_lock(&j->lock);
+		if (i < j->failed) {
+			j->failed = i;
+			j->r = r;
+			snprintf(j->err, sizeof(j->err), "%s", perr);
+		}
+		pthread_mutex_unlock(&j->lock);
+	}
+	return NULL;
+}
+
+/*
+ * Open every part, several at once; then, in order, the first part that
+ * failed or has no samples or other fields is the error, as if they were
+ * opened one by one (every part before the first that failed was opened).
+ */
 static int open_parts(struct blend_source *src, const struct blend_spec *bs, char *err,
 		      size_t errlen)
 {
-	for (size_t i = 0; i < bs->nparts; i++) {
-		char perr[512];
-		int r = source_open_as(&src->parts[i], bs->parts[i].spec, &src->base.who, perr,
-				       sizeof(perr));
+	struct open_job j = { .src = src, .bs = bs, .lock = PTHREAD_MUTEX_INITIALIZER,
+			      .failed = bs->nparts };
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	size_t nt = bs->nparts < OPEN_THREADS ? bs->nparts : OPEN_THREADS, started = 0;
+	pthread_t t[OPEN_THREADS];
 
-		if (r < 0)
-			return errfmt(r, err, errlen, "source.sources[%zu]: %s", i, perr);
+	if (cpus > 0 && nt > (size_t)cpus)
+		nt = (size_t)cpus;
+	for (; nt > 1 && started < nt; started++)
+		if (pthread_create(&t[started], NULL, open_thread, &j) != 0)
+			break;
+	if (started == 0)
+		open_thread(&j);
+	for (size_t i = 0; i < started; i++)
+		pthread_join(t[i], NULL);
+	src->nparts = bs->nparts; /* parts not opened are NULL */
+	for (size_t i = 0; i < bs->nparts; i++) {
+		int r;
+
+		if (i == j.failed)
+			return errfmt(j.r, err, errlen, "source.sources[%zu]: %s", i, j.err);
 		if (src->parts[i]->nsamples == 0)
 			return errfmt(-EINVAL, err, errlen, "source.sources[%zu]: has no samples", i);
-		src->nparts = i + 1;
 		r = check_fields(src, i, err, errlen);
 		if (r < 0)
 			return r;
@@ -740,28 +888,74 @@ static int part_counts(struct blend_source *src, const struct blend_spec *bs, ui
 	return 0;
 }
 
-/* The index of @size samples: weighted over @w, else exhaustive over @counts. */
+struct index_job {
+	struct blend_source *src;
+	size_t n;
+	uint64_t size;
+	bool weighted;
+	const uint64_t *counts;
+	double *w;
+};
+
+static int index_build(void *ctx, char *err, size_t errlen)
+{
+	struct index_job *j = ctx;
+	struct blend_source *src = j->src;
+	size_t *live = j->weighted ? NULL : calloc(j->n, sizeof(*live));
+	double *cl = calloc(2 * j->n, sizeof(*cl)); /* the counts, then first_max()'s errors */
+
+	if (!cl || (!j->weighted && !live)) {
+		free(live);
+		free(cl);
+		return errfmt(-ENOMEM, err, errlen, "blend: out of memory");
+	}
+	if (j->weighted)
+		build_weighted(src->part_index, src->sample_index, j->w, j->n, j->size,
+			       src->per_epoch, cl, cl + j->n);
+	else
+		build_exhaustive(src->part_index, src->sample_index, j->counts, j->n,
+				 src->per_epoch, j->w, cl, live, cl + j->n);
+	free(live);
+	free(cl);
+	return 0;
+}
+
+/*
+ * The index of @size samples: weighted over @w, else exhaustive over
+ * @counts; from the daemon's cache directory when a blend of the same
+ * inputs was built before (megatron-cache.c), keyed by them all.
+ */
 static int build_index(struct blend_source *src, size_t n, uint64_t size, bool weighted,
 		       const uint64_t *counts, double *w, char *err, size_t errlen)
 {
-	size_t *live = weighted ? NULL : calloc(n, sizeof(*live));
-	double *cl = calloc(n, sizeof(*cl));
+	struct index_job job = { src, n, size, weighted, counts, w };
+	struct mg_blend b = { size, n, NULL, NULL, src->per_epoch };
+	size_t klen = 40 + 8 * n;
+	uint64_t *key = malloc(klen);
+	int r;
 
 	src->part_index = malloc(size * sizeof(*src->part_index));
 	src->sample_index = malloc(size * sizeof(*src->sample_index));
-	if (!src->part_index || !src->sample_index || !cl || (!weighted && !live)) {
-		free(live);
-		free(cl);
+	if (!src->part_index || !src->sample_index || !key) {
+		free(key);
 		return errfmt(-ENOMEM, err, errlen, "blend: out of memory for the index of %llu "
 			    "samples", (unsigned long long)size);
 	}
-	if (weighted)
-		build_weighted(src->part_index, src->sample_index, w, n, size, src->per_epoch, cl);
-	else
-		build_exhaustive(src->part_index, src->sample_index, counts, n, src->per_epoch, w,
-				 cl, live);
-	free(live);
-	free(cl);
+	memcpy(key, "blend index 1\n\0\0", 16);
+	key[2] = weighted;
+	key[3] = n;
+	key[4] = size;
+	for (size_t i = 0; i < n; i++)
+		if (weighted)
+			memcpy(&key[5 + i], &w[i], 8);
+		else
+			key[5 + i] = counts[i];
+	b.part = src->part_index;
+	b.sample = src->sample_index;
+	r = mg_blend_get(&b, key, klen, index_build, &job, &src->origin, err, errlen);
+	free(key);
+	if (r < 0)
+		return r;
 	src->base.nsamples = size;
 	src->base.index_bytes += size * (sizeof(*src->part_index) + sizeof(*src->sample_index));
 	return 0;
@@ -801,12 +995,15 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 		w[i] = bs->parts[i].weight;
 	if (weights && bs->min_size)
 		early_size = builder_size(w, n, bs->min_size);
-	if (early && (r = build_index(src, n, early_size, true, NULL, w, err, errlen)) < 0)
-		goto out;
-	/* megatron parts were given the builder's share at parse (builder_parts()) */
+	/* megatron parts were given the builder's share at parse (builder_parts());
+	 * every part is opened as the owner before the index cache is looked at */
 	r = open_parts(src, bs, err, errlen);
-	if (r < 0 || early)
+	if (r < 0)
 		goto out;
+	if (early) {
+		r = build_index(src, n, early_size, true, NULL, w, err, errlen);
+		goto out;
+	}
 	r = part_counts(src, bs, counts, &size, err, errlen);
 	if (r < 0)
 		goto out;
@@ -866,6 +1063,32 @@ static json_t *blend_status_json(const struct source *base)
 	return parts ? json_pack("{s:{s:s, s:o}}", "source", "kind", "blend", "parts", parts) : NULL;
 }
 
+/* Status "cache": the blend's index built or reused, and how many of its
+ * parts' own indexes were (megatron parts; the others have none). */
+static json_t *blend_cache_json(const struct source *base)
+{
+	const struct blend_source *src = (const struct blend_source *)base;
+	json_int_t built = 0, reused = 0;
+	json_t *j;
+
+	for (size_t i = 0; i < src->nparts; i++) {
+		json_t *c = source_cache_json(src->parts[i]);
+		const char *ix = json_string_value(json_object_get(c, "index"));
+
+		built += ix && strcmp(ix, "built") == 0;
+		reused += ix && strcmp(ix, "reused") == 0;
+		json_decref(c);
+	}
+	j = json_pack("{s:s, s:I, s:I, s:I, s:I}", "index", src->origin.reused ? "reused" : "built",
+		      "samples", (json_int_t)src->base.nsamples, "parts", (json_int_t)src->nparts,
+		      "parts_built", built, "parts_reused", reused);
+	if (j && !src->origin.reused)
+		json_object_set_new(j, "build_seconds", json_real(src->origin.build_s));
+	if (j && src->origin.note[0])
+		json_object_set_new(j, "note", json_string(src->origin.note));
+	return j;
+}
+
 static void blend_close(struct source *base)
 {
 	struct blend_source *src = (struct blend_source *)base;
@@ -889,5 +1112,6 @@ const struct source_ops source_blend_ops = {
 	.open = blend_open,
 	.read = blend_read,
 	.status_json = blend_status_json,
+	.cache_json = blend_cache_json,
 	.close = blend_close,
 };

@@ -167,6 +167,49 @@ def test_megatron_index_cache_is_no_way_into_alices_corpus(setup):
     assert stat.S_IMODE(os.stat(os.path.join(cache, files[0])).st_mode) == 0o600
 
 
+def test_blend_index_cache_is_no_way_into_alices_corpus(setup):
+    """A blend's index is cached too, keyed by its inputs (the parts'
+    counts), looked at only once every part was opened as the creator: bob's
+    blend of alice's 0600 prefixes is refused on her first file, with her
+    blend's index cached; his own copy of a corpus of the same shape reuses
+    that index (the same one he would build: nothing of hers is in it) while
+    his parts' indexes are built from his files. The file is 0600."""
+    d, alice, bob, tok, tokens, shared = setup
+    adir = os.path.dirname(tok)
+    bdir = os.path.join(shared, "bobcorpus")
+    os.makedirs(bdir)
+    os.chown(bdir, bob.uid, bob.gid)
+    docs = [[[j % 50 + 1 for j in range(i, i + 20 + i)] for i in range(k, 12 + k)] for k in range(2)]
+    for who, where in ((alice, adir), (bob, bdir)):
+        for k in range(2):
+            prefix = os.path.join(where, f"blend{k}")
+            write_megatron_pair(prefix, docs[k])
+            for ext in (".bin", ".idx"):
+                os.chown(prefix + ext, who.uid, who.gid)
+                os.chmod(prefix + ext, 0o600)
+
+    def spec(name, where):
+        return {"name": name, "batch_size": 2, "source": {
+            "kind": "megatron", "seq_len": 8,
+            "prefixes": [os.path.join(where, f"blend{k}") for k in range(2)]}}
+    alice.ctl(d, "create", "--spec", spec_file(shared, spec("ablend", adir), "ab.json"),
+              check=True)
+    c = d.pipeline("ablend")["cache"]
+    assert (c["index"], c["parts"], c["parts_built"]) == ("built", 2, 2)
+    r = bob.ctl(d, "create", "--spec", spec_file(shared, spec("bblend", adir), "bb.json"))
+    assert r.returncode != 0
+    assert (f"source.sources[0]: {adir}/blend0.bin: Permission denied (as ldr-bob "
+            f"(uid {bob.uid}))") in r.stderr, r.stderr
+    assert "bblend" not in [p["name"] for p in d.status()["pipelines"]]
+    bob.ctl(d, "create", "--spec", spec_file(shared, spec("bown", bdir), "bo.json"), check=True)
+    c = d.pipeline("bown")["cache"]
+    assert (c["index"], c["parts_built"], c["parts_reused"]) == ("reused", 2, 0)
+    cache = os.path.join(d.dir, "cache")
+    files = [f for f in os.listdir(cache) if f.startswith("blend-") and f.endswith(".index")]
+    assert len(files) == 1
+    assert stat.S_IMODE(os.stat(os.path.join(cache, files[0])).st_mode) == 0o600
+
+
 def test_image_files_are_read_as_the_creator(setup, workdir):
     """Workers open each image with the creator's credentials: bob's pipeline
     over a folder he may list but whose files are alice's 0600 fails, naming

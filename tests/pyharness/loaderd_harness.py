@@ -451,6 +451,29 @@ def daemon(workdir):
     f.teardown()
 
 
+def create_at_once(socket, specs):
+    """Create every spec at once, a client and a thread each, released
+    together (exist_ok: creates of one name race); the exceptions raised."""
+    import threading
+    import loaderd
+    errors, barrier = [], threading.Barrier(len(specs))
+
+    def create(spec):
+        try:
+            c = loaderd.Client(socket=socket)
+            barrier.wait()
+            c.create_pipeline(spec, exist_ok=True)
+            c.close()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=create, args=(s,)) for s in specs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return errors
+
+
 def run_python(code_or_args, env=None, timeout=120, cwd=None):
     """Run this interpreter (code, or a list of arguments) in this process's
     environment plus @env; fails on a sanitizer report in its stderr."""

@@ -224,6 +224,12 @@ def test_ties_and_spent_parts_bit_for_bit(ld, workdir):
     got = [who(v, -1) for v in read_all(ld, dict(blend_spec("eq", sources, weights=[1] * 13,
                                                              size=200), batch_size=7))]
     assert got == megatron_order(lens, [1] * 13, 200)
+    # 39 parts: the vector scans' full widths (16 and 4 at a time) and tail,
+    # ties across them, parts leaving the race from every position
+    lens3 = lens * 3
+    sources = [npy_part(os.path.join(workdir, f"u{i}"), i, n) for i, n in enumerate(lens3)]
+    got = [who(v, -1) for v in read_all(ld, dict(blend_spec("ties3", sources), batch_size=7))]
+    assert got == megatron_order(lens3, lens3, None)
 
 
 def test_proportion_and_repeat(ld, workdir):

@@ -12,7 +12,6 @@ import os
 import stat
 import struct
 import subprocess
-import threading
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ torch = pytest.importorskip("torch")
 from megatron.core.datasets.blended_megatron_dataset_builder import (  # noqa: E402
     BlendedMegatronDatasetBuilder)
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder  # noqa: E402
-from loaderd_harness import LOADERCTL, daemon  # noqa: E402,F401  (the fixture)
+from loaderd_harness import LOADERCTL, create_at_once, daemon  # noqa: E402,F401  (the fixture)
 
 
 @pytest.fixture
@@ -148,22 +147,7 @@ def test_megatron_index_built_once(mld, workdir):
     src = {"kind": "megatron", "prefix": prefix, "seq_len": 64, "seed": 5, "num_samples": 5000}
     specs = [{"name": "same", "source": src, "persist": True}] * 8 + \
             [{"name": n, "source": src, "persist": True} for n in ("other1", "other2")]
-    errors, barrier = [], threading.Barrier(len(specs))
-
-    def create(spec):
-        try:
-            c = loaderd.Client(socket=mld.socket)
-            barrier.wait()
-            c.create_pipeline(spec, exist_ok=True)
-            c.close()
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    ts = [threading.Thread(target=create, args=(s,)) for s in specs]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert errors == []
+    assert create_at_once(mld.socket, specs) == []
     c = loaderd.Client(socket=mld.socket)
     states = [index_state(c, n) for n in ("same", "other1", "other2")]
     assert sorted(s["index"] for s in states) == ["built", "reused", "reused"], states

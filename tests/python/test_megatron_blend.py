@@ -10,12 +10,14 @@ canonical form, and the exact errors of parts split unlike each other."""
 
 import gc
 import os
+import subprocess
 
 import numpy as np
 import pytest
 
 import loaderd
-from conftest import Daemon
+from conftest import LOADERCTL, Daemon
+from loaderd_harness import create_at_once
 
 mcore = pytest.importorskip("megatron.core.datasets.gpt_dataset")
 torch = pytest.importorskip("torch")
@@ -284,3 +286,66 @@ def test_bad_megatron_blends(mld, workdir, make, msg):
     a, b, _ = corpora(workdir)
     r = mld.create({"name": "bad", "source": make(a, b)}, check=False)
     assert r.returncode != 0 and msg in r.stderr, r.stderr
+
+
+def blend_files(mld):
+    d = os.path.join(mld.dir, "cache")
+    return sorted(os.path.join(d, f) for f in os.listdir(d)
+                  if f.startswith("blend-") and f.endswith(".index"))
+
+
+@pytest.mark.parametrize("weights", [[0.3, 0.5, 0.2], None], ids=["weighted", "exhaustive"])
+def test_blend_index_cached_and_reused(mld, workdir, weights):
+    """The blend's index is built once into cache_dir and reused by the next
+    create (status cache says which, and of its parts' indexes); the reused
+    index gives megatron's samples as the built one does; a damaged file is
+    built again, never read."""
+    prefixes = corpora(workdir)
+    L, seed, split = 9, 11, "90,6,4"
+    n = 700 if weights else None
+    ds = builder(prefixes, weights, [n, 40, 20] if weights else [None] * 3, L, seed, split)[0]
+    src = {"kind": "megatron", "prefixes": prefixes, "seq_len": L, "seed": seed,
+           "split": split, "eod": EOD, "pad": PAD}
+    if weights:
+        src.update(weights=weights, num_samples=n)
+    assert_same(ds, read(mld, "c1", src))
+    c = mld.pipeline("c1")["cache"]
+    assert c.pop("build_seconds") >= 0
+    assert c == {"index": "built", "samples": len(ds), "parts": 3, "parts_built": 3,
+                 "parts_reused": 0}
+    files = blend_files(mld)
+    assert len(files) == 1
+    assert_same(ds, read(mld, "c2", src))
+    assert mld.pipeline("c2")["cache"] == {"index": "reused", "samples": len(ds), "parts": 3,
+                                           "parts_built": 0, "parts_reused": 3}
+    # a byte of the part index flipped in place: the checksum fails, built again
+    with open(files[0], "r+b") as f:
+        f.seek(os.path.getsize(files[0]) // 3)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+    assert_same(ds, read(mld, "c3", src))
+    assert mld.pipeline("c3")["cache"]["index"] == "built"
+    assert blend_files(mld) == files
+
+
+def test_blend_index_built_once(mld, workdir):
+    """6 creates of one pipeline at once and 2 of other names over the same
+    prefixes: the blend's index built once, each part's once (in whichever
+    create got there first), one blend file; loaderctl status says which."""
+    prefixes = corpora(workdir)
+    src = {"kind": "megatron", "prefixes": prefixes, "seq_len": 9, "seed": 3,
+           "split": "90,6,4", "eod": EOD, "pad": PAD}
+    specs = [{"name": "same", "source": src, "persist": True}] * 6 + \
+            [{"name": n, "source": src, "persist": True} for n in ("o1", "o2")]
+    assert create_at_once(mld.socket, specs) == []
+    states = [mld.pipeline(n)["cache"] for n in ("same", "o1", "o2")]
+    assert sorted(s["index"] for s in states) == ["built", "reused", "reused"], states
+    assert sum(s["parts_built"] for s in states) == 3, states
+    assert sum(s["parts_reused"] for s in states) == 6, states
+    assert len(blend_files(mld)) == 1
+    n = states[0]["samples"]
+    out = subprocess.run([LOADERCTL, "--socket", mld.socket, "status"], capture_output=True,
+                         text=True).stdout
+    assert out.count("blend index: built in ") == 1, out
+    assert out.count(f"blend index: reused, {n} samples; its parts' indexes: ") == 2, out

@@ -58,11 +58,13 @@ int mg_index_alloc(struct mg_index *ix)
 
 void mg_index_free(struct mg_index *ix)
 {
-	if (ix->doc)
+	if (ix->map)
+		munmap(ix->map, ix->map_len);
+	else if (ix->doc)
 		munmap(ix->doc, doc_size(ix));
-	if (ix->sample)
+	if (!ix->map && ix->sample)
 		munmap(ix->sample, sample_size(ix));
-	if (ix->shuffle)
+	if (!ix->map && ix->shuffle)
 		munmap(ix->shuffle, shuffle_size(ix));
 	memset(ix, 0, sizeof(*ix));
 }

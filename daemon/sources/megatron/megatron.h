@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* megatron - the megatron kind's own pieces: its index, built as megatron-core's GPTDataset
- * builds it, and cached on disk (megatron-index.c, megatron-cache.c) */
+ * builds it, and cached on disk (megatron-index.c, megatron-cache.c), with the blend kind's
+ * BlendedDataset indexes (source-blend.c) */
 #pragma once
 
 #include <stdbool.h>
@@ -23,6 +24,8 @@ struct mg_index {
 	int32_t *doc;                 /* document_index[ndoc]: sequence numbers */
 	int64_t *sample;              /* sample_index[nsamples + 1][2]: doc_index position, offset */
 	int64_t *shuffle;             /* shuffle_index[nsamples] */
+	void *map;                    /* read from the cache: the arrays lie in this */
+	size_t map_len;               /* mapping of its file, else NULL */
 };
 
 /* Allocate the three arrays for ix->ndoc and ix->nsamples (mapped memory,
@@ -59,3 +62,23 @@ int mg_index_get(struct mg_index *ix, const int32_t *lengths, uint64_t nseq,
 		 const struct mg_file_id *idx_id, const struct mg_file_id *bin_id,
 		 const struct mg_params *p, struct mg_origin *o, const char *what, char *err,
 		 size_t errlen);
+
+/* megatron-core's BlendedDataset's two indexes and each part's samples per
+ * epoch (source-blend.c builds them), in arrays the caller allocated. */
+struct mg_blend {
+	uint64_t size;                /* samples */
+	size_t n;                     /* parts */
+	uint16_t *part;               /* dataset_index[size] */
+	uint64_t *sample;             /* dataset_sample_index[size] */
+	uint64_t *per_epoch;          /* [n] */
+};
+
+/**
+ * mg_blend_get() - fill @b from the daemon's cache directory when a blend
+ * of the same @key (every input of @build, bytes) was built before, else
+ * @build(@ctx) it (once per key: the same lock as mg_index_get()) and write
+ * it there. The caller opens every part as the pipeline's owner first.
+ */
+int mg_blend_get(struct mg_blend *b, const void *key, size_t klen,
+		 int (*build)(void *ctx, char *err, size_t errlen), void *ctx,
+		 struct mg_origin *o, char *err, size_t errlen);
