@@ -557,14 +557,15 @@ static void unhold(struct source_objects *o, struct obj *ob)
 	o->ahead_bytes -= ob->head.size;
 	o->ahead_objects--;
 	obj_drop(ob);
+	pthread_cond_broadcast(&o->moved); /* room under fetch_ahead */
 }
 
-/* Every hold of the fetch-ahead no read shares: a read waits for room in
- * the cache, which comes before reading ahead. Under o->lock. */
+/* Every hold of the fetch-ahead (a read's own stays): a read waits for
+ * room in the cache, which comes before reading ahead. Under o->lock. */
 static void unhold_all(struct source_objects *o)
 {
 	for (size_t i = 0; i < o->n; i++)
-		if (o->v[i].ahead && o->v[i].refs == 1)
+		if (o->v[i].ahead)
 			unhold(o, &o->v[i]);
 }
 
@@ -637,6 +638,30 @@ static struct obj *next_wanted(struct source_objects *o)
 	return NULL;
 }
 
+/* objcache_open() of object @at for the fetch-ahead: while what is pinned
+ * leaves no room, it waits for room (a read's pin ends soon), unless a
+ * read waits for room too or the source is going. A failure is only the
+ * fetch-ahead's: the read that needs the object meets it and reports it
+ * (on_error). */
+static int ahead_open(struct source_objects *o, size_t at, int *fd, struct objcache_pin **pin, char *err,
+		      size_t errlen)
+{
+	for (;;) {
+		int r = objcache_open(o->st, o->v[at].url, &o->v[at].head, fd, pin, err, errlen);
+		struct timespec now;
+		bool stop;
+
+		pthread_mutex_lock(&o->lock);
+		stop = o->stop;
+		pthread_mutex_unlock(&o->lock);
+		if (r != -ENOSPC || stop || atomic_load(&room_waiters))
+			return r;
+		clock_gettime(CLOCK_REALTIME, &now);
+		objcache_wait_room(o->v[at].head.size, ((uint64_t)now.tv_sec + 1) * 1000000000ull +
+				   (uint64_t)now.tv_nsec);
+	}
+}
+
 /* One of a streamed source's fetch-ahead threads. */
 static void *ahead_thread(void *arg)
 {
@@ -662,14 +687,18 @@ static void *ahead_thread(void *arg)
 		o->inflight_bytes += ob->head.size;
 		o->inflight_objects++;
 		pthread_mutex_unlock(&o->lock);
-		/* a failure is the reader's to meet and report (on_error) */
-		r = objcache_open(o->st, o->v[at].url, &o->v[at].head, &fd, &pin, err, sizeof(err));
+		r = ahead_open(o, at, &fd, &pin, err, sizeof(err));
 		pthread_mutex_lock(&o->lock);
 		ob = &o->v[at];
 		ob->fetching = false;
 		o->inflight_bytes -= ob->head.size;
 		o->inflight_objects--;
-		if (r == 0) {
+		if (r == 0 && atomic_load(&room_waiters)) {
+			/* a read waits for room: fetched, but not held */
+			obj_install(ob, fd, pin);
+			obj_drop(ob);
+			ob->ahead_reads = 0;
+		} else if (r == 0) {
 			obj_install(ob, fd, pin);
 			ob->ahead = true;
 			o->ahead_bytes += ob->head.size;
@@ -767,7 +796,8 @@ static int open_waiting(struct source_objects *o, size_t at, int *fd, struct obj
 		bool room;
 
 		r = objcache_open(o->st, ob->url, &ob->head, fd, pin, err, errlen);
-		if (r != -ENOSPC)
+		clock_gettime(CLOCK_REALTIME, &now);
+		if (r != -ENOSPC || (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec >= deadline)
 			return r;
 		atomic_fetch_add(&room_waiters, 1);
 		pthread_mutex_lock(&streams_lock);
@@ -777,7 +807,10 @@ static int open_waiting(struct source_objects *o, size_t at, int *fd, struct obj
 			pthread_mutex_unlock(&s->lock);
 		}
 		pthread_mutex_unlock(&streams_lock);
-		room = objcache_wait_room(ob->head.size, deadline);
+		/* a second at a time: a fetch ahead under way may hold room
+		 * when it ends, given back then */
+		room = objcache_wait_room(ob->head.size, ((uint64_t)now.tv_sec + 1) * 1000000000ull +
+					  (uint64_t)now.tv_nsec);
 		atomic_fetch_sub(&room_waiters, 1);
 		pthread_mutex_lock(&streams_lock);
 		for (struct source_objects *s = streams; s; s = s->next_stream) {
@@ -786,8 +819,7 @@ static int open_waiting(struct source_objects *o, size_t at, int *fd, struct obj
 			pthread_mutex_unlock(&s->lock);
 		}
 		pthread_mutex_unlock(&streams_lock);
-		if (!room)
-			return r;
+		(void)room; /* tried again either way, until the deadline */
 	}
 }
 
