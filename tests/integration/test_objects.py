@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import os
+import signal
 import struct
 import tarfile
 import threading
@@ -349,16 +350,18 @@ def test_stream_slow_store_is_limited_by_io(daemon, workdir, s3):
     proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
     try:
         ld, objects = stream_daemon(daemon, workdir, 2 * max(sizes), 1, "slow")
-        create(ld, wds("remote", url, shuffle=False), aws_env(proxy.endpoint))
+        create(ld, wds("remote", url, shuffle=False, epochs=100), aws_env(proxy.endpoint))
         proxy.delay = 0.4
-        c = ld.popen_consume("remote", "--epochs", 3)
+        c = ld.popen_consume("remote", dump=False)
         seen = None
-        while c.proc.poll() is None and seen is None:
+        deadline = time.monotonic() + 90  # a bound on a hang, not a timing
+        while c.proc.poll() is None and seen is None and time.monotonic() < deadline:
             p = ld.pipeline("remote")
             if p["stats"]["limited_by"] == "io":
                 seen = p
             time.sleep(0.05)
-        c.wait(timeout=120)
+        c.signal(signal.SIGTERM)
+        c.wait(timeout=60)
         assert seen is not None, ld.pipeline("remote")["stats"]
         assert f"objects from the store {proxy.endpoint} are fetched slower" in seen["stats"]["limited_why"], seen
         stream = ld.pipeline("remote")["store"]["stream"]
