@@ -8,6 +8,12 @@
  * that ETag, fetched when missing. The kinds then read that file as any
  * other (pread), through an fd the source keeps open, its cache entry
  * pinned, so no eviction pulls it away. docs/storage.md.
+ *
+ * Objects more than the cache holds (a webdataset's shards) are read as a
+ * stream instead: each read takes its object from the cache for as long as
+ * it reads (fetched then when missing), and the source's fetch-ahead
+ * threads follow the order its stream reads in (struct sample_order),
+ * fetching and holding what the next batches need within fetch_ahead.
  */
 #include <errno.h>
 #include <inttypes.h>
