@@ -312,11 +312,17 @@ static void check_restart_keys(struct reload_job *j, const struct settings *f)
 		json_t *oc = source_object_cache_json();
 		json_int_t running = json_integer_value(json_object_get(oc, "cache_bytes"));
 
+		json_int_t ahead = json_integer_value(json_object_get(oc, "fetch_ahead"));
+		uint64_t want = f->fetch_ahead ? f->fetch_ahead : SOURCE_FETCH_AHEAD_DEFAULT;
+
 		json_decref(oc);
 		if (running)
 			needs_restart(j, "cache_bytes", json_integer(running),
 			              json_integer((json_int_t)(f->cache_bytes ? f->cache_bytes
 			                                                        : SETTINGS_CACHE_BYTES_DEFAULT)));
+		/* the bound in force is at most half of cache_bytes */
+		if (running && (uint64_t)ahead != (want > (uint64_t)running / 2 ? (uint64_t)running / 2 : want))
+			needs_restart(j, "fetch_ahead", json_integer(ahead), json_integer((json_int_t)want));
 	}
 	needs_restart(j, "metrics_address", cr->metrics_address ? json_string(cr->metrics_address) : json_null(),
 	              f->metrics_address ? json_string(f->metrics_address) : json_null());

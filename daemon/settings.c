@@ -268,6 +268,9 @@ static int load_key(struct settings *cfg, const char *path, const char *key, jso
 	} else if (strcmp(key, "cache_bytes") == 0) {
 		if ((r = size_key(path, key, v, "10G", &cfg->cache_bytes, err, errlen)) < 0)
 			return r;
+	} else if (strcmp(key, "fetch_ahead") == 0) {
+		if ((r = size_key(path, key, v, "256M", &cfg->fetch_ahead, err, errlen)) < 0)
+			return r;
 	} else if (strcmp(key, "pipelines") == 0) {
 		if (!json_is_array(v))
 			return settings_fail(err, errlen, path,
@@ -400,6 +403,8 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 	}
 	if (file.cache_bytes)
 		cfg->cache_bytes = file.cache_bytes;
+	if (file.fetch_ahead)
+		cfg->fetch_ahead = file.fetch_ahead;
 	json_decref(cfg->pipelines);
 	cfg->pipelines = file.pipelines;
 	file.pipelines = NULL;

@@ -32,6 +32,7 @@ struct settings {
 	char *metrics_address_file; /* the file (or drop-in) that set it, for its errors */
 	char *cache_dir;          /* what sources build and reuse (megatron indexes); NULL: default */
 	uint64_t cache_bytes;     /* the object cache's bound (cache_dir/objects); 0: the default */
+	uint64_t fetch_ahead;     /* what one streamed source fetches ahead; 0: the default */
 };
 
 /* Connections one uid may hold without "max_connections_per_uid": well below

@@ -382,6 +382,14 @@ static const char *limited_by(const struct pipeline *pl, const char *state, doub
 		         wait * 100);
 		return "slots";
 	}
+	if (busy >= BUSY_WORKERS && read_share >= 0.5 && source_store_endpoint(pl->src)) {
+		/* a stream of objects (docs/storage.md): the reads wait for the store */
+		snprintf(why, len, "a trainer waits %.0f %% of its time while the workers are "
+		         "%.0f %% busy, %.0f %% of it reading: objects from the store %s are "
+		         "fetched slower than they are read", wait * 100, busy * 100,
+		         read_share * 100, source_store_endpoint(pl->src));
+		return "io";
+	}
 	if (busy >= BUSY_WORKERS && read_share >= 0.5) {
 		snprintf(why, len, "a trainer waits %.0f %% of its time while the workers are "
 		         "%.0f %% busy, %.0f %% of it reading files", wait * 100, busy * 100,

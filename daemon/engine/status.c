@@ -144,6 +144,10 @@ static json_t *pipeline_json(struct pipeline *pl)
 	 * last 4 characters; never the secret */
 	if (o) {
 		json_t *store = spec_store_json(pl->spec);
+		/* read as a stream: its fetch-ahead (objects.c) */
+		json_t *stream = store && pl->src ? source_stream_json(pl->src) : NULL;
+		if (stream)
+			json_object_set_new(store, "stream", stream);
 		json_object_set_new(o, "store", store ? store : json_null());
 	}
 	/* a reload removed it ("draining") or made a successor ("replaced") */

@@ -191,6 +191,16 @@ uint32_t stream_batch_slots(const struct stream *s)
 }
 /* --- workers ------------------------------------------------------------ */
 
+static uint64_t order_sample(const void *arg, uint64_t epoch, uint64_t batch, uint32_t row)
+{
+	return sampler_sample(arg, epoch, batch, row);
+}
+
+static uint32_t order_rows(const void *arg, uint64_t epoch, uint64_t batch)
+{
+	return sampler_epoch_rows(arg, epoch, batch);
+}
+
 static void task_run(struct work *work)
 {
 	struct task *t = (struct task *)work;
@@ -198,9 +208,20 @@ static void task_run(struct work *work)
 	struct pipeline *pl = job->pl;
 	void *dsts[SOURCE_MAX_FIELDS], *more[(AUG_GROUPS_MAX - 1) * SOURCE_MAX_FIELDS];
 	uint64_t stage_ns[STAGES] = { 0 }, begin = mono_ns();
-	struct sample_ctx ctx = { job->seeds[0], job->epoch, stage_ns, job->nmore, job->seeds + 1,
-		more };
+	struct sample_ctx ctx = { .seed = job->seeds[0], .epoch = job->epoch, .stage_ns = stage_ns,
+		.nmore = job->nmore, .more_seeds = job->seeds + 1, .more_dsts = more };
+	struct sample_order order = { .sample = order_sample, .rows = order_rows,
+		.arg = &job->stream->sampler, .arg_size = sizeof(job->stream->sampler) };
 	char err[512];
+
+	if (!job->idx) {
+		/* what a source fetching ahead follows (objects.c) */
+		order.batches = sampler_batches_per_epoch(&job->stream->sampler);
+		if (job->stream->end_seq != UINT64_MAX && order.batches)
+			order.epochs = (job->stream->end_seq + order.batches - 1) / order.batches;
+		ctx.order = &order;
+		ctx.batch = job->index;
+	}
 
 	for (uint32_t r = t->begin; r < t->end && !atomic_load(&job->err); r++) {
 		uint64_t idx = job_sample(job, r);

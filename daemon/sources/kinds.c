@@ -132,8 +132,9 @@ struct source *source_free(struct source *src)
 {
 	if (!src)
 		return NULL;
-	src->ops->close(src);
+	/* first: its fetch-ahead threads stop asking the kind for objects */
 	source_objects_free(src);
+	src->ops->close(src);
 	free(src);
 	return NULL;
 }

@@ -8,6 +8,12 @@
  * that ETag, fetched when missing. The kinds then read that file as any
  * other (pread), through an fd the source keeps open, its cache entry
  * pinned, so no eviction pulls it away. docs/storage.md.
+ *
+ * Objects more than the cache holds (a webdataset's shards) are read as a
+ * stream instead: each read takes its object from the cache for as long as
+ * it reads (fetched then when missing), and the source's fetch-ahead
+ * threads follow the order its stream reads in (struct sample_order),
+ * fetching and holding what the next batches need within fetch_ahead.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -59,20 +65,76 @@ struct obj {
 	struct store_object head;
 	int fd;
 	struct objcache_pin *pin;
+	/* streamed: fd and pin are held while refs > 0 (each reader, and the
+	 * fetch-ahead while @ahead), then given back to the cache */
+	unsigned refs;
+	bool ahead;                  /* fetched ahead, not yet passed by the reads */
+	bool fetching;               /* a fetch-ahead thread fetches it now */
+	uint32_t ahead_reads;        /* reads of it the fetch-ahead walked past, not yet done */
+	uint64_t until_epoch, until_batch; /* ahead: the last batch that reads it */
 };
+
+/* An (epoch, batch) pair as one ordered number: batches per epoch < 2^40. */
+#define AT(e, b) (((e) << 40) | (b))
+#define AHEAD_THREADS 4
+/* batches the furthest read may be past one still read: the workers build
+ * several at once, and an object fetched ahead is held for them all */
+#define RELEASE_LAG 4
+/* reads of other streams in a row after which the fetch-ahead follows them */
+#define FOREIGN_READS 256
 
 struct source_objects {
 	pthread_mutex_t lock;
 	const struct spec *spec;     /* its keys: spec->keys, the current ones */
 	struct keyed_store *cur;     /* the store of the current keys */
 	struct keyed_store *retired; /* of older keys, still used by a request */
+	/* the endpoint of its first store, set at create: fresh keys are for
+	 * the same endpoint (SetStore), so it never changes after */
+	char endpoint[256];
 	struct obj *v;
 	size_t n, cap;
 	/* an index of v by URL: open addressing, entry i + 1 (0 empty), a
 	 * power of two over twice n; a folder's reads look up every sample */
 	size_t *slots;
 	size_t nslots;
+
+	/* streamed (source_stream_urls()): objects fetched while it runs */
+	bool stream;
+	const char *(*object_of)(void *arg, uint64_t idx);
+	void *object_arg;
+	pthread_cond_t moved;        /* the reads moved on, a fetch ended, or stop */
+	size_t nthreads, running;     /* started, not yet ended */
+	bool stop;
+	struct sample_order order;   /* the order followed (arg: order_arg) */
+	unsigned char order_arg[512];
+	bool have_order;
+	unsigned foreign;            /* reads of other streams since one of its own */
+	uint64_t frontier;           /* AT() of the furthest batch a read began */
+	uint64_t cur_epoch, cur_batch; /* the fetch-ahead's next batch to look at */
+	uint32_t cur_row;
+	uint64_t ahead_bytes, ahead_objects, inflight_bytes, inflight_objects;
+	uint64_t waiting;            /* readers waiting for an object now */
+	struct source_objects *next_stream; /* in streams */
+	_Atomic uint64_t wait_ns, waits, reads_ahead;
 };
+
+/* Every streamed source of the daemon: a read that finds no room in the
+ * cache makes them all give back what they fetched ahead, and none fetches
+ * ahead while one waits. Lock order: streams_lock, then a source's lock. */
+static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct source_objects *streams;
+static _Atomic unsigned room_waiters;
+
+static void streams_remove(struct source_objects *o)
+{
+	pthread_mutex_lock(&streams_lock);
+	for (struct source_objects **pp = &streams; *pp; pp = &(*pp)->next_stream)
+		if (*pp == o) {
+			*pp = o->next_stream;
+			break;
+		}
+	pthread_mutex_unlock(&streams_lock);
+}
 
 bool source_is_url(const char *path)
 {
@@ -255,6 +317,7 @@ int source_objects_new(struct source *src, const struct spec *spec)
 		return -ENOMEM;
 	pthread_mutex_init(&o->lock, NULL);
 	o->spec = spec;
+	pthread_cond_init(&o->moved, NULL);
 	src->objs = o;
 	return 0;
 }
@@ -268,12 +331,9 @@ static void keyed_store_free(struct keyed_store *ks)
 	free(ks);
 }
 
-void source_objects_free(struct source *src)
+static void objects_destroy(struct source_objects *o)
 {
-	struct source_objects *o = src->objs;
-
-	if (!o)
-		return;
+	pthread_cond_destroy(&o->moved);
 	for (size_t i = 0; i < o->n; i++) {
 		if (o->v[i].fd >= 0)
 			close(o->v[i].fd);
@@ -291,7 +351,27 @@ void source_objects_free(struct source *src)
 	}
 	pthread_mutex_destroy(&o->lock);
 	free(o);
+}
+
+void source_objects_free(struct source *src)
+{
+	struct source_objects *o = src->objs;
+	bool last;
+
+	if (!o)
+		return;
 	src->objs = NULL;
+	if (o->stream)
+		streams_remove(o);
+	/* its fetch-ahead threads stop; one in a fetch frees it when the fetch
+	 * ends (the caller, maybe the loop, never waits on the network) */
+	pthread_mutex_lock(&o->lock);
+	o->stop = true;
+	pthread_cond_broadcast(&o->moved);
+	last = o->running == 0;
+	pthread_mutex_unlock(&o->lock);
+	if (last)
+		objects_destroy(o);
 }
 
 /*
@@ -334,6 +414,8 @@ static int objects_get(struct source_objects *o, struct keyed_store **out, char 
 	}
 	o->cur = ks;
 	ks->users = 1;
+	if (!o->endpoint[0])
+		snprintf(o->endpoint, sizeof(o->endpoint), "%s", store_endpoint(ks->st));
 	*out = ks;
 	return 0;
 }
@@ -515,7 +597,8 @@ static int batch_run(struct batch *b, char *err, size_t errlen)
 	return 0;
 }
 
-int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen)
+static int fetch_urls(struct source *src, char *const *paths, size_t n, bool can_stream, char *err,
+		      size_t errlen)
 {
 	struct source_objects *o = src->objs;
 	struct batch b = { .o = o, .lock = PTHREAD_MUTEX_INITIALIZER };
@@ -559,9 +642,14 @@ int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *er
 	for (size_t i = 0; r == 0 && i < b.n; i++)
 		total += b.objs[i]->head.size;
 	max = objcache_max_bytes();
+	if (r == 0 && b.n && max && total > max && can_stream) {
+		/* read as a stream: fetched while it runs (source_open_read()) */
+		o->stream = true;
+		b.n = 0;
+	}
 	if (r == 0 && b.n && max && total > max)
 		r = errfmt(-EFBIG, err, errlen, "%s%s: %zu objects of %" PRIu64 " bytes in all, more than the "
-			   "object cache's cache_bytes %" PRIu64 " (reading them as a stream is not built yet)",
+			   "object cache's cache_bytes %" PRIu64 " (only webdataset shards are read as a stream)",
 			   b.objs[0]->url, b.n > 1 ? " ..." : "", b.n, total, max);
 	b.fetch = true;
 	atomic_store(&b.failed, 0);
@@ -573,6 +661,32 @@ int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *er
 	free(b.objs);
 	pthread_mutex_destroy(&b.lock);
 	return r;
+}
+
+int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen)
+{
+	return fetch_urls(src, paths, n, false, err, errlen);
+}
+
+int source_stream_urls(struct source *src, char *const *paths, size_t n, const char *(*object_of)(void *arg,
+		       uint64_t idx), void *arg, char *err, size_t errlen)
+{
+	int r = fetch_urls(src, paths, n, true, err, errlen);
+
+	if (r == 0 && src->objs && src->objs->stream) {
+		src->objs->object_of = object_of;
+		src->objs->object_arg = arg;
+		pthread_mutex_lock(&streams_lock);
+		src->objs->next_stream = streams;
+		streams = src->objs;
+		pthread_mutex_unlock(&streams_lock);
+	}
+	return r;
+}
+
+bool source_streams(const struct source *src)
+{
+	return src && src->objs && src->objs->stream;
 }
 
 int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
@@ -633,6 +747,454 @@ int source_open_path(const struct source *src, const char *path, struct stat *st
 	return fd;
 }
 
+/* ---- read as a stream ---- */
+
+static _Atomic uint64_t fetch_ahead_bytes = SOURCE_FETCH_AHEAD_DEFAULT;
+
+
+/* The bound of what one source holds fetched ahead: fetch_ahead, at most
+ * half the cache (the rest is for the reads and the other pipelines). */
+static uint64_t ahead_bound(void)
+{
+	uint64_t b = atomic_load(&fetch_ahead_bytes), max = objcache_max_bytes();
+
+	return max && b > max / 2 ? max / 2 : b;
+}
+
+/* Take a reference to @ob's cached copy, installed with @fd and @pin unless
+ * one is there already. Under o->lock. */
+static void obj_install(struct obj *ob, int fd, struct objcache_pin *pin)
+{
+	if (ob->fd >= 0) {
+		close(fd);
+		objcache_unpin(pin);
+	} else {
+		ob->fd = fd;
+		ob->pin = pin;
+	}
+	ob->refs++;
+}
+
+/* Drop a reference: the last gives the copy back to the cache (evictable).
+ * Under o->lock. */
+static void obj_drop(struct obj *ob)
+{
+	if (--ob->refs == 0) {
+		close(ob->fd);
+		objcache_unpin(ob->pin);
+		ob->fd = -1;
+		ob->pin = NULL;
+	}
+}
+
+/* Give back the fetch-ahead's hold of @ob. Under o->lock. */
+static void unhold(struct source_objects *o, struct obj *ob)
+{
+	ob->ahead = false;
+	ob->ahead_reads = 0;
+	o->ahead_bytes -= ob->head.size;
+	o->ahead_objects--;
+	obj_drop(ob);
+	pthread_cond_broadcast(&o->moved); /* room under fetch_ahead */
+}
+
+/* Every hold of the fetch-ahead (a read's own stays): a read waits for
+ * room in the cache, which comes before reading ahead. Under o->lock. */
+static void unhold_all(struct source_objects *o)
+{
+	for (size_t i = 0; i < o->n; i++)
+		if (o->v[i].ahead)
+			unhold(o, &o->v[i]);
+}
+
+/* Objects fetched ahead whose last batch the reads began: no longer held
+ * for them (a read under way holds its own reference). Under o->lock. */
+static void release_passed(struct source_objects *o)
+{
+	for (size_t i = 0; i < o->n; i++) {
+		struct obj *ob = &o->v[i];
+
+		if (ob->ahead && AT(ob->until_epoch, ob->until_batch) + RELEASE_LAG < o->frontier)
+			unhold(o, ob);
+	}
+}
+
+/*
+ * The next object the reads will need that is neither held nor on its way,
+ * walking the order from the fetch-ahead's place; every held one met on the
+ * way is kept until that batch. NULL when the bound is reached (or the
+ * walk is an epoch past the reads'). Under o->lock.
+ */
+static struct obj *next_wanted(struct source_objects *o)
+{
+	uint64_t bound = ahead_bound(), fe = o->frontier >> 40;
+
+	if (AT(o->cur_epoch, o->cur_batch) < o->frontier) {
+		o->cur_epoch = fe;
+		o->cur_batch = o->frontier & ((1ull << 40) - 1);
+		o->cur_row = 0;
+	}
+	while (o->cur_epoch <= fe + 1 && o->order.batches && (!o->order.epochs || o->cur_epoch < o->order.epochs)) {
+		uint32_t rows = o->order.rows(o->order_arg, o->cur_epoch, o->cur_batch);
+		const char *url;
+		struct obj *ob;
+
+		if (o->cur_row >= rows) {
+			o->cur_row = 0;
+			if (++o->cur_batch >= o->order.batches) {
+				o->cur_batch = 0;
+				o->cur_epoch++;
+			}
+			continue;
+		}
+		url = o->object_of(o->object_arg, o->order.sample(o->order_arg, o->cur_epoch, o->cur_batch,
+								  o->cur_row));
+		ob = url ? objects_find(o, url, false) : NULL;
+		if (!ob) {
+			o->cur_row++;
+			continue;
+		}
+		if (!ob->ahead && !ob->fetching) {
+			if (o->ahead_objects + o->inflight_objects > 0 &&
+			    o->ahead_bytes + o->inflight_bytes + ob->head.size > bound)
+				return NULL;
+			if (ob->refs > 0) {
+				/* a read holds it: held for the batches ahead too */
+				ob->refs++;
+				ob->ahead = true;
+				o->ahead_bytes += ob->head.size;
+				o->ahead_objects++;
+			}
+		}
+		ob->until_epoch = o->cur_epoch;
+		ob->until_batch = o->cur_batch;
+		ob->ahead_reads++;
+		o->cur_row++;
+		if (!ob->ahead && !ob->fetching)
+			return ob;
+	}
+	return NULL;
+}
+
+/* objcache_open() of object @at through the store of the spec's current
+ * keys (objects_get()): a refusal says the keys' expiry where known. */
+static int objects_open(struct source_objects *o, size_t at, int *fd, struct objcache_pin **pin, char *err,
+			size_t errlen)
+{
+	struct keyed_store *ks;
+	const char *url;
+	struct store_object head;
+	int r;
+
+	pthread_mutex_lock(&o->lock);
+	r = objects_get(o, &ks, err, errlen);
+	url = o->v[at].url;     /* o->v moves only at create, never while streamed */
+	head = o->v[at].head;
+	pthread_mutex_unlock(&o->lock);
+	if (r < 0)
+		return r;
+	r = objcache_open(ks->st, url, &head, fd, pin, err, errlen);
+	if (r < 0)
+		objects_error(o, ks, r, err, errlen);
+	objects_put(o, ks);
+	return r;
+}
+
+/* objcache_open() of object @at for the fetch-ahead: while what is pinned
+ * leaves no room, it waits for room (a read's pin ends soon), unless a
+ * read waits for room too or the source is going. A failure is only the
+ * fetch-ahead's: the read that needs the object meets it and reports it
+ * (on_error). */
+static int ahead_open(struct source_objects *o, size_t at, int *fd, struct objcache_pin **pin, char *err,
+		      size_t errlen)
+{
+	for (;;) {
+		int r = objects_open(o, at, fd, pin, err, errlen);
+		struct timespec now;
+		bool stop;
+
+		pthread_mutex_lock(&o->lock);
+		stop = o->stop;
+		pthread_mutex_unlock(&o->lock);
+		if (r != -ENOSPC || stop || atomic_load(&room_waiters))
+			return r;
+		clock_gettime(CLOCK_REALTIME, &now);
+		objcache_wait_room(o->v[at].head.size, ((uint64_t)now.tv_sec + 1) * 1000000000ull +
+				   (uint64_t)now.tv_nsec);
+	}
+}
+
+/* One of a streamed source's fetch-ahead threads. */
+static void *ahead_thread(void *arg)
+{
+	struct source_objects *o = arg;
+	char err[1024];
+	bool last;
+
+	pthread_mutex_lock(&o->lock);
+	while (!o->stop) {
+		struct obj *ob;
+		struct objcache_pin *pin = NULL;
+		size_t at;
+		int fd = -1, r;
+
+		release_passed(o);
+		ob = o->have_order && !atomic_load(&room_waiters) ? next_wanted(o) : NULL;
+		if (!ob) {
+			pthread_cond_wait(&o->moved, &o->lock);
+			continue;
+		}
+		at = (size_t)(ob - o->v);
+		ob->fetching = true;
+		o->inflight_bytes += ob->head.size;
+		o->inflight_objects++;
+		pthread_mutex_unlock(&o->lock);
+		r = ahead_open(o, at, &fd, &pin, err, sizeof(err));
+		pthread_mutex_lock(&o->lock);
+		ob = &o->v[at];
+		ob->fetching = false;
+		o->inflight_bytes -= ob->head.size;
+		o->inflight_objects--;
+		if (r == 0 && atomic_load(&room_waiters)) {
+			/* a read waits for room: fetched, but not held */
+			obj_install(ob, fd, pin);
+			obj_drop(ob);
+			ob->ahead_reads = 0;
+		} else if (r == 0) {
+			obj_install(ob, fd, pin);
+			ob->ahead = true;
+			o->ahead_bytes += ob->head.size;
+			o->ahead_objects++;
+		} else {
+			ob->ahead_reads = 0;
+		}
+		pthread_cond_broadcast(&o->moved);
+	}
+	last = --o->running == 0;
+	pthread_mutex_unlock(&o->lock);
+	if (last)
+		objects_destroy(o);
+	return NULL;
+}
+
+/* A detached fetch-ahead thread (it may outlive the source: ahead_thread()). */
+static int start_thread(struct source_objects *o)
+{
+	pthread_attr_t attr;
+	pthread_t t;
+	int r;
+
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	r = pthread_create(&t, &attr, ahead_thread, o);
+	pthread_attr_destroy(&attr);
+	return r;
+}
+
+/* The batch the calling worker reads for (source_note_read()), UINT64_MAX
+ * unknown: its reads give back the holds of the fetch-ahead they end. */
+static _Thread_local uint64_t reading_at = UINT64_MAX;
+
+void source_note_read(const struct source *src, const struct sample_ctx *ctx)
+{
+	struct source_objects *o = src->objs;
+	const struct sample_order *ord = ctx->order;
+	uint64_t at;
+
+	reading_at = UINT64_MAX;
+	if (!o || !o->stream || !ord || ord->arg_size > sizeof(o->order_arg))
+		return;
+	at = AT(ctx->epoch, ctx->batch);
+	pthread_mutex_lock(&o->lock);
+	if (o->have_order && (memcmp(o->order_arg, ord->arg, ord->arg_size) || o->order.batches != ord->batches ||
+			      o->order.epochs != ord->epochs)) {
+		/* another stream's read: the fetch-ahead follows one stream, and
+		 * another only once the one it follows has stopped reading */
+		if (++o->foreign < FOREIGN_READS) {
+			pthread_mutex_unlock(&o->lock);
+			return;
+		}
+		o->have_order = false;
+		unhold_all(o); /* held for the other order's batches */
+	}
+	o->foreign = 0;
+	reading_at = at;
+	if (!o->have_order) {
+		/* the first read, or the reads of another stream (a resume) */
+		o->order = *ord;
+		memcpy(o->order_arg, ord->arg, ord->arg_size);
+		o->have_order = true;
+		o->frontier = at;
+		o->cur_epoch = ctx->epoch;
+		o->cur_batch = ctx->batch;
+		o->cur_row = 0;
+		while (o->nthreads < AHEAD_THREADS && !start_thread(o))
+			o->nthreads++, o->running++;
+		pthread_cond_broadcast(&o->moved);
+	} else if (at > o->frontier) {
+		o->frontier = at;
+		pthread_cond_broadcast(&o->moved);
+	}
+	pthread_mutex_unlock(&o->lock);
+}
+
+/* How long a read waits for room that other readers' pins hold. */
+#define ROOM_WAIT_S 60
+
+/* objcache_open() of object @at for a read: when what is pinned leaves no
+ * room, the fetch-ahead gives back its holds and the read waits for the
+ * other reads' pins (each read holds one object at a time). */
+static int open_waiting(struct source_objects *o, size_t at, int *fd, struct objcache_pin **pin, char *err,
+			size_t errlen)
+{
+	struct timespec now;
+	uint64_t deadline;
+	int r;
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	deadline = ((uint64_t)now.tv_sec + ROOM_WAIT_S) * 1000000000ull + (uint64_t)now.tv_nsec;
+	for (;;) {
+		struct obj *ob = &o->v[at];
+		bool room;
+
+		r = objects_open(o, at, fd, pin, err, errlen);
+		clock_gettime(CLOCK_REALTIME, &now);
+		if (r != -ENOSPC || (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec >= deadline)
+			return r;
+		atomic_fetch_add(&room_waiters, 1);
+		pthread_mutex_lock(&streams_lock);
+		for (struct source_objects *s = streams; s; s = s->next_stream) {
+			pthread_mutex_lock(&s->lock);
+			unhold_all(s);
+			pthread_mutex_unlock(&s->lock);
+		}
+		pthread_mutex_unlock(&streams_lock);
+		/* a second at a time: a fetch ahead under way may hold room
+		 * when it ends, given back then */
+		room = objcache_wait_room(ob->head.size, ((uint64_t)now.tv_sec + 1) * 1000000000ull +
+					  (uint64_t)now.tv_nsec);
+		atomic_fetch_sub(&room_waiters, 1);
+		pthread_mutex_lock(&streams_lock);
+		for (struct source_objects *s = streams; s; s = s->next_stream) {
+			pthread_mutex_lock(&s->lock);
+			pthread_cond_broadcast(&s->moved);
+			pthread_mutex_unlock(&s->lock);
+		}
+		pthread_mutex_unlock(&streams_lock);
+		(void)room; /* tried again either way, until the deadline */
+	}
+}
+
+int source_open_read(const struct source *src, const char *path, struct stat *st, size_t *hold, char *err,
+		     size_t errlen)
+{
+	struct source_objects *o = src ? src->objs : NULL;
+	struct objcache_pin *pin = NULL;
+	uint64_t begin = 0;
+	struct obj *ob;
+	size_t at;
+	int fd = -1, r;
+
+	*hold = 0;
+	if (!o || !o->stream || !source_is_url(path))
+		return source_open_path(src, path, st, err, errlen);
+	pthread_mutex_lock(&o->lock);
+	ob = objects_find(o, path, false);
+	if (!ob) {
+		pthread_mutex_unlock(&o->lock);
+		return source_open_path(src, path, st, err, errlen);
+	}
+	at = (size_t)(ob - o->v);
+	if (ob->fd < 0) {
+		begin = mono_ns();
+		o->waiting++;
+		/* on its way from a fetch-ahead thread: wait for it */
+		while (o->v[at].fetching && !o->stop)
+			pthread_cond_wait(&o->moved, &o->lock);
+		ob = &o->v[at];
+	}
+	if (ob->fd < 0) {
+		pthread_mutex_unlock(&o->lock);
+		r = open_waiting(o, at, &fd, &pin, err, errlen);
+		pthread_mutex_lock(&o->lock);
+		ob = &o->v[at];
+		if (r < 0) {
+			o->waiting--;
+			pthread_mutex_unlock(&o->lock);
+			return r;
+		}
+		obj_install(ob, fd, pin);
+	} else {
+		ob->refs++;
+		atomic_fetch_add(&o->reads_ahead, begin == 0 && ob->ahead);
+	}
+	/* the last of the reads it was fetched ahead for: that read holds it
+	 * now, and then the cache (evictable) */
+	if (ob->ahead && reading_at != UINT64_MAX && ob->ahead_reads && --ob->ahead_reads == 0)
+		unhold(o, ob);
+	if (begin) {
+		o->waiting--;
+		atomic_fetch_add(&o->waits, 1);
+		atomic_fetch_add(&o->wait_ns, mono_ns() - begin);
+	}
+	fd = ob->fd;
+	pthread_mutex_unlock(&o->lock);
+	if (st && fstat(fd, st) < 0) {
+		r = errfmt(-errno, err, errlen, "%s: its cached copy: %s", path, strerror(errno));
+		source_close_read(src, fd, at + 1);
+		return r;
+	}
+	*hold = at + 1;
+	return fd;
+}
+
+void source_close_read(const struct source *src, int fd, size_t hold)
+{
+	struct source_objects *o = src ? src->objs : NULL;
+
+	if (!hold) {
+		close(fd);
+		return;
+	}
+	pthread_mutex_lock(&o->lock);
+	obj_drop(&o->v[hold - 1]);
+	pthread_mutex_unlock(&o->lock);
+}
+
+const char *source_store_endpoint(const struct source *src)
+{
+	return source_streams(src) && src->objs->endpoint[0] ? src->objs->endpoint : NULL;
+}
+
+uint64_t source_fetch_wait_ns(const struct source *src)
+{
+	return source_streams(src) ? atomic_load(&src->objs->wait_ns) : 0;
+}
+
+json_t *source_stream_json(const struct source *src)
+{
+	struct source_objects *o = src ? src->objs : NULL;
+	json_t *j;
+
+	if (!o || !o->stream)
+		return NULL;
+	pthread_mutex_lock(&o->lock);
+	j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "fetch_ahead", (json_int_t)ahead_bound(),
+		      "ahead_objects", (json_int_t)o->ahead_objects, "ahead_bytes", (json_int_t)o->ahead_bytes,
+		      "fetching_objects", (json_int_t)o->inflight_objects, "fetching_bytes",
+		      (json_int_t)o->inflight_bytes, "readers_waiting", (json_int_t)o->waiting,
+		      "reads_fetched_ahead", (json_int_t)atomic_load(&o->reads_ahead), "reads_waited",
+		      (json_int_t)atomic_load(&o->waits), "wait_seconds",
+		      (double)atomic_load(&o->wait_ns) / 1e9);
+	pthread_mutex_unlock(&o->lock);
+	return j;
+}
+
+void source_set_fetch_ahead(uint64_t bytes)
+{
+	atomic_store(&fetch_ahead_bytes, bytes ? bytes : SOURCE_FETCH_AHEAD_DEFAULT);
+}
+
 /* ---- the node's cache ---- */
 
 int source_set_object_cache(const char *cache_dir, uint64_t max_bytes, char *err, size_t errlen)
@@ -650,9 +1212,10 @@ json_t *source_object_cache_json(void)
 	struct objcache_stats s;
 
 	objcache_get_stats(&s);
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cache_bytes", (json_int_t)s.max_bytes,
-			 "bytes_used", (json_int_t)s.bytes_used, "objects", (json_int_t)s.objects,
-			 "pinned", (json_int_t)s.pinned, "hits", (json_int_t)s.hits, "misses",
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cache_bytes",
+			 (json_int_t)s.max_bytes, "bytes_used", (json_int_t)s.bytes_used, "objects",
+			 (json_int_t)s.objects, "pinned", (json_int_t)s.pinned, "hits", (json_int_t)s.hits, "misses",
 			 (json_int_t)s.misses, "bytes_fetched", (json_int_t)s.bytes_fetched, "evictions",
-			 (json_int_t)s.evictions);
+			 (json_int_t)s.evictions, "fetching", (json_int_t)s.fetching, "fetching_bytes",
+			 (json_int_t)s.fetching_bytes, "fetch_ahead", (json_int_t)ahead_bound());
 }

@@ -95,6 +95,24 @@ struct stat;
 bool source_is_url(const char *path);
 int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen);
 int source_open_path(const struct source *src, const char *path, struct stat *st, char *err, size_t errlen);
+/*
+ * Read as a stream (docs/storage.md, "Read as a stream"): a kind whose
+ * objects may be more than cache_bytes calls source_stream_urls() instead
+ * of source_fetch_urls(); when they do not fit, it only HEADs them, and
+ * every read then goes through source_open_read() (a URL's cached copy,
+ * fetched now when neither there nor on its way; a local path's ds_open())
+ * and source_close_read() with the @hold it gave. @object_of names the
+ * object of dataset index @idx (NULL: none). source_note_read(), before a
+ * sample's reads: the order its stream reads in, which the source's
+ * fetch-ahead threads follow within fetch_ahead bytes.
+ */
+int source_stream_urls(struct source *src, char *const *paths, size_t n, const char *(*object_of)(void *arg,
+		       uint64_t idx), void *arg, char *err, size_t errlen);
+bool source_streams(const struct source *src);
+void source_note_read(const struct source *src, const struct sample_ctx *ctx);
+int source_open_read(const struct source *src, const char *path, struct stat *st, size_t *hold, char *err,
+		     size_t errlen);
+void source_close_read(const struct source *src, int fd, size_t hold);
 /* Every key under s3://bucket/prefix (store_list(), as the creator). */
 int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
 		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen);

@@ -53,6 +53,20 @@ struct spec;                     /* spec.h */
  * What a sample's random draws depend on besides its index (docs/spec.md,
  * "Random draws"): never the worker or the time.
  */
+/* The order a stream reads its epochs in (the engine's sampler), for a
+ * source that fetches ahead what it will read (objects.c): sample() is the
+ * dataset index of row @row of batch @batch of @epoch, rows() that batch's
+ * rows (0 for one it skips); @batches per epoch. @arg is plain data of
+ * @arg_size bytes the source may copy. */
+struct sample_order {
+	uint64_t (*sample)(const void *arg, uint64_t epoch, uint64_t batch, uint32_t row);
+	uint32_t (*rows)(const void *arg, uint64_t epoch, uint64_t batch);
+	uint64_t batches;
+	uint64_t epochs;            /* the stream ends before this one (0: endless) */
+	const void *arg;
+	size_t arg_size;
+};
+
 struct sample_ctx {
 	uint64_t seed;
 	uint64_t epoch;
@@ -65,6 +79,10 @@ struct sample_ctx {
 	uint32_t nmore;
 	const uint64_t *more_seeds;
 	void *const *more_dsts;
+	/* the order the sample's stream reads in, and the batch of it being
+	 * built (NULL: not known, a client's own order) */
+	const struct sample_order *order;
+	uint64_t batch;
 };
 
 /* The stages a sample's time is split into (status "stage_seconds_total"). */
@@ -162,6 +180,22 @@ size_t source_cache_dir(char *buf, size_t len);
  */
 int source_set_object_cache(const char *cache_dir, uint64_t max_bytes, char *err, size_t errlen);
 json_t *source_object_cache_json(void);
+
+/*
+ * A source whose objects are more than cache_bytes reads them as a stream
+ * (docs/storage.md): its fetch-ahead threads hold at most fetch_ahead bytes
+ * (config key fetch_ahead; at most half of cache_bytes) of objects its
+ * reads will need. source_set_fetch_ahead() at start (0: the default).
+ * source_store_endpoint(): the store a streamed source reads (NULL: none);
+ * source_fetch_wait_ns(): the time its reads waited for objects so far;
+ * source_stream_json(): its status (a pipeline's store.stream), NULL when
+ * it does not stream.
+ */
+#define SOURCE_FETCH_AHEAD_DEFAULT (256ull << 20)
+void source_set_fetch_ahead(uint64_t bytes);
+const char *source_store_endpoint(const struct source *src);
+uint64_t source_fetch_wait_ns(const struct source *src);
+json_t *source_stream_json(const struct source *src);
 
 /*
  * The creator's object-store credentials, sent by its client with the

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -405,8 +406,30 @@ void objcache_unpin(struct objcache_pin *pin)
 	if (!pin)
 		return;
 	pthread_mutex_lock(&oc.lock);
-	pin->pins--;
+	/* the last pin may make the room an open waits for */
+	if (--pin->pins == 0)
+		pthread_cond_broadcast(&oc.done);
 	pthread_mutex_unlock(&oc.lock);
+}
+
+bool objcache_wait_room(uint64_t size, uint64_t deadline_ns)
+{
+	struct timespec ts = { .tv_sec = (time_t)(deadline_ns / 1000000000ull),
+			       .tv_nsec = (long)(deadline_ns % 1000000000ull) };
+	bool room = false;
+
+	pthread_mutex_lock(&oc.lock);
+	for (;;) {
+		uint64_t held = 0;
+
+		for (struct objcache_pin *e = oc.list; e; e = e->next)
+			held += e->pins || e->fetching ? e->size : 0;
+		room = held + size <= oc.max;
+		if (room || pthread_cond_timedwait(&oc.done, &oc.lock, &ts) == ETIMEDOUT)
+			break;
+	}
+	pthread_mutex_unlock(&oc.lock);
+	return room;
 }
 
 void objcache_get_stats(struct objcache_stats *out)
@@ -415,10 +438,12 @@ void objcache_get_stats(struct objcache_stats *out)
 	*out = oc.st;
 	out->max_bytes = oc.dir ? oc.max : 0;
 	out->bytes_used = oc.used_bytes;
-	out->objects = out->pinned = 0;
+	out->objects = out->pinned = out->fetching = out->fetching_bytes = 0;
 	for (struct objcache_pin *e = oc.list; e; e = e->next) {
 		out->objects++;
 		out->pinned += e->pins > 0;
+		out->fetching += e->fetching;
+		out->fetching_bytes += e->fetching ? e->size : 0;
 	}
 	pthread_mutex_unlock(&oc.lock);
 }

@@ -15,6 +15,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +51,9 @@ struct objcache_pin;
 int objcache_open(struct store *st, const char *url, const struct store_object *obj, int *fd,
 		  struct objcache_pin **pin, char *err, size_t errlen);
 void objcache_unpin(struct objcache_pin *pin);
+/* Wait until what is pinned (or on its way) leaves room for @size more
+ * bytes, or CLOCK_REALTIME @deadline_ns: whether there is room. */
+bool objcache_wait_room(uint64_t size, uint64_t deadline_ns);
 
 struct objcache_stats {
 	uint64_t max_bytes;      /* cache_bytes */
@@ -59,6 +63,7 @@ struct objcache_stats {
 	uint64_t hits, misses;   /* objcache_open()s found, fetched */
 	uint64_t bytes_fetched;  /* from the stores, since the start */
 	uint64_t evictions;
+	uint64_t fetching, fetching_bytes; /* fetches under way now */
 };
 
 void objcache_get_stats(struct objcache_stats *out);

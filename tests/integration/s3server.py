@@ -311,6 +311,7 @@ class FaultProxy:
         self.stopping = False
         self.threads = []
         self.stall_release = threading.Event()
+        self.delay = 0.0  # seconds every GET waits before it is forwarded: a slow store
         t = threading.Thread(target=self._accept, daemon=True)
         t.start()
         self.threads.append(t)
@@ -408,6 +409,8 @@ class FaultProxy:
                     if close:
                         return
                     continue
+                if self.delay and req.startswith(b"GET "):
+                    time.sleep(self.delay)
                 resp = self._forward(req)
                 head, _, body = resp.partition(b"\r\n\r\n")
                 if fault == "cut":

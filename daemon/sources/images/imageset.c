@@ -629,10 +629,13 @@ static int index_shard(struct imageset *set, struct indexer *ix, size_t s, bool 
 {
 	const char *path = set->shards[s];
 	struct stat st;
-	int fd = source_open_path(set->src, path, &st, err, errlen), r;
+	size_t hold;
+	int fd = source_open_read(set->src, path, &st, &hold, err, errlen), r;
 
 	if (fd < 0)
 		return fd;
+	/* a streamed object is given back once indexed: it may be evicted */
+	keep_fd = keep_fd && !hold;
 	ix->shard = (uint32_t)s;
 	ix->fd = fd;
 	ix->path = path;
@@ -643,7 +646,7 @@ static int index_shard(struct imageset *set, struct indexer *ix, size_t s, bool 
 	if (keep_fd && r == 0)
 		set->fds[s] = fd;
 	else
-		close(fd);
+		source_close_read(set->src, fd, hold);
 	return r;
 }
 
@@ -769,6 +772,11 @@ uint64_t imageset_bytes(const struct imageset *set)
 	return b;
 }
 
+const char *imageset_shard_of(const struct imageset *set, uint64_t idx)
+{
+	return set->folder || idx >= set->n ? NULL : set->shards[set->v[idx].shard];
+}
+
 uint64_t imageset_count(const struct imageset *set)
 {
 	return set->n;
@@ -828,6 +836,7 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 {
 	const struct image_entry *e = &set->v[idx];
 	char what[PATH_MAX + 64];
+	size_t hold = 0;
 	int fd, r;
 
 	imageset_describe(set, idx, what, sizeof(what));
@@ -868,13 +877,13 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 		return errfmt(r, err, errlen, "%s: out of memory", what);
 	fd = set->fds[e->shard];
 	if (fd < 0) {
-		fd = source_open_path(set->src, set->shards[e->shard], NULL, err, errlen);
+		fd = source_open_read(set->src, set->shards[e->shard], NULL, &hold, err, errlen);
 		if (fd < 0)
 			return fd;
 	}
 	r = read_at(fd, *buf, (size_t)e->size, e->offset, what, err, errlen);
 	if (fd != set->fds[e->shard])
-		close(fd);
+		source_close_read(set->src, fd, hold);
 	if (r < 0)
 		return r;
 	*len = (size_t)e->size;

@@ -46,6 +46,8 @@ int imageset_open_folder_of(struct imageset **out, const struct source *src, con
 struct source;
 int imageset_open_webdataset(struct imageset **out, const struct source *src, char *const *urls,
 			     size_t nurls, char *err, size_t errlen);
+/* The shard (its path or URL) of a webdataset's sample @idx; NULL for a folder's. */
+const char *imageset_shard_of(const struct imageset *set, uint64_t idx);
 struct imageset *imageset_free(struct imageset *set);
 
 uint64_t imageset_count(const struct imageset *set);

@@ -501,8 +501,18 @@ static bool transforms_random(const struct spec *spec)
 
 /* ---- the dataset ---- */
 
+/* The shard of sample @idx, for the fetch-ahead (objects.c). */
+static const char *shard_of(void *arg, uint64_t idx)
+{
+	const struct images_source *src = arg;
+
+	return src->images ? imageset_shard_of(src->images, idx) : NULL;
+}
+
 /* The shards named by URLs fetched into the node's cache, several at once,
- * before they are indexed one by one (objects.c). */
+ * before they are indexed one by one (objects.c); when they are more than
+ * cache_bytes, only HEADed: each is fetched to be indexed, then read as a
+ * stream. */
 static int fetch_shards(struct source *base, const struct spec *spec, char *err, size_t errlen)
 {
 	char **all = NULL;
@@ -534,7 +544,7 @@ static int fetch_shards(struct source *base, const struct spec *spec, char *err,
 		free(names); /* the strings now belong to all */
 	}
 	if (r == 0)
-		r = source_fetch_urls(base, all, n, err, errlen);
+		r = source_stream_urls(base, all, n, shard_of, base, err, errlen);
 	for (size_t i = 0; i < n; i++)
 		free(all[i]);
 	free(all);
@@ -755,6 +765,8 @@ static int images_read(struct source *base, const struct sample_ctx *ctx, uint64
 	uint64_t n = src->base.nsamples, j = idx, seen = 0;
 	char last[512];
 	bool tried = false;
+
+	source_note_read(base, ctx);
 
 	while (seen < n) {
 		uint64_t k = next_unknown(src, j, n);
