@@ -102,6 +102,12 @@ int source_open(struct source **out, const struct spec *spec, char *err, size_t 
 int source_open_as(struct source **out, const struct spec *spec, const struct creds *who,
 		   char *err, size_t errlen)
 {
+	return source_open_part(out, spec, spec, who, err, errlen);
+}
+
+int source_open_part(struct source **out, const struct spec *spec, const struct spec *keys_of,
+		     const struct creds *who, char *err, size_t errlen)
+{
 	const struct source_ops *ops = source_kind_ops(spec->kind);
 	struct source *src;
 	int r;
@@ -115,7 +121,7 @@ int source_open_as(struct source **out, const struct spec *spec, const struct cr
 		return errfmt(-ENOMEM, err, errlen, "source: out of memory");
 	src->ops = ops;
 	src->who = *who;
-	r = source_objects_new(src, spec);
+	r = source_objects_new(src, keys_of);
 	if (r == 0)
 		r = ops->open(src, spec, err, errlen);
 	if (r < 0) {

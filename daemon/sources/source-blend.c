@@ -786,6 +786,7 @@ static int check_fields(struct blend_source *src, size_t i, char *err, size_t er
 
 struct open_job {
 	struct blend_source *src;
+	const struct spec *spec;     /* the blend's: its keys are the parts' */
 	const struct blend_spec *bs;
 	_Atomic size_t next;
 	pthread_mutex_t lock;
@@ -808,8 +809,8 @@ static void *open_thread(void *arg)
 		pthread_mutex_unlock(&j->lock);
 		if (r)
 			continue;
-		r = source_open_as(&j->src->parts[i], j->bs->parts[i].spec, &j->src->base.who, perr,
-				   sizeof(perr));
+		r = source_open_part(&j->src->parts[i], j->bs->parts[i].spec, j->spec, &j->src->base.who,
+				     perr, sizeof(perr));
 		if (r >= 0)
 			continue;
 		pthread_mutex_lock(&j->lock);
@@ -828,10 +829,10 @@ static void *open_thread(void *arg)
  * failed or has no samples or other fields is the error, as if they were
  * opened one by one (every part before the first that failed was opened).
  */
-static int open_parts(struct blend_source *src, const struct blend_spec *bs, char *err,
-		      size_t errlen)
+static int open_parts(struct blend_source *src, const struct spec *spec, char *err, size_t errlen)
 {
-	struct open_job j = { .src = src, .bs = bs, .lock = PTHREAD_MUTEX_INITIALIZER,
+	const struct blend_spec *bs = spec->source.blend;
+	struct open_job j = { .src = src, .spec = spec, .bs = bs, .lock = PTHREAD_MUTEX_INITIALIZER,
 			      .failed = bs->nparts };
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 	size_t nt = bs->nparts < OPEN_THREADS ? bs->nparts : OPEN_THREADS, started = 0;
@@ -997,7 +998,7 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 		early_size = builder_size(w, n, bs->min_size);
 	/* megatron parts were given the builder's share at parse (builder_parts());
 	 * every part is opened as the owner before the index cache is looked at */
-	r = open_parts(src, bs, err, errlen);
+	r = open_parts(src, spec, err, errlen);
 	if (r < 0)
 		goto out;
 	if (early) {

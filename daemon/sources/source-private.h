@@ -117,6 +117,13 @@ void source_close_read(const struct source *src, int fd, size_t hold);
 int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
 		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen);
 int source_objects_new(struct source *src, const struct spec *spec);
+/*
+ * source_open_as() of @spec whose objects are fetched with @keys_of's keys
+ * (its spec->keys, the current ones): a blend's part, which has none of
+ * its own, with the pipeline's (the blend's spec's).
+ */
+int source_open_part(struct source **out, const struct spec *spec, const struct spec *keys_of,
+		     const struct creds *who, char *err, size_t errlen);
 void source_objects_free(struct source *src);
 
 /* The kind table (kinds.c), in the order spec errors list the names. */

@@ -3,7 +3,10 @@
 
 /*
  * A corpus is one file ("path") or many ("paths": names, brace ranges and
- * file-name globs, expanded at open in the order written, globs sorted).
+ * file-name globs, expanded at open in the order written, globs sorted),
+ * local paths or objects in a store (s3://, https://: fetched whole into
+ * the node's object cache at open, as the creator, then read there; a glob
+ * over s3:// lists the keys, objects.c).
  * Its files are one sequence of tokens cut into segments that no window of
  * L+1 tokens crosses: each file (boundaries "file"), each document (an eos
  * token or a file's end ends one) or the whole corpus ("none"). Sample i is
@@ -574,7 +577,7 @@ static int add_file(struct tokens_source *src, const char *path, char *err, size
 	if (!f->path)
 		return -ENOMEM;
 	src->nfiles++;
-	fd = ds_open(&src->base.who, path, &st, err, errlen);
+	fd = source_open_path(&src->base, path, &st, err, errlen);
 	if (fd < 0)
 		return fd;
 	if ((uint64_t)st.st_size % src->elem) {
@@ -604,20 +607,113 @@ static int strcmp_p(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* The names of the corpus's files, in order, before any is opened. */
+struct names {
+	char **v;
+	size_t n, cap;
+	const char *what;    /* the corpus, in errors */
+};
+
+/* Take @name (malloc'd) into @nm; freed on failure. */
+static int names_take(struct names *nm, char *name, char *err, size_t errlen)
+{
+	if (!name)
+		return -ENOMEM;
+	if (nm->n >= TOKENS_FILES_MAX) {
+		free(name);
+		return errfmt(-E2BIG, err, errlen, "%s: more than %d files, the most a corpus has", nm->what,
+			      TOKENS_FILES_MAX);
+	}
+	if (nm->n == nm->cap) {
+		size_t cap = nm->cap ? nm->cap * 2 : 64;
+		char **v = realloc(nm->v, cap * sizeof(*v));
+
+		if (!v) {
+			free(name);
+			return -ENOMEM;
+		}
+		nm->v = v;
+		nm->cap = cap;
+	}
+	nm->v[nm->n++] = name;
+	return 0;
+}
+
+/* A glob over a store's keys: those under its directory, one level. */
+struct key_glob {
+	struct names *nm;
+	const char *pattern;    /* the URL */
+	size_t dir_len;         /* of the URL's directory, with its '/' */
+	size_t key_dir_len;     /* of the key's directory, with its '/' */
+	const char *base;       /* the file-name pattern */
+	size_t first;           /* nm->n before the listing */
+	char *err;
+	size_t errlen;
+};
+
+static int key_glob_fn(void *arg, const char *key, uint64_t size, const char *etag)
+{
+	struct key_glob *g = arg;
+	const char *name = key + g->key_dir_len;
+	char *url;
+
+	(void)size;
+	(void)etag;
+	if (strlen(key) <= g->key_dir_len || strchr(name, '/') || fnmatch(g->base, name, FNM_PERIOD) != 0)
+		return 0;
+	if (asprintf(&url, "%.*s%s", (int)g->dir_len, g->pattern, name) < 0)
+		url = NULL;
+	return names_take(g->nm, url, g->err, g->errlen);
+}
+
+/* A glob in the file name of an s3:// URL: the keys listed (ListObjectsV2
+ * from the literal part of the name on), as the creator, sorted. */
+static int url_glob(struct tokens_source *src, struct names *nm, const char *pattern, char *err, size_t errlen)
+{
+	const char *slash = strrchr(pattern, '/'), *bucket_end;
+	struct key_glob g = { .nm = nm, .pattern = pattern, .base = slash + 1, .first = nm->n, .err = err,
+			      .errlen = errlen };
+	char *prefix;
+	int r;
+
+	if (strncmp(pattern, "s3://", 5))
+		return errfmt(-EINVAL, err, errlen, "%s: a glob needs a local path or an s3:// URL (an "
+			      "http(s):// server cannot be listed)", pattern);
+	if (!(bucket_end = strchr(pattern + 5, '/')))
+		return errfmt(-EINVAL, err, errlen, "%s: a glob in a bucket's name (s3://bucket/key: only "
+			      "the key's file name may have one)", pattern);
+	g.dir_len = (size_t)(slash - pattern) + 1;
+	g.key_dir_len = g.dir_len - (size_t)(bucket_end + 1 - pattern);
+	/* the listing starts at the name's literal part: "s3://b/tok/shard-" */
+	prefix = strndup(pattern, g.dir_len + strcspn(g.base, "*?[\\"));
+	if (!prefix)
+		return -ENOMEM;
+	r = source_list_url(&src->base, prefix, key_glob_fn, &g, err, errlen);
+	free(prefix);
+	if (r < 0)
+		return r;
+	if (nm->n == g.first)
+		return errfmt(-ENOENT, err, errlen, "%s: no object matches", pattern);
+	qsort(nm->v + g.first, nm->n - g.first, sizeof(*nm->v), strcmp_p);
+	return 0;
+}
+
 /* A name with glob characters in its file name: the matches, sorted. */
-static int add_glob(struct tokens_source *src, const char *pattern, char *err, size_t errlen)
+static int add_glob(struct tokens_source *src, struct names *nm, const char *pattern, char *err,
+		    size_t errlen)
 {
 	const char *slash = strrchr(pattern, '/');
 	int prefix = slash ? (int)(slash - pattern) + 1 : 0;   /* the directory, with its '/' */
-	char *dir = !slash ? strdup(".") : slash == pattern ? strdup("/")
-					 : strndup(pattern, (size_t)(slash - pattern));
+	char *dir;
 	const char *base = slash ? slash + 1 : pattern;
-	char **names = NULL;
-	size_t n = 0, cap = 0;
+	size_t first = nm->n;
 	struct dirent *de;
 	DIR *d = NULL;
 	int r = 0;
 
+	if (source_is_url(pattern))
+		return url_glob(src, nm, pattern, err, errlen);
+	dir = !slash ? strdup(".") : slash == pattern ? strdup("/") : strndup(pattern, (size_t)(slash - pattern));
 	if (!dir)
 		return -ENOMEM;
 	d = ds_opendir(&src->base.who, dir, err, errlen);
@@ -625,44 +721,29 @@ static int add_glob(struct tokens_source *src, const char *pattern, char *err, s
 		r = errno ? -errno : -EIO;
 		goto out;
 	}
-	while ((de = readdir(d))) {
+	while (r == 0 && (de = readdir(d))) {
+		char *name;
+
 		if (fnmatch(base, de->d_name, FNM_PERIOD) != 0)
 			continue;
-		if (n == cap) {
-			char **v = realloc(names, (cap = cap ? cap * 2 : 64) * sizeof(*v));
-
-			if (!v) {
-				r = -ENOMEM;
-				goto out;
-			}
-			names = v;
-		}
-		if (asprintf(&names[n], "%.*s%s", prefix, pattern, de->d_name) < 0) {
-			r = -ENOMEM;
-			goto out;
-		}
-		n++;
+		if (asprintf(&name, "%.*s%s", prefix, pattern, de->d_name) < 0)
+			name = NULL;
+		r = names_take(nm, name, err, errlen);
 	}
-	if (n == 0) {
+	if (r == 0 && nm->n == first)
 		r = errfmt(-ENOENT, err, errlen, "%s: no file matches", pattern);
-		goto out;
-	}
-	qsort(names, n, sizeof(*names), strcmp_p);
-	for (size_t i = 0; i < n && r == 0; i++)
-		r = add_file(src, names[i], err, errlen);
+	if (r == 0)
+		qsort(nm->v + first, nm->n - first, sizeof(*nm->v), strcmp_p);
 out:
 	if (d)
 		closedir(d);
-	for (size_t i = 0; i < n; i++)
-		free(names[i]);
-	free(names);
 	free(dir);
 	return r;
 }
 
 /* Every file "paths" names, in order: brace ranges, then globs. */
-static int add_paths(struct tokens_source *src, char *const *paths, size_t npaths, char *err,
-		     size_t errlen)
+static int expand_paths(struct tokens_source *src, struct names *nm, char *const *paths, size_t npaths,
+			char *err, size_t errlen)
 {
 	for (size_t p = 0; p < npaths; p++) {
 		struct brace *br = malloc(sizeof(*br));
@@ -673,8 +754,8 @@ static int add_paths(struct tokens_source *src, char *const *paths, size_t npath
 			r = -ENOMEM;
 		for (unsigned long long i = 0; r == 0 && i < br->total; i++) {
 			brace_nth(br, i, name);
-			r = strpbrk(name, "*?[") ? add_glob(src, name, err, errlen)
-						 : add_file(src, name, err, errlen);
+			r = strpbrk(name, "*?[") ? add_glob(src, nm, name, err, errlen)
+						 : names_take(nm, strdup(name), err, errlen);
 		}
 		free(name);
 		free(br);
@@ -682,6 +763,26 @@ static int add_paths(struct tokens_source *src, char *const *paths, size_t npath
 			return r;
 	}
 	return 0;
+}
+
+/* The corpus's files: named, the objects among them fetched into the
+ * node's cache (several at once, as the creator), then each opened. */
+static int add_paths(struct tokens_source *src, const struct spec *spec, char *err, size_t errlen)
+{
+	struct names nm = { .what = src->what };
+	char *one = spec->source.path;
+	int r = spec->source.npaths ? expand_paths(src, &nm, spec->source.paths, spec->source.npaths, err, errlen)
+				    : 0;
+
+	if (r == 0)
+		r = source_fetch_urls(&src->base, spec->source.npaths ? nm.v : &one,
+				      spec->source.npaths ? nm.n : 1, err, errlen);
+	for (size_t i = 0; r == 0 && i < (spec->source.npaths ? nm.n : 1); i++)
+		r = add_file(src, spec->source.npaths ? nm.v[i] : one, err, errlen);
+	for (size_t i = 0; i < nm.n; i++)
+		free(nm.v[i]);
+	free(nm.v);
+	return r;
 }
 
 static int check_windows(struct tokens_source *src, char *err, size_t errlen)
@@ -751,9 +852,7 @@ static int tokens_open(struct source *base, const struct spec *spec, char *err, 
 	else
 		snprintf(src->what, sizeof(src->what), "%s", spec->source.path);
 
-	r = spec->source.npaths ? add_paths(src, spec->source.paths, spec->source.npaths, err,
-					    errlen)
-				: add_file(src, spec->source.path, err, errlen);
+	r = add_paths(src, spec, err, errlen);
 	if (r == 0 && src->boundaries == TOKENS_BOUNDARIES_NONE)
 		r = seg_end(src, 0, src->ntokens);
 	if (r == 0 && src->packing)
@@ -845,7 +944,7 @@ static int file_fd(struct tokens_source *src, struct tok_file *file, bool *own, 
 	*own = false;
 	if (fd >= 0)
 		return fd;
-	fd = ds_open(&src->base.who, file->path, NULL, err, errlen);
+	fd = source_open_path(&src->base, file->path, NULL, err, errlen);
 	if (fd < 0)
 		return fd;
 	if (atomic_fetch_add_explicit(&src->nfds, 1, memory_order_relaxed) >= TOKEN_FDS_MAX) {

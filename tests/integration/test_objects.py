@@ -616,3 +616,109 @@ def test_stream_object_changed_mid_run(daemon, workdir, s3):
     assert value("loaderd_object_cache_fetch_ahead_bytes") == oc["fetch_ahead"] == max(sizes)
     assert value("loaderd_pipeline_stream_reads_waited", "skip") == stream["reads_waited"]
     assert value("loaderd_pipeline_stream_readers_waiting", "skip") == 0
+
+
+def tokens_corpus(workdir, s3, prefix):
+    """Three uint16 token shards with eos (0) documents, on disk and as
+    alice's s3://alice-data/PREFIX/shard-00N.bin; the local directory."""
+    rng = np.random.default_rng(12)
+    local = os.path.join(workdir, prefix.replace("/", "_"))
+    os.makedirs(local)
+    alice = s3.client("alice")
+    for s, n in enumerate((301, 157, 240)):
+        arr = rng.integers(1, 3000, size=n).astype(np.uint16)
+        arr[rng.choice(n, size=n // 25, replace=False)] = 0
+        arr.tofile(os.path.join(local, f"shard-{s:03d}.bin"))
+        alice.put(BUCKET, f"{prefix}/shard-{s:03d}.bin", arr.tobytes())
+    # keys a glob over the prefix must pass by: one level down, another name
+    alice.put(BUCKET, f"{prefix}/shard-sub/shard-9.bin", b"\0\0")
+    alice.put(BUCKET, f"{prefix}/other.bin", b"\0\0")
+    return local
+
+
+def test_tokens_over_s3_equals_local(daemon, workdir, s3):
+    local = tokens_corpus(workdir, s3, "tok/a")
+    url = f"s3://{BUCKET}/tok/a"
+    ld, _ = s3_daemon(daemon, workdir)
+    env = aws_env(s3.endpoint)
+
+    def spec(name, paths, **src):
+        src = dict({"kind": "tokens", "paths": paths, "dtype": "uint16"}, **src)
+        src.setdefault("seq_len", 12) if "packing" not in src else None
+        return {"name": name, "batch_size": 3, "shuffle": True, "seed": 5, "source": src}
+
+    for what, src in (("file", {"boundaries": "file"}), ("doc", {"boundaries": "document", "eos": 0}),
+                      ("pack", {"boundaries": "document", "eos": 0, "packing": {"seq_len": 12}})):
+        # a brace range, a plain name and a glob over the prefix
+        for form, lp, rp in (("list", [local + "/shard-{000..001}.bin", local + "/shard-002.bin"],
+                              [url + "/shard-{000..001}.bin", url + "/shard-002.bin"]),
+                             ("glob", [local + "/shard-*.bin"], [url + "/shard-*.bin"])):
+            ld.create(spec(f"l-{what}-{form}", lp, **src))
+            want = ld.consume(f"l-{what}-{form}").dump
+            assert want
+            create(ld, spec(f"r-{what}-{form}", rp, **src), env)
+            assert ld.consume(f"r-{what}-{form}").dump == want, (what, form)
+    # each object fetched once, the decoys never
+    oc = ld.status()["object_cache"]
+    assert (oc["objects"], oc["misses"]) == (3, 3), oc
+    # a glob that matches nothing, one over https, a missing shard
+    for paths, msg in (([url + "/none-*.bin"], f"{url}/none-*.bin: no object matches"),
+                       ([s3.endpoint + "/alice-data/tok/a/shard-*.bin"],
+                        f"{s3.endpoint}/alice-data/tok/a/shard-*.bin: a glob needs a local path or an s3:// "
+                        "URL (an http(s):// server cannot be listed)"),
+                       ([f"s3://{BUCKET}*"], f"s3://{BUCKET}*: a glob in a bucket's name (s3://bucket/key: only "
+                        "the key's file name may have one)"),
+                       ([url + "/shard-{000..003}.bin"],
+                        f"{url}/shard-003.bin: NoSuchKey: The specified key does not exist. (HTTP 404)")):
+        r = create(ld, spec("bad", paths), env, check=False)
+        assert r.returncode != 0 and msg in r.stderr, r.stderr
+
+
+def blend(name, parts):
+    return {"name": name, "batch_size": 4, "shuffle": True, "seed": 2,
+            "source": {"kind": "blend", "sources": parts, "weights": [2, 1], "size": 90}}
+
+
+def test_blend_of_local_and_s3_parts(daemon, workdir, s3, users):
+    """A blend's parts fetch with the pipeline's keys (its creator's)."""
+    _, bob_u = users
+    open_to_all(workdir)
+    rng = np.random.default_rng(9)
+    prefixes = []
+    for name in ("bl0", "bl1"):
+        docs = [rng.integers(0, 5000, size=int(rng.integers(3, 40))) for _ in range(40)]
+        prefixes.append(write_megatron_pair(os.path.join(workdir, name), docs))
+        for ext in (".bin", ".idx"):
+            with open(prefixes[-1] + ext, "rb") as f:
+                s3.client("alice").put(BUCKET, f"blend/{name}{ext}", f.read())
+    local = tokens_corpus(workdir, s3, "blend/tok")
+    ld = daemon("--cache-dir", os.path.join(workdir, "cache"), "--config", shared_config(workdir))
+    env = aws_env(s3.endpoint)
+    tok = lambda p, n: {"kind": "tokens", "paths": [p + "/shard-{000..002}.bin"],  # noqa: E731
+                        "dtype": "uint16", "seq_len": 16, "name": n}
+    mg = lambda p: {"kind": "megatron", "prefix": p, "seq_len": 16}  # noqa: E731
+    remote = f"s3://{BUCKET}/blend/"
+    # megatron parts, one local and one in the store, then both in the store
+    ld.create(blend("mg-local", [mg(prefixes[0]), mg(prefixes[1])]))
+    want = ld.consume("mg-local").dump
+    assert want
+    create(ld, blend("mg-half", [mg(prefixes[0]), mg(remote + "bl1")]), env)
+    assert ld.consume("mg-half").dump == want
+    create(ld, blend("mg-both", [mg(remote + "bl0"), mg(remote + "bl1")]), env)
+    assert ld.consume("mg-both").dump == want
+    assert ld.pipeline("mg-both")["store"]["access_key_id"] == IDENTITIES["alice"][0][-4:]
+    # tokens parts: one local, one in the store
+    ld.create(blend("tok-local", [tok(local, "a"), tok(local, "b")]))
+    want = ld.consume("tok-local").dump
+    create(ld, blend("tok-half", [tok(local, "a"), tok(remote + "tok", "b")]), env)
+    assert ld.consume("tok-half").dump == want
+    # bob's blend of the same parts, with his own keys: his HEAD is refused,
+    # though alice's copies are in the cache
+    hits = ld.status()["object_cache"]["hits"]
+    p = ld.spec_file(blend("bobs", [mg(prefixes[0]), mg(remote + "bl1")]))
+    os.chmod(p, 0o644)
+    r = bob_u.run(ld.ctl_cmd("create", "--spec", p), env=aws_env(s3.endpoint, "bob"))
+    assert r.returncode != 0
+    assert r.stderr == (f"loaderctl: create: source.sources[1]: {remote}bl1.bin: AccessDenied: "
+                        "Access Denied. (HTTP 403)\n"), r.stderr
+    assert ld.status()["object_cache"]["hits"] == hits
