@@ -3,17 +3,20 @@
 "Fresh credentials"), against the real S3 server of s3server.py.
 
 alice's key is rotated for real in the server (the old pair stops working)
-while a trainer of hers reads three pipelines over her bucket; she hands the
+while a trainer of hers reads three pipelines over her bucket, each read as a
+stream (more than the node's cache_bytes: objects are fetched while it
+reads, and the store refuses those fetches for the old keys); she hands the
 new pair to each in one of the three ways (loaderctl credentials, which is
 the C call ldr_set_store(); loaderd.Client.set_store(); the DataLoader's own
-refresh), and every stream goes on with exactly the batches of the same spec
-over local files. Her keys' expiry (AWS_CREDENTIAL_EXPIRATION) is shown in
+refresh on the refusal it meets), and every stream goes on with exactly the
+batches of the same spec over local files, none lost, skipped or repeated. Her keys' expiry (AWS_CREDENTIAL_EXPIRATION) is shown in
 status and named in a refusal past it. bob (a real Unix user) may neither
 replace her keys nor read them.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -39,6 +42,15 @@ def s3():
     s3server.stop_server(srv, d)
 
 
+def store_of(pipeline):
+    """A pipeline's store in status, without its stream's figures (each
+    pipeline here is read as a stream)."""
+    st = dict(pipeline["store"])
+    assert "stream" in st, st
+    del st["stream"]
+    return st
+
+
 def wait_file(path, proc, timeout=60):
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -50,9 +62,18 @@ def wait_file(path, proc, timeout=60):
 def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
     alice_u, bob_u = users
     open_to_all(workdir)
-    local, url, _ = shards(workdir, s3, "cred/a", per_class=4)
-    ld = daemon("--cache-dir", os.path.join(workdir, "cache"), "--config", shared_config(workdir))
+    local, url, _ = shards(workdir, s3, "cred/a", nshards=6, per_class=4)
+    local3, url3, _ = shards(workdir, s3, "cred/b", nshards=6, per_class=4, seed=7)
+    sizes = {lp: [os.path.getsize(lp.replace("{000..005}", f"{s:03d}")) for s in range(6)]
+             for lp in (local, local3)}
+    # every pipeline over alice's bucket is read as a stream: room for the
+    # fetch-ahead and one shard per worker (2), less than either dataset
+    limit = 3 * max(max(v) for v in sizes.values())
+    assert all(sum(v) > limit for v in sizes.values()), sizes
+    ld = daemon("--cache-dir", os.path.join(workdir, "cache"), "--config",
+                shared_config(workdir, cache_bytes=limit, fetch_ahead=max(sizes[local3])))
     ld.create(wds("local", local, access="all"))
+    ld.create(wds("local3", local3, access="all", epochs=3))
 
     def spec_file(spec):
         p = ld.spec_file(spec)
@@ -64,20 +85,23 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
 
     # alice's trainer environment: her keys, which she was told expire at PAST
     old_env = aws_env(s3.endpoint, "alice", AWS_CREDENTIAL_EXPIRATION=PAST)
-    for p in ("p1", "p2", "p3"):
-        r = ctl_as(alice_u, "create", "--spec", spec_file(wds(p, url)), env=old_env)
+    # p3: three epochs, few batches built ahead: the later epochs must fetch
+    # again what the cache could not keep, after the rotation
+    for p, spec in (("p1", wds("p1", url)), ("p2", wds("p2", url)),
+                    ("p3", wds("p3", url3, epochs=3, prefetch=2))):
+        r = ctl_as(alice_u, "create", "--spec", spec_file(spec), env=old_env)
         assert r.returncode == 0, r.stderr
     ak, sk, _ = IDENTITIES["alice"]
     store = {"endpoint": s3.endpoint, "region": "us-east-1", "access_key_id": ak[-4:],
              "session_token": False, "expires": PAST, "expired": True, "credentials_updates": 0}
-    assert ld.pipeline("p1")["store"] == store
+    assert store_of(ld.pipeline("p1")) == store
 
     out = os.path.join(workdir, "trainer")
     os.mkdir(out)
     os.chown(out, alice_u.uid, alice_u.gid)
     env = python_client_env(HERE, base=old_env)
     trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "creds_trainer.py"), ld.socket, out,
-                                "local", "p1", "p2", "p3"], stdout=subprocess.PIPE,
+                                "local", "p1", "p2", "local3", "p3"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, **alice_u.popen_kwargs(env=env))
     try:
         wait_file(os.path.join(out, "paused"), trainer)
@@ -112,7 +136,7 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
         st = json.loads(bob_u.run(ld.ctl_cmd("status", json_out=True)).stdout)
         # (her pipeline is "access": "owner": bob is not shown its store at all)
         assert [p.get("store") for p in st["pipelines"] if p["name"] == "p1"] == [None]
-        assert ld.pipeline("p1")["store"] == store
+        assert store_of(ld.pipeline("p1")) == store
         text = json.dumps(st)
         for secret in (sk, NEW_SK, ak[:-4], NEW_AK[:-4]):
             assert secret not in text and secret not in ld.log()
@@ -131,8 +155,8 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
         r = ctl_as(alice_u, "credentials", "p1", env=new_env)
         assert (r.returncode, r.stdout) == (0, "handed fresh credentials to pipeline p1\n"), r.stderr
         fresh = dict(store, access_key_id=NEW_AK[-4:], expires=FUTURE, expired=False, credentials_updates=1)
-        assert ld.pipeline("p1")["store"] == fresh
-        assert ld.pipeline("p2")["store"] == store
+        assert store_of(ld.pipeline("p1")) == fresh
+        assert store_of(ld.pipeline("p2")) == store
         # the other two: the trainer's Client and DataLoader
         with open(os.path.join(out, "go.tmp"), "w") as f:
             json.dump({"access_key_id": NEW_AK, "secret_access_key": NEW_SK, "expires": FUTURE}, f)
@@ -146,12 +170,28 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
     with open(os.path.join(out, "result")) as f:
         res = json.load(f)
     # every stream went on, nothing lost or repeated
-    assert res["want"] == 3
-    assert res["batches"] == {"p1": 3, "p2": 3, "p3": 3}
+    assert res["want"] == [3, 9]
+    assert res["batches"] == {"p1": 3, "p2": 3, "p3": 9}
     assert res["equal"] == {"p1": True, "p2": True, "p3": True}
-    assert res["handed"] == {"client": [True, False], "dataloader": [1, False]}
-    assert res["store"] == {"p1": fresh, "p2": fresh, "p3": fresh}
+    # p3's DataLoader met the store's refusal once, as the daemon words it
+    # (the URL, the store's words, the expiry, how to renew), handed the
+    # environment's new keys, and read that batch again
+    assert res["handed"] == {"client": [True, False], "dataloader": [[True], False]}
+    [[code, msg]] = res["refusals"]
+    assert code == -13 and re.fullmatch(
+        re.escape(f"s3://{BUCKET}/cred/b-") + r"00[0-5]" + re.escape(
+            ".tar: InvalidAccessKeyId: The access key ID you provided does not exist in our records. "
+            f"(HTTP 403): the credentials of pipeline 'p3' expired at {PAST} (renew them: a create "
+            "sends the process's current ones; a running pipeline takes fresh ones from `loaderctl "
+            "credentials p3`, ldr_set_store() or loaderd.Client.set_store(); docs/storage.md)"), msg), msg
+    # a refusal is neither the data's error nor a bad sample
+    for p in ("p1", "p2", "p3"):
+        pst = ld.pipeline(p)
+        assert (pst["state"] != "failed", pst["error"], pst["skipped"], pst["batches_failed"]) == \
+            (True, None, 0, 0), pst
+    assert {p: store_of({"store": st}) for p, st in res["store"].items()} == {"p1": fresh, "p2": fresh,
+                                                                          "p3": fresh}
     # the new pair is alice's in the store now: a create with it works
     r = ctl_as(alice_u, "create", "--spec", spec_file(wds("p5", url)), env=new_env)
     assert r.returncode == 0, r.stderr
-    assert ld.pipeline("p5")["store"] == dict(fresh, credentials_updates=0)
+    assert store_of(ld.pipeline("p5")) == dict(fresh, credentials_updates=0)
