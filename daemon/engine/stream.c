@@ -38,6 +38,14 @@ void stream_maybe_free(struct stream *s)
 
 void stream_free(struct stream *s)
 {
+	/* refused jobs still aside: only when the daemon stops (the workers
+	 * are gone), as stream_maybe_free() ran them again otherwise */
+	while (s->parked) {
+		struct job *job = s->parked;
+
+		s->parked = job->park_next;
+		job_free(job);
+	}
 	for (uint32_t i = 0; i < s->ring_len; i++)
 		free(s->ring[(s->ring_head + i) % s->pl->nslots].errmsg);
 	free(s->ring);
