@@ -377,7 +377,6 @@ struct pipeline {
 	uint64_t job_errors;      /* batches whose build failed */
 	uint64_t batch_errors;    /* of them, delivered as errors (on_error "raise") */
 	uint64_t keys_gen;        /* store keys handed since the create (engine_set_store()) */
-	uint64_t keys_refused;    /* batch builds the store refused for the keys (parked) */
 	char last_batch_error[320]; /* the last one's first words, "" none */
 	struct work_queue queue;  /* its tasks, in turn with other pipelines' (workers.h) */
 };
