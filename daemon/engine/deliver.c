@@ -274,6 +274,15 @@ static void stream_dispatch(struct stream *s)
 				continue;
 			}
 			b = ring_at(s, a->cursor);
+			if (b && b->refused && (a->told_seq != b->seq || a->told_parks != b->parks)) {
+				/* its job waits for fresh store keys (stream.c,
+				 * job_park()): the store's words, once; the cursor
+				 * stays, the batch comes once the keys do */
+				a->told_seq = b->seq;
+				a->told_parks = b->parks;
+				answer_error(a, att_pop_pending(a), EACCES, b->errmsg);
+				continue;
+			}
 			if (!att_has_room(a) || !b || !batch_ready(a, b))
 				break;
 			p = att_pop_pending(a);

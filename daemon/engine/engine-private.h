@@ -135,7 +135,10 @@ struct batch {
 	 * each client gets this error there instead of a batch (deliver.c) */
 	bool failed;
 	int err;                  /* positive errno */
-	char *errmsg;             /* the job's words (a traceback), malloc'd */
+	char *errmsg;             /* the job's words (a traceback), malloc'd; or while
+	                           * refused, the store's refusal of its keys */
+	bool refused;             /* its job waits for fresh store keys (stream.c, job_park()) */
+	uint32_t parks;           /* how many times its job was parked so */
 	struct slot *slot;        /* group 0's, or NULL when built without it */
 	struct slot *more[AUG_GROUPS_MAX - 1]; /* group g's at more[g - 1], or NULL */
 };
@@ -222,6 +225,8 @@ struct stream {
 	bool drained;             /* end_seq is its pipeline's drain (retire.c): its end
 	                           * is an error naming the reload, not End */
 	uint64_t reclaimed;       /* ready batches given back to the pool, to be built again */
+	struct job *parked;       /* jobs refused by the store for the keys, waiting for
+	                           * fresh ones (job_park()) */
 	uint64_t fail_seq;        /* the first batch whose job failed, UINT64_MAX none */
 	int fail_err;
 	char fail_msg[PYW_MSG_MAX + 512];
@@ -258,6 +263,8 @@ struct attachment {
 	char job[LDR_JOB_MAX + 32]; /* its job's name, or "process PID@START" (attach.c) */
 	uint64_t start_seq;
 	uint64_t cursor;
+	uint64_t told_seq;        /* the refused batch it was last told of (deliver.c), */
+	uint32_t told_parks;      /* and that batch's parks then */
 	uint64_t deliver_no;
 	uint64_t delivered;
 	struct pending *pend_head, *pend_tail;
@@ -369,6 +376,7 @@ struct pipeline {
 	uint8_t st_nsnap, st_head;
 	uint64_t job_errors;      /* batches whose build failed */
 	uint64_t batch_errors;    /* of them, delivered as errors (on_error "raise") */
+	uint64_t keys_gen;        /* store keys handed since the create (engine_set_store()) */
 	char last_batch_error[320]; /* the last one's first words, "" none */
 	struct work_queue queue;  /* its tasks, in turn with other pipelines' (workers.h) */
 };
@@ -391,6 +399,9 @@ struct job {
 	atomic_uint_fast64_t stage_ns[STAGES];
 	char *errmsg;             /* the first failure's words (job_set_error()), or NULL:
 	                           * a traceback may be 16 KiB, and a job is made per batch */
+	atomic_bool refused;      /* a read failed as the store refused the keys */
+	uint64_t keys_gen;        /* the pipeline's keys_gen when submitted */
+	struct job *park_next;    /* in stream->parked */
 	const uint64_t *idx;      /* a client_order stream's batch: its rows' dataset
 	                           * indices (a copy, after tasks[]), else NULL */
 	unsigned ntasks;
@@ -666,6 +677,9 @@ int stream_start_batch(struct stream *s);
 /* @job is over (core.c's completions, the Python workers through
  * engine_hooks.job_over): its batch is ready or failed. */
 void job_done(struct job *job);
+/* The parked jobs of @s (refused by the store for the keys) built again:
+ * fresh keys came, or the stream or its pipeline goes. */
+void stream_unpark(struct stream *s);
 struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
 /* Shared stream @s, which no client reads, leaves its pipeline for a new
  * job's (docs/spec.md, "Jobs"): its batches go, it is freed when done. */

@@ -165,6 +165,8 @@ void pipeline_drop_now(struct pipeline *pl, const char *why)
 			snprintf(a->dead_msg, sizeof(a->dead_msg), "%s", msg);
 		}
 	pl->dropped = true;
+	for (struct stream *s = pl->streams; s; s = s->next)
+		stream_unpark(s); /* refused by the store: they end now */
 	char q[LOG_QUOTE_MAX];
 	log_event(LOG_INFO, "pipeline.drop", "pipeline=%s why=%s", pl->spec->name,
 	          log_quote(q, why ? why : "dropped"));
@@ -363,6 +365,10 @@ int engine_set_store(struct engine *eng, const char *name, const struct principa
 		return r;
 	}
 	source_objects_rekeyed(pl->src);
+	/* the batches the store refused for the old keys are built again */
+	pl->keys_gen++;
+	for (struct stream *s = pl->streams; s; s = s->next)
+		stream_unpark(s);
 	log_event(LOG_INFO, "pipeline.credentials", "pipeline=%s uid=%u why=\"fresh credentials handed\"",
 	          name, (unsigned)who->creds.uid);
 	return 0;

@@ -24,6 +24,8 @@ void stream_maybe_free(struct stream *s)
 	struct pipeline *pl = s->pl;
 	struct stream **pp;
 
+	if (s->dead && s->parked)
+		stream_unpark(s); /* they end now: their batches are not wanted */
 	if (!s->dead || s->jobs || s->slots_held)
 		return;
 	for (pp = &pl->streams; *pp; pp = &(*pp)->next)
@@ -36,6 +38,14 @@ void stream_maybe_free(struct stream *s)
 
 void stream_free(struct stream *s)
 {
+	/* refused jobs still aside: only when the daemon stops (the workers
+	 * are gone), as stream_maybe_free() ran them again otherwise */
+	while (s->parked) {
+		struct job *job = s->parked;
+
+		s->parked = job->park_next;
+		job_free(job);
+	}
 	for (uint32_t i = 0; i < s->ring_len; i++)
 		free(s->ring[(s->ring_head + i) % s->pl->nslots].errmsg);
 	free(s->ring);
@@ -214,6 +224,7 @@ static void task_run(struct work *work)
 		.arg = &job->stream->sampler, .arg_size = sizeof(job->stream->sampler) };
 	char err[512];
 
+	source_read_refused_clear();
 	if (!job->idx) {
 		/* what a source fetching ahead follows (objects.c) */
 		order.batches = sampler_batches_per_epoch(&job->stream->sampler);
@@ -235,6 +246,8 @@ static void task_run(struct work *work)
 		}
 		rc = source_read(pl->src, &ctx, idx, dsts, err, sizeof(err));
 		if (rc < 0) {
+			if (rc == -EACCES && source_read_refused())
+				atomic_store(&job->refused, true);
 			job_set_error(job, -rc, err);
 			break;
 		}
@@ -416,6 +429,7 @@ int stream_start_batch(struct stream *s)
 	job->eng = eng;
 	job->pl = pl;
 	job->stream = s;
+	job->keys_gen = pl->keys_gen;
 	job->seq = seq;
 	job->epoch = b->epoch;
 	job->index = b->index;
@@ -454,6 +468,64 @@ static void last_error_set(struct pipeline *pl, const char *msg)
 	pl->last_batch_error[n] = '\0';
 }
 
+/*
+ * @job read an object the store refused for the pipeline's keys (source.h,
+ * source_read_refused()): no error of the data, so neither on_error nor a
+ * failed pipeline. Its batch stays in the ring, unready, with its slots;
+ * the job waits in @s->parked, counted in the jobs, until fresh keys come
+ * (engine_set_store()), when it runs again and builds the same batch.
+ * Meanwhile a client that reaches the batch is told the store's words once
+ * (deliver.c). Keys handed while it read: it runs again at once.
+ */
+static void job_park(struct job *job, struct batch *b)
+{
+	struct stream *s = job->stream;
+	struct pipeline *pl = job->pl;
+
+	s->jobs++;
+	pl->jobs++;
+	free(b->errmsg);
+	b->errmsg = job->errmsg ? job->errmsg : strdup(strerror(EACCES));
+	job->errmsg = NULL;
+	b->refused = true;
+	b->parks++;
+	job->park_next = s->parked;
+	s->parked = job;
+	if (b->parks == 1)
+		log_warn("pipeline %s: batch %" PRIu64 " of epoch %" PRIu64 " waits for fresh store credentials: %s",
+		         pl->spec->name, b->index, b->epoch, b->errmsg ? b->errmsg : "");
+	if (job->keys_gen != pl->keys_gen)
+		stream_unpark(s);
+}
+
+void stream_unpark(struct stream *s)
+{
+	struct pipeline *pl = s->pl;
+	struct job *job;
+
+	if (!pl->eng->workers)
+		return;   /* stopping: the workers are gone */
+	while ((job = s->parked)) {
+		struct batch *b = ring_at(s, job->seq);
+
+		s->parked = job->park_next;
+		job->park_next = NULL;
+		if (b) {
+			b->refused = false;
+			free(b->errmsg);
+			b->errmsg = NULL;
+		}
+		free(job->errmsg);
+		job->errmsg = NULL;
+		job->keys_gen = pl->keys_gen;
+		atomic_store(&job->refused, false);
+		atomic_store(&job->err, 0);
+		atomic_store(&job->remaining, job->ntasks);
+		for (unsigned i = 0; i < job->ntasks; i++)
+			workers_submit(pl->eng->workers, &job->tasks[i].work);
+	}
+}
+
 void job_done(struct job *job)
 {
 	struct pipeline *pl = job->pl;
@@ -464,6 +536,11 @@ void job_done(struct job *job)
 	pl->jobs--;
 	struct batch *b = ring_at(s, job->seq);
 	bool live = !s->dead && !pl->dropped;
+	if (b && err == EACCES && live && atomic_load(&job->refused) && !pl->py) {
+		job_park(job, b);
+		pl->eng->hooks->update(pl);
+		return;
+	}
 	if (b && err && live && pl->spec->on_error_raise) {
 		/* torch's semantics: this batch is an error at its place, for
 		 * every client that reaches it; the stream goes on. Its slots go

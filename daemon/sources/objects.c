@@ -1085,6 +1085,19 @@ static int open_waiting(struct source_objects *o, size_t at, int *fd, struct obj
 	}
 }
 
+/* Was this thread's last object read refused by the store (source.h)? */
+static _Thread_local bool read_refused;
+
+bool source_read_refused(void)
+{
+	return read_refused;
+}
+
+void source_read_refused_clear(void)
+{
+	read_refused = false;
+}
+
 int source_open_read(const struct source *src, const char *path, struct stat *st, size_t *hold, char *err,
 		     size_t errlen)
 {
@@ -1096,6 +1109,7 @@ int source_open_read(const struct source *src, const char *path, struct stat *st
 	int fd = -1, r;
 
 	*hold = 0;
+	read_refused = false;
 	if (!o || !o->stream || !source_is_url(path))
 		return source_open_path(src, path, st, err, errlen);
 	pthread_mutex_lock(&o->lock);
@@ -1121,6 +1135,7 @@ int source_open_read(const struct source *src, const char *path, struct stat *st
 		if (r < 0) {
 			o->waiting--;
 			pthread_mutex_unlock(&o->lock);
+			read_refused = r == -EACCES;
 			return r;
 		}
 		obj_install(ob, fd, pin);

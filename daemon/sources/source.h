@@ -233,4 +233,14 @@ int source_keys_explain(const struct source_keys *k, const char *pipeline, int r
  * now (wiping them), or when the requests that use it are done; never
  * waits (a source busy under its lock does it at its next request). */
 void source_objects_rekeyed(struct source *src);
+/*
+ * A read of a streamed object that the store refused for the pipeline's
+ * keys (EACCES: AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch,
+ * ExpiredToken) marks the calling thread: source_read_refused() says
+ * whether the thread's last object read was so refused, so that the engine
+ * waits for fresh keys instead of failing or skipping (docs/storage.md,
+ * "A refusal while streaming"). source_read_refused_clear() before a task.
+ */
+bool source_read_refused(void);
+void source_read_refused_clear(void);
 json_t *spec_store_json(const struct spec *spec);

@@ -3,17 +3,20 @@
 "Fresh credentials"), against the real S3 server of s3server.py.
 
 alice's key is rotated for real in the server (the old pair stops working)
-while a trainer of hers reads three pipelines over her bucket; she hands the
+while a trainer of hers reads pipelines over her bucket, two of them read as
+a stream (more than the node's cache_bytes: objects are fetched while they
+are read, and the store refuses those fetches for the old keys); she hands the
 new pair to each in one of the three ways (loaderctl credentials, which is
 the C call ldr_set_store(); loaderd.Client.set_store(); the DataLoader's own
-refresh), and every stream goes on with exactly the batches of the same spec
-over local files. Her keys' expiry (AWS_CREDENTIAL_EXPIRATION) is shown in
+refresh on the refusal it meets), and every stream goes on with exactly the
+batches of the same spec over local files, none lost, skipped or repeated. Her keys' expiry (AWS_CREDENTIAL_EXPIRATION) is shown in
 status and named in a refusal past it. bob (a real Unix user) may neither
 replace her keys nor read them.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -39,6 +42,13 @@ def s3():
     s3server.stop_server(srv, d)
 
 
+def store_of(pipeline):
+    """A pipeline's store in status, without a stream's figures."""
+    st = dict(pipeline["store"])
+    st.pop("stream", None)
+    return st
+
+
 def wait_file(path, proc, timeout=60):
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -51,8 +61,18 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
     alice_u, bob_u = users
     open_to_all(workdir)
     local, url, _ = shards(workdir, s3, "cred/a", per_class=4)
-    ld = daemon("--cache-dir", os.path.join(workdir, "cache"), "--config", shared_config(workdir))
+    local3, url3, _ = shards(workdir, s3, "cred/b", nshards=9, per_class=12, seed=7)
+    size_a = sum(os.path.getsize(local.replace("{000..002}", f"{s:03d}")) for s in range(3))
+    sizes = [os.path.getsize(local3.replace("{000..008}", f"{s:03d}")) for s in range(9)]
+    # p1, p2 (cred/a) fit the node's cache: fetched whole at create; p3 and
+    # p6 (cred/b) do not: read as a stream, with room for the fetch-ahead
+    # and one shard per worker (2)
+    limit = size_a + 3 * max(sizes)
+    assert sum(sizes) > limit, (sizes, limit)
+    ld = daemon("--cache-dir", os.path.join(workdir, "cache"), "--config",
+                shared_config(workdir, cache_bytes=limit, fetch_ahead=max(sizes)))
     ld.create(wds("local", local, access="all"))
+    ld.create(wds("local3", local3, access="all", epochs=2))
 
     def spec_file(spec):
         p = ld.spec_file(spec)
@@ -64,20 +84,25 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
 
     # alice's trainer environment: her keys, which she was told expire at PAST
     old_env = aws_env(s3.endpoint, "alice", AWS_CREDENTIAL_EXPIRATION=PAST)
-    for p in ("p1", "p2", "p3"):
-        r = ctl_as(alice_u, "create", "--spec", spec_file(wds(p, url)), env=old_env)
+    # p3, p6: two epochs, few batches built ahead: the second must fetch
+    # again what the cache could not keep, after the rotation
+    for p, spec in (("p1", wds("p1", url)), ("p2", wds("p2", url)),
+                    ("p3", wds("p3", url3, epochs=2, prefetch=2)),
+                    ("p6", wds("p6", url3, epochs=2, prefetch=2))):
+        r = ctl_as(alice_u, "create", "--spec", spec_file(spec), env=old_env)
         assert r.returncode == 0, r.stderr
+    assert ["stream" in ld.pipeline(p)["store"] for p in ("p1", "p2", "p3", "p6")] == [False, False, True, True]
     ak, sk, _ = IDENTITIES["alice"]
     store = {"endpoint": s3.endpoint, "region": "us-east-1", "access_key_id": ak[-4:],
              "session_token": False, "expires": PAST, "expired": True, "credentials_updates": 0}
-    assert ld.pipeline("p1")["store"] == store
+    assert store_of(ld.pipeline("p1")) == store
 
     out = os.path.join(workdir, "trainer")
     os.mkdir(out)
     os.chown(out, alice_u.uid, alice_u.gid)
     env = python_client_env(HERE, base=old_env)
     trainer = subprocess.Popen([sys.executable, os.path.join(HERE, "creds_trainer.py"), ld.socket, out,
-                                "local", "p1", "p2", "p3"], stdout=subprocess.PIPE,
+                                "local", "p1", "p2", "local3", "p3", "p6"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, **alice_u.popen_kwargs(env=env))
     try:
         wait_file(os.path.join(out, "paused"), trainer)
@@ -112,7 +137,7 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
         st = json.loads(bob_u.run(ld.ctl_cmd("status", json_out=True)).stdout)
         # (her pipeline is "access": "owner": bob is not shown its store at all)
         assert [p.get("store") for p in st["pipelines"] if p["name"] == "p1"] == [None]
-        assert ld.pipeline("p1")["store"] == store
+        assert store_of(ld.pipeline("p1")) == store
         text = json.dumps(st)
         for secret in (sk, NEW_SK, ak[:-4], NEW_AK[:-4]):
             assert secret not in text and secret not in ld.log()
@@ -131,8 +156,8 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
         r = ctl_as(alice_u, "credentials", "p1", env=new_env)
         assert (r.returncode, r.stdout) == (0, "handed fresh credentials to pipeline p1\n"), r.stderr
         fresh = dict(store, access_key_id=NEW_AK[-4:], expires=FUTURE, expired=False, credentials_updates=1)
-        assert ld.pipeline("p1")["store"] == fresh
-        assert ld.pipeline("p2")["store"] == store
+        assert store_of(ld.pipeline("p1")) == fresh
+        assert store_of(ld.pipeline("p2")) == store
         # the other two: the trainer's Client and DataLoader
         with open(os.path.join(out, "go.tmp"), "w") as f:
             json.dump({"access_key_id": NEW_AK, "secret_access_key": NEW_SK, "expires": FUTURE}, f)
@@ -146,12 +171,37 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
     with open(os.path.join(out, "result")) as f:
         res = json.load(f)
     # every stream went on, nothing lost or repeated
-    assert res["want"] == 3
-    assert res["batches"] == {"p1": 3, "p2": 3, "p3": 3}
-    assert res["equal"] == {"p1": True, "p2": True, "p3": True}
-    assert res["handed"] == {"client": [True, False], "dataloader": [1, False]}
-    assert res["store"] == {"p1": fresh, "p2": fresh, "p3": fresh}
+    assert res["want"] == [3, 18]
+    assert res["batches"] == {"p1": 3, "p2": 3, "p3": 18, "p6": 18}
+    assert res["equal"] == {"p1": True, "p2": True, "p3": True, "p6": True}
+    # p3's DataLoader met the store's refusal once, as the daemon words it
+    # (the URL, the store's words, the expiry, how to renew), handed the
+    # environment's new keys, and read that batch again
+    assert res["handed"] == {"client": [True, False], "client4": True, "dataloader": [[True], False]}
+
+    def refused_words(p):
+        return re.escape(f"s3://{BUCKET}/cred/b-") + r"00[0-5]" + re.escape(
+            ".tar: InvalidAccessKeyId: The access key ID you provided does not exist in our records. "
+            f"(HTTP 403): the credentials of pipeline '{p}' expired at {PAST} (renew them: a create "
+            f"sends the process's current ones; a running pipeline takes fresh ones from `loaderctl "
+            f"credentials {p}`, ldr_set_store() or loaderd.Client.set_store(); docs/storage.md)")
+    [[code, msg]] = res["refusals"]
+    assert code == -13 and re.fullmatch(refused_words("p3"), msg), msg
+    # p6's reader, whose environment had no new keys yet, got that error
+    # (the same words), and after set_store() the batch that waited
+    [[code, msg]] = res["raised"]
+    assert code == -13 and re.fullmatch(refused_words("p6"), msg), msg
+    # a refusal is neither the data's error nor a bad sample
+    for p in ("p1", "p2", "p3", "p6"):
+        pst = ld.pipeline(p)
+        assert (pst["state"] != "failed", pst["error"], pst["skipped"], pst["batches_failed"]) == \
+            (True, None, 0, 0), pst
+    # (p6: its DataLoader, which had sent no keys for it (loaderctl made
+    # it), first handed its environment's, still the old ones, and read
+    # again: refused again, that error raised; then the Client's)
+    assert {p: store_of({"store": st}) for p, st in res["store"].items()} == \
+        {"p1": fresh, "p2": fresh, "p3": fresh, "p6": dict(fresh, credentials_updates=2)}
     # the new pair is alice's in the store now: a create with it works
     r = ctl_as(alice_u, "create", "--spec", spec_file(wds("p5", url)), env=new_env)
     assert r.returncode == 0, r.stderr
-    assert ld.pipeline("p5")["store"] == dict(fresh, credentials_updates=0)
+    assert store_of(ld.pipeline("p5")) == dict(fresh, credentials_updates=0)

@@ -784,7 +784,9 @@ static int images_read(struct source *base, const struct sample_ctx *ctx, uint64
 		r = image_sample(src, ctx, j, dsts, err, errlen);
 		if (r == 0)
 			return 0;
-		if (r == -ENOMEM || src->on_error_fail)
+		/* a store's refusal of the keys is no bad sample: the engine
+		 * waits for fresh keys and builds the batch again */
+		if (r == -ENOMEM || src->on_error_fail || source_read_refused())
 			return r;
 		tried = true;
 		bit = 1ull << (j & 63);
