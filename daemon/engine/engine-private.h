@@ -228,6 +228,7 @@ struct stream {
 	uint64_t reclaimed;       /* ready batches given back to the pool, to be built again */
 	struct job *parked;       /* jobs refused by the store for the keys, waiting for
 	                           * fresh ones, or waiting to try it again (job_park()) */
+	uint32_t outage_parked;   /* of them, those waiting for the store (status, stats.c) */
 	uint64_t fail_seq;        /* the first batch whose job failed, UINT64_MAX none */
 	int fail_err;
 	char fail_msg[PYW_MSG_MAX + 512];
@@ -402,7 +403,7 @@ struct job {
 	                           * a traceback may be 16 KiB, and a job is made per batch */
 	atomic_int why;           /* a read failed as the store refused the keys, or did
 	                           * not answer: SOURCE_READ_KEYS / _STORE (source.h) */
-	uint64_t retry_ms;        /* parked for the store: tried again then (uv_now()) */
+	uint64_t retry_ms;        /* parked for the store: tried again then (uv_now()); 0 not so parked */
 	uint64_t outage_ms;       /* parked for the store first then (uv_now()), 0 never */
 	uint32_t outage_tries;    /* its builds the store failed since */
 	uint64_t keys_gen;        /* the pipeline's keys_gen when submitted */
@@ -481,6 +482,7 @@ struct engine {
 	uint64_t user_memory;     /* memory_limit_per_user, 0 = memory_limit / 2 */
 	unsigned max_pipelines_user; /* max_pipelines_per_user, 0 = the default */
 	uv_timer_t *stats_timer;  /* stats.c: the snapshots' tick */
+	uv_timer_t *outage_timer; /* stream.c: tries parked jobs the store failed again */
 	bool shutdown;
 };
 
@@ -685,9 +687,9 @@ void job_done(struct job *job);
 /* The parked jobs of @s (refused by the store for the keys) built again:
  * fresh keys came, or the stream or its pipeline goes. */
 void stream_unpark(struct stream *s);
-/* The jobs of @s parked as the store did not answer, whose backoff is over
- * at @now (uv_now()), built again (the statistics' tick, stats.c). */
-void stream_retry_due(struct stream *s, uint64_t now);
+/* The timer that builds again the jobs parked as the store did not answer
+ * (job_park()) closed, when the engine goes. */
+void stream_outage_close(struct engine *eng);
 struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
 /* Shared stream @s, which no client reads, leaves its pipeline for a new
  * job's (docs/spec.md, "Jobs"): its batches go, it is freed when done. */

@@ -84,13 +84,8 @@ static void on_stats_tick(uv_timer_t *t)
 	uint64_t now = uv_now(eng->loop);
 
 	engine_stats_pull(eng);
-	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next) {
+	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
 		pipeline_snapshot(pl, now);
-		/* batches waiting for a store that did not answer (stream.c) */
-		for (struct stream *s = pl->streams; s; s = s->next)
-			if (s->parked)
-				stream_retry_due(s, now);
-	}
 	for (struct attachment *a = eng->atts; a; a = a->all_next)
 		att_snapshot(a, now);
 }
@@ -350,12 +345,8 @@ static uint64_t store_outage(const struct pipeline *pl)
 {
 	uint64_t n = 0;
 
-	for (struct stream *s = pl->streams; s; s = s->next)
-		for (const struct job *job = s->parked; job; job = job->park_next) {
-			const struct batch *b = ring_at(s, job->seq);
-
-			n += b && b->outage;
-		}
+	for (const struct stream *s = pl->streams; s; s = s->next)
+		n += s->outage_parked;
 	return n;
 }
 

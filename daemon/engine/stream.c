@@ -475,6 +475,9 @@ static void last_error_set(struct pipeline *pl, const char *msg)
  * doubling to 30 s (the store retried each try for retry_seconds already). */
 #define OUTAGE_BACKOFF_MS 1000
 #define OUTAGE_BACKOFF_MAX_MS 30000
+#define OUTAGE_TICK_MS 250
+
+static void outage_timer_arm(struct engine *eng);
 
 /*
  * @job read an object the store refused for the pipeline's keys, or that the
@@ -483,7 +486,7 @@ static void last_error_set(struct pipeline *pl, const char *msg)
  * nor a failed pipeline. Its batch stays in the ring, unready, with its
  * slots; the job waits in @s->parked, counted in the jobs, until fresh keys
  * come (engine_set_store()), or for the store its backoff is over
- * (stream_retry_due(), from the statistics' tick), when it runs again and
+ * (stream_retry_due(), from the engine's outage timer), when it runs again and
  * builds the same batch. A client that reaches a batch refused for the keys
  * is told the store's words once (deliver.c); one that reaches a batch
  * waiting for the store waits, as for a slow store. Keys handed while it
@@ -515,6 +518,8 @@ static void job_park(struct job *job, struct batch *b, int why)
 			job->outage_ms = now ? now : 1;
 		job->outage_tries++;
 		job->retry_ms = now + wait;
+		s->outage_parked++;
+		outage_timer_arm(pl->eng);
 		if (job->outage_tries == 1)
 			log_warn("pipeline %s: batch %" PRIu64 " of epoch %" PRIu64 " waits for the store, tried "
 			         "again every %g s at most: %s", pl->spec->name, b->index, b->epoch,
@@ -535,6 +540,10 @@ static void job_rerun(struct stream *s, struct job *job)
 	struct batch *b = ring_at(s, job->seq);
 
 	job->park_next = NULL;
+	if (job->retry_ms) {
+		s->outage_parked--;
+		job->retry_ms = 0;
+	}
 	if (b) {
 		b->refused = false;
 		b->outage = false;
@@ -563,21 +572,72 @@ void stream_unpark(struct stream *s)
 	}
 }
 
-void stream_retry_due(struct stream *s, uint64_t now)
+/* The jobs of @s parked as the store did not answer whose backoff is over
+ * at @now, built again; whether any is left waiting. */
+static bool stream_retry_due(struct stream *s, uint64_t now)
 {
 	struct job **pp = &s->parked, *job;
+	bool left = false;
 
-	if (!s->pl->eng->workers)
-		return;
 	while ((job = *pp)) {
 		struct batch *b = ring_at(s, job->seq);
 
-		if (b && b->outage && job->retry_ms <= now) {
+		if (b && b->outage && job->retry_ms && job->retry_ms <= now) {
 			*pp = job->park_next;
 			job_rerun(s, job);
 		} else {
+			left = left || (b && b->outage);
 			pp = &job->park_next;
 		}
+	}
+	return left;
+}
+
+static void on_outage_tick(uv_timer_t *t)
+{
+	struct engine *eng = t->data;
+	uint64_t now = uv_now(eng->loop);
+	bool left = false;
+
+	if (!eng->workers)
+		return;   /* stopping: the workers are gone */
+	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
+		for (struct stream *s = pl->streams; s; s = s->next)
+			if (s->parked && stream_retry_due(s, now))
+				left = true;
+	if (!left)
+		uv_timer_stop(t);
+}
+
+/* The outage timer ticking (OUTAGE_TICK_MS) while a job waits for the store. */
+static void outage_timer_arm(struct engine *eng)
+{
+	if (eng->shutdown)
+		return;
+	if (!eng->outage_timer) {
+		uv_timer_t *t = calloc(1, sizeof(*t));
+		if (!t || uv_timer_init(eng->loop, t) < 0) {
+			free(t);
+			log_err("no timer for batches waiting for the store: they wait for fresh keys or the pipeline's drop");
+			return;
+		}
+		t->data = eng;
+		eng->outage_timer = t;
+	}
+	if (!uv_is_active((uv_handle_t *)eng->outage_timer))
+		uv_timer_start(eng->outage_timer, on_outage_tick, OUTAGE_TICK_MS, OUTAGE_TICK_MS);
+}
+
+static void outage_timer_closed(uv_handle_t *h)
+{
+	free(h);
+}
+
+void stream_outage_close(struct engine *eng)
+{
+	if (eng->outage_timer) {
+		uv_close((uv_handle_t *)eng->outage_timer, outage_timer_closed);
+		eng->outage_timer = NULL;
 	}
 }
 

@@ -428,6 +428,17 @@ def test_stream_store_outage_loses_nothing(daemon, workdir, s3):
         assert "waits for the store" in ld.log() and "the store answers again" in ld.log()
     finally:
         proxy.stop()
+    # the config key: checked, and taken at a restart
+    conf = {"cache_bytes": limit, "fetch_ahead": max(sizes)}
+    for bad in (0, 3601, "1"):
+        with open(cfg, "w") as f:
+            json.dump(dict(conf, store_retry_seconds=bad), f)
+        r = ld.ctl("reload", check=False)
+        assert r.returncode == 1 and f"{cfg}: store_retry_seconds: must be a number of seconds in 0.1..3600" \
+            in r.stderr, r.stderr
+    with open(cfg, "w") as f:
+        json.dump(dict(conf, store_retry_seconds=5), f)
+    assert ld.ctl_json("reload")["restart_needed"] == [{"key": "store_retry_seconds", "running": 0.3, "file": 5.0}]
 
 
 def test_lru_eviction_spares_pinned(daemon, workdir, s3):
