@@ -435,6 +435,7 @@ int main(int argc, char **argv)
 		char dir[4096];
 
 		source_set_fetch_ahead(d.cfg.fetch_ahead);
+		source_set_store_retry(d.cfg.store_retry_s);
 		if (source_cache_dir(dir, sizeof(dir)) &&
 		    source_set_object_cache(dir, d.cfg.cache_bytes ? d.cfg.cache_bytes : SETTINGS_CACHE_BYTES_DEFAULT,
 		                            err, sizeof(err)) < 0) {

@@ -324,6 +324,8 @@ static void check_restart_keys(struct reload_job *j, const struct settings *f)
 		if (running && (uint64_t)ahead != (want > (uint64_t)running / 2 ? (uint64_t)running / 2 : want))
 			needs_restart(j, "fetch_ahead", json_integer(ahead), json_integer((json_int_t)want));
 	}
+	needs_restart(j, "store_retry_seconds", json_real(source_store_retry()),
+	              json_real(f->store_retry_s > 0 ? f->store_retry_s : SOURCE_STORE_RETRY_DEFAULT));
 	needs_restart(j, "metrics_address", cr->metrics_address ? json_string(cr->metrics_address) : json_null(),
 	              f->metrics_address ? json_string(f->metrics_address) : json_null());
 }

@@ -271,6 +271,12 @@ static int load_key(struct settings *cfg, const char *path, const char *key, jso
 	} else if (strcmp(key, "fetch_ahead") == 0) {
 		if ((r = size_key(path, key, v, "256M", &cfg->fetch_ahead, err, errlen)) < 0)
 			return r;
+	} else if (strcmp(key, "store_retry_seconds") == 0) {
+		double secs = json_is_number(v) ? json_number_value(v) : -1;
+		if (!(secs >= 0.1) || secs > 3600)
+			return settings_fail(err, errlen, path, "store_retry_seconds: must be a number of "
+			                     "seconds in 0.1..3600");
+		cfg->store_retry_s = secs;
 	} else if (strcmp(key, "pipelines") == 0) {
 		if (!json_is_array(v))
 			return settings_fail(err, errlen, path,
@@ -405,6 +411,8 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		cfg->cache_bytes = file.cache_bytes;
 	if (file.fetch_ahead)
 		cfg->fetch_ahead = file.fetch_ahead;
+	if (file.store_retry_s > 0)
+		cfg->store_retry_s = file.store_retry_s;
 	json_decref(cfg->pipelines);
 	cfg->pipelines = file.pipelines;
 	file.pipelines = NULL;

@@ -138,6 +138,7 @@ struct batch {
 	char *errmsg;             /* the job's words (a traceback), malloc'd; or while
 	                           * refused, the store's refusal of its keys */
 	bool refused;             /* its job waits for fresh store keys (stream.c, job_park()) */
+	bool outage;              /* its job waits to try the store again (job_park()) */
 	uint32_t parks;           /* how many times its job was parked so */
 	struct slot *slot;        /* group 0's, or NULL when built without it */
 	struct slot *more[AUG_GROUPS_MAX - 1]; /* group g's at more[g - 1], or NULL */
@@ -226,7 +227,8 @@ struct stream {
 	                           * is an error naming the reload, not End */
 	uint64_t reclaimed;       /* ready batches given back to the pool, to be built again */
 	struct job *parked;       /* jobs refused by the store for the keys, waiting for
-	                           * fresh ones (job_park()) */
+	                           * fresh ones, or waiting to try it again (job_park()) */
+	uint32_t outage_parked;   /* of them, those waiting for the store (status, stats.c) */
 	uint64_t fail_seq;        /* the first batch whose job failed, UINT64_MAX none */
 	int fail_err;
 	char fail_msg[PYW_MSG_MAX + 512];
@@ -399,7 +401,11 @@ struct job {
 	atomic_uint_fast64_t stage_ns[STAGES];
 	char *errmsg;             /* the first failure's words (job_set_error()), or NULL:
 	                           * a traceback may be 16 KiB, and a job is made per batch */
-	atomic_bool refused;      /* a read failed as the store refused the keys */
+	atomic_int why;           /* a read failed as the store refused the keys, or did
+	                           * not answer: SOURCE_READ_KEYS / _STORE (source.h) */
+	uint64_t retry_ms;        /* parked for the store: tried again then (uv_now()); 0 not so parked */
+	uint64_t outage_ms;       /* parked for the store first then (uv_now()), 0 never */
+	uint32_t outage_tries;    /* its builds the store failed since */
 	uint64_t keys_gen;        /* the pipeline's keys_gen when submitted */
 	struct job *park_next;    /* in stream->parked */
 	const uint64_t *idx;      /* a client_order stream's batch: its rows' dataset
@@ -476,6 +482,7 @@ struct engine {
 	uint64_t user_memory;     /* memory_limit_per_user, 0 = memory_limit / 2 */
 	unsigned max_pipelines_user; /* max_pipelines_per_user, 0 = the default */
 	uv_timer_t *stats_timer;  /* stats.c: the snapshots' tick */
+	uv_timer_t *outage_timer; /* stream.c: tries parked jobs the store failed again */
 	bool shutdown;
 };
 
@@ -680,6 +687,9 @@ void job_done(struct job *job);
 /* The parked jobs of @s (refused by the store for the keys) built again:
  * fresh keys came, or the stream or its pipeline goes. */
 void stream_unpark(struct stream *s);
+/* The timer that builds again the jobs parked as the store did not answer
+ * (job_park()) closed, when the engine goes. */
+void stream_outage_close(struct engine *eng);
 struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t world);
 /* Shared stream @s, which no client reads, leaves its pipeline for a new
  * job's (docs/spec.md, "Jobs"): its batches go, it is freed when done. */

@@ -302,6 +302,7 @@ void registry_close(struct engine *eng)
 	slow_close(eng);
 	holds_close(eng);
 	stats_close(eng);
+	stream_outage_close(eng);
 	if (eng->linger_timer) {
 		uv_close((uv_handle_t *)eng->linger_timer, on_timer_closed);
 		eng->linger_timer = NULL;

@@ -340,6 +340,16 @@ static const struct attachment *laggard(const struct pipeline *pl)
  * helps), I/O when the workers are busy mostly reading, the workers when they
  * are busy building.
  */
+/* @pl's batches parked as the store did not answer (stream.c). */
+static uint64_t store_outage(const struct pipeline *pl)
+{
+	uint64_t n = 0;
+
+	for (const struct stream *s = pl->streams; s; s = s->next)
+		n += s->outage_parked;
+	return n;
+}
+
 static const char *limited_by(const struct pipeline *pl, const char *state, double busy,
                               double pool_busy, double read_share, uint32_t free_slots,
                               char *why, size_t len)
@@ -362,6 +372,13 @@ static const char *limited_by(const struct pipeline *pl, const char *state, doub
 			snprintf(why, len, "its trainers wait %.0f %% of their time at most: "
 			         "the data is ready before they ask", wait * 100);
 		return "consumers";
+	}
+	if (store_outage(pl) && source_store_endpoint(pl->src)) {
+		/* batches parked as the store did not answer (stream.c, job_park()) */
+		snprintf(why, len, "%" PRIu64 " batches wait for the store %s, which does not answer: "
+		         "tried again every 30 s at most (store.stream.parked)", store_outage(pl),
+		         source_store_endpoint(pl->src));
+		return "io";
 	}
 	if (wait < 0) {
 		/* starving, before any report */

@@ -44,6 +44,36 @@ static json_t *seed_groups_json(const struct pipeline *pl)
 	}
 	return a;
 }
+/* Parked batches listed at most (status stays small). */
+#define PARKED_SHOWN 8
+
+/* Into a streamed pipeline's store.stream: its batches parked (stream.c,
+ * job_park()), waiting for fresh keys ("keys") or for the store to answer
+ * ("store"): how many, and the first PARKED_SHOWN of them. */
+static void parked_json(const struct pipeline *pl, json_t *stream)
+{
+	json_t *list = json_array();
+	uint64_t now = uv_now(pl->eng->loop), n = 0;
+
+	for (struct stream *s = pl->streams; s; s = s->next)
+		for (const struct job *job = s->parked; job; job = job->park_next) {
+			const struct batch *b = ring_at(s, job->seq);
+
+			if (!b || (!b->outage && !b->refused))
+				continue;
+			if (n++ >= PARKED_SHOWN)
+				continue;
+			json_array_append_new(list, json_pack("{s:I, s:I, s:s, s:I, s:f, s:s}", "epoch",
+				(json_int_t)b->epoch, "batch", (json_int_t)b->index, "why",
+				b->outage ? "store" : "keys", "tries",
+				(json_int_t)(b->outage ? job->outage_tries : b->parks), "waiting_seconds",
+				b->outage && job->outage_ms ? (double)(now - job->outage_ms) / 1000.0 : 0.0,
+				"error", b->errmsg ? b->errmsg : ""));
+		}
+	json_object_set_new(stream, "parked_batches", json_integer((json_int_t)n));
+	json_object_set_new(stream, "parked", list);
+}
+
 
 static json_t *pipeline_json(struct pipeline *pl)
 {
@@ -146,8 +176,10 @@ static json_t *pipeline_json(struct pipeline *pl)
 		json_t *store = spec_store_json(pl->spec);
 		/* read as a stream: its fetch-ahead (objects.c) */
 		json_t *stream = store && pl->src ? source_stream_json(pl->src) : NULL;
-		if (stream)
+		if (stream) {
+			parked_json(pl, stream);
 			json_object_set_new(store, "stream", stream);
+		}
 		json_object_set_new(o, "store", store ? store : json_null());
 	}
 	/* a reload removed it ("draining") or made a successor ("replaced") */

@@ -246,8 +246,11 @@ static void task_run(struct work *work)
 		}
 		rc = source_read(pl->src, &ctx, idx, dsts, err, sizeof(err));
 		if (rc < 0) {
-			if (rc == -EACCES && source_read_refused())
-				atomic_store(&job->refused, true);
+			int why = source_read_why();
+
+			/* the store's doing, not the data's (job_park()) */
+			if ((why == SOURCE_READ_KEYS && rc == -EACCES) || why == SOURCE_READ_STORE)
+				atomic_store(&job->why, why);
 			job_set_error(job, -rc, err);
 			break;
 		}
@@ -468,29 +471,61 @@ static void last_error_set(struct pipeline *pl, const char *msg)
 	pl->last_batch_error[n] = '\0';
 }
 
+/* A store that does not answer: a parked job tries again after 1 s,
+ * doubling to 30 s (the store retried each try for retry_seconds already). */
+#define OUTAGE_BACKOFF_MS 1000
+#define OUTAGE_BACKOFF_MAX_MS 30000
+#define OUTAGE_TICK_MS 250
+
+static void outage_timer_arm(struct engine *eng);
+
 /*
- * @job read an object the store refused for the pipeline's keys (source.h,
- * source_read_refused()): no error of the data, so neither on_error nor a
- * failed pipeline. Its batch stays in the ring, unready, with its slots;
- * the job waits in @s->parked, counted in the jobs, until fresh keys come
- * (engine_set_store()), when it runs again and builds the same batch.
- * Meanwhile a client that reaches the batch is told the store's words once
- * (deliver.c). Keys handed while it read: it runs again at once.
+ * @job read an object the store refused for the pipeline's keys, or that the
+ * store did not give (its retries spent: 5xx, 429, a stall, no connection;
+ * source.h, source_read_why()): no error of the data, so neither on_error
+ * nor a failed pipeline. Its batch stays in the ring, unready, with its
+ * slots; the job waits in @s->parked, counted in the jobs, until fresh keys
+ * come (engine_set_store()), or for the store its backoff is over
+ * (stream_retry_due(), from the engine's outage timer), when it runs again and
+ * builds the same batch. A client that reaches a batch refused for the keys
+ * is told the store's words once (deliver.c); one that reaches a batch
+ * waiting for the store waits, as for a slow store. Keys handed while it
+ * read: it runs again at once.
  */
-static void job_park(struct job *job, struct batch *b)
+static void job_park(struct job *job, struct batch *b, int why)
 {
 	struct stream *s = job->stream;
 	struct pipeline *pl = job->pl;
+	uint64_t now = uv_now(pl->eng->loop);
 
 	s->jobs++;
 	pl->jobs++;
 	free(b->errmsg);
-	b->errmsg = job->errmsg ? job->errmsg : strdup(strerror(EACCES));
+	b->errmsg = job->errmsg ? job->errmsg : strdup(strerror(atomic_load(&job->err)));
 	job->errmsg = NULL;
-	b->refused = true;
+	b->refused = why == SOURCE_READ_KEYS;
+	b->outage = why == SOURCE_READ_STORE;
 	b->parks++;
 	job->park_next = s->parked;
 	s->parked = job;
+	if (b->outage) {
+		uint32_t n = job->outage_tries < 5 ? job->outage_tries : 5;
+		uint64_t wait = (uint64_t)OUTAGE_BACKOFF_MS << n;
+
+		if (wait > OUTAGE_BACKOFF_MAX_MS)
+			wait = OUTAGE_BACKOFF_MAX_MS;
+		if (!job->outage_ms)
+			job->outage_ms = now ? now : 1;
+		job->outage_tries++;
+		job->retry_ms = now + wait;
+		s->outage_parked++;
+		outage_timer_arm(pl->eng);
+		if (job->outage_tries == 1)
+			log_warn("pipeline %s: batch %" PRIu64 " of epoch %" PRIu64 " waits for the store, tried "
+			         "again every %g s at most: %s", pl->spec->name, b->index, b->epoch,
+			         OUTAGE_BACKOFF_MAX_MS / 1000.0, b->errmsg ? b->errmsg : "");
+		return;
+	}
 	if (b->parks == 1)
 		log_warn("pipeline %s: batch %" PRIu64 " of epoch %" PRIu64 " waits for fresh store credentials: %s",
 		         pl->spec->name, b->index, b->epoch, b->errmsg ? b->errmsg : "");
@@ -498,31 +533,111 @@ static void job_park(struct job *job, struct batch *b)
 		stream_unpark(s);
 }
 
-void stream_unpark(struct stream *s)
+/* Parked @job (taken off its stream's list) built again. */
+static void job_rerun(struct stream *s, struct job *job)
 {
 	struct pipeline *pl = s->pl;
+	struct batch *b = ring_at(s, job->seq);
+
+	job->park_next = NULL;
+	if (job->retry_ms) {
+		s->outage_parked--;
+		job->retry_ms = 0;
+	}
+	if (b) {
+		b->refused = false;
+		b->outage = false;
+		free(b->errmsg);
+		b->errmsg = NULL;
+	}
+	free(job->errmsg);
+	job->errmsg = NULL;
+	job->keys_gen = pl->keys_gen;
+	atomic_store(&job->why, 0);
+	atomic_store(&job->err, 0);
+	atomic_store(&job->remaining, job->ntasks);
+	for (unsigned i = 0; i < job->ntasks; i++)
+		workers_submit(pl->eng->workers, &job->tasks[i].work);
+}
+
+void stream_unpark(struct stream *s)
+{
 	struct job *job;
 
-	if (!pl->eng->workers)
+	if (!s->pl->eng->workers)
 		return;   /* stopping: the workers are gone */
 	while ((job = s->parked)) {
+		s->parked = job->park_next;
+		job_rerun(s, job);
+	}
+}
+
+/* The jobs of @s parked as the store did not answer whose backoff is over
+ * at @now, built again; whether any is left waiting. */
+static bool stream_retry_due(struct stream *s, uint64_t now)
+{
+	struct job **pp = &s->parked, *job;
+	bool left = false;
+
+	while ((job = *pp)) {
 		struct batch *b = ring_at(s, job->seq);
 
-		s->parked = job->park_next;
-		job->park_next = NULL;
-		if (b) {
-			b->refused = false;
-			free(b->errmsg);
-			b->errmsg = NULL;
+		if (b && b->outage && job->retry_ms && job->retry_ms <= now) {
+			*pp = job->park_next;
+			job_rerun(s, job);
+		} else {
+			left = left || (b && b->outage);
+			pp = &job->park_next;
 		}
-		free(job->errmsg);
-		job->errmsg = NULL;
-		job->keys_gen = pl->keys_gen;
-		atomic_store(&job->refused, false);
-		atomic_store(&job->err, 0);
-		atomic_store(&job->remaining, job->ntasks);
-		for (unsigned i = 0; i < job->ntasks; i++)
-			workers_submit(pl->eng->workers, &job->tasks[i].work);
+	}
+	return left;
+}
+
+static void on_outage_tick(uv_timer_t *t)
+{
+	struct engine *eng = t->data;
+	uint64_t now = uv_now(eng->loop);
+	bool left = false;
+
+	if (!eng->workers)
+		return;   /* stopping: the workers are gone */
+	for (struct pipeline *pl = eng->pipelines; pl; pl = pl->next)
+		for (struct stream *s = pl->streams; s; s = s->next)
+			if (s->parked && stream_retry_due(s, now))
+				left = true;
+	if (!left)
+		uv_timer_stop(t);
+}
+
+/* The outage timer ticking (OUTAGE_TICK_MS) while a job waits for the store. */
+static void outage_timer_arm(struct engine *eng)
+{
+	if (eng->shutdown)
+		return;
+	if (!eng->outage_timer) {
+		uv_timer_t *t = calloc(1, sizeof(*t));
+		if (!t || uv_timer_init(eng->loop, t) < 0) {
+			free(t);
+			log_err("no timer for batches waiting for the store: they wait for fresh keys or the pipeline's drop");
+			return;
+		}
+		t->data = eng;
+		eng->outage_timer = t;
+	}
+	if (!uv_is_active((uv_handle_t *)eng->outage_timer))
+		uv_timer_start(eng->outage_timer, on_outage_tick, OUTAGE_TICK_MS, OUTAGE_TICK_MS);
+}
+
+static void outage_timer_closed(uv_handle_t *h)
+{
+	free(h);
+}
+
+void stream_outage_close(struct engine *eng)
+{
+	if (eng->outage_timer) {
+		uv_close((uv_handle_t *)eng->outage_timer, outage_timer_closed);
+		eng->outage_timer = NULL;
 	}
 }
 
@@ -536,11 +651,16 @@ void job_done(struct job *job)
 	pl->jobs--;
 	struct batch *b = ring_at(s, job->seq);
 	bool live = !s->dead && !pl->dropped;
-	if (b && err == EACCES && live && atomic_load(&job->refused) && !pl->py) {
-		job_park(job, b);
+	int why = atomic_load(&job->why);
+	if (b && err && live && why && !pl->py) {
+		job_park(job, b, why);
 		pl->eng->hooks->update(pl);
 		return;
 	}
+	if (b && !err && live && job->outage_ms)
+		log_info("pipeline %s: the store answers again: batch %" PRIu64 " of epoch %" PRIu64
+		         " built after %" PRIu32 " tries over %.1f s", pl->spec->name, b->index, b->epoch,
+		         job->outage_tries + 1, (double)(uv_now(pl->eng->loop) - job->outage_ms) / 1000.0);
 	if (b && err && live && pl->spec->on_error_raise) {
 		/* torch's semantics: this batch is an error at its place, for
 		 * every client that reaches it; the stream goes on. Its slots go

@@ -144,6 +144,21 @@ bool source_is_url(const char *path)
 
 /* ---- the creator's keys, in its spec ---- */
 
+/* The config's store_retry_seconds in ms, 0: the store's default. */
+static atomic_uint_fast64_t store_retry_ms;
+
+void source_set_store_retry(double seconds)
+{
+	atomic_store(&store_retry_ms, seconds > 0 ? (uint64_t)(seconds * 1000.0 + 0.5) : 0);
+}
+
+double source_store_retry(void)
+{
+	uint64_t ms = atomic_load(&store_retry_ms);
+
+	return ms ? (double)ms / 1000.0 : SOURCE_STORE_RETRY_DEFAULT;
+}
+
 int source_keys_new(struct source_keys **out, const char *access_key, const char *secret_key,
 		    const char *session_token, const char *region, const char *endpoint, int64_t expires,
 		    char *err, size_t errlen)
@@ -173,6 +188,8 @@ int source_keys_new(struct source_keys **out, const char *access_key, const char
 		r = store_config_from_env(&k->cfg, (const char *const *)env, err, errlen);
 	else
 		errfmt(r, err, errlen, "out of memory");
+	if (atomic_load(&store_retry_ms))
+		k->cfg.retry_seconds = (double)atomic_load(&store_retry_ms) / 1000.0;
 	for (size_t i = 0; i < n; i++) {
 		if (env[i]) {
 			explicit_bzero(env[i], strlen(env[i]));
@@ -893,6 +910,7 @@ static int objects_open(struct source_objects *o, size_t at, int *fd, struct obj
 	pthread_mutex_unlock(&o->lock);
 	if (r < 0)
 		return r;
+	store_transport_clear();
 	r = objcache_open(ks->st, url, &head, fd, pin, err, errlen);
 	if (r < 0)
 		objects_error(o, ks, r, err, errlen);
@@ -1085,17 +1103,23 @@ static int open_waiting(struct source_objects *o, size_t at, int *fd, struct obj
 	}
 }
 
-/* Was this thread's last object read refused by the store (source.h)? */
-static _Thread_local bool read_refused;
+/* Why this thread's last object read failed (source.h): 0, or a
+ * SOURCE_READ_* of the store. */
+static _Thread_local int read_why;
+
+int source_read_why(void)
+{
+	return read_why;
+}
 
 bool source_read_refused(void)
 {
-	return read_refused;
+	return read_why == SOURCE_READ_KEYS;
 }
 
 void source_read_refused_clear(void)
 {
-	read_refused = false;
+	read_why = 0;
 }
 
 int source_open_read(const struct source *src, const char *path, struct stat *st, size_t *hold, char *err,
@@ -1109,7 +1133,7 @@ int source_open_read(const struct source *src, const char *path, struct stat *st
 	int fd = -1, r;
 
 	*hold = 0;
-	read_refused = false;
+	read_why = 0;
 	if (!o || !o->stream || !source_is_url(path))
 		return source_open_path(src, path, st, err, errlen);
 	pthread_mutex_lock(&o->lock);
@@ -1135,7 +1159,10 @@ int source_open_read(const struct source *src, const char *path, struct stat *st
 		if (r < 0) {
 			o->waiting--;
 			pthread_mutex_unlock(&o->lock);
-			read_refused = r == -EACCES;
+			/* the store refused the keys, or did not answer (its
+			 * retries spent): neither is the data's fault */
+			read_why = r == -EACCES ? SOURCE_READ_KEYS
+				 : store_transport_failed() ? SOURCE_READ_STORE : 0;
 			return r;
 		}
 		obj_install(ob, fd, pin);

@@ -243,4 +243,19 @@ void source_objects_rekeyed(struct source *src);
  */
 bool source_read_refused(void);
 void source_read_refused_clear(void);
+/*
+ * Why the calling thread's last read of a streamed object failed: 0 (not
+ * the store's doing, or no failure), SOURCE_READ_KEYS (the refusal above),
+ * SOURCE_READ_STORE (the store did not answer, its retries spent: 5xx or
+ * 429, a stall, a cut body, no connection). Neither is a bad sample: the
+ * engine builds the batch again (docs/storage.md, "A store outage while
+ * streaming").
+ */
+enum { SOURCE_READ_KEYS = 1, SOURCE_READ_STORE = 2 };
+int source_read_why(void);
+/* How long one request to a store is retried (config store_retry_seconds;
+ * 0 at start: SOURCE_STORE_RETRY_DEFAULT), and the bound in force. */
+#define SOURCE_STORE_RETRY_DEFAULT 20.0
+void source_set_store_retry(double seconds);
+double source_store_retry(void);
 json_t *spec_store_json(const struct spec *spec);

@@ -566,6 +566,19 @@ static double jitter(void)
 	return (double)(mix64(state) >> 11) / 9007199254740992.0;
 }
 
+/* Did this thread's last request fail for the transport (store.h)? */
+static _Thread_local bool transport_failed;
+
+bool store_transport_failed(void)
+{
+	return transport_failed;
+}
+
+void store_transport_clear(void)
+{
+	transport_failed = false;
+}
+
 /* @r tried until it is done, final, or retry_seconds have passed. */
 static int run(struct req *r, char *err, size_t errlen)
 {
@@ -573,6 +586,7 @@ static int run(struct req *r, char *err, size_t errlen)
 	char msg[1024];
 	int e = 0;
 
+	transport_failed = false;
 	for (;;) {
 		CURLcode cc = perform(r);
 		enum outcome o = judge(r, cc, &e, msg, sizeof msg);
@@ -585,8 +599,10 @@ static int run(struct req *r, char *err, size_t errlen)
 			return errfmt(e, err, errlen, "%s: %s", r->url, msg);
 		/* full jitter: a uniform draw below the doubling ceiling */
 		delay = backoff * jitter();
-		if (now_s() + delay - start > limit)
+		if (now_s() + delay - start > limit) {
+			transport_failed = true;
 			return errfmt(e, err, errlen, "%s: %s; retried for %g s", r->url, msg, limit);
+		}
 		ts.tv_sec = (time_t)delay;
 		ts.tv_nsec = (long)((delay - (double)ts.tv_sec) * 1e9);
 		nanosleep(&ts, NULL);

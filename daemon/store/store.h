@@ -109,6 +109,16 @@ int store_get(struct store *st, const char *url, const char *etag, size_t max_by
 int store_get_fd(struct store *st, const char *url, const char *etag, int fd, uint64_t *size, char *err,
 		 size_t errlen);
 
+/*
+ * Whether the calling thread's last request failed for the transport: the
+ * faults tried again until retry_seconds passed (5xx, 429, a stall, a cut
+ * body, no connection), not an answer that is final (a refusal, a missing
+ * key, a changed ETag). store_transport_clear() before a call that may make
+ * no request at all.
+ */
+bool store_transport_failed(void);
+void store_transport_clear(void);
+
 /* The endpoint a store talks to (scheme://host[:port]), defaults filled in. */
 const char *store_endpoint(const struct store *st);
 

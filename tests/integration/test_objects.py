@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import os
+import re
 import signal
 import struct
 import tarfile
@@ -368,6 +369,76 @@ def test_stream_slow_store_is_limited_by_io(daemon, workdir, s3):
         assert stream["fetch_ahead"] == 1 and stream["reads_waited"] > 0 and stream["wait_seconds"] > 0, stream
     finally:
         proxy.stop()
+
+
+def test_stream_store_outage_loses_nothing(daemon, workdir, s3):
+    """The store answers 503 to every request for longer than the daemon's
+    store_retry_seconds while a stream reads (its cache too small to keep
+    the shards: each is fetched again): the batches that need it wait,
+    shown in status, and are built again once the store answers. Nothing is
+    skipped, failed, lost or repeated (on_error skip: an outage is no bad
+    sample)."""
+    local, url, n = shards(workdir, s3, "wds/out", nshards=6, per_class=4)
+    sizes = [os.path.getsize(local.replace("{000..005}", f"{s:03d}")) for s in range(6)]
+    limit = 3 * max(sizes)
+    assert sum(sizes) > limit
+    cache = os.path.join(workdir, "outage")
+    cfg = os.path.join(workdir, "outage.json")
+    with open(cfg, "w") as f:
+        json.dump({"cache_bytes": limit, "fetch_ahead": max(sizes), "store_retry_seconds": 0.3}, f)
+    ld = daemon("--cache-dir", cache, "--config", cfg)
+    spec = dict(shuffle=False, epochs=2, on_error="skip", prefetch=2)
+    ld.create(wds("local", local, **spec))
+    want = ld.consume("local").dump
+    assert len(want) == 2 * n * (20 * 20 * 3 + 8)
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    try:
+        create(ld, wds("remote", url, **spec), aws_env(proxy.endpoint))
+        # the store down: every request answered 503 until the faults are
+        # cleared (the create's HEADs and GETs went through)
+        proxy.add(*(["503"] * 100000))
+        c = ld.popen_consume("remote")
+        seen = {}
+        deadline = time.monotonic() + 90  # a bound on a hang, not a timing
+        while c.proc.poll() is None and len(seen) < 2 and time.monotonic() < deadline:
+            p = ld.pipeline("remote")
+            stream = p["store"]["stream"]
+            if stream["parked_batches"] and stream["parked"][0]["tries"] >= 2:
+                seen.setdefault("parked", stream)
+            if p["stats"]["limited_by"] == "io" and "does not answer" in p["stats"]["limited_why"]:
+                seen.setdefault("stats", p["stats"])
+            time.sleep(0.05)
+        assert c.proc.poll() is None, c.wait().describe()
+        assert set(seen) == {"parked", "stats"}, (seen, ld.pipeline("remote"))
+        first = seen["parked"]["parked"][0]
+        assert (first["epoch"], first["why"]) == (0, "store") and first["waiting_seconds"] > 0, first
+        assert re.fullmatch(re.escape(f"s3://{BUCKET}/wds/out-") + r"00[0-5]\.tar: SlowDown: Please "
+                            r"reduce your request rate\. \(HTTP 503\); retried for 0\.3 s", first["error"]), first
+        assert f"batches wait for the store {proxy.endpoint}, which does not answer" in \
+            seen["stats"]["limited_why"], seen["stats"]
+        # the store answers again: the stream goes on by itself
+        while not proxy.faults.empty():
+            proxy.faults.get_nowait()
+        res = c.wait(timeout=120)
+        assert res.rc == 0, res.describe() + ld.log()[-3000:]
+        assert res.dump == want
+        p = ld.pipeline("remote")
+        assert (p["state"], p["error"], p["skipped"], p["batches_failed"], p["store"]["stream"]["parked_batches"],
+                p["store"]["stream"]["parked"]) == ("done", None, 0, 0, 0, []), p
+        assert "waits for the store" in ld.log() and "the store answers again" in ld.log()
+    finally:
+        proxy.stop()
+    # the config key: checked, and taken at a restart
+    conf = {"cache_bytes": limit, "fetch_ahead": max(sizes)}
+    for bad in (0, 3601, "1"):
+        with open(cfg, "w") as f:
+            json.dump(dict(conf, store_retry_seconds=bad), f)
+        r = ld.ctl("reload", check=False)
+        assert r.returncode == 1 and f"{cfg}: store_retry_seconds: must be a number of seconds in 0.1..3600" \
+            in r.stderr, r.stderr
+    with open(cfg, "w") as f:
+        json.dump(dict(conf, store_retry_seconds=5), f)
+    assert ld.ctl_json("reload")["restart_needed"] == [{"key": "store_retry_seconds", "running": 0.3, "file": 5.0}]
 
 
 def test_lru_eviction_spares_pinned(daemon, workdir, s3):

@@ -784,9 +784,10 @@ static int images_read(struct source *base, const struct sample_ctx *ctx, uint64
 		r = image_sample(src, ctx, j, dsts, err, errlen);
 		if (r == 0)
 			return 0;
-		/* a store's refusal of the keys is no bad sample: the engine
-		 * waits for fresh keys and builds the batch again */
-		if (r == -ENOMEM || src->on_error_fail || source_read_refused())
+		/* a store's refusal of the keys, or a store that does not
+		 * answer, is no bad sample: the engine waits for fresh keys or
+		 * for the store and builds the batch again */
+		if (r == -ENOMEM || src->on_error_fail || source_read_why())
 			return r;
 		tried = true;
 		bit = 1ull << (j & 63);
