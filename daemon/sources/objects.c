@@ -621,10 +621,13 @@ static int fetch_urls(struct source *src, char *const *paths, size_t n, bool can
 	struct batch b = { .o = o, .lock = PTHREAD_MUTEX_INITIALIZER };
 	uint64_t total = 0, max;
 	size_t *at;
+	size_t urls = 0;
 	int r = 0;
 
-	if (!o)
-		return 0;
+	for (size_t i = 0; i < n; i++)
+		urls += source_is_url(paths[i]);
+	if (!o || !urls)
+		return 0; /* local files only: no store made (nor libcurl started) */
 	b.objs = calloc(n ? n : 1, sizeof(*b.objs));
 	at = calloc(n ? n : 1, sizeof(*at));
 	if (!b.objs || !at) {
