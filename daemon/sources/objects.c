@@ -457,13 +457,14 @@ void source_objects_rekeyed(struct source *src)
 	pthread_mutex_unlock(&o->lock);
 }
 
-static void objects_put(struct source_objects *o, struct keyed_store *ks)
+/* objects_put() under o->lock: a retired store's last user frees it (its
+ * connections closed, its keys wiped). */
+static void objects_put_locked(struct source_objects *o, struct keyed_store *ks)
 {
 	struct keyed_store **p;
 
 	if (!ks)
 		return;
-	pthread_mutex_lock(&o->lock);
 	ks->users--;
 	for (p = &o->retired; ks->users == 0 && *p; p = &(*p)->next) {
 		if (*p == ks) {
@@ -472,6 +473,14 @@ static void objects_put(struct source_objects *o, struct keyed_store *ks)
 			break;
 		}
 	}
+}
+
+static void objects_put(struct source_objects *o, struct keyed_store *ks)
+{
+	if (!ks)
+		return;
+	pthread_mutex_lock(&o->lock);
+	objects_put_locked(o, ks);
 	pthread_mutex_unlock(&o->lock);
 }
 
@@ -751,9 +760,7 @@ int source_open_path(const struct source *src, const char *path, struct stat *st
 		r = objcache_open(ks->st, path, &ob->head, &ob->fd, &ob->pin, err, errlen);
 	if (ks && r < 0)
 		objects_error(o, ks, r, err, errlen);
-	/* under o->lock still: objects_put() takes it */
-	if (ks)
-		ks->users--;
+	objects_put_locked(o, ks); /* a store retired meanwhile is freed, not kept */
 	fd = r == 0 ? dup(ob->fd) : -1;
 	pthread_mutex_unlock(&o->lock);
 	if (r < 0)
