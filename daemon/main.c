@@ -436,6 +436,11 @@ int main(int argc, char **argv)
 
 		source_set_fetch_ahead(d.cfg.fetch_ahead);
 		source_set_store_retry(d.cfg.store_retry_s);
+		if (source_set_store_endpoints(d.cfg.store_endpoints, err, sizeof(err)) < 0) {
+			fprintf(stderr, "loaderd: %s\n", err);
+			settings_clear(&d.cfg);
+			return 1;
+		}
 		if (source_cache_dir(dir, sizeof(dir)) &&
 		    source_set_object_cache(dir, d.cfg.cache_bytes ? d.cfg.cache_bytes : SETTINGS_CACHE_BYTES_DEFAULT,
 		                            err, sizeof(err)) < 0) {

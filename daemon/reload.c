@@ -326,6 +326,7 @@ static void check_restart_keys(struct reload_job *j, const struct settings *f)
 	}
 	needs_restart(j, "store_retry_seconds", json_real(source_store_retry()),
 	              json_real(f->store_retry_s > 0 ? f->store_retry_s : SOURCE_STORE_RETRY_DEFAULT));
+	needs_restart(j, "store_endpoints", source_store_endpoints_json(), roots_json(f->store_endpoints));
 	needs_restart(j, "metrics_address", cr->metrics_address ? json_string(cr->metrics_address) : json_null(),
 	              f->metrics_address ? json_string(f->metrics_address) : json_null());
 }

@@ -10,6 +10,7 @@
  *    "memory_limit_per_user": "4G", "max_pipelines_per_user": 64,
  *    "dataset_roots": ["/data", "/scratch/datasets"],
  *    "metrics_address": "127.0.0.1:9464",
+ *    "store_endpoints": ["https://s3.eu-west-1.amazonaws.com"],
  *    "pipelines": [SPEC, ...]}
  * Drop-ins in conf.d/ beside the file (*.json, in name order) are read after
  * it: their values replace the file's, their pipelines are added. Command-line
@@ -101,6 +102,74 @@ static void free_roots(char **roots)
 	for (size_t i = 0; roots && roots[i]; i++)
 		free(roots[i]);
 	free(roots);
+}
+
+/* One "store_endpoints" entry: http(s)://HOST[:PORT][/], HOST a name (maybe
+ * "*." first), an IPv4 address or [IPv6]. */
+static bool endpoint_ok(const char *t)
+{
+	const char *p = !strncmp(t, "https://", 8) ? t + 8 : !strncmp(t, "http://", 7) ? t + 7 : NULL;
+	size_t n;
+
+	if (!p)
+		return false;
+	if (!strncmp(p, "*.", 2))
+		p += 2;
+	if (*p == '[') {
+		n = strspn(p + 1, "0123456789abcdefABCDEF:.");
+		if (n == 0 || p[n + 1] != ']')
+			return false;
+		p += n + 2;
+	} else {
+		n = strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-");
+		if (n == 0 || p[0] == '.' || p[0] == '-' || p[n - 1] == '.')
+			return false;
+		p += n;
+	}
+	if (*p == ':') {
+		char *end;
+		long port;
+
+		if (!(p[1] >= '0' && p[1] <= '9'))
+			return false;
+		port = strtol(p + 1, &end, 10);
+		if (port < 1 || port > 65535)
+			return false;
+		p = end;
+	}
+	return !*p || !strcmp(p, "/");
+}
+
+/* "store_endpoints": the endpoints stores may reach; [] turns object
+ * storage off. */
+static int parse_endpoints(const char *path, json_t *v, char ***out, char *err, size_t errlen)
+{
+	size_t n = json_is_array(v) ? json_array_size(v) : 0;
+	char **list;
+
+	if (!json_is_array(v))
+		return settings_fail(err, errlen, path, "store_endpoints: must be an array of "
+		                     "\"http(s)://HOST[:PORT]\" strings");
+	list = calloc(n + 1, sizeof(*list));
+	if (!list)
+		return errfmt(-ENOMEM, err, errlen, "%s: store_endpoints: out of memory", path);
+	for (size_t i = 0; i < n; i++) {
+		json_t *e = json_array_get(v, i);
+		const char *t = json_is_string(e) ? json_string_value(e) : NULL;
+
+		if (!t || strlen(t) > 500 || !endpoint_ok(t)) {
+			free_roots(list);
+			return settings_fail(err, errlen, path, "store_endpoints[%zu]: must be "
+			                     "http(s)://HOST[:PORT] (HOST may start with *.)%s%s%s", i,
+			                     t ? ", not '" : "", t && strlen(t) <= 500 ? t : "", t ? "'" : "");
+		}
+		if (!(list[i] = strdup(t))) {
+			free_roots(list);
+			return errfmt(-ENOMEM, err, errlen, "%s: store_endpoints: out of memory", path);
+		}
+	}
+	*out = list;
+	return 0;
 }
 
 /* "dataset_roots": absolute directories, resolved once (realpath), so that a
@@ -277,6 +346,12 @@ static int load_key(struct settings *cfg, const char *path, const char *key, jso
 			return settings_fail(err, errlen, path, "store_retry_seconds: must be a number of "
 			                     "seconds in 0.1..3600");
 		cfg->store_retry_s = secs;
+	} else if (strcmp(key, "store_endpoints") == 0) {
+		char **list = NULL;
+		if ((r = parse_endpoints(path, v, &list, err, errlen)) < 0)
+			return r;
+		free_roots(cfg->store_endpoints);
+		cfg->store_endpoints = list;
 	} else if (strcmp(key, "pipelines") == 0) {
 		if (!json_is_array(v))
 			return settings_fail(err, errlen, path,
@@ -413,6 +488,11 @@ int settings_load(struct settings *cfg, const char *path, bool keep_set, char *e
 		cfg->fetch_ahead = file.fetch_ahead;
 	if (file.store_retry_s > 0)
 		cfg->store_retry_s = file.store_retry_s;
+	if (file.store_endpoints) {
+		free_roots(cfg->store_endpoints);
+		cfg->store_endpoints = file.store_endpoints;
+		file.store_endpoints = NULL;
+	}
 	json_decref(cfg->pipelines);
 	cfg->pipelines = file.pipelines;
 	file.pipelines = NULL;
@@ -430,6 +510,7 @@ void settings_clear(struct settings *cfg)
 	free(cfg->metrics_address_file);
 	free(cfg->cache_dir);
 	free_roots(cfg->dataset_roots);
+	free_roots(cfg->store_endpoints);
 	json_decref(cfg->pipelines);
 	memset(cfg, 0, sizeof(*cfg));
 }

@@ -34,6 +34,7 @@ struct settings {
 	uint64_t cache_bytes;     /* the object cache's bound (cache_dir/objects); 0: the default */
 	uint64_t fetch_ahead;     /* what one streamed source fetches ahead; 0: the default */
 	double store_retry_s;     /* how long a request to a store is retried; 0: the default */
+	char **store_endpoints;   /* NULL-terminated, or NULL: stores may reach any endpoint */
 };
 
 /* Connections one uid may hold without "max_connections_per_uid": well below

@@ -9,8 +9,11 @@
  * Create, engine_attach() for an Attach, attachment_next() for Next and
  * Release, engine_drop(), the status JSON. Only the nng replies are left
  * out (handlers.c's functions take an nng context; what they check before
- * calling the engine is repeated here, marked "as handlers.c"). Each frame
- * that unpacks must also pack back to bytes that unpack and pack the same.
+ * calling the engine is repeated here, marked "as handlers.c"). Object
+ * stores are off (no network: store_endpoints is empty), so an s3:// or
+ * https:// source fails at once (fuzz/regress/wire/s3-create-no-network).
+ * Each frame that unpacks must also pack back to bytes that unpack and pack
+ * the same.
  *
  * The engine lives across inputs, with a tokens pipeline "fuzz" of the
  * daemon's (any client may attach: "access": "all") on a small file in
@@ -28,6 +31,7 @@
 #include "log.h"
 #include "engine.h"
 #include "spec.h"
+#include "source.h"
 
 #define FUZZ_DIR "/tmp/loaderd-fuzz-wire"
 #define FUZZ_TOKENS FUZZ_DIR "/tokens.bin"
@@ -102,7 +106,17 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	static const struct engine_ops ops = { .deliver = on_deliver };
 
+	static char *no_endpoint[] = { NULL };
+	char err[256];
+
 	log_max_level = LOG_ERR;  /* not a line per pipeline created */
+	/* no network here: a Create naming s3:// or https:// fails at once, as
+	 * under a config with "store_endpoints": [] (else the store would
+	 * retry an unreachable AWS for store_retry_seconds: a timeout) */
+	if (source_set_store_endpoints(no_endpoint, err, sizeof(err)) < 0) {
+		fprintf(stderr, "fuzz-wire: %s\n", err);
+		abort();
+	}
 	make_dataset();
 	principal_daemon(&daemon_self);
 	creds_self(&client.creds);

@@ -159,6 +159,24 @@ double source_store_retry(void)
 	return ms ? (double)ms / 1000.0 : SOURCE_STORE_RETRY_DEFAULT;
 }
 
+int source_set_store_endpoints(char *const *list, char *err, size_t errlen)
+{
+	return store_set_endpoints(list, err, errlen);
+}
+
+json_t *source_store_endpoints_json(void)
+{
+	char *const *list = store_endpoints();
+	json_t *a;
+
+	if (!list)
+		return json_null();
+	a = json_array();
+	for (size_t i = 0; list[i]; i++)
+		json_array_append_new(a, json_string(list[i]));
+	return a;
+}
+
 int source_keys_new(struct source_keys **out, const char *access_key, const char *secret_key,
 		    const char *session_token, const char *region, const char *endpoint, int64_t expires,
 		    char *err, size_t errlen)
@@ -1263,11 +1281,15 @@ json_t *source_object_cache_json(void)
 {
 	struct objcache_stats s;
 
+	json_t *j;
+
 	objcache_get_stats(&s);
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cache_bytes",
+	j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cache_bytes",
 			 (json_int_t)s.max_bytes, "bytes_used", (json_int_t)s.bytes_used, "objects",
 			 (json_int_t)s.objects, "pinned", (json_int_t)s.pinned, "hits", (json_int_t)s.hits, "misses",
 			 (json_int_t)s.misses, "bytes_fetched", (json_int_t)s.bytes_fetched, "evictions",
 			 (json_int_t)s.evictions, "fetching", (json_int_t)s.fetching, "fetching_bytes",
 			 (json_int_t)s.fetching_bytes, "fetch_ahead", (json_int_t)ahead_bound());
+	json_object_set_new(j, "store_endpoints", source_store_endpoints_json());
+	return j;
 }

@@ -258,4 +258,8 @@ int source_read_why(void);
 #define SOURCE_STORE_RETRY_DEFAULT 20.0
 void source_set_store_retry(double seconds);
 double source_store_retry(void);
+/* The endpoints a store may reach (config store_endpoints; NULL: any;
+ * store_set_endpoints()), and the list in force (a JSON array, or null). */
+int source_set_store_endpoints(char *const *list, char *err, size_t errlen);
+json_t *source_store_endpoints_json(void);
 json_t *spec_store_json(const struct spec *spec);

@@ -27,10 +27,14 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +51,7 @@ struct store {
 	char scheme[8];      /* of the endpoint: "http" or "https" */
 	char host[256];      /* host[:port] of the endpoint */
 	char sigv4[128];     /* "aws:amz:REGION:s3" */
+	bool listed;         /* store_endpoints names the endpoint itself */
 	CURLSH *share;
 	pthread_mutex_t locks[CURL_LOCK_DATA_LAST];
 };
@@ -62,6 +67,8 @@ struct req {
 	uint64_t off;
 	size_t len;
 	const char *if_match;
+	bool listed;         /* store_endpoints names the target itself */
+	char refused[256];   /* why a connection was not made (open_socket()) */
 	/* the body: into fd (>= 0, at offset got) or into buf (cap bytes;
 	 * grow: realloc up to max) */
 	int fd;
@@ -87,6 +94,129 @@ static CURLcode global_rc;
 static void global_init(void)
 {
 	global_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* ---- the endpoints stores may reach (config store_endpoints) ---- */
+
+struct endpoint_rule {
+	char scheme[8];
+	char host[256];      /* lower case, an IPv6 address in brackets */
+	bool under;          /* "*.HOST": every name under HOST, not HOST */
+	long port;           /* the scheme's default when the entry has none */
+};
+
+static char **allowed;               /* as given; NULL: any endpoint */
+static struct endpoint_rule *rules;
+static size_t nrules;
+static char allowed_text[1024];      /* the list, for messages */
+
+/* The scheme, lower-case host and port of an http(s) URL, as libcurl reads
+ * it for the request. */
+static int url_target(const char *url, char *scheme, size_t scap, char *host, size_t hcap, long *port)
+{
+	CURLU *u = curl_url();
+	char *s = NULL, *h = NULL, *p = NULL;
+	int r = -EINVAL;
+
+	if (!u)
+		return -ENOMEM;
+	if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+	    curl_url_get(u, CURLUPART_SCHEME, &s, 0) == CURLUE_OK &&
+	    curl_url_get(u, CURLUPART_HOST, &h, 0) == CURLUE_OK &&
+	    curl_url_get(u, CURLUPART_PORT, &p, CURLU_DEFAULT_PORT) == CURLUE_OK &&
+	    strlen(s) < scap && strlen(h) < hcap) {
+		snprintf(scheme, scap, "%s", s);
+		for (size_t i = 0; ; i++) {
+			host[i] = (char)tolower((unsigned char)h[i]);
+			if (!h[i])
+				break;
+		}
+		*port = strtol(p, NULL, 10);
+		r = 0;
+	}
+	curl_free(s);
+	curl_free(h);
+	curl_free(p);
+	curl_url_cleanup(u);
+	return r;
+}
+
+int store_set_endpoints(char *const *list, char *err, size_t errlen)
+{
+	size_t n = 0, used = 0;
+
+	pthread_once(&global_once, global_init);
+	while (list && list[n])
+		n++;
+	rules = calloc(n + 1, sizeof(*rules));
+	allowed = calloc(n + 1, sizeof(*allowed));
+	if (!rules || !allowed)
+		return errfmt(-ENOMEM, err, errlen, "store_endpoints: out of memory");
+	allowed_text[0] = '\0';
+	for (size_t i = 0; i < n; i++) {
+		struct endpoint_rule *e = &rules[i];
+		char url[512], sch[8], host[256];
+		const char *p = strstr(list[i], "://");
+
+		if (!p || strlen(list[i]) >= sizeof url)
+			return errfmt(-EINVAL, err, errlen, "store_endpoints[%zu]: '%s' is not http(s)://HOST[:PORT]",
+				      i, list[i]);
+		e->under = !strncmp(p + 3, "*.", 2);
+		snprintf(url, sizeof url, "%.*s%s", (int)(p + 3 - list[i]), list[i], p + (e->under ? 5 : 3));
+		if (url_split_endpoint(url, sch, sizeof sch, host, sizeof host) < 0 || strchr(host, '*') ||
+		    url_target(url, e->scheme, sizeof e->scheme, e->host, sizeof e->host, &e->port) < 0)
+			return errfmt(-EINVAL, err, errlen, "store_endpoints[%zu]: '%s' is not http(s)://HOST[:PORT]"
+				      " (HOST may start with *.)", i, list[i]);
+		if (!(allowed[i] = strdup(list[i])))
+			return errfmt(-ENOMEM, err, errlen, "store_endpoints: out of memory");
+		used += (size_t)snprintf(allowed_text + used, used < sizeof allowed_text ? sizeof allowed_text - used : 0,
+					 "%s%s", i ? ", " : "", list[i]);
+		if (used >= sizeof allowed_text)
+			used = sizeof allowed_text;
+	}
+	nrules = n;
+	if (!list) {
+		free(allowed);
+		allowed = NULL;
+	}
+	return 0;
+}
+
+char *const *store_endpoints(void)
+{
+	return allowed;
+}
+
+/* May a store reach @url (an endpoint or an https:// URL)? *@listed: a
+ * rule names its host itself (not "*."). */
+static int endpoint_check(const char *url, const char *what, bool *listed, char *err, size_t errlen)
+{
+	char scheme[8], host[256];
+	long port;
+
+	*listed = false;
+	if (!allowed)
+		return 0;
+	if (url_target(url, scheme, sizeof scheme, host, sizeof host, &port) < 0)
+		return errfmt(-EINVAL, err, errlen, "%s '%s' is not an http(s) URL", what, url);
+	for (size_t i = 0; i < nrules; i++) {
+		const struct endpoint_rule *e = &rules[i];
+		size_t hl = strlen(host), el = strlen(e->host);
+
+		if (strcmp(e->scheme, scheme) || e->port != port)
+			continue;
+		if (!e->under && !strcmp(host, e->host)) {
+			*listed = true;
+			return 0;
+		}
+		if (e->under && hl > el + 1 && host[hl - el - 1] == '.' && !strcmp(host + hl - el, e->host))
+			return 0;
+	}
+	if (!nrules)
+		return errfmt(-EPERM, err, errlen, "%s '%s' is not one this daemon may reach (its config's "
+			      "store_endpoints is empty: object storage is off)", what, url);
+	return errfmt(-EPERM, err, errlen, "%s '%s' is not one this daemon may reach (its config's "
+		      "store_endpoints: %s)", what, url, allowed_text);
 }
 
 void store_config_init(struct store_config *cfg)
@@ -161,6 +291,7 @@ static void share_unlock(CURL *h, curl_lock_data data, void *arg)
 int store_new(struct store **out, const struct store_config *cfg, char *err, size_t errlen)
 {
 	struct store *st;
+	int r;
 
 	pthread_once(&global_once, global_init);
 	if (global_rc != CURLE_OK)
@@ -174,8 +305,12 @@ int store_new(struct store **out, const struct store_config *cfg, char *err, siz
 	if (!st->cfg.endpoint[0])
 		snprintf(st->cfg.endpoint, sizeof st->cfg.endpoint, "https://s3.%s.amazonaws.com", st->cfg.region);
 	if (url_split_endpoint(st->cfg.endpoint, st->scheme, sizeof st->scheme, st->host, sizeof st->host) < 0) {
-		int r = errfmt(-EINVAL, err, errlen, "store: endpoint '%s' is not http(s)://HOST[:PORT]",
+		r = errfmt(-EINVAL, err, errlen, "store: endpoint '%s' is not http(s)://HOST[:PORT]",
 			       st->cfg.endpoint);
+		free(st);
+		return r;
+	}
+	if ((r = endpoint_check(st->cfg.endpoint, "store: endpoint", &st->listed, err, errlen)) < 0) {
 		free(st);
 		return r;
 	}
@@ -216,16 +351,20 @@ struct store *store_free(struct store *st)
  * @need_key: an object's URL (a key is required), else a bucket's
  */
 static int http_url(struct store *st, const char *url, const char *query, bool need_key, char **out,
-		    bool *sign, char *err, size_t errlen)
+		    bool *sign, bool *listed, char *err, size_t errlen)
 {
 	char bucket[256];
 	const char *key;
 	size_t cap;
 	char *s, *p;
+	int r;
 
+	*listed = st->listed;
 	if (!strncmp(url, "https://", 8) || !strncmp(url, "http://", 7)) {
 		if (query)
 			return errfmt(-EINVAL, err, errlen, "%s: only s3:// URLs can be listed", url);
+		if ((r = endpoint_check(url, "URL", listed, err, errlen)) < 0)
+			return r;
 		*out = strdup(url);
 		*sign = false;
 		return *out ? 0 : errfmt(-ENOMEM, err, errlen, "%s: out of memory", url);
@@ -361,6 +500,45 @@ static size_t on_body(char *data, size_t size, size_t n, void *arg)
 /* The result of one try. */
 enum outcome { DONE, RETRY, FINAL };
 
+/* A link-local address (169.254/16, fe80::/10, IPv4-mapped too) or AWS's
+ * IPv6 metadata address: in @ip as text. */
+static bool metadata_address(const struct sockaddr *sa, char *ip, size_t cap)
+{
+	static const uint8_t aws6[16] = { 0xfd, 0x00, 0x0e, 0xc2, [15] = 0x54, [14] = 0x02 };
+
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+
+		inet_ntop(AF_INET, &in->sin_addr, ip, (socklen_t)cap);
+		return (ntohl(in->sin_addr.s_addr) & 0xffff0000u) == 0xa9fe0000u;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const uint8_t *b = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+		static const uint8_t mapped[12] = { [10] = 0xff, [11] = 0xff };
+
+		inet_ntop(AF_INET6, b, ip, (socklen_t)cap);
+		return (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) || !memcmp(b, aws6, 16) ||
+		       (!memcmp(b, mapped, 12) && b[12] == 169 && b[13] == 254);
+	}
+	return false;
+}
+
+/* Each connection's socket: none to where a cloud serves its instance
+ * metadata (and its keys), whatever name resolved to it, unless the
+ * config lists that endpoint itself (store_set_endpoints()). */
+static curl_socket_t open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
+{
+	struct req *r = arg;
+	char ip[INET6_ADDRSTRLEN] = "";
+
+	if (purpose == CURLSOCKTYPE_IPCXN && !r->listed && metadata_address(&a->addr, ip, sizeof ip)) {
+		snprintf(r->refused, sizeof r->refused, "%s is a link-local address, where clouds serve instance "
+			 "metadata: not reached unless the config's store_endpoints lists this endpoint", ip);
+		return CURL_SOCKET_BAD;
+	}
+	return socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+}
+
 /* One try of @r: a fresh easy handle on the share. */
 static CURLcode perform(struct req *r)
 {
@@ -383,6 +561,7 @@ static CURLcode perform(struct req *r)
 	r->seen = 0;
 	r->whole_done = false;
 	r->cerr[0] = '\0';
+	r->refused[0] = '\0';
 	if (r->sign) {
 		/* libcurl 7.88 neither sends nor signs it: given here, it is signed */
 		hdrs = curl_slist_append(hdrs, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
@@ -425,6 +604,8 @@ static CURLcode perform(struct req *r)
 	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)(st->cfg.stall_seconds < 1 ? 1 : st->cfg.stall_seconds));
 	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(h, CURLOPT_USERAGENT, "loaderd");
+	curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+	curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, r);
 	cc = curl_easy_perform(h);
 	if (cc == CURLE_OK && !r->status)
 		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
@@ -471,6 +652,11 @@ static int answer_error(struct req *r, char *msg, size_t cap)
  * FINAL (the same). */
 static enum outcome judge(struct req *r, CURLcode cc, int *e, char *msg, size_t cap)
 {
+	if (cc != CURLE_OK && r->refused[0]) {
+		*e = -EPERM;
+		snprintf(msg, cap, "%s", r->refused);
+		return FINAL;
+	}
 	switch (cc) {
 	case CURLE_OK:
 		break;
@@ -619,7 +805,7 @@ static int req_open(struct req *r, struct store *st, const char *url, const char
 	r->fd = -1;
 	r->st = st;
 	r->url = url;
-	return http_url(st, url, query, query == NULL, &r->http, &r->sign, err, errlen);
+	return http_url(st, url, query, query == NULL, &r->http, &r->sign, &r->listed, err, errlen);
 }
 
 int store_head(struct store *st, const char *url, struct store_object *obj, char *err, size_t errlen)
@@ -643,6 +829,7 @@ int store_head(struct store *st, const char *url, struct store_object *obj, char
 		g.url = url;
 		g.http = r.http;
 		g.sign = r.sign;
+		g.listed = r.listed;
 		g.ranged = true;
 		g.len = 1;
 		g.buf = &byte;

@@ -122,6 +122,25 @@ void store_transport_clear(void);
 /* The endpoint a store talks to (scheme://host[:port]), defaults filled in. */
 const char *store_endpoint(const struct store *st);
 
+/**
+ * store_set_endpoints() - the endpoints a store may reach (config
+ * store_endpoints)
+ * @list: NULL-terminated "http(s)://HOST[:PORT]" entries, HOST maybe
+ *        "*.DOMAIN" (every name under DOMAIN); NULL: any endpoint; an empty
+ *        list: none (object storage off)
+ *
+ * Called once, before any store is made. A store whose endpoint, or an
+ * https:// URL whose host, is not listed fails with -EPERM naming the list.
+ * Whether listed or not, a connection to a link-local address (169.254/16,
+ * fe80::/10, fd00:ec2::254: where clouds serve instance metadata and keys)
+ * is refused, unless its endpoint is listed by that very address.
+ *
+ * Return: 0, or -EINVAL naming the entry that is not an endpoint.
+ */
+int store_set_endpoints(char *const *list, char *err, size_t errlen);
+/* The list in force, as given (NULL: any endpoint). */
+char *const *store_endpoints(void);
+
 /* One key of a listing: its full key (not the URL), size and ETag. A
  * non-zero return stops the listing and is returned by store_list(). */
 typedef int (*store_list_fn)(void *arg, const char *key, uint64_t size, const char *etag);
