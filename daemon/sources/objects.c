@@ -93,9 +93,11 @@ struct index_ahead {
 	uint64_t bytes;              /* held or on their way */
 	unsigned objects;
 	unsigned failed;             /* failed, not yet met by the index */
+	bool paused;                 /* the index fetches one that failed */
 	bool stop;
 	pthread_t t[FETCH_THREADS];
 	size_t nt;                   /* started, joined by index_ahead_end() */
+	size_t running;              /* not yet ended */
 };
 
 /* An (epoch, batch) pair as one ordered number: batches per epoch < 2^40. */
@@ -1120,8 +1122,9 @@ static void *index_thread(void *arg)
 			break;
 		at = ix->at[ix->next];
 		size = o->v[at].head.size;
-		if (ix->failed || (ix->objects && (ix->objects >= INDEX_HELD_MAX ||
-						   ix->bytes + size > ahead_bound()))) {
+		/* a read of another pipeline that waits for room comes first */
+		if (ix->failed || ix->paused || atomic_load(&room_waiters) ||
+		    (ix->objects && (ix->objects >= INDEX_HELD_MAX || ix->bytes + size > ahead_bound()))) {
 			pthread_cond_wait(&o->moved, &o->lock);
 			continue;
 		}
@@ -1146,6 +1149,8 @@ static void *index_thread(void *arg)
 		}
 		pthread_cond_broadcast(&o->moved);
 	}
+	ix->running--;
+	pthread_cond_broadcast(&o->moved);
 	pthread_mutex_unlock(&o->lock);
 	return NULL;
 }
@@ -1166,10 +1171,15 @@ static void index_ahead_start(struct source_objects *o, struct obj **objs, size_
 		objs[i]->ix = IX_QUEUED;
 	}
 	ix->n = n;
+	ix->running = nt;
 	pthread_mutex_unlock(&o->lock);
 	for (ix->nt = 0; ix->nt < nt; ix->nt++)
 		if (pthread_create(&ix->t[ix->nt], NULL, index_thread, o) != 0)
 			break;
+	pthread_mutex_lock(&o->lock);
+	ix->running -= nt - ix->nt; /* those that did not start */
+	pthread_cond_broadcast(&o->moved);
+	pthread_mutex_unlock(&o->lock);
 }
 
 /* The index is done (or failed): the threads end after the fetch under
@@ -1197,7 +1207,27 @@ static void index_ahead_end(struct source_objects *o)
 	ix->at = NULL;
 	ix->n = ix->next = 0;
 	ix->bytes = ix->objects = ix->failed = 0;
+	ix->paused = false;
 	pthread_mutex_unlock(&o->lock);
+}
+
+/* Every object the index-ahead holds given back (fetched again, from the
+ * cache while there, when the index comes closer): room for the index's
+ * own fetch of one whose fetch ahead failed (no room, maybe). Under
+ * o->lock. */
+static void index_unhold(struct source_objects *o)
+{
+	for (size_t i = 0; i < o->ix.n; i++) {
+		struct obj *ob = &o->v[o->ix.at[i]];
+
+		if (ob->ix == IX_HELD) {
+			obj_drop(ob);
+			ob->ix = IX_QUEUED;
+			o->ix.bytes -= ob->head.size;
+			o->ix.objects--;
+		}
+	}
+	o->ix.next = 0;
 }
 
 void source_index_ahead_end(const struct source *src)
@@ -1206,21 +1236,58 @@ void source_index_ahead_end(const struct source *src)
 		index_ahead_end(src->objs);
 }
 
+/* Will a thread take object @at next, at once: nothing held nor on its
+ * way, @at the first queued, the threads not waiting? Under o->lock. */
+static bool index_next(struct source_objects *o, size_t at)
+{
+	const struct index_ahead *ix = &o->ix;
+
+	if (!ix->running || ix->stop || ix->failed || ix->paused || ix->objects ||
+	    atomic_load(&room_waiters))
+		return false;
+	for (size_t i = ix->next; i < ix->n; i++)
+		if (o->v[ix->at[i]].ix == IX_QUEUED)
+			return ix->at[i] == at;
+	return false;
+}
+
 /* The index's read of object @at, in the index-ahead's hands: waits while
- * it is on its way; true when it is held, the hold then the read's. Under
- * o->lock. */
+ * it is on its way, or about to be (the threads' first, just started);
+ * true when it is held, the hold then the read's. Under o->lock. */
 static bool index_take(struct source_objects *o, size_t at)
 {
 	struct obj *ob;
 
-	while (o->v[at].ix == IX_FETCHING)
-		pthread_cond_wait(&o->moved, &o->lock);
+	/* past the one it fetched itself (else the create failed there) */
+	o->ix.paused = false;
+	for (;;) {
+		struct timespec until;
+
+		if (o->v[at].ix == IX_FETCHING) {
+			pthread_cond_wait(&o->moved, &o->lock);
+			continue;
+		}
+		if (o->v[at].ix != IX_QUEUED || !index_next(o, at))
+			break;
+		/* the threads may wait for what just changed (paused) */
+		pthread_cond_broadcast(&o->moved);
+		/* room_waiters moves without a signal here: looked at again */
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += 100000000;
+		if (until.tv_nsec >= 1000000000) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&o->moved, &o->lock, &until);
+	}
 	ob = &o->v[at];
 	if (ob->ix == IX_HELD) {
 		o->ix.bytes -= ob->head.size;
 		o->ix.objects--;
 	} else if (ob->ix == IX_FAILED) {
 		o->ix.failed--;
+		o->ix.paused = true;
+		index_unhold(o);
 	}
 	/* queued or failed: the read fetches it */
 	pthread_cond_broadcast(&o->moved);

@@ -379,6 +379,36 @@ def test_stream_index_fetches_shards_at_once(daemon, workdir, s3):
         proxy.stop()
 
 
+def test_stream_index_refused_fetch_ahead(daemon, workdir, s3):
+    """The first GET ahead of the index is refused (403) once: that fetch
+    is dropped, the index fetches the shard itself when it comes to it, and
+    the create ends as without the fault: the index the local files', each
+    shard held once, one more GET than shards."""
+    nshards = 12
+    local, url, n = shards(workdir, s3, "wds/ixr", nshards=nshards, per_class=4)
+    sizes = [os.path.getsize(local.replace("{000..011}", f"{s:03d}")) for s in range(nshards)]
+    total = sum(sizes)
+    ld, _ = stream_daemon(daemon, workdir, total - 1, (total - 1) // 2, "ixr")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    try:
+        ld.create(wds("local", local, shuffle=False))
+        want = ld.consume("local").dump
+        # the 12 HEADs through, then the first GET refused
+        proxy.add(*([None] * nshards), ("answer", 403, b"<Error><Code>AccessDenied</Code>"
+                                        b"<Message>Access Denied.</Message></Error>"))
+        create(ld, wds("remote", url, shuffle=False), aws_env(proxy.endpoint))
+        assert proxy.faults.empty()
+        got = get_urls(proxy.heads)
+        assert len(got) == nshards + 1 and sorted(set(got)) == \
+            [f"/{BUCKET}/wds/ixr-{s:03d}.tar" for s in range(nshards)], got
+        oc = ld.status()["object_cache"]
+        # the refused fetch counts as a miss too
+        assert (oc["misses"], oc["bytes_fetched"], oc["pinned"]) == (nshards + 1, total, 0), oc
+        assert ld.consume("remote").dump == want
+    finally:
+        proxy.stop()
+
+
 def test_stream_index_first_bad_shard_in_order(daemon, workdir, s3):
     """Shards 3 and 9 of 12 are no tars: however the fetches ahead of the
     index fall, the create fails on shard 3 with the local files' message,
