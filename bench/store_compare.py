@@ -384,11 +384,13 @@ def peer_pythons(peers):
     return pys, notes
 
 
-def start_daemon(build, d, cache_bytes):
+def start_daemon(build, d, cache_bytes, **config):
+    """loaderd of @build with its socket and cache_dir in @d, cache_bytes
+    and the other @config keys (bench/stream_index.py's too)."""
     sock = os.path.join(d, "ld.sock")
     cfg = os.path.join(d, "loaderd.json")
     with open(cfg, "w") as f:
-        json.dump({"cache_bytes": cache_bytes}, f)
+        json.dump(dict(config, cache_bytes=cache_bytes), f)
     log = open(os.path.join(d, "loaderd.log"), "w")
     proc = subprocess.Popen([os.path.join(build, "daemon", "loaderd"), "--socket", sock,
                              "--cache-dir", os.path.join(d, "cache"), "--config", cfg,

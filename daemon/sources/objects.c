@@ -14,6 +14,8 @@
  * it reads (fetched then when missing), and the source's fetch-ahead
  * threads follow the order its stream reads in (struct sample_order),
  * fetching and holding what the next batches need within fetch_ahead.
+ * At create, such a source's index reads every object once, in order:
+ * FETCH_THREADS threads fetch them ahead of it, within fetch_ahead too.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -72,6 +74,30 @@ struct obj {
 	bool fetching;               /* a fetch-ahead thread fetches it now */
 	uint32_t ahead_reads;        /* reads of it the fetch-ahead walked past, not yet done */
 	uint64_t until_epoch, until_batch; /* ahead: the last batch that reads it */
+	uint8_t ix;                  /* at create: IX_*, fetched ahead of the index */
+};
+
+/*
+ * At create, a streamed source's index reads each object once, in order
+ * (source_open_read(), then source_close_read()): its threads fetch them
+ * ahead of it, in that order, each held (a reference) until the index's
+ * read takes it over; at most fetch_ahead bytes (ahead_bound()) and
+ * INDEX_HELD_MAX objects held or on their way, one at least.
+ */
+enum { IX_NONE, IX_QUEUED, IX_FETCHING, IX_HELD, IX_FAILED };
+#define INDEX_HELD_MAX (2 * FETCH_THREADS)
+
+struct index_ahead {
+	size_t *at;                  /* the objects (o->v's) in the index's order */
+	size_t n, next;              /* next: the first no thread took yet */
+	uint64_t bytes;              /* held or on their way */
+	unsigned objects;
+	unsigned failed;             /* failed, not yet met by the index */
+	bool paused;                 /* the index fetches one that failed */
+	bool stop;
+	pthread_t t[FETCH_THREADS];
+	size_t nt;                   /* started, joined by index_ahead_end() */
+	size_t running;              /* not yet ended */
 };
 
 /* An (epoch, batch) pair as one ordered number: batches per epoch < 2^40. */
@@ -116,7 +142,11 @@ struct source_objects {
 	uint64_t waiting;            /* readers waiting for an object now */
 	struct source_objects *next_stream; /* in streams */
 	_Atomic uint64_t wait_ns, waits, reads_ahead;
+	struct index_ahead ix;       /* at create (under lock, but t and nt) */
 };
+
+static void index_ahead_start(struct source_objects *o, struct obj **objs, size_t n);
+static void index_ahead_end(struct source_objects *o);
 
 /* Every streamed source of the daemon: a read that finds no room in the
  * cache makes them all give back what they fetched ahead, and none fetches
@@ -396,6 +426,7 @@ void source_objects_free(struct source *src)
 	if (!o)
 		return;
 	src->objs = NULL;
+	index_ahead_end(o); /* ended by its create already: nothing to wait for */
 	if (o->stream)
 		streams_remove(o);
 	/* its fetch-ahead threads stop; one in a fetch frees it when the fetch
@@ -690,8 +721,10 @@ static int fetch_urls(struct source *src, char *const *paths, size_t n, bool can
 		total += b.objs[i]->head.size;
 	max = objcache_max_bytes();
 	if (r == 0 && b.n && max && total > max && can_stream) {
-		/* read as a stream: fetched while it runs (source_open_read()) */
+		/* read as a stream: fetched while it runs (source_open_read()),
+		 * and now ahead of the index */
 		o->stream = true;
+		index_ahead_start(o, b.objs, b.n);
 		b.n = 0;
 	}
 	if (r == 0 && b.n && max && total > max)
@@ -1084,6 +1117,206 @@ void source_note_read(const struct source *src, const struct sample_ctx *ctx)
 	pthread_mutex_unlock(&o->lock);
 }
 
+/* ---- fetched ahead of the create's index ---- */
+
+/* One of the threads that fetch a streamed source's objects ahead of its
+ * index at create (struct index_ahead). */
+static void *index_thread(void *arg)
+{
+	struct source_objects *o = arg;
+	struct index_ahead *ix = &o->ix;
+	char err[1024];
+
+	pthread_mutex_lock(&o->lock);
+	for (;;) {
+		struct objcache_pin *pin = NULL;
+		uint64_t size;
+		size_t at;
+		int fd = -1, r;
+
+		while (ix->next < ix->n && o->v[ix->at[ix->next]].ix != IX_QUEUED)
+			ix->next++; /* taken by the index itself */
+		if (ix->stop || ix->next >= ix->n)
+			break;
+		at = ix->at[ix->next];
+		size = o->v[at].head.size;
+		/* a read of another pipeline that waits for room comes first */
+		if (ix->failed || ix->paused || atomic_load(&room_waiters) ||
+		    (ix->objects && (ix->objects >= INDEX_HELD_MAX || ix->bytes + size > ahead_bound()))) {
+			pthread_cond_wait(&o->moved, &o->lock);
+			continue;
+		}
+		ix->next++;
+		o->v[at].ix = IX_FETCHING;
+		ix->bytes += size;
+		ix->objects++;
+		pthread_mutex_unlock(&o->lock);
+		r = objects_open(o, at, &fd, &pin, err, sizeof(err));
+		pthread_mutex_lock(&o->lock);
+		if (r == 0) {
+			obj_install(&o->v[at], fd, pin);
+			o->v[at].ix = IX_HELD;
+		} else {
+			/* the index fetches it itself and meets the error (or
+			 * waits for room) as without this; nothing more is
+			 * fetched ahead until it did */
+			o->v[at].ix = IX_FAILED;
+			ix->failed++;
+			ix->bytes -= size;
+			ix->objects--;
+		}
+		pthread_cond_broadcast(&o->moved);
+	}
+	ix->running--;
+	pthread_cond_broadcast(&o->moved);
+	pthread_mutex_unlock(&o->lock);
+	return NULL;
+}
+
+/* @objs (o->v's, unique) fetched ahead of the index, in that order. Without
+ * memory or a thread, the index fetches each itself. */
+static void index_ahead_start(struct source_objects *o, struct obj **objs, size_t n)
+{
+	struct index_ahead *ix = &o->ix;
+	size_t nt = n < FETCH_THREADS ? n : FETCH_THREADS;
+
+	ix->at = malloc((n ? n : 1) * sizeof(*ix->at));
+	if (!ix->at)
+		return;
+	pthread_mutex_lock(&o->lock);
+	for (size_t i = 0; i < n; i++) {
+		ix->at[i] = (size_t)(objs[i] - o->v);
+		objs[i]->ix = IX_QUEUED;
+	}
+	ix->n = n;
+	ix->running = nt;
+	pthread_mutex_unlock(&o->lock);
+	for (ix->nt = 0; ix->nt < nt; ix->nt++)
+		if (pthread_create(&ix->t[ix->nt], NULL, index_thread, o) != 0)
+			break;
+	pthread_mutex_lock(&o->lock);
+	ix->running -= nt - ix->nt; /* those that did not start */
+	pthread_cond_broadcast(&o->moved);
+	pthread_mutex_unlock(&o->lock);
+}
+
+/* The index is done (or failed): the threads end after the fetch under
+ * way, and what they hold that the index did not take is given back. */
+static void index_ahead_end(struct source_objects *o)
+{
+	struct index_ahead *ix = &o->ix;
+
+	pthread_mutex_lock(&o->lock);
+	ix->stop = true;
+	pthread_cond_broadcast(&o->moved);
+	pthread_mutex_unlock(&o->lock);
+	for (size_t i = 0; i < ix->nt; i++)
+		pthread_join(ix->t[i], NULL);
+	ix->nt = 0;
+	pthread_mutex_lock(&o->lock);
+	for (size_t i = 0; i < ix->n; i++) {
+		struct obj *ob = &o->v[ix->at[i]];
+
+		if (ob->ix == IX_HELD)
+			obj_drop(ob);
+		ob->ix = IX_NONE;
+	}
+	free(ix->at);
+	ix->at = NULL;
+	ix->n = ix->next = 0;
+	ix->bytes = ix->objects = ix->failed = 0;
+	ix->paused = false;
+	pthread_mutex_unlock(&o->lock);
+}
+
+/* Every object the index-ahead holds given back (fetched again, from the
+ * cache while there, when the index comes closer): room for the index's
+ * own fetch of one whose fetch ahead failed (no room, maybe). Under
+ * o->lock. */
+static void index_unhold(struct source_objects *o)
+{
+	for (size_t i = 0; i < o->ix.n; i++) {
+		struct obj *ob = &o->v[o->ix.at[i]];
+
+		if (ob->ix == IX_HELD) {
+			obj_drop(ob);
+			ob->ix = IX_QUEUED;
+			o->ix.bytes -= ob->head.size;
+			o->ix.objects--;
+		}
+	}
+	o->ix.next = 0;
+}
+
+void source_index_ahead_end(const struct source *src)
+{
+	if (src && src->objs)
+		index_ahead_end(src->objs);
+}
+
+/* Will a thread take object @at next, at once: nothing held nor on its
+ * way, @at the first queued, the threads not waiting? Under o->lock. */
+static bool index_next(struct source_objects *o, size_t at)
+{
+	const struct index_ahead *ix = &o->ix;
+
+	if (!ix->running || ix->stop || ix->failed || ix->paused || ix->objects ||
+	    atomic_load(&room_waiters))
+		return false;
+	for (size_t i = ix->next; i < ix->n; i++)
+		if (o->v[ix->at[i]].ix == IX_QUEUED)
+			return ix->at[i] == at;
+	return false;
+}
+
+/* The index's read of object @at, in the index-ahead's hands: waits while
+ * it is on its way, or about to be (the threads' first, just started);
+ * true when it is held, the hold then the read's. Under o->lock. */
+static bool index_take(struct source_objects *o, size_t at)
+{
+	struct obj *ob;
+
+	/* past the one it fetched itself (else the create failed there) */
+	o->ix.paused = false;
+	for (;;) {
+		struct timespec until;
+
+		if (o->v[at].ix == IX_FETCHING) {
+			pthread_cond_wait(&o->moved, &o->lock);
+			continue;
+		}
+		if (o->v[at].ix != IX_QUEUED || !index_next(o, at))
+			break;
+		/* the threads may wait for what just changed (paused) */
+		pthread_cond_broadcast(&o->moved);
+		/* room_waiters moves without a signal here: looked at again */
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += 100000000;
+		if (until.tv_nsec >= 1000000000) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&o->moved, &o->lock, &until);
+	}
+	ob = &o->v[at];
+	if (ob->ix == IX_HELD) {
+		o->ix.bytes -= ob->head.size;
+		o->ix.objects--;
+	} else if (ob->ix == IX_FAILED) {
+		o->ix.failed--;
+		o->ix.paused = true;
+		index_unhold(o);
+	}
+	/* queued or failed: the read fetches it */
+	pthread_cond_broadcast(&o->moved);
+	if (ob->ix == IX_HELD) {
+		ob->ix = IX_NONE;
+		return true;
+	}
+	ob->ix = IX_NONE;
+	return false;
+}
+
 /* How long a read waits for room that other readers' pins hold. */
 #define ROOM_WAIT_S 60
 
@@ -1157,6 +1390,7 @@ int source_open_read(const struct source *src, const char *path, struct stat *st
 	struct objcache_pin *pin = NULL;
 	uint64_t begin = 0;
 	struct obj *ob;
+	bool taken;
 	size_t at;
 	int fd = -1, r;
 
@@ -1171,7 +1405,9 @@ int source_open_read(const struct source *src, const char *path, struct stat *st
 		return source_open_path(src, path, st, err, errlen);
 	}
 	at = (size_t)(ob - o->v);
-	if (ob->fd < 0) {
+	taken = ob->ix != IX_NONE && index_take(o, at);
+	ob = &o->v[at];
+	if (!taken && ob->fd < 0) {
 		begin = mono_ns();
 		o->waiting++;
 		/* on its way from a fetch-ahead thread: wait for it */
@@ -1179,7 +1415,9 @@ int source_open_read(const struct source *src, const char *path, struct stat *st
 			pthread_cond_wait(&o->moved, &o->lock);
 		ob = &o->v[at];
 	}
-	if (ob->fd < 0) {
+	if (taken) {
+		/* the index-ahead's hold, now this read's */
+	} else if (ob->fd < 0) {
 		pthread_mutex_unlock(&o->lock);
 		r = open_waiting(o, at, &fd, &pin, err, errlen);
 		pthread_mutex_lock(&o->lock);

@@ -113,6 +113,11 @@ void source_note_read(const struct source *src, const struct sample_ctx *ctx);
 int source_open_read(const struct source *src, const char *path, struct stat *st, size_t *hold, char *err,
 		     size_t errlen);
 void source_close_read(const struct source *src, int fd, size_t hold);
+/* A streamed source's objects are fetched ahead of its index at create
+ * (source_stream_urls(), FETCH_THREADS at once, within fetch_ahead), the
+ * index reading them in the order given: once it is built (or failed),
+ * source_index_ahead_end() stops that and gives back what it held. */
+void source_index_ahead_end(const struct source *src);
 /* Every key under s3://bucket/prefix (store_list(), as the creator). */
 int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
 		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen);

@@ -312,6 +312,9 @@ class FaultProxy:
         self.threads = []
         self.stall_release = threading.Event()
         self.delay = 0.0  # seconds every GET waits before it is forwarded: a slow store
+        self.gets_now = 0  # GETs in the proxy now (their delay and forward)
+        self.gets_most = 0  # the most GETs in the proxy at once
+        self.gets_lock = threading.Lock()
         t = threading.Thread(target=self._accept, daemon=True)
         t.start()
         self.threads.append(t)
@@ -409,9 +412,19 @@ class FaultProxy:
                     if close:
                         return
                     continue
-                if self.delay and req.startswith(b"GET "):
-                    time.sleep(self.delay)
-                resp = self._forward(req)
+                is_get = req.startswith(b"GET ")
+                if is_get:
+                    with self.gets_lock:
+                        self.gets_now += 1
+                        self.gets_most = max(self.gets_most, self.gets_now)
+                try:
+                    if self.delay and is_get:
+                        time.sleep(self.delay)
+                    resp = self._forward(req)
+                finally:
+                    if is_get:
+                        with self.gets_lock:
+                            self.gets_now -= 1
                 head, _, body = resp.partition(b"\r\n\r\n")
                 if fault == "cut":
                     c.sendall(head + b"\r\n\r\n" + body[:len(body) // 2])

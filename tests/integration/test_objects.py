@@ -343,6 +343,97 @@ def test_stream_larger_than_cache(daemon, workdir, s3):
     assert ld.status()["object_cache"]["pinned"] == 0
 
 
+def get_urls(heads):
+    """The paths of the GETs among @heads, in order."""
+    return [h.split(b" ")[1].split(b"?")[0].decode() for h in heads if h.startswith(b"GET ")]
+
+
+def test_stream_index_fetches_shards_at_once(daemon, workdir, s3):
+    """A streamed create over 12 shards through a store slow to answer
+    (50 ms a GET): the shards are fetched several at once ahead of the
+    index, yet the index is the local files' sample for sample (the
+    batches equal) and each shard was fetched exactly once to build it."""
+    nshards = 12
+    local, url, n = shards(workdir, s3, "wds/ix", nshards=nshards, per_class=8)
+    sizes = [os.path.getsize(local.replace("{000..011}", f"{s:03d}")) for s in range(nshards)]
+    total = sum(sizes)
+    # streamed (more than the cache), half the cache fetched ahead: 5+ shards
+    ld, _ = stream_daemon(daemon, workdir, total - 1, (total - 1) // 2, "ixa")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    try:
+        proxy.delay = 0.05
+        ld.create(wds("local", local, shuffle=False))
+        want = ld.consume("local").dump
+        create(ld, wds("remote", url, shuffle=False), aws_env(proxy.endpoint))
+        # the create's GETs: no read began (none before a client attaches)
+        got = get_urls(proxy.heads)
+        assert sorted(got) == [f"/{BUCKET}/wds/ix-{s:03d}.tar" for s in range(nshards)], got
+        # several at once (each GET waits 50 ms in the proxy: the next
+        # thread's is there meanwhile); one at a time before
+        assert proxy.gets_most > 1, proxy.gets_most
+        oc = ld.status()["object_cache"]
+        assert (oc["misses"], oc["bytes_fetched"], oc["pinned"]) == (nshards, total, 0), oc
+        assert ld.consume("remote").dump == want
+        ld.ctl("drop", "remote")
+    finally:
+        proxy.stop()
+
+
+def test_stream_index_refused_fetch_ahead(daemon, workdir, s3):
+    """The first GET ahead of the index is refused (403) once: that fetch
+    is dropped, the index fetches the shard itself when it comes to it, and
+    the create ends as without the fault: the index the local files', each
+    shard held once, one more GET than shards."""
+    nshards = 12
+    local, url, n = shards(workdir, s3, "wds/ixr", nshards=nshards, per_class=4)
+    sizes = [os.path.getsize(local.replace("{000..011}", f"{s:03d}")) for s in range(nshards)]
+    total = sum(sizes)
+    ld, _ = stream_daemon(daemon, workdir, total - 1, (total - 1) // 2, "ixr")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    try:
+        ld.create(wds("local", local, shuffle=False))
+        want = ld.consume("local").dump
+        # the 12 HEADs through, then the first GET refused
+        proxy.add(*([None] * nshards), ("answer", 403, b"<Error><Code>AccessDenied</Code>"
+                                        b"<Message>Access Denied.</Message></Error>"))
+        create(ld, wds("remote", url, shuffle=False), aws_env(proxy.endpoint))
+        assert proxy.faults.empty()
+        got = get_urls(proxy.heads)
+        assert len(got) == nshards + 1 and sorted(set(got)) == \
+            [f"/{BUCKET}/wds/ixr-{s:03d}.tar" for s in range(nshards)], got
+        oc = ld.status()["object_cache"]
+        # the refused fetch counts as a miss too
+        assert (oc["misses"], oc["bytes_fetched"], oc["pinned"]) == (nshards + 1, total, 0), oc
+        assert ld.consume("remote").dump == want
+    finally:
+        proxy.stop()
+
+
+def test_stream_index_first_bad_shard_in_order(daemon, workdir, s3):
+    """Shards 3 and 9 of 12 are no tars: however the fetches ahead of the
+    index fall, the create fails on shard 3 with the local files' message,
+    and gives back every shard it held."""
+    nshards = 12
+    local, url, n = shards(workdir, s3, "wds/ixbad", nshards=nshards, per_class=4)
+    sizes = [os.path.getsize(local.replace("{000..011}", f"{s:03d}")) for s in range(nshards)]
+    alice = s3.client("alice")
+    for s in (3, 9):
+        bad = b"no tar at all " * 100
+        with open(local.replace("{000..011}", f"{s:03d}"), "wb") as f:
+            f.write(bad)
+        alice.put(BUCKET, f"wds/ixbad-{s:03d}.tar", bad)
+        sizes[s] = len(bad)
+    ld, _ = stream_daemon(daemon, workdir, sum(sizes) - 1, (sum(sizes) - 1) // 2, "ixbad")
+    r = ld.ctl("create", "--spec", ld.spec_file(wds("local", local)), check=False)
+    assert r.returncode != 0
+    want = r.stderr.replace(local.replace("{000..011}", "003"), f"s3://{BUCKET}/wds/ixbad-003.tar")
+    assert "ixbad-003" in want, want
+    r = create(ld, wds("remote", url), aws_env(s3.endpoint), check=False)
+    assert r.returncode != 0 and r.stderr == want, (r.stderr, want)
+    oc = ld.status()["object_cache"]
+    assert oc["pinned"] == 0 and oc["misses"] <= nshards, oc
+
+
 def test_stream_slow_store_is_limited_by_io(daemon, workdir, s3):
     """A slow store (every GET delayed) and a small fetch_ahead: the reads
     wait for objects, and status says limited_by io naming the store."""

@@ -511,8 +511,8 @@ static const char *shard_of(void *arg, uint64_t idx)
 
 /* The shards named by URLs fetched into the node's cache, several at once,
  * before they are indexed one by one (objects.c); when they are more than
- * cache_bytes, only HEADed: each is fetched to be indexed, then read as a
- * stream. */
+ * cache_bytes, only HEADed: fetched several at once ahead of the index,
+ * in its order, each given back once indexed, then read as a stream. */
 static int fetch_shards(struct source *base, const struct spec *spec, char *err, size_t errlen)
 {
 	char **all = NULL;
@@ -560,9 +560,11 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 
 	if (spec->kind == SOURCE_IMAGE_FOLDER)
 		r = imageset_open_folder_of(&src->images, base, spec->source.root, err, errlen);
-	else if ((r = fetch_shards(base, spec, err, errlen)) == 0)
+	else if ((r = fetch_shards(base, spec, err, errlen)) == 0) {
 		r = imageset_open_webdataset(&src->images, base, spec->source.urls, spec->source.nurls,
 					     err, errlen);
+		source_index_ahead_end(base);
+	}
 	if (r < 0)
 		return r;
 	src->op = malloc(sizeof(*src->op));
