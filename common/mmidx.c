@@ -145,15 +145,14 @@ static int check_documents(const struct mmidx *m, const char *idx_path, char *er
 	return 0;
 }
 
-int mmidx_parse(struct mmidx *out, mmidx_read_fn read, void *ctx, const char *idx_path,
-		uint64_t idx_size, const char *bin_path, uint64_t bin_size, char *err,
-		size_t errlen)
+int mmidx_parse_header(struct mmidx *out, mmidx_read_fn read, void *ctx, const char *idx_path,
+		       uint64_t idx_size, uint64_t bin_size, char *err, size_t errlen)
 {
-	struct mmidx m = { .bin_size = bin_size };
 	unsigned char h[MMIDX_HEADER_BYTES];
 	int r;
 
 	memset(out, 0, sizeof(*out));
+	out->bin_size = bin_size;
 	if (idx_size < MMIDX_HEADER_BYTES)
 		return errfmt(-EINVAL, err, errlen, "%s: %llu bytes, shorter than the %d-byte "
 			      "header", idx_path, (unsigned long long)idx_size,
@@ -161,34 +160,58 @@ int mmidx_parse(struct mmidx *out, mmidx_read_fn read, void *ctx, const char *id
 	r = read(ctx, h, sizeof(h), 0, err, errlen);
 	if (r < 0)
 		return r;
-	r = parse_header(&m, h, idx_path, idx_size, err, errlen);
+	return parse_header(out, h, idx_path, idx_size, err, errlen);
+}
+
+int mmidx_parse_body(struct mmidx *m, mmidx_read_fn read, void *ctx, const char *idx_path,
+		     const char *bin_path, char *err, size_t errlen)
+{
+	struct mmidx head;
+	int r;
+
+	m->lengths = malloc(m->nseq ? m->nseq * 4 : 1);
+	m->pointers = malloc(m->nseq ? m->nseq * 8 : 1);
+	m->docidx = malloc(m->ndocidx * 8);
+	if (!m->lengths || !m->pointers || !m->docidx) {
+		r = errfmt(-ENOMEM, err, errlen, "%s: out of memory for %llu sequences",
+			   idx_path, (unsigned long long)m->nseq);
+		goto fail;
+	}
+	r = read(ctx, m->lengths, m->nseq * 4, MMIDX_HEADER_BYTES, err, errlen);
+	if (r >= 0)
+		r = read(ctx, m->pointers, m->nseq * 8, MMIDX_HEADER_BYTES + m->nseq * 4, err,
+			 errlen);
+	if (r >= 0)
+		r = read(ctx, m->docidx, m->ndocidx * 8, MMIDX_HEADER_BYTES + m->nseq * 12, err,
+			 errlen);
+	if (r >= 0)
+		r = check_sequences(m, idx_path, bin_path, err, errlen);
+	if (r >= 0)
+		r = check_documents(m, idx_path, err, errlen);
+	if (r >= 0)
+		return 0;
+fail:
+	head = *m;                    /* the header's fields stay */
+	head.lengths = NULL;
+	head.pointers = NULL;
+	head.docidx = NULL;
+	head.ntokens = 0;
+	mmidx_free(m);
+	*m = head;
+	return r;
+}
+
+int mmidx_parse(struct mmidx *out, mmidx_read_fn read, void *ctx, const char *idx_path,
+		uint64_t idx_size, const char *bin_path, uint64_t bin_size, char *err,
+		size_t errlen)
+{
+	int r = mmidx_parse_header(out, read, ctx, idx_path, idx_size, bin_size, err, errlen);
+
+	if (r >= 0)
+		r = mmidx_parse_body(out, read, ctx, idx_path, bin_path, err, errlen);
 	if (r < 0)
-		return r;
-	m.lengths = malloc(m.nseq ? m.nseq * 4 : 1);
-	m.pointers = malloc(m.nseq ? m.nseq * 8 : 1);
-	m.docidx = malloc(m.ndocidx * 8);
-	if (!m.lengths || !m.pointers || !m.docidx) {
-		mmidx_free(&m);
-		return errfmt(-ENOMEM, err, errlen, "%s: out of memory for %llu sequences",
-			      idx_path, (unsigned long long)m.nseq);
-	}
-	r = read(ctx, m.lengths, m.nseq * 4, MMIDX_HEADER_BYTES, err, errlen);
-	if (r >= 0)
-		r = read(ctx, m.pointers, m.nseq * 8, MMIDX_HEADER_BYTES + m.nseq * 4, err,
-			 errlen);
-	if (r >= 0)
-		r = read(ctx, m.docidx, m.ndocidx * 8, MMIDX_HEADER_BYTES + m.nseq * 12, err,
-			 errlen);
-	if (r >= 0)
-		r = check_sequences(&m, idx_path, bin_path, err, errlen);
-	if (r >= 0)
-		r = check_documents(&m, idx_path, err, errlen);
-	if (r < 0) {
-		mmidx_free(&m);
-		return r;
-	}
-	*out = m;
-	return 0;
+		memset(out, 0, sizeof(*out));
+	return r;
 }
 
 struct membuf {

@@ -61,6 +61,13 @@ const char *mmidx_code_name(int code);
 int mmidx_parse(struct mmidx *out, mmidx_read_fn read, void *ctx, const char *idx_path,
 		uint64_t idx_size, const char *bin_path, uint64_t bin_size, char *err,
 		size_t errlen);
+/* The two halves of mmidx_parse(): the header alone (every count, no array
+ * read), then the arrays read and checked; on an error the body frees what
+ * it read and leaves the header's fields. */
+int mmidx_parse_header(struct mmidx *out, mmidx_read_fn read, void *ctx, const char *idx_path,
+		       uint64_t idx_size, uint64_t bin_size, char *err, size_t errlen);
+int mmidx_parse_body(struct mmidx *m, mmidx_read_fn read, void *ctx, const char *idx_path,
+		     const char *bin_path, char *err, size_t errlen);
 /* The same from an .idx in memory. */
 int mmidx_parse_buf(struct mmidx *out, const void *buf, size_t len, const char *idx_path,
 		    const char *bin_path, uint64_t bin_size, char *err, size_t errlen);

@@ -73,8 +73,9 @@ struct blend_source {
 	/* for status, copied: the source may outlive the spec it was opened from */
 	char (*names)[PART_NAME_MAX + 1];
 	const char **kinds;       /* the kind table's names */
-	uint16_t *part_index;
+	uint16_t *part_index;    /* ix's: its arrays, or its cache file's mapping */
 	uint64_t *sample_index;
+	struct mg_blend ix;
 	uint64_t *per_epoch;     /* samples per epoch of each part */
 	_Atomic uint64_t *read;  /* samples read of each part */
 	struct mg_origin origin; /* the index built or read from the cache */
@@ -891,6 +892,7 @@ static int part_counts(struct blend_source *src, const struct blend_spec *bs, ui
 
 struct index_job {
 	struct blend_source *src;
+	struct mg_blend *b;
 	size_t n;
 	uint64_t size;
 	bool weighted;
@@ -905,17 +907,20 @@ static int index_build(void *ctx, char *err, size_t errlen)
 	size_t *live = j->weighted ? NULL : calloc(j->n, sizeof(*live));
 	double *cl = calloc(2 * j->n, sizeof(*cl)); /* the counts, then first_max()'s errors */
 
-	if (!cl || (!j->weighted && !live)) {
+	j->b->part = malloc(j->size * sizeof(*j->b->part));
+	j->b->sample = malloc(j->size * sizeof(*j->b->sample));
+	if (!cl || (!j->weighted && !live) || !j->b->part || !j->b->sample) {
 		free(live);
 		free(cl);
-		return errfmt(-ENOMEM, err, errlen, "blend: out of memory");
+		return errfmt(-ENOMEM, err, errlen, "blend: out of memory for the index of %llu "
+			      "samples", (unsigned long long)j->size);
 	}
 	if (j->weighted)
-		build_weighted(src->part_index, src->sample_index, j->w, j->n, j->size,
-			       src->per_epoch, cl, cl + j->n);
+		build_weighted(j->b->part, j->b->sample, j->w, j->n, j->size, src->per_epoch, cl,
+			       cl + j->n);
 	else
-		build_exhaustive(src->part_index, src->sample_index, j->counts, j->n,
-				 src->per_epoch, j->w, cl, live, cl + j->n);
+		build_exhaustive(j->b->part, j->b->sample, j->counts, j->n, src->per_epoch, j->w,
+				 cl, live, cl + j->n);
 	free(live);
 	free(cl);
 	return 0;
@@ -929,19 +934,14 @@ static int index_build(void *ctx, char *err, size_t errlen)
 static int build_index(struct blend_source *src, size_t n, uint64_t size, bool weighted,
 		       const uint64_t *counts, double *w, char *err, size_t errlen)
 {
-	struct index_job job = { src, n, size, weighted, counts, w };
-	struct mg_blend b = { size, n, NULL, NULL, src->per_epoch };
+	struct index_job job = { src, &src->ix, n, size, weighted, counts, w };
 	size_t klen = 40 + 8 * n;
 	uint64_t *key = malloc(klen);
 	int r;
 
-	src->part_index = malloc(size * sizeof(*src->part_index));
-	src->sample_index = malloc(size * sizeof(*src->sample_index));
-	if (!src->part_index || !src->sample_index || !key) {
-		free(key);
-		return errfmt(-ENOMEM, err, errlen, "blend: out of memory for the index of %llu "
-			    "samples", (unsigned long long)size);
-	}
+	src->ix = (struct mg_blend){ size, n, NULL, NULL, src->per_epoch, NULL, 0 };
+	if (!key)
+		return errfmt(-ENOMEM, err, errlen, "blend: out of memory");
 	memcpy(key, "blend index 1\n\0\0", 16);
 	key[2] = weighted;
 	key[3] = n;
@@ -951,12 +951,12 @@ static int build_index(struct blend_source *src, size_t n, uint64_t size, bool w
 			memcpy(&key[5 + i], &w[i], 8);
 		else
 			key[5 + i] = counts[i];
-	b.part = src->part_index;
-	b.sample = src->sample_index;
-	r = mg_blend_get(&b, key, klen, index_build, &job, &src->origin, err, errlen);
+	r = mg_blend_get(&src->ix, key, klen, index_build, &job, &src->origin, err, errlen);
 	free(key);
 	if (r < 0)
 		return r;
+	src->part_index = src->ix.part;
+	src->sample_index = src->ix.sample;
 	src->base.nsamples = size;
 	src->base.index_bytes += size * (sizeof(*src->part_index) + sizeof(*src->sample_index));
 	return 0;
@@ -1035,8 +1035,14 @@ static int blend_read(struct source *base, const struct sample_ctx *ctx, uint64_
 {
 	struct blend_source *src = (struct blend_source *)base;
 	size_t p = src->part_index[idx];
-	struct source *part = src->parts[p];
+	struct source *part;
 	uint64_t s = src->sample_index[idx];
+
+	/* a cached index is used as it is (megatron-cache.c): checked here */
+	if (p >= src->nparts)
+		return errfmt(-EIO, err, errlen, "blend: sample %llu: part %zu out of range (the "
+			      "cached index is damaged)", (unsigned long long)idx, p);
+	part = src->parts[p];
 
 	/* more than the part has: it runs again from its sample 0 */
 	if (s >= part->nsamples)
@@ -1101,8 +1107,7 @@ static void blend_close(struct source *base)
 	free(src->kinds);
 	free(src->per_epoch);
 	free(src->read);
-	free(src->part_index);
-	free(src->sample_index);
+	mg_blend_free(&src->ix);
 }
 
 const struct source_ops source_blend_ops = {

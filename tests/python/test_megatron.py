@@ -186,17 +186,39 @@ def test_megatron_cache_survives_restart_and_changed_files(daemon, workdir):
     c.create_pipeline(spec)
     assert index_state(c, "m")["index"] == "reused"
     c.drop_pipeline("m")
-    # a file torn by a crash (zeros in the middle, or cut short) is built again, right
+    # a file torn by a crash (zeros in the middle, or cut short) is built
+    # again, right; a crash of the kernel is another boot: the file written
+    # in this one carries its boot id, one of another boot is checked whole
     path, = glob.glob(os.path.join(cache, "megatron-*.index"))
     good = open(path, "rb").read()
-    for bad in (good[:len(good) // 2] + bytes(64) + good[len(good) // 2 + 64:],
-                good[:-20]):
+    boot = open("/proc/sys/kernel/random/boot_id", "rb").read(36)
+    assert good.count(boot) == 1
+    other = good.replace(boot, b"0" * 36)
+    # (whole, from another boot: checked, reused, made this boot's)
+    for data, how in ((other[:len(good) // 2] + bytes(64) + other[len(good) // 2 + 64:],
+                       "built"), (other[:-20], "built"), (good[:-20], "built"),
+                      (other, "reused")):
         with open(path, "wb") as f:
-            f.write(bad)
+            f.write(data)
         c.create_pipeline(spec)
-        assert index_state(c, "m")["index"] == "built"
+        assert index_state(c, "m")["index"] == how
         assert open(path, "rb").read() == good
         c.drop_pipeline("m")
+    # of this boot, damaged behind the daemon's back (used as it is): the
+    # read says so, never reads outside the index
+    klen = int.from_bytes(good[8:16], "little")
+    hdr = 16 + (klen + 7) // 8 * 8
+    ndoc, ns = struct.unpack_from("<QQ", good, hdr)
+    shuffle0 = hdr + 32 + 40 + (ndoc * 4 + 7) // 8 * 8 + (ns + 1) * 16
+    patch(path, shuffle0, struct.pack("<q", ns))
+    with pytest.raises(loaderd.Error) as e:
+        with loaderd.DataLoader(spec, socket=d2.socket) as dl:
+            for _ in dl:
+                pass
+    assert f"{prefix}.bin: sample 0: shuffle index {ns} out of range (the cached index is " \
+        "damaged)" in e.value.message, e.value.message
+    with open(path, "wb") as f:
+        f.write(good)
     # the corpus rewritten (new inode, size, mtime): built again, and still right
     corpus(prefix, np.int32, 210, 1000, 4)
     c.create_pipeline(spec)

@@ -26,6 +26,11 @@ struct mg_index {
 	int64_t *shuffle;             /* shuffle_index[nsamples] */
 	void *map;                    /* read from the cache: the arrays lie in this */
 	size_t map_len;               /* mapping of its file, else NULL */
+	/* read from the cache: the .idx's sequence lengths and pointers as they
+	 * were when the index was built from it (the file's identity is the
+	 * key), in the mapping; else NULL */
+	const int32_t *lengths;       /* [nseq] */
+	const int64_t *pointers;      /* [nseq] */
 };
 
 /* Allocate the three arrays for ix->ndoc and ix->nsamples (mapped memory,
@@ -52,14 +57,23 @@ struct mg_origin {
 };
 
 /**
- * mg_index_get() - the index for @p over the pair @idx_id/@bin_id: read from
- * the daemon's cache directory (source_cache_dir()) when a pipeline built it
- * before, else built (once: a lock file serializes the builders of one key)
+ * mg_index_find() - the index for @p over the pair @idx_id/@bin_id (an .idx
+ * of @nseq sequences) when a pipeline built it before: read from the
+ * daemon's cache directory (source_cache_dir()), with the .idx's lengths
+ * and pointers (@ix->lengths, @ix->pointers; the .idx was checked when it
+ * was built). 0 when found, else a negative errno; nothing is built.
+ */
+int mg_index_find(struct mg_index *ix, uint64_t nseq, const struct mg_file_id *idx_id,
+		  const struct mg_file_id *bin_id, const struct mg_params *p);
+
+/**
+ * mg_index_get() - the same, else built from @lengths and @pointers (the
+ * whole checked .idx; once: a lock file serializes the builders of one key)
  * and written there, to a temporary name and renamed. Without a usable
  * cache directory it is built in memory and @o->note says why.
  */
-int mg_index_get(struct mg_index *ix, const int32_t *lengths, uint64_t nseq,
-		 const struct mg_file_id *idx_id, const struct mg_file_id *bin_id,
+int mg_index_get(struct mg_index *ix, const int32_t *lengths, const int64_t *pointers,
+		 uint64_t nseq, const struct mg_file_id *idx_id, const struct mg_file_id *bin_id,
 		 const struct mg_params *p, struct mg_origin *o, const char *what, char *err,
 		 size_t errlen);
 
@@ -70,15 +84,21 @@ struct mg_blend {
 	size_t n;                     /* parts */
 	uint16_t *part;               /* dataset_index[size] */
 	uint64_t *sample;             /* dataset_sample_index[size] */
-	uint64_t *per_epoch;          /* [n] */
+	uint64_t *per_epoch;          /* [n], the caller's */
+	void *map;                    /* read from the cache: part and sample lie in */
+	size_t map_len;               /* this mapping of its file, else malloc'ed */
 };
 
 /**
- * mg_blend_get() - fill @b from the daemon's cache directory when a blend
- * of the same @key (every input of @build, bytes) was built before, else
- * @build(@ctx) it (once per key: the same lock as mg_index_get()) and write
- * it there. The caller opens every part as the pipeline's owner first.
+ * mg_blend_get() - fill @b (size, n and per_epoch set) from the daemon's
+ * cache directory when a blend of the same @key (every input of @build,
+ * bytes) was built before (part and sample mapped from the file: every
+ * part number is to be checked where it is read), else @build(@ctx) it
+ * (which mallocs part and sample; once per key: the same lock as
+ * mg_index_get()) and write it there. The caller opens every part as the
+ * pipeline's owner first; mg_blend_free() frees part and sample.
  */
 int mg_blend_get(struct mg_blend *b, const void *key, size_t klen,
 		 int (*build)(void *ctx, char *err, size_t errlen), void *ctx,
 		 struct mg_origin *o, char *err, size_t errlen);
+void mg_blend_free(struct mg_blend *b);

@@ -42,6 +42,10 @@ struct mg_source {
 	int out_dtype;
 	struct mg_file_id idx_id, bin_id;
 	struct mg_origin origin;
+	const int32_t *lengths;       /* the .idx's: src->idx's or the cache's mapping */
+	const int64_t *pointers;
+	int idx_fd;                   /* open until the .idx is read or known */
+	char *idx_path;
 };
 
 /* ---- the spec ---- */
@@ -355,37 +359,49 @@ static int fd_read(void *ctx, void *buf, size_t len, uint64_t off, char *err, si
 	return source_read_full(f->fd, f->path, buf, len, off, err, errlen);
 }
 
-/* Open and check the pair; the .idx is read whole and closed. */
+/* Open the pair and read the .idx's header; the rest of it is read only
+ * when the index is not in the cache (read_idx()). */
 static int open_pair(struct mg_source *src, const char *prefix, char *err, size_t errlen)
 {
 	size_t plen = strlen(prefix);
-	char *idx_path = malloc(plen + 5);
 	uint64_t idx_size = 0, bin_size = 0;
-	struct fd_ctx f = { -1, idx_path };
+	struct fd_ctx f;
 	int r;
 
+	src->idx_path = malloc(plen + 5);
 	src->bin_path = malloc(plen + 5);
-	if (!idx_path || !src->bin_path) {
-		free(idx_path);
+	if (!src->idx_path || !src->bin_path)
 		return -ENOMEM;
-	}
-	snprintf(idx_path, plen + 5, "%s.idx", prefix);
+	snprintf(src->idx_path, plen + 5, "%s.idx", prefix);
 	snprintf(src->bin_path, plen + 5, "%s.bin", prefix);
 	r = source_open_file(&src->base, src->bin_path, &src->bin_fd, &bin_size, err, errlen);
 	if (r >= 0)
-		r = source_open_file(&src->base, idx_path, &f.fd, &idx_size, err, errlen);
-	if (r >= 0) {
-		file_id(src->bin_fd, &src->bin_id);
-		file_id(f.fd, &src->idx_id);
-		r = mmidx_parse(&src->idx, fd_read, &f, idx_path, idx_size, src->bin_path, bin_size,
-				err, errlen);
-	}
+		r = source_open_file(&src->base, src->idx_path, &src->idx_fd, &idx_size, err,
+				     errlen);
+	if (r < 0)
+		return r;
+	file_id(src->bin_fd, &src->bin_id);
+	file_id(src->idx_fd, &src->idx_id);
+	f = (struct fd_ctx){ src->idx_fd, src->idx_path };
+	return mmidx_parse_header(&src->idx, fd_read, &f, src->idx_path, idx_size, bin_size, err,
+				  errlen);
+}
+
+/* The rest of the .idx read and checked against the .bin. */
+static int read_idx(struct mg_source *src, char *err, size_t errlen)
+{
+	struct fd_ctx f = { src->idx_fd, src->idx_path };
+	int r = mmidx_parse_body(&src->idx, fd_read, &f, src->idx_path, src->bin_path, err,
+				 errlen);
+
+	free(src->idx.docidx);        /* checked; samples run across documents */
+	src->idx.docidx = NULL;
+	/* after the checks, as before the cache (an .idx that a cached index was
+	 * built from never holds floats) */
 	if (r >= 0 && (src->idx.dtype == LDR_DTYPE_FLOAT32 || src->idx.dtype == LDR_DTYPE_FLOAT64))
 		r = errfmt(-EINVAL, err, errlen, "%s: offset 17: dtype %s (code %d) does not hold "
-			   "token ids", idx_path, mmidx_code_name(src->idx.code), src->idx.code);
-	if (f.fd >= 0)
-		close(f.fd);
-	free(idx_path);
+			   "token ids", src->idx_path, mmidx_code_name(src->idx.code),
+			   src->idx.code);
 	return r;
 }
 
@@ -412,8 +428,8 @@ static int split_range(const json_t *c, uint64_t nseq, struct mg_params *p, char
 }
 
 /* Every token of the split's sequences below vocab_size; the error names the offset. */
-static int check_vocab(struct mg_source *src, const struct mg_params *p, char *err,
-		       size_t errlen);
+static int check_vocab(struct mg_source *src, const int32_t *lengths, const int64_t *pointers,
+		       const struct mg_params *p, char *err, size_t errlen);
 
 static void set_fields(struct mg_source *src)
 {
@@ -440,6 +456,7 @@ static int megatron_open(struct source *base, const struct spec *spec, char *err
 	int r;
 
 	src->bin_fd = -1;
+	src->idx_fd = -1;
 	src->seq_len = (uint32_t)jint(c, "seq_len", 0);
 	src->extra = jflag(c, "add_extra_token") ? 1 : 0;
 	src->eod = jint(c, "eod", -2);
@@ -454,24 +471,45 @@ static int megatron_open(struct source *base, const struct spec *spec, char *err
 	r = open_pair(src, json_string_value(json_object_get(c, "prefix")), err, errlen);
 	if (r < 0)
 		return r;
-	free(src->idx.docidx);        /* checked; samples run across documents */
-	src->idx.docidx = NULL;
 	r = split_range(c, src->idx.nseq, &p, err, errlen);
-	if (r < 0)
-		return r;
+	if (r < 0) {
+		char e2[4608];      /* a damaged .idx is the error to name first */
+		int r2 = read_idx(src, e2, sizeof(e2));
+
+		return r2 < 0 ? errfmt(r2, err, errlen, "%s", e2) : r;
+	}
 	p.seq_len = src->seq_len;
 	p.seed = (uint32_t)jint(c, "seed", 1234);
 	p.num_samples = (uint64_t)jint(c, "num_samples", 0);
 	p.extra = src->extra;
-	if (src->vocab) {
-		r = check_vocab(src, &p, err, errlen);
+	/* in the cache: the .idx was checked when it was built (its identity is
+	 * the key) and its lengths and pointers are there; else read it now */
+	if (mg_index_find(&src->ix, src->idx.nseq, &src->idx_id, &src->bin_id, &p) == 0) {
+		src->origin.reused = true;
+	} else {
+		r = read_idx(src, err, errlen);
 		if (r < 0)
 			return r;
 	}
-	r = mg_index_get(&src->ix, src->idx.lengths, src->idx.nseq, &src->idx_id, &src->bin_id,
-			 &p, &src->origin, src->bin_path, err, errlen);
-	if (r < 0)
-		return r;
+	close(src->idx_fd);
+	src->idx_fd = -1;
+	if (src->vocab) {
+		const int32_t *l = src->ix.map ? src->ix.lengths : src->idx.lengths;
+		const int64_t *q = src->ix.map ? src->ix.pointers : src->idx.pointers;
+
+		r = check_vocab(src, l, q, &p, err, errlen);
+		if (r < 0)
+			return r;
+	}
+	if (!src->ix.map) {
+		r = mg_index_get(&src->ix, src->idx.lengths, src->idx.pointers, src->idx.nseq,
+				 &src->idx_id, &src->bin_id, &p, &src->origin, src->bin_path, err,
+				 errlen);
+		if (r < 0)
+			return r;
+	}
+	src->lengths = src->ix.lengths;
+	src->pointers = src->ix.pointers;
 	src->base.nsamples = src->ix.nsamples;
 	src->base.index_bytes = src->ix.ndoc * 4 + src->ix.nsamples * 24 + src->idx.nseq * 12;
 	set_fields(src);
@@ -518,16 +556,15 @@ static int vocab_error(const struct mg_source *src, const int64_t *t, size_t n, 
 
 #define VOCAB_CHUNK 65536
 
-static int check_vocab(struct mg_source *src, const struct mg_params *p, char *err,
-		       size_t errlen)
+static int check_vocab(struct mg_source *src, const int32_t *lengths, const int64_t *pointers,
+		       const struct mg_params *p, char *err, size_t errlen)
 {
-	uint64_t from = (uint64_t)src->idx.pointers[p->beg], to;
+	uint64_t from = (uint64_t)pointers[p->beg], to;
 	int64_t *t = malloc(VOCAB_CHUNK * sizeof(*t));
 	void *raw = malloc(VOCAB_CHUNK * src->idx.elem);
 	int r = 0;
 
-	to = (uint64_t)src->idx.pointers[p->end - 1] +
-	     (uint64_t)src->idx.lengths[p->end - 1] * src->idx.elem;
+	to = (uint64_t)pointers[p->end - 1] + (uint64_t)lengths[p->end - 1] * src->idx.elem;
 	if (!t || !raw) {
 		free(t);
 		free(raw);
@@ -560,11 +597,12 @@ static int piece(struct mg_source *src, int64_t *text, void *raw, size_t *n, siz
 	uint64_t at;
 	int r;
 
-	if (len < 0 || off < 0 || off + len > src->idx.lengths[seq] || (uint64_t)len > want - *n)
+	if (seq < 0 || (uint64_t)seq >= src->idx.nseq || len < 0 || off < 0 ||
+	    off + len > src->lengths[seq] || (uint64_t)len > want - *n)
 		return errfmt(-EIO, err, errlen, "%s: sample piece of sequence %lld [%lld, +%lld) "
 			      "out of range", src->bin_path, (long long)seq, (long long)off,
 			      (long long)len);
-	at = (uint64_t)src->idx.pointers[seq] + (uint64_t)off * src->idx.elem;
+	at = (uint64_t)src->pointers[seq] + (uint64_t)off * src->idx.elem;
 	r = source_read_full(src->bin_fd, src->bin_path, raw, (size_t)len * src->idx.elem, at, err,
 			     errlen);
 	if (r < 0)
@@ -579,16 +617,39 @@ static int piece(struct mg_source *src, int64_t *text, void *raw, size_t *n, siz
 	return 0;
 }
 
-/* _query_document_sample_shuffle_indices(): the seq_len + extra tokens of @idx. */
+/* The length of sequence @seq, 0 out of range (piece() says so). */
+static int64_t seq_length(const struct mg_source *src, int64_t seq)
+{
+	return seq >= 0 && (uint64_t)seq < src->idx.nseq ? src->lengths[seq] : 0;
+}
+
+/*
+ * _query_document_sample_shuffle_indices(): the seq_len + extra tokens of
+ * @idx. Every position followed is checked first: a cached index is used
+ * as it is (megatron-cache.c), so a damaged one is an error, never a read
+ * out of its arrays.
+ */
 static int gather(struct mg_source *src, uint64_t idx, int64_t *text, void *raw, char *err,
 		  size_t errlen)
 {
 	const struct mg_index *ix = &src->ix;
 	size_t want = src->seq_len + (size_t)src->extra, n = 0;
-	int64_t j = ix->shuffle[idx];
-	int64_t d0 = ix->sample[2 * j], o0 = ix->sample[2 * j + 1];
-	int64_t d1 = ix->sample[2 * j + 2], o1 = ix->sample[2 * j + 3];
+	int64_t j = idx < ix->nsamples ? ix->shuffle[idx] : -1;
+	int64_t d0, o0, d1, o1;
 	int r = 0;
+
+	if (j < 0 || (uint64_t)j >= ix->nsamples)
+		return errfmt(-EIO, err, errlen, "%s: sample %llu: shuffle index %lld out of range "
+			      "(the cached index is damaged)", src->bin_path,
+			      (unsigned long long)idx, (long long)j);
+	d0 = ix->sample[2 * j];
+	o0 = ix->sample[2 * j + 1];
+	d1 = ix->sample[2 * j + 2];
+	o1 = ix->sample[2 * j + 3];
+	if (d0 < 0 || d1 < d0 || (uint64_t)d1 >= ix->ndoc)
+		return errfmt(-EIO, err, errlen, "%s: sample %llu: document positions %lld..%lld "
+			      "out of range (the cached index is damaged)", src->bin_path,
+			      (unsigned long long)idx, (long long)d0, (long long)d1);
 
 	if (d0 == d1) {
 		r = piece(src, text, raw, &n, want, ix->doc[d0], o0, o1 - o0 + src->extra, err,
@@ -596,7 +657,7 @@ static int gather(struct mg_source *src, uint64_t idx, int64_t *text, void *raw,
 	} else {
 		for (int64_t i = d0; i <= d1 && r >= 0; i++) {
 			int64_t seq = ix->doc[i], off = i > d0 ? 0 : o0;
-			int64_t len = i < d1 ? src->idx.lengths[seq] - off : o1 + src->extra;
+			int64_t len = i < d1 ? seq_length(src, seq) - off : o1 + src->extra;
 
 			r = piece(src, text, raw, &n, want, seq, off, len, err, errlen);
 		}
@@ -674,7 +735,10 @@ static void megatron_close(struct source *base)
 
 	if (src->bin_fd >= 0)
 		close(src->bin_fd);
+	if (src->idx_fd >= 0)
+		close(src->idx_fd);
 	free(src->bin_path);
+	free(src->idx_path);
 	mmidx_free(&src->idx);
 	mg_index_free(&src->ix);
 }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* test-mmidx - the Megatron .idx parser (common/mmidx.h): a valid index of
- * every dtype, then each check's exact error with the file and the offset */
+ * every dtype, then each check's exact error with the file and the offset,
+ * and its two halves (header, body) one after the other */
 #undef NDEBUG
 #include <assert.h>
 #include <stdint.h>
@@ -162,10 +163,46 @@ static void test_errors(void)
 #undef FRESH
 }
 
+static int mem_read(void *ctx, void *buf, size_t len, uint64_t off, char *err, size_t errlen)
+{
+	(void)err;
+	(void)errlen;
+	memcpy(buf, (const unsigned char *)ctx + off, len);
+	return 0;
+}
+
+/* The header alone reads no array; a body that fails frees what it read
+ * and leaves the header's fields (source-megatron.c reads the body only
+ * when its index is not cached). */
+static void test_halves(void)
+{
+	unsigned char buf[4096];
+	size_t len = make_idx(buf, 4, 4, 10, false);
+	struct mmidx m;
+	char err[512];
+	int32_t l = -1;
+
+	assert(mmidx_parse_header(&m, mem_read, buf, "x.idx", len, bin_bytes(4, 10), err,
+				  sizeof(err)) == 0);
+	assert(m.nseq == 10 && m.ndocidx == 11 && m.elem == 4 && m.code == 4);
+	assert(!m.lengths && !m.pointers && !m.docidx && m.ntokens == 0);
+	assert(mmidx_parse_body(&m, mem_read, buf, "x.idx", "x.bin", err, sizeof(err)) == 0);
+	assert(m.ntokens == 75 && m.lengths[9] == 12 && m.pointers[1] == 12 && m.docidx[10] == 10);
+	mmidx_free(&m);
+	memcpy(buf + 34 + 4 * 2, &l, 4);
+	assert(mmidx_parse_header(&m, mem_read, buf, "x.idx", len, bin_bytes(4, 10), err,
+				  sizeof(err)) == 0);
+	assert(mmidx_parse_body(&m, mem_read, buf, "x.idx", "x.bin", err, sizeof(err)) < 0);
+	assert(!strcmp(err, "x.idx: offset 42: sequence 2 has length -1"));
+	assert(m.nseq == 10 && m.ndocidx == 11 && m.bin_size == bin_bytes(4, 10));
+	assert(!m.lengths && !m.pointers && !m.docidx && m.ntokens == 0);
+}
+
 int main(void)
 {
 	test_valid();
 	test_errors();
+	test_halves();
 	printf("test-mmidx: ok\n");
 	return 0;
 }
