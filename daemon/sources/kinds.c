@@ -122,8 +122,13 @@ int source_open_part(struct source **out, const struct spec *spec, const struct 
 	src->ops = ops;
 	src->who = *who;
 	r = source_objects_new(src, keys_of);
-	if (r == 0)
-		r = ops->open(src, spec, err, errlen);
+	if (r < 0) {
+		/* never opened: the kind's close would see fds of 0 (stdin) */
+		source_objects_free(src);
+		free(src);
+		return errfmt(r, err, errlen, "source: out of memory");
+	}
+	r = ops->open(src, spec, err, errlen);
 	if (r < 0) {
 		if (r == -ENOMEM && err && errlen && !err[0])
 			errfmt(r, err, errlen, "source: out of memory");
