@@ -24,9 +24,9 @@
  * XML gives the message: "URL: Code: Message (HTTP status)". A HEAD's error
  * has no body; its code comes from a one-byte GET of the same URL.
  *
- * A whole object's body is checked as it streams in: when its ETag is a
- * plain MD5 (32 hex digits: one PUT, not a multipart upload, not SSE-KMS or
- * SSE-C), the MD5 of the bytes must be it; when the answer carries an
+ * A whole object's body is checked as it streams in: when an S3 store's
+ * ETag is a plain MD5 (32 hex digits: one PUT, not a multipart upload, not
+ * SSE-KMS or SSE-C), the MD5 of the bytes must be it; when the answer carries an
  * x-amz-checksum-crc32, -crc32c or -sha256 of the whole object (asked for
  * with x-amz-checksum-mode: ENABLED; a multipart upload's composite sum,
  * "SUM-PARTS", is no sum of the bytes), that must match too. A body that
@@ -91,6 +91,7 @@ struct req {
 	long status;
 	char etag[128];
 	bool sse_etag;       /* encrypted with KMS or the client's key: its ETag is no MD5 */
+	bool s3_answer;      /* it says x-amz-request-id: an S3 store's, whose ETag may be an MD5 */
 	enum sum_kind sum_kind; /* the x-amz-checksum-* the answer carries, SUM_NONE: none */
 	char sum_want[64];   /* its value (base64) */
 	bool sum_composite;  /* x-amz-checksum-type: COMPOSITE (a multipart upload's) */
@@ -320,11 +321,15 @@ static void sum_header(struct req *r, const char *line, size_t len)
 	}
 }
 
-/* What a whole body is checked against, once its answer's head is in. */
+/* What a whole body is checked against, once its answer's head is in. An
+ * ETag is taken for an MD5 only from an S3 store (an s3:// URL, or an
+ * answer with x-amz-request-id): another web server's may be 32 hex digits
+ * of something else. */
 static void decide(struct req *r)
 {
 	r->decided = true;
-	r->use_md5 = r->verify && !r->sse_etag && etag_is_md5(r->etag);
+	r->use_md5 = r->verify && !r->sse_etag && etag_is_md5(r->etag) &&
+		     (!strncmp(r->url, "s3://", 5) || r->s3_answer);
 	if (!r->verify || r->status < 200 || r->status > 299 || r->sum_composite)
 		r->sum_kind = SUM_NONE;
 	sum_init(&r->md5, SUM_MD5);
@@ -342,6 +347,7 @@ static size_t on_header(char *line, size_t size, size_t n, void *arg)
 
 		r->etag[0] = '\0';
 		r->sse_etag = false;
+		r->s3_answer = false;
 		r->sum_kind = SUM_NONE;
 		r->sum_composite = false;
 		r->clen = -1;
@@ -357,6 +363,8 @@ static size_t on_header(char *line, size_t size, size_t n, void *arg)
 		r->sse_etag = !strncasecmp(v, "aws:kms", 7);
 	} else if (len > 48 && !strncasecmp(line, "x-amz-server-side-encryption-customer-algorithm:", 48)) {
 		r->sse_etag = true;
+	} else if (len > 17 && !strncasecmp(line, "x-amz-request-id:", 17)) {
+		r->s3_answer = true;
 	} else if (len > 5 && !strncasecmp(line, "ETag:", 5)) {
 		const char *v = line + 5;
 		size_t vl;
@@ -476,6 +484,7 @@ static CURLcode perform(struct req *r)
 	r->status = 0;
 	r->etag[0] = '\0';
 	r->sse_etag = false;
+	r->s3_answer = false;
 	r->sum_kind = SUM_NONE;
 	r->sum_want[0] = '\0';
 	r->sum_composite = false;

@@ -100,7 +100,8 @@ int store_get_range(struct store *st, const char *url, const char *etag, uint64_
  * *data (freed by the caller) and *size on success; @etag as for
  * store_get_range(). At most @max_bytes: a larger object is -EFBIG.
  * Where the answer's ETag is a plain MD5 (32 hex digits; not SSE-KMS or
- * SSE-C), the body's MD5 must be it, and where it carries the object's
+ * SSE-C; of an s3:// URL, or of an answer that says x-amz-request-id: an
+ * S3 store's), the body's MD5 must be it, and where it carries the object's
  * x-amz-checksum-crc32, -crc32c or -sha256 (asked for), that sum too: a
  * body that does not match is tried again like a cut one, then -EIO "URL:
  * the body's MD5 HEX does not match its ETag "HEX" (N bytes); retried for
