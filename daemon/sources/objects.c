@@ -1518,16 +1518,16 @@ int source_set_object_cache(const char *cache_dir, uint64_t max_bytes, char *err
 json_t *source_object_cache_json(void)
 {
 	struct objcache_stats s;
-
 	json_t *j;
 
 	objcache_get_stats(&s);
-	j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cache_bytes",
+	j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "cache_bytes",
 			 (json_int_t)s.max_bytes, "bytes_used", (json_int_t)s.bytes_used, "objects",
 			 (json_int_t)s.objects, "pinned", (json_int_t)s.pinned, "hits", (json_int_t)s.hits, "misses",
 			 (json_int_t)s.misses, "bytes_fetched", (json_int_t)s.bytes_fetched, "evictions",
 			 (json_int_t)s.evictions, "fetching", (json_int_t)s.fetching, "fetching_bytes",
-			 (json_int_t)s.fetching_bytes, "fetch_ahead", (json_int_t)ahead_bound());
+			 (json_int_t)s.fetching_bytes, "fetch_ahead", (json_int_t)ahead_bound(),
+			 "checksum_mismatches", (json_int_t)s.checksum_mismatches);
 	json_object_set_new(j, "store_endpoints", source_store_endpoints_json());
 	return j;
 }

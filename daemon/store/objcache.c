@@ -438,6 +438,7 @@ void objcache_get_stats(struct objcache_stats *out)
 	*out = oc.st;
 	out->max_bytes = oc.dir ? oc.max : 0;
 	out->bytes_used = oc.used_bytes;
+	out->checksum_mismatches = store_checksum_mismatches();
 	out->objects = out->pinned = out->fetching = out->fetching_bytes = 0;
 	for (struct objcache_pin *e = oc.list; e; e = e->next) {
 		out->objects++;

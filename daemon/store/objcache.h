@@ -5,7 +5,8 @@
  * keyed by endpoint, URL and ETag, for every pipeline and every later job
  * of the node, within cache_bytes, least recently used evicted first. An
  * object is fetched into a temporary name and renamed once its length is
- * the HEAD's: a partial file is never served, and a restart deletes the
+ * the HEAD's and it matches the sums the store gives (its ETag's MD5, an
+ * x-amz-checksum-*: store.h): a partial or corrupted file is never served, and a restart deletes the
  * temporaries and reuses the complete files. An object a source holds
  * (objcache_open()'s pin) is never evicted under it.
  *
@@ -45,8 +46,8 @@ struct objcache_pin;
  *
  * Concurrent opens of one object fetch it once. Return: 0; -EFBIG (larger
  * than the cache), -ENOSPC (what the pins hold leaves no room), the
- * store's errors (store.h), -EIO (the body's length is not the HEAD's),
- * each naming @url.
+ * store's errors (store.h), -EIO (the body's length is not the HEAD's, or
+ * it does not match its sums: store_get_fd()), each naming @url.
  */
 int objcache_open(struct store *st, const char *url, const struct store_object *obj, int *fd,
 		  struct objcache_pin **pin, char *err, size_t errlen);
@@ -63,6 +64,7 @@ struct objcache_stats {
 	uint64_t hits, misses;   /* objcache_open()s found, fetched */
 	uint64_t bytes_fetched;  /* from the stores, since the start */
 	uint64_t evictions;
+	uint64_t checksum_mismatches; /* bodies that did not match their sums (store.h) */
 	uint64_t fetching, fetching_bytes; /* fetches under way now */
 };
 

@@ -23,6 +23,16 @@
  * retry_seconds have passed; every other answer is final. An error answer's
  * XML gives the message: "URL: Code: Message (HTTP status)". A HEAD's error
  * has no body; its code comes from a one-byte GET of the same URL.
+ *
+ * A whole object's body is checked as it streams in: when an S3 store's
+ * ETag is a plain MD5 (32 hex digits: one PUT, not a multipart upload, not
+ * SSE-KMS or SSE-C), the MD5 of the bytes must be it; when the answer carries an
+ * x-amz-checksum-crc32, -crc32c or -sha256 of the whole object (asked for
+ * with x-amz-checksum-mode: ENABLED; a multipart upload's composite sum,
+ * "SUM-PARTS", is no sum of the bytes), that must match too. A body that
+ * does not is a fault of the transport like a cut one (tried again;
+ * counted, store_checksum_mismatches()); a range is not checked against
+ * the sums of the whole.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -31,6 +41,7 @@
 #include <ctype.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +51,7 @@
 
 #include "common.h"
 #include "s3xml.h"
+#include "sums.h"
 #include "store.h"
 #include "url.h"
 
@@ -64,6 +76,7 @@ struct req {
 	bool sign;
 	bool head;
 	bool ranged;
+	bool verify;         /* a whole object: its body checked against its sums */
 	uint64_t off;
 	size_t len;
 	const char *if_match;
@@ -84,6 +97,15 @@ struct req {
 	size_t elen;
 	long status;
 	char etag[128];
+	bool sse_etag;       /* encrypted with KMS or the client's key: its ETag is no MD5 */
+	bool s3_answer;      /* it says x-amz-request-id: an S3 store's, whose ETag may be an MD5 */
+	enum sum_kind sum_kind; /* the x-amz-checksum-* the answer carries, SUM_NONE: none */
+	char sum_want[64];   /* its value (base64) */
+	bool sum_composite;  /* x-amz-checksum-type: COMPOSITE (a multipart upload's) */
+	bool decided;        /* the body's first byte came: what to check is known */
+	bool use_md5;        /* the ETag is the MD5 to check */
+	struct sum md5;      /* of the body so far (use_md5) */
+	struct sum sum;      /* of the body so far (sum_kind) */
 	int64_t clen;        /* Content-Length, -1 when none */
 	char cerr[CURL_ERROR_SIZE];
 };
@@ -392,6 +414,67 @@ static int http_url(struct store *st, const char *url, const char *query, bool n
 	return 0;
 }
 
+/* Whether @etag ("\"HEX\"", quotes optional) is a plain MD5: 32 hex digits.
+ * A multipart upload's ends in "-PARTS" and is none. */
+static bool etag_is_md5(const char *etag)
+{
+	size_t n;
+
+	if (etag[0] == '"')
+		etag++;
+	n = strspn(etag, "0123456789abcdefABCDEF");
+	return n == 32 && (etag[32] == '\0' || (etag[32] == '"' && etag[33] == '\0'));
+}
+
+/* An x-amz-checksum-KIND header (@line after its "x-amz-checksum-"). */
+static void sum_header(struct req *r, const char *line, size_t len)
+{
+	static const enum sum_kind kinds[] = { SUM_CRC32, SUM_CRC32C, SUM_SHA256 };
+	const char *colon = memchr(line, ':', len), *v;
+	size_t vl;
+
+	if (!colon)
+		return;
+	v = colon + 1;
+	while (*v == ' ' || *v == '\t')
+		v++;
+	vl = strcspn(v, "\r\n");
+	while (vl && (v[vl - 1] == ' ' || v[vl - 1] == '\t'))
+		vl--;
+	if ((size_t)(colon - line) == 4 && !strncasecmp(line, "type", 4)) {
+		/* a multipart upload's sum of its parts' sums: none of the bytes */
+		r->sum_composite = vl == 9 && !strncasecmp(v, "COMPOSITE", 9);
+		return;
+	}
+	for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+		const char *name = sum_name(kinds[i]);
+
+		if ((size_t)(colon - line) != strlen(name) || strncasecmp(line, name, strlen(name)))
+			continue;
+		/* "SUM-PARTS" is a composite sum; one sum is checked, the first */
+		if (r->sum_kind == SUM_NONE && vl > 0 && vl < sizeof r->sum_want && !memchr(v, '-', vl)) {
+			r->sum_kind = kinds[i];
+			memcpy(r->sum_want, v, vl);
+			r->sum_want[vl] = '\0';
+		}
+	}
+}
+
+/* What a whole body is checked against, once its answer's head is in. An
+ * ETag is taken for an MD5 only from an S3 store (an s3:// URL, or an
+ * answer with x-amz-request-id): another web server's may be 32 hex digits
+ * of something else. */
+static void decide(struct req *r)
+{
+	r->decided = true;
+	r->use_md5 = r->verify && !r->sse_etag && etag_is_md5(r->etag) &&
+		     (!strncmp(r->url, "s3://", 5) || r->s3_answer);
+	if (!r->verify || r->status < 200 || r->status > 299 || r->sum_composite)
+		r->sum_kind = SUM_NONE;
+	sum_init(&r->md5, SUM_MD5);
+	sum_init(&r->sum, r->sum_kind);
+}
+
 static size_t on_header(char *line, size_t size, size_t n, void *arg)
 {
 	struct req *r = arg;
@@ -402,8 +485,25 @@ static size_t on_header(char *line, size_t size, size_t n, void *arg)
 		const char *sp = memchr(line, ' ', len);
 
 		r->etag[0] = '\0';
+		r->sse_etag = false;
+		r->s3_answer = false;
+		r->sum_kind = SUM_NONE;
+		r->sum_composite = false;
 		r->clen = -1;
 		r->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+	} else if (len > 15 && !strncasecmp(line, "x-amz-checksum-", 15)) {
+		sum_header(r, line + 15, len - 15);
+	} else if (len > 31 && !strncasecmp(line, "x-amz-server-side-encryption:", 29)) {
+		const char *v = line + 29;
+
+		while (*v == ' ' || *v == '\t')
+			v++;
+		/* "aws:kms" and "aws:kms:dsse"; "AES256" (SSE-S3) keeps the MD5 */
+		r->sse_etag = !strncasecmp(v, "aws:kms", 7);
+	} else if (len > 48 && !strncasecmp(line, "x-amz-server-side-encryption-customer-algorithm:", 48)) {
+		r->sse_etag = true;
+	} else if (len > 17 && !strncasecmp(line, "x-amz-request-id:", 17)) {
+		r->s3_answer = true;
 	} else if (len > 5 && !strncasecmp(line, "ETag:", 5)) {
 		const char *v = line + 5;
 		size_t vl;
@@ -456,6 +556,12 @@ static size_t on_body(char *data, size_t size, size_t n, void *arg)
 		}
 		return size * n;
 	}
+	if (!r->decided)
+		decide(r);
+	if (r->use_md5)
+		sum_update(&r->md5, data, len);
+	if (r->sum_kind != SUM_NONE)
+		sum_update(&r->sum, data, len);
 	if (r->fd >= 0) {
 		for (size_t done = 0; done < len;) {
 			ssize_t w = pwrite(r->fd, data + done, len - done, (off_t)(r->got + done));
@@ -555,6 +661,12 @@ static CURLcode perform(struct req *r)
 	r->ebody[0] = '\0';
 	r->status = 0;
 	r->etag[0] = '\0';
+	r->sse_etag = false;
+	r->s3_answer = false;
+	r->sum_kind = SUM_NONE;
+	r->sum_want[0] = '\0';
+	r->sum_composite = false;
+	r->decided = false;
 	r->clen = -1;
 	r->overflow = false;
 	r->werr = false;
@@ -579,6 +691,11 @@ static CURLcode perform(struct req *r)
 		snprintf(line, sizeof line, "Range: bytes=%" PRIu64 "-%" PRIu64, r->off,
 			 r->off + (r->len ? r->len : 1) - 1);
 		t = curl_slist_append(hdrs, line);
+		hdrs = t ? t : hdrs;
+	}
+	if (r->verify) {
+		/* the x-amz-checksum-* of the object, where it has one */
+		t = curl_slist_append(hdrs, "x-amz-checksum-mode: ENABLED");
 		hdrs = t ? t : hdrs;
 	}
 	if (r->if_match && r->if_match[0]) {
@@ -648,6 +765,47 @@ static int answer_error(struct req *r, char *msg, size_t cap)
 	return e;
 }
 
+/* Whole bodies that did not match their sums, since the start (store.h). */
+static atomic_uint_fast64_t checksum_mismatches;
+
+uint64_t store_checksum_mismatches(void)
+{
+	return (uint64_t)atomic_load(&checksum_mismatches);
+}
+
+/* A whole body against its ETag and its x-amz-checksum-*: true when it
+ * matches what of them is a sum of its bytes; else false with the message
+ * in @msg. */
+static bool body_matches(struct req *r, char *msg, size_t cap)
+{
+	const char *want = r->etag[0] == '"' ? r->etag + 1 : r->etag;
+	char hex[65], b64[48];
+
+	if (!r->verify)
+		return true;
+	if (!r->decided)
+		decide(r); /* an empty body */
+	if (r->use_md5) {
+		sum_hex(&r->md5, hex);
+		if (strncasecmp(hex, want, 32)) {
+			atomic_fetch_add(&checksum_mismatches, 1);
+			snprintf(msg, cap, "the body's MD5 %s does not match its ETag %s (%zu bytes)", hex, r->etag,
+				 r->got);
+			return false;
+		}
+	}
+	if (r->sum_kind != SUM_NONE) {
+		sum_base64(&r->sum, b64);
+		if (strcmp(b64, r->sum_want)) {
+			atomic_fetch_add(&checksum_mismatches, 1);
+			snprintf(msg, cap, "the body's %s %s does not match its x-amz-checksum-%s %s (%zu bytes)",
+				 sum_label(r->sum_kind), b64, sum_name(r->sum_kind), r->sum_want, r->got);
+			return false;
+		}
+	}
+	return true;
+}
+
 /* What one try's @cc and answer mean: DONE, RETRY (with *@e and @msg) or
  * FINAL (the same). */
 static enum outcome judge(struct req *r, CURLcode cc, int *e, char *msg, size_t cap)
@@ -712,6 +870,10 @@ static enum outcome judge(struct req *r, CURLcode cc, int *e, char *msg, size_t 
 		if (r->clen >= 0 && (uint64_t)r->clen != (r->ranged && r->status == 200 ? r->seen : r->got)) {
 			*e = -EIO;
 			snprintf(msg, cap, "the body ended after %zu of %" PRId64 " bytes", r->got, r->clen);
+			return RETRY;
+		}
+		if (!body_matches(r, msg, cap)) {
+			*e = -EIO;
 			return RETRY;
 		}
 		if (r->ranged && r->got != r->len) {
@@ -881,6 +1043,7 @@ int store_get(struct store *st, const char *url, const char *etag, size_t max_by
 	r.grow = true;
 	r.max = max_bytes;
 	r.if_match = etag;
+	r.verify = true;
 	e = run(&r, err, errlen);
 	free(r.http);
 	if (e < 0) {
@@ -905,6 +1068,7 @@ int store_get_fd(struct store *st, const char *url, const char *etag, int fd, ui
 		return e;
 	r.fd = fd;
 	r.if_match = etag;
+	r.verify = true;
 	e = run(&r, err, errlen);
 	free(r.http);
 	if (e < 0)

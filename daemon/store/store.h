@@ -12,7 +12,8 @@
  *
  * Every error names the URL and what the store said:
  *	"s3://b/k: AccessDenied: Access Denied. (HTTP 403)"
- * 5xx, 429, a connection lost, a body cut short and a stalled body are
+ * 5xx, 429, a connection lost, a body cut short, a stalled body and a whole
+ * body that does not match its sums (the ETag's MD5, x-amz-checksum-*) are
  * retried with exponential backoff and jitter for up to retry_seconds;
  * credentials are never written into a message.
  *
@@ -20,6 +21,8 @@
  *
  *   url.h     URLs: an endpoint, s3://bucket/key, RFC 3986 encoding
  *   s3xml.h   the XML of S3's answers: errors, ListObjectsV2 pages
+ *   sums.h    MD5, CRC32, CRC32C, SHA-256 of a body as it streams in: checked
+ *             against its ETag and x-amz-checksum-*
  *
  * layer: daemon/store -> daemon/base common include
  */
@@ -96,6 +99,14 @@ int store_get_range(struct store *st, const char *url, const char *etag, uint64_
  *
  * *data (freed by the caller) and *size on success; @etag as for
  * store_get_range(). At most @max_bytes: a larger object is -EFBIG.
+ * Where the answer's ETag is a plain MD5 (32 hex digits; not SSE-KMS or
+ * SSE-C; of an s3:// URL, or of an answer that says x-amz-request-id: an
+ * S3 store's), the body's MD5 must be it, and where it carries the object's
+ * x-amz-checksum-crc32, -crc32c or -sha256 (asked for), that sum too: a
+ * body that does not match is tried again like a cut one, then -EIO "URL:
+ * the body's MD5 HEX does not match its ETag "HEX" (N bytes); retried for
+ * S s" (or "the body's CRC32 B64 does not match its x-amz-checksum-crc32
+ * B64 ...").
  */
 int store_get(struct store *st, const char *url, const char *etag, size_t max_bytes, void **data,
 	      size_t *size, char *err, size_t errlen);
@@ -104,15 +115,19 @@ int store_get(struct store *st, const char *url, const char *etag, size_t max_by
  * store_get_fd() - the whole object @url written into @fd from offset 0
  *
  * *size: the bytes written (a retry writes again from 0; the caller
- * truncates to *size). A write that fails is -EIO naming the errno.
+ * truncates to *size). A write that fails is -EIO naming the errno. The
+ * body is checked against its ETag as for store_get().
  */
 int store_get_fd(struct store *st, const char *url, const char *etag, int fd, uint64_t *size, char *err,
 		 size_t errlen);
 
+/* Whole bodies that did not match their sums (each try), since the start. */
+uint64_t store_checksum_mismatches(void);
+
 /*
  * Whether the calling thread's last request failed for the transport: the
  * faults tried again until retry_seconds passed (5xx, 429, a stall, a cut
- * body, no connection), not an answer that is final (a refusal, a missing
+ * body, a body that does not match its sums, no connection), not an answer that is final (a refusal, a missing
  * key, a changed ETag). store_transport_clear() before a call that may make
  * no request at all.
  */

@@ -315,6 +315,13 @@ class FaultProxy:
         self.gets_now = 0  # GETs in the proxy now (their delay and forward)
         self.gets_most = 0  # the most GETs in the proxy at once
         self.gets_lock = threading.Lock()
+        # the next this many GET answers with a body (-1: every one) get the
+        # middle byte of it flipped, its length and headers kept: a body
+        # corrupted on its way (flip_body() gives the bytes sent)
+        self.flip = 0
+        self.flipped = 0
+        self.add_headers = []  # header lines (bytes) added to every answer forwarded
+        self.flip_lock = threading.Lock()
         t = threading.Thread(target=self._accept, daemon=True)
         t.start()
         self.threads.append(t)
@@ -349,6 +356,24 @@ class FaultProxy:
             self.connections += 1
             t = threading.Thread(target=self._serve, args=(c,), daemon=True)
             t.start()
+
+    @staticmethod
+    def flip_body(body):
+        """@body as the "flip" fault sends it: its middle byte inverted."""
+        b = bytearray(body)
+        b[len(b) // 2] ^= 0xFF
+        return bytes(b)
+
+    def _take_flip(self, req, resp):
+        if not req.startswith(b"GET ") or not resp.partition(b"\r\n\r\n")[2]:
+            return False
+        with self.flip_lock:
+            if self.flip == 0:
+                return False
+            if self.flip > 0:
+                self.flip -= 1
+            self.flipped += 1
+            return True
 
     def _next_fault(self):
         try:
@@ -426,6 +451,8 @@ class FaultProxy:
                         with self.gets_lock:
                             self.gets_now -= 1
                 head, _, body = resp.partition(b"\r\n\r\n")
+                if self._take_flip(req, resp):
+                    resp = head + b"\r\n\r\n" + self.flip_body(body)
                 if fault == "cut":
                     c.sendall(head + b"\r\n\r\n" + body[:len(body) // 2])
                     return
@@ -467,6 +494,7 @@ class FaultProxy:
             if k in ("connection", "transfer-encoding", "content-length"):
                 continue
             out.append(k.encode() + b": " + v.encode("latin-1"))
+        out.extend(self.add_headers)
         if method == "HEAD":
             out.append(b"Content-Length: " + h.get("content-length", "0").encode())
             rbody = b""

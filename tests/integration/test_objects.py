@@ -9,6 +9,7 @@ its cache (cache_dir/objects) and every pipeline reads that copy. Batches
 are held byte for byte to the same files read from local disk.
 """
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -563,6 +564,66 @@ def test_503_storm_then_success(daemon, workdir, s3):
         create(ld, wds("remote", url), aws_env(proxy.endpoint))
         assert ld.consume("remote").dump == want
         assert proxy.faults.empty()
+    finally:
+        proxy.stop()
+
+
+def test_corrupted_body_is_fetched_again(daemon, workdir, s3):
+    """A GET body with one byte flipped on its way (its length kept): its MD5
+    is not its ETag, so it is deleted and fetched again; the batches are the
+    local files' and the cache holds only good copies. Flipped every time:
+    the create fails naming the URL and both digests, nothing is cached."""
+    local, url, _ = shards(workdir, s3, "wds/flip")
+    paths = [local.replace("{000..002}", f"{s:03d}") for s in range(3)]
+    bodies = [open(p, "rb").read() for p in paths]
+    # the test means something only if the store's ETag is the body's MD5
+    for s, body in enumerate(bodies):
+        status, h, got = s3.client("alice").request("GET", BUCKET, f"wds/flip-{s:03d}.tar", b"")
+        assert (status, got) == (200, body)
+        assert h["etag"] == f'"{hashlib.md5(body).hexdigest()}"'
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    try:
+        msock = os.path.join(workdir, "flip-metrics.sock")
+        cfg = os.path.join(workdir, "flip.json")
+        with open(cfg, "w") as f:
+            json.dump({"metrics_address": msock, "store_retry_seconds": 1}, f)
+        cache = os.path.join(workdir, "flipcache")
+        ld = daemon("--cache-dir", cache, "--config", cfg)
+        env = aws_env(proxy.endpoint)
+        ld.create(wds("local", local))
+        want = ld.consume("local").dump
+        proxy.flip = 2
+        create(ld, wds("remote", url), env)
+        assert proxy.flipped == 2 and proxy.flip == 0
+        assert gets(proxy) == 5
+        assert ld.consume("remote").dump == want
+        oc = ld.status()["object_cache"]
+        assert (oc["checksum_mismatches"], oc["misses"], oc["objects"]) == (2, 3, 3), oc
+        objects = os.path.join(cache, "objects")
+        kept = sorted(open(os.path.join(objects, f), "rb").read() for f in os.listdir(objects)
+                      if len(f) == 32)
+        assert kept == sorted(bodies)
+        assert sorted(len(f) for f in os.listdir(objects)) == [32] * 3 + [35] * 3
+        from test_metrics import get_unix, parse
+        fams = parse(get_unix(msock)[2])
+        assert [s.value for s in fams["loaderd_object_cache_checksum_mismatches"].samples] == [2]
+        # every GET flipped: retried for store_retry_seconds, then the error
+        bad, etag = bodies[0], f'"{hashlib.md5(bodies[0]).hexdigest()}"'
+        s3.client("alice").put(BUCKET, "wds/flip-bad.tar", bad)
+        proxy.flip = -1
+        before = gets(proxy)
+        r = create(ld, wds("bad", f"s3://{BUCKET}/wds/flip-bad.tar"), env, check=False)
+        assert r.returncode != 0
+        msg = (f"s3://{BUCKET}/wds/flip-bad.tar: the body's MD5 "
+               f"{hashlib.md5(FaultProxy.flip_body(bad)).hexdigest()} does not match its ETag {etag} "
+               f"({len(bad)} bytes); retried for 1 s")
+        assert msg in r.stderr, r.stderr
+        proxy.flip = 0
+        tries = gets(proxy) - before
+        assert tries >= 2 and proxy.flipped == 2 + tries
+        oc = ld.status()["object_cache"]
+        assert (oc["checksum_mismatches"], oc["objects"]) == (2 + tries, 3), oc
+        assert sorted(len(f) for f in os.listdir(objects)) == [32] * 3 + [35] * 3
     finally:
         proxy.stop()
 

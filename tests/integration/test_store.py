@@ -8,13 +8,16 @@ line) and compared byte for byte. Faults come from a proxy between the tool
 and the server. Every error message is asserted whole.
 """
 
+import base64
 import concurrent.futures
 import hashlib
 import http.server
 import os
 import random
+import struct
 import subprocess
 import threading
+import zlib
 
 import pytest
 
@@ -186,8 +189,10 @@ def test_session_token_and_payload_hash_are_signed(s3):
         head = proxy.heads[-1].decode("latin-1").lower()
         assert "\r\nx-amz-security-token: tok/en+with=odd" in head
         assert "\r\nx-amz-content-sha256: unsigned-payload" in head
+        assert "\r\nx-amz-checksum-mode: enabled" in head  # a whole GET asks for the object's sums
         signed = head.split("signedheaders=")[1].split(",")[0]
-        assert signed.split(";") == ["host", "x-amz-content-sha256", "x-amz-date", "x-amz-security-token"]
+        assert signed.split(";") == ["host", "x-amz-checksum-mode", "x-amz-content-sha256", "x-amz-date",
+                                     "x-amz-security-token"]
         assert "tok/en+with=odd" not in r.stderr.decode()
         assert IDENTITIES["alice"][1] not in r.stderr.decode()
     finally:
@@ -238,6 +243,97 @@ def test_fault_every_time(s3, proxy, fault, msg):
     assert proxy.requests >= 2 if fault != "stall" else proxy.requests >= 1
 
 
+def test_corrupted_body(s3, proxy):
+    """A body with one byte flipped (its length kept) is not the MD5 of its
+    ETag: tried again, the good copy returned; flipped every time, the error
+    names both digests. A range is not checked against the whole's ETag."""
+    body, etag = s3.objs["big.bin"]
+    assert etag == f'"{hashlib.md5(body).hexdigest()}"'  # SeaweedFS: the ETag is the MD5
+    u = url("big.bin")
+    proxy.flip = 1
+    assert ok(tool(env_for(proxy.endpoint), "get", u, retry=20)) == body
+    assert (proxy.requests, proxy.flipped) == (2, 1)
+    proxy.flip = -1
+    bad = hashlib.md5(FaultProxy.flip_body(body)).hexdigest()
+    assert failed(tool(env_for(proxy.endpoint), "get", u, retry=1)) == (
+        f"{u}: the body's MD5 {bad} does not match its ETag {etag} ({len(body)} bytes); retried for 1 s")
+    assert proxy.requests >= 4 and proxy.flipped == proxy.requests - 1
+    # a range: its bytes as they came (the flipped one is at the middle of the range)
+    out = ok(tool(env_for(proxy.endpoint), "range", u, "1000", "700000"))
+    assert out == FaultProxy.flip_body(body[1000:701000])
+
+
+@pytest.mark.parametrize("header,checked", [
+    (b"x-amz-server-side-encryption: aws:kms", False),
+    (b"x-amz-server-side-encryption: aws:kms:dsse", False),
+    (b"x-amz-server-side-encryption-customer-algorithm: AES256", False),
+    (b"x-amz-server-side-encryption: AES256", True),
+])
+def test_encrypted_etag_is_no_md5(s3, proxy, header, checked):
+    """SSE-KMS's and SSE-C's ETags are no MD5 of the bytes: not checked
+    (the flipped body comes back as it came); SSE-S3's is, and is checked."""
+    body, etag = s3.objs["big.bin"]
+    u = url("big.bin")
+    proxy.add_headers = [header]
+    proxy.flip = -1
+    r = tool(env_for(proxy.endpoint), "get", u, retry=0.3)
+    if checked:
+        assert failed(r).startswith(f"{u}: the body's MD5 ")
+    else:
+        assert ok(r) == FaultProxy.flip_body(body) and proxy.requests == 1
+
+
+def crc32c(data):
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    c = 0xFFFFFFFF
+    for b in data:
+        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+SUMS = {  # x-amz-checksum-KIND: (the name in a message, the sum of bytes)
+    "crc32": ("CRC32", lambda b: struct.pack(">I", zlib.crc32(b))),
+    "crc32c": ("CRC32C", lambda b: struct.pack(">I", crc32c(b))),
+    "sha256": ("SHA-256", lambda b: hashlib.sha256(b).digest()),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SUMS))
+def test_checksum_header_is_checked(s3, proxy, kind):
+    """An object uploaded with x-amz-checksum-KIND: the store gives the sum
+    back (asked with x-amz-checksum-mode), the daemon's sum of the body is
+    the same, and a flipped body is caught by it where the ETag is no MD5
+    (SSE-KMS here, as the proxy says)."""
+    label, fn = SUMS[kind]
+    body = random.Random(kind).randbytes(20000)
+    want = base64.b64encode(fn(body)).decode()
+    key = f"sums/{kind}.bin"
+    status, h, _ = s3.client("alice").request("PUT", "alice-data", key, body,
+                                              headers={f"x-amz-checksum-{kind}": want})
+    assert status == 200 and h[f"x-amz-checksum-{kind}"] == want
+    u = url(key)
+    proxy.add_headers = [b"x-amz-server-side-encryption: aws:kms"]
+    assert ok(tool(env_for(proxy.endpoint), "get", u)) == body
+    proxy.flip = 1
+    assert ok(tool(env_for(proxy.endpoint), "get", u, retry=20)) == body
+    assert (proxy.requests, proxy.flipped) == (3, 1)
+    proxy.flip = -1
+    got = base64.b64encode(fn(FaultProxy.flip_body(body))).decode()
+    assert failed(tool(env_for(proxy.endpoint), "get", u, retry=0.3)) == (
+        f"{u}: the body's {label} {got} does not match its x-amz-checksum-{kind} {want} (20000 bytes); "
+        f"retried for 0.3 s")
+    # a multipart upload's composite sum is no sum of the bytes: not checked
+    proxy.add_headers.append(b"x-amz-checksum-type: COMPOSITE")
+    requests = proxy.requests
+    assert ok(tool(env_for(proxy.endpoint), "get", u)) == FaultProxy.flip_body(body)
+    assert proxy.requests == requests + 1
+
+
 def test_object_changed_between_head_and_get(s3):
     alice = s3.client("alice")
     first = b"first version" * 100
@@ -271,8 +367,15 @@ def test_plain_http_url(workdir):
         f.write(b"public bytes" * 1000)
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
+        extra = []  # header (name, value) pairs sent with every answer
+
         def log_message(self, *a):
             pass
+
+        def end_headers(self):
+            for k, v in self.extra:
+                self.send_header(k, v)
+            super().end_headers()
 
     srv = http.server.ThreadingHTTPServer(
         ("127.0.0.1", 0), lambda *a, **kw: Quiet(*a, directory=workdir, **kw))
@@ -285,6 +388,15 @@ def test_plain_http_url(workdir):
         assert ok(tool(env, "range", base + "/pub.bin", "12", "12")) == b"public bytes"
         assert ok(tool(env, "head", base + "/pub.bin")).startswith(b"size=12000 etag=")
         assert failed(tool(env, "get", base + "/nope")) == f"{base}/nope: HTTP 404"
+        # a web server's ETag of 32 hex digits is no MD5 of the bytes: not
+        # checked, but where the answer is an S3 store's (x-amz-request-id), it is
+        Quiet.extra = [("ETag", '"' + "0" * 32 + '"')]
+        assert ok(tool(env, "get", base + "/pub.bin")) == b"public bytes" * 1000
+        Quiet.extra.append(("x-amz-request-id", "18EEB7ED5559A9C0"))
+        md5 = hashlib.md5(b"public bytes" * 1000).hexdigest()
+        assert failed(tool(env, "get", base + "/pub.bin", retry=0.2)) == (
+            f"{base}/pub.bin: the body's MD5 {md5} does not match its ETag \"{'0' * 32}\" (12000 bytes); "
+            f"retried for 0.2 s")
     finally:
         srv.shutdown()
 
