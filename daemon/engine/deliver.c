@@ -183,6 +183,7 @@ static void dyn_taken(struct stream *s, struct batch *b)
 static void dynamic_dispatch(struct stream *s)
 {
 	bool ended = s->cursor >= s->end_seq && s->nreturned == 0;
+	struct batch *next = ended ? NULL : dyn_next(s);
 	struct pending **pp, *prev, *p;
 
 	for (pp = &s->dyn_head, prev = NULL; (p = *pp);) {
@@ -193,6 +194,18 @@ static void dynamic_dispatch(struct stream *s)
 				answer_end(a, p);
 			else
 				answer_error(a, p, EIO, a->dev->error);
+			continue;
+		}
+		if (!a->revoking && next && next->refused &&
+		    (a->told_seq != next->seq || a->told_parks != next->parks)) {
+			/* the next batch's job waits for fresh store keys
+			 * (stream.c, job_park()): each reader in line is told
+			 * the store's words once, as in the other modes; the
+			 * batch stays next, for whoever asks once the keys come */
+			a->told_seq = next->seq;
+			a->told_parks = next->parks;
+			dyn_unlink(s, pp, prev);
+			answer_error(a, p, EACCES, next->errmsg);
 			continue;
 		}
 		prev = p;

@@ -902,15 +902,30 @@ static void release_passed(struct source_objects *o)
  * walking the order from the fetch-ahead's place; every held one met on the
  * way is kept until that batch. NULL when the bound is reached (or the
  * walk is an epoch past the reads'). Under o->lock.
+ *
+ * The walk looks only at batches after the frontier, which no read has
+ * begun: each row it counts (ahead_reads) is read after it was counted
+ * (a read notes its batch, source_note_read(), before it opens), so every
+ * hold ends at the read of its last counted row. A row of a batch already
+ * begun may have been read: a hold counted for it would never end (only
+ * release_passed(), RELEASE_LAG batches on, and never after the last
+ * batch), pinning its object and blocking the fetch-ahead's bound; and an
+ * object fetched for it could be one no read needs any more. So the
+ * fetch-ahead never fetches for a batch a read has begun, nor anything
+ * once the last batch has begun: what it fetches, a read needs later.
  */
 static struct obj *next_wanted(struct source_objects *o)
 {
 	uint64_t bound = ahead_bound(), fe = o->frontier >> 40;
 
-	if (AT(o->cur_epoch, o->cur_batch) < o->frontier) {
+	if (AT(o->cur_epoch, o->cur_batch) <= o->frontier) {
 		o->cur_epoch = fe;
-		o->cur_batch = o->frontier & ((1ull << 40) - 1);
+		o->cur_batch = (o->frontier & ((1ull << 40) - 1)) + 1;
 		o->cur_row = 0;
+		if (o->cur_batch >= o->order.batches) {
+			o->cur_batch = 0;
+			o->cur_epoch++;
+		}
 	}
 	while (o->cur_epoch <= fe + 1 && o->order.batches && (!o->order.epochs || o->cur_epoch < o->order.epochs)) {
 		uint32_t rows = o->order.rows(o->order_arg, o->cur_epoch, o->cur_batch);

@@ -11,7 +11,8 @@ the C call ldr_set_store(); loaderd.Client.set_store(); the DataLoader's own
 refresh on the refusal it meets), and every stream goes on with exactly the
 batches of the same spec over local files, none lost, skipped or repeated. Her keys' expiry (AWS_CREDENTIAL_EXPIRATION) is shown in
 status and named in a refusal past it. bob (a real Unix user) may neither
-replace her keys nor read them.
+replace her keys nor read them. Readers in dynamic mode, which share the
+stream's next batch, are each told a refusal once too, and read on.
 """
 
 import json
@@ -26,7 +27,7 @@ import pytest
 import s3server
 from ldrtest import python_client_env
 from s3server import IDENTITIES, aws_env
-from test_objects import BUCKET, create, shards, wds
+from test_objects import BUCKET, create, shards, stream_daemon, wds
 from users import open_to_all, shared_config
 from users import users  # noqa: F401 (a fixture)
 
@@ -205,3 +206,72 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
     r = ctl_as(alice_u, "create", "--spec", spec_file(wds("p5", url)), env=new_env)
     assert r.returncode == 0, r.stderr
     assert store_of(ld.pipeline("p5")) == dict(fresh, credentials_updates=0)
+
+
+def test_refused_dynamic_readers_told_once(daemon, workdir, s3):
+    """Two dynamic readers (one job) of a stream whose keys the store stops
+    taking: each is told the store's words once (EACCES), as a partition or
+    broadcast client is, and once fresh keys come both read on; every batch
+    comes exactly once across the two, byte for byte that of the same spec
+    over local files (docs/storage.md, "A refusal while streaming")."""
+    local, url, n = shards(workdir, s3, "dyn/b", nshards=9, per_class=12, seed=8)
+    sizes = [os.path.getsize(local.replace("{000..008}", f"{s:03d}")) for s in range(9)]
+    ld, _ = stream_daemon(daemon, workdir, 3 * max(sizes), max(sizes), "dyn")
+    ld.create(wds("local", local, epochs=2))
+    # the dump: each batch's fields in order (image, label), 9 full batches
+    # an epoch
+    dump, per = ld.consume("local").dump, 4 * (20 * 20 * 3 + 8)
+    assert len(dump) == 2 * n * per // 4 and n == 36
+    want = {(k // 9, k % 9): dump[k * per:(k + 1) * per] for k in range(18)}
+    old_ak, old_sk, _ = s3.identities["alice"]
+    old_env = aws_env(s3.endpoint, "alice", AWS_ACCESS_KEY_ID=old_ak, AWS_SECRET_ACCESS_KEY=old_sk)
+    # few batches built ahead, two epochs over a cache of a third of the
+    # shards: later batches must fetch again, which the store refuses
+    create(ld, wds("dyn", url, epochs=2, prefetch=2), old_env)
+    assert "stream" in ld.pipeline("dyn")["store"]
+    s3.rekey("alice", "LDRALICEKEY000000077", "alice-secret-dynamic-77")
+    try:
+        outs = [os.path.join(workdir, f"dyn-{r}.json") for r in "ab"]
+        env = python_client_env(HERE)
+        readers = [subprocess.Popen([sys.executable, os.path.join(HERE, "dyn_reader.py"), ld.socket, "dyn",
+                                     "dyn-refused", o], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for o in outs]
+        try:
+            for o, r in zip(outs, readers):
+                wait_file(o + ".told", r)
+            parked = ld.pipeline("dyn")["store"]["stream"]["parked"]
+            assert parked and {p["why"] for p in parked} == {"keys"}, parked
+            r = ld.ctl("credentials", "dyn", env=aws_env(s3.endpoint, "alice",
+                       AWS_ACCESS_KEY_ID="LDRALICEKEY000000077", AWS_SECRET_ACCESS_KEY="alice-secret-dynamic-77"))
+            assert r.stdout == "handed fresh credentials to pipeline dyn\n", r.stderr
+            for r in readers:
+                _, se = r.communicate(timeout=60)
+                assert r.returncode == 0, se
+        finally:
+            for r in readers:
+                if r.poll() is None:
+                    r.kill()
+                    r.communicate()
+    finally:
+        s3.rekey("alice", old_ak, old_sk)
+    res = []
+    for o in outs:
+        with open(o) as f:
+            res.append(json.load(f))
+    # each reader told once, the same words: the refused shard's URL and
+    # what the store said; its DataLoader handed no keys of its own
+    words = re.escape(f"s3://{BUCKET}/dyn/b-") + r"00[0-8]" + re.escape(
+        ".tar: InvalidAccessKeyId: The access key ID you provided does not exist in our records. (HTTP 403)")
+    for r in res:
+        [[code, msg]] = r["errors"]
+        assert code == -13 and re.fullmatch(words, msg), msg
+        assert r["refreshes"] == 1
+    assert res[0]["errors"] == res[1]["errors"]
+    # nothing lost or repeated across the two, each batch the local one's
+    got = [(e, i) for r in res for e, i, _ in r["batches"]]
+    assert sorted(got) == sorted(want), got
+    assert all(bytes.fromhex(b) == want[(e, i)] for r in res for e, i, b in r["batches"])
+    pst = ld.pipeline("dyn")
+    assert (pst["state"] != "failed", pst["error"], pst["skipped"], pst["batches_failed"]) == \
+        (True, None, 0, 0), pst
+    assert pst["store"]["stream"]["parked"] == []
