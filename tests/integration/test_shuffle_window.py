@@ -10,13 +10,16 @@ samples it holds."""
 
 import ast
 import io
+import json
 import os
+import subprocess
+import sys
 import tarfile
 
 import numpy as np
 
 from imgtest import parse_image_dump, save_image, smooth_image
-from ldrtest import partition_share
+from ldrtest import partition_share, python_client_env
 
 SIZES = [5, 3, 0, 8, 1, 6, 4, 7]    # samples per shard; one has none (a .txt only)
 N = sum(SIZES)
@@ -125,6 +128,22 @@ def test_window_order_partition_two_epochs(ld, workdir):
     runs = [s for s, g in enumerate(SIZES) for _ in range(g)]
     got1 = [runs[i] for i in window_order(11, 0, SIZES, 1)]
     assert len([i for i in range(len(got1)) if i == 0 or got1[i] != got1[i - 1]]) == 7
+
+
+def test_python_dataloader_passes_the_key(ld, workdir):
+    """loaderd.DataLoader with a spec dict: shuffle_window goes to the
+    daemon as it is (docs/python.md); its labels are the windowed order."""
+    urls = write_shards(workdir)
+    code = ("import json, sys, loaderd\n"
+            "dl = loaderd.DataLoader(json.loads(sys.argv[2]), socket=sys.argv[1], as_numpy=True,"
+            " epochs=1)\n"
+            "with dl:\n"
+            "    print(json.dumps([int(x) for b in dl for x in b['label']]))\n")
+    r = subprocess.run([sys.executable, "-c", code, ld.socket, json.dumps(spec("py", urls, persist=True))],
+                       env=python_client_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == window_order(11, 0, SIZES, 3)
+    assert ld.pipeline("py")["spec"]["shuffle_window"] == 3
 
 
 def test_window_spec_errors(ld, workdir):
