@@ -239,6 +239,16 @@ static int create_build(struct engine *eng, struct spec *spec, const struct prin
 	}
 	if (!pl->src && (r = source_open_as(&pl->src, spec, &pl->owner_creds, err, errlen)) < 0)
 		goto fail;
+	if (spec->shuffle && spec->shuffle_window) {
+		uint32_t nshards = 0;
+		const uint64_t *first = source_shard_first(pl->src, &nshards);
+
+		pl->windows = first ? sampler_windows_new(first, nshards, spec->shuffle_window) : NULL;
+		if (!pl->windows) {
+			r = errfmt(-ENOMEM, err, errlen, "out of memory for the shuffle windows");
+			goto fail;
+		}
+	}
 	pl->nfields = source_nfields(pl->src);
 	if (pl->nfields > SOURCE_MAX_FIELDS) {
 		r = errfmt(-EINVAL, err, errlen,
@@ -338,6 +348,7 @@ fail:
 	pl->spec = NULL;
 	spec_free(spec);
 	source_free(pl->src);
+	sampler_windows_free(pl->windows);
 	slab_free(pl->slab);
 	free(pl->slots);
 	free(pl->free_slots);

@@ -312,6 +312,7 @@ struct pipeline {
 	struct engine *eng;
 	struct spec *spec;
 	struct source *src;
+	struct sampler_windows *windows; /* spec's shuffle_window, else NULL (sampler.h) */
 	struct slab *slab;
 	struct pyw_pipeline *py;   /* python sources: their workers (pyworkers.c), else NULL */
 	uid_t owner;

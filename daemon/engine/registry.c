@@ -53,6 +53,8 @@ void pipeline_free(struct pipeline *pl)
 	pyw_pipeline_free(pl);
 	holds_forget(pl);
 	source_free(pl->src);
+	/* after the source: its fetch-ahead threads follow the sampler */
+	sampler_windows_free(pl->windows);
 	devcopy_slab_free(pl);
 	spec_free(pl->spec);
 	free(pl->slots);

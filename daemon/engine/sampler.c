@@ -12,6 +12,9 @@
  * is less than 4n, a walk takes under 4 steps on average. docs/spec.md gives
  * the exact definition so that others can reimplement it bit for bit.
  */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 #include "common.h"
 #include "sampler.h"
 
@@ -142,5 +145,131 @@ uint64_t sampler_sample(const struct sampler *s, uint64_t epoch, uint64_t batch,
 	p = (s->rank + world_of(s) * j) % n;
 	start %= n;
 	p = p >= n - start ? p - (n - start) : p + start; /* (start + p) mod n */
-	return s->shuffle ? sampler_permute(s->seed, epoch, n, p) : p;
+	if (!s->shuffle)
+		return p;
+	if (s->windows)
+		return sampler_windows_permute(s->windows, s->seed, epoch, p);
+	return sampler_permute(s->seed, epoch, n, p);
+}
+
+/* ---- shuffle windows (docs/spec.md, "Shuffle windows") ---- */
+
+/*
+ * An epoch's layout of the windows depends on its shard order, so finding
+ * the window of a position needs the prefix sums of the shards' sizes in
+ * that order: a table of K entries, made once per epoch rather than per
+ * index. The tables of the last WINDOW_TABLES epochs are kept; a lookup
+ * holds the mutex for its two binary searches (well under a microsecond,
+ * beside the read and decode of a sample), which is what keeps a table from
+ * being replaced while another worker reads it.
+ */
+#define WINDOW_TABLES 4
+#define WINDOW_KEY 0x77696e646f777321ull /* "window!" */
+
+struct window_table {
+	bool valid;
+	uint64_t seed, epoch;
+	uint32_t *order;          /* slot i -> shard */
+	uint64_t *cum;            /* samples of slots [0, i), K + 1 entries */
+};
+
+struct sampler_windows {
+	pthread_mutex_t lock;
+	uint32_t nshards, window;
+	uint64_t *first;
+	struct window_table tab[WINDOW_TABLES];
+};
+
+struct sampler_windows *sampler_windows_new(const uint64_t *first, uint32_t nshards,
+					    uint32_t window)
+{
+	struct sampler_windows *w = calloc(1, sizeof(*w));
+
+	if (!w || !nshards || !window)
+		return free(w), NULL;
+	pthread_mutex_init(&w->lock, NULL);
+	w->nshards = nshards;
+	w->window = window < nshards ? window : nshards;
+	w->first = malloc(((size_t)nshards + 1) * sizeof(*w->first));
+	if (!w->first)
+		return sampler_windows_free(w), NULL;
+	memcpy(w->first, first, ((size_t)nshards + 1) * sizeof(*w->first));
+	for (unsigned i = 0; i < WINDOW_TABLES; i++) {
+		w->tab[i].order = malloc((size_t)nshards * sizeof(*w->tab[i].order));
+		w->tab[i].cum = malloc(((size_t)nshards + 1) * sizeof(*w->tab[i].cum));
+		if (!w->tab[i].order || !w->tab[i].cum)
+			return sampler_windows_free(w), NULL;
+	}
+	return w;
+}
+
+void sampler_windows_free(struct sampler_windows *w)
+{
+	if (!w)
+		return;
+	for (unsigned i = 0; i < WINDOW_TABLES; i++) {
+		free(w->tab[i].order);
+		free(w->tab[i].cum);
+	}
+	free(w->first);
+	pthread_mutex_destroy(&w->lock);
+	free(w);
+}
+
+/* The table of (@seed, @epoch), made in its slot if it is not there. Locked. */
+static const struct window_table *window_table(struct sampler_windows *w, uint64_t key,
+					       uint64_t seed, uint64_t epoch)
+{
+	struct window_table *t = &w->tab[epoch % WINDOW_TABLES];
+
+	if (t->valid && t->seed == seed && t->epoch == epoch)
+		return t;
+	t->cum[0] = 0;
+	for (uint32_t i = 0; i < w->nshards; i++) {
+		uint32_t k = (uint32_t)sampler_permute(key, epoch, w->nshards, i);
+
+		t->order[i] = k;
+		t->cum[i + 1] = t->cum[i] + (w->first[k + 1] - w->first[k]);
+	}
+	t->valid = true;
+	t->seed = seed;
+	t->epoch = epoch;
+	return t;
+}
+
+/* The last slot of [lo, hi) whose cum[slot * step] <= @v (cum[lo * step] <= v). */
+static uint64_t last_at_most(const uint64_t *cum, uint64_t step, uint64_t lo, uint64_t hi,
+			     uint64_t v)
+{
+	while (hi - lo > 1) {
+		uint64_t mid = lo + (hi - lo) / 2;
+
+		if (cum[mid * step] <= v)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+uint64_t sampler_windows_permute(struct sampler_windows *w, uint64_t seed, uint64_t epoch,
+				 uint64_t pos)
+{
+	uint64_t key = splitmix64(seed ^ WINDOW_KEY), K = w->nshards, W = w->window;
+	uint64_t nwin = (K + W - 1) / W, j, lo, hi, r, g, i, idx;
+	const struct window_table *t;
+
+	pthread_mutex_lock(&w->lock);
+	t = window_table(w, key, seed, epoch);
+	pos %= t->cum[K] ? t->cum[K] : 1;
+	/* the window that holds pos: the last to start at or before it */
+	j = last_at_most(t->cum, W, 0, nwin, pos);
+	lo = j * W;
+	hi = lo + W < K ? lo + W : K;
+	r = sampler_permute(key + 1 + j, epoch, t->cum[hi] - t->cum[lo], pos - t->cum[lo]);
+	g = t->cum[lo] + r;
+	i = last_at_most(t->cum, 1, lo, hi, g);
+	idx = w->first[t->order[i]] + (g - t->cum[i]);
+	pthread_mutex_unlock(&w->lock);
+	return idx;
 }

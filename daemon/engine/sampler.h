@@ -21,6 +21,8 @@
  * batches [0, skip) of it are empty, so that epoch e still spans batches
  * [e*bpe, (e+1)*bpe) of the stream and every other epoch is the plain share.
  */
+struct sampler_windows;
+
 struct sampler {
 	uint64_t nsamples;
 	uint32_t batch_size;
@@ -31,6 +33,9 @@ struct sampler {
 	uint32_t world;
 	uint64_t tail_epoch;      /* with tail_start > 0: the epoch that is a tail */
 	uint64_t tail_start;      /* its first position (<= nsamples), 0: none */
+	/* with shuffle: the spec's shuffle_window (docs/spec.md, "Shuffle
+	 * windows"), owned by the pipeline; NULL: the plain permutation */
+	struct sampler_windows *windows;
 };
 
 /* Samples in one epoch of this rank's share. */
@@ -49,3 +54,16 @@ uint32_t sampler_epoch_rows(const struct sampler *s, uint64_t epoch, uint64_t ba
 uint64_t sampler_sample(const struct sampler *s, uint64_t epoch, uint64_t batch, uint32_t row);
 /* The epoch's permutation of [0, n): position -> dataset index. */
 uint64_t sampler_permute(uint64_t seed, uint64_t epoch, uint64_t n, uint64_t pos);
+
+/*
+ * A shuffle that mixes the samples of @window shards at a time, so that a
+ * stream reads each shard in one stretch of the epoch (docs/spec.md,
+ * "Shuffle windows"). @first: nshards + 1 entries, the first sample of each
+ * shard, the last the number of samples (copied). NULL: no memory.
+ */
+struct sampler_windows *sampler_windows_new(const uint64_t *first, uint32_t nshards,
+					    uint32_t window);
+void sampler_windows_free(struct sampler_windows *w);
+/* The windowed permutation of epoch @epoch: position -> dataset index. Thread-safe. */
+uint64_t sampler_windows_permute(struct sampler_windows *w, uint64_t seed, uint64_t epoch,
+				 uint64_t pos);

@@ -730,7 +730,8 @@ struct stream *stream_new(struct pipeline *pl, int mode, uint32_t rank, uint32_t
 	s->order = pl->stream_ctr++;
 	s->sampler = (struct sampler){ .nsamples = source_nsamples(pl->src),
 		.batch_size = pl->spec->batch_size, .shuffle = pl->spec->shuffle,
-		.drop_last = pl->spec->drop_last, .seed = pl->spec->seed, .rank = rank, .world = world };
+		.drop_last = pl->spec->drop_last, .seed = pl->spec->seed, .rank = rank, .world = world,
+		.windows = pl->windows };
 	s->groups[0].seed = pl->spec->seed;
 	s->ngroups = 1;
 	s->bpe = sampler_batches_per_epoch(&s->sampler);

@@ -146,6 +146,7 @@ struct source *source_free(struct source *src)
 	/* first: its fetch-ahead threads stop asking the kind for objects */
 	source_objects_free(src);
 	src->ops->close(src);
+	free(src->shard_first);
 	free(src);
 	return NULL;
 }
@@ -153,6 +154,12 @@ struct source *source_free(struct source *src)
 uint64_t source_nsamples(const struct source *src)
 {
 	return src->nsamples;
+}
+
+const uint64_t *source_shard_first(const struct source *src, uint32_t *nshards)
+{
+	*nshards = src->nshards;
+	return src->shard_first;
 }
 
 size_t source_nfields(const struct source *src)

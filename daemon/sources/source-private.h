@@ -33,6 +33,8 @@ struct source {
 	uint64_t memory_bytes;        /* source_memory_bytes(), set by open */
 	struct creds who;             /* its files are opened as (creds.h) */
 	struct source_objects *objs;  /* its objects in a store (objects.c) */
+	uint64_t *shard_first;        /* source_shard_first(), set by open */
+	uint32_t nshards;
 };
 
 struct source_ops {

@@ -103,6 +103,9 @@ int source_open_as(struct source **out, const struct spec *spec, const struct cr
 struct source *source_free(struct source *src);
 
 uint64_t source_nsamples(const struct source *src);
+/* With "shuffle_window": the first sample of each shard, nshards + 1 entries
+ * (the last is n), for the sampler's windows; NULL otherwise. */
+const uint64_t *source_shard_first(const struct source *src, uint32_t *nshards);
 size_t source_nfields(const struct source *src);
 const struct field_desc *source_field(const struct source *src, size_t i);
 

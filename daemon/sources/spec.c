@@ -29,6 +29,7 @@
 #define BATCH_SIZE_MAX 1048576
 #define PREFETCH_MIN 2
 #define PREFETCH_MAX 1024
+#define SHUFFLE_WINDOW_MAX 65536 /* a webdataset's shards at most */
 #define MIN_CLIENTS_MAX 1024
 
 /*
@@ -37,6 +38,7 @@
  * spec_build_json(). A source kind's own keys are in its source_ops.
  */
 static const char *const generic_keys[] = { "name", "source", "batch_size", "shuffle", "seed",
+					    "shuffle_window",
 					    "drop_last", "epochs", "prefetch", "min_clients",
 					    "persist", "ttl", "access", "group", "slow_clients",
 					    "slow_client_timeout", "max_lag", NULL };
@@ -178,6 +180,10 @@ static json_t *spec_build_json(const struct spec *spec)
 			"prefetch", spec->prefetch ? json_integer((json_int_t)spec->prefetch)
 						   : json_string("auto"),
 			"min_clients", (json_int_t)spec->min_clients);
+	/* only when set, so that every spec written before it keeps its form */
+	if (obj && spec->shuffle_window &&
+	    json_object_set_new(obj, "shuffle_window", json_integer(spec->shuffle_window)) < 0)
+		obj = (json_decref(obj), NULL);
 	if (obj && ops->options_json && ops->options_json(spec, obj) < 0)
 		obj = (json_decref(obj), NULL);
 	return obj;
@@ -267,6 +273,30 @@ static int parse_source(struct spec *spec, json_t *obj, char *err, size_t errlen
 	return ops->parse_options ? ops->parse_options(spec, obj, err, errlen) : 0;
 }
 
+/* A shard-aware shuffle (docs/spec.md, "Shuffle windows"): after shuffle. */
+static int parse_shuffle_window(struct spec *spec, json_t *obj, char *err, size_t errlen)
+{
+	const char *kind = "";
+	int64_t w = 0;
+	int r;
+
+	spec->shuffle_window = 0;
+	r = spec_get_int(obj, "shuffle_window", "shuffle_window", 0, SHUFFLE_WINDOW_MAX,
+			 "an integer in 0..65536", &w, err, errlen);
+	if (r < 0 || !w)
+		return r;
+	for (size_t k = 0; k < source_nkinds; k++)
+		if (source_kinds[k].kind == spec->kind)
+			kind = source_kinds[k].name;
+	if (spec->kind != SOURCE_WEBDATASET)
+		return spec_fail(err, errlen, "shuffle_window: only for a source of shards "
+				 "(webdataset), not %s", kind);
+	if (!spec->shuffle)
+		return spec_fail(err, errlen, "shuffle_window: needs \"shuffle\": true");
+	spec->shuffle_window = (uint32_t)w;
+	return 0;
+}
+
 static int parse_sampling(struct spec *spec, json_t *obj, char *err, size_t errlen)
 {
 	json_t *v;
@@ -291,6 +321,10 @@ static int parse_sampling(struct spec *spec, json_t *obj, char *err, size_t errl
 	if (r < 0)
 		return r;
 	spec->seed = (uint64_t)i;
+
+	r = parse_shuffle_window(spec, obj, err, errlen);
+	if (r < 0)
+		return r;
 
 	spec->drop_last = false;
 	r = get_bool(obj, "drop_last", &spec->drop_last, err, errlen);

@@ -92,6 +92,7 @@ struct spec {
 	uint32_t batch_size;          /* default 32 */
 	bool shuffle;                 /* default false */
 	uint64_t seed;                /* default 0 */
+	uint32_t shuffle_window;      /* shards mixed together, 0: the plain shuffle */
 	bool drop_last;               /* default false */
 	uint64_t epochs;              /* default 1, 0 = endless */
 	uint32_t prefetch;            /* slots, 2..1024; 0: "auto", sized at create */

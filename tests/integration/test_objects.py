@@ -373,14 +373,43 @@ def test_stream_larger_than_cache(daemon, workdir, s3):
             # the shard, pinned by nobody then, is older than all of them.
             assert fetched >= 2 * total, (fetched, total)
         else:
-            # shuffled: the shards are needed all over the epoch, fetched
-            # again once evicted (a shard-aware shuffle is not built:
-            # docs/storage.md); at least those not cached when each epoch
-            # begins
+            # shards needed all over the epoch: fetched again once evicted
+            # (with "shuffle_window", once: the test below); at least those
+            # not cached when each epoch begins
             assert fetched >= 2 * (total - limit), (fetched, total)
         print(f"{tag}: {fetched / total:.2f} x the dataset in 2 epochs")
         ld.ctl("drop", "remote-" + tag)
     assert ld.status()["object_cache"]["pinned"] == 0
+
+
+def test_stream_shuffle_window_fetches_each_shard_once(daemon, workdir, s3):
+    """A shuffled stream with "shuffle_window" (docs/spec.md, "Shuffle
+    windows") of 3x its cache: each shard fetched exactly once an epoch (a
+    GET each), the batches byte for byte the same spec's over local files."""
+    local, url, n = shards(workdir, s3, "wds/win", nshards=9, per_class=12)
+    sizes = [os.path.getsize(local.replace("{000..008}", f"{s:03d}")) for s in range(9)]
+    limit = max(sum(sizes) // 3, 3 * max(sizes))
+    ld, objects = stream_daemon(daemon, workdir, limit, max(sizes), "swin")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    try:
+        # 2 slots: the batches built at once read 2 windows at most (with 8,
+        # the workers read ahead of a 3-shard cache and lose shards to it)
+        spec = dict(shuffle=True, shuffle_window=2, epochs=2, prefetch=2)
+        ld.create(wds("local-win", local, **spec))
+        want = ld.consume("local-win").dump
+        create(ld, wds("remote-win", url, **spec), aws_env(proxy.endpoint))
+        indexed = get_urls(proxy.heads)
+        assert sorted(indexed) == sorted(f"/{BUCKET}/wds/win-{s:03d}.tar" for s in range(9))
+        got, _ = consume_bounded(ld, "remote-win", objects, limit)
+        assert got.dump == want and len(want) == 2 * n * (20 * 20 * 3 + 8)
+        # the create's GET of each shard to index it, then at most one an
+        # epoch: none where the first epoch found what the index left cached
+        per_shard = [get_urls(proxy.heads).count(u) for u in sorted(set(indexed))]
+        assert all(c in (2, 3) for c in per_shard), per_shard
+        assert sum(per_shard) >= 3 * 9 - limit // min(sizes), (per_shard, limit, sizes)
+        ld.ctl("drop", "remote-win")
+    finally:
+        proxy.stop()
 
 
 def get_urls(heads):

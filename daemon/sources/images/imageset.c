@@ -772,6 +772,26 @@ uint64_t imageset_bytes(const struct imageset *set)
 	return b;
 }
 
+uint64_t *imageset_shard_first(const struct imageset *set, uint32_t *nshards)
+{
+	uint64_t *first;
+	uint64_t i = 0;
+
+	if (set->folder || !set->nshards)
+		return NULL;
+	first = malloc((set->nshards + 1) * sizeof(*first));
+	if (!first)
+		return NULL;
+	/* samples are in shard order: shard k's run from its first to k + 1's */
+	for (size_t k = 0; k <= set->nshards; k++) {
+		while (i < set->n && set->v[i].shard < k)
+			i++;
+		first[k] = i;
+	}
+	*nshards = (uint32_t)set->nshards;
+	return first;
+}
+
 const char *imageset_shard_of(const struct imageset *set, uint64_t idx)
 {
 	return set->folder || idx >= set->n ? NULL : set->shards[set->v[idx].shard];

@@ -49,6 +49,9 @@ int imageset_open_webdataset(struct imageset **out, const struct source *src, ch
 /* The shard (its path or URL) of a webdataset's sample @idx; NULL for a folder's. */
 const char *imageset_shard_of(const struct imageset *set, uint64_t idx);
 struct imageset *imageset_free(struct imageset *set);
+/* A webdataset's shard boundaries: a malloc'd array of nshards + 1, entry k
+ * the first sample of shard k, the last n; NULL (no memory, or a folder). */
+uint64_t *imageset_shard_first(const struct imageset *set, uint32_t *nshards);
 
 uint64_t imageset_count(const struct imageset *set);
 /* Classes of an image folder (0 for webdataset). */

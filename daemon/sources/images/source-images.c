@@ -575,6 +575,11 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 	src->base.augments = transforms_random(spec);
 	src->max_pixels = spec->max_pixels ? spec->max_pixels : SPEC_MAX_PIXELS_DEFAULT;
 	src->base.nsamples = imageset_count(src->images);
+	if (spec->shuffle_window) {
+		src->base.shard_first = imageset_shard_first(src->images, &src->base.nshards);
+		if (!src->base.shard_first)
+			return -ENOMEM;
+	}
 	src->bad = calloc((src->base.nsamples + 63) / 64, sizeof(*src->bad));
 	if (!src->bad)
 		return errfmt(-ENOMEM, err, errlen, "out of memory for the bad-sample map of %llu samples",

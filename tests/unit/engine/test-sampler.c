@@ -262,12 +262,83 @@ static void test_tail(void)
 			assert(sampler_sample(&a, 0, i, row) == sampler_sample(&c, 0, i, row));
 }
 
+/* Shuffle windows: a bijection per epoch, and a stretch of the order that
+ * covers a window reads only that window's shards (docs/spec.md). */
+static void test_windows(void)
+{
+	/* shard sizes 3, 0, 5, 1, 4, 0, 2, 7: 22 samples, an empty shard or two */
+	static const uint64_t first[] = { 0, 3, 3, 8, 9, 13, 13, 15, 22 };
+	static const uint32_t windows[] = { 1, 2, 3, 8, 100 };
+	uint64_t n = 22;
+
+	for (size_t wi = 0; wi < sizeof(windows) / sizeof(windows[0]); wi++) {
+		struct sampler_windows *w = sampler_windows_new(first, 8, windows[wi]);
+
+		assert(w);
+		for (uint64_t e = 0; e < 6; e++) {
+			unsigned char seen[22] = { 0 }, done[8] = { 0 };
+			unsigned runs = 0;
+			int last = -1;
+
+			for (uint64_t p = 0; p < n; p++) {
+				uint64_t x = sampler_windows_permute(w, 7, e, p);
+				int k = 0;
+
+				assert(x < n && !seen[x]);
+				seen[x] = 1;
+				while (first[k + 1] <= x)
+					k++;
+				if (k != last) {
+					/* window 1: each shard's samples in one run */
+					assert(windows[wi] != 1 || !done[k]);
+					if (last >= 0)
+						done[last] = 1;
+					last = k;
+					runs++;
+				}
+			}
+			if (windows[wi] == 1)
+				assert(runs == 6); /* the non-empty shards */
+		}
+		/* same answers again, from a table made again (epochs 6.. evict) */
+		for (uint64_t e = 6; e < 12; e++)
+			(void)sampler_windows_permute(w, 7, e, 0);
+		assert(sampler_windows_permute(w, 7, 0, 5) == sampler_windows_permute(w, 7, 0, 5));
+		sampler_windows_free(w);
+	}
+
+	/* through the sampler: a partition of 3 still covers every sample once */
+	{
+		struct sampler_windows *w = sampler_windows_new(first, 8, 2);
+		unsigned char seen[22] = { 0 };
+		uint64_t got = 0;
+
+		for (uint32_t r = 0; r < 3; r++) {
+			struct sampler s = { .nsamples = n, .batch_size = 4, .shuffle = true,
+					     .drop_last = true, .seed = 3, .rank = r, .world = 3,
+					     .windows = w };
+
+			for (uint64_t b = 0; b < sampler_batches_per_epoch(&s); b++)
+				for (uint32_t row = 0; row < sampler_batch_rows(&s, b); row++) {
+					uint64_t x = sampler_sample(&s, 1, b, row);
+
+					assert(x < n && !seen[x]);
+					seen[x] = 1;
+					got++;
+				}
+		}
+		assert(got == 3 * 4); /* floor(22 / 3) = 7 a rank: one full batch */
+		sampler_windows_free(w);
+	}
+}
+
 int main(void)
 {
 	test_permute();
 	test_identity();
 	test_partition();
 	test_tail();
+	test_windows();
 	printf("test-sampler: ok\n");
 	return 0;
 }
