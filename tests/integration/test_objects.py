@@ -384,16 +384,20 @@ def test_stream_larger_than_cache(daemon, workdir, s3):
 
 def test_stream_shuffle_window_fetches_each_shard_once(daemon, workdir, s3):
     """A shuffled stream with "shuffle_window" (docs/spec.md, "Shuffle
-    windows") of 3x its cache: each shard fetched exactly once an epoch (a
-    GET each), the batches byte for byte the same spec's over local files."""
+    windows") larger than its cache: each shard fetched at most once an
+    epoch (a GET each), the batches byte for byte the same spec's over local
+    files."""
     local, url, n = shards(workdir, s3, "wds/win", nshards=9, per_class=12)
     sizes = [os.path.getsize(local.replace("{000..008}", f"{s:03d}")) for s in range(9)]
-    limit = max(sum(sizes) // 3, 3 * max(sizes))
+    # What is read at once fits: the 2 batches built at once (2 slots) read
+    # 2 windows of 2 shards at most, and the fetch-ahead holds 1 more; so
+    # the least recently opened shard, the one evicted, is always of a
+    # window done with. Still a stream: the 9 shards are more.
+    limit = 6 * max(sizes)
+    assert sum(sizes) > limit
     ld, objects = stream_daemon(daemon, workdir, limit, max(sizes), "swin")
     proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
     try:
-        # 2 slots: the batches built at once read 2 windows at most (with 8,
-        # the workers read ahead of a 3-shard cache and lose shards to it)
         spec = dict(shuffle=True, shuffle_window=2, epochs=2, prefetch=2)
         ld.create(wds("local-win", local, **spec))
         want = ld.consume("local-win").dump
@@ -403,10 +407,11 @@ def test_stream_shuffle_window_fetches_each_shard_once(daemon, workdir, s3):
         got, _ = consume_bounded(ld, "remote-win", objects, limit)
         assert got.dump == want and len(want) == 2 * n * (20 * 20 * 3 + 8)
         # the create's GET of each shard to index it, then at most one an
-        # epoch: none where the first epoch found what the index left cached
+        # epoch: none where an epoch found it cached still; at least the
+        # shards the cache cannot hold are fetched again each epoch
         per_shard = [get_urls(proxy.heads).count(u) for u in sorted(set(indexed))]
-        assert all(c in (2, 3) for c in per_shard), per_shard
-        assert sum(per_shard) >= 3 * 9 - limit // min(sizes), (per_shard, limit, sizes)
+        assert all(1 <= c <= 3 for c in per_shard), per_shard
+        assert sum(per_shard) >= 9 + 2 * (9 - limit // min(sizes)), (per_shard, limit, sizes)
         ld.ctl("drop", "remote-win")
     finally:
         proxy.stop()
