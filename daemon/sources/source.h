@@ -197,6 +197,10 @@ const char *source_store_endpoint(const struct source *src);
 uint64_t source_fetch_wait_ns(const struct source *src);
 json_t *source_stream_json(const struct source *src);
 
+/* Status's store.ranged, ranged_gets, ranged_bytes of a source that reads
+ * its objects by range (source-private.h), NULL for any other. */
+json_t *source_ranged_json(const struct source *src);
+
 /*
  * The creator's object-store credentials, sent by its client with the
  * create and maybe handed afresh later (SetStore): kept in its spec
