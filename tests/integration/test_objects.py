@@ -1046,6 +1046,34 @@ def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
         p = ld.pipeline("r-out")
         assert (p["skipped"], p["store"]["parked_batches"]) == (0, 0), p
 
+        # the store refuses the keys while a pipeline reads: its batch waits
+        # for fresh ones (as a stream's, docs/storage.md), then goes on
+        create(ld, spec("r-keys", [url + "/shard-{000..002}.bin"]), env)
+        denied = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
+                  b"<Message>Access Denied.</Message></Error>")
+        proxy.add(*([("answer", 403, denied)] * 100000))
+        c = ld.popen_consume("r-keys")
+        ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == "r-keys"][0]["store"]
+                    ["parked_batches"] > 0, "a batch parked for the keys", timeout=60)
+        parked = ld.pipeline("r-keys")["store"]["parked"][0]
+        assert parked["why"] == "keys" and re.fullmatch(
+            re.escape(f"{url}/shard-00") + r"[0-2]\.bin: AccessDenied: Access Denied\. \(HTTP 403\)",
+            parked["error"]), parked
+        # the reader is told the store's words once, at the first batch
+        # (loaderctl exits on them): nothing was delivered
+        res = c.wait(timeout=120)
+        assert res.rc != 0 and f"{url}/shard-00" in res.stderr and \
+            ".bin: AccessDenied: Access Denied. (HTTP 403)" in res.stderr, res.describe()
+        while not proxy.faults.empty():
+            proxy.faults.get_nowait()
+        ld.ctl("credentials", "r-keys", env=env)
+        # a reader attached now reads it all, the parked batches built
+        # again with the same bytes
+        assert ld.consume("r-keys").dump == ld.consume("l-file").dump
+        p = ld.pipeline("r-keys")
+        assert (p["state"], p["store"]["parked_batches"], p["store"]["credentials_updates"]) == \
+            ("done", 0, 1), p
+
         # an object changed after the create: a read of it fails the
         # pipeline naming it (If-Match; tokens have no on_error: a token
         # source never skips a window)
