@@ -1082,6 +1082,7 @@ def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
         r = ld.consume("r-fail", check=False)
         assert r.rc != 0
         assert f"{url}/shard-001.bin: PreconditionFailed" in r.stderr, r.stderr
+        assert "the object changed since its ETag" in r.stderr, r.stderr
         p = ld.pipeline("r-fail")
         assert p["state"] == "failed" and f"{url}/shard-001.bin: PreconditionFailed" in p["error"], p
     finally:
