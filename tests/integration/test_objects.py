@@ -961,8 +961,10 @@ def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
     """A tokens corpus of more than cache_bytes is read by range: each
     window one ranged GET per file it touches, straight into the batch,
     nothing in the cache; two shuffled epochs byte for byte the same files
-    on disk, for boundaries file, none (windows across files: two GETs) and
-    document (the create's scan reads each object once, by range)."""
+    on disk, for boundaries file, none (windows across files: two GETs),
+    random_offset, document (the create's scan reads each object once, by
+    range) and packing (a GET per piece of a row). Then a store outage and
+    refused keys park batches, and a changed object fails naming it."""
     local = tokens_corpus(workdir, s3, "tok/rg")
     url = f"s3://{BUCKET}/tok/rg"
     sizes = [os.path.getsize(os.path.join(local, f"shard-{s:03d}.bin")) // 2 for s in range(3)]
@@ -985,6 +987,7 @@ def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
     all_gets = 0
     try:
         for what, src in (("file", {"boundaries": "file"}), ("none", {"boundaries": "none"}),
+                          ("rand", {"sampling": "random_offset", "samples_per_epoch": 40}),
                           ("doc", {"boundaries": "document", "eos": 0}),
                           ("pack", {"boundaries": "document", "eos": 0, "packing": {"seq_len": L}})):
             ld.create(spec(f"l-{what}", [local + "/shard-{000..002}.bin"], **src))
