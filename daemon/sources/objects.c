@@ -1560,7 +1560,9 @@ void source_close_read(const struct source *src, int fd, size_t hold)
 
 const char *source_store_endpoint(const struct source *src)
 {
-	return source_streams(src) && src->objs->endpoint[0] ? src->objs->endpoint : NULL;
+	/* streamed, or read by range: the reads wait on that store */
+	return src && src->objs && (src->objs->stream || src->objs->ranged) && src->objs->endpoint[0]
+		       ? src->objs->endpoint : NULL;
 }
 
 uint64_t source_fetch_wait_ns(const struct source *src)

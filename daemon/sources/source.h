@@ -186,7 +186,8 @@ json_t *source_object_cache_json(void);
  * (docs/storage.md): its fetch-ahead threads hold at most fetch_ahead bytes
  * (config key fetch_ahead; at most half of cache_bytes) of objects its
  * reads will need. source_set_fetch_ahead() at start (0: the default).
- * source_store_endpoint(): the store a streamed source reads (NULL: none);
+ * source_store_endpoint(): the store a streamed source, or one read by
+ * range, reads (NULL: none);
  * source_fetch_wait_ns(): the time its reads waited for objects so far;
  * source_stream_json(): its status (a pipeline's store.stream), NULL when
  * it does not stream.

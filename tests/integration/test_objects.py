@@ -1038,7 +1038,13 @@ def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
         c = ld.popen_consume("r-out")
         ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == "r-out"][0]["store"]
                     ["parked_batches"] > 0, "a batch parked for the store", timeout=60)
-        parked = ld.pipeline("r-out")["store"]["parked"][0]
+        p = ld.pipeline("r-out")
+        # limited_by names the store (its trainer waits: the batch is parked)
+        ld.wait_for(lambda st: "wait for the store" in [p for p in st["pipelines"] if p["name"] == "r-out"][0]
+                    ["stats"]["limited_why"], "limited_why naming the store", timeout=60)
+        assert f"batches wait for the store {proxy.endpoint}, which does not answer" in \
+            ld.pipeline("r-out")["stats"]["limited_why"]
+        parked = p["store"]["parked"][0]
         assert parked["why"] == "store" and re.fullmatch(
             re.escape(f"{url}/shard-00") + r"[0-2]\.bin: SlowDown: Please reduce your request rate\. "
             r"\(HTTP 503\); retried for 0\.3 s", parked["error"]), parked
