@@ -376,7 +376,8 @@ static const char *limited_by(const struct pipeline *pl, const char *state, doub
 	if (store_outage(pl) && source_store_endpoint(pl->src)) {
 		/* batches parked as the store did not answer (stream.c, job_park()) */
 		snprintf(why, len, "%" PRIu64 " batches wait for the store %s, which does not answer: "
-		         "tried again every 30 s at most (store.stream.parked)", store_outage(pl),
+		         "tried again every 30 s at most (store.stream.parked; store.parked when read "
+		         "by range)", store_outage(pl),
 		         source_store_endpoint(pl->src));
 		return "io";
 	}

@@ -180,6 +180,13 @@ static json_t *pipeline_json(struct pipeline *pl)
 			parked_json(pl, stream);
 			json_object_set_new(store, "stream", stream);
 		}
+		/* read by range (objects.c): its GETs, and batches an outage parked */
+		json_t *ranged = store && pl->src ? source_ranged_json(pl->src) : NULL;
+		if (ranged) {
+			json_object_update(store, ranged);
+			json_decref(ranged);
+			parked_json(pl, store);
+		}
 		json_object_set_new(o, "store", store ? store : json_null());
 	}
 	/* a reload removed it ("draining") or made a successor ("replaced") */

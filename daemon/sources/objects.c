@@ -16,6 +16,11 @@
  * fetching and holding what the next batches need within fetch_ahead.
  * At create, such a source's index reads every object once, in order:
  * FETCH_THREADS threads fetch them ahead of it, within fetch_ahead too.
+ *
+ * A kind that reads a part of an object per sample (tokens) reads objects
+ * more than the cache holds by range instead (source_range_urls()): each
+ * read a ranged GET (If-Match on the create's ETag) straight into the
+ * sample, nothing kept on disk.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -143,7 +148,17 @@ struct source_objects {
 	struct source_objects *next_stream; /* in streams */
 	_Atomic uint64_t wait_ns, waits, reads_ahead;
 	struct index_ahead ix;       /* at create (under lock, but t and nt) */
+	/* read by range (source_range_urls()): no object in the cache */
+	bool ranged;
+	_Atomic uint64_t ranged_gets, ranged_bytes;
 };
+
+/* Why this thread's last object read failed (source.h): 0, or a
+ * SOURCE_READ_* of the store. */
+static _Thread_local int read_why;
+
+/* Ranged reads of every source, since the start (/metrics). */
+static _Atomic uint64_t all_ranged_gets, all_ranged_bytes;
 
 static void index_ahead_start(struct source_objects *o, struct obj **objs, size_t n);
 static void index_ahead_end(struct source_objects *o);
@@ -672,8 +687,10 @@ static int batch_run(struct batch *b, char *err, size_t errlen)
 	return 0;
 }
 
-static int fetch_urls(struct source *src, char *const *paths, size_t n, bool can_stream, char *err,
-		      size_t errlen)
+/* How fetch_urls() takes objects more than the cache holds. */
+enum { FIT_ONLY, FIT_OR_STREAM, FIT_OR_RANGE };
+
+static int fetch_urls(struct source *src, char *const *paths, size_t n, int mode, char *err, size_t errlen)
 {
 	struct source_objects *o = src->objs;
 	struct batch b = { .o = o, .lock = PTHREAD_MUTEX_INITIALIZER };
@@ -720,7 +737,12 @@ static int fetch_urls(struct source *src, char *const *paths, size_t n, bool can
 	for (size_t i = 0; r == 0 && i < b.n; i++)
 		total += b.objs[i]->head.size;
 	max = objcache_max_bytes();
-	if (r == 0 && b.n && max && total > max && can_stream) {
+	if (r == 0 && b.n && max && total > max && mode == FIT_OR_RANGE) {
+		/* read by range (source_read_range()): nothing fetched now */
+		o->ranged = true;
+		b.n = 0;
+	}
+	if (r == 0 && b.n && max && total > max && mode == FIT_OR_STREAM) {
 		/* read as a stream: fetched while it runs (source_open_read()),
 		 * and now ahead of the index */
 		o->stream = true;
@@ -729,7 +751,8 @@ static int fetch_urls(struct source *src, char *const *paths, size_t n, bool can
 	}
 	if (r == 0 && b.n && max && total > max)
 		r = errfmt(-EFBIG, err, errlen, "%s%s: %zu objects of %" PRIu64 " bytes in all, more than the "
-			   "object cache's cache_bytes %" PRIu64 " (only webdataset shards are read as a stream)",
+			   "object cache's cache_bytes %" PRIu64 " (only webdataset shards are read as a stream, "
+			   "and token files by range)",
 			   b.objs[0]->url, b.n > 1 ? " ..." : "", b.n, total, max);
 	b.fetch = true;
 	atomic_store(&b.failed, 0);
@@ -745,13 +768,82 @@ static int fetch_urls(struct source *src, char *const *paths, size_t n, bool can
 
 int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen)
 {
-	return fetch_urls(src, paths, n, false, err, errlen);
+	return fetch_urls(src, paths, n, FIT_ONLY, err, errlen);
+}
+
+int source_range_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen)
+{
+	return fetch_urls(src, paths, n, FIT_OR_RANGE, err, errlen);
+}
+
+bool source_ranged(const struct source *src, const char *path)
+{
+	return src && src->objs && src->objs->ranged && source_is_url(path);
+}
+
+int source_object_size(const struct source *src, const char *url, uint64_t *size, char *err, size_t errlen)
+{
+	struct source_objects *o = src->objs;
+	struct obj *ob;
+
+	pthread_mutex_lock(&o->lock);
+	ob = objects_find(o, url, false);
+	if (ob)
+		*size = ob->head.size;
+	pthread_mutex_unlock(&o->lock);
+	return ob ? 0 : errfmt(-ENOENT, err, errlen, "%s: not an object of this source", url);
+}
+
+int source_read_range(const struct source *src, const char *url, uint64_t off, size_t len, void *buf, char *err,
+		      size_t errlen)
+{
+	struct source_objects *o = src->objs;
+	struct keyed_store *ks = NULL;
+	char etag[sizeof(((struct store_object *)0)->etag)];
+	struct obj *ob;
+	int r;
+
+	read_why = 0;
+	pthread_mutex_lock(&o->lock);
+	ob = objects_find(o, url, false);
+	if (!ob)
+		r = errfmt(-ENOENT, err, errlen, "%s: not an object of this source", url);
+	else if ((r = objects_get(o, &ks, err, errlen)) == 0)
+		memcpy(etag, ob->head.etag, sizeof(etag));
+	pthread_mutex_unlock(&o->lock);
+	if (r < 0)
+		return r;
+	store_transport_clear();
+	/* If-Match the create's ETag: a changed object is -ESTALE, naming it */
+	r = store_get_range(ks->st, url, etag, off, len, buf, err, errlen);
+	if (r < 0) {
+		objects_error(o, ks, r, err, errlen);
+		/* neither the data's fault: the batch waits (source.h) */
+		read_why = r == -EACCES ? SOURCE_READ_KEYS : store_transport_failed() ? SOURCE_READ_STORE : 0;
+	} else {
+		atomic_fetch_add(&o->ranged_gets, 1);
+		atomic_fetch_add(&o->ranged_bytes, len);
+		atomic_fetch_add(&all_ranged_gets, 1);
+		atomic_fetch_add(&all_ranged_bytes, len);
+	}
+	objects_put(o, ks);
+	return r;
+}
+
+json_t *source_ranged_json(const struct source *src)
+{
+	struct source_objects *o = src ? src->objs : NULL;
+
+	if (!o || !o->ranged)
+		return NULL;
+	return json_pack("{s:b, s:I, s:I}", "ranged", 1, "ranged_gets", (json_int_t)atomic_load(&o->ranged_gets),
+			 "ranged_bytes", (json_int_t)atomic_load(&o->ranged_bytes));
 }
 
 int source_stream_urls(struct source *src, char *const *paths, size_t n, const char *(*object_of)(void *arg,
 		       uint64_t idx), void *arg, char *err, size_t errlen)
 {
-	int r = fetch_urls(src, paths, n, true, err, errlen);
+	int r = fetch_urls(src, paths, n, FIT_OR_STREAM, err, errlen);
 
 	if (r == 0 && src->objs && src->objs->stream) {
 		src->objs->object_of = object_of;
@@ -1379,9 +1471,6 @@ static int open_waiting(struct source_objects *o, size_t at, int *fd, struct obj
 	}
 }
 
-/* Why this thread's last object read failed (source.h): 0, or a
- * SOURCE_READ_* of the store. */
-static _Thread_local int read_why;
 
 int source_read_why(void)
 {
@@ -1486,7 +1575,9 @@ void source_close_read(const struct source *src, int fd, size_t hold)
 
 const char *source_store_endpoint(const struct source *src)
 {
-	return source_streams(src) && src->objs->endpoint[0] ? src->objs->endpoint : NULL;
+	/* streamed, or read by range: the reads wait on that store */
+	return src && src->objs && (src->objs->stream || src->objs->ranged) && src->objs->endpoint[0]
+		       ? src->objs->endpoint : NULL;
 }
 
 uint64_t source_fetch_wait_ns(const struct source *src)
@@ -1544,5 +1635,7 @@ json_t *source_object_cache_json(void)
 			 (json_int_t)s.fetching_bytes, "fetch_ahead", (json_int_t)ahead_bound(),
 			 "checksum_mismatches", (json_int_t)s.checksum_mismatches);
 	json_object_set_new(j, "store_endpoints", source_store_endpoints_json());
+	json_object_set_new(j, "ranged_gets", json_integer((json_int_t)atomic_load(&all_ranged_gets)));
+	json_object_set_new(j, "ranged_bytes", json_integer((json_int_t)atomic_load(&all_ranged_bytes)));
 	return j;
 }

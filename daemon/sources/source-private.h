@@ -120,6 +120,23 @@ void source_close_read(const struct source *src, int fd, size_t hold);
  * index reading them in the order given: once it is built (or failed),
  * source_index_ahead_end() stops that and gives back what it held. */
 void source_index_ahead_end(const struct source *src);
+/*
+ * A kind that reads a part of an object per sample (tokens) and can read
+ * it by range: source_range_urls() is source_fetch_urls(), but objects
+ * more than cache_bytes in all are not fetched: HEADed only (sizes, ETags,
+ * the creator's keys checked) and read by range (docs/storage.md, "Read by
+ * range"). source_ranged(): @path is so read (no fd to open);
+ * source_object_size(): its size from the create's HEAD;
+ * source_read_range(): @len bytes from @off into @buf, one ranged GET
+ * If-Match the create's ETag (a changed object: -ESTALE naming it); a
+ * refusal or an outage marks the thread as a streamed read does
+ * (source_read_why()).
+ */
+int source_range_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen);
+bool source_ranged(const struct source *src, const char *path);
+int source_object_size(const struct source *src, const char *url, uint64_t *size, char *err, size_t errlen);
+int source_read_range(const struct source *src, const char *url, uint64_t off, size_t len, void *buf, char *err,
+		      size_t errlen);
 /* Every key under s3://bucket/prefix (store_list(), as the creator). */
 int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
 		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen);

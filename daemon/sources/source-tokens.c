@@ -6,7 +6,9 @@
  * file-name globs, expanded at open in the order written, globs sorted),
  * local paths or objects in a store (s3://, https://: fetched whole into
  * the node's object cache at open, as the creator, then read there; a glob
- * over s3:// lists the keys, objects.c).
+ * over s3:// lists the keys, objects.c). Objects more than the cache holds
+ * are HEADed only, and each read of one is a ranged GET into the sample
+ * (a window across two files two of them).
  * Its files are one sequence of tokens cut into segments that no window of
  * L+1 tokens crosses: each file (boundaries "file"), each document (an eos
  * token or a file's end ends one) or the whole corpus ("none"). Sample i is
@@ -46,6 +48,7 @@
 struct tok_file {
 	char *path;
 	_Atomic int fd;               /* -1: not open (yet, or past TOKEN_FDS_MAX) */
+	bool ranged;                  /* an object read by range: never opened */
 	uint64_t ntokens;
 	uint64_t first;               /* its first token's place in the corpus */
 };
@@ -416,7 +419,9 @@ static int scan_documents(struct tokens_source *src, const struct tok_file *f, i
 	for (uint64_t at = 0; at < f->ntokens && r == 0; at += per) {
 		size_t n = f->ntokens - at < per ? (size_t)(f->ntokens - at) : per;
 
-		r = source_read_full(fd, f->path, buf, n * src->elem, at * src->elem, err, errlen);
+		r = f->ranged ? source_read_range(&src->base, f->path, at * src->elem, n * src->elem, buf, err,
+						  errlen)
+			      : source_read_full(fd, f->path, buf, n * src->elem, at * src->elem, err, errlen);
 		for (size_t j = 0; r == 0 && (j = find_eos(src, buf, j, n)) < n; j++) {
 			r = seg_end(src, start, f->first + at + j + 1);
 			start = f->first + at + j + 1;
@@ -577,11 +582,20 @@ static int add_file(struct tokens_source *src, const char *path, char *err, size
 	if (!f->path)
 		return -ENOMEM;
 	src->nfiles++;
-	fd = source_open_path(&src->base, path, &st, err, errlen);
-	if (fd < 0)
+	f->ranged = source_ranged(&src->base, path);
+	if (f->ranged) {
+		uint64_t size;
+
+		fd = -1;
+		if ((r = source_object_size(&src->base, path, &size, err, errlen)) < 0)
+			return r;
+		st.st_size = (off_t)size;
+	} else if ((fd = source_open_path(&src->base, path, &st, err, errlen)) < 0) {
 		return fd;
+	}
 	if ((uint64_t)st.st_size % src->elem) {
-		close(fd);
+		if (fd >= 0)
+			close(fd);
 		return errfmt(-EINVAL, err, errlen,
 			      "%s: size %llu is not a multiple of %zu bytes (%s tokens)", path,
 			      (unsigned long long)st.st_size, src->elem, dtype_name(src->dtype));
@@ -593,10 +607,10 @@ static int add_file(struct tokens_source *src, const char *path, char *err, size
 		r = scan_documents(src, f, fd, err, errlen);
 	else if (src->boundaries == TOKENS_BOUNDARIES_FILE)
 		r = seg_end(src, f->first, f->first + f->ntokens);
-	if (r == 0 && src->nfiles <= TOKEN_FDS_MAX) {
+	if (r == 0 && fd >= 0 && src->nfiles <= TOKEN_FDS_MAX) {
 		f->fd = fd;
 		src->nfds++;
-	} else {
+	} else if (fd >= 0) {
 		close(fd);
 	}
 	return r;
@@ -766,7 +780,8 @@ static int expand_paths(struct tokens_source *src, struct names *nm, char *const
 }
 
 /* The corpus's files: named, the objects among them fetched into the
- * node's cache (several at once, as the creator), then each opened. */
+ * node's cache (several at once, as the creator), or when more than it
+ * holds HEADed only (read by range), then each opened. */
 static int add_paths(struct tokens_source *src, const struct spec *spec, char *err, size_t errlen)
 {
 	struct names nm = { .what = src->what };
@@ -775,7 +790,7 @@ static int add_paths(struct tokens_source *src, const struct spec *spec, char *e
 				    : 0;
 
 	if (r == 0)
-		r = source_fetch_urls(&src->base, spec->source.npaths ? nm.v : &one,
+		r = source_range_urls(&src->base, spec->source.npaths ? nm.v : &one,
 				      spec->source.npaths ? nm.n : 1, err, errlen);
 	for (size_t i = 0; r == 0 && i < (spec->source.npaths ? nm.n : 1); i++)
 		r = add_file(src, spec->source.npaths ? nm.v[i] : one, err, errlen);
@@ -988,6 +1003,17 @@ static int read_tokens(struct tokens_source *src, uint64_t at, size_t n, unsigne
 		if (off >= file->ntokens)
 			continue;
 		k = file->ntokens - off < n ? (size_t)(file->ntokens - off) : n;
+		if (file->ranged) {
+			/* one ranged GET per file the window touches */
+			r = source_read_range(&src->base, file->path, off * src->elem, k * src->elem, buf, err,
+					      errlen);
+			if (r < 0)
+				return r;
+			buf += k * src->elem;
+			at += k;
+			n -= k;
+			continue;
+		}
 		fd = file_fd(src, file, &own, err, errlen);
 		if (fd < 0)
 			return fd;

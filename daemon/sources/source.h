@@ -189,7 +189,8 @@ json_t *source_object_cache_json(void);
  * (docs/storage.md): its fetch-ahead threads hold at most fetch_ahead bytes
  * (config key fetch_ahead; at most half of cache_bytes) of objects its
  * reads will need. source_set_fetch_ahead() at start (0: the default).
- * source_store_endpoint(): the store a streamed source reads (NULL: none);
+ * source_store_endpoint(): the store a streamed source, or one read by
+ * range, reads (NULL: none);
  * source_fetch_wait_ns(): the time its reads waited for objects so far;
  * source_stream_json(): its status (a pipeline's store.stream), NULL when
  * it does not stream.
@@ -199,6 +200,10 @@ void source_set_fetch_ahead(uint64_t bytes);
 const char *source_store_endpoint(const struct source *src);
 uint64_t source_fetch_wait_ns(const struct source *src);
 json_t *source_stream_json(const struct source *src);
+
+/* Status's store.ranged, ranged_gets, ranged_bytes of a source that reads
+ * its objects by range (source-private.h), NULL for any other. */
+json_t *source_ranged_json(const struct source *src);
 
 /*
  * The creator's object-store credentials, sent by its client with the

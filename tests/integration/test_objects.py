@@ -240,8 +240,8 @@ def test_missing_object_and_no_credentials(daemon, workdir, s3):
 
 
 def test_larger_than_cache(daemon, workdir, s3):
-    """Only webdataset shards are read as a stream: other kinds' objects
-    must fit the cache."""
+    """Only webdataset shards are read as a stream, and token files by
+    range: other kinds' objects (npy here) must fit the cache."""
     rng = np.random.default_rng(8)
     paths = []
     for i in range(3):
@@ -256,7 +256,8 @@ def test_larger_than_cache(daemon, workdir, s3):
                aws_env(s3.endpoint), check=False)
     assert r.returncode != 0
     assert (f"s3://{BUCKET}/npy/big0.npy ...: 3 objects of {total} bytes in all, more than the object "
-            f"cache's cache_bytes {total - 1} (only webdataset shards are read as a stream)") in r.stderr, r.stderr
+            f"cache's cache_bytes {total - 1} (only webdataset shards are read as a stream, and token files "
+            "by range)") in r.stderr, r.stderr
 
 
 def stream_daemon(daemon, workdir, cache_bytes, fetch_ahead, name):
@@ -1018,3 +1019,153 @@ def test_blend_of_local_and_s3_parts(daemon, workdir, s3, users):
     assert r.stderr == (f"loaderctl: create: source.sources[1]: {remote}bl1.bin: AccessDenied: "
                         "Access Denied. (HTTP 403)\n"), r.stderr
     assert ld.status()["object_cache"]["hits"] == hits
+
+
+def ranged_daemon(daemon, workdir, cache_bytes, name):
+    cache = os.path.join(workdir, name)
+    cfg = os.path.join(workdir, name + ".json")
+    msock = os.path.join(workdir, name + "-metrics.sock")
+    with open(cfg, "w") as f:
+        json.dump({"cache_bytes": cache_bytes, "store_retry_seconds": 0.3, "metrics_address": msock}, f)
+    return daemon("--cache-dir", cache, "--config", cfg), os.path.join(cache, "objects"), msock
+
+
+def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
+    """A tokens corpus of more than cache_bytes is read by range: each
+    window one ranged GET per file it touches, straight into the batch,
+    nothing in the cache; two shuffled epochs byte for byte the same files
+    on disk, for boundaries file, none (windows across files: two GETs),
+    random_offset, document (the create's scan reads each object once, by
+    range) and packing (a GET per piece of a row). Then a store outage and
+    refused keys park batches, and a changed object fails naming it."""
+    local = tokens_corpus(workdir, s3, "tok/rg")
+    url = f"s3://{BUCKET}/tok/rg"
+    sizes = [os.path.getsize(os.path.join(local, f"shard-{s:03d}.bin")) // 2 for s in range(3)]
+    total = 2 * sum(sizes)
+    ld, objects, msock = ranged_daemon(daemon, workdir, total - 1, "ranged")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    env = aws_env(proxy.endpoint)
+    L = 12
+    firsts = [sum(sizes[:i]) for i in range(3)]
+
+    def spec(name, paths, **src):
+        src = dict({"kind": "tokens", "paths": paths, "dtype": "uint16"}, **src)
+        if "packing" not in src:
+            src["seq_len"] = L
+        return {"name": name, "batch_size": 3, "shuffle": True, "seed": 5, "epochs": 2, "source": src}
+
+    def files_touched(start):  # files the window [start, start + L + 1) reads
+        return sum(1 for f, n in zip(firsts, sizes) if f < start + L + 1 and start < f + n)
+
+    all_gets = 0
+    try:
+        for what, src in (("file", {"boundaries": "file"}), ("none", {"boundaries": "none"}),
+                          ("rand", {"sampling": "random_offset", "samples_per_epoch": 40}),
+                          ("doc", {"boundaries": "document", "eos": 0}),
+                          ("pack", {"boundaries": "document", "eos": 0, "packing": {"seq_len": L}})):
+            ld.create(spec(f"l-{what}", [local + "/shard-{000..002}.bin"], **src))
+            want = ld.consume(f"l-{what}").dump
+            # a sample: input and target (int64); packed rows add position_ids
+            # (int64), cu_seqlens (int32, L + 1) and loss_mask (float32)
+            per_sample = 2 * L * 8 + (L * 8 + (L + 1) * 4 + L * 4 if what == "pack" else 0)
+            per_epoch = len(want) // (2 * per_sample)
+            assert per_epoch and len(want) == 2 * per_epoch * per_sample
+            n0, g0 = len(proxy.heads), gets(proxy)
+            create(ld, spec(f"r-{what}", [url + "/shard-{000..002}.bin"], **src), env)
+            heads = proxy.heads[n0:]
+            # a HEAD of each object; the scan of documents reads each once
+            assert sum(1 for h in heads if h.startswith(b"HEAD ")) == 3, heads
+            create_gets = 3 if what in ("doc", "pack") else 0
+            assert gets(proxy) - g0 == create_gets, heads
+            got = ld.consume(f"r-{what}")
+            assert got.dump == want, what
+            pl = ld.pipeline(f"r-{what}")
+            if what == "none":
+                ranges = sum(files_touched(i * L) for i in range(per_epoch))
+                assert ranges > per_epoch  # some windows cross a file's end
+            elif what == "pack":
+                ranges = pl["packing"]["pieces"]  # each piece of a row: one range
+                assert ranges > per_epoch
+            else:
+                ranges = per_epoch
+            assert gets(proxy) - g0 - create_gets == 2 * ranges, what
+            all_gets += create_gets + 2 * ranges
+            store = pl["store"]
+            assert (store["ranged"], store["ranged_gets"]) == (True, create_gets + 2 * ranges), store
+            tokens = pl["packing"]["tokens"] if what == "pack" else per_epoch * (L + 1)
+            read = 2 * tokens * 2 + (total if create_gets else 0)
+            assert store["ranged_bytes"] == read, store
+            assert store["parked_batches"] == 0 and "stream" not in store, store
+        # nothing fetched into the cache, nothing on its disk
+        oc = ld.status()["object_cache"]
+        assert (oc["objects"], oc["misses"], oc["bytes_fetched"], oc["ranged_gets"]) == (0, 0, 0, all_gets), oc
+        assert cached_bytes(objects) == 0
+        from test_metrics import get_unix, parse
+        fams = parse(get_unix(msock)[2])
+        assert [s.value for s in fams["loaderd_object_store_ranged_gets"].samples] == [all_gets]
+
+        # the store does not answer (503s past store_retry_seconds): the
+        # batches wait, shown in status, then are built once it answers
+        create(ld, spec("r-out", [url + "/shard-{000..002}.bin"]), env)
+        proxy.add(*(["503"] * 100000))
+        c = ld.popen_consume("r-out")
+        ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == "r-out"][0]["store"]
+                    ["parked_batches"] > 0, "a batch parked for the store", timeout=60)
+        p = ld.pipeline("r-out")
+        # limited_by names the store (its trainer waits: the batch is parked)
+        ld.wait_for(lambda st: "wait for the store" in [p for p in st["pipelines"] if p["name"] == "r-out"][0]
+                    ["stats"]["limited_why"], "limited_why naming the store", timeout=60)
+        assert f"batches wait for the store {proxy.endpoint}, which does not answer" in \
+            ld.pipeline("r-out")["stats"]["limited_why"]
+        parked = p["store"]["parked"][0]
+        assert parked["why"] == "store" and re.fullmatch(
+            re.escape(f"{url}/shard-00") + r"[0-2]\.bin: SlowDown: Please reduce your request rate\. "
+            r"\(HTTP 503\); retried for 0\.3 s", parked["error"]), parked
+        while not proxy.faults.empty():
+            proxy.faults.get_nowait()
+        res = c.wait(timeout=120)
+        assert res.rc == 0 and res.dump == ld.consume("l-file").dump, res.describe()
+        p = ld.pipeline("r-out")
+        assert (p["skipped"], p["store"]["parked_batches"]) == (0, 0), p
+
+        # the store refuses the keys while a pipeline reads: its batch waits
+        # for fresh ones (as a stream's, docs/storage.md), then goes on
+        create(ld, spec("r-keys", [url + "/shard-{000..002}.bin"]), env)
+        denied = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
+                  b"<Message>Access Denied.</Message></Error>")
+        proxy.add(*([("answer", 403, denied)] * 100000))
+        c = ld.popen_consume("r-keys")
+        ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == "r-keys"][0]["store"]
+                    ["parked_batches"] > 0, "a batch parked for the keys", timeout=60)
+        parked = ld.pipeline("r-keys")["store"]["parked"][0]
+        assert parked["why"] == "keys" and re.fullmatch(
+            re.escape(f"{url}/shard-00") + r"[0-2]\.bin: AccessDenied: Access Denied\. \(HTTP 403\)",
+            parked["error"]), parked
+        # the reader is told the store's words once, at the first batch
+        # (loaderctl exits on them): nothing was delivered
+        res = c.wait(timeout=120)
+        assert res.rc != 0 and f"{url}/shard-00" in res.stderr and \
+            ".bin: AccessDenied: Access Denied. (HTTP 403)" in res.stderr, res.describe()
+        while not proxy.faults.empty():
+            proxy.faults.get_nowait()
+        ld.ctl("credentials", "r-keys", env=env)
+        # a reader attached now reads it all, the parked batches built
+        # again with the same bytes
+        assert ld.consume("r-keys").dump == ld.consume("l-file").dump
+        p = ld.pipeline("r-keys")
+        assert (p["state"], p["store"]["parked_batches"], p["store"]["credentials_updates"]) == \
+            ("done", 0, 1), p
+
+        # an object changed after the create: a read of it fails the
+        # pipeline naming it (If-Match; tokens have no on_error: a token
+        # source never skips a window)
+        create(ld, spec("r-fail", [url + "/shard-{000..002}.bin"]), env)
+        s3.client("alice").put(BUCKET, "tok/rg/shard-001.bin", np.arange(sizes[1], dtype=np.uint16).tobytes())
+        r = ld.consume("r-fail", check=False)
+        assert r.rc != 0
+        assert f"{url}/shard-001.bin: PreconditionFailed" in r.stderr, r.stderr
+        assert "the object changed since its ETag" in r.stderr, r.stderr
+        p = ld.pipeline("r-fail")
+        assert p["state"] == "failed" and f"{url}/shard-001.bin: PreconditionFailed" in p["error"], p
+    finally:
+        proxy.stop()
