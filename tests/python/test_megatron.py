@@ -138,6 +138,19 @@ def index_state(client, name):
     return client.pipeline(name)["cache"]
 
 
+def test_megatron_subset_shorter_than_a_sample(mld, workdir):
+    """A subset of fewer tokens than a sample (--split 969,30,1's test share
+    of one short document): with num_samples, megatron reads it for as many
+    epochs as the samples need, the samples spanning its repeats; without,
+    one epoch holds no sample (the error at create, test_megatron_bad_keys)."""
+    p = small_pair(workdir)
+    tok = Tok(14, 0, 15)
+    ds = megatron_splits(p, workdir, 100, 6, "1", [3, None, None], tok)[0]
+    assert len(ds.document_index) > len(ds.indices)  # 95 tokens, read 4 times
+    src = {"prefix": p, "seq_len": 100, "seed": 6, "num_samples": 3, "pad": 15, "eod": 0}
+    assert_same(ds, loaderd_samples(mld, "short", src))
+
+
 def test_megatron_index_built_once(mld, workdir):
     """8 creates of one pipeline at once and 2 more pipelines of other names
     over the same corpus and parameters: one build, one cache file (0600),

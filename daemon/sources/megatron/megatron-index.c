@@ -162,7 +162,10 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 	memset(ix, 0, sizeof(*ix));
 	for (uint64_t i = p->beg; i < p->end; i++)
 		tpe += (uint64_t)lengths[i];
-	if (tpe < (uint64_t)p->seq_len + (uint64_t)p->extra || p->seq_len < 2)
+	/* With num_samples, megatron takes as many epochs as make one sample
+	 * (a subset shorter than a sample, read over and over); without, one. */
+	if (p->seq_len < 2 || tpe == 0 ||
+	    (!p->num_samples && tpe < (uint64_t)p->seq_len + (uint64_t)p->extra))
 		return errfmt(-EINVAL, err, errlen, "%s: the subset's %llu tokens are too few for "
 			      "one sample of %u", what, (unsigned long long)tpe,
 			      p->seq_len + (unsigned)p->extra);
