@@ -12,6 +12,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +30,10 @@ struct sum {
 const char *sum_name(enum sum_kind kind);
 /* The same for a message: "CRC32", "CRC32C", "SHA-256", "MD5". */
 const char *sum_label(enum sum_kind kind);
+/* Whether @a costs less CPU a byte than @b (SUM_NONE costs the most: any
+ * sum is cheaper than none given). CRC32C, CRC32, MD5, SHA-256: store.c
+ * computes only the cheapest sum an answer gives. */
+bool sum_cheaper(enum sum_kind a, enum sum_kind b);
 void sum_init(struct sum *s, enum sum_kind kind);
 void sum_update(struct sum *s, const void *data, size_t len);
 /* The digest in base64, as the header carries it, into @out (at least 45

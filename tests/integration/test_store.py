@@ -334,6 +334,46 @@ def test_checksum_header_is_checked(s3, proxy, kind):
     assert proxy.requests == requests + 1
 
 
+@pytest.mark.parametrize("kind,checked", [("crc32c", "crc32c"), ("crc32", "crc32"), ("sha256", "md5")])
+def test_only_the_cheapest_sum_is_computed(s3, proxy, kind, checked):
+    """One verified sum of the whole body is the guarantee: of an ETag's MD5
+    and an x-amz-checksum-KIND, only the cheaper is computed. The proxy
+    replaces the ETag with a wrong MD5: behind a CRC the fetch still
+    succeeds (the MD5 was not computed) and a flipped byte is still caught
+    by the CRC; behind SHA-256 (slower than MD5) and without a sum, the MD5
+    is what is checked, and the wrong ETag fails the fetch."""
+    label, fn = SUMS[kind]
+    body = random.Random("cheap" + kind).randbytes(20000)
+    want = base64.b64encode(fn(body)).decode()
+    alice = s3.client("alice")
+    status, h, _ = alice.request("PUT", "alice-data", f"cheap/{kind}.bin", body,
+                                 headers={f"x-amz-checksum-{kind}": want})
+    assert status == 200 and h[f"x-amz-checksum-{kind}"] == want
+    etag = h["etag"]
+    assert etag == f'"{hashlib.md5(body).hexdigest()}"'
+    u, plain = url(f"cheap/{kind}.bin"), url("cheap/plain.bin")
+    alice.put("alice-data", "cheap/plain.bin", body)
+    wrong = '"' + hashlib.md5(b"not these bytes").hexdigest() + '"'
+    proxy.etag = wrong
+    md5_msg = (f"the body's MD5 {hashlib.md5(body).hexdigest()} does not match its ETag {wrong} "
+               f"(20000 bytes); retried for 0.3 s")
+    # no sum beside the ETag: the MD5 is checked, and the wrong ETag caught
+    assert failed(tool(env_for(proxy.endpoint), "get", plain, retry=0.3)) == f"{plain}: {md5_msg}"
+    requests = proxy.requests
+    r = tool(env_for(proxy.endpoint), "get", u, retry=0.3)
+    if checked == "md5":
+        assert failed(r) == f"{u}: {md5_msg}"
+        return
+    assert ok(r) == body and proxy.requests == requests + 1
+    # the CRC is computed: a flipped byte is caught by it, named in the message
+    proxy.flip = -1
+    got = base64.b64encode(fn(FaultProxy.flip_body(body))).decode()
+    assert failed(tool(env_for(proxy.endpoint), "get", u, retry=0.3)) == (
+        f"{u}: the body's {label} {got} does not match its x-amz-checksum-{kind} {want} (20000 bytes); "
+        f"retried for 0.3 s")
+    assert proxy.flipped == proxy.requests - requests - 1 >= 2
+
+
 def test_object_changed_between_head_and_get(s3):
     alice = s3.client("alice")
     first = b"first version" * 100
