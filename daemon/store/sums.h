@@ -35,6 +35,14 @@ const char *sum_label(enum sum_kind kind);
  * computes only the cheapest sum an answer gives. */
 bool sum_cheaper(enum sum_kind a, enum sum_kind b);
 void sum_init(struct sum *s, enum sum_kind kind);
+/* For the tests and bench/sums-speed: the CRC32 or CRC32C register (not
+ * inverted: 0xFFFFFFFF at the start, the CRC is its complement) after
+ * @len bytes at @p from @reg. sum_crc() is what sum_update() uses (the
+ * fastest this CPU has: sum_crc_impl() names it, "sse4.2", "zlib" or
+ * "table"), sum_crc_portable() the tables every CPU runs. */
+uint32_t sum_crc(enum sum_kind kind, uint32_t reg, const void *p, size_t len);
+uint32_t sum_crc_portable(enum sum_kind kind, uint32_t reg, const void *p, size_t len);
+const char *sum_crc_impl(enum sum_kind kind);
 void sum_update(struct sum *s, const void *data, size_t len);
 /* The digest in base64, as the header carries it, into @out (at least 45
  * bytes). Once: the sum is done. */
