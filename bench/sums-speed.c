@@ -2,7 +2,7 @@
 /* sums-speed - MB/s of the sums daemon/store/sums.c checks a fetched body
  * with (docs/benchmarks.md, "Checksums"): CRC32C (the SSE4.2 instruction
  * where the CPU has it, and the portable tables), CRC32 (zlib's, and the
- * tables), MD5 and SHA-256, over one buffer of random bytes, the best of
+ * tables), CRC64NVME (tables), MD5 and SHA-256, over one buffer of random bytes, the best of
  * five runs each (one core).
  *
  *   sums-speed [MIB]      the buffer's size, 64 MiB by default
@@ -68,6 +68,7 @@ int main(int argc, char **argv)
 	run("crc32c (table)", SUM_CRC32C, 2, buf, len);
 	run(crc32_name, SUM_CRC32, 1, buf, len);
 	run("crc32 (table)", SUM_CRC32, 2, buf, len);
+	run("crc64nvme (table)", SUM_CRC64NVME, 0, buf, len);
 	run("md5", SUM_MD5, 0, buf, len);
 	run("sha256", SUM_SHA256, 0, buf, len);
 	free(buf);

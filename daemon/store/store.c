@@ -28,7 +28,7 @@
  * its bytes that the answer gives: when an S3 store's ETag is a plain MD5
  * (32 hex digits: one PUT, not a multipart upload, not SSE-KMS or SSE-C),
  * the MD5 of the bytes; when the answer carries an x-amz-checksum-crc32,
- * -crc32c or -sha256 of the whole object (asked for with
+ * -crc32c, -crc64nvme or -sha256 of the whole object (asked for with
  * x-amz-checksum-mode: ENABLED; a multipart upload's composite sum,
  * "SUM-PARTS", is no sum of the bytes), that one. Where it gives several,
  * only the cheapest is computed (a CRC, then the MD5, then SHA-256): one
@@ -433,7 +433,7 @@ static bool etag_is_md5(const char *etag)
 /* An x-amz-checksum-KIND header (@line after its "x-amz-checksum-"). */
 static void sum_header(struct req *r, const char *line, size_t len)
 {
-	static const enum sum_kind kinds[] = { SUM_CRC32C, SUM_CRC32, SUM_SHA256 };
+	static const enum sum_kind kinds[] = { SUM_CRC32C, SUM_CRC32, SUM_CRC64NVME, SUM_SHA256 };
 	const char *colon = memchr(line, ':', len), *v;
 	size_t vl;
 

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* sums - MD5 (RFC 1321), CRC32, CRC32C and SHA-256 (FIPS 180-4) of a body
+/* sums - MD5 (RFC 1321), CRC32, CRC32C, CRC64NVME and SHA-256 (FIPS 180-4) of a body
  * as it streams in (see sums.h). CRC32C runs on SSE4.2's crc32 instruction
  * where the CPU has it (chosen at run time: the build assumes no
  * instruction set), CRC32 on zlib's crc32_z (braided, 4.4 GB/s here: 7
  * times MD5, PCLMULQDQ folding would not change what a fetch costs); the
- * portable CRCs are sliced by 8 (eight tables, eight bytes a step). A body
+ * portable CRCs, and CRC64NVME's, are sliced by 8 (eight tables, eight
+ * bytes a step). A body
  * is summed only when its store gave the sum, and with one sum only
  * (store.c). Speeds: bench/sums-speed, docs/benchmarks.md "Checksums". */
 #include <pthread.h>
@@ -18,16 +19,29 @@
 
 #include "sums.h"
 
-/* [0]: the byte-wise table of the (reflected) polynomial; [k]: a byte's
- * CRC followed by k zero bytes */
+/* the tables of the CRCs sliced by 8 (make_table64()) */
 static uint32_t crc32_table[8][256], crc32c_table[8][256];
+static uint64_t crc64_table[8][256]; /* CRC64NVME's */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 static bool have_sse42; /* the CPU has SSE4.2's crc32 instruction */
 
-static void make_table(uint32_t t[8][256], uint32_t poly)
+static uint32_t le32(const unsigned char *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+	return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
+/* [0]: the byte-wise table of the reflected polynomial @poly; [k]: a
+ * byte's CRC followed by k zero bytes. A 32-bit CRC's in a 64-bit register
+ * stays in its low half. */
+static void make_table64(uint64_t t[8][256], uint64_t poly)
 {
 	for (uint32_t i = 0; i < 256; i++) {
-		uint32_t c = i;
+		uint64_t c = i;
 
 		for (int k = 0; k < 8; k++)
 			c = c & 1 ? (c >> 1) ^ poly : c >> 1;
@@ -36,6 +50,30 @@ static void make_table(uint32_t t[8][256], uint32_t poly)
 	for (int k = 1; k < 8; k++)
 		for (uint32_t i = 0; i < 256; i++)
 			t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
+}
+
+static void make_table(uint32_t t[8][256], uint32_t poly)
+{
+	uint64_t wide[8][256];
+
+	make_table64(wide, poly);
+	for (int k = 0; k < 8; k++)
+		for (int i = 0; i < 256; i++)
+			t[k][i] = (uint32_t)wide[k][i];
+}
+
+static uint64_t crc64_update(uint64_t c, const unsigned char *p, size_t len)
+{
+	uint64_t(*t)[256] = crc64_table;
+
+	for (; len >= 8; p += 8, len -= 8) {
+		c ^= le64(p);
+		c = t[7][c & 0xFF] ^ t[6][(c >> 8) & 0xFF] ^ t[5][(c >> 16) & 0xFF] ^ t[4][(c >> 24) & 0xFF] ^
+		    t[3][(c >> 32) & 0xFF] ^ t[2][(c >> 40) & 0xFF] ^ t[1][(c >> 48) & 0xFF] ^ t[0][c >> 56];
+	}
+	for (; len; p++, len--)
+		c = t[0][(c ^ *p) & 0xFF] ^ (c >> 8);
+	return c;
 }
 
 #if defined(__x86_64__)
@@ -80,14 +118,6 @@ static uint32_t shift(uint32_t z[4][256], uint32_t c)
 	return z[0][c & 0xFF] ^ z[1][(c >> 8) & 0xFF] ^ z[2][(c >> 16) & 0xFF] ^ z[3][c >> 24];
 }
 
-static uint64_t le64(const unsigned char *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, sizeof v); /* x86: little-endian, unaligned loads */
-	return v;
-}
-
 /* @len bytes of @p at @stride apart, three streams, @stride bytes each */
 __attribute__((target("sse4.2"))) static uint32_t hw_streams(uint32_t c, const unsigned char **pp, size_t *len,
 							      size_t stride, uint32_t z[4][256])
@@ -130,6 +160,8 @@ static void make_tables(void)
 {
 	make_table(crc32_table, 0xEDB88320u);
 	make_table(crc32c_table, 0x82F63B78u);
+	/* NVM Express's CRC-64 (AWS's CRC64NVME), reflected */
+	make_table64(crc64_table, 0x9A6C9329AC4BC9B5u);
 #if defined(__x86_64__)
 	have_sse42 = __builtin_cpu_supports("sse4.2");
 	if (have_sse42) {
@@ -137,11 +169,6 @@ static void make_tables(void)
 		make_zeros(zeros_short, HW_SHORT);
 	}
 #endif
-}
-
-static uint32_t le32(const unsigned char *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 static uint32_t crc_update(uint32_t t[8][256], uint32_t c, const unsigned char *p, size_t len)
@@ -337,21 +364,27 @@ static void sha256_block(uint32_t h[8], const unsigned char *p)
 
 const char *sum_name(enum sum_kind kind)
 {
-	return kind == SUM_CRC32 ? "crc32" : kind == SUM_CRC32C ? "crc32c" : kind == SUM_SHA256 ? "sha256" :
-	       kind == SUM_MD5 ? "md5" : "none";
+	return kind == SUM_CRC32 ? "crc32" : kind == SUM_CRC32C ? "crc32c" : kind == SUM_CRC64NVME ? "crc64nvme" :
+	       kind == SUM_SHA256 ? "sha256" : kind == SUM_MD5 ? "md5" : "none";
 }
 
 const char *sum_label(enum sum_kind kind)
 {
-	return kind == SUM_CRC32 ? "CRC32" : kind == SUM_CRC32C ? "CRC32C" : kind == SUM_SHA256 ? "SHA-256" :
-	       kind == SUM_MD5 ? "MD5" : "none";
+	return kind == SUM_CRC32 ? "CRC32" : kind == SUM_CRC32C ? "CRC32C" : kind == SUM_CRC64NVME ? "CRC64NVME" :
+	       kind == SUM_SHA256 ? "SHA-256" : kind == SUM_MD5 ? "MD5" : "none";
 }
 
 /* measured here (docs/benchmarks.md, "Checksums"): CRC32C with SSE4.2's
- * instruction, CRC32 (zlib), MD5, SHA-256, from fastest */
+ * instruction, CRC32 (zlib), CRC64NVME (tables), MD5, SHA-256, from
+ * fastest */
 static int sum_rank(enum sum_kind kind)
 {
-	return kind == SUM_CRC32C ? 0 : kind == SUM_CRC32 ? 1 : kind == SUM_MD5 ? 2 : kind == SUM_SHA256 ? 3 : 4;
+	static const enum sum_kind order[] = { SUM_CRC32C, SUM_CRC32, SUM_CRC64NVME, SUM_MD5, SUM_SHA256 };
+	int i = 0;
+
+	while (i < 5 && order[i] != kind)
+		i++;
+	return i;
 }
 
 bool sum_cheaper(enum sum_kind a, enum sum_kind b)
@@ -368,6 +401,7 @@ void sum_init(struct sum *s, enum sum_kind kind)
 	pthread_once(&tables_once, make_tables);
 	s->kind = kind;
 	s->crc = 0xFFFFFFFFu;
+	s->crc64 = ~(uint64_t)0;
 	s->len = 0;
 	memcpy(s->h, kind == SUM_MD5 ? md5_h0 : h0, sizeof h0);
 }
@@ -400,7 +434,10 @@ void sum_update(struct sum *s, const void *data, size_t len)
 		blocks_update(s, data, len);
 		return;
 	}
-	s->crc = sum_crc(s->kind, s->crc, data, len);
+	if (s->kind == SUM_CRC64NVME)
+		s->crc64 = crc64_update(s->crc64, data, len);
+	else
+		s->crc = sum_crc(s->kind, s->crc, data, len);
 	s->len += len;
 }
 
@@ -440,6 +477,11 @@ static size_t digest(struct sum *s, unsigned char d[32])
 		for (int i = 0; i < (md5 ? 16 : 32); i++)
 			d[i] = (unsigned char)(s->h[i / 4] >> (md5 ? 8 * (i % 4) : 24 - 8 * (i % 4)));
 		return md5 ? 16 : 32;
+	}
+	if (s->kind == SUM_CRC64NVME) {
+		for (int i = 0; i < 8; i++)
+			d[i] = (unsigned char)(~s->crc64 >> (56 - 8 * i));
+		return 8;
 	}
 	for (int i = 0; i < 4; i++)
 		d[i] = (unsigned char)(~s->crc >> (24 - 8 * i));

@@ -283,22 +283,35 @@ def test_encrypted_etag_is_no_md5(s3, proxy, header, checked):
         assert ok(r) == FaultProxy.flip_body(body) and proxy.requests == 1
 
 
-def crc32c(data):
+def crc_reflected(data, poly, bits):
+    """A reflected CRC of @bits with all ones in and out, byte by byte."""
     table = []
     for i in range(256):
         c = i
         for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            c = (c >> 1) ^ poly if c & 1 else c >> 1
         table.append(c)
-    c = 0xFFFFFFFF
+    ones = (1 << bits) - 1
+    c = ones
     for b in data:
         c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
+    return c ^ ones
+
+
+def crc32c(data):
+    return crc_reflected(data, 0x82F63B78, 32)
+
+
+def crc64nvme(data):
+    """NVM Express's CRC-64 (AWS's CRC64NVME); "123456789" gives
+    0xAE8B14860A799888."""
+    return crc_reflected(data, 0x9A6C9329AC4BC9B5, 64)
 
 
 SUMS = {  # x-amz-checksum-KIND: (the name in a message, the sum of bytes)
     "crc32": ("CRC32", lambda b: struct.pack(">I", zlib.crc32(b))),
     "crc32c": ("CRC32C", lambda b: struct.pack(">I", crc32c(b))),
+    "crc64nvme": ("CRC64NVME", lambda b: struct.pack(">Q", crc64nvme(b))),
     "sha256": ("SHA-256", lambda b: hashlib.sha256(b).digest()),
 }
 
@@ -334,7 +347,8 @@ def test_checksum_header_is_checked(s3, proxy, kind):
     assert proxy.requests == requests + 1
 
 
-@pytest.mark.parametrize("kind,checked", [("crc32c", "crc32c"), ("crc32", "crc32"), ("sha256", "md5")])
+@pytest.mark.parametrize("kind,checked", [("crc32c", "crc32c"), ("crc32", "crc32"), ("crc64nvme", "crc64nvme"),
+                                          ("sha256", "md5")])
 def test_only_the_cheapest_sum_is_computed(s3, proxy, kind, checked):
     """One verified sum of the whole body is the guarantee: of an ETag's MD5
     and an x-amz-checksum-KIND, only the cheaper is computed. The proxy
