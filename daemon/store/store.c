@@ -433,7 +433,7 @@ static bool etag_is_md5(const char *etag)
 /* An x-amz-checksum-KIND header (@line after its "x-amz-checksum-"). */
 static void sum_header(struct req *r, const char *line, size_t len)
 {
-	static const enum sum_kind kinds[] = { SUM_CRC32C, SUM_CRC32, SUM_CRC64NVME, SUM_SHA256 };
+	static const enum sum_kind kinds[] = { SUM_CRC32C, SUM_CRC64NVME, SUM_CRC32, SUM_SHA256 };
 	const char *colon = memchr(line, ':', len), *v;
 	size_t vl;
 

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* sums - MD5 (RFC 1321), CRC32, CRC32C, CRC64NVME and SHA-256 (FIPS 180-4) of a body
  * as it streams in (see sums.h). CRC32C runs on SSE4.2's crc32 instruction
- * where the CPU has it (chosen at run time: the build assumes no
- * instruction set), CRC32 on zlib's crc32_z (braided, 4.4 GB/s here: 7
- * times MD5, PCLMULQDQ folding would not change what a fetch costs); the
- * portable CRCs, and CRC64NVME's, are sliced by 8 (eight tables, eight
- * bytes a step). A body
+ * and CRC64NVME on PCLMULQDQ folding where the CPU has them (chosen at run
+ * time: the build assumes no instruction set), CRC32 on zlib's crc32_z
+ * (braided, about 4 GB/s here: 7 to 10 times MD5, so folding it too would
+ * not change what a fetch costs); the portable CRCs are sliced by 8 (eight
+ * tables, eight bytes a step). A body
  * is summed only when its store gave the sum, and with one sum only
  * (store.c). Speeds: bench/sums-speed, docs/benchmarks.md "Checksums". */
 #include <pthread.h>
@@ -15,6 +15,7 @@
 #include <zlib.h>
 #if defined(__x86_64__)
 #include <nmmintrin.h>
+#include <wmmintrin.h>
 #endif
 
 #include "sums.h"
@@ -24,6 +25,7 @@ static uint32_t crc32_table[8][256], crc32c_table[8][256];
 static uint64_t crc64_table[8][256]; /* CRC64NVME's */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 static bool have_sse42; /* the CPU has SSE4.2's crc32 instruction */
+static bool have_pclmul; /* and PCLMULQDQ (a carry-less multiply) */
 
 static uint32_t le32(const unsigned char *p)
 {
@@ -154,6 +156,60 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t c, const un
 		c = _mm_crc32_u8(c, *p);
 	return c;
 }
+
+/* CRC64NVME by folding (Intel's "Fast CRC Computation for Generic
+ * Polynomials Using PCLMULQDQ"): the message in 128-bit lanes, bit k of a
+ * lane the coefficient of x^(127 - k) (a reflected CRC's order), each lane
+ * X = H x^64 + L carried forward d bits as H (x^(d+64) mod P) + L (x^d mod
+ * P), two carry-less multiplies. Four lanes at once, then one; the last
+ * lane is 16 bytes of a message whose register the tables give. The
+ * constants come from the polynomial at start (xpow()). */
+#define FOLD_MIN 256
+static __m128i fold_512, fold_128; /* {x^(d+63) mod P, x^(d-1) mod P}, d = 512, 128 */
+
+/* x^n mod P, reflected (bit i: x^(63 - i)); a multiply's product comes
+ * one bit low in the lane, hence d - 1 in the constants */
+static uint64_t xpow(unsigned n)
+{
+	uint64_t r = (uint64_t)1 << 63;
+
+	while (n--)
+		r = r & 1 ? (r >> 1) ^ 0x9A6C9329AC4BC9B5u : r >> 1;
+	return r;
+}
+
+static void make_folds(void)
+{
+	fold_512 = _mm_set_epi64x((long long)xpow(511), (long long)xpow(575));
+	fold_128 = _mm_set_epi64x((long long)xpow(127), (long long)xpow(191));
+}
+
+__attribute__((target("pclmul"))) static __m128i fold(__m128i x, __m128i k, __m128i next)
+{
+	return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)),
+			     next);
+}
+
+__attribute__((target("pclmul"))) static uint64_t crc64_hw(uint64_t c, const unsigned char *p, size_t len)
+{
+	__m128i x[4], one;
+	unsigned char last[16];
+
+	if (len < FOLD_MIN)
+		return crc64_update(c, p, len);
+	for (int i = 0; i < 4; i++)
+		x[i] = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i));
+	/* the register goes into the first 8 bytes, as the tables' step does */
+	x[0] = _mm_xor_si128(x[0], _mm_set_epi64x(0, (long long)c));
+	for (p += 64, len -= 64; len >= 64; p += 64, len -= 64)
+		for (int i = 0; i < 4; i++)
+			x[i] = fold(x[i], fold_512, _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i)));
+	one = fold(fold(fold(x[0], fold_128, x[1]), fold_128, x[2]), fold_128, x[3]);
+	for (; len >= 16; p += 16, len -= 16)
+		one = fold(one, fold_128, _mm_loadu_si128((const __m128i *)(const void *)p));
+	_mm_storeu_si128((__m128i *)(void *)last, one);
+	return crc64_update(crc64_update(0, last, 16), p, len);
+}
 #endif
 
 static void make_tables(void)
@@ -164,6 +220,9 @@ static void make_tables(void)
 	make_table64(crc64_table, 0x9A6C9329AC4BC9B5u);
 #if defined(__x86_64__)
 	have_sse42 = __builtin_cpu_supports("sse4.2");
+	have_pclmul = __builtin_cpu_supports("pclmul");
+	if (have_pclmul)
+		make_folds();
 	if (have_sse42) {
 		make_zeros(zeros_long, HW_LONG);
 		make_zeros(zeros_short, HW_SHORT);
@@ -184,31 +243,39 @@ static uint32_t crc_update(uint32_t t[8][256], uint32_t c, const unsigned char *
 	return c;
 }
 
-uint32_t sum_crc_portable(enum sum_kind kind, uint32_t reg, const void *p, size_t len)
+uint64_t sum_crc_portable(enum sum_kind kind, uint64_t reg, const void *p, size_t len)
 {
 	pthread_once(&tables_once, make_tables);
-	return crc_update(kind == SUM_CRC32C ? crc32c_table : crc32_table, reg, p, len);
+	if (kind == SUM_CRC64NVME)
+		return crc64_update(reg, p, len);
+	return crc_update(kind == SUM_CRC32C ? crc32c_table : crc32_table, (uint32_t)reg, p, len);
 }
 
-uint32_t sum_crc(enum sum_kind kind, uint32_t reg, const void *p, size_t len)
+uint64_t sum_crc(enum sum_kind kind, uint64_t reg, const void *p, size_t len)
 {
 	pthread_once(&tables_once, make_tables);
 	if (kind == SUM_CRC32) {
 		/* zlib's takes and gives the CRC, not the register; its length is a
 		 * z_size_t */
-		return ~(uint32_t)crc32_z(~reg & 0xFFFFFFFFul, p, len);
+		return ~(uint32_t)crc32_z(~(uint32_t)reg, p, len);
 	}
 #if defined(__x86_64__)
-	if (have_sse42)
-		return crc32c_hw(reg, p, len);
+	if (kind == SUM_CRC64NVME && have_pclmul)
+		return crc64_hw(reg, p, len);
+	if (kind == SUM_CRC32C && have_sse42)
+		return crc32c_hw((uint32_t)reg, p, len);
 #endif
-	return crc_update(crc32c_table, reg, p, len);
+	return sum_crc_portable(kind, reg, p, len);
 }
 
 const char *sum_crc_impl(enum sum_kind kind)
 {
 	pthread_once(&tables_once, make_tables);
-	return kind == SUM_CRC32 ? "zlib" : have_sse42 ? "sse4.2" : "table";
+	if (kind == SUM_CRC32)
+		return "zlib";
+	if (kind == SUM_CRC64NVME)
+		return have_pclmul ? "pclmul" : "table";
+	return have_sse42 ? "sse4.2" : "table";
 }
 
 /* the sines' constants of RFC 1321 */
@@ -375,11 +442,11 @@ const char *sum_label(enum sum_kind kind)
 }
 
 /* measured here (docs/benchmarks.md, "Checksums"): CRC32C with SSE4.2's
- * instruction, CRC32 (zlib), CRC64NVME (tables), MD5, SHA-256, from
- * fastest */
+ * instruction, CRC64NVME folded with PCLMULQDQ, CRC32 (zlib), MD5,
+ * SHA-256, from fastest */
 static int sum_rank(enum sum_kind kind)
 {
-	static const enum sum_kind order[] = { SUM_CRC32C, SUM_CRC32, SUM_CRC64NVME, SUM_MD5, SUM_SHA256 };
+	static const enum sum_kind order[] = { SUM_CRC32C, SUM_CRC64NVME, SUM_CRC32, SUM_MD5, SUM_SHA256 };
 	int i = 0;
 
 	while (i < 5 && order[i] != kind)
@@ -400,8 +467,7 @@ void sum_init(struct sum *s, enum sum_kind kind)
 
 	pthread_once(&tables_once, make_tables);
 	s->kind = kind;
-	s->crc = 0xFFFFFFFFu;
-	s->crc64 = ~(uint64_t)0;
+	s->crc = kind == SUM_CRC64NVME ? ~(uint64_t)0 : 0xFFFFFFFFu;
 	s->len = 0;
 	memcpy(s->h, kind == SUM_MD5 ? md5_h0 : h0, sizeof h0);
 }
@@ -434,10 +500,7 @@ void sum_update(struct sum *s, const void *data, size_t len)
 		blocks_update(s, data, len);
 		return;
 	}
-	if (s->kind == SUM_CRC64NVME)
-		s->crc64 = crc64_update(s->crc64, data, len);
-	else
-		s->crc = sum_crc(s->kind, s->crc, data, len);
+	s->crc = sum_crc(s->kind, s->crc, data, len);
 	s->len += len;
 }
 
@@ -464,6 +527,8 @@ static void base64(const unsigned char *in, size_t n, char *out)
 /* The digest of @s into @d: its length. */
 static size_t digest(struct sum *s, unsigned char d[32])
 {
+	size_t n;
+
 	if (s->kind == SUM_MD5 || s->kind == SUM_SHA256) {
 		unsigned char pad[72] = { 0x80 };
 		uint64_t bits = s->len * 8;
@@ -478,14 +543,10 @@ static size_t digest(struct sum *s, unsigned char d[32])
 			d[i] = (unsigned char)(s->h[i / 4] >> (md5 ? 8 * (i % 4) : 24 - 8 * (i % 4)));
 		return md5 ? 16 : 32;
 	}
-	if (s->kind == SUM_CRC64NVME) {
-		for (int i = 0; i < 8; i++)
-			d[i] = (unsigned char)(~s->crc64 >> (56 - 8 * i));
-		return 8;
-	}
-	for (int i = 0; i < 4; i++)
-		d[i] = (unsigned char)(~s->crc >> (24 - 8 * i));
-	return 4;
+	n = s->kind == SUM_CRC64NVME ? 8 : 4;
+	for (size_t i = 0; i < n; i++)
+		d[i] = (unsigned char)(~s->crc >> (8 * (n - 1 - i)));
+	return n;
 }
 
 void sum_base64(struct sum *s, char *out)

@@ -20,8 +20,7 @@ enum sum_kind { SUM_NONE, SUM_CRC32, SUM_CRC32C, SUM_SHA256, SUM_MD5, SUM_CRC64N
 
 struct sum {
 	enum sum_kind kind;
-	uint32_t crc;
-	uint64_t crc64;         /* CRC64NVME's register */
+	uint64_t crc;           /* a CRC's register (CRC32's, CRC32C's: the low half) */
 	uint32_t h[8];          /* SHA-256's state, or MD5's (4) */
 	uint64_t len;           /* bytes fed so far */
 	unsigned char buf[64];  /* a block not yet full */
@@ -32,17 +31,18 @@ const char *sum_name(enum sum_kind kind);
 /* The same for a message: "CRC32", "CRC32C", "CRC64NVME", "SHA-256", "MD5". */
 const char *sum_label(enum sum_kind kind);
 /* Whether @a costs less CPU a byte than @b (SUM_NONE costs the most: any
- * sum is cheaper than none given). CRC32C, CRC32, CRC64NVME, MD5, SHA-256: store.c
+ * sum is cheaper than none given). CRC32C, CRC64NVME, CRC32, MD5, SHA-256: store.c
  * computes only the cheapest sum an answer gives. */
 bool sum_cheaper(enum sum_kind a, enum sum_kind b);
 void sum_init(struct sum *s, enum sum_kind kind);
-/* For the tests and bench/sums-speed: the CRC32 or CRC32C register (not
- * inverted: 0xFFFFFFFF at the start, the CRC is its complement) after
- * @len bytes at @p from @reg. sum_crc() is what sum_update() uses (the
- * fastest this CPU has: sum_crc_impl() names it, "sse4.2", "zlib" or
- * "table"), sum_crc_portable() the tables every CPU runs. */
-uint32_t sum_crc(enum sum_kind kind, uint32_t reg, const void *p, size_t len);
-uint32_t sum_crc_portable(enum sum_kind kind, uint32_t reg, const void *p, size_t len);
+/* For the tests and bench/sums-speed: the CRC32, CRC32C or CRC64NVME
+ * register (not inverted: all ones at the start, the CRC is its
+ * complement; 32 bits wide but CRC64NVME's) after @len bytes at @p from
+ * @reg. sum_crc() is what sum_update() uses (the fastest this CPU has:
+ * sum_crc_impl() names it, "sse4.2", "pclmul", "zlib" or "table"),
+ * sum_crc_portable() the tables every CPU runs. */
+uint64_t sum_crc(enum sum_kind kind, uint64_t reg, const void *p, size_t len);
+uint64_t sum_crc_portable(enum sum_kind kind, uint64_t reg, const void *p, size_t len);
 const char *sum_crc_impl(enum sum_kind kind);
 void sum_update(struct sum *s, const void *data, size_t len);
 /* The digest in base64, as the header carries it, into @out (at least 45

@@ -74,15 +74,16 @@ static void test_pieces(void)
 		}
 }
 
-/* The fast CRCs (SSE4.2's instruction for CRC32C, zlib's CRC32) against
- * the portable tables: every length 0..300 at every start 0..15 (unaligned
- * heads and tails), lengths around the three streams' runs (3 x 256 and
- * 3 x 8192 bytes), and a body fed in odd pieces. */
+/* The fast CRCs (SSE4.2's instruction for CRC32C, zlib's CRC32, PCLMULQDQ
+ * folding for CRC64NVME) against the portable tables: every length 0..300
+ * at every start 0..15 (unaligned heads and tails), lengths around the
+ * three streams' runs (3 x 256 and 3 x 8192 bytes) and the folding's least
+ * (256), and a body fed in odd pieces. */
 static void test_fast_against_tables(void)
 {
-	static const enum sum_kind kinds[] = { SUM_CRC32, SUM_CRC32C };
-	static const size_t around[] = { 767, 768, 769, 1535, 1536, 24575, 24576, 24577, 24576 + 768 + 13,
-					 3 * 24576 + 5, 100000 };
+	static const enum sum_kind kinds[] = { SUM_CRC32, SUM_CRC32C, SUM_CRC64NVME };
+	static const size_t around[] = { 255, 256, 257, 767, 768, 769, 1535, 1536, 24575, 24576, 24577,
+					 24576 + 768 + 13, 3 * 24576 + 5, 100000 };
 	enum { N = 100000 + 16 };
 	static unsigned char body[N];
 	uint32_t x = 28;
@@ -91,25 +92,29 @@ static void test_fast_against_tables(void)
 		x = x * 1103515245u + 12345u;
 		body[i] = (unsigned char)(x >> 16);
 	}
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < 3; k++) {
+		uint64_t ones = kinds[k] == SUM_CRC64NVME ? ~(uint64_t)0 : 0xFFFFFFFFu;
+		uint64_t seed = kinds[k] == SUM_CRC64NVME ? 0x0123456789ABCDEFu : 0x12345678u;
+
 		for (size_t start = 0; start < 16; start++)
 			for (size_t len = 0; len <= 300; len++)
-				assert(sum_crc(kinds[k], 0xFFFFFFFFu, body + start, len) ==
-				       sum_crc_portable(kinds[k], 0xFFFFFFFFu, body + start, len));
+				assert(sum_crc(kinds[k], ones, body + start, len) ==
+				       sum_crc_portable(kinds[k], ones, body + start, len));
 		for (size_t i = 0; i < sizeof around / sizeof around[0]; i++)
 			for (size_t start = 0; start < 9; start += 3)
-				assert(sum_crc(kinds[k], 0x12345678u, body + start, around[i]) ==
-				       sum_crc_portable(kinds[k], 0x12345678u, body + start, around[i]));
+				assert(sum_crc(kinds[k], seed, body + start, around[i]) ==
+				       sum_crc_portable(kinds[k], seed, body + start, around[i]));
 		/* incremental: odd pieces give the whole's register */
 		for (size_t piece = 1; piece < 40000; piece = piece * 3 + 1) {
-			uint32_t c = 0xFFFFFFFFu;
+			uint64_t c = ones;
 
 			for (size_t at = 0; at < 100000; at += piece)
 				c = sum_crc(kinds[k], c, body + at, 100000 - at < piece ? 100000 - at : piece);
-			assert(c == sum_crc_portable(kinds[k], 0xFFFFFFFFu, body, 100000));
+			assert(c == sum_crc_portable(kinds[k], ones, body, 100000));
 		}
 	}
-	printf("sums: crc32 by %s, crc32c by %s\n", sum_crc_impl(SUM_CRC32), sum_crc_impl(SUM_CRC32C));
+	printf("sums: crc32 by %s, crc32c by %s, crc64nvme by %s\n", sum_crc_impl(SUM_CRC32),
+	       sum_crc_impl(SUM_CRC32C), sum_crc_impl(SUM_CRC64NVME));
 }
 
 int main(void)
