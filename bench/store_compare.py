@@ -11,7 +11,12 @@ suite starts it: tests/integration/s3server.py, $LOADERD_WEED or
 scripts/s3-server-venv), which verifies SigV4. The corpus: --images
 generated 256x256 RGB JPEGs (bench/images' generator, quality 90, 10
 classes), written three ways from the same JPEG bytes, all uploaded to
-s3://alice-data/:
+s3://alice-data/ as current AWS tools upload them: AWS CLI v2 and boto3 >=
+1.36 send an x-amz-checksum-crc32 of the body with every PUT by default
+(their "when_supported" request checksums), which the store keeps and
+gives back to a GET with x-amz-checksum-mode: ENABLED (loaderd then checks
+that CRC32 and not the ETag's MD5: docs/storage.md); --put-checksum none
+uploads without one (older tools: the ETag's MD5 is checked):
 
   wds/train-NNNNNN.tar   webdataset shards of --per-shard samples (KEY.jpg,
                          KEY.cls), what loaderd reads
@@ -73,6 +78,15 @@ objects in the bucket: 1.0 means every object fetched once for the node.
 GETs" the most whole GETs of one of them (index files left out), "ranged" the
 GETs of a byte range (of any object).
 
+CPU over epoch 1 (core-seconds, from go to the last trainer's epoch 1
+line): "store" is the server's process (weed, /proc/PID/stat) and the
+counting proxy's threads in this process (each thread's own CPU time),
+"daemon" loaderd's process (the loaderd systems only), "machine" every
+core's busy time (/proc/stat: everything, other users' load included), so
+a row shows how much of the cores the store took beside the decode. The
+proxy relays the server's answers with os.splice through a pipe (no copy
+through Python), the requests with recv/send (their heads are parsed).
+
 Ratios printed at the end, against the targets of issue 28: loaderd-s3's
 epoch 1 within 10 % of loaderd-local's, epoch 2 equal (not below 0.95x: the
 noise of one run), and K trainers fetching each object once (x corpus <=
@@ -90,6 +104,7 @@ note (bench/store-peers-venv makes them once, from PyPI).
 """
 
 import argparse
+import base64
 import collections
 import importlib.machinery
 import importlib.util
@@ -105,6 +120,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -241,7 +257,9 @@ class CountingProxy:
     the server sent to every client (heads and bodies), .gets the whole GETs
     of each path and .ranged its GETs of a range (from the request heads the
     clients sent: GETs carry no body, and a head split between two reads is
-    rare enough to ignore)."""
+    rare enough to ignore). The server's bytes go through a pipe by
+    os.splice (the kernel moves them; counted, never read here); cpu() is
+    the CPU seconds its threads took."""
 
     def __init__(self, target):
         self.target = target
@@ -249,6 +267,8 @@ class CountingProxy:
         self.gets = collections.Counter()
         self.ranged = collections.Counter()
         self.lock = threading.Lock()
+        self.live = set()  # native ids of the relay's threads now running
+        self.dead_cpu = 0.0  # CPU seconds of those that ended
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(128)
@@ -266,25 +286,16 @@ class CountingProxy:
             except OSError:
                 c.close()
                 continue
-            threading.Thread(target=self._pump, args=(c, s, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(s, c, True), daemon=True).start()
+            threading.Thread(target=self._relay, args=(self._pump, c, s), daemon=True).start()
+            threading.Thread(target=self._relay, args=(self._splice, s, c), daemon=True).start()
 
-    def _pump(self, src, dst, count):
-        buf = bytearray(1 << 20)
-        view = memoryview(buf)
+    def _relay(self, how, src, dst):
+        """@how(src, dst) until either end closes, its CPU time kept."""
+        tid = threading.get_native_id()
+        with self.lock:
+            self.live.add(tid)
         try:
-            while True:
-                n = src.recv_into(buf)
-                if not n:
-                    break
-                dst.sendall(view[:n])
-                with self.lock:
-                    if count:
-                        self.down += n
-                    else:
-                        for m in REQUEST.finditer(buf, 0, n):
-                            which = self.ranged if RANGE.search(m.group(2)) else self.gets
-                            which[bytes(m.group(1))] += 1
+            how(src, dst)
         except OSError:
             pass
         finally:
@@ -293,6 +304,48 @@ class CountingProxy:
                     sk.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+            with self.lock:
+                self.live.discard(tid)
+                self.dead_cpu += time.thread_time()
+
+    def _pump(self, src, dst):
+        """The clients' requests: read, their GETs counted, sent on."""
+        buf = bytearray(1 << 16)
+        view = memoryview(buf)
+        while True:
+            n = src.recv_into(buf)
+            if not n:
+                break
+            dst.sendall(view[:n])
+            with self.lock:
+                for m in REQUEST.finditer(buf, 0, n):
+                    which = self.ranged if RANGE.search(m.group(2)) else self.gets
+                    which[bytes(m.group(1))] += 1
+
+    def _splice(self, src, dst):
+        """The server's answers: socket to pipe to socket, counted."""
+        r, w = os.pipe()
+        try:
+            while True:
+                n = os.splice(src.fileno(), w, 1 << 20)
+                if not n:
+                    break
+                with self.lock:
+                    self.down += n
+                while n:
+                    n -= os.splice(r, dst.fileno(), n)
+        finally:
+            os.close(r)
+            os.close(w)
+
+    def cpu(self):
+        """CPU seconds of the relay's threads so far (the ended ones' and
+        the running ones' from /proc)."""
+        with self.lock:
+            total, live = self.dead_cpu, list(self.live)
+        for tid in live:
+            total += proc_cpu(f"/proc/self/task/{tid}/stat")
+        return total
 
     def stop(self):
         self.lsock.close()
@@ -359,15 +412,27 @@ def write_litdata(a):
              num_workers=1, mode="overwrite")
 
 
-def upload_tree(client, local, prefix):
-    """Every file under @local to s3://BUCKET/PREFIX/...; their bytes."""
+def upload_tree(client, local, prefix, checksum):
+    """Every file under @local to s3://BUCKET/PREFIX/...; their bytes. With
+    @checksum "crc32" each PUT carries the body's x-amz-checksum-crc32, as
+    AWS CLI v2's and boto3's (>= 1.36) do by default."""
     total = 0
     for dp, _, fs in os.walk(local):
         for fn in sorted(fs):
             p = os.path.join(dp, fn)
             with open(p, "rb") as f:
                 data = f.read()
-            client.put(BUCKET, prefix + "/" + os.path.relpath(p, local), data)
+            key = prefix + "/" + os.path.relpath(p, local)
+            headers = {}
+            if checksum == "crc32":
+                headers["x-amz-checksum-crc32"] = base64.b64encode(
+                    zlib.crc32(data).to_bytes(4, "big")).decode()
+            status, h, out = client.request("PUT", BUCKET, key, data, headers=headers)
+            if status != 200:
+                raise SystemExit(f"PUT {key}: HTTP {status}: {out[:300]!r}")
+            for k, v in headers.items():  # the store answers the sum it kept
+                if h.get(k) != v:
+                    raise SystemExit(f"PUT {key}: {k} {v} answered {h.get(k)!r}")
             total += len(data)
     return total
 
@@ -448,6 +513,8 @@ def run_scenario(a, system, k, ctx):
         for p in procs:
             if p.stdout.readline().strip() != "ready":
                 return failed(system, k, d, procs, "before its start")
+        meter = CpuMeter(ctx["server_pid"], proxy, daemon.pid if daemon else None)
+        meter.start()
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
@@ -461,6 +528,8 @@ def run_scenario(a, system, k, ctx):
                 except ValueError:
                     return failed(system, k, d, procs, f"in epoch {e + 1}")
             fetched.append(proxy.down)
+            if e == 0:
+                cpu = meter.stop()
         for p in procs:
             p.stdin.close()
             p.wait(60)
@@ -477,6 +546,7 @@ def run_scenario(a, system, k, ctx):
         s = max(x["seconds"] for x in epochs[e])
         r[f"epoch{e + 1}"] = {"images": n, "seconds": round(s, 3),
                               "img_per_s": round(n / s, 1) if s else 0.0}
+    r["cpu_epoch1"] = cpu
     r["bytes_fetched"] = fetched[-1]
     r["bytes_fetched_epoch2"] = fetched[-1] - fetched[0]
     r["corpus_bytes"] = corpus
@@ -509,6 +579,50 @@ def failed(system, k, d, procs, when):
     return {"system": system, "k": k, "error": f"a trainer failed {when}: {why}"}
 
 
+def proc_cpu(stat_path):
+    """utime + stime, in seconds, of a /proc/.../stat (0 once it is gone)."""
+    try:
+        with open(stat_path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy():
+    """Core-seconds every core was busy since boot (/proc/stat: all but idle
+    and iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of the store side (the server's process and @proxy's
+    threads), of @daemon's process and of the whole machine, between
+    start() and stop()."""
+
+    def __init__(self, server_pid, proxy, daemon_pid):
+        self.paths = {"store": f"/proc/{server_pid}/stat",
+                      "daemon": f"/proc/{daemon_pid}/stat" if daemon_pid else None}
+        self.proxy = proxy
+
+    def read(self):
+        return {"server": proc_cpu(self.paths["store"]), "proxy": self.proxy.cpu(),
+                "daemon": proc_cpu(self.paths["daemon"]) if self.paths["daemon"] else None,
+                "machine": machine_busy(), "wall": time.monotonic()}
+
+    def start(self):
+        self.t0 = self.read()
+
+    def stop(self):
+        t1 = self.read()
+        d = {k: round(t1[k] - self.t0[k], 2) for k in t1 if t1[k] is not None}
+        return {"store_s": round(d["server"] + d["proxy"], 2), "server_s": d["server"],
+                "proxy_s": d["proxy"], "daemon_s": d.get("daemon"), "machine_s": d["machine"],
+                "wall_s": d["wall"]}
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -520,11 +634,14 @@ def free_port():
 def fmt_row(r):
     if "error" in r:
         return f"{r['system']:14} {r['k']:2d}  FAILED ({r['error'][:60]})"
-    e1, e2 = r["epoch1"], r["epoch2"]
+    e1, e2, cpu = r["epoch1"], r["epoch2"], r["cpu_epoch1"]
     xc = "-" if r["x_corpus"] is None else f"{r['x_corpus']:.2f}"
+    dm = "-" if cpu["daemon_s"] is None else f"{cpu['daemon_s']:.2f}"
     return (f"{r['system']:14} {r['k']:2d}  {e1['img_per_s']:9.1f}  {e2['img_per_s']:9.1f}  "
             f"{r['bytes_fetched'] / 2**20:11.1f}  {xc:>8}  {r['objects_got']:7d}  "
-            f"{r['most_gets_of_one']:8d}  {r['ranged_gets']:6d}  {e1['images']:6d}")
+            f"{r['most_gets_of_one']:8d}  {r['ranged_gets']:6d}  {e1['images']:6d}  "
+            f"{cpu['server_s']:6.2f}+{cpu['proxy_s']:.2f}  {dm:>8}  {cpu['machine_s']:7.2f}"
+            f"/{cpu['wall_s'] * os.cpu_count():.2f}")
 
 
 def verdicts(results):
@@ -569,6 +686,9 @@ def main():
     ap.add_argument("--ks", help="trainer counts (default 1,4; --quick 1,2)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--build", default=os.environ.get("LOADERD_BUILD", os.path.join(REPO, "build")))
+    ap.add_argument("--put-checksum", choices=("crc32", "none"), default="crc32",
+                    help="the x-amz-checksum-* each upload carries (default crc32, as AWS "
+                         "CLI v2 and boto3 >= 1.36 send; none: as older tools)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--quick", action="store_true",
@@ -599,7 +719,7 @@ def main():
         per = shard_bytes // nshards
         srv = s3server.S3Server(d).start()
         alice = srv.client("alice")
-        nbytes = {"loaderd-s3": upload_tree(alice, wds, "wds"), "loaderd-local": 0}
+        nbytes = {"loaderd-s3": upload_tree(alice, wds, "wds", a.put_checksum), "loaderd-local": 0}
         for peer, fmt in (("mosaic", "mds"), ("litdata", "litdata")):
             if peer not in pythons or peer not in systems:
                 continue
@@ -613,9 +733,10 @@ def main():
                 notes[peer] = f"its writer failed: {w.stdout.strip()[-600:]}"
                 del pythons[peer]
                 continue
-            nbytes[peer] = upload_tree(alice, out, fmt)
+            nbytes[peer] = upload_tree(alice, out, fmt, a.put_checksum)
         hi = f"{nshards - 1:06d}"
         ctx = {"dir": d, "server": ("127.0.0.1", int(srv.endpoint.rsplit(":", 1)[1])),
+               "server_pid": srv.proc.pid,
                "keys": s3server.IDENTITIES["alice"][:2], "pythons": pythons,
                "images": bench_images(), "bytes": nbytes, "cache_bytes": 2 * shard_bytes,
                "urls": {"loaderd-local": os.path.join(wds, "train-{000000.." + hi + "}.tar"),
@@ -623,12 +744,14 @@ def main():
         bench_images().warm_page_cache(wds)
         print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
               f"load {os.getloadavg()[0]:.1f}; {len(samples)} 256x256 JPEGs in {nshards} shards, "
-              f"{shard_bytes / 2**20:.1f} MiB (cache_bytes {2 * shard_bytes / 2**20:.0f} MiB); "
-              f"corpus made and uploaded in {time.time() - t:.0f} s")
+              f"{shard_bytes / 2**20:.1f} MiB (cache_bytes {2 * shard_bytes / 2**20:.0f} MiB), "
+              f"uploaded with x-amz-checksum: {a.put_checksum}; corpus made and uploaded in "
+              f"{time.time() - t:.0f} s")
         for peer, why in notes.items():
             print(f"# {peer} skipped: {why}")
         print("system          K  e1 img/s   e2 img/s  MiB fetched  x corpus  objects  "
-              "max GETs  ranged  images")
+              "max GETs  ranged  images  e1 CPU s: store (server+proxy)  daemon  "
+              "machine/cores x wall")
         results = []
         for k in ks:
             for system in systems:
@@ -643,6 +766,7 @@ def main():
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"results": results, "notes": notes, "images": len(samples),
+                           "put_checksum": a.put_checksum,
                            "shards": nshards, "shard_bytes": shard_bytes}, f, indent=1)
     finally:
         if srv:

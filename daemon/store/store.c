@@ -24,13 +24,17 @@
  * XML gives the message: "URL: Code: Message (HTTP status)". A HEAD's error
  * has no body; its code comes from a one-byte GET of the same URL.
  *
- * A whole object's body is checked as it streams in: when an S3 store's
- * ETag is a plain MD5 (32 hex digits: one PUT, not a multipart upload, not
- * SSE-KMS or SSE-C), the MD5 of the bytes must be it; when the answer carries an
- * x-amz-checksum-crc32, -crc32c or -sha256 of the whole object (asked for
- * with x-amz-checksum-mode: ENABLED; a multipart upload's composite sum,
- * "SUM-PARTS", is no sum of the bytes), that must match too. A body that
- * does not is a fault of the transport like a cut one (tried again;
+ * A whole object's body is checked as it streams in, against one sum of all
+ * its bytes that the answer gives: when an S3 store's ETag is a plain MD5
+ * (32 hex digits: one PUT, not a multipart upload, not SSE-KMS or SSE-C),
+ * the MD5 of the bytes; when the answer carries an x-amz-checksum-crc32,
+ * -crc32c, -crc64nvme or -sha256 of the whole object (asked for with
+ * x-amz-checksum-mode: ENABLED; a multipart upload's composite sum,
+ * "SUM-PARTS", is no sum of the bytes), that one. Where it gives several,
+ * only the cheapest is computed (a CRC, then the MD5, then SHA-256): one
+ * verified sum of the whole body is the guarantee (a body corrupted on
+ * its way), and a second one would add CPU time, not safety. A body that
+ * does not match is a fault of the transport like a cut one (tried again;
  * counted, store_checksum_mismatches()); a range is not checked against
  * the sums of the whole.
  */
@@ -429,7 +433,7 @@ static bool etag_is_md5(const char *etag)
 /* An x-amz-checksum-KIND header (@line after its "x-amz-checksum-"). */
 static void sum_header(struct req *r, const char *line, size_t len)
 {
-	static const enum sum_kind kinds[] = { SUM_CRC32, SUM_CRC32C, SUM_SHA256 };
+	static const enum sum_kind kinds[] = { SUM_CRC32C, SUM_CRC64NVME, SUM_CRC32, SUM_SHA256 };
 	const char *colon = memchr(line, ':', len), *v;
 	size_t vl;
 
@@ -451,8 +455,10 @@ static void sum_header(struct req *r, const char *line, size_t len)
 
 		if ((size_t)(colon - line) != strlen(name) || strncasecmp(line, name, strlen(name)))
 			continue;
-		/* "SUM-PARTS" is a composite sum; one sum is checked, the first */
-		if (r->sum_kind == SUM_NONE && vl > 0 && vl < sizeof r->sum_want && !memchr(v, '-', vl)) {
+		/* "SUM-PARTS" is a composite sum; one sum is checked, the cheapest */
+		if (!sum_cheaper(kinds[i], r->sum_kind))
+			break;
+		if (vl > 0 && vl < sizeof r->sum_want && !memchr(v, '-', vl)) {
 			r->sum_kind = kinds[i];
 			memcpy(r->sum_want, v, vl);
 			r->sum_want[vl] = '\0';
@@ -471,6 +477,13 @@ static void decide(struct req *r)
 		     (!strncmp(r->url, "s3://", 5) || r->s3_answer);
 	if (!r->verify || r->status < 200 || r->status > 299 || r->sum_composite)
 		r->sum_kind = SUM_NONE;
+	/* one sum of the whole body, the cheapest: the MD5 or the x-amz-checksum-* */
+	if (r->use_md5 && r->sum_kind != SUM_NONE) {
+		if (sum_cheaper(r->sum_kind, SUM_MD5))
+			r->use_md5 = false;
+		else
+			r->sum_kind = SUM_NONE;
+	}
 	sum_init(&r->md5, SUM_MD5);
 	sum_init(&r->sum, r->sum_kind);
 }

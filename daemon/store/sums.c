@@ -1,24 +1,49 @@
 /* SPDX-License-Identifier: MIT */
-/* sums - MD5 (RFC 1321), CRC32, CRC32C and SHA-256 (FIPS 180-4) of a body
- * as it streams in (see sums.h). The CRCs are sliced by 8 (eight tables, eight bytes a
- * step: several times a byte-wise table's speed, no instruction set
- * assumed); a body is summed only when its store gave the sum. */
+/* sums - MD5 (RFC 1321), CRC32, CRC32C, CRC64NVME and SHA-256 (FIPS 180-4) of a body
+ * as it streams in (see sums.h). CRC32C runs on SSE4.2's crc32 instruction
+ * and CRC64NVME on PCLMULQDQ folding where the CPU has them (chosen at run
+ * time: the build assumes no instruction set), CRC32 on zlib's crc32_z
+ * (braided, about 4 GB/s here: 7 to 10 times MD5, so folding it too would
+ * not change what a fetch costs); the portable CRCs are sliced by 8 (eight
+ * tables, eight bytes a step). A body
+ * is summed only when its store gave the sum, and with one sum only
+ * (store.c). Speeds: bench/sums-speed, docs/benchmarks.md "Checksums". */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <zlib.h>
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#include <wmmintrin.h>
+#endif
 
 #include "sums.h"
 
-/* [0]: the byte-wise table of the (reflected) polynomial; [k]: a byte's
- * CRC followed by k zero bytes */
+/* the tables of the CRCs sliced by 8 (make_table64()) */
 static uint32_t crc32_table[8][256], crc32c_table[8][256];
+static uint64_t crc64_table[8][256]; /* CRC64NVME's */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+static bool have_sse42; /* the CPU has SSE4.2's crc32 instruction */
+static bool have_pclmul; /* and PCLMULQDQ (a carry-less multiply) */
 
-static void make_table(uint32_t t[8][256], uint32_t poly)
+static uint32_t le32(const unsigned char *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t le64(const unsigned char *p)
+{
+	return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
+/* [0]: the byte-wise table of the reflected polynomial @poly; [k]: a
+ * byte's CRC followed by k zero bytes. A 32-bit CRC's in a 64-bit register
+ * stays in its low half. */
+static void make_table64(uint64_t t[8][256], uint64_t poly)
 {
 	for (uint32_t i = 0; i < 256; i++) {
-		uint32_t c = i;
+		uint64_t c = i;
 
 		for (int k = 0; k < 8; k++)
 			c = c & 1 ? (c >> 1) ^ poly : c >> 1;
@@ -29,15 +54,180 @@ static void make_table(uint32_t t[8][256], uint32_t poly)
 			t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
 }
 
+static void make_table(uint32_t t[8][256], uint32_t poly)
+{
+	uint64_t wide[8][256];
+
+	make_table64(wide, poly);
+	for (int k = 0; k < 8; k++)
+		for (int i = 0; i < 256; i++)
+			t[k][i] = (uint32_t)wide[k][i];
+}
+
+static uint64_t crc64_update(uint64_t c, const unsigned char *p, size_t len)
+{
+	uint64_t(*t)[256] = crc64_table;
+
+	for (; len >= 8; p += 8, len -= 8) {
+		c ^= le64(p);
+		c = t[7][c & 0xFF] ^ t[6][(c >> 8) & 0xFF] ^ t[5][(c >> 16) & 0xFF] ^ t[4][(c >> 24) & 0xFF] ^
+		    t[3][(c >> 32) & 0xFF] ^ t[2][(c >> 40) & 0xFF] ^ t[1][(c >> 48) & 0xFF] ^ t[0][c >> 56];
+	}
+	for (; len; p++, len--)
+		c = t[0][(c ^ *p) & 0xFF] ^ (c >> 8);
+	return c;
+}
+
+#if defined(__x86_64__)
+/* Three streams of the crc32 instruction at once (its latency is three
+ * cycles, its throughput one a cycle): a run of 3 * LONG bytes is summed
+ * as three runs of LONG, the first two then moved past the others' bytes
+ * by the tables of "LONG zero bytes" (make_zeros()) and XORed in. Mark
+ * Adler's crc32c.c does the same. */
+#define HW_LONG 8192
+#define HW_SHORT 256
+static uint32_t zeros_long[4][256], zeros_short[4][256];
+
+/* @c's register after @len zero bytes, by the byte-wise table */
+static uint32_t zero_bytes(uint32_t c, size_t len)
+{
+	while (len--)
+		c = crc32c_table[0][c & 0xFF] ^ (c >> 8);
+	return c;
+}
+
+/* The tables of "@len zero bytes" for CRC32C: linear in the register, so
+ * built from its 32 bits' images. */
+static void make_zeros(uint32_t z[4][256], size_t len)
+{
+	uint32_t bit[32];
+
+	for (int b = 0; b < 32; b++)
+		bit[b] = zero_bytes(1u << b, len);
+	for (int k = 0; k < 4; k++)
+		for (uint32_t v = 0; v < 256; v++) {
+			uint32_t c = 0;
+
+			for (int b = 0; b < 8; b++)
+				if (v >> b & 1)
+					c ^= bit[8 * k + b];
+			z[k][v] = c;
+		}
+}
+
+static uint32_t shift(uint32_t z[4][256], uint32_t c)
+{
+	return z[0][c & 0xFF] ^ z[1][(c >> 8) & 0xFF] ^ z[2][(c >> 16) & 0xFF] ^ z[3][c >> 24];
+}
+
+/* @len bytes of @p at @stride apart, three streams, @stride bytes each */
+__attribute__((target("sse4.2"))) static uint32_t hw_streams(uint32_t c, const unsigned char **pp, size_t *len,
+							      size_t stride, uint32_t z[4][256])
+{
+	const unsigned char *p = *pp;
+
+	while (*len >= 3 * stride) {
+		uint64_t c0 = c, c1 = 0, c2 = 0;
+
+		for (const unsigned char *end = p + stride; p < end; p += 8) {
+			c0 = _mm_crc32_u64(c0, le64(p));
+			c1 = _mm_crc32_u64(c1, le64(p + stride));
+			c2 = _mm_crc32_u64(c2, le64(p + 2 * stride));
+		}
+		c = shift(z, (uint32_t)c0) ^ (uint32_t)c1;
+		c = shift(z, c) ^ (uint32_t)c2;
+		p += 2 * stride;
+		*len -= 3 * stride;
+	}
+	*pp = p;
+	return c;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t c, const unsigned char *p, size_t len)
+{
+	/* byte by byte up to an 8-byte boundary */
+	for (; len && ((uintptr_t)p & 7); p++, len--)
+		c = _mm_crc32_u8(c, *p);
+	c = hw_streams(c, &p, &len, HW_LONG, zeros_long);
+	c = hw_streams(c, &p, &len, HW_SHORT, zeros_short);
+	for (; len >= 8; p += 8, len -= 8)
+		c = (uint32_t)_mm_crc32_u64(c, le64(p));
+	for (; len; p++, len--)
+		c = _mm_crc32_u8(c, *p);
+	return c;
+}
+
+/* CRC64NVME by folding (Intel's "Fast CRC Computation for Generic
+ * Polynomials Using PCLMULQDQ"): the message in 128-bit lanes, bit k of a
+ * lane the coefficient of x^(127 - k) (a reflected CRC's order), each lane
+ * X = H x^64 + L carried forward d bits as H (x^(d+64) mod P) + L (x^d mod
+ * P), two carry-less multiplies. Four lanes at once, then one; the last
+ * lane is 16 bytes of a message whose register the tables give. The
+ * constants come from the polynomial at start (xpow()). */
+#define FOLD_MIN 256
+static __m128i fold_512, fold_128; /* {x^(d+63) mod P, x^(d-1) mod P}, d = 512, 128 */
+
+/* x^n mod P, reflected (bit i: x^(63 - i)); a multiply's product comes
+ * one bit low in the lane, hence d - 1 in the constants */
+static uint64_t xpow(unsigned n)
+{
+	uint64_t r = (uint64_t)1 << 63;
+
+	while (n--)
+		r = r & 1 ? (r >> 1) ^ 0x9A6C9329AC4BC9B5u : r >> 1;
+	return r;
+}
+
+static void make_folds(void)
+{
+	fold_512 = _mm_set_epi64x((long long)xpow(511), (long long)xpow(575));
+	fold_128 = _mm_set_epi64x((long long)xpow(127), (long long)xpow(191));
+}
+
+__attribute__((target("pclmul"))) static __m128i fold(__m128i x, __m128i k, __m128i next)
+{
+	return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)),
+			     next);
+}
+
+__attribute__((target("pclmul"))) static uint64_t crc64_hw(uint64_t c, const unsigned char *p, size_t len)
+{
+	__m128i x[4], one;
+	unsigned char last[16];
+
+	if (len < FOLD_MIN)
+		return crc64_update(c, p, len);
+	for (int i = 0; i < 4; i++)
+		x[i] = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i));
+	/* the register goes into the first 8 bytes, as the tables' step does */
+	x[0] = _mm_xor_si128(x[0], _mm_set_epi64x(0, (long long)c));
+	for (p += 64, len -= 64; len >= 64; p += 64, len -= 64)
+		for (int i = 0; i < 4; i++)
+			x[i] = fold(x[i], fold_512, _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * i)));
+	one = fold(fold(fold(x[0], fold_128, x[1]), fold_128, x[2]), fold_128, x[3]);
+	for (; len >= 16; p += 16, len -= 16)
+		one = fold(one, fold_128, _mm_loadu_si128((const __m128i *)(const void *)p));
+	_mm_storeu_si128((__m128i *)(void *)last, one);
+	return crc64_update(crc64_update(0, last, 16), p, len);
+}
+#endif
+
 static void make_tables(void)
 {
 	make_table(crc32_table, 0xEDB88320u);
 	make_table(crc32c_table, 0x82F63B78u);
-}
-
-static uint32_t le32(const unsigned char *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+	/* NVM Express's CRC-64 (AWS's CRC64NVME), reflected */
+	make_table64(crc64_table, 0x9A6C9329AC4BC9B5u);
+#if defined(__x86_64__)
+	have_sse42 = __builtin_cpu_supports("sse4.2");
+	have_pclmul = __builtin_cpu_supports("pclmul");
+	if (have_pclmul)
+		make_folds();
+	if (have_sse42) {
+		make_zeros(zeros_long, HW_LONG);
+		make_zeros(zeros_short, HW_SHORT);
+	}
+#endif
 }
 
 static uint32_t crc_update(uint32_t t[8][256], uint32_t c, const unsigned char *p, size_t len)
@@ -51,6 +241,41 @@ static uint32_t crc_update(uint32_t t[8][256], uint32_t c, const unsigned char *
 	for (; len; p++, len--)
 		c = t[0][(c ^ *p) & 0xFF] ^ (c >> 8);
 	return c;
+}
+
+uint64_t sum_crc_portable(enum sum_kind kind, uint64_t reg, const void *p, size_t len)
+{
+	pthread_once(&tables_once, make_tables);
+	if (kind == SUM_CRC64NVME)
+		return crc64_update(reg, p, len);
+	return crc_update(kind == SUM_CRC32C ? crc32c_table : crc32_table, (uint32_t)reg, p, len);
+}
+
+uint64_t sum_crc(enum sum_kind kind, uint64_t reg, const void *p, size_t len)
+{
+	pthread_once(&tables_once, make_tables);
+	if (kind == SUM_CRC32) {
+		/* zlib's takes and gives the CRC, not the register; its length is a
+		 * z_size_t */
+		return ~(uint32_t)crc32_z(~(uint32_t)reg, p, len);
+	}
+#if defined(__x86_64__)
+	if (kind == SUM_CRC64NVME && have_pclmul)
+		return crc64_hw(reg, p, len);
+	if (kind == SUM_CRC32C && have_sse42)
+		return crc32c_hw((uint32_t)reg, p, len);
+#endif
+	return sum_crc_portable(kind, reg, p, len);
+}
+
+const char *sum_crc_impl(enum sum_kind kind)
+{
+	pthread_once(&tables_once, make_tables);
+	if (kind == SUM_CRC32)
+		return "zlib";
+	if (kind == SUM_CRC64NVME)
+		return have_pclmul ? "pclmul" : "table";
+	return have_sse42 ? "sse4.2" : "table";
 }
 
 /* the sines' constants of RFC 1321 */
@@ -206,14 +431,32 @@ static void sha256_block(uint32_t h[8], const unsigned char *p)
 
 const char *sum_name(enum sum_kind kind)
 {
-	return kind == SUM_CRC32 ? "crc32" : kind == SUM_CRC32C ? "crc32c" : kind == SUM_SHA256 ? "sha256" :
-	       kind == SUM_MD5 ? "md5" : "none";
+	return kind == SUM_CRC32 ? "crc32" : kind == SUM_CRC32C ? "crc32c" : kind == SUM_CRC64NVME ? "crc64nvme" :
+	       kind == SUM_SHA256 ? "sha256" : kind == SUM_MD5 ? "md5" : "none";
 }
 
 const char *sum_label(enum sum_kind kind)
 {
-	return kind == SUM_CRC32 ? "CRC32" : kind == SUM_CRC32C ? "CRC32C" : kind == SUM_SHA256 ? "SHA-256" :
-	       kind == SUM_MD5 ? "MD5" : "none";
+	return kind == SUM_CRC32 ? "CRC32" : kind == SUM_CRC32C ? "CRC32C" : kind == SUM_CRC64NVME ? "CRC64NVME" :
+	       kind == SUM_SHA256 ? "SHA-256" : kind == SUM_MD5 ? "MD5" : "none";
+}
+
+/* measured here (docs/benchmarks.md, "Checksums"): CRC32C with SSE4.2's
+ * instruction, CRC64NVME folded with PCLMULQDQ, CRC32 (zlib), MD5,
+ * SHA-256, from fastest */
+static int sum_rank(enum sum_kind kind)
+{
+	static const enum sum_kind order[] = { SUM_CRC32C, SUM_CRC64NVME, SUM_CRC32, SUM_MD5, SUM_SHA256 };
+	int i = 0;
+
+	while (i < 5 && order[i] != kind)
+		i++;
+	return i;
+}
+
+bool sum_cheaper(enum sum_kind a, enum sum_kind b)
+{
+	return sum_rank(a) < sum_rank(b);
 }
 
 void sum_init(struct sum *s, enum sum_kind kind)
@@ -224,7 +467,7 @@ void sum_init(struct sum *s, enum sum_kind kind)
 
 	pthread_once(&tables_once, make_tables);
 	s->kind = kind;
-	s->crc = 0xFFFFFFFFu;
+	s->crc = kind == SUM_CRC64NVME ? ~(uint64_t)0 : 0xFFFFFFFFu;
 	s->len = 0;
 	memcpy(s->h, kind == SUM_MD5 ? md5_h0 : h0, sizeof h0);
 }
@@ -257,7 +500,7 @@ void sum_update(struct sum *s, const void *data, size_t len)
 		blocks_update(s, data, len);
 		return;
 	}
-	s->crc = crc_update(s->kind == SUM_CRC32C ? crc32c_table : crc32_table, s->crc, data, len);
+	s->crc = sum_crc(s->kind, s->crc, data, len);
 	s->len += len;
 }
 
@@ -284,6 +527,8 @@ static void base64(const unsigned char *in, size_t n, char *out)
 /* The digest of @s into @d: its length. */
 static size_t digest(struct sum *s, unsigned char d[32])
 {
+	size_t n;
+
 	if (s->kind == SUM_MD5 || s->kind == SUM_SHA256) {
 		unsigned char pad[72] = { 0x80 };
 		uint64_t bits = s->len * 8;
@@ -298,9 +543,10 @@ static size_t digest(struct sum *s, unsigned char d[32])
 			d[i] = (unsigned char)(s->h[i / 4] >> (md5 ? 8 * (i % 4) : 24 - 8 * (i % 4)));
 		return md5 ? 16 : 32;
 	}
-	for (int i = 0; i < 4; i++)
-		d[i] = (unsigned char)(~s->crc >> (24 - 8 * i));
-	return 4;
+	n = s->kind == SUM_CRC64NVME ? 8 : 4;
+	for (size_t i = 0; i < n; i++)
+		d[i] = (unsigned char)(~s->crc >> (8 * (n - 1 - i)));
+	return n;
 }
 
 void sum_base64(struct sum *s, char *out)

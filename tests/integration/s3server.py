@@ -321,6 +321,7 @@ class FaultProxy:
         self.flip = 0
         self.flipped = 0
         self.add_headers = []  # header lines (bytes) added to every answer forwarded
+        self.etag = None  # an ETag (str) put in place of the server's in every answer
         self.flip_lock = threading.Lock()
         t = threading.Thread(target=self._accept, daemon=True)
         t.start()
@@ -493,6 +494,8 @@ class FaultProxy:
         for k, v in h.items():
             if k in ("connection", "transfer-encoding", "content-length"):
                 continue
+            if k == "etag" and self.etag is not None:
+                v = self.etag
             out.append(k.encode() + b": " + v.encode("latin-1"))
         out.extend(self.add_headers)
         if method == "HEAD":

@@ -283,22 +283,35 @@ def test_encrypted_etag_is_no_md5(s3, proxy, header, checked):
         assert ok(r) == FaultProxy.flip_body(body) and proxy.requests == 1
 
 
-def crc32c(data):
+def crc_reflected(data, poly, bits):
+    """A reflected CRC of @bits with all ones in and out, byte by byte."""
     table = []
     for i in range(256):
         c = i
         for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            c = (c >> 1) ^ poly if c & 1 else c >> 1
         table.append(c)
-    c = 0xFFFFFFFF
+    ones = (1 << bits) - 1
+    c = ones
     for b in data:
         c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
+    return c ^ ones
+
+
+def crc32c(data):
+    return crc_reflected(data, 0x82F63B78, 32)
+
+
+def crc64nvme(data):
+    """NVM Express's CRC-64 (AWS's CRC64NVME); "123456789" gives
+    0xAE8B14860A799888."""
+    return crc_reflected(data, 0x9A6C9329AC4BC9B5, 64)
 
 
 SUMS = {  # x-amz-checksum-KIND: (the name in a message, the sum of bytes)
     "crc32": ("CRC32", lambda b: struct.pack(">I", zlib.crc32(b))),
     "crc32c": ("CRC32C", lambda b: struct.pack(">I", crc32c(b))),
+    "crc64nvme": ("CRC64NVME", lambda b: struct.pack(">Q", crc64nvme(b))),
     "sha256": ("SHA-256", lambda b: hashlib.sha256(b).digest()),
 }
 
@@ -332,6 +345,47 @@ def test_checksum_header_is_checked(s3, proxy, kind):
     requests = proxy.requests
     assert ok(tool(env_for(proxy.endpoint), "get", u)) == FaultProxy.flip_body(body)
     assert proxy.requests == requests + 1
+
+
+@pytest.mark.parametrize("kind,checked", [("crc32c", "crc32c"), ("crc32", "crc32"), ("crc64nvme", "crc64nvme"),
+                                          ("sha256", "md5")])
+def test_only_the_cheapest_sum_is_computed(s3, proxy, kind, checked):
+    """One verified sum of the whole body is the guarantee: of an ETag's MD5
+    and an x-amz-checksum-KIND, only the cheaper is computed. The proxy
+    replaces the ETag with a wrong MD5: behind a CRC the fetch still
+    succeeds (the MD5 was not computed) and a flipped byte is still caught
+    by the CRC; behind SHA-256 (slower than MD5) and without a sum, the MD5
+    is what is checked, and the wrong ETag fails the fetch."""
+    label, fn = SUMS[kind]
+    body = random.Random("cheap" + kind).randbytes(20000)
+    want = base64.b64encode(fn(body)).decode()
+    alice = s3.client("alice")
+    status, h, _ = alice.request("PUT", "alice-data", f"cheap/{kind}.bin", body,
+                                 headers={f"x-amz-checksum-{kind}": want})
+    assert status == 200 and h[f"x-amz-checksum-{kind}"] == want
+    etag = h["etag"]
+    assert etag == f'"{hashlib.md5(body).hexdigest()}"'
+    u, plain = url(f"cheap/{kind}.bin"), url("cheap/plain.bin")
+    alice.put("alice-data", "cheap/plain.bin", body)
+    wrong = '"' + hashlib.md5(b"not these bytes").hexdigest() + '"'
+    proxy.etag = wrong
+    md5_msg = (f"the body's MD5 {hashlib.md5(body).hexdigest()} does not match its ETag {wrong} "
+               f"(20000 bytes); retried for 0.3 s")
+    # no sum beside the ETag: the MD5 is checked, and the wrong ETag caught
+    assert failed(tool(env_for(proxy.endpoint), "get", plain, retry=0.3)) == f"{plain}: {md5_msg}"
+    requests = proxy.requests
+    r = tool(env_for(proxy.endpoint), "get", u, retry=0.3)
+    if checked == "md5":
+        assert failed(r) == f"{u}: {md5_msg}"
+        return
+    assert ok(r) == body and proxy.requests == requests + 1
+    # the CRC is computed: a flipped byte is caught by it, named in the message
+    proxy.flip = -1
+    got = base64.b64encode(fn(FaultProxy.flip_body(body))).decode()
+    assert failed(tool(env_for(proxy.endpoint), "get", u, retry=0.3)) == (
+        f"{u}: the body's {label} {got} does not match its x-amz-checksum-{kind} {want} (20000 bytes); "
+        f"retried for 0.3 s")
+    assert proxy.flipped == proxy.requests - requests - 1 >= 2
 
 
 def test_object_changed_between_head_and_get(s3):
