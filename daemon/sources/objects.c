@@ -752,7 +752,7 @@ static int fetch_urls(struct source *src, char *const *paths, size_t n, int mode
 	if (r == 0 && b.n && max && total > max)
 		r = errfmt(-EFBIG, err, errlen, "%s%s: %zu objects of %" PRIu64 " bytes in all, more than the "
 			   "object cache's cache_bytes %" PRIu64 " (only webdataset shards are read as a stream, "
-			   "and token files by range)",
+			   "and token files and .npy arrays by range)",
 			   b.objs[0]->url, b.n > 1 ? " ..." : "", b.n, total, max);
 	b.fetch = true;
 	atomic_store(&b.failed, 0);
