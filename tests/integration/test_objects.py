@@ -240,24 +240,22 @@ def test_missing_object_and_no_credentials(daemon, workdir, s3):
 
 
 def test_larger_than_cache(daemon, workdir, s3):
-    """Only webdataset shards are read as a stream, and token files and
-    .npy arrays by range: other kinds' objects (an image folder's here)
-    must fit the cache."""
-    root = os.path.join(workdir, "bigfolder")
-    samples = make_folder(root, ["a", "b"], 2, [(20, 24)], seed=8)
-    alice = s3.client("alice")
-    for p, _ in samples:
-        with open(p, "rb") as f:
-            alice.put(BUCKET, "bigfolder/" + os.path.relpath(p, root), f.read())
-    total = sum(os.path.getsize(p) for p, _ in samples)
+    """Only webdataset shards and image folders are read as a stream, and
+    token files and .npy arrays by range: megatron's objects must fit the
+    cache, each fetched whole at create."""
+    rng = np.random.default_rng(8)
+    prefix = write_megatron_pair(os.path.join(workdir, "bigmg"), [rng.integers(0, 5000, size=300)
+                                                                  for _ in range(4)])
+    for ext in (".bin", ".idx"):
+        with open(prefix + ext, "rb") as f:
+            s3.client("alice").put(BUCKET, "bigmg/c" + ext, f.read())
+    total = os.path.getsize(prefix + ".bin")  # fetched alone, before the .idx
     ld, _ = s3_daemon(daemon, workdir, cache_bytes=total - 1)
-    r = create(ld, image_spec("big", {"kind": "image_folder", "path": f"s3://{BUCKET}/bigfolder"}, OPS,
-                              dtype="uint8", batch_size=2), aws_env(s3.endpoint), check=False)
+    r = create(ld, {"name": "big", "batch_size": 4, "source": {"kind": "megatron", "prefix": f"s3://{BUCKET}/bigmg/c",
+                                                               "seq_len": 16}}, aws_env(s3.endpoint), check=False)
     assert r.returncode != 0
-    first = f"s3://{BUCKET}/bigfolder/" + os.path.relpath(samples[0][0], root)
-    assert (f"{first} ...: 4 objects of {total} bytes in all, more than the object "
-            f"cache's cache_bytes {total - 1} (only webdataset shards are read as a stream, and token files "
-            "and .npy arrays by range)") in r.stderr, r.stderr
+    assert r.stderr == (f"loaderctl: create: s3://{BUCKET}/bigmg/c.bin: {total} bytes, more than the object "
+                        f"cache's cache_bytes {total - 1}\n"), r.stderr
 
 
 def stream_daemon(daemon, workdir, cache_bytes, fetch_ahead, name):
@@ -1293,5 +1291,60 @@ def test_npy_larger_than_cache_read_by_range(daemon, workdir, s3):
         assert r.returncode != 0
         assert r.stderr == (f"loaderctl: create: {url}short.npy: truncated: shape needs {sizes['x.npy']} bytes, "
                             f"the file has {sizes['x.npy'] - 1}\n"), r.stderr
+    finally:
+        proxy.stop()
+
+
+def test_image_folder_larger_than_cache_streamed(daemon, workdir, s3):
+    """An image folder under a prefix whose images are more than
+    cache_bytes is read as a stream: the create lists and HEADs them and
+    fetches none; each image is fetched into the cache when read or ahead
+    of the reads in the sampler's order, within the bound. Two shuffled
+    epochs are byte for byte the same folder on disk; once the last batch is
+    read nothing is fetched, held or pinned."""
+    root = os.path.join(workdir, "sfolder")
+    samples = make_folder(root, ["cat", "dog", "eel"], 4, [(30, 40), (44, 33)], seed=14)
+    alice = s3.client("alice")
+    for p, _ in samples:
+        with open(p, "rb") as f:
+            alice.put(BUCKET, "sfolder/" + os.path.relpath(p, root), f.read())
+    sizes = [os.path.getsize(p) for p, _ in samples]
+    total = sum(sizes)
+    limit = total // 2
+    ld, objects = stream_daemon(daemon, workdir, limit, max(sizes), "sfolder")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    env = aws_env(proxy.endpoint)
+    try:
+        spec = lambda name, p: image_spec(name, {"kind": "image_folder", "path": p}, OPS,  # noqa: E731
+                                          dtype="uint8", seed=3, batch_size=4, shuffle=True, epochs=2, prefetch=2)
+        ld.create(spec("local", root))
+        want = ld.consume("local").dump
+        assert len(want) == 2 * len(samples) * (20 * 20 * 3 + 8)
+        create(ld, spec("remote", f"s3://{BUCKET}/sfolder"), env)
+        # the create: one listing, a HEAD per image, no GET of one
+        lines = [h.split(b"\r\n")[0] for h in proxy.heads]
+        assert sum(1 for h in lines if h.startswith(b"HEAD ")) == len(samples), lines
+        assert [h for h in lines if h.startswith(b"GET ")] == [h for h in lines if b"list-type=2" in h], lines
+        assert len([h for h in lines if b"list-type=2" in h]) == 1, lines
+        oc = ld.status()["object_cache"]
+        assert (oc["misses"], oc["objects"], oc["bytes_fetched"]) == (0, 0, 0), oc
+        got, seen = consume_bounded(ld, "remote", objects, limit)
+        assert got.dump == want
+        st = ld.status()
+        after = st["object_cache"]
+        [stream] = [p["store"]["stream"] for p in st["pipelines"] if p["name"] == "remote"]
+        # the client has every batch: every read is done, nothing held
+        assert (stream["fetching_objects"], stream["readers_waiting"], stream["ahead_objects"],
+                stream["ahead_bytes"]) == (0, 0, 0, 0), stream
+        assert (after["pinned"], after["fetching"]) == (0, 0), after
+        assert after["bytes_used"] == cached_bytes(objects) <= limit, after
+        assert after["objects"] == after["misses"] - after["evictions"], after
+        # every image fetched at least once (the cache held none), each
+        # GET one image's; images evicted are fetched again
+        gets_ = [h for h in [h.split(b"\r\n")[0] for h in proxy.heads] if h.startswith(b"GET ")
+                 and b"list-type=2" not in h]
+        assert len(gets_) == after["misses"] >= len(samples) and after["bytes_fetched"] >= total, after
+        assert {h.split(b" ")[1].split(b"?")[0] for h in gets_} == \
+            {f"/{BUCKET}/sfolder/{os.path.relpath(p, root)}".encode() for p, _ in samples}
     finally:
         proxy.stop()
