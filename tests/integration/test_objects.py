@@ -1039,6 +1039,18 @@ def assert_nothing_cached(ld, objects, msock, all_gets):
     assert [s.value for s in fams["loaderd_object_store_ranged_gets"].samples] == [all_gets]
 
 
+def refuse_keys(ld, proxy, name):
+    """The store refuses the keys (403 AccessDenied) while @name is read:
+    its reader (the consume) and the first parked batch once one parks."""
+    denied = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
+              b"<Message>Access Denied.</Message></Error>")
+    proxy.add(*([("answer", 403, denied)] * 100000))
+    c = ld.popen_consume(name)
+    ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == name][0]["store"]
+                ["parked_batches"] > 0, "a batch parked for the keys", timeout=60)
+    return c, ld.pipeline(name)["store"]["parked"][0]
+
+
 def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
     """A tokens corpus of more than cache_bytes is read by range: each
     window one ranged GET per file it touches, straight into the batch,
@@ -1134,13 +1146,7 @@ def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
         # the store refuses the keys while a pipeline reads: its batch waits
         # for fresh ones (as a stream's, docs/storage.md), then goes on
         create(ld, spec("r-keys", [url + "/shard-{000..002}.bin"]), env)
-        denied = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
-                  b"<Message>Access Denied.</Message></Error>")
-        proxy.add(*([("answer", 403, denied)] * 100000))
-        c = ld.popen_consume("r-keys")
-        ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == "r-keys"][0]["store"]
-                    ["parked_batches"] > 0, "a batch parked for the keys", timeout=60)
-        parked = ld.pipeline("r-keys")["store"]["parked"][0]
+        c, parked = refuse_keys(ld, proxy, "r-keys")
         assert parked["why"] == "keys" and re.fullmatch(
             re.escape(f"{url}/shard-00") + r"[0-2]\.bin: AccessDenied: Access Denied\. \(HTTP 403\)",
             parked["error"]), parked
@@ -1190,9 +1196,9 @@ def test_npy_larger_than_cache_read_by_range(daemon, workdir, s3):
     one more for a longer header; then each sample's row one ranged GET per
     array, straight into the batch, nothing in the cache. Two shuffled
     epochs read by two partition ranks are byte for byte the same arrays on
-    disk. Then 503s park batches until the store answers, a changed object
-    fails the pipeline naming it, and an object shorter than its header
-    says fails the create."""
+    disk. Then 503s park batches until the store answers, refused keys until
+    fresh ones come, a changed object fails the pipeline naming it, and an
+    object shorter than its header says fails the create."""
     N, W = 37, 2
     rng = np.random.default_rng(21)
     x = rng.standard_normal((N, 16, 16)).astype(np.float32)  # 1 KiB rows
@@ -1270,6 +1276,21 @@ def test_npy_larger_than_cache_read_by_range(daemon, workdir, s3):
         assert res.rc == 0 and res.dump == ld.consume("l-all").dump, res.describe()
         p = ld.pipeline("r-out")
         assert (p["skipped"], p["store"]["parked_batches"]) == (0, 0), p
+
+        # the store refuses the keys: the batch waits for fresh ones, then
+        # is built again with the same bytes
+        create(ld, spec("r-keys", [url + "x.npy", url + "y.npy"]), env)
+        c, parked = refuse_keys(ld, proxy, "r-keys")
+        assert parked["why"] == "keys" and re.fullmatch(
+            re.escape(url) + r"[xy]\.npy: AccessDenied: Access Denied\. \(HTTP 403\)", parked["error"]), parked
+        res = c.wait(timeout=120)
+        assert res.rc != 0 and "npy: AccessDenied: Access Denied. (HTTP 403)" in res.stderr, res.describe()
+        while not proxy.faults.empty():
+            proxy.faults.get_nowait()
+        ld.ctl("credentials", "r-keys", env=env)
+        assert ld.consume("r-keys").dump == ld.consume("l-all").dump
+        p = ld.pipeline("r-keys")
+        assert (p["state"], p["store"]["parked_batches"], p["store"]["credentials_updates"]) == ("done", 0, 1), p
 
         # an object changed after the create: a read fails the pipeline
         # naming it (If-Match the create's ETag)
