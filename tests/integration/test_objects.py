@@ -1039,16 +1039,35 @@ def assert_nothing_cached(ld, objects, msock, all_gets):
     assert [s.value for s in fams["loaderd_object_store_ranged_gets"].samples] == [all_gets]
 
 
+def park_reads(ld, proxy, name, fault, stream=False):
+    """Every answer of the store is @fault while @name is read: its reader
+    (the consume) and the first parked batch once one parks (in
+    store.stream for a source read as a stream)."""
+    def store(st):
+        p = [p for p in st["pipelines"] if p["name"] == name][0]["store"]
+        return p["stream"] if stream else p
+    proxy.add(*([fault] * 100000))
+    c = ld.popen_consume(name)
+    ld.wait_for(lambda st: store(st)["parked_batches"] > 0, "a batch parked", timeout=60)
+    return c, store(ld.status())["parked"][0]
+
+
+def unpark(ld, proxy, c, name, want, stream=False):
+    """The store answers again: the reader @c of @name ends well with
+    @want, nothing skipped, nothing parked."""
+    with proxy.faults.mutex:
+        proxy.faults.queue.clear()
+    res = c.wait(timeout=120)
+    assert res.rc == 0 and res.dump == want, res.describe()
+    p = ld.pipeline(name)
+    assert (p["skipped"], (p["store"]["stream"] if stream else p["store"])["parked_batches"]) == (0, 0), p
+
+
 def refuse_keys(ld, proxy, name):
-    """The store refuses the keys (403 AccessDenied) while @name is read:
-    its reader (the consume) and the first parked batch once one parks."""
+    """park_reads() of a store that refuses the keys (403 AccessDenied)."""
     denied = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
               b"<Message>Access Denied.</Message></Error>")
-    proxy.add(*([("answer", 403, denied)] * 100000))
-    c = ld.popen_consume(name)
-    ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == name][0]["store"]
-                ["parked_batches"] > 0, "a batch parked for the keys", timeout=60)
-    return c, ld.pipeline(name)["store"]["parked"][0]
+    return park_reads(ld, proxy, name, ("answer", 403, denied))
 
 
 def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
@@ -1261,21 +1280,12 @@ def test_npy_larger_than_cache_read_by_range(daemon, workdir, s3):
 
         # 503s past store_retry_seconds: the batches wait, then are built
         create(ld, spec("r-out", [url + "x.npy", url + "y.npy"]), env)
-        proxy.add(*(["503"] * 100000))
-        c = ld.popen_consume("r-out")
-        ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == "r-out"][0]["store"]
-                    ["parked_batches"] > 0, "a batch parked for the store", timeout=60)
-        parked = ld.pipeline("r-out")["store"]["parked"][0]
+        c, parked = park_reads(ld, proxy, "r-out", "503")
         assert parked["why"] == "store" and re.fullmatch(
             re.escape(url) + r"[xy]\.npy: SlowDown: Please reduce your request rate\. "
             r"\(HTTP 503\); retried for 0\.3 s", parked["error"]), parked
-        while not proxy.faults.empty():
-            proxy.faults.get_nowait()
-        res = c.wait(timeout=120)
         ld.create(spec("l-all", [px, py]))
-        assert res.rc == 0 and res.dump == ld.consume("l-all").dump, res.describe()
-        p = ld.pipeline("r-out")
-        assert (p["skipped"], p["store"]["parked_batches"]) == (0, 0), p
+        unpark(ld, proxy, c, "r-out", ld.consume("l-all").dump)
 
         # the store refuses the keys: the batch waits for fresh ones, then
         # is built again with the same bytes
@@ -1332,7 +1342,8 @@ def test_image_folder_larger_than_cache_streamed(daemon, workdir, s3):
     sizes = [os.path.getsize(p) for p, _ in samples]
     total = sum(sizes)
     limit = total // 2
-    ld, objects = stream_daemon(daemon, workdir, limit, max(sizes), "sfolder")
+    # fetch_ahead: half the cache; store_retry_seconds 0.3
+    ld, objects, _ = ranged_daemon(daemon, workdir, limit, "sfolder")
     proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
     env = aws_env(proxy.endpoint)
     try:
@@ -1367,5 +1378,15 @@ def test_image_folder_larger_than_cache_streamed(daemon, workdir, s3):
         assert len(gets_) == after["misses"] >= len(samples) and after["bytes_fetched"] >= total, after
         assert {h.split(b" ")[1].split(b"?")[0] for h in gets_} == \
             {f"/{BUCKET}/sfolder/{os.path.relpath(p, root)}".encode() for p, _ in samples}
+
+        # 503s past store_retry_seconds: a read that must fetch parks its
+        # batch (no bad image: on_error does not skip it), built once the
+        # store answers
+        create(ld, spec("r-out", f"s3://{BUCKET}/sfolder"), env)
+        c, parked = park_reads(ld, proxy, "r-out", "503", stream=True)
+        assert parked["why"] == "store" and re.fullmatch(
+            re.escape(f"s3://{BUCKET}/sfolder/") + r"(cat|dog|eel)/[^ /]+\.jpg: SlowDown: Please reduce your "
+            r"request rate\. \(HTTP 503\); retried for 0\.3 s", parked["error"]), parked
+        unpark(ld, proxy, c, "r-out", want, stream=True)
     finally:
         proxy.stop()
