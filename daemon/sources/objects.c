@@ -688,7 +688,7 @@ static int batch_run(struct batch *b, char *err, size_t errlen)
 }
 
 /* How fetch_urls() takes objects more than the cache holds. */
-enum { FIT_ONLY, FIT_OR_STREAM, FIT_OR_RANGE };
+enum { FIT_ONLY, FIT_OR_STREAM, FIT_OR_RANGE, FIT_OR_STREAM_NO_INDEX };
 
 static int fetch_urls(struct source *src, char *const *paths, size_t n, int mode, char *err, size_t errlen)
 {
@@ -742,17 +742,18 @@ static int fetch_urls(struct source *src, char *const *paths, size_t n, int mode
 		o->ranged = true;
 		b.n = 0;
 	}
-	if (r == 0 && b.n && max && total > max && mode == FIT_OR_STREAM) {
+	if (r == 0 && b.n && max && total > max && (mode == FIT_OR_STREAM || mode == FIT_OR_STREAM_NO_INDEX)) {
 		/* read as a stream: fetched while it runs (source_open_read()),
-		 * and now ahead of the index */
+		 * and now ahead of the index (a kind that has one to build) */
 		o->stream = true;
-		index_ahead_start(o, b.objs, b.n);
+		if (mode == FIT_OR_STREAM)
+			index_ahead_start(o, b.objs, b.n);
 		b.n = 0;
 	}
 	if (r == 0 && b.n && max && total > max)
 		r = errfmt(-EFBIG, err, errlen, "%s%s: %zu objects of %" PRIu64 " bytes in all, more than the "
-			   "object cache's cache_bytes %" PRIu64 " (only webdataset shards are read as a stream, "
-			   "and token files by range)",
+			   "object cache's cache_bytes %" PRIu64 " (only webdataset shards and image folders are read "
+			   "as a stream, and token files and .npy arrays by range)",
 			   b.objs[0]->url, b.n > 1 ? " ..." : "", b.n, total, max);
 	b.fetch = true;
 	atomic_store(&b.failed, 0);
@@ -840,10 +841,10 @@ json_t *source_ranged_json(const struct source *src)
 			 "ranged_bytes", (json_int_t)atomic_load(&o->ranged_bytes));
 }
 
-int source_stream_urls(struct source *src, char *const *paths, size_t n, const char *(*object_of)(void *arg,
-		       uint64_t idx), void *arg, char *err, size_t errlen)
+static int stream_urls(struct source *src, char *const *paths, size_t n, int mode,
+		       const char *(*object_of)(void *arg, uint64_t idx), void *arg, char *err, size_t errlen)
 {
-	int r = fetch_urls(src, paths, n, FIT_OR_STREAM, err, errlen);
+	int r = fetch_urls(src, paths, n, mode, err, errlen);
 
 	if (r == 0 && src->objs && src->objs->stream) {
 		src->objs->object_of = object_of;
@@ -854,6 +855,18 @@ int source_stream_urls(struct source *src, char *const *paths, size_t n, const c
 		pthread_mutex_unlock(&streams_lock);
 	}
 	return r;
+}
+
+int source_stream_urls(struct source *src, char *const *paths, size_t n, const char *(*object_of)(void *arg,
+		       uint64_t idx), void *arg, char *err, size_t errlen)
+{
+	return stream_urls(src, paths, n, FIT_OR_STREAM, object_of, arg, err, errlen);
+}
+
+int source_stream_objects(struct source *src, char *const *paths, size_t n, const char *(*object_of)(void *arg,
+			  uint64_t idx), void *arg, char *err, size_t errlen)
+{
+	return stream_urls(src, paths, n, FIT_OR_STREAM_NO_INDEX, object_of, arg, err, errlen);
 }
 
 bool source_streams(const struct source *src)

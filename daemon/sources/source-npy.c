@@ -5,6 +5,12 @@
  * The .npy header is untrusted input and is parsed by hand with bounded
  * lengths: a magic string, a version, a length and a Python dict literal
  * {'descr': '<f4', 'fortran_order': False, 'shape': (N, d1, ...), }.
+ *
+ * Arrays in a store more than cache_bytes in all are read by range
+ * (docs/storage.md, "Read by range"): the header from one ranged GET of
+ * its first NPY_HEAD_READ bytes (and one more for the rest of a longer
+ * header), each sample's row one ranged GET per array straight into the
+ * batch (a row of a C-order array is contiguous).
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -19,12 +25,16 @@
 
 #define SPEC_NPY_MAX_PATHS 16
 #define NPY_HEADER_MAX (1u << 20)
+#define NPY_HEAD_READ 4096 /* a ranged header's first GET: most headers are < 200 bytes */
 
 struct npy_file {
 	int fd;
 	char *path;
 	uint64_t data_offset;
 	size_t row_bytes;
+	bool ranged;         /* an object read by range: no fd */
+	unsigned char *head; /* while the header is parsed: its first headn bytes */
+	size_t headn;
 };
 
 struct npy_source {
@@ -299,6 +309,46 @@ static int npy_dtype(const char *path, const char *descr, char *err, size_t errl
 	return errfmt(-EINVAL, err, errlen, "%s: dtype '%s' is not supported", path, descr);
 }
 
+/* @len bytes at @off of @file: from its fd, or its first ranged GET's
+ * bytes and a ranged GET for what is past them. */
+static int npy_pread(const struct source *base, const struct npy_file *file, void *buf, size_t len,
+		     uint64_t off, char *err, size_t errlen)
+{
+	size_t have = 0;
+
+	if (!file->ranged)
+		return source_read_full(file->fd, file->path, buf, len, off, err, errlen);
+	if (off < file->headn) {
+		have = file->headn - (size_t)off < len ? file->headn - (size_t)off : len;
+		memcpy(buf, file->head + off, have);
+	}
+	if (have == len)
+		return 0;
+	return source_read_range(base, file->path, off + have, len - have, (char *)buf + have, err, errlen);
+}
+
+/* The object's size, and its first bytes (one ranged GET) or its fd. */
+static int npy_open_file(const struct source *base, struct npy_file *file, uint64_t *size, char *err,
+			 size_t errlen)
+{
+	int r;
+
+	file->ranged = source_ranged(base, file->path);
+	if (!file->ranged)
+		return source_open_file(base, file->path, &file->fd, size, err, errlen);
+	r = source_object_size(base, file->path, size, err, errlen);
+	if (r < 0 || *size < 10)
+		return r;
+	file->headn = *size < NPY_HEAD_READ ? (size_t)*size : NPY_HEAD_READ;
+	file->head = malloc(file->headn);
+	if (!file->head)
+		return errfmt(-ENOMEM, err, errlen, "out of memory");
+	r = source_read_range(base, file->path, 0, file->headn, file->head, err, errlen);
+	if (r < 0)
+		file->headn = 0;
+	return r;
+}
+
 static int npy_open_one(const struct source *base, struct npy_file *file, struct field_desc *f,
 			uint64_t *nrows, char *err, size_t errlen)
 {
@@ -309,12 +359,12 @@ static int npy_open_one(const struct source *base, struct npy_file *file, struct
 	char *text;
 	int dtype, r;
 
-	r = source_open_file(base, path, &file->fd, &size, err, errlen);
+	r = npy_open_file(base, file, &size, err, errlen);
 	if (r < 0)
 		return r;
 	if (size < 10)
 		return errfmt(-EINVAL, err, errlen, "%s: not a .npy file (too short)", path);
-	r = source_read_full(file->fd, path, pre, 10, 0, err, errlen);
+	r = npy_pread(base, file, pre, 10, 0, err, errlen);
 	if (r < 0)
 		return r;
 	if (memcmp(pre, "\x93NUMPY", 6) != 0)
@@ -325,7 +375,7 @@ static int npy_open_one(const struct source *base, struct npy_file *file, struct
 	} else if ((pre[6] == 2 || pre[6] == 3) && pre[7] == 0) {
 		if (size < 12)
 			return errfmt(-EINVAL, err, errlen, "%s: truncated header", path);
-		r = source_read_full(file->fd, path, pre + 10, 2, 10, err, errlen);
+		r = npy_pread(base, file, pre + 10, 2, 10, err, errlen);
 		if (r < 0)
 			return r;
 		hlen = pre[8] | (uint64_t)pre[9] << 8 | (uint64_t)pre[10] << 16 |
@@ -343,7 +393,7 @@ static int npy_open_one(const struct source *base, struct npy_file *file, struct
 	text = malloc(hlen + 1);
 	if (!text)
 		return -ENOMEM;
-	r = source_read_full(file->fd, path, text, hlen, prelen, err, errlen);
+	r = npy_pread(base, file, text, hlen, prelen, err, errlen);
 	if (r == 0) {
 		text[hlen] = '\0';
 		r = npy_parse_dict(path, text, hlen, &h, err, errlen);
@@ -396,8 +446,9 @@ static int npy_open(struct source *base, const struct spec *spec, char *err, siz
 		return errfmt(-EINVAL, err, errlen, "npy source: 1..%d paths", SOURCE_MAX_FIELDS);
 	for (size_t i = 0; i < spec->source.npaths; i++)
 		src->files[i].fd = -1;
-	/* the arrays in a store: all fetched at once (objects.c) */
-	int r0 = source_fetch_urls(base, spec->source.paths, spec->source.npaths, err, errlen);
+	/* the arrays in a store: all fetched at once (objects.c), or read by
+	 * range when more than the cache holds */
+	int r0 = source_range_urls(base, spec->source.paths, spec->source.npaths, err, errlen);
 	if (r0 < 0)
 		return r0;
 	for (size_t i = 0; i < spec->source.npaths; i++) {
@@ -420,6 +471,9 @@ static int npy_open(struct source *base, const struct spec *spec, char *err, siz
 					    "%s: field name \"%s\" is already used by %s",
 					    file->path, f->name, src->files[j].path);
 		r = npy_open_one(base, file, f, &nrows, err, errlen);
+		free(file->head); /* the header is parsed: rows are read by range */
+		file->head = NULL;
+		file->headn = 0;
 		if (r < 0)
 			return r;
 		if (i == 0)
@@ -442,8 +496,10 @@ static int npy_read(struct source *base, const struct sample_ctx *ctx, uint64_t 
 	(void)ctx;
 	for (size_t i = 0; i < src->nfiles; i++) {
 		const struct npy_file *file = &src->files[i];
-		int r = source_read_full(file->fd, file->path, dsts[i], file->row_bytes,
-					 file->data_offset + idx * file->row_bytes, err, errlen);
+		uint64_t off = file->data_offset + idx * file->row_bytes;
+		/* read by range: one GET per array, straight into the batch */
+		int r = file->ranged ? source_read_range(base, file->path, off, file->row_bytes, dsts[i], err, errlen)
+				     : source_read_full(file->fd, file->path, dsts[i], file->row_bytes, off, err, errlen);
 		if (r < 0)
 			return r;
 	}
@@ -458,6 +514,7 @@ static void npy_close(struct source *base)
 		if (src->files[i].fd >= 0)
 			close(src->files[i].fd);
 		free(src->files[i].path);
+		free(src->files[i].head);
 	}
 }
 

@@ -110,6 +110,12 @@ int source_open_path(const struct source *src, const char *path, struct stat *st
  */
 int source_stream_urls(struct source *src, char *const *paths, size_t n, const char *(*object_of)(void *arg,
 		       uint64_t idx), void *arg, char *err, size_t errlen);
+/* source_stream_urls() of a kind with no index to build from its objects'
+ * bytes (an image folder: one object a sample): when they do not fit,
+ * nothing is fetched at create, each object only when read (or fetched
+ * ahead of the reads). */
+int source_stream_objects(struct source *src, char *const *paths, size_t n, const char *(*object_of)(void *arg,
+			  uint64_t idx), void *arg, char *err, size_t errlen);
 bool source_streams(const struct source *src);
 void source_note_read(const struct source *src, const struct sample_ctx *ctx);
 int source_open_read(const struct source *src, const char *path, struct stat *st, size_t *hold, char *err,

@@ -240,24 +240,22 @@ def test_missing_object_and_no_credentials(daemon, workdir, s3):
 
 
 def test_larger_than_cache(daemon, workdir, s3):
-    """Only webdataset shards are read as a stream, and token files by
-    range: other kinds' objects (npy here) must fit the cache."""
+    """Only webdataset shards and image folders are read as a stream, and
+    token files and .npy arrays by range: megatron's objects must fit the
+    cache, each fetched whole at create."""
     rng = np.random.default_rng(8)
-    paths = []
-    for i in range(3):
-        p = os.path.join(workdir, f"big{i}.npy")
-        write_npy(p, rng.standard_normal((50, 4)).astype(np.float32))
-        with open(p, "rb") as f:
-            s3.client("alice").put(BUCKET, f"npy/big{i}.npy", f.read())
-        paths.append(p)
-    total = sum(os.path.getsize(p) for p in paths)
+    prefix = write_megatron_pair(os.path.join(workdir, "bigmg"), [rng.integers(0, 5000, size=300)
+                                                                  for _ in range(4)])
+    for ext in (".bin", ".idx"):
+        with open(prefix + ext, "rb") as f:
+            s3.client("alice").put(BUCKET, "bigmg/c" + ext, f.read())
+    total = os.path.getsize(prefix + ".bin")  # fetched alone, before the .idx
     ld, _ = s3_daemon(daemon, workdir, cache_bytes=total - 1)
-    r = create(ld, npy_spec("big", [f"s3://{BUCKET}/npy/big{i}.npy" for i in range(3)], batch_size=4),
-               aws_env(s3.endpoint), check=False)
+    r = create(ld, {"name": "big", "batch_size": 4, "source": {"kind": "megatron", "prefix": f"s3://{BUCKET}/bigmg/c",
+                                                               "seq_len": 16}}, aws_env(s3.endpoint), check=False)
     assert r.returncode != 0
-    assert (f"s3://{BUCKET}/npy/big0.npy ...: 3 objects of {total} bytes in all, more than the object "
-            f"cache's cache_bytes {total - 1} (only webdataset shards are read as a stream, and token files "
-            "by range)") in r.stderr, r.stderr
+    assert r.stderr == (f"loaderctl: create: s3://{BUCKET}/bigmg/c.bin: {total} bytes, more than the object "
+                        f"cache's cache_bytes {total - 1}\n"), r.stderr
 
 
 def stream_daemon(daemon, workdir, cache_bytes, fetch_ahead, name):
@@ -1030,6 +1028,48 @@ def ranged_daemon(daemon, workdir, cache_bytes, name):
     return daemon("--cache-dir", cache, "--config", cfg), os.path.join(cache, "objects"), msock
 
 
+def assert_nothing_cached(ld, objects, msock, all_gets):
+    """Sources read by range: nothing fetched into the node's cache, nothing
+    on its disk, and @all_gets ranged GETs in status and /metrics."""
+    oc = ld.status()["object_cache"]
+    assert (oc["objects"], oc["misses"], oc["bytes_fetched"], oc["ranged_gets"]) == (0, 0, 0, all_gets), oc
+    assert cached_bytes(objects) == 0
+    from test_metrics import get_unix, parse
+    fams = parse(get_unix(msock)[2])
+    assert [s.value for s in fams["loaderd_object_store_ranged_gets"].samples] == [all_gets]
+
+
+def park_reads(ld, proxy, name, fault, stream=False):
+    """Every answer of the store is @fault while @name is read: its reader
+    (the consume) and the first parked batch once one parks (in
+    store.stream for a source read as a stream)."""
+    def store(st):
+        p = [p for p in st["pipelines"] if p["name"] == name][0]["store"]
+        return p["stream"] if stream else p
+    proxy.add(*([fault] * 100000))
+    c = ld.popen_consume(name)
+    ld.wait_for(lambda st: store(st)["parked_batches"] > 0, "a batch parked", timeout=60)
+    return c, store(ld.status())["parked"][0]
+
+
+def unpark(ld, proxy, c, name, want, stream=False):
+    """The store answers again: the reader @c of @name ends well with
+    @want, nothing skipped, nothing parked."""
+    with proxy.faults.mutex:
+        proxy.faults.queue.clear()
+    res = c.wait(timeout=120)
+    assert res.rc == 0 and res.dump == want, res.describe()
+    p = ld.pipeline(name)
+    assert (p["skipped"], (p["store"]["stream"] if stream else p["store"])["parked_batches"]) == (0, 0), p
+
+
+def refuse_keys(ld, proxy, name):
+    """park_reads() of a store that refuses the keys (403 AccessDenied)."""
+    denied = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
+              b"<Message>Access Denied.</Message></Error>")
+    return park_reads(ld, proxy, name, ("answer", 403, denied))
+
+
 def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
     """A tokens corpus of more than cache_bytes is read by range: each
     window one ranged GET per file it touches, straight into the batch,
@@ -1096,13 +1136,7 @@ def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
             read = 2 * tokens * 2 + (total if create_gets else 0)
             assert store["ranged_bytes"] == read, store
             assert store["parked_batches"] == 0 and "stream" not in store, store
-        # nothing fetched into the cache, nothing on its disk
-        oc = ld.status()["object_cache"]
-        assert (oc["objects"], oc["misses"], oc["bytes_fetched"], oc["ranged_gets"]) == (0, 0, 0, all_gets), oc
-        assert cached_bytes(objects) == 0
-        from test_metrics import get_unix, parse
-        fams = parse(get_unix(msock)[2])
-        assert [s.value for s in fams["loaderd_object_store_ranged_gets"].samples] == [all_gets]
+        assert_nothing_cached(ld, objects, msock, all_gets)
 
         # the store does not answer (503s past store_retry_seconds): the
         # batches wait, shown in status, then are built once it answers
@@ -1131,13 +1165,7 @@ def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
         # the store refuses the keys while a pipeline reads: its batch waits
         # for fresh ones (as a stream's, docs/storage.md), then goes on
         create(ld, spec("r-keys", [url + "/shard-{000..002}.bin"]), env)
-        denied = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
-                  b"<Message>Access Denied.</Message></Error>")
-        proxy.add(*([("answer", 403, denied)] * 100000))
-        c = ld.popen_consume("r-keys")
-        ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == "r-keys"][0]["store"]
-                    ["parked_batches"] > 0, "a batch parked for the keys", timeout=60)
-        parked = ld.pipeline("r-keys")["store"]["parked"][0]
+        c, parked = refuse_keys(ld, proxy, "r-keys")
         assert parked["why"] == "keys" and re.fullmatch(
             re.escape(f"{url}/shard-00") + r"[0-2]\.bin: AccessDenied: Access Denied\. \(HTTP 403\)",
             parked["error"]), parked
@@ -1167,5 +1195,198 @@ def test_tokens_larger_than_cache_read_by_range(daemon, workdir, s3):
         assert "the object changed since its ETag" in r.stderr, r.stderr
         p = ld.pipeline("r-fail")
         assert p["state"] == "failed" and f"{url}/shard-001.bin: PreconditionFailed" in p["error"], p
+    finally:
+        proxy.stop()
+
+
+def write_npy_padded(path, a, pad):
+    """A .npy (version 1.0) of C-order @a whose header dict holds @pad
+    spaces before its closing brace: a header longer than a first read."""
+    text = "{'descr': '%s', 'fortran_order': False, 'shape': %r, %s}" % (a.dtype.str, a.shape, " " * pad)
+    text += " " * (-(10 + len(text) + 1) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode() + a.tobytes())
+    assert np.array_equal(np.load(path), a)
+
+
+def test_npy_larger_than_cache_read_by_range(daemon, workdir, s3):
+    """Arrays of more than cache_bytes are read by range: at create a HEAD
+    and one ranged GET of the first 4096 bytes (the header) of each object,
+    one more for a longer header; then each sample's row one ranged GET per
+    array, straight into the batch, nothing in the cache. Two shuffled
+    epochs read by two partition ranks are byte for byte the same arrays on
+    disk. Then 503s park batches until the store answers, refused keys until
+    fresh ones come, a changed object fails the pipeline naming it, and an
+    object shorter than its header says fails the create."""
+    N, W = 37, 2
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((N, 16, 16)).astype(np.float32)  # 1 KiB rows
+    y = rng.integers(0, 1000, size=(N,)).astype(np.int64)
+    d = os.path.join(workdir, "npyrg")
+    os.makedirs(d)
+    px, py, pl = (os.path.join(d, n) for n in ("x.npy", "y.npy", "long.npy"))
+    write_npy(px, x)
+    write_npy(py, y)
+    write_npy_padded(pl, x[:, 0, :4].copy(), 6000)
+    alice = s3.client("alice")
+    sizes = {}
+    for p in (px, py, pl):
+        with open(p, "rb") as f:
+            body = f.read()
+        alice.put(BUCKET, "npyrg/" + os.path.basename(p), body)
+        sizes[os.path.basename(p)] = len(body)
+    url = f"s3://{BUCKET}/npyrg/"
+    ld, objects, msock = ranged_daemon(daemon, workdir, min(sizes.values()) - 1, "npyranged")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    env = aws_env(proxy.endpoint)
+    per_rank = -(-N // W)  # DistributedSampler pads the epoch to W * per_rank
+
+    def spec(name, paths):
+        return npy_spec(name, paths, batch_size=4, shuffle=True, seed=7, epochs=2)
+
+    def ranks(name):
+        return [ld.consume(name, "--mode", "partition", "--rank", r, "--world-size", W).dump for r in range(W)]
+
+    try:
+        all_gets = 0
+        for what, names in (("xy", ("x.npy", "y.npy")), ("long", ("long.npy",))):
+            ld.create(spec(f"l-{what}", [os.path.join(d, n) for n in names]))
+            want = ranks(f"l-{what}")
+            row = sum(np.load(os.path.join(d, n), mmap_mode="r")[0].nbytes for n in names)
+            assert all(len(w) == 2 * per_rank * row for w in want)
+            n0, g0 = len(proxy.heads), gets(proxy)
+            create(ld, spec(f"r-{what}", [url + n for n in names]), env)
+            heads = proxy.heads[n0:]
+            # a HEAD and a GET of the header of each; the long one's header
+            # (6000 bytes and more) a second GET
+            assert sum(1 for h in heads if h.startswith(b"HEAD ")) == len(names), heads
+            create_gets = len(names) + (what == "long")
+            assert gets(proxy) - g0 == create_gets, heads
+            create_bytes = sum(min(sizes[n], 4096) for n in names)
+            if what == "long":
+                with open(pl, "rb") as f:
+                    hlen = struct.unpack("<H", f.read(10)[8:])[0]
+                assert hlen > 6000
+                create_bytes += 10 + hlen - 4096
+            assert ranks(f"r-{what}") == want, what
+            reads = W * 2 * per_rank * len(names)  # a GET per sample and array
+            assert gets(proxy) - g0 == create_gets + reads, what
+            all_gets += create_gets + reads
+            store = ld.pipeline(f"r-{what}")["store"]
+            assert (store["ranged"], store["ranged_gets"], store["ranged_bytes"]) == \
+                (True, create_gets + reads, create_bytes + W * 2 * per_rank * row), store
+            assert store["parked_batches"] == 0 and "stream" not in store, store
+        assert_nothing_cached(ld, objects, msock, all_gets)
+
+        # 503s past store_retry_seconds: the batches wait, then are built
+        create(ld, spec("r-out", [url + "x.npy", url + "y.npy"]), env)
+        c, parked = park_reads(ld, proxy, "r-out", "503")
+        assert parked["why"] == "store" and re.fullmatch(
+            re.escape(url) + r"[xy]\.npy: SlowDown: Please reduce your request rate\. "
+            r"\(HTTP 503\); retried for 0\.3 s", parked["error"]), parked
+        ld.create(spec("l-all", [px, py]))
+        unpark(ld, proxy, c, "r-out", ld.consume("l-all").dump)
+
+        # the store refuses the keys: the batch waits for fresh ones, then
+        # is built again with the same bytes
+        create(ld, spec("r-keys", [url + "x.npy", url + "y.npy"]), env)
+        c, parked = refuse_keys(ld, proxy, "r-keys")
+        assert parked["why"] == "keys" and re.fullmatch(
+            re.escape(url) + r"[xy]\.npy: AccessDenied: Access Denied\. \(HTTP 403\)", parked["error"]), parked
+        res = c.wait(timeout=120)
+        assert res.rc != 0 and "npy: AccessDenied: Access Denied. (HTTP 403)" in res.stderr, res.describe()
+        while not proxy.faults.empty():
+            proxy.faults.get_nowait()
+        ld.ctl("credentials", "r-keys", env=env)
+        assert ld.consume("r-keys").dump == ld.consume("l-all").dump
+        p = ld.pipeline("r-keys")
+        assert (p["state"], p["store"]["parked_batches"], p["store"]["credentials_updates"]) == ("done", 0, 1), p
+
+        # an object changed after the create: a read fails the pipeline
+        # naming it (If-Match the create's ETag)
+        create(ld, spec("r-fail", [url + "x.npy", url + "y.npy"]), env)
+        write_npy(os.path.join(d, "y2.npy"), y + 1)
+        with open(os.path.join(d, "y2.npy"), "rb") as f:
+            alice.put(BUCKET, "npyrg/y.npy", f.read())
+        r = ld.consume("r-fail", check=False)
+        assert r.rc != 0
+        assert f"{url}y.npy: PreconditionFailed" in r.stderr and "the object changed since its ETag" in r.stderr, \
+            r.stderr
+        p = ld.pipeline("r-fail")
+        assert p["state"] == "failed" and f"{url}y.npy: PreconditionFailed" in p["error"], p
+
+        # shorter than its header says: the create fails, naming it
+        with open(px, "rb") as f:
+            alice.put(BUCKET, "npyrg/short.npy", f.read()[:-1])
+        r = create(ld, spec("r-short", [url + "short.npy"]), env, check=False)
+        assert r.returncode != 0
+        assert r.stderr == (f"loaderctl: create: {url}short.npy: truncated: shape needs {sizes['x.npy']} bytes, "
+                            f"the file has {sizes['x.npy'] - 1}\n"), r.stderr
+    finally:
+        proxy.stop()
+
+
+def test_image_folder_larger_than_cache_streamed(daemon, workdir, s3):
+    """An image folder under a prefix whose images are more than
+    cache_bytes is read as a stream: the create lists and HEADs them and
+    fetches none; each image is fetched into the cache when read or ahead
+    of the reads in the sampler's order, within the bound. Two shuffled
+    epochs are byte for byte the same folder on disk; once the last batch is
+    read nothing is fetched, held or pinned."""
+    root = os.path.join(workdir, "sfolder")
+    samples = make_folder(root, ["cat", "dog", "eel"], 4, [(30, 40), (44, 33)], seed=14)
+    alice = s3.client("alice")
+    for p, _ in samples:
+        with open(p, "rb") as f:
+            alice.put(BUCKET, "sfolder/" + os.path.relpath(p, root), f.read())
+    sizes = [os.path.getsize(p) for p, _ in samples]
+    total = sum(sizes)
+    limit = total // 2
+    # fetch_ahead: half the cache; store_retry_seconds 0.3
+    ld, objects, _ = ranged_daemon(daemon, workdir, limit, "sfolder")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    env = aws_env(proxy.endpoint)
+    try:
+        spec = lambda name, p: image_spec(name, {"kind": "image_folder", "path": p}, OPS,  # noqa: E731
+                                          dtype="uint8", seed=3, batch_size=4, shuffle=True, epochs=2, prefetch=2)
+        ld.create(spec("local", root))
+        want = ld.consume("local").dump
+        assert len(want) == 2 * len(samples) * (20 * 20 * 3 + 8)
+        create(ld, spec("remote", f"s3://{BUCKET}/sfolder"), env)
+        # the create: one listing, a HEAD per image, no GET of one
+        lines = [h.split(b"\r\n")[0] for h in proxy.heads]
+        assert sum(1 for h in lines if h.startswith(b"HEAD ")) == len(samples), lines
+        assert [h for h in lines if h.startswith(b"GET ")] == [h for h in lines if b"list-type=2" in h], lines
+        assert len([h for h in lines if b"list-type=2" in h]) == 1, lines
+        oc = ld.status()["object_cache"]
+        assert (oc["misses"], oc["objects"], oc["bytes_fetched"]) == (0, 0, 0), oc
+        got, seen = consume_bounded(ld, "remote", objects, limit)
+        assert got.dump == want
+        st = ld.status()
+        after = st["object_cache"]
+        [stream] = [p["store"]["stream"] for p in st["pipelines"] if p["name"] == "remote"]
+        # the client has every batch: every read is done, nothing held
+        assert (stream["fetching_objects"], stream["readers_waiting"], stream["ahead_objects"],
+                stream["ahead_bytes"]) == (0, 0, 0, 0), stream
+        assert (after["pinned"], after["fetching"]) == (0, 0), after
+        assert after["bytes_used"] == cached_bytes(objects) <= limit, after
+        assert after["objects"] == after["misses"] - after["evictions"], after
+        # every image fetched at least once (the cache held none), each
+        # GET one image's; images evicted are fetched again
+        gets_ = [h for h in [h.split(b"\r\n")[0] for h in proxy.heads] if h.startswith(b"GET ")
+                 and b"list-type=2" not in h]
+        assert len(gets_) == after["misses"] >= len(samples) and after["bytes_fetched"] >= total, after
+        assert {h.split(b" ")[1].split(b"?")[0] for h in gets_} == \
+            {f"/{BUCKET}/sfolder/{os.path.relpath(p, root)}".encode() for p, _ in samples}
+
+        # 503s past store_retry_seconds: a read that must fetch parks its
+        # batch (no bad image: on_error does not skip it), built once the
+        # store answers
+        create(ld, spec("r-out", f"s3://{BUCKET}/sfolder"), env)
+        c, parked = park_reads(ld, proxy, "r-out", "503", stream=True)
+        assert parked["why"] == "store" and re.fullmatch(
+            re.escape(f"s3://{BUCKET}/sfolder/") + r"(cat|dog|eel)/[^ /]+\.jpg: SlowDown: Please reduce your "
+            r"request rate\. \(HTTP 503\); retried for 0\.3 s", parked["error"]), parked
+        unpark(ld, proxy, c, "r-out", want, stream=True)
     finally:
         proxy.stop()

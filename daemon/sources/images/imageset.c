@@ -67,6 +67,7 @@ struct imageset {
 	char *names;
 	size_t names_len, names_cap;
 	size_t nclasses;
+	char **urls;                  /* a store's folder read as a stream: each image's URL */
 	char **shards;                /* webdataset: expanded paths */
 	int *fds;                     /* -1: open per read */
 	size_t nshards;
@@ -365,8 +366,11 @@ static int list_classes(const struct imageset *set, const char *root, struct lis
 	return 0;
 }
 
-/* Every image of a store's folder fetched into the node's cache at once. */
-static int fetch_folder(struct imageset *set, char *err, size_t errlen)
+/* Every image of a store's folder fetched into the node's cache at once;
+ * when they are more than cache_bytes, only HEADed, each fetched when read
+ * or ahead of the reads (@object_of names sample idx's URL): set->urls. */
+static int fetch_folder(struct imageset *set, const char *(*object_of)(void *arg, uint64_t idx), void *arg,
+			char *err, size_t errlen)
 {
 	char **urls = calloc(set->n ? set->n : 1, sizeof(*urls));
 	int r = 0;
@@ -379,7 +383,11 @@ static int fetch_folder(struct imageset *set, char *err, size_t errlen)
 			r = -ENOMEM;
 		}
 	if (r == 0)
-		r = source_fetch_urls((struct source *)set->src, urls, set->n, err, errlen);
+		r = source_stream_objects((struct source *)set->src, urls, set->n, object_of, arg, err, errlen);
+	if (r == 0 && source_streams(set->src)) {
+		set->urls = urls;
+		return 0;
+	}
 	for (uint64_t i = 0; i < set->n; i++)
 		free(urls[i]);
 	free(urls);
@@ -388,7 +396,8 @@ static int fetch_folder(struct imageset *set, char *err, size_t errlen)
 
 /* A folder read as @who, or as @src (its creator, and a store's prefix). */
 static int open_folder(struct imageset **out, const struct creds *who, const struct source *src,
-		       const char *root, char *err, size_t errlen)
+		       const char *root, const char *(*object_of)(void *arg, uint64_t idx), void *arg,
+		       char *err, size_t errlen)
 {
 	struct listing l = { 0 };
 	bool remote = src && source_is_url(root);
@@ -480,7 +489,7 @@ static int open_folder(struct imageset **out, const struct creds *who, const str
 			 "%s: no .jpg, .jpeg or .png files in its %zu class folders", root,
 			 classes.n);
 	else if (remote)
-		r = fetch_folder(set, err, errlen);
+		r = fetch_folder(set, object_of, arg, err, errlen);
 out:
 	if (dir)
 		closedir(dir);
@@ -503,13 +512,13 @@ out:
 int imageset_open_folder(struct imageset **out, const struct creds *who, const char *root,
 			 char *err, size_t errlen)
 {
-	return open_folder(out, who, NULL, root, err, errlen);
+	return open_folder(out, who, NULL, root, NULL, NULL, err, errlen);
 }
 
 int imageset_open_folder_of(struct imageset **out, const struct source *src, const char *root,
-			    char *err, size_t errlen)
+			    const char *(*object_of)(void *arg, uint64_t idx), void *arg, char *err, size_t errlen)
 {
-	return open_folder(out, &src->who, src, root, err, errlen);
+	return open_folder(out, &src->who, src, root, object_of, arg, err, errlen);
 }
 
 /* ---- webdataset ---- */
@@ -754,6 +763,9 @@ struct imageset *imageset_free(struct imageset *set)
 			close(set->fds[s]);
 		free(set->shards[s]);
 	}
+	for (uint64_t i = 0; set->urls && i < set->n; i++)
+		free(set->urls[i]);
+	free(set->urls);
 	free(set->shards);
 	free(set->fds);
 	free(set->root);
@@ -794,7 +806,9 @@ uint64_t *imageset_shard_first(const struct imageset *set, uint32_t *nshards)
 
 const char *imageset_shard_of(const struct imageset *set, uint64_t idx)
 {
-	return set->folder || idx >= set->n ? NULL : set->shards[set->v[idx].shard];
+	if (idx >= set->n)
+		return NULL;
+	return set->folder ? set->urls ? set->urls[idx] : NULL : set->shards[set->v[idx].shard];
 }
 
 uint64_t imageset_count(const struct imageset *set)
@@ -851,6 +865,15 @@ static int read_at(int fd, uint8_t *dst, size_t len, uint64_t off, const char *w
 	return 0;
 }
 
+/* An image's fd given back: a streamed folder's to the cache (its pin). */
+static void folder_close(const struct imageset *set, int fd, size_t hold)
+{
+	if (set->urls)
+		source_close_read(set->src, fd, hold);
+	else
+		close(fd);
+}
+
 int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_t *cap,
 		  size_t *len, int64_t *label, char *err, size_t errlen)
 {
@@ -864,20 +887,24 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 		struct stat st;
 
 		/* one open, one fstat: per sample, so nothing more (a store's:
-		 * a new fd of its cached copy) */
-		fd = set->src ? source_open_path(set->src, what, &st, err, errlen)
-			      : ds_open(&set->who, what, &st, err, errlen);
+		 * a new fd of its cached copy; read as a stream: pinned while
+		 * read, fetched now when neither there nor on its way) */
+		if (set->urls)
+			fd = source_open_read(set->src, set->urls[idx], &st, &hold, err, errlen);
+		else
+			fd = set->src ? source_open_path(set->src, what, &st, err, errlen)
+				      : ds_open(&set->who, what, &st, err, errlen);
 		if (fd < 0)
 			return fd;
 		if ((uint64_t)st.st_size > IMAGE_FILE_MAX) {
-			close(fd);
+			folder_close(set, fd, hold);
 			return errfmt(-EFBIG, err, errlen, "%s: larger than %u MiB", what,
 				    IMAGE_FILE_MAX >> 20);
 		}
 		r = grow(buf, cap, (size_t)st.st_size);
 		if (r == 0)
 			r = read_at(fd, *buf, (size_t)st.st_size, 0, what, err, errlen);
-		close(fd);
+		folder_close(set, fd, hold);
 		if (r < 0)
 			return r == -ENOMEM ? errfmt(r, err, errlen, "%s: out of memory", what) : r;
 		*len = (size_t)st.st_size;

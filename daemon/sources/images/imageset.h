@@ -25,10 +25,13 @@ struct imageset;
 int imageset_open_folder(struct imageset **out, const struct creds *who, const char *root,
 			 char *err, size_t errlen);
 /* The same as @src's creator; @root may also be s3://bucket/prefix, listed
- * (ListObjectsV2) and every image fetched into the node's cache (objects.c). */
+ * (ListObjectsV2) and every image fetched into the node's cache (objects.c),
+ * or, when they are more than cache_bytes, each read as a stream: fetched
+ * when read or ahead of the reads, @object_of(@arg, idx) naming sample
+ * idx's URL (imageset_shard_of() of this set). */
 struct source;
 int imageset_open_folder_of(struct imageset **out, const struct source *src, const char *root,
-			    char *err, size_t errlen);
+			    const char *(*object_of)(void *arg, uint64_t idx), void *arg, char *err, size_t errlen);
 
 /**
  * imageset_open_webdataset() - index WebDataset tar shards once.
@@ -46,7 +49,8 @@ int imageset_open_folder_of(struct imageset **out, const struct source *src, con
 struct source;
 int imageset_open_webdataset(struct imageset **out, const struct source *src, char *const *urls,
 			     size_t nurls, char *err, size_t errlen);
-/* The shard (its path or URL) of a webdataset's sample @idx; NULL for a folder's. */
+/* The shard (its path or URL) of a webdataset's sample @idx; a store's folder
+ * read as a stream: its image's URL; NULL for another folder's. */
 const char *imageset_shard_of(const struct imageset *set, uint64_t idx);
 struct imageset *imageset_free(struct imageset *set);
 /* A webdataset's shard boundaries: a malloc'd array of nshards + 1, entry k

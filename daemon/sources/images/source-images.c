@@ -501,7 +501,8 @@ static bool transforms_random(const struct spec *spec)
 
 /* ---- the dataset ---- */
 
-/* The shard of sample @idx, for the fetch-ahead (objects.c). */
+/* The shard of sample @idx (a streamed folder's: its image), for the
+ * fetch-ahead (objects.c). */
 static const char *shard_of(void *arg, uint64_t idx)
 {
 	const struct images_source *src = arg;
@@ -559,7 +560,7 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 	int r;
 
 	if (spec->kind == SOURCE_IMAGE_FOLDER)
-		r = imageset_open_folder_of(&src->images, base, spec->source.root, err, errlen);
+		r = imageset_open_folder_of(&src->images, base, spec->source.root, shard_of, base, err, errlen);
 	else if ((r = fetch_shards(base, spec, err, errlen)) == 0) {
 		r = imageset_open_webdataset(&src->images, base, spec->source.urls, spec->source.nurls,
 					     err, errlen);
