@@ -12,11 +12,13 @@
  *   sockpath.h       claim a socket path: replace a stale one
  *   size.h           parse a size: "512M", "4G"
  *   config-change.h  a live setting's change: its log line, its reply entry
+ *   bootid.h         the kernel's boot id: which cache files a power loss may have torn
  *
  * layer: daemon/base -> common include
  */
 #pragma once
 
+#include "bootid.h"
 #include "config-change.h"
 #include "creds.h"
 #include "log.h"

@@ -1647,6 +1647,8 @@ json_t *source_object_cache_json(void)
 			 (json_int_t)s.evictions, "fetching", (json_int_t)s.fetching, "fetching_bytes",
 			 (json_int_t)s.fetching_bytes, "fetch_ahead", (json_int_t)ahead_bound(),
 			 "checksum_mismatches", (json_int_t)s.checksum_mismatches);
+	json_object_set_new(j, "rechecked", json_integer((json_int_t)s.rechecked));
+	json_object_set_new(j, "recheck_failures", json_integer((json_int_t)s.recheck_failures));
 	json_object_set_new(j, "store_endpoints", source_store_endpoints_json());
 	json_object_set_new(j, "ranged_gets", json_integer((json_int_t)atomic_load(&all_ranged_gets)));
 	json_object_set_new(j, "ranged_bytes", json_integer((json_int_t)atomic_load(&all_ranged_bytes)));

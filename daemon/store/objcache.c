@@ -2,13 +2,23 @@
 /* objcache - the node's one cache of objects fetched from a store (objcache.h)
  *
  * Each object is two files in the folder: NAME (its bytes) and NAME.id
- * ("SIZE\nIDENTITY\n", IDENTITY being "ENDPOINT URL ETAG"), NAME 32 hex
- * digits of a hash of IDENTITY. Lookups compare the whole identity, never
- * only the hash: two objects whose names collide are never mixed up (the
- * second is just not cached). A fetch writes NAME.tmp.PID.N, and renames it
- * to NAME once its length is the HEAD's, after NAME.id is in place; so a
- * NAME with a valid NAME.id is complete, and anything else is deleted at
- * the next start. Files are the daemon's, 0600.
+ * ("SIZE\nIDENTITY\nBOOT CRC32C\n", IDENTITY being "ENDPOINT URL ETAG"),
+ * NAME 32 hex digits of a hash of IDENTITY. Lookups compare the whole
+ * identity, never only the hash: two objects whose names collide are never
+ * mixed up (the second is just not cached). A fetch writes NAME.tmp.PID.N,
+ * and renames it to NAME once its length is the HEAD's and its body matched
+ * the store's sums, after NAME.id is in place; so a NAME with a valid
+ * NAME.id is complete, and anything else is deleted at the next start.
+ * Files are the daemon's, 0600.
+ *
+ * Nothing is fsync'ed (a fetch would wait for the disk): a process that
+ * dies leaves its renamed files whole in the page cache, and only a kernel
+ * crash or a power loss can leave one of the right length with other
+ * bytes; both change the boot id (bootid.h). So NAME.id carries the boot
+ * id it was written in and the CRC32C of the bytes fetched: an object of
+ * another boot is read whole and checked against it at its first open (off
+ * the loop, as a fetch), then stamped with this boot's id, or deleted and
+ * fetched again when it does not match.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -23,9 +33,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bootid.h"
+#include "base/log.h"
 #include "common.h"
 #include "objcache.h"
 #include "store.h"
+#include "sums.h"
 
 struct objcache_pin {
 	struct objcache_pin *next;   /* the cache's list of entries */
@@ -33,8 +46,10 @@ struct objcache_pin {
 	char name[40];
 	uint64_t size;
 	uint64_t used;               /* the LRU clock at its last use */
+	uint32_t crc32c;             /* of its bytes, as fetched */
 	unsigned pins;
-	bool fetching;               /* its bytes are on their way */
+	bool fetching;               /* its bytes are on their way, or being checked */
+	bool other_boot;             /* written in another boot: to be checked */
 };
 
 static struct {
@@ -102,6 +117,31 @@ static bool make_room(uint64_t need)
 	return true;
 }
 
+/* The id file's last line at @p ("\nBOOT CRC32C\n") into @e: false when
+ * it has none. BOOT is "-" when the boot id could not be read. */
+static bool parse_stamp(struct objcache_pin *e, const char *p)
+{
+	const char *now = boot_id();
+	char boot[40], *end;
+	size_t blen;
+	unsigned long crc;
+
+	if (*p++ != '\n')
+		return false;
+	blen = strcspn(p, " \n");
+	if (p[blen] != ' ' || blen >= sizeof(boot) || (blen != 36 && strncmp(p, "-", blen)))
+		return false;
+	memcpy(boot, p, blen);
+	boot[blen] = '\0';
+	p += blen + 1;
+	if (strspn(p, "0123456789abcdef") != 8 || p[8] != '\n' || p[9])
+		return false;
+	crc = strtoul(p, &end, 16);
+	e->crc32c = (uint32_t)crc;
+	e->other_boot = !now || strcmp(boot, now);
+	return true;
+}
+
 /* One NAME.id at start: its entry, or the pair deleted. */
 static void index_one(const char *name)
 {
@@ -131,11 +171,17 @@ static void index_one(const char *name)
 	e->id = strndup(nl + 1, strcspn(nl + 1, "\n"));
 	snprintf(e->name, sizeof(e->name), "%s", name);
 	e->size = size;
-	e->used = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
-	if (!e->id) {
+	if (!e->id || !parse_stamp(e, nl + 1 + strlen(e->id))) {
+		/* no sum to check it by (an id of an older daemon): fetched again */
+		free(e->id);
 		free(e);
+		path_of(p, sizeof(p), name, "");
+		unlink(p);
+		path_of(p, sizeof(p), name, ".id");
+		unlink(p);
 		return;
 	}
+	e->used = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
 	e->next = oc.list;
 	oc.list = e;
 	oc.used_bytes += size;
@@ -222,13 +268,16 @@ static int open_ro(const char *name, int *fd, const char *url, char *err, size_t
 	return 0;
 }
 
-/* Write the id file of @e: "SIZE\nID\n", through a temporary name. */
+/* Write the id file of @e, stamped with this boot's id, through a
+ * temporary name. */
 static int write_id(const struct objcache_pin *e, uint64_t seq)
 {
+	const char *boot = boot_id();
 	char p[4200], tmp[4200], *text;
 	int fd, r = 0, n;
 
-	if (asprintf(&text, "%" PRIu64 "\n%s\n", e->size, e->id) < 0)
+	if (asprintf(&text, "%" PRIu64 "\n%s\n%.36s %08" PRIx32 "\n", e->size, e->id, boot ? boot : "-",
+		     e->crc32c) < 0)
 		return -ENOMEM;
 	errno = 0;
 	snprintf(tmp, sizeof(tmp), "%s/%s.id.tmp.%d.%" PRIu64, oc.dir, e->name, (int)getpid(), seq);
@@ -260,7 +309,7 @@ static int fetch(struct store *st, const char *url, const struct store_object *o
 	if (fd < 0)
 		return errfmt(-errno, err, errlen, "%s: cannot write into the object cache %s: %s", url, tmp,
 			    strerror(errno));
-	r = store_get_fd(st, url, obj->etag, fd, &got, err, errlen);
+	r = store_get_fd(st, url, obj->etag, fd, &got, &e->crc32c, err, errlen);
 	if (r == 0 && got != obj->size)
 		r = errfmt(-EIO, err, errlen, "%s: the body has %" PRIu64 " bytes, its HEAD said %" PRIu64, url,
 			   got, obj->size);
@@ -305,6 +354,51 @@ static void drop_entry(struct objcache_pin *gone)
 	entry_free(gone);
 }
 
+/* Under the lock, which it lets go of while it reads: whether @e, written
+ * in another boot, still has the bytes it was fetched with (its CRC32C).
+ * Stamped with this boot's id when it has; counted either way. Fetching
+ * while it reads: no eviction takes it, and other opens wait. */
+static bool recheck(struct objcache_pin *e, const char *url)
+{
+	char buf[65536];
+	struct sum crc;
+	uint64_t at = 0, seq = ++oc.tmp_seq;
+	char p[4200];
+	bool same;
+	int fd;
+
+	e->fetching = true;
+	pthread_mutex_unlock(&oc.lock);
+	sum_init(&crc, SUM_CRC32C);
+	path_of(p, sizeof(p), e->name, "");
+	fd = open(p, O_RDONLY | O_CLOEXEC);
+	while (fd >= 0 && at < e->size) {
+		ssize_t n = pread(fd, buf, sizeof(buf), (off_t)at);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		sum_update(&crc, buf, (size_t)n);
+		at += (uint64_t)n;
+	}
+	if (fd >= 0)
+		close(fd);
+	same = at == e->size && sum_crc(&crc) == e->crc32c;
+	if (same)
+		(void)write_id(e, seq); /* when it cannot: checked again at the next start */
+	else
+		log_msg(LOG_WARNING, "object cache: %s: its cached copy %s, of another boot, does not "
+			"hold the bytes fetched (a crash of the machine tore it): fetched again", url, p);
+	pthread_mutex_lock(&oc.lock);
+	e->fetching = false;
+	e->other_boot = false;
+	pthread_cond_broadcast(&oc.done);
+	oc.st.rechecked++;
+	oc.st.recheck_failures += !same;
+	return same;
+}
+
 int objcache_open(struct store *st, const char *url, const struct store_object *obj, int *fd,
 		  struct objcache_pin **pin, char *err, size_t errlen)
 {
@@ -342,6 +436,12 @@ int objcache_open(struct store *st, const char *url, const struct store_object *
 		if (!e || !e->fetching)
 			break;
 		pthread_cond_wait(&oc.done, &oc.lock);
+	}
+	if (e && e->other_boot && !recheck(e, url)) {
+		/* torn by a crash of the machine: fetched again */
+		unlink_entry(e);
+		drop_entry(e);
+		e = NULL;
 	}
 	if (e) {
 		e->pins++;

@@ -65,6 +65,8 @@ struct objcache_stats {
 	uint64_t bytes_fetched;  /* from the stores, since the start */
 	uint64_t evictions;
 	uint64_t checksum_mismatches; /* bodies that did not match their sums (store.h) */
+	uint64_t rechecked;      /* objects of another boot checked at their first open */
+	uint64_t recheck_failures; /* of those, found torn and fetched again */
 	uint64_t fetching, fetching_bytes; /* fetches under way now */
 };
 

@@ -110,6 +110,7 @@ struct req {
 	bool use_md5;        /* the ETag is the MD5 to check */
 	struct sum md5;      /* of the body so far (use_md5) */
 	struct sum sum;      /* of the body so far (sum_kind) */
+	struct sum *own;     /* the caller's CRC32C of the body (store_get_fd()), or NULL */
 	int64_t clen;        /* Content-Length, -1 when none */
 	char cerr[CURL_ERROR_SIZE];
 };
@@ -486,6 +487,8 @@ static void decide(struct req *r)
 	}
 	sum_init(&r->md5, SUM_MD5);
 	sum_init(&r->sum, r->sum_kind);
+	if (r->own)
+		sum_init(r->own, SUM_CRC32C);
 }
 
 static size_t on_header(char *line, size_t size, size_t n, void *arg)
@@ -575,6 +578,8 @@ static size_t on_body(char *data, size_t size, size_t n, void *arg)
 		sum_update(&r->md5, data, len);
 	if (r->sum_kind != SUM_NONE)
 		sum_update(&r->sum, data, len);
+	if (r->own)
+		sum_update(r->own, data, len);
 	if (r->fd >= 0) {
 		for (size_t done = 0; done < len;) {
 			ssize_t w = pwrite(r->fd, data + done, len - done, (off_t)(r->got + done));
@@ -1070,9 +1075,10 @@ int store_get(struct store *st, const char *url, const char *etag, size_t max_by
 	return 0;
 }
 
-int store_get_fd(struct store *st, const char *url, const char *etag, int fd, uint64_t *size, char *err,
-		 size_t errlen)
+int store_get_fd(struct store *st, const char *url, const char *etag, int fd, uint64_t *size,
+		 uint32_t *crc32c, char *err, size_t errlen)
 {
+	struct sum own;
 	struct req r;
 	int e;
 
@@ -1082,11 +1088,14 @@ int store_get_fd(struct store *st, const char *url, const char *etag, int fd, ui
 	r.fd = fd;
 	r.if_match = etag;
 	r.verify = true;
+	r.own = &own;
+	sum_init(&own, SUM_CRC32C);
 	e = run(&r, err, errlen);
 	free(r.http);
 	if (e < 0)
 		return e;
 	*size = r.got;
+	*crc32c = sum_crc(&own);
 	return 0;
 }
 

@@ -116,10 +116,12 @@ int store_get(struct store *st, const char *url, const char *etag, size_t max_by
  *
  * *size: the bytes written (a retry writes again from 0; the caller
  * truncates to *size). A write that fails is -EIO naming the errno. The
- * body is checked against its ETag as for store_get().
+ * body is checked against its ETag as for store_get(). *crc32c: the
+ * CRC32C of the bytes written (the object cache keeps it, to check the
+ * file again after a power loss).
  */
-int store_get_fd(struct store *st, const char *url, const char *etag, int fd, uint64_t *size, char *err,
-		 size_t errlen);
+int store_get_fd(struct store *st, const char *url, const char *etag, int fd, uint64_t *size,
+		 uint32_t *crc32c, char *err, size_t errlen);
 
 /* Whole bodies that did not match their sums (each try), since the start. */
 uint64_t store_checksum_mismatches(void);

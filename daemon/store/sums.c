@@ -504,6 +504,11 @@ void sum_update(struct sum *s, const void *data, size_t len)
 	s->len += len;
 }
 
+uint32_t sum_crc(const struct sum *s)
+{
+	return ~s->crc;
+}
+
 static void base64(const unsigned char *in, size_t n, char *out)
 {
 	static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

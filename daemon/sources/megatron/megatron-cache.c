@@ -38,7 +38,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bootid.h"
 #include "common.h"
 #include "megatron.h"
 #include "sources/source.h"
@@ -91,28 +91,11 @@ static uint64_t checksum(const struct mg_index *ix, uint64_t nseq)
 	return mix(h, ix->pointers, nseq * 8);
 }
 
-#define BOOT_BYTES 40
+#define BOOT_BYTES BOOT_ID_BYTES
 
-static char boot_id[BOOT_BYTES];          /* "" when unknown */
-static pthread_once_t boot_once = PTHREAD_ONCE_INIT;
-
-static void read_boot_id(void)
-{
-	int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-	char b[BOOT_BYTES] = { 0 };
-
-	if (fd < 0)
-		return;
-	if (read(fd, b, 36) == 36 && b[0] != 0)
-		memcpy(boot_id, b, sizeof(b));
-	close(fd);
-}
-
-/* The running kernel's boot id, 40 bytes (zero-padded), or NULL when unknown. */
 static const char *boot(void)
 {
-	pthread_once(&boot_once, read_boot_id);
-	return boot_id[0] ? boot_id : NULL;
+	return boot_id();
 }
 
 /* A file checked whole in this boot: its boot id made this boot's. */
