@@ -384,7 +384,7 @@ static bool recheck(struct objcache_pin *e, const char *url)
 	}
 	if (fd >= 0)
 		close(fd);
-	same = at == e->size && sum_crc(&crc) == e->crc32c;
+	same = at == e->size && sum_crc32_value(&crc) == e->crc32c;
 	if (same)
 		(void)write_id(e, seq); /* when it cannot: checked again at the next start */
 	else

@@ -1095,7 +1095,7 @@ int store_get_fd(struct store *st, const char *url, const char *etag, int fd, ui
 	if (e < 0)
 		return e;
 	*size = r.got;
-	*crc32c = sum_crc(&own);
+	*crc32c = sum_crc32_value(&own);
 	return 0;
 }
 

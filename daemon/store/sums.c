@@ -504,9 +504,9 @@ void sum_update(struct sum *s, const void *data, size_t len)
 	s->len += len;
 }
 
-uint32_t sum_crc(const struct sum *s)
+uint32_t sum_crc32_value(const struct sum *s)
 {
-	return ~s->crc;
+	return ~(uint32_t)s->crc;
 }
 
 static void base64(const unsigned char *in, size_t n, char *out)

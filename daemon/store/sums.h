@@ -48,7 +48,7 @@ void sum_update(struct sum *s, const void *data, size_t len);
 /* The digest in base64, as the header carries it, into @out (at least 45
  * bytes). Once: the sum is done. */
 void sum_base64(struct sum *s, char *out);
-/* A CRC's value so far (SUM_CRC32, SUM_CRC32C); the sum goes on. */
-uint32_t sum_crc(const struct sum *s);
+/* A 32-bit CRC's value so far (SUM_CRC32, SUM_CRC32C); the sum goes on. */
+uint32_t sum_crc32_value(const struct sum *s);
 /* The digest in lowercase hex (an ETag's), into @out (at least 65 bytes). */
 void sum_hex(struct sum *s, char *out);
