@@ -7,8 +7,10 @@
  * "profile dev"; what is filled must be NUL-terminated within its field
  * and a key must come with its secret. The same bytes as an
  * AWS_CREDENTIAL_EXPIRATION (awscreds_time()): an answer only for a time;
- * and as a credential_process's output (awscreds_process_json()): keys
- * NUL-terminated within their fields, both or neither.
+ * and as a credential_process's output (awscreds_process_json()), a
+ * container's or an instance's metadata answer (awscreds_meta_json()) and
+ * an STS answer (awscreds_sts_xml()): keys NUL-terminated within their
+ * fields, both or neither.
  */
 #include "fuzz.h"
 
@@ -43,6 +45,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		     strnlen(c.session_token, sizeof c.session_token) == sizeof c.session_token ||
 		     !c.access_key[0] != !c.secret_key[0]))
 			abort();
+	}
+	{
+		struct awscreds c;
+		int r;
+
+		memset(&c, 0, sizeof c);
+		if (awscreds_meta_json(&c, text, "fuzz", err, sizeof err) == 0 &&
+		    (strnlen(c.session_token, sizeof c.session_token) == sizeof c.session_token ||
+		     !c.access_key[0] || !c.secret_key[0]))
+			abort();
+		memset(&c, 0, sizeof c);
+		r = awscreds_sts_xml(&c, text, "fuzz", err, sizeof err);
+		if (r == 0 && (strnlen(c.secret_key, sizeof c.secret_key) == sizeof c.secret_key || !c.access_key[0] ||
+			       !c.secret_key[0]))
+			abort();
+		if (r < 0 && c.access_key[0])
+			abort(); /* a failure leaves no half of a pair */
 	}
 	{
 		int64_t t;

@@ -9,6 +9,11 @@
  * credential_process (a command that prints them as JSON); the region and
  * the endpoint are looked up on their own, the environment first.
  *
+ * What no file holds comes from the services of awsroles.c (a web identity
+ * at STS, a container's endpoint, the instance's role), in botocore's
+ * place for each; the formats they and a credential_process answer in are
+ * parsed in awskeys.c.
+ *
  * The files are INI as botocore reads them: `[section]`, `key = value`,
  * comments from '#' or ';' at the start of a line, and a key with an empty
  * value opening a sub-section of indented lines (`s3 =` then
@@ -30,18 +35,6 @@
 
 #define AWSCREDS_FILE_MAX (1 << 20)
 
-/* @v into @dst (cap @cap) unless @dst is set already. */
-static int fill(char *dst, size_t cap, const char *v, size_t vlen, const char *what, char *err, size_t errlen)
-{
-	if (dst[0])
-		return 0;
-	if (vlen >= cap)
-		return errfmt(-EINVAL, err, errlen, "%s: longer than %zu bytes", what, cap - 1);
-	memcpy(dst, v, vlen);
-	dst[vlen] = '\0';
-	return 0;
-}
-
 /* [s, e) without the blanks around it */
 static void trim(const char **s, const char **e)
 {
@@ -52,26 +45,58 @@ static void trim(const char **s, const char **e)
 }
 
 /* What one profile section holds, as spans of the text. */
+enum { V_KEY, V_SECRET, V_TOKEN, V_REGION, V_ENDPOINT, V_ROLE_ARN, V_WEB_TOKEN, V_ROLE_SESSION,
+       V_SOURCE_PROFILE, V_CRED_SOURCE, V_SSO_SESSION, V_SSO_URL, V_PROCESS, V_S3_ENDPOINT, V_COUNT };
+
 struct section_vals {
-	const char *v[7];
-	size_t n[7];
+	const char *v[V_COUNT];
+	size_t n[V_COUNT];
 };
 
-enum { V_KEY, V_SECRET, V_TOKEN, V_REGION, V_ENDPOINT, V_S3_ENDPOINT, V_PROCESS };
+static const char *const value_names[V_PROCESS + 1] = {
+	"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "region", "endpoint_url", "role_arn",
+	"web_identity_token_file", "role_session_name", "source_profile", "credential_source", "sso_session",
+	"sso_start_url", "credential_process",
+};
 
 static int value_index(const char *sub, const char *k, size_t kn)
 {
-	static const char *const names[] = { "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
-					     "region", "endpoint_url" };
-
 	if (sub)
 		return strcmp(sub, "s3") == 0 && kn == 12 && !memcmp(k, "endpoint_url", 12) ? V_S3_ENDPOINT : -1;
-	if (kn == 18 && !memcmp(k, "credential_process", 18))
-		return V_PROCESS;
-	for (int i = 0; i < 5; i++)
-		if (strlen(names[i]) == kn && !memcmp(k, names[i], kn))
+	for (int i = 0; i <= V_PROCESS; i++)
+		if (strlen(value_names[i]) == kn && !memcmp(k, value_names[i], kn))
 			return i;
 	return -1;
+}
+
+/* A profile's role (role_arn and how to assume it) into @out, where no
+ * source before gave keys nor a role. */
+static int parse_role(struct awscreds *out, const struct section_vals *sv, const char *what, char *err,
+		      size_t errlen)
+{
+	int r;
+
+	if (out->access_key[0] || out->role_arn[0] || out->unsupported[0])
+		return 0;
+	/* assume-role from other keys, and SSO: not read (docs/storage.md) */
+	for (int i = V_SOURCE_PROFILE; i <= V_SSO_URL; i++)
+		if (sv->v[i] && (i > V_CRED_SOURCE || sv->v[V_ROLE_ARN])) {
+			snprintf(out->unsupported, sizeof out->unsupported, "%.200s has %s", what, value_names[i]);
+			return 0;
+		}
+	if (!sv->v[V_ROLE_ARN])
+		return 0;
+	if (!sv->v[V_WEB_TOKEN])
+		return errfmt(-EINVAL, err, errlen, "%s: role_arn without web_identity_token_file, source_profile or "
+			      "credential_source", what);
+	if ((r = awscreds_fill(out->role_arn, sizeof out->role_arn, sv->v[V_ROLE_ARN], sv->n[V_ROLE_ARN], what, err,
+		      errlen)) < 0 ||
+	    (r = awscreds_fill(out->web_token_file, sizeof out->web_token_file, sv->v[V_WEB_TOKEN], sv->n[V_WEB_TOKEN], what,
+		      err, errlen)) < 0 ||
+	    (sv->v[V_ROLE_SESSION] && (r = awscreds_fill(out->role_session, sizeof out->role_session, sv->v[V_ROLE_SESSION],
+						sv->n[V_ROLE_SESSION], what, err, errlen)) < 0))
+		return r;
+	return 0;
 }
 
 int awscreds_parse(struct awscreds *out, const char *text, const char *path, const char *section, int *found,
@@ -141,60 +166,30 @@ next:
 			      sv.v[V_KEY] ? "aws_secret_access_key" : "aws_access_key_id");
 	snprintf(what, sizeof what, "%s: [%s]", path, section);
 	if (sv.v[V_KEY] && !out->access_key[0]) {
-		if ((r = fill(out->access_key, sizeof out->access_key, sv.v[V_KEY], sv.n[V_KEY], what, err, errlen)) < 0 ||
-		    (r = fill(out->secret_key, sizeof out->secret_key, sv.v[V_SECRET], sv.n[V_SECRET], what, err,
+		if ((r = awscreds_fill(out->access_key, sizeof out->access_key, sv.v[V_KEY], sv.n[V_KEY], what, err, errlen)) < 0 ||
+		    (r = awscreds_fill(out->secret_key, sizeof out->secret_key, sv.v[V_SECRET], sv.n[V_SECRET], what, err,
 			      errlen)) < 0 ||
-		    (sv.v[V_TOKEN] && (r = fill(out->session_token, sizeof out->session_token, sv.v[V_TOKEN],
+		    (sv.v[V_TOKEN] && (r = awscreds_fill(out->session_token, sizeof out->session_token, sv.v[V_TOKEN],
 						sv.n[V_TOKEN], what, err, errlen)) < 0))
 			return r;
 		snprintf(out->source, sizeof out->source, "[%s] in %s", section, path);
 	}
+	if (!sv.v[V_KEY] && (r = parse_role(out, &sv, what, err, errlen)) < 0)
+		return r;
 	/* a command that prints the keys, run when no source before gave any */
 	if (sv.v[V_PROCESS] && !sv.v[V_KEY] && !out->access_key[0] && !out->process[0]) {
-		if ((r = fill(out->process, sizeof out->process, sv.v[V_PROCESS], sv.n[V_PROCESS], what, err,
+		if ((r = awscreds_fill(out->process, sizeof out->process, sv.v[V_PROCESS], sv.n[V_PROCESS], what, err,
 			      errlen)) < 0)
 			return r;
 		snprintf(out->source, sizeof out->source, "credential_process of [%s] in %s", section, path);
 	}
 	if (sv.v[V_REGION] &&
-	    (r = fill(out->region, sizeof out->region, sv.v[V_REGION], sv.n[V_REGION], what, err, errlen)) < 0)
+	    (r = awscreds_fill(out->region, sizeof out->region, sv.v[V_REGION], sv.n[V_REGION], what, err, errlen)) < 0)
 		return r;
-	for (int i = V_S3_ENDPOINT; i >= V_ENDPOINT; i--)
-		if (sv.v[i] && (r = fill(out->endpoint, sizeof out->endpoint, sv.v[i], sv.n[i], what, err, errlen)) < 0)
+	/* the s3 sub-section's endpoint_url before the profile's own */
+	for (int k = 0, i = V_S3_ENDPOINT; k < 2; k++, i = V_ENDPOINT)
+		if (sv.v[i] && (r = awscreds_fill(out->endpoint, sizeof out->endpoint, sv.v[i], sv.n[i], what, err, errlen)) < 0)
 			return r;
-	return 0;
-}
-
-/* @path's bytes, NUL-terminated, in *@text (NULL when it does not exist). */
-static int read_file(const char *path, char **text, char *err, size_t errlen)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	size_t got = 0;
-	char *buf;
-
-	*text = NULL;
-	if (fd < 0)
-		return errno == ENOENT ? 0 : errfmt(-errno, err, errlen, "%s: %s", path, strerror(errno));
-	buf = malloc(AWSCREDS_FILE_MAX + 1);
-	if (!buf) {
-		close(fd);
-		return errfmt(-ENOMEM, err, errlen, "%s: out of memory", path);
-	}
-	for (;;) {
-		ssize_t n = read(fd, buf + got, AWSCREDS_FILE_MAX + 1 - got);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0 || (got += (size_t)n) > AWSCREDS_FILE_MAX)
-			break;
-	}
-	close(fd);
-	if (got > AWSCREDS_FILE_MAX) {
-		free(buf);
-		return errfmt(-EFBIG, err, errlen, "%s: larger than %d bytes", path, AWSCREDS_FILE_MAX);
-	}
-	buf[got] = '\0';
-	*text = buf;
 	return 0;
 }
 
@@ -205,8 +200,10 @@ static int load_file(struct awscreds *out, const char *path, const char *section
 	char *text;
 	int r, f = 0;
 
-	r = read_file(path, &text, err, errlen);
-	if (r < 0 || !text)
+	r = awscreds_read_file(path, AWSCREDS_FILE_MAX, &text, err, errlen);
+	if (r == -ENOENT)
+		return 0;
+	if (r < 0)
 		return r;
 	r = awscreds_parse(out, text, path, section, &f, err, errlen);
 	*found |= f;
@@ -218,176 +215,9 @@ static int load_file(struct awscreds *out, const char *path, const char *section
 	return r;
 }
 
-int awscreds_time(const char *s, int64_t *out)
-{
-	int y, mo, d, h, mi, sec, n = 0, oh = 0, om = 0;
-	int64_t days;
-
-	if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &sec, &n) != 6 || n != 19)
-		return -EINVAL;
-	s += n;
-	if (*s == '.')
-		for (s++; isdigit((unsigned char)*s); s++)
-			;
-	if (*s == 'Z' || *s == 'z')
-		s++;
-	else if ((*s == '+' || *s == '-') && isdigit((unsigned char)s[1]) && isdigit((unsigned char)s[2]) &&
-		 s[3] == ':' && isdigit((unsigned char)s[4]) && isdigit((unsigned char)s[5])) {
-		oh = (s[1] - '0') * 10 + (s[2] - '0');
-		om = (s[4] - '0') * 10 + (s[5] - '0');
-		if (*s == '-')
-			oh = -oh, om = -om;
-		s += 6;
-	} else {
-		return -EINVAL;
-	}
-	if (*s || y < 1970 || mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60)
-		return -EINVAL;
-	/* days from the civil date (Howard Hinnant's algorithm) */
-	{
-		int yy = y - (mo <= 2);
-		int era = yy / 400, yoe = yy - era * 400;
-		int doy = (153 * (mo + (mo > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-		int doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-
-		days = (int64_t)era * 146097 + doe - 719468;
-	}
-	*out = days * 86400 + h * 3600 + mi * 60 + sec - oh * 3600 - om * 60;
-	return 0;
-}
-
 /* ---- credential_process: a command that prints the keys as JSON ---- */
 
 #define PROCESS_OUT_MAX (64 << 10)
-
-/* One JSON string at *@p (after its '"') into @buf (cap @cap), *@p past its
- * closing quote. \\uXXXX of the BMP as UTF-8 (no surrogates: keys are ASCII). */
-static int json_string(const char **p, char *buf, size_t cap)
-{
-	const char *s = *p;
-	size_t n = 0;
-
-	for (;;) {
-		unsigned c = (unsigned char)*s++, u = 0;
-		char tmp[4];
-		size_t k = 1;
-
-		if (c == '\0' || c < 0x20)
-			return -1;
-		if (c == '"')
-			break;
-		tmp[0] = (char)c;
-		if (c == '\\') {
-			switch (*s++) {
-			case '"': tmp[0] = '"'; break;
-			case '\\': tmp[0] = '\\'; break;
-			case '/': tmp[0] = '/'; break;
-			case 'b': tmp[0] = '\b'; break;
-			case 'f': tmp[0] = '\f'; break;
-			case 'n': tmp[0] = '\n'; break;
-			case 'r': tmp[0] = '\r'; break;
-			case 't': tmp[0] = '\t'; break;
-			case 'u':
-				for (int i = 0; i < 4; i++, s++) {
-					if (!isxdigit((unsigned char)*s))
-						return -1;
-					u = u * 16 + (unsigned)(isdigit((unsigned char)*s) ? *s - '0'
-							       : (tolower((unsigned char)*s) - 'a' + 10));
-				}
-				if (u == 0 || (u >= 0xd800 && u <= 0xdfff))
-					return -1;
-				if (u < 0x80) {
-					tmp[0] = (char)u;
-				} else if (u < 0x800) {
-					tmp[0] = (char)(0xc0 | (u >> 6));
-					tmp[1] = (char)(0x80 | (u & 0x3f));
-					k = 2;
-				} else {
-					tmp[0] = (char)(0xe0 | (u >> 12));
-					tmp[1] = (char)(0x80 | ((u >> 6) & 0x3f));
-					tmp[2] = (char)(0x80 | (u & 0x3f));
-					k = 3;
-				}
-				break;
-			default:
-				return -1;
-			}
-		}
-		if (n + k >= cap)
-			return -2;
-		memcpy(buf + n, tmp, k);
-		n += k;
-	}
-	buf[n] = '\0';
-	*p = s;
-	return 0;
-}
-
-static const char *json_ws(const char *p)
-{
-	while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
-		p++;
-	return p;
-}
-
-int awscreds_process_json(struct awscreds *out, const char *text, const char *what, char *err, size_t errlen)
-{
-	static const char *const names[] = { "AccessKeyId", "SecretAccessKey", "SessionToken", "Expiration" };
-	char *dst[4] = { out->access_key, out->secret_key, out->session_token, NULL };
-	size_t cap[4] = { sizeof out->access_key, sizeof out->secret_key, sizeof out->session_token, 0 };
-	char key[64], val[4096], when[64] = "";
-	const char *p = json_ws(text);
-	int version = 0, seen = 0, r;
-
-	if (*p++ != '{')
-		return errfmt(-EINVAL, err, errlen, "%s: its output is not a JSON object", what);
-	for (p = json_ws(p); *p != '}';) {
-		int i;
-
-		if (*p++ != '"' || (r = json_string(&p, key, sizeof key)) < 0)
-			return errfmt(-EINVAL, err, errlen, "%s: its output is not a JSON object of strings", what);
-		p = json_ws(p);
-		if (*p++ != ':')
-			return errfmt(-EINVAL, err, errlen, "%s: no ':' after \"%s\"", what, key);
-		p = json_ws(p);
-		if (*p == '"') {
-			p++;
-			if ((r = json_string(&p, val, sizeof val)) < 0)
-				return errfmt(-EINVAL, err, errlen, "%s: \"%s\": %s", what, key,
-					      r == -2 ? "longer than 4095 bytes" : "not a valid JSON string");
-			for (i = 0; i < 4 && strcmp(key, names[i]); i++)
-				;
-			if (i == 3)
-				snprintf(when, sizeof when, "%.63s", val);
-			else if (i < 3 && (r = fill(dst[i], cap[i], val, strlen(val), key, err, errlen)) < 0)
-				return r;
-			if (i < 4)
-				seen |= 1 << i;
-		} else if (!strcmp(key, "Version") && *p == '1' && !isdigit((unsigned char)p[1])) {
-			version = 1;
-			p++;
-		} else {
-			return errfmt(-EINVAL, err, errlen, "%s: \"%s\": %s", what, key,
-				      strcmp(key, "Version") ? "not a string" : "not 1 (the only version there is)");
-		}
-		p = json_ws(p);
-		if (*p == ',')
-			p = json_ws(p + 1);
-		else if (*p != '}')
-			return errfmt(-EINVAL, err, errlen, "%s: no ',' or '}' after \"%s\"", what, key);
-	}
-	if (*json_ws(p + 1))
-		return errfmt(-EINVAL, err, errlen, "%s: more after its JSON object", what);
-	if (!version)
-		return errfmt(-EINVAL, err, errlen, "%s: no \"Version\": 1", what);
-	if ((seen & 3) != 3 || !out->access_key[0] || !out->secret_key[0])
-		return errfmt(-EINVAL, err, errlen, "%s: no \"%s\"", what,
-			      (seen & 1) && out->access_key[0] ? names[1] : names[0]);
-	explicit_bzero(val, sizeof val);
-	if (when[0] && awscreds_time(when, &out->expires) < 0)
-		return errfmt(-EINVAL, err, errlen, "%s: \"Expiration\": '%s' is not an ISO 8601 time", what, when);
-	return 0;
-}
 
 /* Run @cmd with /bin/sh and read its output (at most PROCESS_OUT_MAX). */
 static int run_process(const char *cmd, const char *const *env, const char *what, char **text, char *err,
@@ -460,6 +290,34 @@ static int load_process(struct awscreds *out, const char *const *env, char *err,
 	return r;
 }
 
+/* What no file held, in botocore's order: a web identity (the environment's,
+ * then the profile's), the profile's credential_process, a container's
+ * endpoint, the instance's role. */
+static int load_service(struct awscreds *out, const char *const *env, const char *profile, char *err,
+			size_t errlen)
+{
+	const char *role = env_value(env, "AWS_ROLE_ARN"), *tokf = env_value(env, "AWS_WEB_IDENTITY_TOKEN_FILE");
+
+	if (out->access_key[0])
+		return 0;
+	if (role && *role && tokf && *tokf)
+		return awsroles_web_identity(out, env, role, tokf, env_value(env, "AWS_ROLE_SESSION_NAME"), err,
+					     errlen);
+	if (out->role_arn[0])
+		return awsroles_web_identity(out, env, out->role_arn, out->web_token_file, out->role_session, err,
+					     errlen);
+	if (out->process[0])
+		return load_process(out, env, err, errlen);
+	if (out->unsupported[0])
+		return errfmt(-ENOTSUP, err, errlen, "%s, which libloader does not read (assume-role from other keys, "
+			      "SSO): give the profile `credential_process = aws configure export-credentials --profile "
+			      "%.100s --format process` (AWS CLI v2), or export its keys", out->unsupported, profile);
+	if (env_value(env, "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") ||
+	    env_value(env, "AWS_CONTAINER_CREDENTIALS_FULL_URI"))
+		return awsroles_container(out, env, err, errlen);
+	return awsroles_imds(out, env, err, errlen);
+}
+
 int awscreds_load(struct awscreds *out, const char *const *env, const char *home, char *err, size_t errlen)
 {
 	const char *ak = env_value(env, "AWS_ACCESS_KEY_ID"), *sk = env_value(env, "AWS_SECRET_ACCESS_KEY");
@@ -472,12 +330,12 @@ int awscreds_load(struct awscreds *out, const char *const *env, const char *home
 		return errfmt(-EINVAL, err, errlen, "%s is set but %s is not", ak ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
 			      ak ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
 	if (ak) {
-		if ((r = fill(out->access_key, sizeof out->access_key, ak, strlen(ak), "AWS_ACCESS_KEY_ID", err, errlen)) < 0 ||
-		    (r = fill(out->secret_key, sizeof out->secret_key, sk, strlen(sk), "AWS_SECRET_ACCESS_KEY", err,
+		if ((r = awscreds_fill(out->access_key, sizeof out->access_key, ak, strlen(ak), "AWS_ACCESS_KEY_ID", err, errlen)) < 0 ||
+		    (r = awscreds_fill(out->secret_key, sizeof out->secret_key, sk, strlen(sk), "AWS_SECRET_ACCESS_KEY", err,
 			      errlen)) < 0)
 			return r;
 		v = env_value(env, "AWS_SESSION_TOKEN");
-		if (v && (r = fill(out->session_token, sizeof out->session_token, v, strlen(v), "AWS_SESSION_TOKEN",
+		if (v && (r = awscreds_fill(out->session_token, sizeof out->session_token, v, strlen(v), "AWS_SESSION_TOKEN",
 				   err, errlen)) < 0)
 			return r;
 		snprintf(out->source, sizeof out->source, "environment");
@@ -490,12 +348,12 @@ int awscreds_load(struct awscreds *out, const char *const *env, const char *home
 	v = env_value(env, "AWS_REGION");
 	if (!v)
 		v = env_value(env, "AWS_DEFAULT_REGION");
-	if (v && (r = fill(out->region, sizeof out->region, v, strlen(v), "AWS_REGION", err, errlen)) < 0)
+	if (v && (r = awscreds_fill(out->region, sizeof out->region, v, strlen(v), "AWS_REGION", err, errlen)) < 0)
 		return r;
 	v = env_value(env, "AWS_ENDPOINT_URL_S3");
 	if (!v)
 		v = env_value(env, "AWS_ENDPOINT_URL");
-	if (v && (r = fill(out->endpoint, sizeof out->endpoint, v, strlen(v), "AWS_ENDPOINT_URL", err, errlen)) < 0)
+	if (v && (r = awscreds_fill(out->endpoint, sizeof out->endpoint, v, strlen(v), "AWS_ENDPOINT_URL", err, errlen)) < 0)
 		return r;
 
 	if (!profile)
@@ -504,21 +362,19 @@ int awscreds_load(struct awscreds *out, const char *const *env, const char *home
 	if (!profile)
 		profile = "default";
 	v = env_value(env, "AWS_SHARED_CREDENTIALS_FILE");
-	if (!v && !home)
-		return 0;
-	snprintf(cred_path, sizeof cred_path, v ? "%s" : "%s/.aws/credentials", v ? v : home);
-	v = env_value(env, "AWS_CONFIG_FILE");
-	snprintf(conf_path, sizeof conf_path, v ? "%s" : "%s/.aws/config", v ? v : home ? home : "");
-	if ((r = load_file(out, cred_path, profile, NULL, &found, err, errlen)) < 0)
-		return r;
-	snprintf(section, sizeof section, "profile %s", profile);
-	if ((v || home) && (r = load_file(out, conf_path, section, strcmp(profile, "default") ? NULL : "default",
-					  &found, err, errlen)) < 0)
-		return r;
-	if (named && !found)
-		return errfmt(-EINVAL, err, errlen, "AWS_PROFILE: profile '%s' is in neither %s nor %s", profile,
-			      cred_path, conf_path);
-	if (!out->access_key[0] && out->process[0])
-		return load_process(out, env, err, errlen);
-	return 0;
+	if (v || home) {
+		snprintf(cred_path, sizeof cred_path, v ? "%s" : "%s/.aws/credentials", v ? v : home);
+		v = env_value(env, "AWS_CONFIG_FILE");
+		snprintf(conf_path, sizeof conf_path, v ? "%s" : "%s/.aws/config", v ? v : home ? home : "");
+		if ((r = load_file(out, cred_path, profile, NULL, &found, err, errlen)) < 0)
+			return r;
+		snprintf(section, sizeof section, "profile %s", profile);
+		if ((v || home) && (r = load_file(out, conf_path, section, strcmp(profile, "default") ? NULL : "default",
+						  &found, err, errlen)) < 0)
+			return r;
+		if (named && !found)
+			return errfmt(-EINVAL, err, errlen, "AWS_PROFILE: profile '%s' is in neither %s nor %s", profile,
+				      cred_path, conf_path);
+	}
+	return load_service(out, env, profile, err, errlen);
 }

@@ -16,6 +16,13 @@ struct awscreds {
 	char source[160];   /* where the keys came from: "environment", "PROFILE in FILE" */
 	int64_t expires;    /* when the keys expire, Unix seconds (UTC); 0: not known */
 	char process[1024]; /* the profile's credential_process, "" none (run by awscreds_load()) */
+	/* the profile's role to assume with a web identity token ("" none) */
+	char role_arn[512];
+	char web_token_file[1024];
+	char role_session[128];
+	/* "FILE: [SECTION] has KEY": a way to keys libloader does not read
+	 * (assume-role from a source_profile or credential_source, SSO) */
+	char unsupported[300];
 };
 
 /**
@@ -32,9 +39,14 @@ struct awscreds {
  * AWS_ENDPOINT_URL, the profile's `s3 =` sub-section's endpoint_url, the
  * profile's endpoint_url. No keys anywhere is not an error (public
  * objects). Expiry: AWS_CREDENTIAL_EXPIRATION (ISO 8601, as botocore and
- * the SDKs read it) with the environment's keys. A profile with no keys but
- * a credential_process: the command is run (/bin/sh -c, @env as its
- * environment) and its JSON read (awscreds_process_json()).
+ * the SDKs read it) with the environment's keys. Without keys in the
+ * environment, a web identity (AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE,
+ * or the profile's role_arn and web_identity_token_file) is exchanged at STS
+ * before the files are looked at. A profile with no keys but a
+ * credential_process: the command is run (/bin/sh -c, @env as its
+ * environment) and its JSON read (awscreds_process_json()). Then a
+ * container's endpoint, then the instance's role (awsroles.c); a profile's
+ * assume-role from other keys or SSO: -ENOTSUP saying what to do.
  *
  * Return: 0; -EINVAL with a message naming the variable, or the file and
  * line: one key of a pair without the other, a profile named explicitly
@@ -43,6 +55,42 @@ struct awscreds {
  * ISO 8601 time.
  */
 int awscreds_load(struct awscreds *out, const char *const *env, const char *home, char *err, size_t errlen);
+
+/**
+ * awscreds_meta_json() - the keys a container's endpoint or an instance's
+ * metadata service answered: {"AccessKeyId", "SecretAccessKey", "Token"?,
+ * "Expiration"?, "Code"? ("Success")}, other string keys ignored
+ *
+ * Return: 0 with the keys in @out; -EINVAL (-EACCES: a Code not Success)
+ * naming @what. A fuzz target's entry (fuzz/fuzz-awscreds.c).
+ */
+int awscreds_meta_json(struct awscreds *out, const char *text, const char *what, char *err, size_t errlen);
+
+/**
+ * awscreds_sts_xml() - the keys in an STS AssumeRole* answer
+ * (<Credentials><AccessKeyId>, <SecretAccessKey>, <SessionToken>?,
+ * <Expiration>?), XML entities decoded
+ *
+ * Return: 0, or -EINVAL naming @what and the element missing or bad. A
+ * fuzz target's entry (fuzz/fuzz-awscreds.c).
+ */
+int awscreds_sts_xml(struct awscreds *out, const char *text, const char *what, char *err, size_t errlen);
+
+/* awskeys.c: @v (@vlen bytes) into @dst (cap @cap) unless @dst is set
+ * already; -EINVAL naming @what when too long. */
+int awscreds_fill(char *dst, size_t cap, const char *v, size_t vlen, const char *what, char *err, size_t errlen);
+/* @path's bytes, NUL-terminated, into *@text (freed by the caller): at most
+ * @max; -errno (-ENOENT when it does not exist), -EFBIG, naming @path. */
+int awscreds_read_file(const char *path, size_t max, char **text, char *err, size_t errlen);
+/* "CODE: MESSAGE" of an AWS XML error answer into @buf, "" when none. */
+void awscreds_xml_error(const char *text, char *buf, size_t cap);
+
+/* awsroles.c: the services, each filling @out (0 and nothing when the
+ * instance has no metadata service or no role). */
+int awsroles_web_identity(struct awscreds *out, const char *const *env, const char *role_arn, const char *token_file,
+			  const char *session, char *err, size_t errlen);
+int awsroles_container(struct awscreds *out, const char *const *env, char *err, size_t errlen);
+int awsroles_imds(struct awscreds *out, const char *const *env, char *err, size_t errlen);
 
 /**
  * awscreds_parse() - one INI file's profile @section into @out

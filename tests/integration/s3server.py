@@ -54,11 +54,13 @@ IDENTITIES = {
 
 def aws_env(endpoint, who="alice", **extra):
     """os.environ without its AWS_* variables, plus @who's keys, @endpoint
-    and the region: what a trainer of that identity runs with."""
+    and the region: what a trainer of that identity runs with. The
+    instance's metadata service is off (a test machine in a cloud must not
+    lend its own role to a test that gives no keys)."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     ak, sk, _ = IDENTITIES[who]
     e.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk,
-             AWS_REGION=REGION)
+             AWS_REGION=REGION, AWS_EC2_METADATA_DISABLED="true")
     e.update(extra)
     return e
 

@@ -275,3 +275,139 @@ def test_refused_dynamic_readers_told_once(daemon, workdir, s3):
     assert (pst["state"] != "failed", pst["error"], pst["skipped"], pst["batches_failed"]) == \
         (True, None, 0, 0), pst
     assert pst["store"]["stream"]["parked"] == []
+
+
+def test_keys_from_aws_services(daemon, workdir, s3):
+    """Keys a trainer's AWS tools get from a service, in botocore's order
+    (docs/storage.md, "Credentials"): a web identity token exchanged at STS
+    (EKS's IRSA), a container's endpoint (ECS, EKS Pod Identity), an EC2
+    instance's role (IMDSv2). The services are awsmeta.py's stand-ins
+    (they run only inside AWS); the keys they hand out are alice's real
+    keys of the S3 server, so each pipeline reads her bucket for real."""
+    from awsmeta import (AwsMeta, CONTAINER_AUTH, EXPIRES, IMDS_ROLE, ROLE_ARN, WEB_TOKEN, sts_error)
+    local, url, _ = shards(workdir, s3, "cred/svc")
+    ld = daemon("--cache-dir", os.path.join(workdir, "cache"))
+    ld.create(wds("local", local))
+    want = ld.consume("local").dump
+    ak, sk, _ = s3.identities["alice"]  # her keys now (another test may have rotated them)
+    meta = AwsMeta((ak, sk))
+    home = os.path.join(workdir, "svc-home")
+    os.makedirs(home)
+    tokf = os.path.join(workdir, "web-token")
+    with open(tokf, "w") as f:
+        f.write(WEB_TOKEN + "\n")
+    authf = os.path.join(workdir, "pod-token")
+    with open(authf, "w") as f:
+        f.write(CONTAINER_AUTH)
+
+    def env(**kw):
+        e = aws_env(s3.endpoint, HOME=home, **kw)
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            del e[k]
+        return {k: v for k, v in e.items() if v is not None}
+
+    def made(name, e):
+        r = create(ld, wds(name, url), e, check=False)
+        assert r.returncode == 0, r.stderr
+        st = store_of(ld.pipeline(name))
+        assert (st["access_key_id"], st["session_token"], st["expires"]) == (ak[-4:], False, EXPIRES), st
+        assert ld.consume(name).dump == want
+        ld.ctl("drop", name)
+
+    def refused(name, e):
+        r = create(ld, wds(name, url), e, check=False)
+        assert r.returncode != 0
+        return r.stderr
+
+    try:
+        web = dict(AWS_ROLE_ARN=ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE=tokf, AWS_ENDPOINT_URL_STS=meta.url)
+        made("web", env(**web))
+        method, path, hdrs, body = meta.requests[-1]
+        form = dict(p.split("=", 1) for p in body.decode().split("&"))
+        assert (method, path, form["Action"], form["Version"]) == ("POST", "/", "AssumeRoleWithWebIdentity",
+                                                                   "2011-06-15")
+        assert form["RoleArn"] == "arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fldr-trainer"
+        assert form["WebIdentityToken"] == WEB_TOKEN and re.fullmatch(r"loaderd-session-\d+",
+                                                                      form["RoleSessionName"]), form
+        assert "Authorization" not in hdrs  # AssumeRoleWithWebIdentity is not signed
+        # the same from a profile of ~/.aws/config, with its session name
+        with open(os.path.join(home, "config"), "w") as f:
+            f.write(f"[profile irsa]\nrole_arn = {ROLE_ARN}\nweb_identity_token_file = {tokf}\n"
+                    "role_session_name = job-7\n[profile sso]\nsso_session = corp\nsso_account_id = 1\n")
+        made("webprof", env(AWS_CONFIG_FILE=os.path.join(home, "config"), AWS_PROFILE="irsa",
+                            AWS_ENDPOINT_URL_STS=meta.url))
+        assert "RoleSessionName=job-7" in meta.requests[-1][3].decode()
+        # refused by STS: its code and message, the role and the token file named
+        meta.fail["sts"] = (403, sts_error("AccessDenied", "Not authorized to perform sts:AssumeRoleWithWebIdentity"))
+        assert refused("webno", env(**web)) == (
+            f"loaderctl: create: object-store credentials: web identity (role {ROLE_ARN}, token {tokf}): STS "
+            f"{meta.url}: AccessDenied: Not authorized to perform sts:AssumeRoleWithWebIdentity (HTTP 403)\n")
+        del meta.fail["sts"]
+        assert refused("webnf", env(**dict(web, AWS_WEB_IDENTITY_TOKEN_FILE=tokf + ".gone"))) == (
+            f"loaderctl: create: object-store credentials: web identity (role {ROLE_ARN}, token {tokf}.gone): "
+            f"{tokf}.gone: No such file or directory\n")
+        # a session token (what STS always gives): sent and signed with the
+        # keys, which the suite's server refuses (it knows only its own)
+        from s3server import FaultProxy
+        proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+        meta.token = "FwoGZXIvYXdzEldrSessionToken/+="
+        try:
+            assert refused("webtok", env(AWS_ENDPOINT_URL=proxy.endpoint, **web)) == (
+                f"loaderctl: create: s3://{BUCKET}/cred/svc-000.tar: InvalidAccessKeyId: The access key ID you "
+                "provided does not exist in our records. (HTTP 403)\n")
+            head = proxy.heads[0].decode()
+            assert f"x-amz-security-token: {meta.token}" in head.split("\r\n"), head
+            assert "x-amz-security-token" in re.search(r"SignedHeaders=([^,]+)", head).group(1).split(";")
+        finally:
+            proxy.stop()
+            meta.token = None
+        # the environment's keys come first: STS is not asked
+        n = len(meta.requests)
+        e = aws_env(s3.endpoint, HOME=home, AWS_ACCESS_KEY_ID=ak, AWS_SECRET_ACCESS_KEY=sk, **web)
+        assert create(ld, wds("envkeys", url), e).returncode == 0
+        assert len(meta.requests) == n and store_of(ld.pipeline("envkeys"))["session_token"] is False
+        ld.ctl("drop", "envkeys")
+
+        # a container's endpoint, with its authorization token file
+        cont = dict(AWS_CONTAINER_CREDENTIALS_FULL_URI=meta.url + "/creds",
+                    AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE=authf)
+        made("pod", env(**cont))
+        assert meta.requests[-1][2]["Authorization"] == CONTAINER_AUTH
+        assert refused("podno", env(AWS_CONTAINER_CREDENTIALS_FULL_URI=meta.url + "/creds",
+                                    AWS_CONTAINER_AUTHORIZATION_TOKEN="wrong")) == (
+            f"loaderctl: create: object-store credentials: container credentials ({meta.url}/creds): HTTP 401: "
+            '{"Message": "bad Authorization"}\n')
+        assert refused("podhost", env(AWS_CONTAINER_CREDENTIALS_FULL_URI="http://192.0.2.7/creds")) == (
+            "loaderctl: create: object-store credentials: AWS_CONTAINER_CREDENTIALS_FULL_URI: "
+            "http://192.0.2.7/creds: not https, nor http to loopback, 169.254.170.2, 169.254.170.23 or "
+            "fd00:ec2::23\n")
+
+        # the instance's role: IMDSv2's token on every request
+        imds = dict(AWS_EC2_METADATA_DISABLED=None, AWS_EC2_METADATA_SERVICE_ENDPOINT=meta.url + "/")
+        n = len(meta.requests)
+        made("ec2", env(**imds))
+        seen = [(m, p, h.get("X-aws-ec2-metadata-token")) for m, p, h, _ in meta.requests[n:]]
+        assert seen == [("PUT", "/latest/api/token", None),
+                        ("GET", "/latest/meta-data/iam/security-credentials/", "imds-token-0"),
+                        ("GET", f"/latest/meta-data/iam/security-credentials/{IMDS_ROLE}", "imds-token-0")], seen
+        # a token refused (403): IMDSv1, as botocore
+        meta.fail["imds-token"] = (403, "")
+        n = len(meta.requests)
+        made("ec2v1", env(**imds))
+        assert [h.get("X-aws-ec2-metadata-token") for _, _, h, _ in meta.requests[n + 1:]] == [None, None]
+        del meta.fail["imds-token"]
+        # no role there, or no metadata service at all: no keys, as for a
+        # public bucket: the store's refusal names the object
+        meta.fail["imds"] = (404, "")
+        nokeys = refused("ec2no", env(**imds))
+        assert nokeys == f"loaderctl: create: s3://{BUCKET}/cred/svc-000.tar: AccessDenied: Access Denied. (HTTP 403)\n"
+        del meta.fail["imds"]
+        assert refused("ec2off", env()) == nokeys
+
+        # an SSO profile: named as not read, with what to do instead
+        assert refused("sso", env(AWS_CONFIG_FILE=os.path.join(home, "config"), AWS_PROFILE="sso")) == (
+            f"loaderctl: create: object-store credentials: {home}/config: [profile sso] has sso_session, which "
+            "libloader does not read (assume-role from other keys, SSO): give the profile `credential_process = "
+            "aws configure export-credentials --profile sso --format process` (AWS CLI v2), or export its keys\n")
+    finally:
+        meta.stop()

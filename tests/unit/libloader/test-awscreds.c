@@ -46,7 +46,7 @@ static void test_env_wins(void)
 	assert(!strcmp(c.source, "environment"));
 
 	const char *half[] = { "AWS_ACCESS_KEY_ID=EK", NULL };
-	assert(load(&c, half, err) == -EINVAL);
+	assert(awscreds_load(&c, half, home, err, sizeof err) == -EINVAL);
 	assert(!strcmp(err, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not"));
 }
 
@@ -200,6 +200,70 @@ static void test_process(void)
 	assert(!strcmp(c.access_key, "A\xc3\xa9") && c.expires == 0);
 }
 
+/* What the services answer (awsroles.c): a metadata JSON, an STS XML;
+ * a profile's role and the ways to keys not read. */
+static void test_services(void)
+{
+	struct awscreds c;
+	char err[512], cfg[256], want[512];
+	const char *sso[] = { cfg, "AWS_PROFILE=sso", "AWS_EC2_METADATA_DISABLED=true", NULL };
+	const char *src[] = { cfg, "AWS_PROFILE=src", "AWS_EC2_METADATA_DISABLED=true", NULL };
+	const char *half[] = { cfg, "AWS_PROFILE=half", "AWS_EC2_METADATA_DISABLED=true", NULL };
+	const char *off[] = { "AWS_PROFILE=none", "AWS_CONFIG_FILE=/nonexistent", "AWS_EC2_METADATA_DISABLED=TRUE",
+			      "AWS_SHARED_CREDENTIALS_FILE=/nonexistent", NULL };
+
+	memset(&c, 0, sizeof c);
+	assert(awscreds_meta_json(&c, "{\"Code\": \"Success\", \"Type\": \"AWS-HMAC\", \"AccessKeyId\": \"MA\", "
+				  "\"SecretAccessKey\": \"MS\", \"Token\": \"MT\", \"Expiration\": "
+				  "\"2026-12-06T13:00:00Z\"}", "M", err, sizeof err) == 0);
+	assert(!strcmp(c.access_key, "MA") && !strcmp(c.secret_key, "MS") && !strcmp(c.session_token, "MT"));
+	assert(c.expires == 1796562000);
+	memset(&c, 0, sizeof c);
+	assert(awscreds_meta_json(&c, "{\"Code\": \"AssumeRoleUnauthorizedAccess\", \"AccessKeyId\": \"\"}", "M", err,
+				  sizeof err) == -EACCES && !strcmp(err, "M: \"Code\": \"AssumeRoleUnauthorizedAccess\""));
+	memset(&c, 0, sizeof c);
+	assert(awscreds_meta_json(&c, "{\"AccessKeyId\": \"A\", \"SecretAccessKey\": \"S\", \"Version\": 1}", "M", err,
+				  sizeof err) == -EINVAL && !strcmp(err, "M: \"Version\": not a string"));
+
+	memset(&c, 0, sizeof c);
+	assert(awscreds_sts_xml(&c, "<R><Result><Credentials><SessionToken>T&amp;1</SessionToken>"
+				"<SecretAccessKey>X&lt;S</SecretAccessKey><Expiration>2026-12-06T13:00:00.5Z"
+				"</Expiration><AccessKeyId>ASIA1</AccessKeyId></Credentials></Result></R>", "S", err,
+				sizeof err) == 0);
+	assert(!strcmp(c.access_key, "ASIA1") && !strcmp(c.secret_key, "X<S") && !strcmp(c.session_token, "T&1"));
+	assert(c.expires == 1796562000);
+	memset(&c, 0, sizeof c);
+	assert(awscreds_sts_xml(&c, "<ErrorResponse/>", "S", err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "S: no <Credentials> in its answer"));
+	memset(&c, 0, sizeof c);
+	assert(awscreds_sts_xml(&c, "<Credentials><AccessKeyId>A</AccessKeyId><SecretAccessKey>S&bogus;"
+				"</SecretAccessKey></Credentials>", "S", err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "S: a bad or too long <SecretAccessKey> in its answer") && !c.access_key[0]);
+	memset(&c, 0, sizeof c);
+	assert(awscreds_sts_xml(&c, "<Credentials><AccessKeyId>A</AccessKeyId><SecretAccessKey>S</SecretAccessKey>"
+				"<Expiration>later</Expiration></Credentials>", "S", err, sizeof err) == -EINVAL);
+	assert(!strcmp(err, "S: <Expiration> is not an ISO 8601 time") && !c.access_key[0]);
+
+	snprintf(cfg, sizeof cfg, "AWS_CONFIG_FILE=%s/svc-config", home);
+	write_file("svc-config",
+		   "[profile sso]\nsso_start_url = https://corp.awsapps.com/start\nregion = r\n"
+		   "[profile src]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = default\n"
+		   "[profile half]\nrole_arn = arn:aws:iam::1:role/r\n");
+	assert(awscreds_load(&c, sso, home, err, sizeof err) == -ENOTSUP);
+	snprintf(want, sizeof want, "%s/svc-config: [profile sso] has sso_start_url, which libloader does not read "
+		 "(assume-role from other keys, SSO): give the profile `credential_process = aws configure "
+		 "export-credentials --profile sso --format process` (AWS CLI v2), or export its keys", home);
+	assert(!strcmp(err, want));
+	assert(awscreds_load(&c, src, home, err, sizeof err) == -ENOTSUP && strstr(err, "[profile src] has source_profile, which"));
+	assert(awscreds_load(&c, half, home, err, sizeof err) == -EINVAL);
+	snprintf(want, sizeof want, "%s/svc-config: [profile half]: role_arn without web_identity_token_file, "
+		 "source_profile or credential_source", home);
+	assert(!strcmp(err, want));
+	/* nothing anywhere, the instance's service off: no keys, no error */
+	assert(awscreds_load(&c, off, NULL, err, sizeof err) == -EINVAL);
+	assert(awscreds_load(&c, off + 2, NULL, err, sizeof err) == 0 && !c.access_key[0] && !c.source[0]);
+}
+
 int main(void)
 {
 	char dir[128];
@@ -237,6 +301,7 @@ int main(void)
 	test_bad_files();
 	test_expiration();
 	test_process();
+	test_services();
 	{
 		char cmd[200];
 
