@@ -776,6 +776,74 @@ int source_range_urls(struct source *src, char *const *paths, size_t n, char *er
 	return fetch_urls(src, paths, n, FIT_OR_RANGE, err, errlen);
 }
 
+/*
+ * Objects of @paths more than cache_bytes in all read by range, but those
+ * @whole() names fetched whole into the cache all the same (a megatron
+ * .idx, needed whole for its index): source-private.h.
+ */
+int source_range_urls_but(struct source *src, char *const *paths, size_t n,
+			  bool (*whole)(void *arg, const char *url), void *arg, const char *why,
+			  char *err, size_t errlen)
+{
+	struct source_objects *o = src->objs;
+	struct batch b = { .o = o, .fetch = true, .lock = PTHREAD_MUTEX_INITIALIZER };
+	uint64_t total = 0, max = objcache_max_bytes();
+	int r = fetch_urls(src, paths, n, FIT_OR_RANGE, err, errlen);
+
+	if (r < 0 || !o || !o->ranged)
+		return r; /* local files, or every object fetched whole */
+	b.objs = calloc(n ? n : 1, sizeof(*b.objs));
+	if (!b.objs)
+		return errfmt(-ENOMEM, err, errlen, "out of memory");
+	pthread_mutex_lock(&o->lock);
+	r = objects_get(o, &b.ks, err, errlen);
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		struct obj *ob = source_is_url(paths[i]) && whole(arg, paths[i])
+			? objects_find(o, paths[i], false) : NULL;
+		bool dup = false;
+
+		for (size_t j = 0; ob && j < b.n && !dup; j++)
+			dup = b.objs[j] == ob;
+		if (ob && !dup && ob->fd < 0) {
+			if (ob->head.size > max)
+				r = errfmt(-EFBIG, err, errlen, "%s: %" PRIu64 " bytes, more than the object "
+					   "cache's cache_bytes %" PRIu64 ": %s", ob->url, ob->head.size, max, why);
+			total += ob->head.size;
+			b.objs[b.n++] = ob;
+		}
+	}
+	pthread_mutex_unlock(&o->lock);
+	if (r == 0 && total > max)
+		r = errfmt(-EFBIG, err, errlen, "%s ...: %zu objects of %" PRIu64 " bytes in all, more than the "
+			   "object cache's cache_bytes %" PRIu64 ": %s", b.objs[0]->url, b.n, total, max, why);
+	if (r == 0 && b.n)
+		r = batch_run(&b, err, errlen);
+	if (r < 0 && b.ks)
+		objects_error(o, b.ks, r, err, errlen);
+	objects_put(o, b.ks);
+	free(b.objs);
+	pthread_mutex_destroy(&b.lock);
+	return r;
+}
+
+int source_object_id(const struct source *src, const char *url, char *buf, size_t len)
+{
+	struct source_objects *o = src->objs;
+	struct obj *ob;
+	int r = -ENOENT;
+
+	if (!o)
+		return r;
+	pthread_mutex_lock(&o->lock);
+	ob = objects_find(o, url, false);
+	if (ob && ob->head.etag[0]) {
+		snprintf(buf, len, "%s %s %s %" PRIu64, o->endpoint, url, ob->head.etag, ob->head.size);
+		r = 0;
+	}
+	pthread_mutex_unlock(&o->lock);
+	return r;
+}
+
 bool source_ranged(const struct source *src, const char *path)
 {
 	return src && src->objs && src->objs->ranged && source_is_url(path);
