@@ -921,6 +921,19 @@ def test_megatron_larger_than_cache_read_by_range(daemon, workdir, s3):
         create(ld, spec("again", url), env)
         assert ld.pipeline("again")["cache"]["index"] == "reused"
         assert ld.consume("again").dump == want
+        # vocab_size: the create scans the tokens by range (64 Ki tokens a
+        # GET: one here), and a token past it fails the create naming the
+        # offset in the .bin
+        g0 = gets(proxy)
+        create(ld, spec("vocab", url, vocab_size=5000), env)
+        assert gets(proxy) - g0 == 1
+        assert ld.consume("vocab").dump == want
+        big = max(range(len(docs)), key=lambda i: int(np.max(docs[i])))
+        top = int(np.max(docs[big]))
+        off = 2 * (sum(len(d) for d in docs[:big]) + int(np.argmax(docs[big])))
+        r = create(ld, spec("vocab-bad", url, vocab_size=top), env, check=False)
+        assert r.returncode != 0 and f"{url}.bin: offset {off}: token id {top} is not in 0..{top - 1} " \
+            f"(source.vocab_size {top})" in r.stderr, r.stderr
 
         # a blend of the ranged prefix and one that fits (fetched whole)
         def bspec(name, prefixes):
