@@ -151,6 +151,9 @@ struct source_objects {
 	/* read by range (source_range_urls()): no object in the cache */
 	bool ranged;
 	_Atomic uint64_t ranged_gets, ranged_bytes;
+	/* a blend's parts (source_objects_parts()): their ranged reads are its */
+	struct source *const *parts;
+	size_t nparts;
 };
 
 /* Why this thread's last object read failed (source.h): 0, or a
@@ -898,10 +901,39 @@ int source_read_range(const struct source *src, const char *url, uint64_t off, s
 	return r;
 }
 
+void source_objects_parts(struct source *src, struct source *const *parts, size_t n)
+{
+	if (src->objs) {
+		src->objs->parts = parts;
+		src->objs->nparts = n;
+	}
+}
+
+/* The sum over a blend's parts read by range, NULL when none is. */
+static json_t *parts_ranged_json(const struct source_objects *o)
+{
+	json_int_t gets = 0, bytes = 0;
+	bool any = false;
+
+	for (size_t i = 0; i < o->nparts; i++) {
+		const struct source_objects *p = o->parts[i] ? o->parts[i]->objs : NULL;
+
+		if (p && p->ranged) {
+			any = true;
+			gets += (json_int_t)atomic_load(&p->ranged_gets);
+			bytes += (json_int_t)atomic_load(&p->ranged_bytes);
+		}
+	}
+	return any ? json_pack("{s:b, s:I, s:I}", "ranged", 1, "ranged_gets", gets, "ranged_bytes", bytes)
+		   : NULL;
+}
+
 json_t *source_ranged_json(const struct source *src)
 {
 	struct source_objects *o = src ? src->objs : NULL;
 
+	if (o && !o->ranged && o->nparts)
+		return parts_ranged_json(o);
 	if (!o || !o->ranged)
 		return NULL;
 	return json_pack("{s:b, s:I, s:I}", "ranged", 1, "ranged_gets", (json_int_t)atomic_load(&o->ranged_gets),
@@ -1643,9 +1675,14 @@ void source_close_read(const struct source *src, int fd, size_t hold)
 
 const char *source_store_endpoint(const struct source *src)
 {
+	const struct source_objects *o = src ? src->objs : NULL;
+
+	/* a blend's: that of its first part read by range */
+	for (size_t i = 0; o && !o->stream && !o->ranged && i < o->nparts; i++)
+		if (o->parts[i] && o->parts[i]->objs && o->parts[i]->objs->ranged)
+			return source_store_endpoint(o->parts[i]);
 	/* streamed, or read by range: the reads wait on that store */
-	return src && src->objs && (src->objs->stream || src->objs->ranged) && src->objs->endpoint[0]
-		       ? src->objs->endpoint : NULL;
+	return o && (o->stream || o->ranged) && o->endpoint[0] ? o->endpoint : NULL;
 }
 
 uint64_t source_fetch_wait_ns(const struct source *src)

@@ -1001,6 +1001,7 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 	r = open_parts(src, spec, err, errlen);
 	if (r < 0)
 		goto out;
+	source_objects_parts(base, src->parts, n); /* status: the parts read by range */
 	if (early) {
 		r = build_index(src, n, early_size, true, NULL, w, err, errlen);
 		goto out;

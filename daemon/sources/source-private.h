@@ -151,6 +151,10 @@ int source_range_urls_but(struct source *src, char *const *paths, size_t n,
 			  bool (*whole)(void *arg, const char *url), void *arg, const char *why,
 			  char *err, size_t errlen);
 int source_object_id(const struct source *src, const char *url, char *buf, size_t len);
+/* A blend's @parts (alive as long as it): status's store.ranged and the
+ * store its reads wait on (source_ranged_json(), source_store_endpoint())
+ * are those of its parts read by range. */
+void source_objects_parts(struct source *src, struct source *const *parts, size_t n);
 /* Every key under s3://bucket/prefix (store_list(), as the creator). */
 int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
 		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen);

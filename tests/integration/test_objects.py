@@ -942,27 +942,40 @@ def test_megatron_larger_than_cache_read_by_range(daemon, workdir, s3):
             return sp
         ld.create(bspec("l-blend", [local, small]))
         create(ld, bspec("r-blend", [url, f"s3://{BUCKET}/mg/rg/small"]), env)
-        assert ld.consume("r-blend").dump == ld.consume("l-blend").dump
+        want_blend = ld.consume("l-blend").dump
+        assert want_blend and ld.consume("r-blend").dump == want_blend
         assert cached_bytes(objects) == idx_size + small_size
         # status: the ranged part's GETs, under its part (the pair that
         # fits makes none)
-        parts = ld.pipeline("r-blend")["source"]["parts"]
+        pl = ld.pipeline("r-blend")
+        parts = pl["source"]["parts"]
         assert parts[0]["ranged"] and parts[0]["ranged_gets"] > 0 and "ranged" not in parts[1], parts
+        # and in the pipeline's store, as for a single source
+        assert (pl["store"]["ranged"], pl["store"]["ranged_gets"], pl["store"]["ranged_bytes"]) == \
+            (True, parts[0]["ranged_gets"], parts[0]["ranged_bytes"]), pl["store"]
 
-        # the store does not answer: a batch parks, then is built
-        create(ld, spec("r-out", url), env)
-        proxy.add(*(["503"] * 100000))
-        c = ld.popen_consume("r-out")
-        ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == "r-out"][0]["store"]
-                    ["parked_batches"] > 0, "a batch parked for the store", timeout=60)
-        parked = ld.pipeline("r-out")["store"]["parked"][0]
-        assert parked["why"] == "store" and parked["error"] == (
-            f"{url}.bin: SlowDown: Please reduce your request rate. (HTTP 503); retried for 0.3 s"), parked
-        while not proxy.faults.empty():
-            proxy.faults.get_nowait()
-        res = c.wait(timeout=120)
-        assert res.rc == 0 and res.dump == want, res.describe()
-        assert (ld.pipeline("r-out")["skipped"], ld.pipeline("r-out")["store"]["parked_batches"]) == (0, 0)
+        # the store does not answer: a batch parks, then is built (a
+        # single pair, and a blend's ranged part)
+        for name, sp, expect in (("r-out", spec("r-out", url), want),
+                                 ("rb-out", bspec("rb-out", [url, f"s3://{BUCKET}/mg/rg/small"]),
+                                  want_blend)):
+            create(ld, sp, env)
+            proxy.add(*(["503"] * 100000))
+            c = ld.popen_consume(name)
+            ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == name][0]["store"]
+                        ["parked_batches"] > 0, "a batch parked for the store", timeout=60)
+            parked = ld.pipeline(name)["store"]["parked"][0]
+            assert parked["why"] == "store" and parked["error"] == (
+                f"{url}.bin: SlowDown: Please reduce your request rate. (HTTP 503); retried for 0.3 s"), parked
+            ld.wait_for(lambda st: "wait for the store" in [p for p in st["pipelines"] if p["name"] == name][0]
+                        ["stats"]["limited_why"], "limited_why naming the store", timeout=60)
+            assert f"batches wait for the store {proxy.endpoint}, which does not answer" in \
+                ld.pipeline(name)["stats"]["limited_why"]
+            while not proxy.faults.empty():
+                proxy.faults.get_nowait()
+            res = c.wait(timeout=120)
+            assert res.rc == 0 and res.dump == expect, res.describe()
+            assert (ld.pipeline(name)["skipped"], ld.pipeline(name)["store"]["parked_batches"]) == (0, 0)
 
         # a restart: the index found again under the same URLs and ETags
         ld.stop()
