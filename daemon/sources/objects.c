@@ -780,6 +780,30 @@ int source_range_urls(struct source *src, char *const *paths, size_t n, char *er
 }
 
 /*
+ * Objects that fit cache_bytes but not beside what open pipelines hold
+ * (a blend's other parts, fetched first): read by range all the same, but
+ * those @whole() names. What was fetched of the others is given back.
+ */
+static int range_instead(struct source_objects *o, char *const *paths, size_t n,
+			 bool (*whole)(void *arg, const char *url), void *arg)
+{
+	pthread_mutex_lock(&o->lock);
+	o->ranged = true;
+	for (size_t i = 0; i < n; i++) {
+		struct obj *ob = source_is_url(paths[i]) ? objects_find(o, paths[i], false) : NULL;
+
+		if (ob && ob->fd >= 0 && !whole(arg, paths[i])) {
+			close(ob->fd);
+			objcache_unpin(ob->pin);
+			ob->fd = -1;
+			ob->pin = NULL;
+		}
+	}
+	pthread_mutex_unlock(&o->lock);
+	return 0;
+}
+
+/*
  * Objects of @paths more than cache_bytes in all read by range, but those
  * @whole() names fetched whole into the cache all the same (a megatron
  * .idx, needed whole for its index): source-private.h.
@@ -793,6 +817,8 @@ int source_range_urls_but(struct source *src, char *const *paths, size_t n,
 	uint64_t total = 0, max = objcache_max_bytes();
 	int r = fetch_urls(src, paths, n, FIT_OR_RANGE, err, errlen);
 
+	if (r == -ENOSPC && o)
+		r = range_instead(o, paths, n, whole, arg);
 	if (r < 0 || !o || !o->ranged)
 		return r; /* local files, or every object fetched whole */
 	b.objs = calloc(n ? n : 1, sizeof(*b.objs));

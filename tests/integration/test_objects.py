@@ -1014,6 +1014,35 @@ def test_megatron_larger_than_cache_read_by_range(daemon, workdir, s3):
         proxy.stop()
 
 
+def test_megatron_blend_of_pairs_that_fit_alone(daemon, workdir, s3):
+    """A blend of two pairs that each fit cache_bytes, not both: the one
+    opened last finds no room beside the other's and is read by range
+    (both, when they fetched at once) instead of failing the create; the
+    batches are the local blend's."""
+    rng = np.random.default_rng(2)
+    local, remote = [], []
+    for i in range(2):
+        docs = [rng.integers(0, 5000, size=int(rng.integers(3, 40))) for _ in range(40)]
+        local.append(write_megatron_pair(os.path.join(workdir, f"fa{i}"), docs))
+        upload_pair(s3, local[i], f"mg/fa/p{i}")
+        remote.append(f"s3://{BUCKET}/mg/fa/p{i}")
+    one = max(os.path.getsize(p + ".bin") + os.path.getsize(p + ".idx") for p in local)
+    ld, objects, _ = ranged_daemon(daemon, workdir, one * 3 // 2, "fitalone")
+
+    def spec(name, prefixes):
+        return {"name": name, "batch_size": 4, "shuffle": True, "seed": 1, "source": {
+            "kind": "megatron", "prefixes": prefixes, "weights": [0.5, 0.5], "num_samples": 40,
+            "seq_len": 8}}
+    ld.create(spec("local", local))
+    want = ld.consume("local").dump
+    create(ld, spec("remote", remote), aws_env(s3.endpoint))
+    assert want and ld.consume("remote").dump == want
+    p = ld.pipeline("remote")
+    ranged = [q for q in p["source"]["parts"] if q.get("ranged")]
+    assert ranged and p["store"]["ranged_gets"] == sum(q["ranged_gets"] for q in ranged) > 0, p
+    assert cached_bytes(objects) <= one * 3 // 2
+
+
 def test_cache_bytes_config(daemon, workdir):
     """cache_bytes (docs/config.md): a size, read at start; a reload that
     changes it names it as needing a restart; a bad value is an error
