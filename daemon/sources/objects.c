@@ -151,6 +151,9 @@ struct source_objects {
 	/* read by range (source_range_urls()): no object in the cache */
 	bool ranged;
 	_Atomic uint64_t ranged_gets, ranged_bytes;
+	/* a blend's parts (source_objects_parts()): their ranged reads are its */
+	struct source *const *parts;
+	size_t nparts;
 };
 
 /* Why this thread's last object read failed (source.h): 0, or a
@@ -777,6 +780,100 @@ int source_range_urls(struct source *src, char *const *paths, size_t n, char *er
 	return fetch_urls(src, paths, n, FIT_OR_RANGE, err, errlen);
 }
 
+/*
+ * Objects that fit cache_bytes but not beside what open pipelines hold
+ * (a blend's other parts, fetched first): read by range all the same, but
+ * those @whole() names. What was fetched of the others is given back.
+ */
+static int range_instead(struct source_objects *o, char *const *paths, size_t n,
+			 bool (*whole)(void *arg, const char *url), void *arg)
+{
+	pthread_mutex_lock(&o->lock);
+	o->ranged = true;
+	for (size_t i = 0; i < n; i++) {
+		struct obj *ob = source_is_url(paths[i]) ? objects_find(o, paths[i], false) : NULL;
+
+		if (ob && ob->fd >= 0 && !whole(arg, paths[i])) {
+			close(ob->fd);
+			objcache_unpin(ob->pin);
+			ob->fd = -1;
+			ob->pin = NULL;
+		}
+	}
+	pthread_mutex_unlock(&o->lock);
+	return 0;
+}
+
+/*
+ * Objects of @paths more than cache_bytes in all read by range, but those
+ * @whole() names fetched whole into the cache all the same (a megatron
+ * .idx, needed whole for its index): source-private.h.
+ */
+int source_range_urls_but(struct source *src, char *const *paths, size_t n,
+			  bool (*whole)(void *arg, const char *url), void *arg, const char *why,
+			  char *err, size_t errlen)
+{
+	struct source_objects *o = src->objs;
+	struct batch b = { .o = o, .fetch = true, .lock = PTHREAD_MUTEX_INITIALIZER };
+	uint64_t total = 0, max = objcache_max_bytes();
+	int r = fetch_urls(src, paths, n, FIT_OR_RANGE, err, errlen);
+
+	if (r == -ENOSPC && o)
+		r = range_instead(o, paths, n, whole, arg);
+	if (r < 0 || !o || !o->ranged)
+		return r; /* local files, or every object fetched whole */
+	b.objs = calloc(n ? n : 1, sizeof(*b.objs));
+	if (!b.objs)
+		return errfmt(-ENOMEM, err, errlen, "out of memory");
+	pthread_mutex_lock(&o->lock);
+	r = objects_get(o, &b.ks, err, errlen);
+	for (size_t i = 0; r == 0 && i < n; i++) {
+		struct obj *ob = source_is_url(paths[i]) && whole(arg, paths[i])
+			? objects_find(o, paths[i], false) : NULL;
+		bool dup = false;
+
+		for (size_t j = 0; ob && j < b.n && !dup; j++)
+			dup = b.objs[j] == ob;
+		if (ob && !dup && ob->fd < 0) {
+			if (ob->head.size > max)
+				r = errfmt(-EFBIG, err, errlen, "%s: %" PRIu64 " bytes, more than the object "
+					   "cache's cache_bytes %" PRIu64 ": %s", ob->url, ob->head.size, max, why);
+			total += ob->head.size;
+			b.objs[b.n++] = ob;
+		}
+	}
+	pthread_mutex_unlock(&o->lock);
+	if (r == 0 && total > max)
+		r = errfmt(-EFBIG, err, errlen, "%s ...: %zu objects of %" PRIu64 " bytes in all, more than the "
+			   "object cache's cache_bytes %" PRIu64 ": %s", b.objs[0]->url, b.n, total, max, why);
+	if (r == 0 && b.n)
+		r = batch_run(&b, err, errlen);
+	if (r < 0 && b.ks)
+		objects_error(o, b.ks, r, err, errlen);
+	objects_put(o, b.ks);
+	free(b.objs);
+	pthread_mutex_destroy(&b.lock);
+	return r;
+}
+
+int source_object_id(const struct source *src, const char *url, char *buf, size_t len)
+{
+	struct source_objects *o = src->objs;
+	struct obj *ob;
+	int r = -ENOENT;
+
+	if (!o)
+		return r;
+	pthread_mutex_lock(&o->lock);
+	ob = objects_find(o, url, false);
+	if (ob && ob->head.etag[0]) {
+		snprintf(buf, len, "%s %s %s %" PRIu64, o->endpoint, url, ob->head.etag, ob->head.size);
+		r = 0;
+	}
+	pthread_mutex_unlock(&o->lock);
+	return r;
+}
+
 bool source_ranged(const struct source *src, const char *path)
 {
 	return src && src->objs && src->objs->ranged && source_is_url(path);
@@ -831,10 +928,39 @@ int source_read_range(const struct source *src, const char *url, uint64_t off, s
 	return r;
 }
 
+void source_objects_parts(struct source *src, struct source *const *parts, size_t n)
+{
+	if (src->objs) {
+		src->objs->parts = parts;
+		src->objs->nparts = n;
+	}
+}
+
+/* The sum over a blend's parts read by range, NULL when none is. */
+static json_t *parts_ranged_json(const struct source_objects *o)
+{
+	json_int_t gets = 0, bytes = 0;
+	bool any = false;
+
+	for (size_t i = 0; i < o->nparts; i++) {
+		const struct source_objects *p = o->parts[i] ? o->parts[i]->objs : NULL;
+
+		if (p && p->ranged) {
+			any = true;
+			gets += (json_int_t)atomic_load(&p->ranged_gets);
+			bytes += (json_int_t)atomic_load(&p->ranged_bytes);
+		}
+	}
+	return any ? json_pack("{s:b, s:I, s:I}", "ranged", 1, "ranged_gets", gets, "ranged_bytes", bytes)
+		   : NULL;
+}
+
 json_t *source_ranged_json(const struct source *src)
 {
 	struct source_objects *o = src ? src->objs : NULL;
 
+	if (o && !o->ranged && o->nparts)
+		return parts_ranged_json(o);
 	if (!o || !o->ranged)
 		return NULL;
 	return json_pack("{s:b, s:I, s:I}", "ranged", 1, "ranged_gets", (json_int_t)atomic_load(&o->ranged_gets),
@@ -1588,9 +1714,14 @@ void source_close_read(const struct source *src, int fd, size_t hold)
 
 const char *source_store_endpoint(const struct source *src)
 {
+	const struct source_objects *o = src ? src->objs : NULL;
+
+	/* a blend's: that of its first part read by range */
+	for (size_t i = 0; o && !o->stream && !o->ranged && i < o->nparts; i++)
+		if (o->parts[i] && o->parts[i]->objs && o->parts[i]->objs->ranged)
+			return source_store_endpoint(o->parts[i]);
 	/* streamed, or read by range: the reads wait on that store */
-	return src && src->objs && (src->objs->stream || src->objs->ranged) && src->objs->endpoint[0]
-		       ? src->objs->endpoint : NULL;
+	return o && (o->stream || o->ranged) && o->endpoint[0] ? o->endpoint : NULL;
 }
 
 uint64_t source_fetch_wait_ns(const struct source *src)

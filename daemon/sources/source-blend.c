@@ -1001,6 +1001,7 @@ static int blend_open(struct source *base, const struct spec *spec, char *err, s
 	r = open_parts(src, spec, err, errlen);
 	if (r < 0)
 		goto out;
+	source_objects_parts(base, src->parts, n); /* status: the parts read by range */
 	if (early) {
 		r = build_index(src, n, early_size, true, NULL, w, err, errlen);
 		goto out;
@@ -1058,15 +1059,23 @@ static json_t *blend_status_json(const struct source *base)
 	const struct blend_source *src = (const struct blend_source *)base;
 	json_t *parts = json_array();
 
-	for (size_t i = 0; parts && i < src->nparts; i++)
-		json_array_append_new(parts, json_pack("{s:I, s:s, s:s, s:I, s:I, s:I}",
+	for (size_t i = 0; parts && i < src->nparts; i++) {
+		json_t *p = json_pack("{s:I, s:s, s:s, s:I, s:I, s:I}",
 			"index", (json_int_t)i,
 			"name", src->names[i],
 			"kind", src->kinds[i] ? src->kinds[i] : "",
 			"samples", (json_int_t)src->parts[i]->nsamples,
 			"samples_per_epoch", (json_int_t)src->per_epoch[i],
 			"samples_read", (json_int_t)atomic_load_explicit(&src->read[i],
-									  memory_order_relaxed)));
+									  memory_order_relaxed));
+		/* a part read by range (objects.c): ranged, ranged_gets, ranged_bytes */
+		json_t *ranged = p ? source_ranged_json(src->parts[i]) : NULL;
+
+		if (ranged)
+			json_object_update(p, ranged);
+		json_decref(ranged);
+		json_array_append_new(parts, p);
+	}
 	return parts ? json_pack("{s:{s:s, s:o}}", "source", "kind", "blend", "parts", parts) : NULL;
 }
 

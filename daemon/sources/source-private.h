@@ -143,6 +143,24 @@ bool source_ranged(const struct source *src, const char *path);
 int source_object_size(const struct source *src, const char *url, uint64_t *size, char *err, size_t errlen);
 int source_read_range(const struct source *src, const char *url, uint64_t off, size_t len, void *buf, char *err,
 		      size_t errlen);
+/*
+ * source_range_urls_but(): source_range_urls(), but when the objects are
+ * read by range those @whole(@arg, url) names are fetched whole into the
+ * cache all the same (a megatron .idx: its index needs all of it), opened
+ * then with source_open_path(); one more than cache_bytes (or all of them)
+ * is -EFBIG naming it, the size and the bound, then @why.
+ * source_object_id(): "ENDPOINT URL ETAG SIZE" of an object the create
+ * HEADed, what names its bytes (an index built from them is keyed by it);
+ * -ENOENT when the store gave no ETag or it is no object of @src.
+ */
+int source_range_urls_but(struct source *src, char *const *paths, size_t n,
+			  bool (*whole)(void *arg, const char *url), void *arg, const char *why,
+			  char *err, size_t errlen);
+int source_object_id(const struct source *src, const char *url, char *buf, size_t len);
+/* A blend's @parts (alive as long as it): status's store.ranged and the
+ * store its reads wait on (source_ranged_json(), source_store_endpoint())
+ * are those of its parts read by range. */
+void source_objects_parts(struct source *src, struct source *const *parts, size_t n);
 /* Every key under s3://bucket/prefix (store_list(), as the creator). */
 int source_list_url(const struct source *src, const char *url, int (*fn)(void *arg, const char *key,
 		    uint64_t size, const char *etag), void *arg, char *err, size_t errlen);

@@ -889,6 +889,223 @@ def test_megatron_over_s3_equals_local(daemon, workdir, s3):
     assert ld.status()["object_cache"]["objects"] == 2
 
 
+def upload_pair(s3, prefix, key):
+    alice = s3.client("alice")
+    for ext in (".bin", ".idx"):
+        with open(prefix + ext, "rb") as f:
+            alice.put(BUCKET, key + ext, f.read())
+
+
+def megatron_index_rows(cache, url):
+    """The sample_index rows (document positions) of the megatron index that
+    the daemon cached in @cache for the object @url (its key names it:
+    megatron-cache.c's layout), and its key."""
+    found = []
+    for name in os.listdir(cache):
+        if not (name.startswith("megatron-") and name.endswith(".index")):
+            continue
+        with open(os.path.join(cache, name), "rb") as f:
+            b = f.read()
+        assert b[:8] == b"LDRMGIX3"
+        klen = struct.unpack_from("<Q", b, 8)[0]
+        key = b[16:16 + klen].decode()
+        at = 16 + (klen + 7) // 8 * 8
+        ndoc, nsamples, _, _ = struct.unpack_from("<4Q", b, at)
+        at += 32 + 40 + (ndoc * 4 + 7) // 8 * 8
+        rows = np.frombuffer(b, dtype=np.int64, count=2 * (nsamples + 1), offset=at)[0::2]
+        if f" {url} " in key:
+            found.append((rows, key))
+    assert len(found) == 1, [k for _, k in found]
+    return found[0]
+
+
+def test_megatron_larger_than_cache_read_by_range(daemon, workdir, s3):
+    """A megatron pair of more than cache_bytes: its .idx fetched whole into
+    the cache, its .bin read by range (a ranged GET per document piece of a
+    sample, straight into the batch, nothing of it on disk): two shuffled
+    epochs byte for byte the pair on local disk. The index is cached under
+    the objects' URLs and ETags: reused by a second create and after a
+    restart, built again for an object written again. A blend of a ranged
+    prefix and one that fits; 503s park a batch, then it is built; an .idx
+    more than the cache is an error naming it."""
+    rng = np.random.default_rng(21)
+    docs = [rng.integers(0, 5000, size=int(rng.integers(3, 40))) for _ in range(90)]
+    local = write_megatron_pair(os.path.join(workdir, "mgr"), docs)
+    upload_pair(s3, local, "mg/rg/c")
+    small = write_megatron_pair(os.path.join(workdir, "mgs"), docs[:6])
+    upload_pair(s3, small, "mg/rg/small")
+    bin_size, idx_size = os.path.getsize(local + ".bin"), os.path.getsize(local + ".idx")
+    small_size = os.path.getsize(small + ".bin") + os.path.getsize(small + ".idx")
+    assert idx_size + small_size < bin_size - 1
+    ld, objects, msock = ranged_daemon(daemon, workdir, bin_size - 1, "mgrange")
+    cache = os.path.dirname(objects)
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    env = aws_env(proxy.endpoint)
+    url = f"s3://{BUCKET}/mg/rg/c"
+    L = 16
+
+    def spec(name, prefix, **kw):
+        src = dict({"kind": "megatron", "prefix": prefix, "seq_len": L}, **kw)
+        return {"name": name, "batch_size": 4, "shuffle": True, "seed": 3, "epochs": 2, "source": src}
+
+    try:
+        ld.create(spec("local", local))
+        want = ld.consume("local").dump
+        n0, g0 = len(proxy.heads), gets(proxy)
+        create(ld, spec("remote", url), env)
+        heads = proxy.heads[n0:]
+        # a HEAD of each object, the .idx fetched whole (one GET), no more
+        assert sorted(h.split(b" ")[0:2] for h in heads) == [
+            [b"GET", b"/alice-data/mg/rg/c.idx"], [b"HEAD", b"/alice-data/mg/rg/c.bin"],
+            [b"HEAD", b"/alice-data/mg/rg/c.idx"]], heads
+        assert ld.consume("remote").dump == want
+        p = ld.pipeline("remote")
+        assert p["cache"]["index"] == "built", p["cache"]
+        rows, key = megatron_index_rows(cache, url + ".bin")
+        assert f"object {proxy.endpoint} {url}.idx " in key, key
+        # each sample one ranged GET per document it spans (the rows' own
+        # positions, whatever the shuffle), two epochs
+        pieces = int(np.sum(rows[1:] - rows[:-1] + 1))
+        ntok = 2 * (len(rows) - 1) * (L + 1)
+        assert gets(proxy) - g0 - 1 == 2 * pieces, (gets(proxy) - g0, pieces)
+        store = p["store"]
+        assert (store["ranged"], store["ranged_gets"], store["ranged_bytes"], store["parked_batches"]) == \
+            (True, 2 * pieces, 2 * ntok, 0), store
+        oc = ld.status()["object_cache"]
+        assert (oc["objects"], oc["bytes_fetched"], oc["ranged_gets"]) == (1, idx_size, 2 * pieces), oc
+        # on disk: the .idx alone, nothing of the .bin
+        assert cached_bytes(objects) == idx_size
+        from test_metrics import get_unix, parse
+        fams = parse(get_unix(msock)[2])
+        assert [s.value for s in fams["loaderd_object_store_ranged_gets"].samples] == [2 * pieces]
+
+        # a second create: the index reused (keyed by URL and ETag), the
+        # .idx taken from the cache
+        create(ld, spec("again", url), env)
+        assert ld.pipeline("again")["cache"]["index"] == "reused"
+        assert ld.consume("again").dump == want
+        # vocab_size: the create scans the tokens by range (64 Ki tokens a
+        # GET: one here), and a token past it fails the create naming the
+        # offset in the .bin
+        g0 = gets(proxy)
+        create(ld, spec("vocab", url, vocab_size=5000), env)
+        assert gets(proxy) - g0 == 1
+        assert ld.consume("vocab").dump == want
+        big = max(range(len(docs)), key=lambda i: int(np.max(docs[i])))
+        top = int(np.max(docs[big]))
+        off = 2 * (sum(len(d) for d in docs[:big]) + int(np.argmax(docs[big])))
+        r = create(ld, spec("vocab-bad", url, vocab_size=top), env, check=False)
+        assert r.returncode != 0 and f"{url}.bin: offset {off}: token id {top} is not in 0..{top - 1} " \
+            f"(source.vocab_size {top})" in r.stderr, r.stderr
+
+        # a blend of the ranged prefix and one that fits (fetched whole)
+        def bspec(name, prefixes):
+            sp = spec(name, None, prefixes=prefixes, weights=[0.7, 0.3], num_samples=30)
+            del sp["source"]["prefix"]
+            return sp
+        ld.create(bspec("l-blend", [local, small]))
+        create(ld, bspec("r-blend", [url, f"s3://{BUCKET}/mg/rg/small"]), env)
+        want_blend = ld.consume("l-blend").dump
+        assert want_blend and ld.consume("r-blend").dump == want_blend
+        assert cached_bytes(objects) == idx_size + small_size
+        # status: the ranged part's GETs, under its part (the pair that
+        # fits makes none)
+        pl = ld.pipeline("r-blend")
+        parts = pl["source"]["parts"]
+        assert parts[0]["ranged"] and parts[0]["ranged_gets"] > 0 and "ranged" not in parts[1], parts
+        # and in the pipeline's store, as for a single source
+        assert (pl["store"]["ranged"], pl["store"]["ranged_gets"], pl["store"]["ranged_bytes"]) == \
+            (True, parts[0]["ranged_gets"], parts[0]["ranged_bytes"]), pl["store"]
+
+        # the store does not answer: a batch parks, then is built (a
+        # single pair, and a blend's ranged part)
+        for name, sp, expect in (("r-out", spec("r-out", url), want),
+                                 ("rb-out", bspec("rb-out", [url, f"s3://{BUCKET}/mg/rg/small"]),
+                                  want_blend)):
+            create(ld, sp, env)
+            proxy.add(*(["503"] * 100000))
+            c = ld.popen_consume(name)
+            ld.wait_for(lambda st: [p for p in st["pipelines"] if p["name"] == name][0]["store"]
+                        ["parked_batches"] > 0, "a batch parked for the store", timeout=60)
+            parked = ld.pipeline(name)["store"]["parked"][0]
+            assert parked["why"] == "store" and parked["error"] == (
+                f"{url}.bin: SlowDown: Please reduce your request rate. (HTTP 503); retried for 0.3 s"), parked
+            ld.wait_for(lambda st: "wait for the store" in [p for p in st["pipelines"] if p["name"] == name][0]
+                        ["stats"]["limited_why"], "limited_why naming the store", timeout=60)
+            assert f"batches wait for the store {proxy.endpoint}, which does not answer" in \
+                ld.pipeline(name)["stats"]["limited_why"]
+            while not proxy.faults.empty():
+                proxy.faults.get_nowait()
+            res = c.wait(timeout=120)
+            assert res.rc == 0 and res.dump == expect, res.describe()
+            assert (ld.pipeline(name)["skipped"], ld.pipeline(name)["store"]["parked_batches"]) == (0, 0)
+
+        # a restart: the index found again under the same URLs and ETags
+        ld.stop()
+        ld = daemon("--cache-dir", cache, "--config", os.path.join(workdir, "mgrange.json"))
+        create(ld, spec("restarted", url), env)
+        assert ld.pipeline("restarted")["cache"]["index"] == "reused"
+        assert ld.consume("restarted").dump == want
+        create(ld, spec("old", url), env)
+
+        # the pair written again (new ETags, same sizes): a new index
+        docs2 = [rng.integers(0, 5000, size=len(d)) for d in docs]
+        local2 = write_megatron_pair(os.path.join(workdir, "mgr2"), docs2)
+        upload_pair(s3, local2, "mg/rg/c")
+        create(ld, spec("changed", url), env)
+        assert ld.pipeline("changed")["cache"]["index"] == "built"
+        ld.create(spec("local2", local2))
+        want2 = ld.consume("local2").dump
+        assert want2 != want and ld.consume("changed").dump == want2
+        # a pipeline of the old objects fails naming the .bin (If-Match)
+        r = ld.consume("old", check=False)
+        assert r.rc != 0 and f"{url}.bin: PreconditionFailed" in r.stderr, r.stderr
+        p = ld.pipeline("old")
+        assert p["state"] == "failed" and f"{url}.bin: PreconditionFailed" in p["error"], p
+
+        # an .idx more than the cache: the create fails naming it
+        tiny = write_megatron_pair(os.path.join(workdir, "mgt"), [[7]] * 400)
+        upload_pair(s3, tiny, "mg/rg/tiny")
+        tiny_idx = os.path.getsize(tiny + ".idx")
+        assert tiny_idx > bin_size - 1
+        r = create(ld, spec("big-idx", f"s3://{BUCKET}/mg/rg/tiny"), env, check=False)
+        assert r.returncode != 0
+        assert f"s3://{BUCKET}/mg/rg/tiny.idx: {tiny_idx} bytes, more than the object cache's " \
+            f"cache_bytes {bin_size - 1}: a megatron .idx is read whole (only its .bin by range)" in r.stderr, \
+            r.stderr
+    finally:
+        proxy.stop()
+
+
+def test_megatron_blend_of_pairs_that_fit_alone(daemon, workdir, s3):
+    """A blend of two pairs that each fit cache_bytes, not both: the one
+    opened last finds no room beside the other's and is read by range
+    (both, when they fetched at once) instead of failing the create; the
+    batches are the local blend's."""
+    rng = np.random.default_rng(2)
+    local, remote = [], []
+    for i in range(2):
+        docs = [rng.integers(0, 5000, size=int(rng.integers(3, 40))) for _ in range(40)]
+        local.append(write_megatron_pair(os.path.join(workdir, f"fa{i}"), docs))
+        upload_pair(s3, local[i], f"mg/fa/p{i}")
+        remote.append(f"s3://{BUCKET}/mg/fa/p{i}")
+    one = max(os.path.getsize(p + ".bin") + os.path.getsize(p + ".idx") for p in local)
+    ld, objects, _ = ranged_daemon(daemon, workdir, one * 3 // 2, "fitalone")
+
+    def spec(name, prefixes):
+        return {"name": name, "batch_size": 4, "shuffle": True, "seed": 1, "source": {
+            "kind": "megatron", "prefixes": prefixes, "weights": [0.5, 0.5], "num_samples": 40,
+            "seq_len": 8}}
+    ld.create(spec("local", local))
+    want = ld.consume("local").dump
+    create(ld, spec("remote", remote), aws_env(s3.endpoint))
+    assert want and ld.consume("remote").dump == want
+    p = ld.pipeline("remote")
+    ranged = [q for q in p["source"]["parts"] if q.get("ranged")]
+    assert ranged and p["store"]["ranged_gets"] == sum(q["ranged_gets"] for q in ranged) > 0, p
+    assert cached_bytes(objects) <= one * 3 // 2
+
+
 def test_cache_bytes_config(daemon, workdir):
     """cache_bytes (docs/config.md): a size, read at start; a reload that
     changes it names it as needing a restart; a bad value is an error

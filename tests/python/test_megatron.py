@@ -8,6 +8,7 @@ equal to loaderd's, in megatron's order (shuffle false). Then bad .idx/.bin
 pairs: the exact error at create."""
 
 import glob
+import json
 import os
 import stat
 import struct
@@ -132,6 +133,42 @@ def test_megatron_masks_no_extra_token_pad(mld, workdir, pad):
            "eod": 7, "pad": pad, **kw}
     got = loaderd_samples(mld, "masks", src, batch_size=7)
     assert_same(ds, got)
+
+
+def test_megatron_in_a_store_by_range_equals_gptdataset(daemon, workdir, monkeypatch):
+    """A pair in s3:// of more than cache_bytes (its .bin read by range,
+    docs/storage.md): GPTDataset's samples, with empty sequences (pieces
+    of no token) and without the extra token, against the real S3 server of
+    tests/integration."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+    import s3server
+    srv, d = s3server.make_server()
+    try:
+        prefix = corpus(os.path.join(workdir, "c"), np.uint16, 400, 1000, 8, 2, eod=7, min_len=0)
+        alice = srv.client("alice")
+        for ext in (".bin", ".idx"):
+            with open(prefix + ext, "rb") as f:
+                alice.put("alice-data", "mg/c" + ext, f.read())
+        cfg = os.path.join(workdir, "ranged.json")
+        with open(cfg, "w") as f:
+            json.dump({"cache_bytes": os.path.getsize(prefix + ".bin") - 1}, f)
+        ld = daemon("--cache-dir", os.path.join(workdir, "cache"), "--config", cfg)
+        for k in [k for k in os.environ if k.startswith("AWS_")]:
+            monkeypatch.delenv(k)
+        for k, v in s3server.aws_env(srv.endpoint).items():
+            if k.startswith("AWS_"):
+                monkeypatch.setenv(k, v)
+        kw = dict(eod_mask_loss=True, reset_position_ids=True, add_extra_token=False)
+        ds = megatron_splits(prefix, workdir, 6, 8, "90,10,0", [1000, None, None], Tok(1000, 7, 1001),
+                             **kw)[0]
+        src = {"prefix": "s3://alice-data/mg/c", "seq_len": 6, "seed": 8, "split": "90,10,0",
+               "num_samples": 1000, "eod": 7, "pad": 1001, **kw}
+        assert_same(ds, loaderd_samples(ld, "ranged", src))
+        store = loaderd.Client(socket=ld.socket).pipeline("ranged")["store"]
+        assert store["ranged"] and store["ranged_gets"] > len(ds), store
+    finally:
+        s3server.stop_server(srv, d)
 
 
 def index_state(client, name):

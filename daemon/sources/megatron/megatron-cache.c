@@ -4,7 +4,10 @@
  *
  * One file per key, CACHE_DIR/megatron-<FNV-1a 64 of the key>.index, mode
  * 0600 in a directory of mode 0700, both the daemon's. The key is a text
- * that names both files' identity (device, inode, size, mtime) and every
+ * that names both files' identity (device, inode, size, mtime; for an
+ * object in a store its endpoint, URL, ETag and size, so an object written
+ * again is a new key and the same object a hit from any pipeline, create
+ * or restart) and every
  * parameter that changes the index; the file holds that text, so a hash
  * collision or another version's file reads as a miss. Layout, native
  * endianness:
@@ -388,25 +391,40 @@ static int gpt_store(void *ctx, const char *dir, const char *path)
 	return store(c->ix, c->nseq, dir, path, c->key);
 }
 
+/* an object's endpoint, URL and ETag: a URL is at most a few KB */
+#define KEY_FILE_MAX 4800
+#define KEY_MAX (2 * KEY_FILE_MAX + 512)
+
+/* One file's part of the key: its identity on disk, or the object's. */
+static void file_key(char *buf, size_t len, const struct mg_file_id *id)
+{
+	if (id->object)
+		snprintf(buf, len, "object %s", id->object);
+	else
+		snprintf(buf, len, "%llu %llu %llu %lld", (unsigned long long)id->dev,
+			 (unsigned long long)id->ino, (unsigned long long)id->size,
+			 (long long)id->mtime_ns);
+}
+
 /* The cache key of @p over the pair; its FNV-1a names the file. */
 static void gpt_key(char *key, size_t len, uint64_t nseq, const struct mg_file_id *idx_id,
 		    const struct mg_file_id *bin_id, const struct mg_params *p)
 {
+	char idx[KEY_FILE_MAX], bin[KEY_FILE_MAX];
+
+	file_key(idx, sizeof(idx), idx_id);
+	file_key(bin, sizeof(bin), bin_id);
 	snprintf(key, len, "megatron index 2\n"
-		 "idx %llu %llu %llu %lld\nbin %llu %llu %llu %lld\nsequences %llu\n"
+		 "idx %s\nbin %s\nsequences %llu\n"
 		 "range %llu %llu\nseq_len %u\nseed %u\nnum_samples %llu\nextra %d\n",
-		 (unsigned long long)idx_id->dev, (unsigned long long)idx_id->ino,
-		 (unsigned long long)idx_id->size, (long long)idx_id->mtime_ns,
-		 (unsigned long long)bin_id->dev, (unsigned long long)bin_id->ino,
-		 (unsigned long long)bin_id->size, (long long)bin_id->mtime_ns,
-		 (unsigned long long)nseq, (unsigned long long)p->beg, (unsigned long long)p->end,
+		 idx, bin, (unsigned long long)nseq, (unsigned long long)p->beg, (unsigned long long)p->end,
 		 p->seq_len, p->seed, (unsigned long long)p->num_samples, p->extra);
 }
 
 int mg_index_find(struct mg_index *ix, uint64_t nseq, const struct mg_file_id *idx_id,
 		  const struct mg_file_id *bin_id, const struct mg_params *p)
 {
-	char dir[4096], path[4200], key[512];
+	char dir[4096], path[4200], key[KEY_MAX];
 
 	memset(ix, 0, sizeof(*ix));
 	if (!source_cache_dir(dir, sizeof(dir)))
@@ -423,7 +441,7 @@ int mg_index_get(struct mg_index *ix, const int32_t *lengths, const int64_t *poi
 		 size_t errlen)
 {
 	static const struct cached_ops ops = { gpt_load, gpt_build, gpt_store };
-	char key[512];
+	char key[KEY_MAX];
 	struct gpt_ctx c = { ix, lengths, pointers, nseq, p, key, what };
 
 	gpt_key(key, sizeof(key), nseq, idx_id, bin_id, p);

@@ -43,10 +43,13 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 		   const char *what, char *err, size_t errlen);
 void mg_index_free(struct mg_index *ix);
 
-/* The files an index is built from, as fstat() saw them (the cache key). */
+/* The files an index is built from, as fstat() saw them (the cache key);
+ * an object in a store by @object instead: "ENDPOINT URL ETAG SIZE"
+ * (source_object_id()), NULL for a local file. */
 struct mg_file_id {
 	uint64_t dev, ino, size;
 	int64_t mtime_ns;
+	const char *object;
 };
 
 /* Where the index came from (status "cache"). */

@@ -8,6 +8,12 @@
  * (common/mmidx.h); the three indexes are built as megatron builds them
  * (megatron-index.c) or taken from the daemon's cache (megatron-cache.c).
  * A sample is read with one pread per document piece and widened to int64.
+ *
+ * A pair in a store (s3://) is fetched whole into the node's cache when it
+ * fits; else its .idx is (the index needs all of it) and the .bin is read
+ * by range, one ranged GET per document piece (docs/storage.md, "Read by
+ * range"). The cached index of such a pair is keyed by the objects' URLs
+ * and ETags rather than the files'.
  */
 #include <errno.h>
 #include <math.h>
@@ -46,6 +52,9 @@ struct mg_source {
 	const int64_t *pointers;
 	int idx_fd;                   /* open until the .idx is read or known */
 	char *idx_path;
+	/* a .bin in a store more than the cache holds: read by range (bin_fd -1) */
+	bool bin_ranged;
+	char *idx_object, *bin_object; /* their mg_file_id.object, or NULL */
 };
 
 /* ---- the spec ---- */
@@ -359,6 +368,71 @@ static int fd_read(void *ctx, void *buf, size_t len, uint64_t off, char *err, si
 	return source_read_full(f->fd, f->path, buf, len, off, err, errlen);
 }
 
+/* @bytes of the .bin at @off: pread, or a ranged GET (If-Match the
+ * create's ETag; a refusal or an outage parks the batch, source.h). */
+static int bin_read(struct mg_source *src, void *buf, size_t bytes, uint64_t off, char *err,
+		    size_t errlen)
+{
+	if (!bytes)
+		return 0;
+	if (src->bin_ranged)
+		return source_read_range(&src->base, src->bin_path, off, bytes, buf, err, errlen);
+	return source_read_full(src->bin_fd, src->bin_path, buf, bytes, off, err, errlen);
+}
+
+static bool is_idx(void *arg, const char *url)
+{
+	return strcmp(url, arg) == 0;
+}
+
+/* The objects' identity for the index cache: their URL and ETag (an object
+ * without an ETag by the cached copy's identity, or by its URL and size
+ * when read by range). */
+static int object_ids(struct mg_source *src)
+{
+	char id[4800];
+
+	if (source_is_url(src->idx_path) && source_object_id(&src->base, src->idx_path, id,
+							     sizeof(id)) == 0 &&
+	    !(src->idx_object = strdup(id)))
+		return -ENOMEM;
+	if (source_is_url(src->bin_path) && source_object_id(&src->base, src->bin_path, id,
+							     sizeof(id)) == 0 &&
+	    !(src->bin_object = strdup(id)))
+		return -ENOMEM;
+	if (src->bin_ranged && !src->bin_object) {
+		snprintf(id, sizeof(id), "%s (no ETag) %llu", src->bin_path,
+			 (unsigned long long)src->bin_id.size);
+		if (!(src->bin_object = strdup(id)))
+			return -ENOMEM;
+	}
+	src->idx_id.object = src->idx_object;
+	src->bin_id.object = src->bin_object;
+	return 0;
+}
+
+/* The .bin: opened (a local file, a cached object) or, in a store and more
+ * than the cache holds with its .idx, read by range; the .idx fetched whole. */
+static int open_bin(struct mg_source *src, uint64_t *bin_size, char *err, size_t errlen)
+{
+	char *v[2] = { src->bin_path, src->idx_path };
+	int r = 0;
+
+	if (source_is_url(src->bin_path) || source_is_url(src->idx_path))
+		r = source_range_urls_but(&src->base, v, 2, is_idx, src->idx_path,
+					  "a megatron .idx is read whole (only its .bin by range)",
+					  err, errlen);
+	if (r < 0)
+		return r;
+	src->bin_ranged = source_ranged(&src->base, src->bin_path);
+	if (!src->bin_ranged)
+		return source_open_file(&src->base, src->bin_path, &src->bin_fd, bin_size, err,
+					errlen);
+	r = source_object_size(&src->base, src->bin_path, bin_size, err, errlen);
+	src->bin_id.size = *bin_size;
+	return r;
+}
+
 /* Open the pair and read the .idx's header; the rest of it is read only
  * when the index is not in the cache (read_idx()). */
 static int open_pair(struct mg_source *src, const char *prefix, char *err, size_t errlen)
@@ -374,14 +448,17 @@ static int open_pair(struct mg_source *src, const char *prefix, char *err, size_
 		return -ENOMEM;
 	snprintf(src->idx_path, plen + 5, "%s.idx", prefix);
 	snprintf(src->bin_path, plen + 5, "%s.bin", prefix);
-	r = source_open_file(&src->base, src->bin_path, &src->bin_fd, &bin_size, err, errlen);
+	r = open_bin(src, &bin_size, err, errlen);
 	if (r >= 0)
 		r = source_open_file(&src->base, src->idx_path, &src->idx_fd, &idx_size, err,
 				     errlen);
 	if (r < 0)
 		return r;
-	file_id(src->bin_fd, &src->bin_id);
+	if (src->bin_fd >= 0)
+		file_id(src->bin_fd, &src->bin_id);
 	file_id(src->idx_fd, &src->idx_id);
+	if (object_ids(src) < 0)
+		return errfmt(-ENOMEM, err, errlen, "%s: out of memory", src->bin_path);
 	f = (struct fd_ctx){ src->idx_fd, src->idx_path };
 	return mmidx_parse_header(&src->idx, fd_read, &f, src->idx_path, idx_size, bin_size, err,
 				  errlen);
@@ -576,8 +653,7 @@ static int check_vocab(struct mg_source *src, const int32_t *lengths, const int6
 
 		if (n > VOCAB_CHUNK)
 			n = VOCAB_CHUNK;
-		r = source_read_full(src->bin_fd, src->bin_path, raw, n * src->idx.elem, off, err,
-				     errlen);
+		r = bin_read(src, raw, n * src->idx.elem, off, err, errlen);
 		if (r >= 0) {
 			widen(src->idx.dtype, t, raw, n);
 			r = vocab_error(src, t, n, off, err, errlen);
@@ -603,8 +679,7 @@ static int piece(struct mg_source *src, int64_t *text, void *raw, size_t *n, siz
 			      "out of range", src->bin_path, (long long)seq, (long long)off,
 			      (long long)len);
 	at = (uint64_t)src->pointers[seq] + (uint64_t)off * src->idx.elem;
-	r = source_read_full(src->bin_fd, src->bin_path, raw, (size_t)len * src->idx.elem, at, err,
-			     errlen);
+	r = bin_read(src, raw, (size_t)len * src->idx.elem, at, err, errlen);
 	if (r < 0)
 		return r;
 	widen(src->idx.dtype, text + *n, raw, (size_t)len);
@@ -739,6 +814,8 @@ static void megatron_close(struct source *base)
 		close(src->idx_fd);
 	free(src->bin_path);
 	free(src->idx_path);
+	free(src->bin_object);
+	free(src->idx_object);
 	mmidx_free(&src->idx);
 	mg_index_free(&src->ix);
 }
