@@ -691,7 +691,7 @@ static int batch_run(struct batch *b, char *err, size_t errlen)
 }
 
 /* How fetch_urls() takes objects more than the cache holds. */
-enum { FIT_ONLY, FIT_OR_STREAM, FIT_OR_RANGE, FIT_OR_STREAM_NO_INDEX };
+enum { FIT_OR_STREAM, FIT_OR_RANGE, FIT_OR_STREAM_NO_INDEX };
 
 static int fetch_urls(struct source *src, char *const *paths, size_t n, int mode, char *err, size_t errlen)
 {
@@ -753,11 +753,6 @@ static int fetch_urls(struct source *src, char *const *paths, size_t n, int mode
 			index_ahead_start(o, b.objs, b.n);
 		b.n = 0;
 	}
-	if (r == 0 && b.n && max && total > max)
-		r = errfmt(-EFBIG, err, errlen, "%s%s: %zu objects of %" PRIu64 " bytes in all, more than the "
-			   "object cache's cache_bytes %" PRIu64 " (only webdataset shards and image folders are read "
-			   "as a stream, and token files and .npy arrays by range)",
-			   b.objs[0]->url, b.n > 1 ? " ..." : "", b.n, total, max);
 	b.fetch = true;
 	atomic_store(&b.failed, 0);
 	if (r == 0 && b.n)
@@ -768,11 +763,6 @@ static int fetch_urls(struct source *src, char *const *paths, size_t n, int mode
 	free(b.objs);
 	pthread_mutex_destroy(&b.lock);
 	return r;
-}
-
-int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen)
-{
-	return fetch_urls(src, paths, n, FIT_ONLY, err, errlen);
 }
 
 int source_range_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen)

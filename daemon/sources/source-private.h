@@ -87,20 +87,19 @@ extern const struct source_ops source_megatron_ops;
 
 /*
  * Paths that name objects in a store (objects.c): s3://, https://, http://.
- * source_fetch_urls(): the URLs among @paths HEADed as the creator and
- * fetched into the node's cache, several at once, kept open for the
- * source's life (a dataset larger than cache_bytes is -EFBIG naming both).
  * source_open_path(): ds_open() of a local path, or a new fd of a URL's
- * cached copy (fetched now if source_fetch_urls() did not).
+ * cached copy (fetched now if source_range_urls() or source_stream_urls()
+ * did not).
  */
 struct stat;
 bool source_is_url(const char *path);
-int source_fetch_urls(struct source *src, char *const *paths, size_t n, char *err, size_t errlen);
 int source_open_path(const struct source *src, const char *path, struct stat *st, char *err, size_t errlen);
 /*
  * Read as a stream (docs/storage.md, "Read as a stream"): a kind whose
- * objects may be more than cache_bytes calls source_stream_urls() instead
- * of source_fetch_urls(); when they do not fit, it only HEADs them, and
+ * objects may be more than cache_bytes calls source_stream_urls(): the
+ * URLs among @paths HEADed as the creator and, when they fit, fetched into
+ * the node's cache, several at once, kept open for the source's life;
+ * when they do not fit, it only HEADs them, and
  * every read then goes through source_open_read() (a URL's cached copy,
  * fetched now when neither there nor on its way; a local path's ds_open())
  * and source_close_read() with the @hold it gave. @object_of names the
@@ -128,8 +127,9 @@ void source_close_read(const struct source *src, int fd, size_t hold);
 void source_index_ahead_end(const struct source *src);
 /*
  * A kind that reads a part of an object per sample (tokens) and can read
- * it by range: source_range_urls() is source_fetch_urls(), but objects
- * more than cache_bytes in all are not fetched: HEADed only (sizes, ETags,
+ * it by range: source_range_urls() fetches them as source_stream_urls()
+ * does when they fit, but objects more than cache_bytes in all are not
+ * fetched: HEADed only (sizes, ETags,
  * the creator's keys checked) and read by range (docs/storage.md, "Read by
  * range"). source_ranged(): @path is so read (no fd to open);
  * source_object_size(): its size from the create's HEAD;

@@ -239,25 +239,6 @@ def test_missing_object_and_no_credentials(daemon, workdir, s3):
     assert "nope" not in ld.log()
 
 
-def test_larger_than_cache(daemon, workdir, s3):
-    """Only webdataset shards and image folders are read as a stream, and
-    token files and .npy arrays by range: megatron's objects must fit the
-    cache, each fetched whole at create."""
-    rng = np.random.default_rng(8)
-    prefix = write_megatron_pair(os.path.join(workdir, "bigmg"), [rng.integers(0, 5000, size=300)
-                                                                  for _ in range(4)])
-    for ext in (".bin", ".idx"):
-        with open(prefix + ext, "rb") as f:
-            s3.client("alice").put(BUCKET, "bigmg/c" + ext, f.read())
-    total = os.path.getsize(prefix + ".bin")  # fetched alone, before the .idx
-    ld, _ = s3_daemon(daemon, workdir, cache_bytes=total - 1)
-    r = create(ld, {"name": "big", "batch_size": 4, "source": {"kind": "megatron", "prefix": f"s3://{BUCKET}/bigmg/c",
-                                                               "seq_len": 16}}, aws_env(s3.endpoint), check=False)
-    assert r.returncode != 0
-    assert r.stderr == (f"loaderctl: create: s3://{BUCKET}/bigmg/c.bin: {total} bytes, more than the object "
-                        f"cache's cache_bytes {total - 1}\n"), r.stderr
-
-
 def stream_daemon(daemon, workdir, cache_bytes, fetch_ahead, name):
     cache = os.path.join(workdir, name)
     cfg = os.path.join(workdir, name + ".json")
