@@ -14,6 +14,8 @@ void nprandom_seed(struct nprandom *st, uint32_t seed)
 	st->pos = MT_N;
 }
 
+/* The next 624 outputs at once: the state's next generation, tempered
+ * into out[] (both loops vectorise; a draw is then one load). */
 static void mt_generate(struct nprandom *st)
 {
 	uint32_t *k = st->key, y;
@@ -29,35 +31,31 @@ static void mt_generate(struct nprandom *st)
 	}
 	y = (k[MT_N - 1] & 0x80000000u) | (k[0] & 0x7fffffffu);
 	k[MT_N - 1] = k[MT_M - 1] ^ (y >> 1) ^ (-(y & 1u) & 0x9908b0dfu);
+	for (i = 0; i < MT_N; i++) {
+		y = k[i];
+		y ^= y >> 11;
+		y ^= (y << 7) & 0x9d2c5680u;
+		y ^= (y << 15) & 0xefc60000u;
+		y ^= y >> 18;
+		st->out[i] = y;
+	}
 	st->pos = 0;
 }
 
 uint32_t nprandom_next32(struct nprandom *st)
 {
-	uint32_t y;
-
-	if (st->pos == MT_N)
+	if (__builtin_expect(st->pos == MT_N, 0))
 		mt_generate(st);
-	y = st->key[st->pos++];
-	y ^= y >> 11;
-	y ^= (y << 7) & 0x9d2c5680u;
-	y ^= (y << 15) & 0xefc60000u;
-	y ^= y >> 18;
-	return y;
+	return st->out[st->pos++];
 }
 
 uint64_t nprandom_interval(struct nprandom *st, uint64_t max)
 {
-	uint64_t mask = max, v;
+	uint64_t mask, v;
 
 	if (max == 0)
 		return 0;
-	mask |= mask >> 1;
-	mask |= mask >> 2;
-	mask |= mask >> 4;
-	mask |= mask >> 8;
-	mask |= mask >> 16;
-	mask |= mask >> 32;
+	mask = ~0ULL >> __builtin_clzll(max);  /* all ones up to max's top bit */
 	if (max <= 0xffffffffu) {
 		while ((v = (nprandom_next32(st) & mask)) > max)
 			;
