@@ -907,8 +907,8 @@ static int index_build(void *ctx, char *err, size_t errlen)
 	size_t *live = j->weighted ? NULL : calloc(j->n, sizeof(*live));
 	double *cl = calloc(2 * j->n, sizeof(*cl)); /* the counts, then first_max()'s errors */
 
-	j->b->part = malloc(j->size * sizeof(*j->b->part));
-	j->b->sample = malloc(j->size * sizeof(*j->b->sample));
+	j->b->part = mg_array_alloc(j->size * sizeof(*j->b->part));
+	j->b->sample = mg_array_alloc(j->size * sizeof(*j->b->sample));
 	if (!cl || (!j->weighted && !live) || !j->b->part || !j->b->sample) {
 		free(live);
 		free(cl);

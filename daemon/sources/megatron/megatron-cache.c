@@ -12,7 +12,7 @@
  * collision or another version's file reads as a miss. Layout, native
  * endianness:
  *
- *   "LDRMGIX3" | u64 key length | key (padded to 8) | u64 ndoc, nsamples, epochs, nseq |
+ *   "LDRMGIX4" | u64 key length | key (padded to 8) | u64 ndoc, nsamples, epochs, nseq |
  *   boot id (40 bytes) | i32 doc[ndoc] (padded to 8) | i64 sample[2 (nsamples + 1)] |
  *   i64 shuffle[nsamples] | i32 lengths[nseq] (padded to 8) | i64 pointers[nseq] |
  *   u64 checksum of the five arrays | "LDRMGEND"
@@ -56,7 +56,7 @@
 #include "megatron.h"
 #include "sources/source.h"
 
-#define MAGIC "LDRMGIX3"
+#define MAGIC "LDRMGIX4"          /* 4: mix() in lanes */
 #define TRAILER "LDRMGEND"
 
 static uint64_t fnv1a(const char *s)
@@ -83,15 +83,34 @@ static uint64_t mix(uint64_t h, const void *p, size_t len)
 	return h;
 }
 
+/*
+ * The files' checksums: mix() in four independent lanes (word i into lane
+ * i % 4), so that four multiplies are in flight, not one chain of them: the
+ * arrays are hundreds of MB, and one multiply's latency per word bounded the
+ * chain. The lanes and the last bytes fold into @h.
+ */
+static uint64_t sum_mix(uint64_t h, const void *p, size_t len)
+{
+	const unsigned char *b = p;
+	uint64_t l[4] = { h, h ^ 1, h ^ 2, h ^ 3 }, w;
+
+	for (; len >= 32; len -= 32, b += 32)
+		for (int i = 0; i < 4; i++) {
+			memcpy(&w, b + 8 * i, 8);
+			l[i] = (l[i] ^ w) * 0x100000001b3ULL;
+		}
+	return mix(mix(h, l, sizeof(l)), b, len);
+}
+
 static uint64_t checksum(const struct mg_index *ix, uint64_t nseq)
 {
 	uint64_t h = 0xcbf29ce484222325ULL;
 
-	h = mix(h, ix->doc, ix->ndoc * 4);
-	h = mix(h, ix->sample, (ix->nsamples + 1) * 16);
-	h = mix(h, ix->shuffle, ix->nsamples * 8);
-	h = mix(h, ix->lengths, nseq * 4);
-	return mix(h, ix->pointers, nseq * 8);
+	h = sum_mix(h, ix->doc, ix->ndoc * 4);
+	h = sum_mix(h, ix->sample, (ix->nsamples + 1) * 16);
+	h = sum_mix(h, ix->shuffle, ix->nsamples * 8);
+	h = sum_mix(h, ix->lengths, nseq * 4);
+	return sum_mix(h, ix->pointers, nseq * 8);
 }
 
 #define BOOT_BYTES BOOT_ID_BYTES
@@ -452,7 +471,7 @@ int mg_index_get(struct mg_index *ix, const int32_t *lengths, const int64_t *poi
  *
  * CACHE_DIR/blend-<hash>.index, written, read and trusted as above:
  *
- *   "LDRBLIX2" | u64 key length | key (padded to 8) | u64 size, parts | boot id (40 bytes) |
+ *   "LDRBLIX3" | u64 key length | key (padded to 8) | u64 size, parts | boot id (40 bytes) |
  *   u16 part[size] (padded to 8) | u64 sample[size] | u64 per_epoch[parts] |
  *   u64 checksum of the three arrays | "LDRBLEND"
  *
@@ -460,7 +479,7 @@ int mg_index_get(struct mg_index *ix, const int32_t *lengths, const int64_t *poi
  * function of it alone, so a file is never stale, and nothing in it is
  * more than what the key's holder would build.
  */
-#define BLEND_MAGIC "LDRBLIX2"
+#define BLEND_MAGIC "LDRBLIX3"    /* 3: mix() in lanes */
 #define BLEND_TRAILER "LDRBLEND"
 
 struct blend_ctx {
@@ -475,9 +494,9 @@ static uint64_t blend_sum(const struct mg_blend *b)
 {
 	uint64_t h = 0xcbf29ce484222325ULL;
 
-	h = mix(h, b->part, b->size * 2);
-	h = mix(h, b->sample, b->size * 8);
-	return mix(h, b->per_epoch, b->n * 8);
+	h = sum_mix(h, b->part, b->size * 2);
+	h = sum_mix(h, b->sample, b->size * 8);
+	return sum_mix(h, b->per_epoch, b->n * 8);
 }
 
 void mg_blend_free(struct mg_blend *b)
@@ -485,8 +504,8 @@ void mg_blend_free(struct mg_blend *b)
 	if (b->map) {
 		munmap(b->map, b->map_len);
 	} else {
-		free(b->part);
-		free(b->sample);
+		mg_array_free(b->part, b->size * sizeof(*b->part));
+		mg_array_free(b->sample, b->size * sizeof(*b->sample));
 	}
 	b->part = NULL;
 	b->sample = NULL;

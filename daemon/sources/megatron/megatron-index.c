@@ -37,10 +37,13 @@ static size_t shuffle_size(const struct mg_index *ix)
 	return (size_t)ix->nsamples * 8 + 8;
 }
 
-static void *array_alloc(size_t bytes)
+void *mg_array_alloc(size_t bytes)
 {
-	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	void *p;
 
+	if (!bytes)
+		bytes = 1;
+	p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED)
 		return NULL;
 	if (bytes >= (2u << 20))
@@ -48,11 +51,17 @@ static void *array_alloc(size_t bytes)
 	return p;
 }
 
+void mg_array_free(void *p, size_t bytes)
+{
+	if (p)
+		munmap(p, bytes ? bytes : 1);
+}
+
 int mg_index_alloc(struct mg_index *ix)
 {
-	ix->doc = array_alloc(doc_size(ix));
-	ix->sample = array_alloc(sample_size(ix));
-	ix->shuffle = array_alloc(shuffle_size(ix));
+	ix->doc = mg_array_alloc(doc_size(ix));
+	ix->sample = mg_array_alloc(sample_size(ix));
+	ix->shuffle = mg_array_alloc(shuffle_size(ix));
 	return ix->doc && ix->sample && ix->shuffle ? 0 : -ENOMEM;
 }
 

@@ -33,9 +33,14 @@ struct mg_index {
 	const int64_t *pointers;      /* [nseq] */
 };
 
-/* Allocate the three arrays for ix->ndoc and ix->nsamples (mapped memory,
- * in huge pages where the kernel gives them: a build's time is otherwise
- * much of it page faults); -ENOMEM leaves what it got for mg_index_free(). */
+/* An array of @bytes in mapped memory, in huge pages where the kernel gives
+ * them (a build's time is otherwise much of it page faults); NULL when out
+ * of memory. mg_array_free() takes the same @bytes (and NULL). */
+void *mg_array_alloc(size_t bytes);
+void mg_array_free(void *p, size_t bytes);
+
+/* Allocate the three arrays for ix->ndoc and ix->nsamples (mg_array_alloc());
+ * -ENOMEM leaves what it got for mg_index_free(). */
 int mg_index_alloc(struct mg_index *ix);
 
 /* Build it from the sequence lengths of the whole .idx; errors name @what. */
@@ -89,7 +94,7 @@ struct mg_blend {
 	uint64_t *sample;             /* dataset_sample_index[size] */
 	uint64_t *per_epoch;          /* [n], the caller's */
 	void *map;                    /* read from the cache: part and sample lie in */
-	size_t map_len;               /* this mapping of its file, else malloc'ed */
+	size_t map_len;               /* this mapping of its file, else mg_array_alloc()'s */
 };
 
 /**
@@ -97,9 +102,10 @@ struct mg_blend {
  * cache directory when a blend of the same @key (every input of @build,
  * bytes) was built before (part and sample mapped from the file: every
  * part number is to be checked where it is read), else @build(@ctx) it
- * (which mallocs part and sample; once per key: the same lock as
- * mg_index_get()) and write it there. The caller opens every part as the
- * pipeline's owner first; mg_blend_free() frees part and sample.
+ * (which allocates part and sample with mg_array_alloc(); once per key:
+ * the same lock as mg_index_get()) and write it there. The caller opens
+ * every part as the pipeline's owner first; mg_blend_free() frees part and
+ * sample.
  */
 int mg_blend_get(struct mg_blend *b, const void *key, size_t klen,
 		 int (*build)(void *ctx, char *err, size_t errlen), void *ctx,

@@ -13,7 +13,8 @@
 #include <stdint.h>
 
 struct nprandom {
-	uint32_t key[624];
+	uint32_t key[624];            /* the state */
+	uint32_t out[624];            /* key tempered: the next outputs from out[pos] */
 	int pos;
 };
 
