@@ -887,7 +887,7 @@ def megatron_index_rows(cache, url):
             continue
         with open(os.path.join(cache, name), "rb") as f:
             b = f.read()
-        assert b[:8] == b"LDRMGIX3"
+        assert b[:8] == b"LDRMGIX4"
         klen = struct.unpack_from("<Q", b, 8)[0]
         key = b[16:16 + klen].decode()
         at = 16 + (klen + 7) // 8 * 8
