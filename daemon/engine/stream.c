@@ -211,6 +211,37 @@ static uint32_t order_rows(const void *arg, uint64_t epoch, uint64_t batch)
 	return sampler_epoch_rows(arg, epoch, batch);
 }
 
+/* The places of row @r of @job in its batch (and its augment seeds'). */
+static void row_dsts(const struct job *job, uint32_t r, void **dsts, void **more)
+{
+	const struct pipeline *pl = job->pl;
+
+	for (size_t f = 0; f < pl->nfields; f++) {
+		uint64_t off = pl->field_off[f] + (uint64_t)r * pl->fields[f].sample_bytes;
+		dsts[f] = job->base + off;
+		for (uint32_t g = 0; g < job->nmore; g++)
+			more[g * pl->nfields + f] = job->more_base[g] + off;
+	}
+}
+
+/* A source read by range: the task's rows read once to note their ranges,
+ * which are then GOT at once while the rows are read (source.h). */
+static bool task_read_ahead(struct task *t, const struct sample_ctx *ctx, void **dsts, void **more)
+{
+	struct job *job = t->job;
+	char err[512];
+
+	if (t->end - t->begin < 2 || !source_ahead_wanted(job->pl->src))
+		return false;
+	source_ahead_record();
+	for (uint32_t r = t->begin; r < t->end; r++) {
+		row_dsts(job, r, dsts, more);
+		(void)source_read(job->pl->src, ctx, job_sample(job, r), dsts, err, sizeof(err));
+	}
+	source_ahead_start();
+	return true;
+}
+
 static void task_run(struct work *work)
 {
 	struct task *t = (struct task *)work;
@@ -223,6 +254,7 @@ static void task_run(struct work *work)
 	struct sample_order order = { .sample = order_sample, .rows = order_rows,
 		.arg = &job->stream->sampler, .arg_size = sizeof(job->stream->sampler) };
 	char err[512];
+	bool ahead;
 
 	source_read_refused_clear();
 	if (!job->idx) {
@@ -234,16 +266,12 @@ static void task_run(struct work *work)
 		ctx.batch = job->index;
 	}
 
+	ahead = task_read_ahead(t, &ctx, dsts, more);
 	for (uint32_t r = t->begin; r < t->end && !atomic_load(&job->err); r++) {
 		uint64_t idx = job_sample(job, r);
 		int rc;
 
-		for (size_t f = 0; f < pl->nfields; f++) {
-			uint64_t off = pl->field_off[f] + (uint64_t)r * pl->fields[f].sample_bytes;
-			dsts[f] = job->base + off;
-			for (uint32_t g = 0; g < job->nmore; g++)
-				more[g * pl->nfields + f] = job->more_base[g] + off;
-		}
+		row_dsts(job, r, dsts, more);
 		rc = source_read(pl->src, &ctx, idx, dsts, err, sizeof(err));
 		if (rc < 0) {
 			int why = source_read_why();
@@ -255,6 +283,8 @@ static void task_run(struct work *work)
 			break;
 		}
 	}
+	if (ahead)
+		source_ahead_end();
 	/* before the completion below: the pipeline may go once its job is done */
 	workers_queue_cost(&pl->queue, stats_task_time(job, begin, stage_ns, STAGE_READ));
 	if (atomic_fetch_sub(&job->remaining, 1) == 1) {

@@ -20,7 +20,8 @@
  * A kind that reads a part of an object per sample (tokens) reads objects
  * more than the cache holds by range instead (source_range_urls()): each
  * read a ranged GET (If-Match on the create's ETag) straight into the
- * sample, nothing kept on disk.
+ * sample, nothing kept on disk; a worker GETs the ranges of its rows of a
+ * batch at once beforehand (read-ahead, at the end).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -159,6 +160,9 @@ struct source_objects {
 /* Why this thread's last object read failed (source.h): 0, or a
  * SOURCE_READ_* of the store. */
 static _Thread_local int read_why;
+
+static bool source_ahead_take(const struct source *src, const char *url, uint64_t off, size_t len, void *buf,
+			      char *err, size_t errlen, int *r, int *why);
 
 /* Ranged reads of every source, since the start (/metrics). */
 static _Atomic uint64_t all_ranged_gets, all_ranged_bytes;
@@ -864,6 +868,11 @@ int source_object_id(const struct source *src, const char *url, char *buf, size_
 	return r;
 }
 
+static bool source_reads_by_range(const struct source *src)
+{
+	return src->objs && src->objs->ranged;
+}
+
 bool source_ranged(const struct source *src, const char *path)
 {
 	return src && src->objs && src->objs->ranged && source_is_url(path);
@@ -889,9 +898,14 @@ int source_read_range(const struct source *src, const char *url, uint64_t off, s
 	struct keyed_store *ks = NULL;
 	char etag[sizeof(((struct store_object *)0)->etag)];
 	struct obj *ob;
-	int r;
+	int r, why;
 
 	read_why = 0;
+	/* a worker's read-ahead (source_ahead_take()) noted it, or has its bytes */
+	if (source_ahead_take(src, url, off, len, buf, err, errlen, &r, &why)) {
+		read_why = why;
+		return r;
+	}
 	pthread_mutex_lock(&o->lock);
 	ob = objects_find(o, url, false);
 	if (!ob)
@@ -1738,6 +1752,11 @@ json_t *source_stream_json(const struct source *src)
 	return j;
 }
 
+static uint64_t source_fetch_ahead_bytes(void)
+{
+	return atomic_load(&fetch_ahead_bytes);
+}
+
 void source_set_fetch_ahead(uint64_t bytes)
 {
 	atomic_store(&fetch_ahead_bytes, bytes ? bytes : SOURCE_FETCH_AHEAD_DEFAULT);
@@ -1774,4 +1793,238 @@ json_t *source_object_cache_json(void)
 	json_object_set_new(j, "ranged_gets", json_integer((json_int_t)atomic_load(&all_ranged_gets)));
 	json_object_set_new(j, "ranged_bytes", json_integer((json_int_t)atomic_load(&all_ranged_bytes)));
 	return j;
+}
+
+/* ---- read-ahead of a source read by range (source.h) ----
+ *
+ * A source read by range (source_read_range()) makes a GET per
+ * piece of a sample. A worker building rows of a batch reads them first in
+ * a recording pass (source_ahead_record()): each source_read_range() then
+ * notes its range and GETs nothing. source_ahead_start() starts up to
+ * AHEAD_GETS threads that GET the noted ranges in order, at most fetch_ahead
+ * bytes held (GOT and not yet taken, or on their way); the worker reads its
+ * rows again, and each source_read_range() takes its range's bytes from
+ * there (waiting for it), one copy into the batch. A range a read does not
+ * find (a read that went another way) is GOT by the read itself, as without
+ * a plan. So a batch costs about one request's latency per AHEAD_GETS
+ * samples, and its bytes are those of the reads one after the other: the
+ * same reads, the same ranges, whatever the timing.
+ *
+ * The plan is the calling thread's (a worker's), alive from record to end.
+ */
+
+/* GETs in flight for one task */
+#define AHEAD_GETS 16
+
+enum { R_WAIT, R_RUNNING, R_DONE, R_TAKEN };
+
+struct range {
+	const struct source *src;
+	const char *url;             /* the kind's, alive as long as its source */
+	uint64_t off;
+	size_t len;
+	void *buf;                   /* R_DONE without error: its bytes */
+	int state, r, why;
+	char *err;                   /* R_DONE with an error: its text */
+};
+
+struct ahead_plan {
+	pthread_mutex_t lock;
+	pthread_cond_t moved;        /* a range done or taken, or stop */
+	struct range *v;
+	size_t n, cap;
+	size_t next;                 /* the next range to GET */
+	size_t cursor;               /* the reads are past the ranges before it */
+	uint64_t held, bound;        /* bytes of ranges started, not yet taken */
+	bool recording, stop;
+	pthread_t threads[AHEAD_GETS];
+	size_t nthreads;
+};
+
+static _Thread_local struct ahead_plan *ahead_plan;
+
+bool source_ahead_wanted(const struct source *src)
+{
+	return src && source_reads_by_range(src);
+}
+
+void source_ahead_record(void)
+{
+	struct ahead_plan *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return; /* no plan: every read GETs its own */
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->moved, NULL);
+	p->recording = true;
+	ahead_plan = p;
+}
+
+static void range_drop(struct ahead_plan *p, struct range *rg)
+{
+	if (rg->state == R_DONE || rg->state == R_RUNNING)
+		p->held -= rg->len;
+	free(rg->buf);
+	free(rg->err);
+	rg->buf = NULL;
+	rg->err = NULL;
+	rg->state = R_TAKEN;
+}
+
+static void *range_thread(void *arg)
+{
+	struct ahead_plan *p = arg;
+	char err[512];
+
+	pthread_mutex_lock(&p->lock);
+	for (;;) {
+		struct range *rg;
+		void *buf;
+		int r, why = 0;
+
+		while (p->next < p->n && p->v[p->next].state != R_WAIT)
+			p->next++;
+		/* one range at least, whatever its size; more within the bound */
+		while (!p->stop && p->next < p->n && p->held && p->held + p->v[p->next].len > p->bound)
+			pthread_cond_wait(&p->moved, &p->lock);
+		if (p->stop || p->next >= p->n)
+			break;
+		rg = &p->v[p->next++];
+		if (rg->state != R_WAIT)
+			continue;
+		rg->state = R_RUNNING;
+		p->held += rg->len;
+		pthread_mutex_unlock(&p->lock);
+		/* this thread has no plan: a GET of its own */
+		buf = malloc(rg->len);
+		r = buf ? source_read_range(rg->src, rg->url, rg->off, rg->len, buf, err, sizeof(err))
+			: errfmt(-ENOMEM, err, sizeof(err), "out of memory");
+		if (r < 0)
+			why = source_read_why();
+		pthread_mutex_lock(&p->lock);
+		rg->state = R_DONE;
+		rg->r = r;
+		rg->why = why;
+		if (r < 0) {
+			free(buf);
+			rg->err = strdup(err);
+			/* the reads stop at it: GET no more */
+			p->stop = true;
+		} else {
+			rg->buf = buf;
+		}
+		pthread_cond_broadcast(&p->moved);
+	}
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+void source_ahead_start(void)
+{
+	struct ahead_plan *p = ahead_plan;
+	size_t want;
+
+	if (!p)
+		return;
+	p->recording = false;
+	p->bound = source_fetch_ahead_bytes();
+	/* a single range: nothing to overlap, its read GETs it */
+	want = p->n > 1 ? (p->n < AHEAD_GETS ? p->n : AHEAD_GETS) : 0;
+	for (size_t i = 0; i < want; i++)
+		if (pthread_create(&p->threads[p->nthreads], NULL, range_thread, p) == 0)
+			p->nthreads++;
+}
+
+void source_ahead_end(void)
+{
+	struct ahead_plan *p = ahead_plan;
+
+	if (!p)
+		return;
+	ahead_plan = NULL;
+	pthread_mutex_lock(&p->lock);
+	p->stop = true;
+	pthread_cond_broadcast(&p->moved);
+	pthread_mutex_unlock(&p->lock);
+	for (size_t i = 0; i < p->nthreads; i++)
+		pthread_join(p->threads[i], NULL);
+	for (size_t i = 0; i < p->n; i++)
+		range_drop(p, &p->v[i]);
+	free(p->v);
+	pthread_cond_destroy(&p->moved);
+	pthread_mutex_destroy(&p->lock);
+	free(p);
+}
+
+static void plan_note(struct ahead_plan *p, const struct source *src, const char *url, uint64_t off, size_t len)
+{
+	if (p->n == p->cap) {
+		size_t cap = p->cap ? 2 * p->cap : 64;
+		struct range *v = realloc(p->v, cap * sizeof(*v));
+
+		if (!v)
+			return; /* not noted: its read GETs it */
+		p->v = v;
+		p->cap = cap;
+	}
+	p->v[p->n++] = (struct range){ .src = src, .url = url, .off = off, .len = len, .state = R_WAIT };
+}
+
+static bool range_same(const struct range *rg, const struct source *src, const char *url, uint64_t off, size_t len)
+{
+	return rg->src == src && rg->off == off && rg->len == len && (rg->url == url || !strcmp(rg->url, url));
+}
+
+/* The range of @p a read wants, from the cursor on; those it passes are
+ * dropped (a read that went another way). NULL: not noted. */
+static struct range *plan_find(struct ahead_plan *p, const struct source *src, const char *url, uint64_t off, size_t len)
+{
+	for (size_t i = p->cursor; i < p->n; i++) {
+		if (p->v[i].state != R_TAKEN && range_same(&p->v[i], src, url, off, len)) {
+			for (size_t j = p->cursor; j < i; j++)
+				if (p->v[j].state != R_RUNNING)
+					range_drop(p, &p->v[j]);
+			p->cursor = i + 1;
+			return &p->v[i];
+		}
+	}
+	return NULL;
+}
+
+static bool source_ahead_take(const struct source *src, const char *url, uint64_t off, size_t len, void *buf,
+		       char *err, size_t errlen, int *r, int *why)
+{
+	struct ahead_plan *p = ahead_plan;
+	struct range *rg;
+	bool took = false;
+
+	if (!p)
+		return false;
+	if (p->recording) {
+		plan_note(p, src, url, off, len);
+		/* defined bytes, so that a kind's checks of them pass */
+		memset(buf, 0, len);
+		*r = 0;
+		*why = 0;
+		return true;
+	}
+	pthread_mutex_lock(&p->lock);
+	rg = plan_find(p, src, url, off, len);
+	if (rg && rg->state == R_WAIT) {
+		rg->state = R_TAKEN;  /* not started: the read GETs it */
+	} else if (rg) {
+		while (rg->state == R_RUNNING)
+			pthread_cond_wait(&p->moved, &p->lock);
+		*r = rg->r;
+		*why = rg->why;
+		if (rg->r < 0)
+			snprintf(err, errlen, "%s", rg->err ? rg->err : "out of memory");
+		else
+			memcpy(buf, rg->buf, len);
+		range_drop(p, rg);
+		pthread_cond_broadcast(&p->moved);
+		took = true;
+	}
+	pthread_mutex_unlock(&p->lock);
+	return took;
 }

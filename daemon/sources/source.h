@@ -201,6 +201,23 @@ const char *source_store_endpoint(const struct source *src);
 uint64_t source_fetch_wait_ns(const struct source *src);
 json_t *source_stream_json(const struct source *src);
 
+/*
+ * Read-ahead of a source read by range (docs/storage.md, "Read by range";
+ * objects.c), for a worker building rows of a batch:
+ * source_ahead_wanted(): @src reads its objects by range (a GET a piece);
+ * then source_ahead_record(), and each row read once with source_read()
+ * (nothing is read: each read's ranges are noted, its bytes in the batch
+ * left meaningless, its outcome ignored); source_ahead_start() GETs the
+ * noted ranges, up to 16 at once within fetch_ahead bytes; each row read
+ * again with source_read() takes its bytes from there (a failed GET is its
+ * read's error, as if it had made it); source_ahead_end() waits for the
+ * GETs under way and drops the rest. The plan is the calling thread's.
+ */
+bool source_ahead_wanted(const struct source *src);
+void source_ahead_record(void);
+void source_ahead_start(void);
+void source_ahead_end(void);
+
 /* Status's store.ranged, ranged_gets, ranged_bytes of a source that reads
  * its objects by range (source-private.h), NULL for any other. */
 json_t *source_ranged_json(const struct source *src);

@@ -1589,6 +1589,67 @@ def test_npy_larger_than_cache_read_by_range(daemon, workdir, s3):
         proxy.stop()
 
 
+def test_ranged_reads_ahead_through_a_slow_store(daemon, workdir, s3):
+    """Through a store slow to answer (20 ms a GET), a worker GETs the
+    ranges of a batch's samples at once, not one after the other (several
+    GETs in the proxy at a time: one at a time without the read-ahead),
+    yet the batches are byte for byte the local files' (one worker) and each range is
+    still exactly one GET: a tokens corpus (windows across files two) and
+    two .npy arrays (a GET per sample and array), two shuffled epochs."""
+    local = tokens_corpus(workdir, s3, "tok/ra")
+    url = f"s3://{BUCKET}/tok/ra"
+    sizes = [os.path.getsize(os.path.join(local, f"shard-{s:03d}.bin")) // 2 for s in range(3)]
+    N = 29
+    rng = np.random.default_rng(4)
+    d = os.path.join(workdir, "npyra")
+    os.makedirs(d)
+    arrays = {"x.npy": rng.standard_normal((N, 8, 8)).astype(np.float32),
+              "y.npy": rng.integers(0, 1000, size=(N,)).astype(np.int64)}
+    for n, a in arrays.items():
+        write_npy(os.path.join(d, n), a)
+        with open(os.path.join(d, n), "rb") as f:
+            s3.client("alice").put(BUCKET, "npyra/" + n, f.read())
+    # one worker: GETs at once are its read-ahead's, not batches built side by side
+    cfg = os.path.join(workdir, "rahead.json")
+    with open(cfg, "w") as f:
+        json.dump({"cache_bytes": 2 * sum(sizes) - 1, }, f)
+    objects = os.path.join(workdir, "rahead", "objects")
+    ld = daemon("--cache-dir", os.path.join(workdir, "rahead"), "--config", cfg, "--workers", "1")
+    proxy = FaultProxy(("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])))
+    env = aws_env(proxy.endpoint)
+    L = 12
+    firsts = [sum(sizes[:i]) for i in range(3)]
+    tok = {"kind": "tokens", "dtype": "uint16", "seq_len": L, "boundaries": "none"}
+    try:
+        proxy.delay = 0.02
+        for what, lspec, rspec in (
+                ("tok", dict(tok, paths=[local + "/shard-{000..002}.bin"]),
+                 dict(tok, paths=[url + "/shard-{000..002}.bin"])),
+                ("npy", {"kind": "npy", "paths": [os.path.join(d, n) for n in arrays]},
+                 {"kind": "npy", "paths": [f"s3://{BUCKET}/npyra/{n}" for n in arrays]})):
+            base = {"batch_size": 8, "shuffle": True, "seed": 3, "epochs": 2}
+            ld.create(dict(base, name=f"l-{what}", source=lspec))
+            want = ld.consume(f"l-{what}").dump
+            create(ld, dict(base, name=f"r-{what}", source=rspec), env)
+            g0 = gets(proxy)
+            proxy.gets_most = 0
+            assert ld.consume(f"r-{what}").dump == want, what
+            if what == "tok":
+                per_epoch = len(want) // (2 * 2 * L * 8)  # input and target, int64
+                ranges = sum(sum(1 for f, n in zip(firsts, sizes) if f < i * L + L + 1 and i * L < f + n)
+                             for i in range(per_epoch))
+                assert ranges > per_epoch  # some windows cross a file's end
+            else:
+                ranges = N * len(arrays)
+            # each range one GET, each epoch; several in flight at once
+            assert gets(proxy) - g0 == 2 * ranges, what
+            assert ld.pipeline(f"r-{what}")["store"]["ranged_gets"] == 2 * ranges + (2 if what == "npy" else 0)
+            assert proxy.gets_most > 1, (what, proxy.gets_most)
+        assert cached_bytes(objects) == 0
+    finally:
+        proxy.stop()
+
+
 def test_image_folder_larger_than_cache_streamed(daemon, workdir, s3):
     """An image folder under a prefix whose images are more than
     cache_bytes is read as a stream: the create lists and HEADs them and
