@@ -1845,7 +1845,15 @@ static _Thread_local struct ahead_plan *ahead_plan;
 
 bool source_ahead_wanted(const struct source *src)
 {
-	return src && source_reads_by_range(src);
+	if (!src)
+		return false;
+	if (source_reads_by_range(src))
+		return true;
+	/* a blend (megatron's prefixes too): its parts read by range are its */
+	for (size_t i = 0; src->objs && i < src->objs->nparts; i++)
+		if (source_reads_by_range(src->objs->parts[i]))
+			return true;
+	return false;
 }
 
 void source_ahead_record(void)

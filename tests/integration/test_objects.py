@@ -1626,7 +1626,12 @@ def test_ranged_reads_ahead_through_a_slow_store(daemon, workdir, s3):
                 ("tok", dict(tok, paths=[local + "/shard-{000..002}.bin"]),
                  dict(tok, paths=[url + "/shard-{000..002}.bin"])),
                 ("npy", {"kind": "npy", "paths": [os.path.join(d, n) for n in arrays]},
-                 {"kind": "npy", "paths": [f"s3://{BUCKET}/npyra/{n}" for n in arrays]})):
+                 {"kind": "npy", "paths": [f"s3://{BUCKET}/npyra/{n}" for n in arrays]}),
+                # a blend's parts read by range (megatron's prefixes are one)
+                ("blend", {"kind": "blend", "weights": [0.6, 0.4], "sources": [
+                    dict(tok, paths=[local + "/shard-{000..002}.bin"])] * 2},
+                 {"kind": "blend", "weights": [0.6, 0.4], "sources": [
+                     dict(tok, paths=[url + "/shard-{000..002}.bin"])] * 2})):
             base = {"batch_size": 8, "shuffle": True, "seed": 3, "epochs": 2}
             ld.create(dict(base, name=f"l-{what}", source=lspec))
             want = ld.consume(f"l-{what}").dump
@@ -1634,6 +1639,12 @@ def test_ranged_reads_ahead_through_a_slow_store(daemon, workdir, s3):
             g0 = gets(proxy)
             proxy.gets_most = 0
             assert ld.consume(f"r-{what}").dump == want, what
+            if what == "blend":
+                # every GET a range of its parts', several at once
+                st = ld.pipeline(f"r-{what}")["store"]
+                assert st["ranged"] and gets(proxy) - g0 == st["ranged_gets"] > 0, st
+                assert proxy.gets_most > 1, (what, proxy.gets_most)
+                continue
             if what == "tok":
                 per_epoch = len(want) // (2 * 2 * L * 8)  # input and target, int64
                 ranges = sum(sum(1 for f, n in zip(firsts, sizes) if f < i * L + L + 1 and i * L < f + n)
