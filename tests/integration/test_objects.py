@@ -1730,7 +1730,8 @@ def test_shuffled_webdataset_stream_reads_samples_by_range(daemon, workdir, s3):
     sample and epoch, counted at the store and in status, and the reads
     write nothing to the cache. With shuffle_window the same shards are
     still read as a stream (whole shards, no range). 503s park batches until
-    the store answers; a shard changed after the create fails, naming it."""
+    the store answers, refused keys until fresh ones come; a shard changed
+    after the create fails, naming it (or is skipped)."""
     local, url, n = shards(workdir, s3, "wds/rg", nshards=8, per_class=8)
     paths = [local.replace("{000..007}", f"{s:03d}") for s in range(8)]
     sizes = [os.path.getsize(p) for p in paths]
@@ -1822,6 +1823,23 @@ def test_shuffled_webdataset_stream_reads_samples_by_range(daemon, workdir, s3):
             re.escape(f"s3://{BUCKET}/wds/rg-") + r"00[0-7]\.tar: SlowDown: Please reduce your request rate\. "
             r"\(HTTP 503\); retried for 0\.3 s", parked["error"]), parked
         unpark(ld, proxy, c, "r-out", one)
+
+        # the store refuses the keys: the batch waits for fresh ones, then
+        # is built again with the same bytes
+        create(ld, wds("r-keys", url, **spec), env)
+        c, parked = refuse_keys(ld, proxy, "r-keys")
+        assert parked["why"] == "keys" and re.fullmatch(
+            re.escape(f"s3://{BUCKET}/wds/rg-") + r"00[0-7]\.tar: AccessDenied: Access Denied\. \(HTTP 403\)",
+            parked["error"]), parked
+        res = c.wait(timeout=120)
+        assert res.rc != 0 and ".tar: AccessDenied: Access Denied. (HTTP 403)" in res.stderr, res.describe()
+        with proxy.faults.mutex:
+            proxy.faults.queue.clear()
+        ld.ctl("credentials", "r-keys", env=env)
+        assert ld.consume("r-keys").dump == one
+        p = ld.pipeline("r-keys")
+        assert (p["state"], p["skipped"], p["store"]["parked_batches"], p["store"]["credentials_updates"]) == \
+            ("done", 0, 0, 1), p
 
         # a shard changed after the create: a read fails the pipeline naming
         # it (on_error fail), or its samples are skipped (on_error skip)
