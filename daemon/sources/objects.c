@@ -168,6 +168,8 @@ static bool source_ahead_take(const struct source *src, const char *url, uint64_
 static _Atomic uint64_t all_ranged_gets, all_ranged_bytes;
 
 static void index_ahead_start(struct source_objects *o, struct obj **objs, size_t n);
+struct ahead_plan;
+static void plan_note(struct ahead_plan *p, const struct source *src, const char *url, uint64_t off, size_t len);
 static void index_ahead_end(struct source_objects *o);
 
 /* Every streamed source of the daemon: a read that finds no room in the
@@ -997,6 +999,25 @@ int source_stream_objects(struct source *src, char *const *paths, size_t n, cons
 			  uint64_t idx), void *arg, char *err, size_t errlen)
 {
 	return stream_urls(src, paths, n, FIT_OR_STREAM_NO_INDEX, object_of, arg, err, errlen);
+}
+
+/*
+ * A streamed source whose reads want a part of an object each (a shuffled
+ * webdataset's samples: docs/storage.md, "Webdataset samples by range"): once its index
+ * is built, read by range instead (source_read_range()), no fetch-ahead,
+ * nothing held (source-private.h).
+ */
+void source_stream_by_range(struct source *src)
+{
+	struct source_objects *o = src ? src->objs : NULL;
+
+	if (!o || !o->stream)
+		return;
+	streams_remove(o);
+	pthread_mutex_lock(&o->lock);
+	o->stream = false;
+	o->ranged = true;
+	pthread_mutex_unlock(&o->lock);
 }
 
 bool source_streams(const struct source *src)
@@ -1854,6 +1875,17 @@ bool source_ahead_wanted(const struct source *src)
 		if (source_reads_by_range(src->objs->parts[i]))
 			return true;
 	return false;
+}
+
+bool source_ahead_recording(void)
+{
+	return ahead_plan && ahead_plan->recording;
+}
+
+void source_ahead_note(const struct source *src, const char *url, uint64_t off, size_t len)
+{
+	if (source_ahead_recording())
+		plan_note(ahead_plan, src, url, off, len);
 }
 
 void source_ahead_record(void)

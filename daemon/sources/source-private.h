@@ -144,6 +144,18 @@ int source_object_size(const struct source *src, const char *url, uint64_t *size
 int source_read_range(const struct source *src, const char *url, uint64_t off, size_t len, void *buf, char *err,
 		      size_t errlen);
 /*
+ * source_stream_by_range(): a source of source_stream_urls() that streams
+ * (its objects more than cache_bytes), its index built, read by range from
+ * now on: source_ranged() true, no fetch-ahead (a shuffled webdataset,
+ * whose samples' members are each a range of a shard).
+ * source_ahead_recording(): the calling worker's reads now only note their
+ * ranges (source.h, the read-ahead's first pass): a kind may then
+ * source_ahead_note() each and skip the rest of the read (a decode).
+ */
+void source_stream_by_range(struct source *src);
+bool source_ahead_recording(void);
+void source_ahead_note(const struct source *src, const char *url, uint64_t off, size_t len);
+/*
  * source_range_urls_but(): source_range_urls(), but when the objects are
  * read by range those @whole(@arg, url) names are fetched whole into the
  * cache all the same (a megatron .idx: its index needs all of it), opened

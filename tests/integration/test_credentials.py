@@ -73,7 +73,8 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
     ld = daemon("--cache-dir", os.path.join(workdir, "cache"), "--config",
                 shared_config(workdir, cache_bytes=limit, fetch_ahead=max(sizes)))
     ld.create(wds("local", local, access="all"))
-    ld.create(wds("local3", local3, access="all", epochs=2))
+    # (in order: a shuffled stream would read its samples by range)
+    ld.create(wds("local3", local3, access="all", epochs=2, shuffle=False))
 
     def spec_file(spec):
         p = ld.spec_file(spec)
@@ -88,8 +89,8 @@ def test_fresh_credentials_for_running_pipelines(daemon, workdir, s3, users):
     # p3, p6: two epochs, few batches built ahead: the second must fetch
     # again what the cache could not keep, after the rotation
     for p, spec in (("p1", wds("p1", url)), ("p2", wds("p2", url)),
-                    ("p3", wds("p3", url3, epochs=2, prefetch=2)),
-                    ("p6", wds("p6", url3, epochs=2, prefetch=2))):
+                    ("p3", wds("p3", url3, epochs=2, prefetch=2, shuffle=False)),
+                    ("p6", wds("p6", url3, epochs=2, prefetch=2, shuffle=False))):
         r = ctl_as(alice_u, "create", "--spec", spec_file(spec), env=old_env)
         assert r.returncode == 0, r.stderr
     assert ["stream" in ld.pipeline(p)["store"] for p in ("p1", "p2", "p3", "p6")] == [False, False, True, True]
@@ -217,7 +218,8 @@ def test_refused_dynamic_readers_told_once(daemon, workdir, s3):
     local, url, n = shards(workdir, s3, "dyn/b", nshards=9, per_class=12, seed=8)
     sizes = [os.path.getsize(local.replace("{000..008}", f"{s:03d}")) for s in range(9)]
     ld, _ = stream_daemon(daemon, workdir, 3 * max(sizes), max(sizes), "dyn")
-    ld.create(wds("local", local, epochs=2))
+    # in order: a shuffled stream would read its samples by range
+    ld.create(wds("local", local, epochs=2, shuffle=False))
     # the dump: each batch's fields in order (image, label), 9 full batches
     # an epoch
     dump, per = ld.consume("local").dump, 4 * (20 * 20 * 3 + 8)
@@ -227,7 +229,7 @@ def test_refused_dynamic_readers_told_once(daemon, workdir, s3):
     old_env = aws_env(s3.endpoint, "alice", AWS_ACCESS_KEY_ID=old_ak, AWS_SECRET_ACCESS_KEY=old_sk)
     # few batches built ahead, two epochs over a cache of a third of the
     # shards: later batches must fetch again, which the store refuses
-    create(ld, wds("dyn", url, epochs=2, prefetch=2), old_env)
+    create(ld, wds("dyn", url, epochs=2, prefetch=2, shuffle=False), old_env)
     assert "stream" in ld.pipeline("dyn")["store"]
     s3.rekey("alice", "LDRALICEKEY000000077", "alice-secret-dynamic-77")
     try:

@@ -223,6 +223,11 @@ uint64_t imagecache_index_bytes(const struct imagecache *c)
 	return c->nsamples * sizeof(*c->slot);
 }
 
+bool imagecache_has(struct imagecache *c, uint64_t j)
+{
+	return atomic_load_explicit(&c->slot[j], memory_order_acquire) >= SLOT_ENTRY;
+}
+
 const struct imagecache_entry *imagecache_get(struct imagecache *c, uint64_t j)
 {
 	uint64_t v = atomic_load_explicit(&c->slot[j], memory_order_acquire);

@@ -59,6 +59,8 @@ uint64_t imagecache_index_bytes(const struct imagecache *c);
 
 /* Sample @j's cached image (a hit), or NULL (a miss); counted. Lock-free. */
 const struct imagecache_entry *imagecache_get(struct imagecache *c, uint64_t j);
+/* Sample @j is cached (no hit or miss counted). */
+bool imagecache_has(struct imagecache *c, uint64_t j);
 
 /**
  * imagecache_decode_run() - a miss: decode sample @j's file @data (probed into

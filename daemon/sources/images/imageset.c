@@ -874,6 +874,15 @@ static void folder_close(const struct imageset *set, int fd, size_t hold)
 		close(fd);
 }
 
+void imageset_note(const struct imageset *set, uint64_t idx)
+{
+	const struct image_entry *e = &set->v[idx];
+
+	if (!set->folder && e->label_state != LABEL_MISSING && e->label_state != LABEL_BAD &&
+	    e->size <= IMAGE_FILE_MAX && source_ranged(set->src, set->shards[e->shard]))
+		source_ahead_note(set->src, set->shards[e->shard], e->offset, (size_t)e->size);
+}
+
 int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_t *cap,
 		  size_t *len, int64_t *label, char *err, size_t errlen)
 {
@@ -922,6 +931,18 @@ int imageset_read(const struct imageset *set, uint64_t idx, uint8_t **buf, size_
 	r = grow(buf, cap, (size_t)e->size);
 	if (r < 0)
 		return errfmt(r, err, errlen, "%s: out of memory", what);
+	if (source_ranged(set->src, set->shards[e->shard])) {
+		/* a shuffled stream's sample: its image member alone, one ranged
+		 * GET straight into the buffer the decoder reads (the label was
+		 * read at create) */
+		r = source_read_range(set->src, set->shards[e->shard], e->offset, (size_t)e->size, *buf, err,
+				      errlen);
+		if (r < 0)
+			return r;
+		*len = (size_t)e->size;
+		*label = e->label;
+		return 0;
+	}
 	fd = set->fds[e->shard];
 	if (fd < 0) {
 		fd = source_open_read(set->src, set->shards[e->shard], NULL, &hold, err, errlen);

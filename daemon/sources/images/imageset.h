@@ -61,6 +61,11 @@ uint64_t imageset_count(const struct imageset *set);
 /* Classes of an image folder (0 for webdataset). */
 size_t imageset_nclasses(const struct imageset *set);
 
+/* A webdataset's sample @idx read by range (a shuffled stream): its
+ * image member's range noted for the worker's read-ahead (source.h), nothing
+ * read; nothing for another set or a sample its checks refuse. */
+void imageset_note(const struct imageset *set, uint64_t idx);
+
 /**
  * imageset_read() - read the encoded image of sample @idx.
  * @buf, @cap: a buffer grown with realloc as needed (the caller frees it)

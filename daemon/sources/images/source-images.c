@@ -565,6 +565,11 @@ static int images_open(struct source *base, const struct spec *spec, char *err, 
 		r = imageset_open_webdataset(&src->images, base, spec->source.urls, spec->source.nurls,
 					     err, errlen);
 		source_index_ahead_end(base);
+		/* a global shuffle spreads a batch over every shard: each
+		 * sample's image by range rather than its shard whole, again
+		 * and again (docs/storage.md, "Webdataset samples by range") */
+		if (r == 0 && spec->shuffle && !spec->shuffle_window)
+			source_stream_by_range(base);
 	}
 	if (r < 0)
 		return r;
@@ -775,6 +780,18 @@ static int images_read(struct source *base, const struct sample_ctx *ctx, uint64
 	bool tried = false;
 
 	source_note_read(base, ctx);
+	if (source_ahead_recording()) {
+		/* the read-ahead's first pass (source.h): the range it will
+		 * read (none for a decoded image cached), no decode of bytes
+		 * not yet there, the bad-sample map untouched */
+		uint64_t k = next_unknown(src, idx, n);
+
+		if (k == n)
+			k = next_unknown(src, 0, n);
+		if (k < n && !(src->cache && imagecache_has(src->cache, k)))
+			imageset_note(src->images, k);
+		return 0;
+	}
 
 	while (seen < n) {
 		uint64_t k = next_unknown(src, j, n);
