@@ -140,9 +140,13 @@ def test_megatron_in_a_store_by_range_equals_gptdataset(daemon, workdir, monkeyp
     docs/storage.md): GPTDataset's samples, with empty sequences (pieces
     of no token) and without the extra token, against the real S3 server of
     tests/integration."""
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-    import s3server
+    # loaded from its file, sys.path untouched: a tests/integration first on
+    # it would make later spawned children import its conftest, not ours
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "s3server", os.path.join(os.path.dirname(__file__), "..", "integration", "s3server.py"))
+    s3server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s3server)
     srv, d = s3server.make_server()
     try:
         prefix = corpus(os.path.join(workdir, "c"), np.uint16, 400, 1000, 8, 2, eod=7, min_len=0)
