@@ -46,7 +46,8 @@ static void trim(const char **s, const char **e)
 
 /* What one profile section holds, as spans of the text. */
 enum { V_KEY, V_SECRET, V_TOKEN, V_REGION, V_ENDPOINT, V_ROLE_ARN, V_WEB_TOKEN, V_ROLE_SESSION,
-       V_SOURCE_PROFILE, V_CRED_SOURCE, V_SSO_SESSION, V_SSO_URL, V_PROCESS, V_S3_ENDPOINT, V_COUNT };
+       V_SOURCE_PROFILE, V_CRED_SOURCE, V_EXTERNAL_ID, V_MFA_SERIAL, V_SSO_SESSION, V_SSO_URL, V_PROCESS,
+       V_S3_ENDPOINT, V_COUNT };
 
 struct section_vals {
 	const char *v[V_COUNT];
@@ -55,8 +56,8 @@ struct section_vals {
 
 static const char *const value_names[V_PROCESS + 1] = {
 	"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "region", "endpoint_url", "role_arn",
-	"web_identity_token_file", "role_session_name", "source_profile", "credential_source", "sso_session",
-	"sso_start_url", "credential_process",
+	"web_identity_token_file", "role_session_name", "source_profile", "credential_source", "external_id",
+	"mfa_serial", "sso_session", "sso_start_url", "credential_process",
 };
 
 static int value_index(const char *sub, const char *k, size_t kn)
@@ -74,28 +75,50 @@ static int value_index(const char *sub, const char *k, size_t kn)
 static int parse_role(struct awscreds *out, const struct section_vals *sv, const char *what, char *err,
 		      size_t errlen)
 {
-	int r;
+	static const char *const sources[] = { "Environment", "Ec2InstanceMetadata", "EcsContainer" };
+	int r, how;
 
 	if (out->access_key[0] || out->role_arn[0] || out->unsupported[0])
 		return 0;
-	/* assume-role from other keys, and SSO: not read (docs/storage.md) */
-	for (int i = V_SOURCE_PROFILE; i <= V_SSO_URL; i++)
-		if (sv->v[i] && (i > V_CRED_SOURCE || sv->v[V_ROLE_ARN])) {
+	/* SSO, and a role behind an MFA code: not read (docs/storage.md) */
+	for (int i = V_MFA_SERIAL; i <= V_SSO_URL; i++)
+		if (sv->v[i] && (i != V_MFA_SERIAL || sv->v[V_ROLE_ARN])) {
 			snprintf(out->unsupported, sizeof out->unsupported, "%.200s has %s", what, value_names[i]);
 			return 0;
 		}
 	if (!sv->v[V_ROLE_ARN])
 		return 0;
-	if (!sv->v[V_WEB_TOKEN])
+	how = sv->v[V_WEB_TOKEN] ? V_WEB_TOKEN : sv->v[V_SOURCE_PROFILE] ? V_SOURCE_PROFILE
+	      : sv->v[V_CRED_SOURCE] ? V_CRED_SOURCE : -1;
+	if (how < 0)
 		return errfmt(-EINVAL, err, errlen, "%s: role_arn without web_identity_token_file, source_profile or "
 			      "credential_source", what);
+	if (how == V_CRED_SOURCE) {
+		size_t i;
+
+		for (i = 0; i < 3; i++)
+			if (strlen(sources[i]) == sv->n[how] && !memcmp(sv->v[how], sources[i], sv->n[how]))
+				break;
+		if (i == 3)
+			return errfmt(-EINVAL, err, errlen, "%s: credential_source '%.*s' is none of Environment, "
+				      "Ec2InstanceMetadata, EcsContainer", what, (int)(sv->n[how] < 64 ? sv->n[how] : 64),
+				      sv->v[how]);
+	}
 	if ((r = awscreds_fill(out->role_arn, sizeof out->role_arn, sv->v[V_ROLE_ARN], sv->n[V_ROLE_ARN], what, err,
-		      errlen)) < 0 ||
-	    (r = awscreds_fill(out->web_token_file, sizeof out->web_token_file, sv->v[V_WEB_TOKEN], sv->n[V_WEB_TOKEN], what,
-		      err, errlen)) < 0 ||
-	    (sv->v[V_ROLE_SESSION] && (r = awscreds_fill(out->role_session, sizeof out->role_session, sv->v[V_ROLE_SESSION],
-						sv->n[V_ROLE_SESSION], what, err, errlen)) < 0))
+			       errlen)) < 0 ||
+	    (r = awscreds_fill(how == V_WEB_TOKEN ? out->web_token_file : how == V_SOURCE_PROFILE
+			       ? out->source_profile : out->credential_source,
+			       how == V_WEB_TOKEN ? sizeof out->web_token_file : how == V_SOURCE_PROFILE
+			       ? sizeof out->source_profile : sizeof out->credential_source,
+			       sv->v[how], sv->n[how], what, err, errlen)) < 0 ||
+	    (sv->v[V_ROLE_SESSION] && (r = awscreds_fill(out->role_session, sizeof out->role_session,
+							 sv->v[V_ROLE_SESSION], sv->n[V_ROLE_SESSION], what, err,
+							 errlen)) < 0) ||
+	    (sv->v[V_EXTERNAL_ID] && (r = awscreds_fill(out->external_id, sizeof out->external_id,
+							sv->v[V_EXTERNAL_ID], sv->n[V_EXTERNAL_ID], what, err,
+							errlen)) < 0))
 		return r;
+	snprintf(out->role_from, sizeof out->role_from, "%.200s", what);
 	return 0;
 }
 
@@ -293,8 +316,96 @@ static int load_process(struct awscreds *out, const char *const *env, char *err,
 /* What no file held, in botocore's order: a web identity (the environment's,
  * then the profile's), the profile's credential_process, a container's
  * endpoint, the instance's role. */
-static int load_service(struct awscreds *out, const char *const *env, const char *profile, char *err,
-			size_t errlen)
+/* The files' @profile (the credentials file's [PROFILE], then the config
+ * file's [profile PROFILE]) into @out, *@found when either has it; their
+ * paths in @files ("" when there are no files: no home, no variable). */
+static int load_profile(struct awscreds *out, const char *const *env, const char *home, const char *profile,
+			int *found, char files[2][4096], char *err, size_t errlen)
+{
+	const char *v = env_value(env, "AWS_SHARED_CREDENTIALS_FILE"), *c = env_value(env, "AWS_CONFIG_FILE");
+	char section[256];
+	int r;
+
+	*found = 0;
+	files[0][0] = files[1][0] = '\0';
+	if (!v && !home)
+		return 0;
+	snprintf(files[0], 4096, v ? "%s" : "%s/.aws/credentials", v ? v : home);
+	snprintf(files[1], 4096, c ? "%s" : "%s/.aws/config", c ? c : home ? home : "");
+	if ((r = load_file(out, files[0], profile, NULL, found, err, errlen)) < 0)
+		return r;
+	snprintf(section, sizeof section, "profile %s", profile);
+	if ((c || home) && (r = load_file(out, files[1], section, strcmp(profile, "default") ? NULL : "default",
+					  found, err, errlen)) < 0)
+		return r;
+	return 0;
+}
+
+/* The keys a role is assumed with, into @from: its source_profile's (keys or
+ * credential_process; not a role of its own), or its credential_source's. */
+static int role_source(const struct awscreds *out, struct awscreds *from, const char *const *env, const char *home,
+		       char *err, size_t errlen)
+{
+	const char *ak = env_value(env, "AWS_ACCESS_KEY_ID"), *sk = env_value(env, "AWS_SECRET_ACCESS_KEY"), *tok;
+	char files[2][4096];
+	int r = 0, found = 0;
+
+	if (out->source_profile[0]) {
+		r = load_profile(from, env, home, out->source_profile, &found, files, err, errlen);
+		if (r == 0 && !found)
+			return errfmt(-EINVAL, err, errlen, "%s: source_profile '%s' is in neither %s nor %s", out->role_from,
+				      out->source_profile, files[0], files[1]);
+		if (r == 0 && !from->access_key[0] && from->process[0])
+			r = load_process(from, env, err, errlen);
+		if (r == 0 && !from->access_key[0])
+			r = errfmt(-EINVAL, err, errlen, "%s: source_profile '%s' has no keys%s", out->role_from,
+				   out->source_profile, from->role_arn[0] ? " (it is a role: libloader assumes one role, "
+				   "not a chain)" : "");
+		return r;
+	}
+	if (!strcmp(out->credential_source, "Environment")) {
+		if (!ak || !sk || !*ak || !*sk)
+			return errfmt(-EINVAL, err, errlen, "%s: credential_source Environment, but AWS_ACCESS_KEY_ID and "
+				      "AWS_SECRET_ACCESS_KEY are not both set", out->role_from);
+		tok = env_value(env, "AWS_SESSION_TOKEN");
+		if ((r = awscreds_fill(from->access_key, sizeof from->access_key, ak, strlen(ak), "AWS_ACCESS_KEY_ID", err,
+				       errlen)) < 0 ||
+		    (r = awscreds_fill(from->secret_key, sizeof from->secret_key, sk, strlen(sk),
+				       "AWS_SECRET_ACCESS_KEY", err, errlen)) < 0 ||
+		    (tok && (r = awscreds_fill(from->session_token, sizeof from->session_token, tok, strlen(tok),
+					      "AWS_SESSION_TOKEN", err, errlen)) < 0))
+			return r;
+		snprintf(from->source, sizeof from->source, "environment");
+		return 0;
+	}
+	r = !strcmp(out->credential_source, "EcsContainer") ? awsroles_container(from, env, err, errlen)
+	    : awsroles_imds(from, env, err, errlen);
+	if (r == 0 && !from->access_key[0])
+		r = errfmt(-EINVAL, err, errlen, "%s: credential_source %s gave no keys%s", out->role_from,
+			   out->credential_source, strcmp(out->credential_source, "EcsContainer") ?
+			   " (no instance metadata service, or no role on this instance)" :
+			   " (no AWS_CONTAINER_CREDENTIALS_RELATIVE_URI nor _FULL_URI)");
+	return r;
+}
+
+/* @out's role, assumed at STS with the keys of its source. */
+static int assume_role(struct awscreds *out, const char *const *env, const char *home, char *err, size_t errlen)
+{
+	struct awscreds *from = calloc(1, sizeof(*from));
+	int r;
+
+	if (!from)
+		return errfmt(-ENOMEM, err, errlen, "%s: out of memory", out->role_from);
+	r = role_source(out, from, env, home, err, errlen);
+	if (r == 0)
+		r = awsroles_assume_role(out, env, from, err, errlen);
+	explicit_bzero(from, sizeof(*from));
+	free(from);
+	return r;
+}
+
+static int load_service(struct awscreds *out, const char *const *env, const char *home, const char *profile,
+			char *err, size_t errlen)
 {
 	const char *role = env_value(env, "AWS_ROLE_ARN"), *tokf = env_value(env, "AWS_WEB_IDENTITY_TOKEN_FILE");
 
@@ -303,14 +414,16 @@ static int load_service(struct awscreds *out, const char *const *env, const char
 	if (role && *role && tokf && *tokf)
 		return awsroles_web_identity(out, env, role, tokf, env_value(env, "AWS_ROLE_SESSION_NAME"), err,
 					     errlen);
+	if (out->role_arn[0] && !out->web_token_file[0])
+		return assume_role(out, env, home, err, errlen);
 	if (out->role_arn[0])
 		return awsroles_web_identity(out, env, out->role_arn, out->web_token_file, out->role_session, err,
 					     errlen);
 	if (out->process[0])
 		return load_process(out, env, err, errlen);
 	if (out->unsupported[0])
-		return errfmt(-ENOTSUP, err, errlen, "%s, which libloader does not read (assume-role from other keys, "
-			      "SSO): give the profile `credential_process = aws configure export-credentials --profile "
+		return errfmt(-ENOTSUP, err, errlen, "%s, which libloader does not read (SSO, a role behind an MFA "
+			      "code): give the profile `credential_process = aws configure export-credentials --profile "
 			      "%.100s --format process` (AWS CLI v2), or export its keys", out->unsupported, profile);
 	if (env_value(env, "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") ||
 	    env_value(env, "AWS_CONTAINER_CREDENTIALS_FULL_URI"))
@@ -322,7 +435,7 @@ int awscreds_load(struct awscreds *out, const char *const *env, const char *home
 {
 	const char *ak = env_value(env, "AWS_ACCESS_KEY_ID"), *sk = env_value(env, "AWS_SECRET_ACCESS_KEY");
 	const char *profile = env_value(env, "AWS_PROFILE"), *v;
-	char cred_path[4096], conf_path[4096], section[256];
+	char files[2][4096];
 	int r, found = 0, named = profile != NULL;
 
 	memset(out, 0, sizeof *out);
@@ -361,20 +474,10 @@ int awscreds_load(struct awscreds *out, const char *const *env, const char *home
 	named |= profile != NULL;
 	if (!profile)
 		profile = "default";
-	v = env_value(env, "AWS_SHARED_CREDENTIALS_FILE");
-	if (v || home) {
-		snprintf(cred_path, sizeof cred_path, v ? "%s" : "%s/.aws/credentials", v ? v : home);
-		v = env_value(env, "AWS_CONFIG_FILE");
-		snprintf(conf_path, sizeof conf_path, v ? "%s" : "%s/.aws/config", v ? v : home ? home : "");
-		if ((r = load_file(out, cred_path, profile, NULL, &found, err, errlen)) < 0)
-			return r;
-		snprintf(section, sizeof section, "profile %s", profile);
-		if ((v || home) && (r = load_file(out, conf_path, section, strcmp(profile, "default") ? NULL : "default",
-						  &found, err, errlen)) < 0)
-			return r;
-		if (named && !found)
-			return errfmt(-EINVAL, err, errlen, "AWS_PROFILE: profile '%s' is in neither %s nor %s", profile,
-				      cred_path, conf_path);
-	}
-	return load_service(out, env, profile, err, errlen);
+	if ((r = load_profile(out, env, home, profile, &found, files, err, errlen)) < 0)
+		return r;
+	if (named && !found && files[0][0])
+		return errfmt(-EINVAL, err, errlen, "AWS_PROFILE: profile '%s' is in neither %s nor %s", profile,
+			      files[0], files[1]);
+	return load_service(out, env, home, profile, err, errlen);
 }

@@ -16,10 +16,15 @@ struct awscreds {
 	char source[160];   /* where the keys came from: "environment", "PROFILE in FILE" */
 	int64_t expires;    /* when the keys expire, Unix seconds (UTC); 0: not known */
 	char process[1024]; /* the profile's credential_process, "" none (run by awscreds_load()) */
-	/* the profile's role to assume with a web identity token ("" none) */
+	/* the profile's role ("" none), assumed with a web identity token, or
+	 * with the keys of another profile or of a credential_source */
 	char role_arn[512];
 	char web_token_file[1024];
+	char source_profile[128];
+	char credential_source[32];  /* Environment, Ec2InstanceMetadata, EcsContainer */
+	char external_id[256];
 	char role_session[128];
+	char role_from[256];         /* "FILE: [SECTION]" of the role, for messages */
 	/* "FILE: [SECTION] has KEY": a way to keys libloader does not read
 	 * (assume-role from a source_profile or credential_source, SSO) */
 	char unsupported[300];
@@ -45,8 +50,10 @@ struct awscreds {
  * before the files are looked at. A profile with no keys but a
  * credential_process: the command is run (/bin/sh -c, @env as its
  * environment) and its JSON read (awscreds_process_json()). Then a
- * container's endpoint, then the instance's role (awsroles.c); a profile's
- * assume-role from other keys or SSO: -ENOTSUP saying what to do.
+ * container's endpoint, then the instance's role (awsroles.c). A profile's
+ * role_arn with source_profile or credential_source: AssumeRole signed with
+ * those keys, before the files' keys; SSO or mfa_serial: -ENOTSUP saying
+ * what to do.
  *
  * Return: 0; -EINVAL with a message naming the variable, or the file and
  * line: one key of a pair without the other, a profile named explicitly
@@ -90,6 +97,10 @@ void awscreds_xml_error(const char *text, char *buf, size_t cap);
 int awsroles_web_identity(struct awscreds *out, const char *const *env, const char *role_arn, const char *token_file,
 			  const char *session, char *err, size_t errlen);
 int awsroles_container(struct awscreds *out, const char *const *env, char *err, size_t errlen);
+/* AssumeRole of @out's role_arn (external_id, role_session), signed with
+ * @from's keys (its source names them in messages); the keys into @out. */
+int awsroles_assume_role(struct awscreds *out, const char *const *env, const struct awscreds *from, char *err,
+			 size_t errlen);
 int awsroles_imds(struct awscreds *out, const char *const *env, char *err, size_t errlen);
 
 /**

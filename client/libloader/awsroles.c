@@ -104,15 +104,21 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg)
 	return len;
 }
 
+/* Keys to sign a request with (SigV4, libcurl's CURLOPT_AWS_SIGV4). */
+struct http_sign {
+	const char *provider;   /* "aws:amz:REGION:SERVICE" */
+	const char *userpwd;    /* "ACCESS_KEY:SECRET" */
+};
+
 /*
  * One request: @method to @url with the headers @hdrs (NULL-terminated),
  * the form @post (POST) or none; @direct: never through a proxy (the
- * link-local and loopback services). *@status and the answer's text in
- * *@text (freed by the caller) on 0; a transport failure is -EIO with
- * libcurl's words.
+ * link-local and loopback services); @sign: signed with those keys, or
+ * NULL. *@status and the answer's text in *@text (freed by the caller) on
+ * 0; a transport failure is -EIO with libcurl's words.
  */
 static int http(const char *method, const char *url, const char *const *hdrs, const char *post, long timeout_ms,
-		bool direct, long *status, char **text, char *err, size_t errlen)
+		bool direct, const struct http_sign *sign, long *status, char **text, char *err, size_t errlen)
 {
 	struct curl_slist *list = NULL;
 	struct answer a = { 0 };
@@ -141,6 +147,11 @@ static int http(const char *method, const char *url, const char *const *hdrs, co
 	cu.easy_setopt(h, CURLOPT_WRITEDATA, &a);
 	if (direct)
 		cu.easy_setopt(h, CURLOPT_NOPROXY, "*");
+	if (sign) {
+		/* libcurl hashes the form it posts into the signature */
+		cu.easy_setopt(h, CURLOPT_AWS_SIGV4, sign->provider);
+		cu.easy_setopt(h, CURLOPT_USERPWD, sign->userpwd);
+	}
 	if (post)
 		cu.easy_setopt(h, CURLOPT_POSTFIELDS, post);
 	else if (strcmp(method, "GET"))
@@ -162,7 +173,7 @@ static int http(const char *method, const char *url, const char *const *hdrs, co
 }
 #else
 static int http(const char *method, const char *url, const char *const *hdrs, const char *post, long timeout_ms,
-		bool direct, long *status, char **text, char *err, size_t errlen)
+		bool direct, const struct http_sign *sign, long *status, char **text, char *err, size_t errlen)
 {
 	*text = NULL;
 	return errfmt(-ENOSYS, err, errlen, "%s %s: libloader was built without libcurl's headers", method, url);
@@ -244,15 +255,38 @@ static void sts_url(const struct awscreds *out, const char *const *env, char *bu
 		snprintf(buf, cap, "https://sts.amazonaws.com");
 }
 
+/* POST @form to STS at @url (signed with @sign, or not), its keys into
+ * @out; errors name @what and STS's words. */
+static int sts_post(struct awscreds *out, const char *url, const char *const *hdrs, const char *form,
+		    const struct http_sign *sign, const char *what, char *err, size_t errlen)
+{
+	char why[600], whose[1000], *text = NULL;
+	long status = 0;
+	int r;
+
+	r = http("POST", url, hdrs, form, 30000, false, sign, &status, &text, why, sizeof why);
+	if (r < 0)
+		return errfmt(r, err, errlen, "%s: STS: %s", what, why);
+	if (status != 200) {
+		awscreds_xml_error(text, why, sizeof why);
+		r = errfmt(status == 403 || status == 400 ? -EACCES : -EIO, err, errlen, "%s: STS %s: %s (HTTP %ld)",
+			   what, url, why[0] ? why : "no AWS error in its answer", status);
+	} else {
+		snprintf(whose, sizeof whose, "%.600s: STS %.300s", what, url);
+		r = awscreds_sts_xml(out, text, whose, err, errlen);
+	}
+	drop_text(text);
+	return r;
+}
+
 int awsroles_web_identity(struct awscreds *out, const char *const *env, const char *role_arn, const char *token_file,
 			  const char *session, char *err, size_t errlen)
 {
 	static const char *const hdrs[] = { "Accept: application/xml",
 					    "Content-Type: application/x-www-form-urlencoded; charset=utf-8", NULL };
-	char what[1100], url[600], sess[80], why[600];
-	char *token = NULL, *form = NULL, *text = NULL;
+	char what[1100], url[600], sess[80];
+	char *token = NULL, *form = NULL;
 	size_t len = 0, cap = 0;
-	long status = 0;
 	int r;
 
 	snprintf(what, sizeof what, "web identity (role %.300s, token %.300s)", role_arn, token_file);
@@ -271,26 +305,57 @@ int awsroles_web_identity(struct awscreds *out, const char *const *env, const ch
 		r = errfmt(-ENOMEM, err, errlen, "%s: out of memory", what);
 		goto out;
 	}
-	r = http("POST", url, hdrs, form, 30000, false, &status, &text, why, sizeof why);
-	if (r < 0) {
-		r = errfmt(r, err, errlen, "%s: STS: %s", what, why);
-		goto out;
-	}
-	if (status != 200) {
-		awscreds_xml_error(text, why, sizeof why);
-		r = errfmt(status == 403 || status == 400 ? -EACCES : -EIO, err, errlen, "%s: STS %s: %s (HTTP %ld)",
-			   what, url, why[0] ? why : "no AWS error in its answer", status);
-		goto out;
-	}
-	snprintf(what, sizeof what, "web identity (role %.300s, token %.300s): STS %.300s", role_arn, token_file,
-		 url);
-	r = awscreds_sts_xml(out, text, what, err, errlen);
+	r = sts_post(out, url, hdrs, form, NULL, what, err, errlen);
 	if (r == 0)
 		snprintf(out->source, sizeof out->source, "web identity (role %.130s)", role_arn);
 out:
 	drop_text(token);
 	drop_text(form);
-	drop_text(text);
+	return r;
+}
+
+/* ---- AssumeRole, signed with other keys ---- */
+
+int awsroles_assume_role(struct awscreds *out, const char *const *env, const struct awscreds *from, char *err,
+			 size_t errlen)
+{
+	static const char *const base[] = { "Accept: application/xml",
+					    "Content-Type: application/x-www-form-urlencoded; charset=utf-8" };
+	const char *hdrs[4] = { base[0], base[1], NULL, NULL };
+	char what[800], url[600], sess[80], provider[128], *userpwd = NULL, *tokhdr = NULL;
+	char *form = NULL;
+	size_t len = 0, cap = 0;
+	int r;
+
+	snprintf(what, sizeof what, "role %.300s (assumed with the keys of %.300s)", out->role_arn, from->source);
+	if (out->role_session[0])
+		snprintf(sess, sizeof sess, "%.64s", out->role_session);
+	else
+		snprintf(sess, sizeof sess, "loaderd-session-%lld", (long long)time(NULL));
+	sts_url(out, env, url, sizeof url);
+	snprintf(provider, sizeof provider, "aws:amz:%.60s:sts", out->region[0] ? out->region : "us-east-1");
+	if (asprintf(&userpwd, "%s:%s", from->access_key, from->secret_key) < 0 ||
+	    (from->session_token[0] && asprintf(&tokhdr, "X-Amz-Security-Token: %s", from->session_token) < 0) ||
+	    form_add(&form, &len, &cap, "Action", "AssumeRole") < 0 ||
+	    (out->external_id[0] && form_add(&form, &len, &cap, "ExternalId", out->external_id) < 0) ||
+	    form_add(&form, &len, &cap, "RoleArn", out->role_arn) < 0 ||
+	    form_add(&form, &len, &cap, "RoleSessionName", sess) < 0 ||
+	    form_add(&form, &len, &cap, "Version", "2011-06-15") < 0) {
+		r = errfmt(-ENOMEM, err, errlen, "%s: out of memory", what);
+		goto out;
+	}
+	hdrs[2] = tokhdr;
+	{
+		struct http_sign sign = { provider, userpwd };
+
+		r = sts_post(out, url, hdrs, form, &sign, what, err, errlen);
+	}
+	if (r == 0)
+		snprintf(out->source, sizeof out->source, "role %.140s", out->role_arn);
+out:
+	drop_text(userpwd);
+	drop_text(tokhdr);
+	drop_text(form);
 	return r;
 }
 
@@ -361,7 +426,7 @@ int awsroles_container(struct awscreds *out, const char *const *env, char *err, 
 	/* botocore's: 2 s a try, 3 tries */
 	for (int tries = 0; tries < 3; tries++) {
 		drop_text(text);
-		r = http("GET", url, hdrs, NULL, 2000, true, &status, &text, why, sizeof why);
+		r = http("GET", url, hdrs, NULL, 2000, true, NULL, &status, &text, why, sizeof why);
 		if (r == 0 && status < 500)
 			break;
 	}
@@ -400,7 +465,7 @@ int awsroles_imds(struct awscreds *out, const char *const *env, char *err, size_
 	/* IMDSv2's token; refused (403, 404, 405): IMDSv1, as botocore */
 	snprintf(url, sizeof url, "%s/latest/api/token", base);
 	hdrs[0] = "X-aws-ec2-metadata-token-ttl-seconds: 21600";
-	if (http("PUT", url, hdrs, NULL, 1000, true, &status, &token, why, sizeof why) < 0)
+	if (http("PUT", url, hdrs, NULL, 1000, true, NULL, &status, &token, why, sizeof why) < 0)
 		return 0; /* no instance metadata here: no keys */
 	if (status == 200 && token[0] && !strpbrk(token, "\r\n") && strlen(token) < 150) {
 		snprintf(tokhdr, sizeof tokhdr, "X-aws-ec2-metadata-token: %s", token);
@@ -413,7 +478,7 @@ int awsroles_imds(struct awscreds *out, const char *const *env, char *err, size_
 	}
 	drop_text(token);
 	snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", base);
-	r = http("GET", url, hdrs, NULL, 1000, true, &status, &text, why, sizeof why);
+	r = http("GET", url, hdrs, NULL, 1000, true, NULL, &status, &text, why, sizeof why);
 	if (r < 0 || status != 200 || !text[0]) {
 		drop_text(text);
 		explicit_bzero(tokhdr, sizeof tokhdr);
@@ -423,7 +488,7 @@ int awsroles_imds(struct awscreds *out, const char *const *env, char *err, size_
 	drop_text(text);
 	snprintf(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/%s", base, role);
 	snprintf(what, sizeof what, "the instance's role %.200s (%.800s)", role, url);
-	r = http("GET", url, hdrs, NULL, 1000, true, &status, &text, why, sizeof why);
+	r = http("GET", url, hdrs, NULL, 1000, true, NULL, &status, &text, why, sizeof why);
 	explicit_bzero(tokhdr, sizeof tokhdr);
 	if (r < 0 || status != 200) {
 		drop_text(text);

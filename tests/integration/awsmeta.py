@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """AWS's credential services on loopback, for libloader's side of them
-(client/libloader/awsroles.c): STS's AssumeRoleWithWebIdentity, a
-container's credentials endpoint (ECS, EKS Pod Identity) and an EC2
+(client/libloader/awsroles.c): STS's AssumeRoleWithWebIdentity and
+AssumeRole (whose SigV4 signature it verifies), a container's credentials endpoint (ECS, EKS Pod Identity) and an EC2
 instance's metadata service (IMDSv2 and v1). These run only inside AWS, so
 the suite stands them in with the wire formats of AWS's documentation; the
 keys they hand out are real keys of the suite's S3 server (s3server.py),
@@ -16,8 +16,11 @@ a service ("sts", "container", "imds-token", "imds") to (status, body) to
 answer instead.
 """
 
+import hashlib
+import hmac
 import http.server
 import json
+import re
 import threading
 import urllib.parse
 
@@ -34,6 +37,8 @@ class AwsMeta:
         self.token = session_token
         self.requests = []
         self.fail = {}
+        self.secrets = {self.ak: self.sk}  # the keys an AssumeRole may be signed with
+        self.signed = []  # (key id, region, signed headers) of each AssumeRole verified
         self.imds_tokens = set()
         meta = self
 
@@ -94,6 +99,14 @@ class AwsMeta:
                 form = dict(urllib.parse.parse_qsl(body.decode(), keep_blank_values=True))
                 if "sts" in meta.fail:
                     return self.answer(*meta.fail["sts"], ctype="text/xml")
+                if form.get("Action") == "AssumeRole":
+                    why = meta.check_sigv4(self.command, self.path, self.headers, body)
+                    if why:
+                        return self.answer(403, sts_error(*why), ctype="text/xml")
+                    if form.get("RoleArn") != ROLE_ARN:
+                        return self.answer(403, sts_error("AccessDenied", "Not authorized to perform "
+                                                          "sts:AssumeRole"), ctype="text/xml")
+                    return self.answer(200, meta.sts_answer("AssumeRole", form), ctype="text/xml")
                 if form.get("Action") != "AssumeRoleWithWebIdentity" or form.get("Version") != "2011-06-15":
                     return self.answer(400, sts_error("InvalidAction", "no such action"), ctype="text/xml")
                 if form.get("WebIdentityToken") != WEB_TOKEN:
@@ -102,23 +115,57 @@ class AwsMeta:
                 if form.get("RoleArn") != ROLE_ARN:
                     return self.answer(403, sts_error("AccessDenied", "Not authorized to perform "
                                                       "sts:AssumeRoleWithWebIdentity"), ctype="text/xml")
-                self.answer(200, f"""<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
-  <AssumeRoleWithWebIdentityResult>
-    <SubjectFromWebIdentityToken>system:serviceaccount:ml:trainer</SubjectFromWebIdentityToken>
-    <AssumedRoleUser><Arn>{ROLE_ARN}/{form.get("RoleSessionName")}</Arn></AssumedRoleUser>
-    <Credentials>
-      {f"<SessionToken>{xml_escape(meta.token)}</SessionToken>" if meta.token else ""}
-      <SecretAccessKey>{xml_escape(meta.sk)}</SecretAccessKey>
-      <Expiration>{EXPIRES}</Expiration>
-      <AccessKeyId>{meta.ak}</AccessKeyId>
-    </Credentials>
-  </AssumeRoleWithWebIdentityResult>
-</AssumeRoleWithWebIdentityResponse>""", ctype="text/xml")
+                self.answer(200, meta.sts_answer("AssumeRoleWithWebIdentity", form), ctype="text/xml")
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def sts_answer(self, action, form):
+        """STS's answer to @action: the keys as <Credentials>."""
+        token = f"<SessionToken>{xml_escape(self.token)}</SessionToken>" if self.token else ""
+        return f"""<{action}Response xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+  <{action}Result>
+    <AssumedRoleUser><Arn>{ROLE_ARN}/{form.get("RoleSessionName")}</Arn></AssumedRoleUser>
+    <Credentials>
+      {token}
+      <SecretAccessKey>{xml_escape(self.sk)}</SecretAccessKey>
+      <Expiration>{EXPIRES}</Expiration>
+      <AccessKeyId>{self.ak}</AccessKeyId>
+    </Credentials>
+  </{action}Result>
+</{action}Response>"""
+
+    def check_sigv4(self, method, path, headers, body):
+        """None when the request is signed (SigV4, AWS's documented
+        algorithm, the payload's hash signed) by a key of .secrets for
+        service sts; else (code, message) as STS answers."""
+        auth = headers.get("Authorization", "")
+        m = re.fullmatch(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/sts/aws4_request, "
+                         r"SignedHeaders=([a-z0-9;-]+), Signature=([0-9a-f]{64})", auth)
+        if not m:
+            return ("MissingAuthenticationToken", "Request is missing Authentication Token")
+        ak, day, region, signed, sig = m.groups()
+        if ak not in self.secrets:
+            return ("InvalidClientTokenId", "The security token included in the request is invalid.")
+        names = signed.split(";")
+        if "host" not in names or "x-amz-date" not in names:
+            return ("SignatureDoesNotMatch", "host and x-amz-date must be signed")
+        canon = "".join(f"{n}:{' '.join(headers.get(n, '').split())}\n" for n in names)
+        creq = "\n".join([method, path.split("?")[0], path.partition("?")[2], canon, signed,
+                          hashlib.sha256(body).hexdigest()])
+        scope = f"{day}/{region}/sts/aws4_request"
+        sts = "\n".join(["AWS4-HMAC-SHA256", headers.get("x-amz-date", ""), scope,
+                         hashlib.sha256(creq.encode()).hexdigest()])
+        k = ("AWS4" + self.secrets[ak]).encode()
+        for part in (day, region, "sts", "aws4_request"):
+            k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+        if hmac.new(k, sts.encode(), hashlib.sha256).hexdigest() != sig:
+            return ("SignatureDoesNotMatch", "The request signature we calculated does not match the signature "
+                    "you provided.")
+        self.signed.append((ak, region, names))
+        return None
 
     def keys(self, more):
         """A metadata answer: @more and the keys."""

@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import pytest
 
@@ -406,10 +407,36 @@ def test_keys_from_aws_services(daemon, workdir, s3):
         del meta.fail["imds"]
         assert refused("ec2off", env()) == nokeys
 
+        # a role assumed with another profile's keys (source_profile): the
+        # AssumeRole is signed with them (the stand-in verifies SigV4)
+        with open(os.path.join(home, "credentials"), "w") as f:
+            f.write(f"[base]\naws_access_key_id = {ak}\naws_secret_access_key = {sk}\n"
+                    f"[wrong]\naws_access_key_id = {ak}\naws_secret_access_key = not-{sk}\n")
+        with open(os.path.join(home, "config"), "a") as f:
+            f.write(f"[profile admin]\nrole_arn = {ROLE_ARN}\nsource_profile = base\nexternal_id = ext-1\n"
+                    f"role_session_name = job-9\n[profile wrongkeys]\nrole_arn = {ROLE_ARN}\n"
+                    f"source_profile = wrong\n[profile pod]\nrole_arn = {ROLE_ARN}\n"
+                    "credential_source = EcsContainer\n")
+        files = dict(AWS_CONFIG_FILE=os.path.join(home, "config"),
+                     AWS_SHARED_CREDENTIALS_FILE=os.path.join(home, "credentials"), AWS_ENDPOINT_URL_STS=meta.url)
+        made("role", env(AWS_PROFILE="admin", **files))
+        form = dict(urllib.parse.parse_qsl(meta.requests[-1][3].decode()))
+        assert (form["Action"], form["RoleArn"], form["ExternalId"], form["RoleSessionName"]) == (
+            "AssumeRole", ROLE_ARN, "ext-1", "job-9"), form
+        assert meta.signed[-1][:2] == (ak, "us-east-1"), meta.signed
+        assert refused("rolebad", env(AWS_PROFILE="wrongkeys", **files)) == (
+            f"loaderctl: create: object-store credentials: role {ROLE_ARN} (assumed with the keys of [wrong] in "
+            f"{home}/credentials): STS {meta.url}: SignatureDoesNotMatch: The request signature we calculated does "
+            "not match the signature you provided. (HTTP 403)\n")
+        # credential_source: the container's keys sign the AssumeRole
+        n = len(meta.requests)
+        made("rolepod", env(AWS_PROFILE="pod", **files, **cont))
+        assert [(m, p) for m, p, _, _ in meta.requests[n:]] == [("GET", "/creds"), ("POST", "/")]
+
         # an SSO profile: named as not read, with what to do instead
         assert refused("sso", env(AWS_CONFIG_FILE=os.path.join(home, "config"), AWS_PROFILE="sso")) == (
             f"loaderctl: create: object-store credentials: {home}/config: [profile sso] has sso_session, which "
-            "libloader does not read (assume-role from other keys, SSO): give the profile `credential_process = "
+            "libloader does not read (SSO, a role behind an MFA code): give the profile `credential_process = "
             "aws configure export-credentials --profile sso --format process` (AWS CLI v2), or export its keys\n")
     finally:
         meta.stop()

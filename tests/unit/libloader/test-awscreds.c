@@ -208,6 +208,9 @@ static void test_services(void)
 	char err[512], cfg[256], want[512];
 	const char *sso[] = { cfg, "AWS_PROFILE=sso", "AWS_EC2_METADATA_DISABLED=true", NULL };
 	const char *src[] = { cfg, "AWS_PROFILE=src", "AWS_EC2_METADATA_DISABLED=true", NULL };
+	const char *chain[] = { cfg, "AWS_PROFILE=chain", "AWS_EC2_METADATA_DISABLED=true", NULL };
+	const char *bad[] = { cfg, "AWS_PROFILE=bad", "AWS_EC2_METADATA_DISABLED=true", NULL };
+	const char *mfa[] = { cfg, "AWS_PROFILE=mfa", "AWS_EC2_METADATA_DISABLED=true", NULL };
 	const char *half[] = { cfg, "AWS_PROFILE=half", "AWS_EC2_METADATA_DISABLED=true", NULL };
 	const char *off[] = { "AWS_PROFILE=none", "AWS_CONFIG_FILE=/nonexistent", "AWS_EC2_METADATA_DISABLED=TRUE",
 			      "AWS_SHARED_CREDENTIALS_FILE=/nonexistent", NULL };
@@ -247,14 +250,31 @@ static void test_services(void)
 	snprintf(cfg, sizeof cfg, "AWS_CONFIG_FILE=%s/svc-config", home);
 	write_file("svc-config",
 		   "[profile sso]\nsso_start_url = https://corp.awsapps.com/start\nregion = r\n"
-		   "[profile src]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = default\n"
+		   "[profile src]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = nope\n"
+		   "[profile chain]\nrole_arn = arn:aws:iam::1:role/c\nsource_profile = src\n"
+		   "[profile bad]\nrole_arn = arn:aws:iam::1:role/r\ncredential_source = Laptop\n"
+		   "[profile mfa]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = default\n"
+		   "mfa_serial = arn:aws:iam::1:mfa/u\n"
 		   "[profile half]\nrole_arn = arn:aws:iam::1:role/r\n");
 	assert(awscreds_load(&c, sso, home, err, sizeof err) == -ENOTSUP);
 	snprintf(want, sizeof want, "%s/svc-config: [profile sso] has sso_start_url, which libloader does not read "
-		 "(assume-role from other keys, SSO): give the profile `credential_process = aws configure "
+		 "(SSO, a role behind an MFA code): give the profile `credential_process = aws configure "
 		 "export-credentials --profile sso --format process` (AWS CLI v2), or export its keys", home);
 	assert(!strcmp(err, want));
-	assert(awscreds_load(&c, src, home, err, sizeof err) == -ENOTSUP && strstr(err, "[profile src] has source_profile, which"));
+	assert(awscreds_load(&c, mfa, home, err, sizeof err) == -ENOTSUP && strstr(err, "[profile mfa] has mfa_serial, which"));
+	/* assume-role: the source's errors, before any request */
+	assert(awscreds_load(&c, src, home, err, sizeof err) == -EINVAL);
+	snprintf(want, sizeof want, "%s/svc-config: [profile src]: source_profile 'nope' is in neither "
+		 "%s/.aws/credentials nor %s/svc-config", home, home, home);
+	assert(!strcmp(err, want));
+	assert(awscreds_load(&c, chain, home, err, sizeof err) == -EINVAL);
+	snprintf(want, sizeof want, "%s/svc-config: [profile chain]: source_profile 'src' has no keys (it is a role: "
+		 "libloader assumes one role, not a chain)", home);
+	assert(!strcmp(err, want));
+	assert(awscreds_load(&c, bad, home, err, sizeof err) == -EINVAL);
+	snprintf(want, sizeof want, "%s/svc-config: [profile bad]: credential_source 'Laptop' is none of Environment, "
+		 "Ec2InstanceMetadata, EcsContainer", home);
+	assert(!strcmp(err, want));
 	assert(awscreds_load(&c, half, home, err, sizeof err) == -EINVAL);
 	snprintf(want, sizeof want, "%s/svc-config: [profile half]: role_arn without web_identity_token_file, "
 		 "source_profile or credential_source", home);
