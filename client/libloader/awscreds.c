@@ -22,6 +22,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -431,7 +432,8 @@ static int load_service(struct awscreds *out, const char *const *env, const char
 	return awsroles_imds(out, env, err, errlen);
 }
 
-int awscreds_load(struct awscreds *out, const char *const *env, const char *home, char *err, size_t errlen)
+int awscreds_load_from(struct awscreds *out, const char *const *env, const char *home, bool services, char *err,
+		       size_t errlen)
 {
 	const char *ak = env_value(env, "AWS_ACCESS_KEY_ID"), *sk = env_value(env, "AWS_SECRET_ACCESS_KEY");
 	const char *profile = env_value(env, "AWS_PROFILE"), *v;
@@ -479,5 +481,10 @@ int awscreds_load(struct awscreds *out, const char *const *env, const char *home
 	if (named && !found && files[0][0])
 		return errfmt(-EINVAL, err, errlen, "AWS_PROFILE: profile '%s' is in neither %s nor %s", profile,
 			      files[0], files[1]);
-	return load_service(out, env, home, profile, err, errlen);
+	return services ? load_service(out, env, home, profile, err, errlen) : 0;
+}
+
+int awscreds_load(struct awscreds *out, const char *const *env, const char *home, char *err, size_t errlen)
+{
+	return awscreds_load_from(out, env, home, true, err, errlen);
 }

@@ -3,6 +3,7 @@
  * and boto3 read them (libloader's side of docs/storage.md) */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -62,6 +63,11 @@ struct awscreds {
  * ISO 8601 time.
  */
 int awscreds_load(struct awscreds *out, const char *const *env, const char *home, char *err, size_t errlen);
+/* The same; @services false: the environment and the files only (no STS,
+ * container or instance request: nothing will sign with what they give,
+ * or the caller has keys of its own). */
+int awscreds_load_from(struct awscreds *out, const char *const *env, const char *home, bool services, char *err,
+		       size_t errlen);
 
 /**
  * awscreds_meta_json() - the keys a container's endpoint or an instance's

@@ -73,7 +73,10 @@ int store_creds(const char *spec_json, struct awscreds *ac, Loaderd__StoreCreden
 	/* a JSON string that starts with a URL: a path in a store */
 	if (!strstr(spec_json, "\"s3://") && !strstr(spec_json, "\"https://") && !strstr(spec_json, "\"http://"))
 		return 0;
-	if (awscreds_load(ac, (const char *const *)environ, getenv("HOME"), err, sizeof(err)) < 0)
+	/* only an s3:// object is signed: a spec of http(s):// URLs alone asks
+	 * no credential service (an instance's, off EC2, can take a second) */
+	if (awscreds_load_from(ac, (const char *const *)environ, getenv("HOME"), strstr(spec_json, "\"s3://") != NULL,
+			       err, sizeof(err)) < 0)
 		return set_err(-EINVAL, "object-store credentials: %s", err);
 	store_creds_msg(ac, sc);
 	return 1;
@@ -201,7 +204,7 @@ int ldr_set_store(struct ldr_client *c, const char *name, const struct ldr_store
 	/* what a create would send now: the region and endpoint always, the
 	 * keys unless the caller gives its own */
 	extern char **environ;
-	if (awscreds_load(&ac, (const char *const *)environ, getenv("HOME"), err, sizeof(err)) < 0) {
+	if (awscreds_load_from(&ac, (const char *const *)environ, getenv("HOME"), !ak, err, sizeof(err)) < 0) {
 		store_creds_clear(&ac);
 		return set_err(-EINVAL, "object-store credentials: %s", err);
 	}

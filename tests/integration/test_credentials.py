@@ -406,6 +406,12 @@ def test_keys_from_aws_services(daemon, workdir, s3):
         assert nokeys == f"loaderctl: create: s3://{BUCKET}/cred/svc-000.tar: AccessDenied: Access Denied. (HTTP 403)\n"
         del meta.fail["imds"]
         assert refused("ec2off", env()) == nokeys
+        # a spec of http(s):// URLs alone is never signed: no service asked
+        n = len(meta.requests)
+        plain = f"{s3.endpoint}/{BUCKET}/cred/svc-{{000..002}}.tar"
+        r = create(ld, wds("ec2http", plain), env(**imds), check=False)
+        assert r.returncode != 0 and "(HTTP 403)" in r.stderr, r.stderr
+        assert len(meta.requests) == n, meta.requests[n:]
 
         # a role assumed with another profile's keys (source_profile): the
         # AssumeRole is signed with them (the stand-in verifies SigV4)
