@@ -1846,6 +1846,7 @@ struct range {
 	size_t len;
 	void *buf;                   /* R_DONE without error: its bytes */
 	int state, r, why;
+	bool passed;                 /* the reads went past it while it ran: dropped when done */
 	char *err;                   /* R_DONE with an error: its text */
 };
 
@@ -1953,6 +1954,9 @@ static void *range_thread(void *arg)
 		} else {
 			rg->buf = buf;
 		}
+		/* no read will take it: its bytes leave the bound at once */
+		if (rg->passed)
+			range_drop(p, rg);
 		pthread_cond_broadcast(&p->moved);
 	}
 	pthread_mutex_unlock(&p->lock);
@@ -2022,7 +2026,9 @@ static struct range *plan_find(struct ahead_plan *p, const struct source *src, c
 	for (size_t i = p->cursor; i < p->n; i++) {
 		if (p->v[i].state != R_TAKEN && range_same(&p->v[i], src, url, off, len)) {
 			for (size_t j = p->cursor; j < i; j++)
-				if (p->v[j].state != R_RUNNING)
+				if (p->v[j].state == R_RUNNING)
+					p->v[j].passed = true;
+				else
 					range_drop(p, &p->v[j]);
 			p->cursor = i + 1;
 			return &p->v[i];
