@@ -34,9 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "common.h"
 #include "megatron/megatron.h"
@@ -517,180 +514,6 @@ static double numpy_sum(const double *a, size_t n)
 }
 
 /*
- * The first k of the largest wl[k] * sd - cl[k], k < n (n >= 1): the part
- * megatron's loops pick (a strict ">" over the parts in index order), so the
- * first k whose error equals the largest. Two passes without a branch to
- * mispredict: the errors into @e and their maximum (SSE2's maxpd two at a
- * time where the target has it), then the first equal to it. The operands are
- * dense (no indirection), the counts kept as doubles (exact below 2^53): the
- * same products and differences, rounded the same, never NaN (finite weights
- * and counts); -0 and +0 compare equal in both passes, as in the scan.
- */
-#if defined(__GNUC__) && defined(__x86_64__)
-#include <immintrin.h>
-#define HAVE_AVX2_PATH 1
-
-/* first_max() four at a time, for the CPUs that have AVX2 (no FMA: the
- * products and differences still round as two operations). */
-__attribute__((target("avx2"))) static size_t first_max_avx2(const double *restrict wl,
-							      const double *restrict cl, size_t n,
-							      double sd, double *restrict e)
-{
-	__m256d vs = _mm256_set1_pd(sd), vm[4], v;
-	double lanes[4], max = -INFINITY;
-	size_t k = 0;
-
-	for (int l = 0; l < 4; l++)
-		vm[l] = _mm256_set1_pd(-INFINITY);
-	for (; k + 16 <= n; k += 16)
-		for (int l = 0; l < 4; l++) {
-			v = _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(wl + k + 4 * l), vs),
-					  _mm256_loadu_pd(cl + k + 4 * l));
-			_mm256_storeu_pd(e + k + 4 * l, v);
-			vm[l] = _mm256_max_pd(vm[l], v);
-		}
-	for (; k + 4 <= n; k += 4) {
-		v = _mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(wl + k), vs), _mm256_loadu_pd(cl + k));
-		_mm256_storeu_pd(e + k, v);
-		vm[0] = _mm256_max_pd(vm[0], v);
-	}
-	_mm256_storeu_pd(lanes, _mm256_max_pd(_mm256_max_pd(vm[0], vm[1]),
-					      _mm256_max_pd(vm[2], vm[3])));
-	for (int l = 0; l < 4; l++)
-		max = lanes[l] > max ? lanes[l] : max;
-	for (; k < n; k++) {
-		e[k] = wl[k] * sd - cl[k];
-		max = e[k] > max ? e[k] : max;
-	}
-	k = 0;
-	for (__m256d vmax = _mm256_set1_pd(max); k + 4 <= n; k += 4) {
-		int hit = _mm256_movemask_pd(_mm256_cmp_pd(_mm256_loadu_pd(e + k), vmax, _CMP_EQ_OQ));
-
-		if (hit)
-			return k + (size_t)__builtin_ctz((unsigned)hit);
-	}
-	for (; e[k] != max; k++)
-		;
-	return k;
-}
-#endif
-
-static size_t first_max_sse2(const double *restrict wl, const double *restrict cl, size_t n,
-			double sd, double *restrict e)
-{
-	double max;
-	size_t k = 0;
-
-#if defined(__SSE2__)
-	/* four maxima at once: maxpd's latency, not its throughput, bounds one */
-	__m128d vs = _mm_set1_pd(sd), vm[4];
-
-	for (int l = 0; l < 4; l++)
-		vm[l] = _mm_set1_pd(-INFINITY);
-	for (; k + 8 <= n; k += 8)
-		for (int l = 0; l < 4; l++) {
-			__m128d v = _mm_sub_pd(_mm_mul_pd(_mm_loadu_pd(wl + k + 2 * l), vs),
-					       _mm_loadu_pd(cl + k + 2 * l));
-
-			_mm_storeu_pd(e + k + 2 * l, v);
-			vm[l] = _mm_max_pd(vm[l], v);
-		}
-	for (; k + 2 <= n; k += 2) {
-		__m128d v = _mm_sub_pd(_mm_mul_pd(_mm_loadu_pd(wl + k), vs), _mm_loadu_pd(cl + k));
-
-		_mm_storeu_pd(e + k, v);
-		vm[0] = _mm_max_pd(vm[0], v);
-	}
-	vm[0] = _mm_max_pd(_mm_max_pd(vm[0], vm[1]), _mm_max_pd(vm[2], vm[3]));
-	max = _mm_cvtsd_f64(_mm_max_sd(vm[0], _mm_unpackhi_pd(vm[0], vm[0])));
-#else
-	max = -INFINITY;
-#endif
-	for (; k < n; k++) {
-		e[k] = wl[k] * sd - cl[k];
-		max = e[k] > max ? e[k] : max;
-	}
-	k = 0;
-#if defined(__SSE2__)
-	for (__m128d vmax = _mm_set1_pd(max); k + 2 <= n; k += 2) {
-		int hit = _mm_movemask_pd(_mm_cmpeq_pd(_mm_loadu_pd(e + k), vmax));
-
-		if (hit)
-			return k + (hit & 1 ? 0 : 1);
-	}
-#endif
-	for (; e[k] != max; k++)
-		;
-	return k;
-}
-
-/* The vector path of this CPU (both pick the same part). */
-static size_t first_max(const double *restrict wl, const double *restrict cl, size_t n,
-			double sd, double *restrict e)
-{
-#ifdef HAVE_AVX2_PATH
-	if (__builtin_cpu_supports("avx2")) /* a load of libgcc's word and a test */
-		return first_max_avx2(wl, cl, n, sd, e);
-#endif
-	return first_max_sse2(wl, cl, n, sd, e);
-}
-
-/* build_blending_indices(normalize(weights), size) */
-static void build_weighted(uint16_t *di, uint64_t *si, double *w, size_t n, uint64_t size,
-			   uint64_t *cur, double *cl, double *e)
-{
-	double sum = numpy_sum(w, n);
-
-	for (size_t j = 0; j < n; j++) {
-		w[j] /= sum;
-		cur[j] = 0;
-		cl[j] = 0.0;
-	}
-	for (uint64_t s = 0; s < size; s++) {
-		size_t best = first_max(w, cl, n, s > 1 ? (double)s : 1.0, e);
-
-		di[s] = (uint16_t)best;
-		si[s] = cur[best]++;
-		cl[best] += 1.0;
-	}
-}
-
-/* build_exhaustive_blending_indices(sizes): every part exactly sizes[j]
- * times; a part leaves the race once spent. @wl, @cl and @id hold the live
- * parts' weights, counts and indices, in index order as std::set iterates
- * them. */
-static void build_exhaustive(uint16_t *di, uint64_t *si, const uint64_t *sizes, size_t n,
-			     uint64_t *cur, double *wl, double *cl, size_t *id, double *e)
-{
-	uint64_t total = 0;
-	size_t nlive = 0;
-
-	for (size_t j = 0; j < n; j++)
-		total += sizes[j];
-	for (size_t j = 0; j < n; j++) {
-		cur[j] = 0;
-		wl[nlive] = (double)sizes[j] / (double)total;
-		cl[nlive] = 0.0;
-		id[nlive++] = j;
-	}
-	for (uint64_t s = 0; nlive; s++) {
-		size_t k = first_max(wl, cl, nlive, s > 1 ? (double)s : 1.0, e), best = id[k];
-
-		di[s] = (uint16_t)best;
-		si[s] = cur[best]++;
-		cl[k] += 1.0;
-		if (cur[best] == sizes[best]) {
-			size_t rest = nlive - k - 1;
-
-			memmove(wl + k, wl + k + 1, rest * sizeof(*wl));
-			memmove(cl + k, cl + k + 1, rest * sizeof(*cl));
-			memmove(id + k, id + k + 1, rest * sizeof(*id));
-			nlive--;
-		}
-	}
-}
-
-/*
  * BlendedMegatronDatasetBuilder with weights and a size N: the weights
  * normalised, each part asked for ceil(N × w) samples (and built with
  * ceil(ceil(N × w) × (1 + surplus)), builder_asks()), the blend's size
@@ -900,29 +723,36 @@ struct index_job {
 	double *w;
 };
 
+/* Threads for the index: a chunk is worth one when its steps scan at least
+ * this many parts in all (about 10 ms), and runs at least 4096 steps. */
+#define INDEX_CHUNK_WORK (1u << 23)
+#define INDEX_THREADS 8
+
 static int index_build(void *ctx, char *err, size_t errlen)
 {
 	struct index_job *j = ctx;
-	struct blend_source *src = j->src;
-	size_t *live = j->weighted ? NULL : calloc(j->n, sizeof(*live));
-	double *cl = calloc(2 * j->n, sizeof(*cl)); /* the counts, then first_max()'s errors */
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned threads = cpus < 1 ? 1 : cpus > INDEX_THREADS ? INDEX_THREADS : (unsigned)cpus;
+	uint64_t min_chunk = INDEX_CHUNK_WORK / j->n;
+	int r;
 
 	j->b->part = mg_array_alloc(j->size * sizeof(*j->b->part));
 	j->b->sample = mg_array_alloc(j->size * sizeof(*j->b->sample));
-	if (!cl || (!j->weighted && !live) || !j->b->part || !j->b->sample) {
-		free(live);
-		free(cl);
+	r = j->b->part && j->b->sample ? 0 : -ENOMEM;
+	if (r == 0 && j->weighted) {
+		/* build_blending_indices(normalize(weights), size) */
+		double sum = numpy_sum(j->w, j->n);
+
+		for (size_t i = 0; i < j->n; i++)
+			j->w[i] /= sum;
+	}
+	if (r == 0)
+		r = mg_blend_indices(j->b->part, j->b->sample, j->w, j->weighted ? NULL : j->counts,
+				     j->n, j->size, j->src->per_epoch, threads,
+				     min_chunk > 4096 ? min_chunk : 4096, NULL);
+	if (r < 0)
 		return errfmt(-ENOMEM, err, errlen, "blend: out of memory for the index of %llu "
 			      "samples", (unsigned long long)j->size);
-	}
-	if (j->weighted)
-		build_weighted(j->b->part, j->b->sample, j->w, j->n, j->size, src->per_epoch, cl,
-			       cl + j->n);
-	else
-		build_exhaustive(j->b->part, j->b->sample, j->counts, j->n, src->per_epoch, j->w,
-				 cl, live, cl + j->n);
-	free(live);
-	free(cl);
 	return 0;
 }
 

@@ -232,6 +232,24 @@ def test_ties_and_spent_parts_bit_for_bit(ld, workdir):
     assert got == megatron_order(lens3, lens3, None)
 
 
+def test_large_blends_on_threads_bit_for_bit(ld, workdir):
+    """Blends large enough that the daemon builds their index on several
+    threads (a chunk each, joined where their counts agree: blend-index.c;
+    more than 2 x 2^23 / 64 samples over 64 parts): still megatron-core's
+    order, exhaustive and weighted."""
+    pytest.importorskip("megatron.core.datasets.blended_dataset")
+    rng = np.random.default_rng(11)
+    lens = [int(n) for n in rng.integers(4000, 8000, 64)]
+    sources = [npy_part(os.path.join(workdir, f"l{i}"), i, n) for i, n in enumerate(lens)]
+    assert sum(lens) > 2 * (1 << 23) // 64
+    got = [who(v, -1) for v in read_all(ld, dict(blend_spec("big", sources), batch_size=8192))]
+    assert got == megatron_order(lens, lens, None)
+    weights = [float(w) for w in rng.random(64)]
+    got = [who(v, -1) for v in read_all(ld, dict(blend_spec("bigw", sources, weights=weights,
+                                                             size=300000), batch_size=8192))]
+    assert got == megatron_order(lens, weights, 300000)
+
+
 def test_proportion_and_repeat(ld, workdir):
     pytest.importorskip("megatron.core.datasets.blended_dataset")
     sources, tok = parts3(workdir, (40, 20, 30))

@@ -98,6 +98,20 @@ struct mg_blend {
 };
 
 /**
+ * mg_blend_indices() - helpers.cpp's blending indices into @di and @si
+ * (@size entries each): with @sizes NULL, build_blending_indices() over
+ * the normalised weights @w; else build_exhaustive_blending_indices() over
+ * the counts @sizes (@w and @size unused: the size is their sum). Each
+ * part's picks into @per_part. Up to @threads threads, each with at least
+ * @min_chunk steps; the same indices for any of them (blend-index.c). The
+ * steps run again to join the threads' chunks into @mended (may be NULL).
+ * 0, or -ENOMEM.
+ */
+int mg_blend_indices(uint16_t *di, uint64_t *si, const double *w, const uint64_t *sizes, size_t n,
+		     uint64_t size, uint64_t *per_part, unsigned threads, uint64_t min_chunk,
+		     uint64_t *mended);
+
+/**
  * mg_blend_get() - fill @b (size, n and per_epoch set) from the daemon's
  * cache directory when a blend of the same @key (every input of @build,
  * bytes) was built before (part and sample mapped from the file: every
