@@ -91,13 +91,14 @@ static void check_built(const struct mmidx *m, const uint8_t *data)
 		    ix.sample[2 * k + 1] > m->lengths[ix.doc[ix.sample[2 * k]]])
 			abort();
 	for (uint64_t k = 0; k < ix.nsamples; k++)
-		if (ix.shuffle[k] < 0 || (uint64_t)ix.shuffle[k] >= ix.nsamples)
+		if (mg_shuffle_at(&ix, k) >= ix.nsamples)
 			abort();
 	ref = malloc((ix.nsamples + 1) * 16);
 	if (ref) {
 		reference_sample_index(&ix, m->lengths, p.extra, p.seq_len, ref);
-		if (memcmp(ref, ix.sample, (ix.nsamples + 1) * 16) != 0)
-			abort();
+		for (uint64_t k = 0; k < 2 * (ix.nsamples + 1); k++)
+			if (ref[k] != ix.sample[k])
+				abort();
 		free(ref);
 	}
 	mg_index_free(&ix);

@@ -883,13 +883,13 @@ def megatron_index_rows(cache, url):
             continue
         with open(os.path.join(cache, name), "rb") as f:
             b = f.read()
-        assert b[:8] == b"LDRMGIX4"
+        assert b[:8] == b"LDRMGIX5"
         klen = struct.unpack_from("<Q", b, 8)[0]
         key = b[16:16 + klen].decode()
         at = 16 + (klen + 7) // 8 * 8
         ndoc, nsamples, _, _ = struct.unpack_from("<4Q", b, at)
         at += 32 + 40 + (ndoc * 4 + 7) // 8 * 8
-        rows = np.frombuffer(b, dtype=np.int64, count=2 * (nsamples + 1), offset=at)[0::2]
+        rows = np.frombuffer(b, dtype=np.int32, count=2 * (nsamples + 1), offset=at)[0::2]
         if f" {url} " in key:
             found.append((rows, key))
     assert len(found) == 1, [k for _, k in found]

@@ -263,8 +263,8 @@ def test_megatron_cache_survives_restart_and_changed_files(daemon, workdir):
     klen = int.from_bytes(good[8:16], "little")
     hdr = 16 + (klen + 7) // 8 * 8
     ndoc, ns = struct.unpack_from("<QQ", good, hdr)
-    shuffle0 = hdr + 32 + 40 + (ndoc * 4 + 7) // 8 * 8 + (ns + 1) * 16
-    patch(path, shuffle0, struct.pack("<q", ns))
+    shuffle0 = hdr + 32 + 40 + (ndoc * 4 + 7) // 8 * 8 + (ns + 1) * 8  # int32 pairs
+    patch(path, shuffle0, struct.pack("<I", ns))  # uint32
     with pytest.raises(loaderd.Error) as e:
         with loaderd.DataLoader(spec, socket=d2.socket) as dl:
             for _ in dl:

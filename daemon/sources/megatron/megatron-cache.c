@@ -12,9 +12,10 @@
  * collision or another version's file reads as a miss. Layout, native
  * endianness:
  *
- *   "LDRMGIX4" | u64 key length | key (padded to 8) | u64 ndoc, nsamples, epochs, nseq |
- *   boot id (40 bytes) | i32 doc[ndoc] (padded to 8) | i64 sample[2 (nsamples + 1)] |
- *   i64 shuffle[nsamples] | i32 lengths[nseq] (padded to 8) | i64 pointers[nseq] |
+ *   "LDRMGIX5" | u64 key length | key (padded to 8) | u64 ndoc, nsamples, epochs, nseq |
+ *   boot id (40 bytes) | i32 doc[ndoc] (padded to 8) | i32 sample[2 (nsamples + 1)] |
+ *   shuffle[nsamples] (u32, padded to 8; i64 when wide: megatron.h) |
+ *   i32 lengths[nseq] (padded to 8) | i64 pointers[nseq] |
  *   u64 checksum of the five arrays | "LDRMGEND"
  *
  * lengths and pointers are the .idx's, as checked against the .bin when the
@@ -56,7 +57,7 @@
 #include "megatron.h"
 #include "sources/source.h"
 
-#define MAGIC "LDRMGIX4"          /* 4: mix() in lanes */
+#define MAGIC "LDRMGIX5"          /* 5: megatron-core's int32 sample, uint32 shuffle */
 #define TRAILER "LDRMGEND"
 
 static uint64_t fnv1a(const char *s)
@@ -102,13 +103,19 @@ static uint64_t sum_mix(uint64_t h, const void *p, size_t len)
 	return mix(mix(h, l, sizeof(l)), b, len);
 }
 
+/* The shuffle index's bytes, unpadded. */
+static uint64_t shuffle_bytes(const struct mg_index *ix)
+{
+	return ix->nsamples * (ix->shuffle_wide ? 8 : 4);
+}
+
 static uint64_t checksum(const struct mg_index *ix, uint64_t nseq)
 {
 	uint64_t h = 0xcbf29ce484222325ULL;
 
 	h = sum_mix(h, ix->doc, ix->ndoc * 4);
-	h = sum_mix(h, ix->sample, (ix->nsamples + 1) * 16);
-	h = sum_mix(h, ix->shuffle, ix->nsamples * 8);
+	h = sum_mix(h, ix->sample, (ix->nsamples + 1) * 8);
+	h = sum_mix(h, ix->shuffle, shuffle_bytes(ix));
 	h = sum_mix(h, ix->lengths, nseq * 4);
 	return sum_mix(h, ix->pointers, nseq * 8);
 }
@@ -205,7 +212,7 @@ static bool index_sane(const struct mg_index *ix, const struct mg_params *p)
 		    (k && ix->sample[2 * k] < ix->sample[2 * k - 2]))
 			return false;
 	for (uint64_t k = 0; k < ix->nsamples; k++)
-		if (ix->shuffle[k] < 0 || (uint64_t)ix->shuffle[k] >= ix->nsamples)
+		if (mg_shuffle_at(ix, k) >= ix->nsamples) /* a negative int64 too */
 			return false;
 	return true;
 }
@@ -248,18 +255,20 @@ static int load(struct mg_index *ix, const char *path, const char *key, uint64_t
 	ix->nsamples = hdr[1];
 	ix->epochs = (uint32_t)hdr[2];
 	if (hdr[3] != nseq || ix->ndoc > (uint64_t)st.st_size / 4 ||
-	    ix->nsamples > (uint64_t)st.st_size / 24 || nseq > (uint64_t)st.st_size / 12)
+	    ix->nsamples > (uint64_t)st.st_size / 12 || nseq > (uint64_t)st.st_size / 12)
 		goto out;
+	ix->shuffle_wide = ix->nsamples > mg_shuffle32_max;
 	off = boot_off + BOOT_BYTES;
-	want = off + doc_bytes(ix->ndoc) + (ix->nsamples + 1) * 16 + ix->nsamples * 8 +
+	want = off + doc_bytes(ix->ndoc) + (ix->nsamples + 1) * 8 + pad8(shuffle_bytes(ix)) +
 	       doc_bytes(nseq) + nseq * 8 + 16;
 	if (want != (uint64_t)st.st_size || memcmp(m + want - 8, TRAILER, 8) != 0)
 		goto out;
 	/* every offset a multiple of 8 (the key padded): aligned in the mapping */
 	ix->doc = (int32_t *)(void *)(m + off);
-	ix->sample = (int64_t *)(void *)(m + off + doc_bytes(ix->ndoc));
+	ix->sample = (int32_t *)(void *)(m + off + doc_bytes(ix->ndoc));
 	ix->shuffle = ix->sample + 2 * (ix->nsamples + 1);
-	ix->lengths = (const int32_t *)(const void *)(ix->shuffle + ix->nsamples);
+	ix->lengths = (const int32_t *)(const void *)((const char *)ix->shuffle +
+						      pad8(shuffle_bytes(ix)));
 	ix->pointers = (const int64_t *)(const void *)((const char *)ix->lengths + doc_bytes(nseq));
 	stale = !b || memcmp(m + boot_off, b, BOOT_BYTES) != 0;
 	if (stale) {
@@ -289,7 +298,8 @@ static int store(const struct mg_index *ix, uint64_t nseq, const char *dir, cons
 		{ (void *)zero, pad8(klen) - klen }, { hdr, sizeof(hdr) },
 		{ (void *)(b ? b : zero), BOOT_BYTES },
 		{ ix->doc, ix->ndoc * 4 }, { (void *)zero, doc_bytes(ix->ndoc) - ix->ndoc * 4 },
-		{ ix->sample, (ix->nsamples + 1) * 16 }, { ix->shuffle, ix->nsamples * 8 },
+		{ ix->sample, (ix->nsamples + 1) * 8 }, { ix->shuffle, shuffle_bytes(ix) },
+		{ (void *)zero, pad8(shuffle_bytes(ix)) - shuffle_bytes(ix) },
 		{ (void *)ix->lengths, nseq * 4 }, { (void *)zero, doc_bytes(nseq) - nseq * 4 },
 		{ (void *)ix->pointers, nseq * 8 },
 		{ &sum, 8 }, { (void *)TRAILER, 8 },

@@ -29,13 +29,15 @@ static size_t doc_size(const struct mg_index *ix)
 
 static size_t sample_size(const struct mg_index *ix)
 {
-	return (size_t)(ix->nsamples + 1) * 16;
+	return (size_t)(ix->nsamples + 1) * 8;
 }
 
 static size_t shuffle_size(const struct mg_index *ix)
 {
-	return (size_t)ix->nsamples * 8 + 8;
+	return (size_t)ix->nsamples * (ix->shuffle_wide ? 8 : 4) + 8;
 }
+
+uint64_t mg_shuffle32_max = UINT32_MAX - 2;
 
 void *mg_array_alloc(size_t bytes)
 {
@@ -105,7 +107,7 @@ static void document_index(int32_t *out, uint64_t beg, uint64_t ndocs, uint32_t 
 static int sample_index(struct mg_index *ix, const int32_t *sizes, const struct mg_params *p,
 			const char *what, char *err, size_t errlen)
 {
-	int64_t *s = ix->sample;
+	int32_t *s = ix->sample;
 	const int32_t *doc = ix->doc;
 	const uint64_t L = p->seq_len, N = ix->nsamples, ndoc = ix->ndoc;
 	const uint64_t inclusive = p->extra ? 0 : 1;   /* a start at a document's end is its */
@@ -122,8 +124,8 @@ static int sample_index(struct mg_index *ix, const int32_t *sizes, const struct 
 		if (end == start)
 			continue;
 		for (; n <= N && next < end + inclusive; n++, next += L) {
-			s[2 * n] = (int64_t)di;
-			s[2 * n + 1] = (int64_t)(next - start);
+			s[2 * n] = (int32_t)di;
+			s[2 * n + 1] = (int32_t)(next - start);
 		}
 		start = end;
 	}
@@ -133,16 +135,28 @@ static int sample_index(struct mg_index *ix, const int32_t *sizes, const struct 
 	return 0;
 }
 
-static void shuffle_range(int64_t *a, uint64_t from, uint64_t to, struct nprandom *rng)
+/* numpy shuffles an array of either width with the same draws */
+static void shuffle_range(void *a, bool wide, uint64_t from, uint64_t to, struct nprandom *rng)
 {
-	for (uint64_t i = from; i < to; i++)
-		a[i] = (int64_t)i;
-	nprandom_shuffle64(rng, a + from, to - from);
+	if (wide) {
+		int64_t *w = a;
+
+		for (uint64_t i = from; i < to; i++)
+			w[i] = (int64_t)i;
+		nprandom_shuffle64(rng, w + from, to - from);
+	} else {
+		int32_t *w = a; /* uint32 values, shuffled as any 4-byte items */
+
+		for (uint64_t i = from; i < to; i++)
+			w[i] = (int32_t)(uint32_t)i;
+		nprandom_shuffle32(rng, w + from, to - from);
+	}
 }
 
 /* _build_shuffle_index(first, total): [0, first) and [first, total) apart. */
 struct shuffle_job {
-	int64_t *a;
+	void *a;
+	bool wide;
 	uint64_t first, total;
 	struct nprandom rng;
 };
@@ -151,9 +165,9 @@ static void *shuffle_index(void *arg)
 {
 	struct shuffle_job *j = arg;
 
-	shuffle_range(j->a, 0, j->first, &j->rng);
+	shuffle_range(j->a, j->wide, 0, j->first, &j->rng);
 	if (j->first < j->total)
-		shuffle_range(j->a, j->first, j->total, &j->rng);
+		shuffle_range(j->a, j->wide, j->first, j->total, &j->rng);
 	return NULL;
 }
 
@@ -205,6 +219,7 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 		return errfmt(-EINVAL, err, errlen, "%s: %llu samples: more than 2^40",
 			      what, (unsigned long long)samples);
 	ix->nsamples = (uint64_t)samples;
+	ix->shuffle_wide = ix->nsamples > mg_shuffle32_max;
 	if (ix->ndoc > INT32_MAX)
 		return errfmt(-EINVAL, err, errlen, "%s: %llu documents x %u epochs: more than "
 			      "megatron's int32 document index holds", what,
@@ -224,6 +239,7 @@ int mg_index_build(struct mg_index *ix, const int32_t *lengths, const struct mg_
 	}
 	total = ix->nsamples;
 	job.a = ix->shuffle;
+	job.wide = ix->shuffle_wide;
 	job.total = total;
 	job.first = separate && sans_final < total ? sans_final : total;
 	job.rng = rng;

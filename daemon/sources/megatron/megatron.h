@@ -22,8 +22,10 @@ struct mg_index {
 	uint64_t nsamples;            /* len(dataset): sample_index rows - 1 */
 	uint32_t epochs;
 	int32_t *doc;                 /* document_index[ndoc]: sequence numbers */
-	int64_t *sample;              /* sample_index[nsamples + 1][2]: doc_index position, offset */
-	int64_t *shuffle;             /* shuffle_index[nsamples] */
+	int32_t *sample;              /* sample_index[nsamples + 1][2]: doc_index position, offset
+				       * (below ndoc and a document's length: both int32) */
+	void *shuffle;                /* shuffle_index[nsamples]: uint32, int64 when wide */
+	bool shuffle_wide;            /* nsamples > mg_shuffle32_max */
 	void *map;                    /* read from the cache: the arrays lie in this */
 	size_t map_len;               /* mapping of its file, else NULL */
 	/* read from the cache: the .idx's sequence lengths and pointers as they
@@ -32,6 +34,17 @@ struct mg_index {
 	const int32_t *lengths;       /* [nseq] */
 	const int64_t *pointers;      /* [nseq] */
 };
+
+/* The most samples of a uint32 shuffle_index (megatron-core's: below
+ * UINT32_MAX - 1; more, int64). A variable for the unit test alone, which
+ * cannot build 2^32 samples to try the wide one. */
+extern uint64_t mg_shuffle32_max;
+
+static inline uint64_t mg_shuffle_at(const struct mg_index *ix, uint64_t i)
+{
+	return ix->shuffle_wide ? (uint64_t)((const int64_t *)ix->shuffle)[i] :
+				  ((const uint32_t *)ix->shuffle)[i];
+}
 
 /* An array of @bytes in mapped memory, in huge pages where the kernel gives
  * them (a build's time is otherwise much of it page faults); NULL when out

@@ -588,7 +588,8 @@ static int megatron_open(struct source *base, const struct spec *spec, char *err
 	src->lengths = src->ix.lengths;
 	src->pointers = src->ix.pointers;
 	src->base.nsamples = src->ix.nsamples;
-	src->base.index_bytes = src->ix.ndoc * 4 + src->ix.nsamples * 24 + src->idx.nseq * 12;
+	src->base.index_bytes = src->ix.ndoc * 4 + src->ix.nsamples * (src->ix.shuffle_wide ? 16 : 12) +
+				src->idx.nseq * 12;
 	set_fields(src);
 	return 0;
 }
@@ -709,11 +710,11 @@ static int gather(struct mg_source *src, uint64_t idx, int64_t *text, void *raw,
 {
 	const struct mg_index *ix = &src->ix;
 	size_t want = src->seq_len + (size_t)src->extra, n = 0;
-	int64_t j = idx < ix->nsamples ? ix->shuffle[idx] : -1;
+	uint64_t j = idx < ix->nsamples ? mg_shuffle_at(ix, idx) : UINT64_MAX;
 	int64_t d0, o0, d1, o1;
 	int r = 0;
 
-	if (j < 0 || (uint64_t)j >= ix->nsamples)
+	if (j >= ix->nsamples)
 		return errfmt(-EIO, err, errlen, "%s: sample %llu: shuffle index %lld out of range "
 			      "(the cached index is damaged)", src->bin_path,
 			      (unsigned long long)idx, (long long)j);
