@@ -372,6 +372,7 @@ int ldr_attach(struct ldr_client *c, const char *pipeline, const struct ldr_atta
 	if ((r = att_read_reply(a, ar)) < 0 ||
 	    (r = att_tail_taken(opts->has_start_position != 0, opts->start_position, ar)) < 0)
 		goto fail;
+	orders_init(a);
 	if (rel_reserve(a, a->nslots) < 0) {
 		r = set_err(-ENOMEM, "out of memory");
 		goto fail;
@@ -427,6 +428,7 @@ void att_unref(struct ldr_attachment *a)
 	amap_put(a, a->map);
 	for (int i = 0; i < MAX_INFLIGHT; i++)
 		free(a->ring[i].msg);
+	orders_free(a);
 	free(a->rel);
 	free(a);
 	if (c->pid == self_pid())

@@ -132,6 +132,17 @@ struct old_ring {
 	struct old_ring *next;
 };
 
+/* A chunk of a client_order attachment's order (ldr_order()), kept until
+ * the trainer took its batches: a restarted daemon is given it again. */
+struct order_rec {
+	struct order_rec *next;
+	uint64_t epoch, first;
+	size_t nbatches, nindices;
+	bool last;
+	uint32_t *sizes;
+	uint64_t *indices;
+};
+
 struct ldr_attachment {
 	struct ldr_attachment *next;
 	struct ldr_client *c;     /* holds a reference on it */
@@ -146,6 +157,14 @@ struct ldr_attachment {
 	struct ldr_attach_opts opts;  /* job: NULL, see job[] */
 	char job[LDR_JOB_MAX + 1];    /* the job it attached as, "" the daemon's choice */
 	uint64_t pos_epoch, pos_batch; /* the next batch the trainer has not taken */
+	/* client_order (order.c): the chunks given, from the first the trainer
+	 * has not taken whole; the position after its last batch taken (epoch,
+	 * batch: not wrapped at the pipeline's epoch); and where the daemon
+	 * expects the next chunk (as order.c in the daemon: open epoch or not) */
+	struct order_rec *orders, **orders_tail;
+	uint64_t opos_epoch, opos_batch;
+	uint64_t onext_epoch, onext_batch;
+	bool oopen;
 	int failed_err;           /* the last failed batch ldr_next() reported (LDR_EBATCH) */
 	uint64_t failed_epoch, failed_index;
 	bool lost;                /* the daemon restarted and this attachment could not follow */
@@ -353,6 +372,18 @@ int call_gen(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply *
                     Loaderd__Reply__BodyCase expect, int timeout_ms, bool internal);
 int call(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
                 Loaderd__Reply__BodyCase expect);
+/* call() on the connection that @cut counted: LDR_EDISCONNECTED, nothing
+ * sent, once it went (a reconnection does not carry the call over). */
+int call_on(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
+            Loaderd__Reply__BodyCase expect, uint64_t cut);
+
+/* order.c: a client_order attachment's kept order. Called with c->lock held
+ * but orders_give_again(). */
+void orders_init(struct ldr_attachment *a);
+void orders_taken(struct ldr_attachment *a, uint64_t epoch, uint64_t index);
+void orders_first(const struct ldr_attachment *a, uint64_t *epoch, uint64_t *batch);
+int orders_give_again(struct ldr_attachment *a);
+void orders_free(struct ldr_attachment *a);
 int json_call_timeout(struct ldr_client *c, Loaderd__Request *req, char **json_out,
                              int timeout_ms);
 int json_call(struct ldr_client *c, Loaderd__Request *req, char **json_out);

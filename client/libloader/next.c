@@ -18,6 +18,8 @@ static int ms_until(const struct timespec *ts)
 /* The trainer took the delivery of (@epoch, @index): its position is after it. */
 static void advance_pos(struct ldr_attachment *a, uint64_t epoch, uint64_t index)
 {
+	if (a->opts.client_order)
+		orders_taken(a, epoch, index); /* its order's position: epochs of its own length */
 	a->pos_epoch = epoch;
 	a->pos_batch = index + 1;
 	if (a->pos_batch >= a->bpe) {

@@ -200,13 +200,6 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 		pthread_mutex_unlock(&c->lock);
 		return 0;
 	}
-	if (a->opts.client_order) {
-		att_lose(a, LDR_EDISCONNECTED, "the daemon at %s restarted, and an attachment that gives "
-		         "its own order (client_order) does not follow it (the order it sent was the old "
-		         "daemon's): attach pipeline '%s' again", c->path, a->pipeline);
-		pthread_mutex_unlock(&c->lock);
-		return 0;
-	}
 	wait_requests_idle(a);
 	at.pipeline = a->pipeline;
 	at.mode = (Loaderd__Mode)a->opts.mode;
@@ -221,7 +214,15 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	at.has_augment_seed = a->opts.has_augment_seed != 0;
 	at.augment_seed = a->opts.augment_seed;
 	at.job = a->job; /* the same job: a dynamic stream goes on with it */
-	if (a->opts.mode != LDR_MODE_DYNAMIC) {
+	if (a->opts.client_order) {
+		/* its own order from the first batch it has not taken: the
+		 * chunks kept are given again once attached (order.c) */
+		at.client_order = true;
+		at.has_start = true;
+		orders_first(a, &at.start_epoch, &at.start_batch);
+		snprintf(where, wsize, "epoch %" PRIu64 " batch %" PRIu64 " of its order",
+		         at.start_epoch, at.start_batch);
+	} else if (a->opts.mode != LDR_MODE_DYNAMIC) {
 		at.mode = LOADERD__MODE__PARTITION;
 		if (a->opts.mode == LDR_MODE_BROADCAST) {
 			at.rank = 0;
@@ -325,6 +326,19 @@ static int reattach(struct ldr_client *c, struct ldr_attachment *a, char *where,
 	if (n)
 		free(n->rel);
 	free(n);
+	if (r == 0 && a->opts.client_order) {
+		/* before the trainer reads again (it waits for the reconnection) */
+		r = orders_give_again(a);
+		if (r == LDR_EDISCONNECTED || r == -ETIMEDOUT)
+			return LDR_EDISCONNECTED;
+		if (r < 0) {
+			pthread_mutex_lock(&c->lock);
+			att_lose(a, r, "the daemon at %s restarted, and pipeline '%s' was attached again at "
+			         "%s, but it refused the order given again: %s", c->path, a->pipeline,
+			         where, tls_err);
+			pthread_mutex_unlock(&c->lock);
+		}
+	}
 	return 0;
 }
 

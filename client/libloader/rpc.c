@@ -82,8 +82,25 @@ int wait_connected(struct ldr_client *c, const struct timespec *deadline)
  * A call waits while the client reconnects (within @timeout_ms), except the
  * reconnection's own (@internal), which run while it is disconnected.
  */
+static int call_cut(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
+                    Loaderd__Reply__BodyCase expect, int timeout_ms, bool internal,
+                    const uint64_t *on_cut);
+
 int call_gen(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
                     Loaderd__Reply__BodyCase expect, int timeout_ms, bool internal)
+{
+	return call_cut(c, req, out, expect, timeout_ms, internal, NULL);
+}
+
+int call_on(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
+            Loaderd__Reply__BodyCase expect, uint64_t cut)
+{
+	return call_cut(c, req, out, expect, CALL_TIMEOUT_MS, false, &cut);
+}
+
+static int call_cut(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply **out,
+                    Loaderd__Reply__BodyCase expect, int timeout_ms, bool internal,
+                    const uint64_t *on_cut)
 {
 	nng_ctx ctx;
 	nng_aio *aio = NULL;
@@ -96,7 +113,11 @@ int call_gen(struct ldr_client *c, const Loaderd__Request *req, Loaderd__Reply *
 
 	deadline_after(&deadline, timeout_ms);
 	pthread_mutex_lock(&c->lock);
-	if (!internal && (r = wait_connected(c, &deadline)) < 0) {
+	if (on_cut && c->cuts != *on_cut) {
+		pthread_mutex_unlock(&c->lock);
+		return set_err(LDR_EDISCONNECTED, "disconnected from the daemon at %s", c->path);
+	}
+	if (!on_cut && !internal && (r = wait_connected(c, &deadline)) < 0) {
 		pthread_mutex_unlock(&c->lock);
 		if (r == -ETIMEDOUT)
 			return set_err(r, "the daemon at %s went away and libloader is still reconnecting "

@@ -417,7 +417,10 @@ LDR_EXPORT int ldr_detach(struct ldr_attachment *att);
  * (the next call begins an epoch, at its batch 0). The daemon builds a batch
  * once its order has come; ldr_next() delivers them in this order, with
  * these epoch and index numbers. Long orders go in several requests, each
- * under the message limit.
+ * under the message limit. libloader keeps a copy until the batches are
+ * taken: a daemon restarted meanwhile is given again what was not taken
+ * (an order the daemon going away cut short too: that call returns 0), and
+ * a call made while the client reconnects waits for it.
  *
  * @return 0, or a negative errno with ldr_client_error() naming what the
  * daemon refused (an index out of range, a batch above batch_size, an epoch

@@ -12,11 +12,14 @@ Each expectation is torch's: a torch DataLoader built the same way, from the
 same seeds, gives the reference. The Datasets and samplers are module-level
 classes: loaderd's workers import them."""
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import loaderd  # noqa: E402
+from loaderd_harness import daemon  # noqa: E402,F401  (the fixture)
 # torch's loader and loaderd's, and the Dataset: those of the contract's tests
 from test_torch_contract import L, Pairs  # noqa: E402,F401
 from torch.utils.data import (DistributedSampler, RandomSampler,  # noqa: E402
@@ -281,3 +284,43 @@ def test_mode_with_a_sampler_refused(L):
     with pytest.raises(ValueError) as e:
         L.make(Pairs(4), sampler=[0, 1], rank=1, world_size=2)
     assert "a DistributedSampler gives a rank its share" in str(e.value)
+
+
+def test_sampler_loader_follows_a_restart(daemon, workdir):
+    """torch's sampler= on a native pipeline (a DistributedSampler, as DDP
+    scripts give one; the loader gives the daemon its own order): the
+    daemon killed and a new one started mid-epoch, the loader goes on with
+    exactly the batches torch's DataLoader gives for the same sampler, that
+    epoch and the next (docs/python.md, "Samplers")."""
+    import numpy as np
+    from torch.utils.data import DataLoader
+    n, bs, sl = 300, 7, 8
+    path = os.path.join(workdir, "pos.bin")
+    np.arange(n * sl + 1, dtype=np.uint32).tofile(path)  # a row says its sample
+    spec = {"name": "samp", "source": {"kind": "tokens", "path": path, "dtype": "uint32",
+                                       "seq_len": sl}}
+
+    def sampler():
+        return DistributedSampler(range(n), num_replicas=2, rank=1, shuffle=True, seed=7)
+
+    want, ref = [], DataLoader(list(range(n)), batch_size=bs, sampler=sampler())
+    for e in range(2):
+        ref.sampler.set_epoch(e)
+        want.append([b.tolist() for b in ref])
+
+    d1 = daemon()
+    got = [[], []]
+    ld = loaderd.DataLoader(spec, socket=d1.socket, batch_size=bs, sampler=sampler(),
+                            as_numpy=True, reconnect_timeout=60)
+    try:
+        for e in range(2):
+            ld.sampler.set_epoch(e)
+            for k, b in enumerate(ld):
+                got[e].append([int(x) // sl for x in b["input"][:, 0]])
+                if e == 0 and k == 4:
+                    d1.kill9()
+                    daemon(socket=d1.socket)
+        assert ld.reconnects == 1
+    finally:
+        ld.close()
+    assert got == want
