@@ -1949,8 +1949,9 @@ static void *range_thread(void *arg)
 		if (r < 0) {
 			free(buf);
 			rg->err = strdup(err);
-			/* the reads stop at it: GET no more */
-			p->stop = true;
+			/* the reads stop at it: GET no more (one they went past
+			 * stops none: its error is no read's) */
+			p->stop = p->stop || !rg->passed;
 		} else {
 			rg->buf = buf;
 		}

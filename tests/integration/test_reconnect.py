@@ -291,4 +291,3 @@ def test_changed_pipeline_is_not_followed(daemon, workdir, change):
            "pipeline 'cfg' now has another spec than at the attach (fingerprint ")
     assert (f"next: the daemon at {d1.socket} restarted, and pipeline 'cfg' could not be attached "
             f"again at epoch 0 batch 3: {why}") in err, err
-
